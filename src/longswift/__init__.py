@@ -1,0 +1,21 @@
+"""longswift: lossless acceleration of ultra-long generation from Llama-family models (TokenSwift)."""
+
+from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig
+from .engine import Engine, GenerationStream, load
+from .errors import LongswiftError
+from .generate import GenerationResult, GenerationStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine",
+    "GenerationConfig",
+    "GenerationResult",
+    "GenerationStats",
+    "GenerationStream",
+    "LongswiftError",
+    "ModelConfig",
+    "RuntimeConfig",
+    "SamplingConfig",
+    "load",
+]

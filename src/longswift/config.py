@@ -1,0 +1,226 @@
+"""Typed configurations. Defaults live here once; the CLI builds its flags from these fields."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import LongswiftError
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def _help(text: str, **extra: Any) -> dict[str, Any]:
+    return {"help": text, **extra}
+
+
+@dataclass
+class ModelConfig:
+    """Shape and numerics of a Llama-family decoder, read from a transformers config."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    sliding_window: int | None
+    rope_type: str
+    eos_token_ids: tuple[int, ...]
+    # The transformers config itself: rope frequencies come from its ROPE_INIT_FUNCTIONS.
+    hf_config: Any = field(repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise LongswiftError(
+                f"unsupported architecture '{self.architecture}': longswift runs "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}; convert or pick a model of one of these families"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise LongswiftError(
+                f"config has {self.num_heads} attention heads but {self.num_kv_heads} KV heads; "
+                "the first must be a multiple of the second"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise LongswiftError(f"config field {name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def group_size(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> ModelConfig:
+        """Build from a transformers PretrainedConfig (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config)."""
+        arch = getattr(hf, "model_type", None) or "unknown"
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise LongswiftError(
+                f"unsupported architecture '{arch}': longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        act = getattr(hf, "hidden_act", "silu")
+        if act != "silu":
+            raise LongswiftError(f"unsupported activation '{act}': longswift runs SiLU-gated MLPs only")
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        rope = getattr(hf, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in ("default", "linear", "dynamic", "llama3", "yarn"):
+            raise LongswiftError(
+                f"unsupported rope type '{rope_type}': longswift supports default, linear, dynamic, llama3, yarn"
+            )
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise LongswiftError("partial rotary embeddings are not supported")
+        eos = getattr(hf, "eos_token_id", None)
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        attention_bias = bool(getattr(hf, "attention_bias", False))
+        if arch == "qwen2":
+            qkv_bias, o_bias = True, False
+        elif arch == "llama":
+            qkv_bias = o_bias = attention_bias
+        else:  # mistral: none; qwen3: attention_bias covers q/k/v/o
+            qkv_bias = o_bias = attention_bias
+        sliding = getattr(hf, "sliding_window", None)
+        if arch in ("qwen2", "qwen3") and not getattr(hf, "use_sliding_window", False):
+            sliding = None
+        return cls(
+            architecture=arch,
+            vocab_size=int(hf.vocab_size),
+            hidden_size=int(hf.hidden_size),
+            intermediate_size=int(hf.intermediate_size),
+            num_layers=int(hf.num_hidden_layers),
+            num_heads=int(hf.num_attention_heads),
+            num_kv_heads=int(getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(hf.rms_norm_eps),
+            max_position_embeddings=int(hf.max_position_embeddings),
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+            qk_norm=arch == "qwen3",
+            sliding_window=int(sliding) if sliding else None,
+            rope_type=rope_type,
+            eos_token_ids=eos_ids,
+            hf_config=hf,
+        )
+
+    def parameter_count(self) -> int:
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embed + h
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+@dataclass
+class SamplingConfig:
+    """The logits transform: contextual penalty, then temperature, top-k, top-p, min-p, eta."""
+
+    temperature: float = field(default=1.0, metadata=_help("softmax temperature; 0 means greedy (argmax)"))
+    top_k: int = field(default=0, metadata=_help("keep the k most likely tokens; 0 disables"))
+    top_p: float = field(default=1.0, metadata=_help("nucleus sampling mass in (0, 1]; 1 disables"))
+    min_p: float = field(
+        default=0.1, metadata=_help("drop tokens below min_p x the top probability; 0 disables")
+    )
+    eta: float = field(default=0.0, metadata=_help("eta-sampling epsilon in [0, 1); 0 disables"))
+    repetition_penalty: float = field(
+        default=1.2, metadata=_help("contextual penalty theta on tokens of the last window; 1 disables")
+    )
+    penalty_window: int = field(
+        default=1024, metadata=_help("the penalty looks at this many most recent tokens")
+    )
+    seed: int | None = field(default=None, metadata=_help("RNG seed; the same seed gives the same output"))
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0 and math.isfinite(self.temperature), "--temperature must be >= 0"),
+            (self.top_k >= 0, "--top-k must be >= 0"),
+            (0 < self.top_p <= 1, "--top-p must be in (0, 1]"),
+            (0 <= self.min_p < 1, "--min-p must be in [0, 1)"),
+            (0 <= self.eta < 1, "--eta must be in [0, 1)"),
+            (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty),
+             "--repetition-penalty must be > 0"),
+            (self.penalty_window >= 0, "--penalty-window must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise LongswiftError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class GenerationConfig:
+    """How much to generate and when to stop."""
+
+    max_new_tokens: int = field(default=256, metadata=_help("number of tokens to generate"))
+    ignore_eos: bool = field(default=False, metadata=_help("keep generating past end-of-sequence tokens"))
+    prefill_chunk: int = field(
+        default=256, metadata=_help("prompt tokens per prefill forward (bounds the attention mask size)")
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens <= 0:
+            raise LongswiftError("--max-new-tokens must be a positive number of tokens")
+        if self.prefill_chunk <= 0:
+            raise LongswiftError("--prefill-chunk must be positive")
+
+
+@dataclass
+class RuntimeConfig:
+    """Where and in what precision the model runs."""
+
+    device: str = field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
+    dtype: str = field(
+        default="auto", metadata=_help("float32, bfloat16, float16, float64 or auto (fp32 on CPU, bf16 on CUDA)")
+    )
+    threads: int | None = field(default=None, metadata=_help("CPU threads for torch (default: torch's choice)"))
+    pack_weights: bool = field(
+        default=True,
+        metadata=_help("run CPU linears on oneDNN-packed weight copies (faster; doubles weight memory)"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", *_DTYPES):
+            raise LongswiftError(f"--dtype must be one of auto, {', '.join(_DTYPES)}; got '{self.dtype}'")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise LongswiftError(f"--device must be cpu, cuda, cuda:N or auto; got '{self.device}'")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise LongswiftError(f"--device {self.device} requested but no CUDA device is available; use --device cpu")
+        if self.threads is not None and self.threads <= 0:
+            raise LongswiftError("--threads must be positive")
+
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}

@@ -1,0 +1,128 @@
+"""The Python API: `longswift.load(...)` returns an Engine with `generate` and `stream`."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .config import GenerationConfig, RuntimeConfig, SamplingConfig
+from .errors import LongswiftError
+from .generate import GenerationResult, GenerationStats, ar_steps
+from .loading import LoadedModel, load_model
+from .model import Transformer
+
+METHODS = ("ar",)
+
+
+class GenerationStream:
+    """Iterate to get the token ids of each step; `result` is set once iteration ends."""
+
+    def __init__(self, steps: Iterator[list[int]], stats: GenerationStats, tokenizer: Any) -> None:
+        self._steps = steps
+        self._stats = stats
+        self._tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for ids in self._steps:
+            self.token_ids.extend(ids)
+            yield ids
+        text = None
+        if self._tokenizer is not None:
+            text = self._tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        self.result = GenerationResult(list(self.token_ids), text, self._stats)
+
+
+class Engine:
+    """A loaded model ready to generate."""
+
+    def __init__(self, loaded: LoadedModel, pack_weights: bool = True) -> None:
+        self.cfg = loaded.cfg
+        self.tokenizer = loaded.tokenizer
+        self.source = loaded.source
+        self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
+        eos = set(loaded.cfg.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        self.eos_ids = frozenset(eos)
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Prompt text (optionally wrapped in the model's chat template) or ids -> ids."""
+        if isinstance(prompt, list):
+            ids = [int(t) for t in prompt]
+            if any(not 0 <= t < self.cfg.vocab_size for t in ids):
+                raise LongswiftError(f"prompt token ids must be in [0, {self.cfg.vocab_size})")
+        else:
+            if not prompt.strip():
+                raise LongswiftError("the prompt is empty: give some prompt text")
+            if self.tokenizer is None:
+                raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids")
+            if chat:
+                if not getattr(self.tokenizer, "chat_template", None):
+                    raise LongswiftError("this model has no chat template: drop --chat")
+                ids = self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+                )
+                ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            else:
+                ids = self.tokenizer.encode(prompt)
+        if not ids:
+            raise LongswiftError("the prompt is empty: give at least one token of prompt text")
+        return ids
+
+    def stream(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingConfig | None = None,
+        generation: GenerationConfig | None = None,
+        chat: bool = False,
+        method: str = "ar",
+    ) -> GenerationStream:
+        """Start a generation; iterate the returned stream for token ids as they are committed."""
+        if method not in METHODS:
+            raise LongswiftError(f"unknown method '{method}': choose one of {', '.join(METHODS)}")
+        sampling = sampling or SamplingConfig()
+        generation = generation or GenerationConfig()
+        ids = self.encode(prompt, chat)
+        seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator(device="cpu").manual_seed(seed)
+        stats = GenerationStats(method=method, prompt_tokens=len(ids), seed=None if sampling.greedy else seed)
+        with torch.inference_mode():
+            steps = ar_steps(self.model, ids, sampling, generation, stats, self.eos_ids, generator)
+        return GenerationStream(_inference(steps), stats, self.tokenizer)
+
+    def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:
+        """Run a whole generation and return its result (same options as `stream`)."""
+        stream = self.stream(prompt, **kwargs)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+
+def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
+    """Run each resumption of the loop under inference mode (a generator leaves the context between yields)."""
+    while True:
+        with torch.inference_mode():
+            try:
+                ids = next(steps)
+            except StopIteration:
+                return
+        yield ids
+
+
+def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None, **runtime_fields: Any) -> Engine:
+    """Load a GGUF file, an HF directory, a transformers model object, or (None) the embedded default.
+    Runtime options (device, dtype, threads, pack_weights) come as a RuntimeConfig or as keywords."""
+    runtime = runtime or RuntimeConfig(**runtime_fields)
+    if runtime.threads:
+        torch.set_num_threads(runtime.threads)
+    with torch.inference_mode():
+        loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device())
+    return Engine(loaded, pack_weights=runtime.pack_weights)

@@ -1,0 +1,76 @@
+"""Memory planning: what a run needs, what the device has, and a refusal that says what to change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+from .errors import LongswiftError
+
+GiB = 1024**3
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for new allocations on `device`, or None if it cannot be read."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes a run needs: weights, the full KV cache, and the largest transient buffers."""
+
+    weights: int
+    kv_cache: int
+    workspace: int
+    capacity_tokens: int
+    device: str
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.workspace
+
+    def describe(self) -> str:
+        return (
+            f"weights {self.weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
+            f"({self.capacity_tokens} tokens) + workspace {self.workspace / GiB:.2f} GiB "
+            f"= {self.total / GiB:.2f} GiB on {self.device}"
+        )
+
+    def check(self, weights_loaded: bool) -> None:
+        """Refuse a plan that cannot fit; weights already resident are not counted again."""
+        free = available_bytes(torch.device(self.device))
+        if free is None:
+            return
+        need = self.total - (self.weights if weights_loaded else 0)
+        if need > free:
+            raise LongswiftError(
+                f"not enough memory: this run needs {need / GiB:.2f} GiB more "
+                f"({self.describe()}) but {free / GiB:.2f} GiB is free; "
+                "lower --max-new-tokens or the prompt length, or use a smaller --dtype"
+            )
+
+
+def plan_memory(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int
+) -> MemoryPlan:
+    elem = torch.empty((), dtype=dtype).element_size()
+    weights = cfg.parameter_count() * elem
+    kv = capacity * cfg.kv_bytes_per_token(dtype)
+    # Largest transients: the attention scores of one prefill chunk against the whole cache
+    # (float32 softmax plus its input) and one row of float32 logits per chunk token.
+    scores = 2 * cfg.num_heads * chunk * capacity * 4
+    logits = cfg.vocab_size * 4 * 4
+    activations = chunk * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
+    return MemoryPlan(weights, kv, scores + logits + activations, capacity, str(device))

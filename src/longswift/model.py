@@ -1,0 +1,197 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) over a transformers-named state dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .cache import FullKVCache
+from .config import ModelConfig
+from .errors import LongswiftError
+from .linear import LinearFn, make_linear, packing_supported
+from .rope import Rope, apply_rope
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of the state dict and its shape, in transformers' naming."""
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (qd, h),
+            p + "self_attn.k_proj.weight": (kvd, h),
+            p + "self_attn.v_proj.weight": (kvd, h),
+            p + "self_attn.o_proj.weight": (h, qd),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
+        if cfg.qkv_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (qd,), p + "self_attn.k_proj.bias": (kvd,),
+                       p + "self_attn.v_proj.bias": (kvd,)}
+        if cfg.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if cfg.mlp_bias:
+            shapes |= {p + "mlp.gate_proj.bias": (i,), p + "mlp.up_proj.bias": (i,), p + "mlp.down_proj.bias": (h,)}
+        if cfg.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    return shapes
+
+
+def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+    """Raise a LongswiftError naming the first tensor that does not match the config."""
+    shapes = expected_shapes(cfg)
+    for name, shape in shapes.items():
+        if name not in state:
+            raise LongswiftError(f"checkpoint does not match its config: tensor '{name}' is missing")
+        if tuple(state[name].shape) != shape:
+            raise LongswiftError(
+                f"checkpoint does not match its config: '{name}' has shape {tuple(state[name].shape)}, "
+                f"the config implies {shape}"
+            )
+    extra = sorted(set(state) - set(shapes) - {"lm_head.weight"})
+    if extra:
+        raise LongswiftError(f"checkpoint does not match its config: unexpected tensor '{extra[0]}'")
+
+
+@dataclass
+class Layer:
+    """One decoder layer: its norms (views into the state dict) and its linear maps."""
+
+    attn_norm: torch.Tensor
+    qkv: LinearFn  # [T, hidden] -> [T, (H + 2 Hkv) D]
+    o: LinearFn
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    gate_up: LinearFn  # [T, hidden] -> [T, 2 I]
+    down: LinearFn
+
+
+class Transformer:
+    """forward(tokens, positions, cache, tree_mask) -> (logits, hidden); one sequence at a time.
+
+    `pack=True` runs the linears on oneDNN-packed copies of the weights (CPU, float32/bfloat16),
+    the state dict itself stays untouched; otherwise they read the state dict's tensors in place."""
+
+    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False) -> None:
+        check_state_dict(cfg, state)
+        self.cfg = cfg
+        self.state = state
+        embed = state["model.embed_tokens.weight"]
+        self.dtype, self.device = embed.dtype, embed.device
+        self.packed = pack and packing_supported(self.dtype, self.device)
+        self.embed = embed
+        lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
+        self.lm_head = make_linear([lm_head], [None], self.packed)
+        self.final_norm = state["model.norm.weight"]
+        self.layers = [self._layer(n) for n in range(cfg.num_layers)]
+        self.rope = Rope(cfg, self.device)
+        self.scale = cfg.head_dim**-0.5
+
+    def _layer(self, n: int) -> Layer:
+        p, s, pack = f"model.layers.{n}.", self.state, self.packed
+        a, m = p + "self_attn.", p + "mlp."
+        return Layer(
+            attn_norm=s[p + "input_layernorm.weight"],
+            qkv=make_linear([s[a + "q_proj.weight"], s[a + "k_proj.weight"], s[a + "v_proj.weight"]],
+                            [s.get(a + "q_proj.bias"), s.get(a + "k_proj.bias"), s.get(a + "v_proj.bias")], pack),
+            o=make_linear([s[a + "o_proj.weight"]], [s.get(a + "o_proj.bias")], pack),
+            q_norm=s.get(a + "q_norm.weight"), k_norm=s.get(a + "k_norm.weight"),
+            mlp_norm=s[p + "post_attention_layernorm.weight"],
+            gate_up=make_linear([s[m + "gate_proj.weight"], s[m + "up_proj.weight"]],
+                                [s.get(m + "gate_proj.bias"), s.get(m + "up_proj.bias")], pack),
+            down=make_linear([s[m + "down_proj.weight"]], [s.get(m + "down_proj.bias")], pack),
+        )
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 like transformers' RMSNorm, then scale in the model dtype.
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.cfg.rms_norm_eps).to(x.dtype)
+
+    def _attention_bias(self, t: int, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Additive mask [G*T, S] over the S visible slots (cached ones all visible), or None."""
+        if t == 1 and tree_mask is None:
+            return None
+        if tree_mask is None:
+            new = torch.ones(t, t, dtype=torch.bool, device=self.device).tril_()  # [T, T] causal
+        else:
+            if tree_mask.shape != (t, t):
+                raise ValueError(f"tree_mask must be [{t}, {t}], got {list(tree_mask.shape)}")
+            new = tree_mask.to(device=self.device, dtype=torch.bool)
+        bias = torch.zeros(t, s, dtype=self.dtype, device=self.device)  # [T, S]
+        bias[:, s - t :].masked_fill_(~new, float("-inf"))
+        return bias.repeat(self.cfg.group_size, 1)  # [G*T, S], rows g*T + t
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: FullKVCache | None,
+        tree_mask: torch.Tensor | None = None,
+        logits_rows: torch.Tensor | slice | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, positions: [T] long. Writes T KV entries at the cache's end (advancing it) and
+        returns float32 logits [T', V] for `logits_rows` (default all T) and the last layer's
+        pre-norm hidden states [T, hidden]. Without a cache, attention is causal among the tokens."""
+        cfg = self.cfg
+        t = int(tokens.shape[0])
+        hkv, g, d = cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+        start = cache.reserve(t) if cache is not None else 0
+        s = start + t
+        max_position = int(positions.max()) if cfg.rope_type == "dynamic" else 0
+        cos, sin = self.rope.cos_sin(positions.to(self.device), max_position, self.dtype)  # [T, 1, D]
+        bias = self._attention_bias(t, s, tree_mask)
+        x = F.embedding(tokens.to(self.device), self.embed)  # [T, hidden]
+        for n, w in enumerate(self.layers):
+            a = self._norm(x, w.attn_norm)
+            q, k, v = w.qkv(a).split([cfg.num_heads * d, hkv * d, hkv * d], dim=-1)
+            q = q.view(t, cfg.num_heads, d)  # [T, H, D]
+            k = k.view(t, hkv, d)  # [T, Hkv, D]
+            v = v.reshape(t, hkv, d)  # [T, Hkv, D]
+            if w.q_norm is not None:
+                q, k = self._norm(q, w.q_norm), self._norm(k, w.k_norm)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if cache is not None:
+                cache.k[n, :, start:s] = k.transpose(0, 1)  # [Hkv, T, D]
+                cache.v[n, :, start:s] = v.transpose(0, 1)
+                keys, values = cache.k[n, :, :s], cache.v[n, :, :s]  # [Hkv, S, D]
+            else:
+                keys, values = k.transpose(0, 1), v.transpose(0, 1)
+            # Group query heads by their KV head so K/V are read once: q: [Hkv, G*T, D].
+            qg = q.view(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)
+            if bias is None:
+                scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, G*T, S]
+            else:
+                scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=self.scale)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+            o = torch.bmm(probs, values)  # [Hkv, G*T, D]
+            o = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, cfg.num_heads * d)  # [T, H*D]
+            x = x + w.o(o)
+            gate, up = w.gate_up(self._norm(x, w.mlp_norm)).chunk(2, dim=-1)  # [T, I] each
+            x = x + w.down(F.silu(gate) * up)
+        if cache is not None:
+            cache.length = s
+        rows = x if logits_rows is None else x[logits_rows]
+        logits = self.lm_head(self._norm(rows, self.final_norm)).float()  # [T', V]
+        return logits, x
+
+    def prefill(self, tokens: torch.Tensor, cache: FullKVCache, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed a prompt in chunks (no [S, S] mask is ever built); return the last token's
+        logits [V] and hidden state [hidden]."""
+        if tokens.numel() == 0:
+            raise LongswiftError("the prompt is empty: give at least one token of prompt text")
+        logits = hidden = None
+        n = int(tokens.numel())
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            pos = torch.arange(cache.length, cache.length + hi - lo, device=self.device)
+            logits, hidden = self.forward(tokens[lo:hi], pos, cache, logits_rows=slice(-1, None))
+        return logits[0], hidden[-1]

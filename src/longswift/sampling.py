@@ -1,0 +1,92 @@
+"""The logits transform (contextual penalty, temperature, top-k, top-p, min-p, eta) and sampling.
+
+AR decoding and speculative verification both call `transform` and `draw`, so a token accepted
+by verification is drawn from exactly the distribution AR would have drawn it from."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import SamplingConfig
+
+
+def penalty_window(history: torch.Tensor, length: int, window: int) -> torch.Tensor:
+    """The last `window` tokens of `history[:length]` — the tokens the contextual penalty sees."""
+    return history[max(0, length - window) : length]
+
+
+def apply_penalty(logits: torch.Tensor, window_ids: torch.Tensor, theta: float) -> torch.Tensor:
+    """logits: [N, V]; window_ids: [N, W] long, -1 = padding. Each token present in a row's window
+    has its logit divided by theta if positive, multiplied by theta otherwise (CTRL-style)."""
+    if theta == 1.0 or window_ids.numel() == 0:
+        return logits
+    n, v = logits.shape
+    present = torch.zeros(n, v + 1, dtype=torch.bool, device=logits.device)  # column v absorbs padding
+    present.scatter_(1, torch.where(window_ids < 0, v, window_ids), True)
+    present = present[:, :v]
+    penalized = torch.where(logits > 0, logits / theta, logits * theta)
+    return torch.where(present, penalized, logits)
+
+
+def transform(logits: torch.Tensor, window_ids: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """logits: [N, V] float -> transformed logits [N, V] float32, filtered tokens at -inf.
+    Greedy configs get the penalty only (the filters never remove the argmax)."""
+    x = apply_penalty(logits.float(), window_ids, cfg.repetition_penalty)
+    if cfg.greedy:
+        return x
+    if cfg.temperature != 1.0:
+        x = x / cfg.temperature
+    if cfg.top_k > 0 and cfg.top_k < x.shape[-1]:
+        kth = torch.topk(x, cfg.top_k, dim=-1).values[:, -1:]  # [N, 1]
+        x = x.masked_fill(x < kth, -math.inf)
+    if cfg.top_p < 1.0:
+        x = _top_p(x, cfg.top_p)
+    if cfg.min_p > 0.0:
+        probs = torch.softmax(x, dim=-1)
+        threshold = cfg.min_p * probs.max(dim=-1, keepdim=True).values
+        x = x.masked_fill(probs < threshold, -math.inf)
+    if cfg.eta > 0.0:
+        x = _eta(x, cfg.eta)
+    return x
+
+
+def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose total probability reaches top_p."""
+    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+    probs = torch.softmax(sorted_x, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # [N, V] mass of strictly more likely tokens
+    drop_sorted = mass_before >= top_p
+    drop_sorted[:, 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+    return x.masked_fill(drop, -math.inf)
+
+
+def _eta(x: torch.Tensor, eta: float) -> torch.Tensor:
+    """Eta-sampling (Hewitt et al. 2022): drop tokens below min(eta, sqrt(eta) * exp(-entropy))."""
+    probs = torch.softmax(x, dim=-1)
+    logp = torch.log_softmax(x, dim=-1)
+    entropy = -(probs * torch.where(probs > 0, logp, 0.0)).sum(dim=-1, keepdim=True)  # [N, 1]
+    threshold = torch.minimum(torch.full_like(entropy, eta), math.sqrt(eta) * torch.exp(-entropy))
+    drop = probs < threshold
+    drop &= x < x.max(dim=-1, keepdim=True).values  # never drop the most likely token
+    return x.masked_fill(drop, -math.inf)
+
+
+def probabilities(transformed: torch.Tensor) -> torch.Tensor:
+    """Transformed logits [N, V] -> float64 probabilities [N, V]."""
+    return torch.softmax(transformed.double(), dim=-1)
+
+
+def draw(transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
+    """One token from one row of transformed logits [V]: argmax if greedy, else inverse-CDF
+    sampling with a float64 uniform from `generator` (so a seed fixes every draw)."""
+    if cfg.greedy:
+        return int(torch.argmax(transformed))
+    cdf = torch.cumsum(torch.softmax(transformed.double(), dim=-1), dim=-1)  # [V]
+    # The generator lives on the CPU so that a seed means the same draws on every device.
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    # First index whose cdf exceeds u * total: zero-probability tokens can never be chosen.
+    index = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64, device=cdf.device) * cdf[-1], right=True))
+    return min(index, cdf.numel() - 1)
