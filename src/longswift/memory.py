@@ -32,6 +32,7 @@ class MemoryPlan:
     """Bytes a run needs: weights, the full KV cache, and the largest transient buffers."""
 
     weights: int
+    packed_weights: int
     kv_cache: int
     workspace: int
     capacity_tokens: int
@@ -39,11 +40,11 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.workspace
+        return self.weights + self.packed_weights + self.kv_cache + self.workspace
 
     def describe(self) -> str:
         return (
-            f"weights {self.weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
+            f"weights {self.weights / GiB:.2f} GiB + packed copies {self.packed_weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
             f"({self.capacity_tokens} tokens) + workspace {self.workspace / GiB:.2f} GiB "
             f"= {self.total / GiB:.2f} GiB on {self.device}"
         )
@@ -53,7 +54,7 @@ class MemoryPlan:
         free = available_bytes(torch.device(self.device))
         if free is None:
             return
-        need = self.total - (self.weights if weights_loaded else 0)
+        need = self.total - (self.weights + self.packed_weights if weights_loaded else 0)
         if need > free:
             raise LongswiftError(
                 f"not enough memory: this run needs {need / GiB:.2f} GiB more "
@@ -63,14 +64,17 @@ class MemoryPlan:
 
 
 def plan_memory(
-    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool
 ) -> MemoryPlan:
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
+    # Packed copies cover every linear weight and the LM head, but not the embedding table.
+    embed = cfg.vocab_size * cfg.hidden_size
+    packed_weights = (cfg.parameter_count() - (0 if cfg.tie_word_embeddings else embed)) * elem if packed else 0
     kv = capacity * cfg.kv_bytes_per_token(dtype)
     # Largest transients: the attention scores of one prefill chunk against the whole cache
     # (float32 softmax plus its input) and one row of float32 logits per chunk token.
     scores = 2 * cfg.num_heads * chunk * capacity * 4
     logits = cfg.vocab_size * 4 * 4
     activations = chunk * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
-    return MemoryPlan(weights, kv, scores + logits + activations, capacity, str(device))
+    return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device))

@@ -88,6 +88,7 @@ class Transformer:
         self.state = state
         embed = state["model.embed_tokens.weight"]
         self.dtype, self.device = embed.dtype, embed.device
+        self.acc_dtype = torch.promote_types(self.dtype, torch.float32)  # norms, softmax, logits
         self.packed = pack and packing_supported(self.dtype, self.device)
         self.embed = embed
         lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
@@ -113,8 +114,8 @@ class Transformer:
         )
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like transformers' RMSNorm, then scale in the model dtype.
-        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.cfg.rms_norm_eps).to(x.dtype)
+        # Normalise in (at least) float32 like transformers' RMSNorm, then scale in the model dtype.
+        return weight * F.rms_norm(x.to(self.acc_dtype), (x.shape[-1],), eps=self.cfg.rms_norm_eps).to(x.dtype)
 
     def _attention_bias(self, t: int, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Additive mask [G*T, S] over the S visible slots (cached ones all visible), or None."""
@@ -139,7 +140,7 @@ class Transformer:
         logits_rows: torch.Tensor | slice | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [T] long. Writes T KV entries at the cache's end (advancing it) and
-        returns float32 logits [T', V] for `logits_rows` (default all T) and the last layer's
+        returns logits [T', V] (float32, float64 for float64 models) for `logits_rows` (default all T) and the last layer's
         pre-norm hidden states [T, hidden]. Without a cache, attention is causal among the tokens."""
         cfg = self.cfg
         t = int(tokens.shape[0])
@@ -171,7 +172,7 @@ class Transformer:
                 scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, G*T, S]
             else:
                 scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=self.scale)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.dtype)
+            probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
             o = torch.bmm(probs, values)  # [Hkv, G*T, D]
             o = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, cfg.num_heads * d)  # [T, H*D]
             x = x + w.o(o)
@@ -180,7 +181,8 @@ class Transformer:
         if cache is not None:
             cache.length = s
         rows = x if logits_rows is None else x[logits_rows]
-        logits = self.lm_head(self._norm(rows, self.final_norm)).float()  # [T', V]
+        logits = self.lm_head(self._norm(rows, self.final_norm))  # [T', V]
+        logits = logits.to(self.acc_dtype)
         return logits, x
 
     def prefill(self, tokens: torch.Tensor, cache: FullKVCache, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,9 +31,10 @@ def apply_penalty(logits: torch.Tensor, window_ids: torch.Tensor, theta: float) 
 
 
 def transform(logits: torch.Tensor, window_ids: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """logits: [N, V] float -> transformed logits [N, V] float32, filtered tokens at -inf.
+    """logits: [N, V] -> transformed logits [N, V] (float32, or float64 for float64 input);
+    filtered tokens at -inf.
     Greedy configs get the penalty only (the filters never remove the argmax)."""
-    x = apply_penalty(logits.float(), window_ids, cfg.repetition_penalty)
+    x = apply_penalty(logits.to(torch.promote_types(logits.dtype, torch.float32)), window_ids, cfg.repetition_penalty)
     if cfg.greedy:
         return x
     if cfg.temperature != 1.0:

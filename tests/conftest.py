@@ -1,0 +1,69 @@
+"""Shared fixtures: tiny random-weight transformers models of every supported family, and the
+embedded SmolLM2 model (loaded once per session)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+ROPES = {
+    "default": {"rope_type": "default", "rope_theta": 10000.0},
+    "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32},
+}
+
+
+def tiny_hf_model(arch: str = "llama", rope: str = "default", tie: bool = False, seed: int = 0,
+                  dtype: torch.dtype = torch.float32, vocab: int = 128, **overrides):
+    """A 2-layer random model (GQA 4:2, head_dim 16, trained context 32) with every weight,
+    norms and biases included, drawn at random so that no term of the forward is trivial."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=32,
+                  rope_parameters=dict(ROPES[rope]), tie_word_embeddings=tie, rms_norm_eps=1e-6,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        kwargs["attention_bias"] = overrides.pop("attention_bias", False)
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
+    kwargs.update(overrides)
+    cfg = AutoConfig.for_model(arch, **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """Our engine on the embedded default model (float32, packed linears)."""
+    import longswift
+
+    return longswift.load(dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def embedded_hf():
+    """transformers' own load of the same GGUF (the oracle)."""
+    from transformers import AutoModelForCausalLM
+
+    from longswift.loading import default_model_path
+
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()

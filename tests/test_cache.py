@@ -1,0 +1,117 @@
+"""The full KV cache (compaction, bounds) and the tree-mask contract verification relies on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift.cache import FullKVCache
+from longswift.errors import LongswiftError
+
+# A tree of 8 nodes under a root (node 0): parents[i] is i's parent, -1 for the root.
+PARENTS = [-1, 0, 0, 1, 1, 2, 4, 4]
+
+
+def path_to(node: int) -> list[int]:
+    path = []
+    while node != -1:
+        path.append(node)
+        node = PARENTS[node]
+    return path[::-1]
+
+
+def tree_mask() -> torch.Tensor:
+    n = len(PARENTS)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        mask[i, path_to(i)] = True
+    return mask
+
+
+@pytest.fixture(params=[torch.float64, torch.float32], ids=["f64", "f32"])
+def setup(request):
+    dtype = request.param
+    hf = tiny_hf_model("qwen3", "yarn", dtype=dtype, seed=5)
+    engine = longswift.load(hf, dtype="float64" if dtype == torch.float64 else "float32")
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(0, 128, (20,), generator=g)
+    tokens = torch.randint(0, 128, (len(PARENTS),), generator=g)
+    return engine, prompt, tokens, dtype
+
+
+def test_tree_forward_equals_forward_of_each_path(setup):
+    engine, prompt, tokens, dtype = setup
+    model = engine.model
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    depths = torch.tensor([len(path_to(i)) - 1 for i in range(len(PARENTS))])
+    with torch.inference_mode():
+        cache = FullKVCache(engine.cfg, 64, dtype, torch.device("cpu"))
+        model.prefill(prompt, cache, chunk=8)
+        base = cache.length
+        tree_logits, tree_hidden = model.forward(tokens, base + depths, cache, tree_mask=tree_mask())
+        assert cache.length == base + len(PARENTS)
+        for node in range(len(PARENTS)):
+            path = path_to(node)
+            cache.truncate(base)
+            logits, hidden = model.forward(tokens[path], base + torch.arange(len(path)), cache)
+            scale = logits.abs().max()
+            assert float((logits[-1] - tree_logits[node]).abs().max() / scale) < tol, node
+            assert float((hidden[-1] - tree_hidden[node]).abs().max() / hidden.abs().max()) < tol, node
+
+
+def test_compacting_an_accepted_path_equals_decoding_it(setup):
+    engine, prompt, tokens, dtype = setup
+    model = engine.model
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    depths = torch.tensor([len(path_to(i)) - 1 for i in range(len(PARENTS))])
+    accepted = path_to(6)  # root -> 1 -> 4 -> 6
+    nxt = torch.tensor([11])
+    with torch.inference_mode():
+        tree = FullKVCache(engine.cfg, 64, dtype, torch.device("cpu"))
+        model.prefill(prompt, tree, chunk=8)
+        base = tree.length
+        model.forward(tokens, base + depths, tree, tree_mask=tree_mask())
+        tree.compact(base, [base + i for i in accepted])
+        assert tree.length == base + len(accepted)
+
+        seq = FullKVCache(engine.cfg, 64, dtype, torch.device("cpu"))
+        model.prefill(torch.cat([prompt, tokens[accepted]]), seq, chunk=8)
+        assert torch.allclose(tree.k[:, :, : tree.length], seq.k[:, :, : seq.length], rtol=0, atol=tol)
+        assert torch.allclose(tree.v[:, :, : tree.length], seq.v[:, :, : seq.length], rtol=0, atol=tol)
+        a, _ = model.forward(nxt, torch.tensor([tree.length]), tree)
+        b, _ = model.forward(nxt, torch.tensor([seq.length]), seq)
+    assert float((a - b).abs().max() / b.abs().max()) < tol
+
+
+def test_compact_keeps_exactly_the_chosen_entries():
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    cache = FullKVCache(cfg, 32, torch.float32, torch.device("cpu"))
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    cache.length = 20
+    before_k, before_v = cache.k.clone(), cache.v.clone()
+    keep = [10, 12, 13, 17, 19]
+    cache.compact(10, keep)
+    assert cache.length == 15
+    assert torch.equal(cache.k[:, :, :10], before_k[:, :, :10])  # untouched prefix
+    assert torch.equal(cache.k[:, :, 10:15], before_k[:, :, keep])
+    assert torch.equal(cache.v[:, :, 10:15], before_v[:, :, keep])
+    cache.compact(15, [])
+    assert cache.length == 15
+    with pytest.raises(ValueError):
+        cache.compact(10, [9, 11])  # below start
+    with pytest.raises(ValueError):
+        cache.compact(10, [12, 11])  # not increasing
+    with pytest.raises(ValueError):
+        cache.compact(10, [15])  # beyond length
+
+
+def test_cache_refuses_to_overflow():
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    cache = FullKVCache(cfg, 4, torch.float32, torch.device("cpu"))
+    cache.reserve(4)
+    cache.length = 3
+    with pytest.raises(LongswiftError, match="KV cache full"):
+        cache.reserve(2)

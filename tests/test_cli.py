@@ -1,0 +1,105 @@
+"""The command line: generation with output files, info, bench, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from longswift.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, match):
+    assert code == 2
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("longswift: error: ") and match in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_generate_writes_output_and_json(tmp_path, capsys):
+    out_file, json_file = tmp_path / "out.txt", tmp_path / "out.json"
+    code, out, err = run(capsys, "generate", "--prompt", "Write a haiku about rain.", "--chat", "--greedy",
+                         "--max-new-tokens", "24", "--ignore-eos", "--output", str(out_file), "--json", str(json_file))
+    assert code == 0, err
+    data = json.loads(json_file.read_text())
+    assert set(data) == {"token_ids", "text", "stats"}
+    assert len(data["token_ids"]) == 24 and data["stats"]["new_tokens"] == 24
+    assert out_file.read_text() == data["text"]
+    assert not (tmp_path / "out.txt.partial").exists()
+    assert "24 tokens in" in err and "tok/s" in err  # the summary line; the bar also went to stderr
+    assert out == ""
+
+
+@pytest.mark.slow
+def test_generate_streams_to_stdout(capsys, tmp_path):
+    json_file = tmp_path / "o.json"
+    code, out, err = run(capsys, "generate", "--prompt", "Count from one to five.", "--chat", "--seed", "3",
+                         "--max-new-tokens", "16", "--no-progress", "--json", str(json_file))
+    assert code == 0, err
+    assert out == json.loads(json_file.read_text())["text"] + "\n"
+
+
+def test_info_prints_config_and_memory_plan(capsys):
+    code, out, err = run(capsys, "info", "--tokens", "100000")
+    assert code == 0, err
+    assert "parameters: 134,515,008" in out
+    assert "num_kv_heads: 3" in out
+    assert "memory plan for 100000 tokens in float32" in out and "KV cache 4.29 GiB" in out
+
+
+@pytest.mark.slow
+def test_bench_smoke(tmp_path, capsys):
+    md, js = tmp_path / "b.md", tmp_path / "b.json"
+    code, out, err = run(capsys, "bench", "--methods", "ar,hf", "--prompt-tokens", "16", "--new-tokens", "4",
+                         "--runs", "1", "--out", str(md), "--json", str(js))
+    assert code == 0, err
+    table = md.read_text()
+    assert "| ar |" in table and "| hf |" in table and "greedy outputs of ar and hf: identical" in table
+    runs = json.loads(js.read_text())["runs"]
+    assert [r["method"] for r in runs] == ["ar", "hf"]
+    assert all(len(r["token_ids"]) == 4 and r["decode_tokens_per_second"] > 0 for r in runs)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--prompt", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--prompt", "hi", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be a positive"),
+    (["--prompt", "   "], "the prompt is empty"),
+    (["--prompt", "hi", "--dtype", "int8"], "--dtype must be one of"),
+    (["--prompt", "hi", "--device", "tpu"], "--device must be"),
+    (["--prompt", "hi", "--output", "/nonexistent-dir/x.txt"], "does not exist"),
+    (["--prompt", "hi", "--json", "/nonexistent-dir/x.json"], "does not exist"),
+    (["--prompt", "hi", "--model", "/nonexistent/model.gguf"], "does not exist"),
+])
+def test_bad_generate_arguments(capsys, args, match):
+    code, out, err = run(capsys, "generate", *args)
+    assert_one_line_error(code, err, match)
+
+
+def test_bad_prompt_files(tmp_path, capsys):
+    code, _, err = run(capsys, "generate", "--prompt-file", str(tmp_path / "missing.txt"))
+    assert_one_line_error(code, err, "does not exist")
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"abc\xff\xfe\x00")
+    code, _, err = run(capsys, "generate", "--prompt-file", str(binary))
+    assert_one_line_error(code, err, "is not UTF-8 text")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, _, err = run(capsys, "generate", "--prompt-file", str(empty))
+    assert_one_line_error(code, err, "the prompt is empty")
+
+
+def test_console_script_exit_code():
+    proc = subprocess.run([sys.executable, "-m", "longswift.cli", "generate", "--prompt", "x", "--top-k", "-1"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "longswift: error: --top-k must be >= 0"

