@@ -85,3 +85,24 @@ def test_transformers_model_weights_are_used_in_place():
     engine = longswift.load(hf, dtype="float32", pack_weights=False)
     name = "model.layers.0.self_attn.q_proj.weight"
     assert engine.model.state[name].data_ptr() == hf.state_dict()[name].data_ptr()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_onednn_attention_path_matches_transformers(arch):
+    """The packed path switches attention to oneDNN matmuls for long contexts; force it on here."""
+    hf = tiny_hf_model(arch, "yarn", seed=9)
+    engine = longswift.load(hf, dtype="float32", pack_weights=True)
+    if not engine.model.packed:
+        pytest.skip("no oneDNN in this torch build")
+    engine.model.onednn_attention_from = 0
+    ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    cache = FullKVCache(engine.cfg, SEQ, torch.float32, torch.device("cpu"))
+    with torch.inference_mode():
+        last, _ = engine.model.prefill(ids[:50], cache, chunk=16)
+        steps = [last]
+        for p in range(50, SEQ - 1):
+            logits, _ = engine.model.forward(ids[p : p + 1], torch.tensor([p]), cache)
+            steps.append(logits[0])
+    assert rel_err(torch.stack(steps), ref[49 : SEQ - 1]) < 1e-4

@@ -1,6 +1,6 @@
 """longswift: lossless acceleration of ultra-long generation from Llama-family models (TokenSwift)."""
 
-from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig
+from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .engine import Engine, GenerationStream, load
 from .errors import LongswiftError
 from .generate import GenerationResult, GenerationStats
@@ -17,5 +17,6 @@ __all__ = [
     "ModelConfig",
     "RuntimeConfig",
     "SamplingConfig",
+    "SpecConfig",
     "load",
 ]

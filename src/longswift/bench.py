@@ -17,11 +17,17 @@ from typing import Any
 import torch
 
 from .atomic import check_writable, write_atomic
-from .config import GenerationConfig, RuntimeConfig, SamplingConfig
+from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .engine import Engine, load
 from .errors import LongswiftError
 
-KNOWN_METHODS = ("ar", "hf")
+KNOWN_METHODS = ("ar", "hf", "tokenswift", "tokenswift-fused")
+# Sampling presets: greedy without penalty (comparable with transformers token for token), and the
+# paper's LLaMA-3.1 setting (min-p 0.1, penalty 1.2 over 1024 tokens, seeded).
+PRESETS = {
+    "greedy": SamplingConfig(temperature=0.0, repetition_penalty=1.0),
+    "paper": SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024, seed=0),
+}
 
 
 @dataclass
@@ -32,11 +38,18 @@ class BenchConfig:
     runs: int = 3
     prompt_file: Path | None = None
     seed: int = 0
+    sampling: str = "greedy"
+    chat: bool = False
+    spec: SpecConfig | None = None
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in KNOWN_METHODS]
         if unknown or not self.methods:
             raise LongswiftError(f"unknown bench method(s) {unknown}: choose from {', '.join(KNOWN_METHODS)}")
+        if self.sampling not in PRESETS:
+            raise LongswiftError(f"unknown --sampling preset '{self.sampling}': choose from {', '.join(PRESETS)}")
+        if self.sampling != "greedy" and "hf" in self.methods:
+            raise LongswiftError("the hf method is compared greedy only: drop hf or use --sampling greedy")
         if self.prompt_tokens <= 0 or self.new_tokens < 2 or self.runs <= 0:
             raise LongswiftError("--prompt-tokens and --runs must be positive and --new-tokens at least 2")
 
@@ -51,6 +64,9 @@ class Measurement:
     decode_seconds: float
     new_tokens: int
     token_ids: list[int]
+    alpha: float = 0.0
+    tokens_per_step: float = 1.0
+    ngram_accepted: int = 0
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -58,12 +74,15 @@ class Measurement:
 
 
 def build_prompt(engine: Engine, cfg: BenchConfig) -> list[int]:
-    """`prompt_tokens` ids: the prompt file's tokens (repeated if short), or seeded random ids."""
+    """`prompt_tokens` ids: the prompt file's tokens (repeated if short), or seeded random ids.
+    With `chat`, the file's text is the user message of the chat template (not repeated)."""
     if cfg.prompt_file is None:
         g = torch.Generator().manual_seed(cfg.seed)
         return torch.randint(0, engine.cfg.vocab_size, (cfg.prompt_tokens,), generator=g).tolist()
     from .cli import read_prompt_file
 
+    if cfg.chat:
+        return engine.encode(read_prompt_file(cfg.prompt_file), chat=True)
     ids = engine.encode(read_prompt_file(cfg.prompt_file))
     while len(ids) < cfg.prompt_tokens:
         ids = ids + ids
@@ -85,9 +104,15 @@ def _timed(tokens: Iterator[list[int]], n: int) -> tuple[float, float, list[int]
     return first - t0, end - first, ids
 
 
-def _ours(engine: Engine, prompt: list[int], n: int) -> Iterator[list[int]]:
-    sampling = SamplingConfig(temperature=0.0, repetition_penalty=1.0)
-    yield from engine.stream(prompt, sampling=sampling, generation=GenerationConfig(max_new_tokens=n, ignore_eos=True))
+def _ours(engine: Engine, prompt: list[int], n: int, method: str, cfg: BenchConfig,
+          stats_out: list) -> Iterator[list[int]]:
+    spec = cfg.spec or SpecConfig()
+    if method == "tokenswift-fused":
+        spec = SpecConfig(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "draft_mode": "fused"})
+    stream = engine.stream(prompt, sampling=PRESETS[cfg.sampling], generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
+                           method="ar" if method == "ar" else "tokenswift", spec=spec)
+    yield from stream
+    stats_out.append(stream.stats)
 
 
 class _Streamer:
@@ -145,27 +170,35 @@ def memory_bandwidth(gib: float = 1.0) -> float:
     return buf.numel() * 4 / best
 
 
-def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, out: Path | None = None,
+def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None, out: Path | None = None,
               json_path: Path | None = None, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> list[Measurement]:
     for p in (out, json_path):
         if p is not None:
             check_writable(p)
-    engine = load(model, runtime)
+    engine = load(model, runtime, heads=heads)
+    if engine.heads is None and any(m.startswith("tokenswift") for m in cfg.methods):
+        raise LongswiftError("tokenswift methods need draft heads: pass --heads PATH (or --heads random)")
     prompt = build_prompt(engine, cfg)
     runners: dict[str, Callable[[int], tuple[float, float, list[int]]]] = {}
-    if "ar" in cfg.methods:
-        runners["ar"] = lambda n: _timed(_ours(engine, prompt, n), n)
-    if "hf" in cfg.methods:
-        hf = hf_model(engine)
-        runners["hf"] = lambda n: _hf(hf, prompt, n)
+    last_stats: list = []
+    for method in cfg.methods:
+        if method == "hf":
+            hf = hf_model(engine)
+            runners["hf"] = lambda n: _hf(hf, prompt, n)
+        else:
+            runners[method] = lambda n, m=method: _timed(_ours(engine, prompt, n, m, cfg, last_stats), n)
     for name, run in runners.items():  # warm-up: allocator, packed kernels, first-call paths
         log(f"warm-up {name}")
         run(4)
     results: list[Measurement] = []
     for r in range(cfg.runs):
         for name, run in runners.items():
+            last_stats.clear()
             prefill, decode, ids = run(cfg.new_tokens)
             m = Measurement(name, r, prefill, decode, cfg.new_tokens, ids)
+            if last_stats:
+                st = last_stats[0]
+                m.alpha, m.tokens_per_step, m.ngram_accepted = st.alpha, st.tokens_per_step, st.ngram_accepted
             log(f"run {r + 1}/{cfg.runs} {name}: prefill {prefill:.2f} s, {m.decode_tokens_per_second:.2f} tok/s")
             results.append(m)
     bandwidth = memory_bandwidth()
@@ -194,13 +227,15 @@ def report(engine: Engine, cfg: BenchConfig, runtime: RuntimeConfig, results: li
     mid_context = cfg.prompt_tokens + cfg.new_tokens // 2
     kv_bytes = mid_context * engine.cfg.kv_bytes_per_token(model.dtype)
     floor_ms = (weight_bytes + kv_bytes) / bandwidth * 1e3
-    same = ""
-    if "ar" in by and "hf" in by:
-        a, h = by["ar"][0].token_ids, by["hf"][0].token_ids
-        diverge = next((i for i, (x, y) in enumerate(zip(a, h)) if x != y), None)
-        same = "identical" if diverge is None else f"first differ at new token {diverge}"
+    same = []
+    for name in by:
+        if name != "ar" and "ar" in by:
+            a, b = by["ar"][0].token_ids, by[name][0].token_ids
+            diverge = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            same.append(f"{name} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
     lines = [
-        f"### {cfg.prompt_tokens}-token prompt, {cfg.new_tokens} new tokens, greedy",
+        f"### {cfg.prompt_tokens if not cfg.chat else 'chat'}-token prompt, "
+        f"{cfg.new_tokens} new tokens, {cfg.sampling} sampling",
         "",
         f"`longswift bench {shlex.join(sys.argv[2:]) if sys.argv[1:2] == ['bench'] else ''}`".replace(" `", "`"),
         "",
@@ -214,10 +249,21 @@ def report(engine: Engine, cfg: BenchConfig, runtime: RuntimeConfig, results: li
         f"{mid_context} tokens) / measured read bandwidth {bandwidth / 1e9:.1f} GB/s = {floor_ms:.1f} ms/token",
     ]
     if same:
-        lines.append(f"- greedy outputs of ar and hf: {same}")
-    lines += ["", "| method | prefill s | decode tok/s | ms/token | vs hf | floor / ms/token |", "|---|---|---|---|---|---|"]
+        lines.append(f"- outputs compared with ar (same seed): {'; '.join(same)}")
+    if cfg.spec is not None and any(m.startswith("tokenswift") for m in by):
+        sp = cfg.spec
+        lines.append(f"- tokenswift: tree {sp.tree}, n-gram top-k {sp.ngram_topk}, draft KV budget {sp.draft_kv_budget}")
+    lines += ["", "| method | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha | tokens/step | floor / ms/token |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for name in by:
         ms = 1e3 / rate[name]
-        vs = f"{rate[name] / rate['hf']:.2f}x" if "hf" in rate else "-"
-        lines.append(f"| {name} | {prefill[name]:.2f} | {rate[name]:.1f} | {ms:.1f} | {vs} | {floor_ms / ms:.0%} |")
+        vs_hf = f"{rate[name] / rate['hf']:.2f}x" if "hf" in rate else "-"
+        vs_ar = f"{rate[name] / rate['ar']:.2f}x" if "ar" in rate else "-"
+        spec_cols = "- | -"
+        if name.startswith("tokenswift"):
+            alpha = statistics.median(m.alpha for m in by[name])
+            tps = statistics.median(m.tokens_per_step for m in by[name])
+            spec_cols = f"{alpha:.2f} | {tps:.2f}"
+        lines.append(f"| {name} | {prefill[name]:.2f} | {rate[name]:.1f} | {ms:.1f} | {vs_ar} | {vs_hf} | {spec_cols} | "
+                     f"{floor_ms / ms:.0%} |")
     return "\n".join(lines) + "\n"

@@ -57,3 +57,62 @@ class FullKVCache:
     @property
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
+
+
+class PartialKVCache(FullKVCache):
+    """The draft pass's small cache (DESIGN §3): slots `[0, sinks)` hold the first positions,
+    then `retrieved` positions chosen per layer and KV head by importance (the latest query's
+    dot products with the keys), then a window of the most recent entries. When the window is
+    full, the caller selects again from the full cache ("dynamic partial cache")."""
+
+    def __init__(self, cfg: ModelConfig, budget: int, sinks: int, window: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        if not (sinks >= 0 and window > 0 and budget > sinks + window):
+            raise LongswiftError(
+                f"draft KV budget {budget} must exceed sinks ({sinks}) + recent window ({window})"
+            )
+        super().__init__(cfg, budget + 1, dtype, device)  # +1: the root fed by the draft pass
+        self.budget, self.sinks, self.window = budget, sinks, window
+        self.retrieved = budget - sinks - window
+        self.group = cfg.group_size
+        self.window_start = 0
+        self.selected = False
+        self.positions: torch.Tensor | None = None  # [L, Hkv, sinks + retrieved] selected slots, for tests
+
+    @property
+    def window_full(self) -> bool:
+        return self.length - self.window_start >= self.window
+
+    def select(self, full: FullKVCache, queries: list[torch.Tensor]) -> None:
+        """Refill from `full[:length]` with sinks + top-`retrieved` slots per layer and KV head.
+        queries: per layer the latest query [H, D] (after rope)."""
+        n, s, r = full.length, self.sinks, self.retrieved
+        if n < s + r:
+            raise ValueError(f"a partial cache of {s} + {r} entries needs a context of at least that many, got {n}")
+        hkv, d = full.k.shape[1], full.k.shape[3]
+        picked = []
+        for layer, q in enumerate(queries):
+            keys = full.k[layer, :, s:n]  # [Hkv, n - s, D]
+            qg = q.view(hkv, self.group, d)  # [Hkv, G, D]
+            scores = torch.bmm(qg, keys.transpose(1, 2)).sum(dim=1)  # [Hkv, n - s], summed over the group
+            top = torch.topk(scores, r, dim=-1).indices.sort(dim=-1).values + s  # [Hkv, R] slots, in order
+            index = top[:, :, None].expand(hkv, r, d)
+            self.k[layer, :, s : s + r] = full.k[layer].gather(1, index)
+            self.v[layer, :, s : s + r] = full.v[layer].gather(1, index)
+            picked.append(top)
+        self.k[:, :, :s] = full.k[:, :, :s]
+        self.v[:, :, :s] = full.v[:, :, :s]
+        sink_slots = torch.arange(s, device=full.k.device).expand(len(queries), hkv, s)
+        self.positions = torch.cat([sink_slots, torch.stack(picked)], dim=-1)
+        self.length = self.window_start = s + r
+        self.selected = True
+
+    def append(self, full: FullKVCache, start: int, stop: int) -> None:
+        """Copy full-cache slots [start, stop) into the recent window (as much as fits)."""
+        room = self.budget - self.length
+        stop = min(stop, start + room)
+        n = stop - start
+        if n > 0:
+            self.k[:, :, self.length : self.length + n] = full.k[:, :, start:stop]
+            self.v[:, :, self.length : self.length + n] = full.v[:, :, start:stop]
+            self.length += n

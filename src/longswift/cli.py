@@ -10,10 +10,10 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from .config import GenerationConfig, RuntimeConfig, SamplingConfig
+from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 
-CONFIGS = {"sampling": SamplingConfig, "generation": GenerationConfig, "runtime": RuntimeConfig}
+CONFIGS = {"sampling": SamplingConfig, "generation": GenerationConfig, "spec": SpecConfig, "runtime": RuntimeConfig}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--method", default="ar", choices=["ar"], help="decoding method (default: ar)")
+    gen.add_argument("--method", choices=["ar", "tokenswift"], default=None,
+                     help="decoding method (default: tokenswift when --heads is given, else ar)")
+    gen.add_argument("--heads", help="draft heads file for TokenSwift, or 'random' (correct but slow; for testing)")
     gen.add_argument("--greedy", action="store_true", help="shorthand for --temperature 0")
     gen.add_argument("--output", type=Path, help="write the text here (atomically) instead of stdout")
     gen.add_argument("--json", type=Path, help="write {token_ids, text, stats} to this file (atomically)")
@@ -67,13 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="time generation methods against each other")
     bench.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
-    bench.add_argument("--methods", default="ar,hf", help="comma list of: ar (ours), hf (transformers generate)")
+    bench.add_argument("--methods", default="ar,hf",
+                       help="comma list of: ar (ours), hf (transformers generate), tokenswift, tokenswift-fused")
+    bench.add_argument("--heads", help="draft heads for the tokenswift methods (or 'random')")
+    bench.add_argument("--sampling", default="greedy", choices=["greedy", "paper"],
+                       help="greedy (no penalty), or paper: min-p 0.1, penalty 1.2 over 1024, seed 0")
+    bench.add_argument("--chat", action="store_true", help="use --prompt-file's text as a chat message")
     bench.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length in tokens")
     bench.add_argument("--new-tokens", type=int, default=1024, help="tokens to generate per run")
     bench.add_argument("--runs", type=int, default=3, help="timed runs per method (interleaved); median reported")
     bench.add_argument("--prompt-file", type=Path, help="text to build the prompt from (default: bundled text)")
     bench.add_argument("--out", type=Path, help="append the markdown table to this file")
     bench.add_argument("--json", type=Path, help="write the raw measurements here")
+    add_config_flags(bench, SpecConfig)
     add_config_flags(bench, RuntimeConfig)
     return parser
 
@@ -102,7 +110,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         args.temperature = 0.0
     sampling = config_from_args(SamplingConfig, args)
     generation = config_from_args(GenerationConfig, args)
+    spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
+    if args.method == "tokenswift" and not args.heads:
+        raise LongswiftError("--method tokenswift needs draft heads: pass --heads PATH (or --heads random)")
     prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
     if not prompt.strip():
         raise LongswiftError("the prompt is empty: give some prompt text")
@@ -110,16 +121,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_writable(args.json)
     out = AtomicFile(args.output) if args.output else None
     try:
-        engine = load(args.model, runtime)
-        stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=args.chat, method=args.method)
+        engine = load(args.model, runtime, heads=args.heads)
+        stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=args.chat, method=args.method,
+                               spec=spec)
         decoder = IncrementalDecoder(engine.tokenizer)
         sink = out.write if out else _stdout_write
         bar = tqdm(total=generation.max_new_tokens, unit="tok", file=sys.stderr, disable=args.no_progress,
                    dynamic_ncols=True, mininterval=0.5, leave=True)
         with bar:
+            stats = stream.stats
             for ids in stream:
                 sink(decoder.push(ids))
                 bar.update(len(ids))
+                if stats.method == "tokenswift" and stats.steps % 8 == 0:
+                    bar.set_postfix(alpha=f"{stats.alpha:.2f}", tok_per_step=f"{stats.tokens_per_step:.2f}", refresh=False)
             sink(decoder.flush())
         assert stream.result is not None
         if out:
@@ -130,7 +145,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.json:
             write_atomic(args.json, json.dumps(stream.result.to_dict(), ensure_ascii=False) + "\n")
         s = stream.result.stats
-        print(f"{s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s), "
+        spec_info = f", alpha {s.alpha:.2f}, {s.tokens_per_step:.2f} tokens/step" if s.method == "tokenswift" else ""
+        print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info}), "
               f"prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}",
               file=sys.stderr)
     except BaseException:
@@ -181,8 +197,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         new_tokens=args.new_tokens,
         runs=args.runs,
         prompt_file=args.prompt_file,
+        sampling=args.sampling,
+        chat=args.chat,
+        spec=config_from_args(SpecConfig, args),
     )
-    run_bench(args.model, runtime, cfg, out=args.out, json_path=args.json)
+    run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json)
     return 0
 
 

@@ -184,6 +184,43 @@ class GenerationConfig:
 
 
 @dataclass
+class SpecConfig:
+    """TokenSwift: draft tree, n-gram reuse, draft pass cache."""
+
+    tree: str = field(default="1,3,3,3", metadata=_help("candidates per depth, from the base logits then each head"))
+    ngram_topk: int = field(default=20, metadata=_help("n-gram continuations added per depth-1 token; 0 disables"))
+    draft_mode: str = field(
+        default="paper",
+        metadata=_help("paper: a draft pass on the partial cache; fused: heads read the verify pass (one forward per step)"),
+    )
+    draft_kv_budget: int = field(
+        default=4096, metadata=_help("partial KV cache size of the draft pass; shorter contexts draft on the full cache")
+    )
+    draft_window: int = field(default=1024, metadata=_help("recent-token window inside the draft KV budget"))
+    attention_sinks: int = field(default=16, metadata=_help("first positions always kept in the partial cache"))
+
+    def __post_init__(self) -> None:
+        self.levels  # parses --tree, raising on a bad one
+        if self.ngram_topk < 0:
+            raise LongswiftError("--ngram-topk must be >= 0")
+        if self.draft_mode not in ("paper", "fused"):
+            raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")
+        if self.attention_sinks < 0 or self.draft_window <= 0:
+            raise LongswiftError("--attention-sinks must be >= 0 and --draft-window positive")
+        if self.draft_kv_budget <= self.attention_sinks + self.draft_window:
+            raise LongswiftError(
+                f"--draft-kv-budget ({self.draft_kv_budget}) must exceed --attention-sinks + --draft-window "
+                f"({self.attention_sinks + self.draft_window})"
+            )
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        from .tree import parse_tree
+
+        return parse_tree(self.tree)
+
+
+@dataclass
 class RuntimeConfig:
     """Where and in what precision the model runs."""
 

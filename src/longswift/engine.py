@@ -8,13 +8,15 @@ from typing import Any
 
 import torch
 
-from .config import GenerationConfig, RuntimeConfig, SamplingConfig
+from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 from .generate import GenerationResult, GenerationStats, ar_steps
+from .heads import DraftHeads, load_heads, new_heads
 from .loading import LoadedModel, load_model
 from .model import Transformer
+from .tokenswift import tokenswift_steps
 
-METHODS = ("ar",)
+METHODS = ("ar", "tokenswift")
 
 
 class GenerationStream:
@@ -22,7 +24,7 @@ class GenerationStream:
 
     def __init__(self, steps: Iterator[list[int]], stats: GenerationStats, tokenizer: Any) -> None:
         self._steps = steps
-        self._stats = stats
+        self.stats = stats  # live: updated as the generation runs
         self._tokenizer = tokenizer
         self.token_ids: list[int] = []
         self.result: GenerationResult | None = None
@@ -34,7 +36,7 @@ class GenerationStream:
         text = None
         if self._tokenizer is not None:
             text = self._tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        self.result = GenerationResult(list(self.token_ids), text, self._stats)
+        self.result = GenerationResult(list(self.token_ids), text, self.stats)
 
 
 class Engine:
@@ -45,10 +47,23 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
         self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
+        self.heads: DraftHeads | None = None
         eos = set(loaded.cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_ids = frozenset(eos)
+
+    def set_heads(self, heads: DraftHeads | str | None) -> None:
+        """Draft heads for TokenSwift: a DraftHeads, a heads file, "random" (seeded random heads:
+        correct but slow, for testing), or None (AR only)."""
+        if heads is None or isinstance(heads, DraftHeads):
+            self.heads = heads
+        elif heads == "random":
+            self.heads = new_heads(self.cfg, self.model.state).randomize(seed=0)
+        else:
+            self.heads = load_heads(heads, self.cfg, self.model.embed)
+        if self.heads is not None:
+            self.heads.requires_grad_(False)
 
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         """Prompt text (optionally wrapped in the model's chat template) or ids -> ids."""
@@ -80,11 +95,17 @@ class Engine:
         sampling: SamplingConfig | None = None,
         generation: GenerationConfig | None = None,
         chat: bool = False,
-        method: str = "ar",
+        method: str | None = None,
+        spec: SpecConfig | None = None,
     ) -> GenerationStream:
-        """Start a generation; iterate the returned stream for token ids as they are committed."""
+        """Start a generation; iterate the returned stream for token ids as they are committed.
+        The method defaults to TokenSwift when heads are set, AR otherwise."""
+        method = method or ("tokenswift" if self.heads is not None else "ar")
         if method not in METHODS:
             raise LongswiftError(f"unknown method '{method}': choose one of {', '.join(METHODS)}")
+        if method == "tokenswift" and self.heads is None:
+            raise LongswiftError("--method tokenswift needs draft heads: pass --heads PATH (or --heads random)")
+        spec = spec or SpecConfig()
         sampling = sampling or SamplingConfig()
         generation = generation or GenerationConfig()
         ids = self.encode(prompt, chat)
@@ -93,8 +114,11 @@ class Engine:
         if not sampling.greedy:
             generator = torch.Generator(device="cpu").manual_seed(seed)
         stats = GenerationStats(method=method, prompt_tokens=len(ids), seed=None if sampling.greedy else seed)
-        with torch.inference_mode():
+        if method == "ar":
             steps = ar_steps(self.model, ids, sampling, generation, stats, self.eos_ids, generator)
+        else:
+            steps = tokenswift_steps(self.model, self.heads, ids, sampling, generation, spec, stats, self.eos_ids,
+                                     generator)
         return GenerationStream(_inference(steps), stats, self.tokenizer)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:
@@ -117,12 +141,16 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
         yield ids
 
 
-def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None, **runtime_fields: Any) -> Engine:
-    """Load a GGUF file, an HF directory, a transformers model object, or (None) the embedded default.
-    Runtime options (device, dtype, threads, pack_weights) come as a RuntimeConfig or as keywords."""
+def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None, heads: DraftHeads | str | None = None,
+         **runtime_fields: Any) -> Engine:
+    """Load a GGUF file, an HF directory, a transformers model object, or (None) the embedded default,
+    and optionally draft heads (see Engine.set_heads). Runtime options (device, dtype, threads,
+    pack_weights) come as a RuntimeConfig or as keywords."""
     runtime = runtime or RuntimeConfig(**runtime_fields)
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
         loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device())
-    return Engine(loaded, pack_weights=runtime.pack_weights)
+    engine = Engine(loaded, pack_weights=runtime.pack_weights)
+    engine.set_heads(heads)
+    return engine

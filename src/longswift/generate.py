@@ -29,13 +29,27 @@ class GenerationStats:
     decode_seconds: float = 0.0
     seed: int | None = None
     finish_reason: str = "length"
+    accepted_tokens: int = 0  # drafted tokens the lossless walk accepted
+    draft_positions: int = 0  # tree depths offered, summed over steps (the paper's alpha denominator)
+    ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
 
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate as the paper defines it: accepted draft tokens / draft positions."""
+        return self.accepted_tokens / self.draft_positions if self.draft_positions else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
     def to_dict(self) -> dict:
-        return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3)}
+        return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3), "alpha": round(self.alpha, 4),
+                               "tokens_per_step": round(self.tokens_per_step, 3)}
 
 
 @dataclass

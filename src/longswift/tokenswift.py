@@ -1,0 +1,216 @@
+"""The TokenSwift loop: each step is draft -> tree -> verify -> accept -> commit.
+
+State between steps: the full KV cache holds the committed context `history[:n-1]`; the root
+`history[n-1]` (the last sampled token) is committed output but not yet in the cache."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .cache import FullKVCache, PartialKVCache
+from .config import GenerationConfig, SamplingConfig, SpecConfig
+from .errors import LongswiftError
+from .generate import GenerationStats, new_cache
+from .heads import DraftHeads
+from .model import Transformer
+from .ngram import NGramTracker
+from .sampling import draw, penalty_window, transform
+from .tree import NGRAM, Trie
+from .verify import Walk, lossless_walk
+
+NGRAM_N = 4
+
+
+@dataclass
+class Draft:
+    """Candidate tokens per tree depth (after the logits transform)."""
+
+    levels: list[list[int]]
+
+
+@dataclass
+class Verified:
+    """The verify pass: hidden states of every trie node; logits on demand (the walk visits
+    only depth + 1 nodes, so the LM head runs on those rows alone)."""
+
+    model: Transformer
+    hidden: torch.Tensor  # [N, hidden]
+    cached: dict[int, torch.Tensor]
+
+    def row_logits(self, i: int) -> torch.Tensor:
+        if i not in self.cached:
+            self.cached[i] = self.model.logits(self.hidden[i : i + 1])[0]  # [V]
+        return self.cached[i]
+
+
+class TokenSwiftState:
+    """Everything one generation carries from step to step."""
+
+    def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
+                 gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
+                 eos_ids: frozenset[int], generator: torch.Generator | None) -> None:
+        levels = spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
+        if len(spec.levels) > heads.gamma + 1:
+            raise LongswiftError(
+                f"--tree {spec.tree} has {len(spec.levels)} depths but the heads draft only {heads.gamma + 1}"
+            )
+        if not levels:
+            raise LongswiftError("--draft-mode fused needs a --tree of at least two depths (the first is skipped)")
+        self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
+        self.stats, self.generator = stats, generator
+        self.levels = levels
+        self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
+        nodes, width = 1, 1
+        for k in levels:
+            width *= k
+            nodes += width
+        nodes += spec.ngram_topk * levels[0] * NGRAM_N
+        total = len(prompt) + gen.max_new_tokens
+        self.full = new_cache(model, total + nodes, gen.prefill_chunk)
+        self.partial = None
+        if total > spec.draft_kv_budget and spec.draft_mode == "paper":
+            self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
+                                          model.dtype, model.device)
+        self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
+        self.history[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        self.tokens = list(prompt)  # the same sequence as a list, for the n-gram table
+        self.n = len(prompt)  # committed length (the root, once drawn, is history[n-1])
+        self.produced = 0
+        exclude = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
+        self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
+        if self.ngrams is not None:
+            self.ngrams.update(self.tokens, self.n)
+        self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
+
+    def window(self) -> torch.Tensor:
+        return penalty_window(self.history, self.n, self.sampling.penalty_window)
+
+    def emit(self, tokens: list[int]) -> None:
+        self.history[self.n : self.n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.tokens.extend(tokens)
+        self.n += len(tokens)
+        self.produced += len(tokens)
+        if self.ngrams is not None:
+            self.ngrams.update(self.tokens, self.n)
+
+
+def _timed(stats: GenerationStats, stage: str, t0: float) -> float:
+    t1 = time.perf_counter()
+    stats.stage_seconds[stage] = stats.stage_seconds.get(stage, 0.0) + t1 - t0
+    return t1
+
+
+def draft(s: TokenSwiftState) -> Draft:
+    """Depth logits from the draft heads, transformed like the target, top-k per depth."""
+    model, root = s.model, int(s.history[s.n - 1])
+    if s.spec.draft_mode == "fused":
+        h = s.prev_hidden
+        base = None
+    else:
+        cache: FullKVCache = s.full
+        queries: list[torch.Tensor] | None = None
+        if s.partial is not None:
+            if not s.partial.selected or s.partial.window_full:
+                queries = []  # draft on the full cache once, then select with the root's queries
+            else:
+                cache = s.partial
+        start = cache.length
+        tokens = torch.tensor([root], device=model.device)
+        pos = torch.tensor([s.n - 1], device=model.device)
+        _, hidden = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)
+        cache.truncate(start)
+        if queries is not None:
+            s.partial.select(s.full, queries)
+        h = hidden[-1]
+        base = model.norm(h[None], model.final_norm)  # [1, hidden]
+    states = s.heads(h[None])[:, 0]  # [gamma, hidden], already through each head's output norm
+    if base is not None:
+        states = torch.cat([base, states])
+    depth_logits = model.lm_head(states).to(model.acc_dtype)  # [depths, V], one LM-head pass
+    window = s.window().to(depth_logits.device)
+    levels = []
+    for k, logits in zip(s.levels, depth_logits):
+        x = transform(logits[None], window[None], s.sampling)[0]
+        top = torch.topk(x, min(k, x.numel()))
+        levels.append([int(t) for t, v in zip(top.indices, top.values) if v > float("-inf")])
+    return Draft(levels)
+
+
+def build_tree(s: TokenSwiftState, d: Draft) -> Trie:
+    """The heads' cartesian tree plus n-gram paths for each depth-1 token, merged as a trie."""
+    trie = Trie.with_root(int(s.history[s.n - 1]))
+    trie.add_levels(d.levels)
+    if s.ngrams is not None and d.levels:
+        for first in d.levels[0]:
+            for cont, _count in s.ngrams.table.top(first, s.spec.ngram_topk):
+                trie.add_path((first, *cont), NGRAM)
+    return trie
+
+
+def verify(s: TokenSwiftState, trie: Trie) -> Verified:
+    """One forward of the root and every trie node on the full cache, under the tree mask."""
+    dev = s.model.device
+    _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
+                                tree_mask=trie.mask(dev), logits_rows=slice(0, 0))
+    return Verified(s.model, hidden, {})
+
+
+def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
+    return lossless_walk(trie, v.row_logits, s.history, s.n, s.sampling, s.generator, s.stop_ids,
+                         max_tokens=s.gen.max_new_tokens - s.produced)
+
+
+def commit(s: TokenSwiftState, v: Verified, walk: Walk) -> list[int]:
+    """Keep the KV entries of the root and the accepted path; record the emitted tokens."""
+    base = s.n - 1  # the root's slot
+    s.full.compact(base, [base] + [base + node for node in walk.nodes])
+    if s.partial is not None and s.partial.selected:
+        s.partial.append(s.full, base, s.full.length)
+    s.prev_hidden = v.hidden[walk.nodes[-1] if walk.nodes else 0]
+    emitted = walk.tokens + [walk.next_root]
+    s.emit(emitted)
+    s.stats.accepted_tokens += len(walk.tokens)
+    s.stats.ngram_accepted += walk.ngram_only
+    s.stats.draft_positions += len(s.levels)
+    return emitted
+
+
+def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
+                     gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
+                     generator: torch.Generator | None) -> Iterator[list[int]]:
+    """Self-speculative decoding; yields the tokens each step commits (its output is AR's)."""
+    s = TokenSwiftState(model, heads, prompt, sampling, gen, spec, stats, eos_ids, generator)
+    t0 = time.perf_counter()
+    logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk)
+    stats.prefill_seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    first = draw(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
+    s.prev_hidden = hidden
+    s.emit([first])
+    stats.decode_seconds += time.perf_counter() - t0
+    stats.new_tokens, stats.steps = 1, 1
+    yield [first]
+    last = first
+    while s.produced < gen.max_new_tokens and last not in s.stop_ids:
+        t0 = time.perf_counter()
+        d = draft(s)
+        t = _timed(stats, "draft", t0)
+        trie = build_tree(s, d)
+        t = _timed(stats, "tree", t)
+        v = verify(s, trie)
+        t = _timed(stats, "verify", t)
+        walk = accept(s, trie, v)
+        t = _timed(stats, "accept", t)
+        emitted = commit(s, v, walk)
+        t = _timed(stats, "commit", t)
+        stats.decode_seconds += t - t0
+        stats.new_tokens += len(emitted)
+        stats.steps += 1
+        last = emitted[-1]
+        yield emitted
+    if last in s.stop_ids:
+        stats.finish_reason = "eos"

@@ -1,0 +1,175 @@
+"""TokenSwift's parts against brute-force definitions: trie, mask, positions; n-gram table;
+partial KV cache; draft heads (save/load, identity checks)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift.cache import FullKVCache, PartialKVCache
+from longswift.config import SpecConfig
+from longswift.errors import LongswiftError
+from longswift.heads import load_heads, new_heads, save_heads
+from longswift.ngram import NGramTable, NGramTracker
+from longswift.tree import HEADS, NGRAM, Trie
+
+
+# ---- trie ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(20))
+def test_trie_matches_brute_force(seed):
+    r = random.Random(seed)
+    levels = [[r.randrange(6) for _ in range(r.randrange(1, 4))] for _ in range(r.randrange(1, 4))]
+    levels = [list(dict.fromkeys(level)) for level in levels]  # distinct per depth, as top-k gives
+    ngrams = [tuple(r.randrange(6) for _ in range(4)) for _ in range(r.randrange(0, 6))]
+    trie = Trie.with_root(9)
+    trie.add_levels(levels)
+    for g in ngrams:
+        trie.add_path(g, NGRAM)
+    candidates = [tuple(p) for p in itertools.product(*levels)] + ngrams
+    prefixes = {c[:i] for c in candidates for i in range(1, len(c) + 1)}
+    paths = [tuple(trie.tokens[j] for j in trie.path(i)) for i in range(len(trie))]
+    assert paths[0] == () and len(paths) == len(set(paths))  # shared prefixes are merged
+    assert set(paths[1:]) == prefixes
+    mask = trie.mask()
+    for i, j in itertools.product(range(len(trie)), repeat=2):
+        assert bool(mask[i, j]) == (paths[i][: len(paths[j])] == paths[j]), (i, j)
+    assert trie.positions(100).tolist() == [100 + len(p) for p in paths]
+    head_paths = {c[:i] for c in itertools.product(*levels) for i in range(1, len(c) + 1)}
+    gram_paths = {g[:i] for g in ngrams for i in range(1, 5)}
+    for i in range(1, len(trie)):
+        assert bool(trie.sources[i] & HEADS) == (paths[i] in head_paths)
+        assert bool(trie.sources[i] & NGRAM) == (paths[i] in gram_paths)
+
+
+@pytest.mark.parametrize("bad", ["", "1,0,3", "a,b", "1,,2", "-1"])
+def test_bad_tree_specs(bad):
+    with pytest.raises(LongswiftError, match="--tree must be"):
+        SpecConfig(tree=bad)
+
+
+# ---- n-grams ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(30))
+def test_ngram_counts_and_topk_match_counter(seed):
+    r = random.Random(seed)
+    tokens = [r.randrange(5) for _ in range(r.randrange(4, 300))]
+    table = NGramTable(4)
+    table.add_all(tokens, 0, len(tokens) - 3)
+    truth = Counter(tuple(tokens[i : i + 4]) for i in range(len(tokens) - 3))
+    assert table.total == sum(truth.values())
+    for g, c in truth.items():
+        assert table.count(g) == c
+    for first in range(5):
+        ranked = sorted((c for g, c in truth.items() if g[0] == first), reverse=True)
+        for k in (1, 3, 20):
+            top = table.top(first, k)
+            assert [c for _, c in top] == ranked[:k]
+            assert all(truth[(first, *cont)] == c for cont, c in top)
+
+
+def test_equal_counts_never_overwrite_each_other():
+    table = NGramTable(2)
+    for cont in range(10):
+        table.add([1, cont])
+    assert sorted(c for c, _ in table.top(1, 20)) == [(c,) for c in range(10)]
+    assert all(n == 1 for _, n in table.top(1, 20))
+
+
+def test_tracker_keeps_the_penalty_window_out():
+    tracker = NGramTracker(4, exclude_recent=5)
+    tokens = list(range(20))
+    tracker.update(tokens, 12)  # n-grams must end before index 12 - 5 = 7
+    assert tracker.table.total == 4  # starts 0..3 end at 3..6
+    tracker.update(tokens, 20)
+    assert tracker.table.total == 12 and tracker.table.count([11, 12, 13, 14]) == 1
+    assert tracker.table.count([12, 13, 14, 15]) == 0
+
+
+# ---- partial cache ---------------------------------------------------------------------------
+
+def test_partial_cache_selection_matches_its_definition():
+    engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64")
+    cfg, model = engine.cfg, engine.model
+    ids = torch.randint(0, 128, (60,), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        full = FullKVCache(cfg, 80, torch.float64, torch.device("cpu"))
+        model.prefill(ids[:-1], full, 16)
+        queries: list[torch.Tensor] = []
+        model.forward(ids[-1:], torch.tensor([59]), full, queries=queries)
+        full.truncate(59)
+        part = PartialKVCache(cfg, budget=30, sinks=4, window=6, dtype=torch.float64, device=torch.device("cpu"))
+        part.select(full, queries)
+    assert part.length == part.window_start == 24 and not part.window_full
+    g = cfg.group_size
+    for layer in range(cfg.num_layers):
+        for h in range(cfg.num_kv_heads):
+            q = queries[layer][h * g : (h + 1) * g]  # [G, D]: the query heads of this KV head
+            scores = [float((q @ full.k[layer, h, slot]).sum()) for slot in range(4, 59)]
+            best = sorted(sorted(range(len(scores)), key=lambda i: -scores[i])[:20])
+            slots = [0, 1, 2, 3] + [4 + i for i in best]
+            assert part.positions[layer, h].tolist() == slots
+            assert torch.equal(part.k[layer, h, :24], full.k[layer, h, slots])
+            assert torch.equal(part.v[layer, h, :24], full.v[layer, h, slots])
+    with torch.inference_mode():
+        model.forward(ids[-1:], torch.tensor([59]), full)
+    part.append(full, 59, 60)
+    assert part.length == 25 and torch.equal(part.k[:, :, 24], full.k[:, :, 59])
+    part.length = 30
+    assert part.window_full
+
+
+# ---- heads -----------------------------------------------------------------------------------
+
+def test_heads_save_load_round_trip_and_identity(tmp_path):
+    engine = longswift.load(tiny_hf_model("llama", seed=71), dtype="float32")
+    heads = new_heads(engine.cfg, engine.model.state).randomize(seed=2)
+    path = tmp_path / "heads.safetensors"
+    save_heads(heads, engine.cfg, heads.base_fingerprint, path)
+    loaded = load_heads(path, engine.cfg, engine.model.embed)
+    h0 = torch.randn(5, engine.cfg.hidden_size)
+    with torch.no_grad():
+        assert torch.equal(heads(h0), loaded(h0))
+    assert loaded(h0).shape == (3, 5, engine.cfg.hidden_size)
+    # Same weights in another dtype are the same model.
+    engine64 = longswift.load(tiny_hf_model("llama", seed=71), dtype="float64")
+    load_heads(path, engine64.cfg, engine64.model.embed)
+    # Another model of the same shape is refused.
+    other = longswift.load(tiny_hf_model("llama", seed=72), dtype="float32")
+    with pytest.raises(LongswiftError, match="made for another model"):
+        load_heads(path, other.cfg, other.model.embed)
+    bigger = longswift.load(tiny_hf_model("llama", seed=71, vocab=130), dtype="float32")
+    with pytest.raises(LongswiftError, match="vocab_size 128 vs 130"):
+        load_heads(path, bigger.cfg, bigger.model.embed)
+
+
+def test_damaged_heads_files(tmp_path):
+    engine = longswift.load(tiny_hf_model("llama", seed=73), dtype="float32")
+    with pytest.raises(LongswiftError, match="does not exist"):
+        engine.set_heads(str(tmp_path / "none.safetensors"))
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage")
+    with pytest.raises(LongswiftError, match="cannot read heads file"):
+        engine.set_heads(str(bad))
+    from safetensors.torch import save_file
+
+    plain = tmp_path / "plain.safetensors"
+    save_file({"x": torch.zeros(2)}, str(plain))
+    with pytest.raises(LongswiftError, match="not a longswift heads file"):
+        engine.set_heads(str(plain))
+
+
+def test_zero_initialised_heads_repeat_the_base_prediction():
+    engine = longswift.load(tiny_hf_model("llama", seed=74), dtype="float32")
+    heads = new_heads(engine.cfg, engine.model.state)
+    h0 = torch.randn(4, engine.cfg.hidden_size)
+    with torch.no_grad():
+        out = heads(h0)
+        base = engine.model.norm(h0, engine.model.final_norm)
+    assert torch.allclose(out, base.expand_as(out), atol=1e-6)

@@ -1,0 +1,202 @@
+"""TokenSwift is lossless: greedy output is AR's token for token; one step's emitted sequences have
+exactly AR's probabilities (enumerated); sampled output matches AR's distribution (chi-square)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+import longswift.verify as verify_mod
+from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.generate import GenerationStats
+from longswift.sampling import probabilities, transform
+from longswift.tokenswift import TokenSwiftState, build_tree, draft, verify
+
+SPECS = {
+    "paper": SpecConfig(),
+    "fused": SpecConfig(draft_mode="fused"),
+    "wide-partial": SpecConfig(tree="3,2,2,2", ngram_topk=4, draft_kv_budget=40, draft_window=8, attention_sinks=4),
+    "narrow-no-ngram": SpecConfig(tree="1,1", ngram_topk=0),
+    "fused-partial": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6),
+}
+SAMPLINGS = {
+    "greedy": SamplingConfig(temperature=0, repetition_penalty=1.0),
+    "greedy-penalty": SamplingConfig(temperature=0, repetition_penalty=1.4, penalty_window=6),
+    "sampled": SamplingConfig(seed=11, min_p=0.0, repetition_penalty=1.0),
+    "sampled-filters": SamplingConfig(seed=12, top_p=0.85, min_p=0.05, repetition_penalty=1.2, penalty_window=8),
+}
+
+
+def repetitive_prompt(seed: int, vocab: int, length: int = 30) -> list[int]:
+    """A prompt with repeats, so the n-gram table has something to offer."""
+    g = torch.Generator().manual_seed(seed)
+    motif = torch.randint(3, vocab, (5,), generator=g).tolist()
+    noise = torch.randint(3, vocab, (length,), generator=g).tolist()
+    return [motif[i % 5] if i % 7 else noise[i] for i in range(length)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def tiny64(request):
+    hf = tiny_hf_model(request.param, "yarn", seed=31, dtype=torch.float64, vocab=24)
+    return longswift.load(hf, dtype="float64", heads="random")
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+@pytest.mark.parametrize("spec", SPECS.values(), ids=SPECS.keys())
+def test_tokenswift_equals_ar_in_float64(tiny64, spec, sampling):
+    """Same seed, same tokens: every emitted token is one AR draw with the same uniform."""
+    accepted = 0
+    for seed in range(3):
+        prompt = repetitive_prompt(seed, 24)
+        gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
+        ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
+        ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+        assert ts.token_ids == ar.token_ids, seed
+        assert ts.stats.new_tokens == 70 and ts.stats.steps < 70
+        accepted += ts.stats.accepted_tokens
+    assert accepted > 0  # acceptance was exercised
+
+
+def test_tokenswift_stops_at_eos_like_ar(tiny64):
+    prompt = repetitive_prompt(5, 24)
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    free = tiny64.generate(prompt, sampling=greedy, generation=GenerationConfig(max_new_tokens=40, ignore_eos=True),
+                           method="ar")
+    saved = tiny64.eos_ids
+    try:
+        tiny64.eos_ids = frozenset({free.token_ids[20]})
+        gen = GenerationConfig(max_new_tokens=40)
+        ar = tiny64.generate(prompt, sampling=greedy, generation=gen, method="ar")
+        ts = tiny64.generate(prompt, sampling=greedy, generation=gen, method="tokenswift")
+    finally:
+        tiny64.eos_ids = saved
+    assert ts.token_ids == ar.token_ids and ts.stats.finish_reason == ar.stats.finish_reason == "eos"
+
+
+def ar_sequence_probability(engine, prefix: list[int], tokens: list[int], sampling: SamplingConfig) -> float:
+    """Probability that AR decoding emits `tokens` after `prefix` (full forwards, float64)."""
+    p, seq = 1.0, list(prefix)
+    for t in tokens:
+        logits, _ = engine.model.forward(torch.tensor(seq), torch.arange(len(seq)), None, logits_rows=slice(-1, None))
+        window = torch.tensor(seq[-sampling.penalty_window :] if sampling.penalty_window else [], dtype=torch.long)
+        p *= float(probabilities(transform(logits, window[None], sampling))[0, t])
+        seq.append(t)
+    return p
+
+
+@pytest.mark.parametrize("mode", ["paper", "fused"])
+def test_one_step_emits_each_sequence_with_its_ar_probability(mode, monkeypatch):
+    """Enumerate every possible run of one verification walk: each emitted sequence has exactly
+    the probability AR gives it (to 1e-9), and the probabilities sum to 1."""
+    vocab = 12
+    hf = tiny_hf_model("qwen2", "default", seed=41, dtype=torch.float64, vocab=vocab)
+    engine = longswift.load(hf, dtype="float64", heads="random")
+    sampling = SamplingConfig(seed=0, top_p=0.9, min_p=0.05, repetition_penalty=1.3, penalty_window=5)
+    spec = SpecConfig(tree="3,3,2", ngram_topk=2, draft_mode=mode)
+    prompt = repetitive_prompt(7, vocab, 16)
+    with torch.inference_mode():
+        stats = GenerationStats("tokenswift", len(prompt))
+        s = TokenSwiftState(engine.model, engine.heads, prompt, sampling,
+                            GenerationConfig(max_new_tokens=20, ignore_eos=True), spec, stats, frozenset(), None)
+        _, hidden = engine.model.prefill(s.history[: s.n], s.full, 8)
+        s.prev_hidden = hidden
+        s.emit([prompt[3]])  # a root, as if drawn
+        trie = build_tree(s, draft(s))
+        assert len(trie) > 6
+        v = verify(s, trie)
+
+        # Drive the walk with scripted draws, recording the distribution each draw came from.
+        script: list[int] = []
+        seen: list[torch.Tensor] = []
+
+        def scripted_draw(x, cfg, generator):
+            seen.append(probabilities(x[None])[0])
+            return script[len(seen) - 1]
+
+        monkeypatch.setattr(verify_mod, "draw", scripted_draw)
+        total, sequences = 0.0, 0
+        pending = [[]]
+        while pending:
+            prefix = pending.pop()
+            script[:] = prefix + [0]
+            seen.clear()
+            verify_mod.lossless_walk(trie, v.row_logits, s.history, s.n, sampling, None)
+            dist = seen[len(prefix)]
+            for y in torch.nonzero(dist > 0).flatten().tolist():
+                node = 0
+                for t in prefix:
+                    node = trie.children[node][t]
+                if y in trie.children[node]:
+                    pending.append(prefix + [y])  # accepted: the walk continues
+                    continue
+                script[:] = prefix + [y]
+                seen.clear()
+                walk = verify_mod.lossless_walk(trie, v.row_logits, s.history, s.n, sampling, None)
+                assert walk.tokens == prefix and walk.next_root == y
+                p_walk = math.prod(float(seen[i][t]) for i, t in enumerate(prefix + [y]))
+                p_ar = ar_sequence_probability(engine, s.tokens, prefix + [y], sampling)
+                assert abs(p_walk - p_ar) < 1e-9, (prefix, y, p_walk, p_ar)
+                total += p_walk
+                sequences += 1
+    assert abs(total - 1.0) < 1e-9
+    assert sequences > vocab  # some sequences go through accepted nodes
+
+
+def chi_square_critical(df: int, z: float) -> float:
+    """Upper quantile of chi-square(df) by the Wilson-Hilferty approximation."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_first_tokens_follow_the_exact_ar_distribution():
+    """3000 seeds; the first 3 generated tokens (one full speculative step after the first draw)
+    against AR's exact distribution by enumeration. Chi-square over bins with expected count >= 5
+    (the rest merged); false-alarm rate 1e-3 (z = 3.09)."""
+    vocab = 8
+    hf = tiny_hf_model("llama", "default", seed=51, dtype=torch.float64, vocab=vocab)
+    engine = longswift.load(hf, dtype="float64", heads="random")
+    sampling = SamplingConfig(min_p=0.02, repetition_penalty=1.2, penalty_window=4)
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]
+    exact = {}
+    with torch.inference_mode():
+        for seq in itertools.product(range(vocab), repeat=3):
+            exact[seq] = ar_sequence_probability(engine, prompt, list(seq), sampling)
+    assert abs(sum(exact.values()) - 1) < 1e-9
+    n, counts, accepted = 3000, {}, 0
+    gen = GenerationConfig(max_new_tokens=3, ignore_eos=True)
+    spec = SpecConfig(tree="2,2,2", ngram_topk=2)
+    for seed in range(n):
+        cfg = SamplingConfig(seed=seed, min_p=0.02, repetition_penalty=1.2, penalty_window=4)
+        out = engine.generate(prompt, sampling=cfg, generation=gen, method="tokenswift", spec=spec)
+        counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0.05 * n  # the speculative path was taken often
+    big = [s for s, p in exact.items() if p * n >= 5]
+    observed = [counts.get(s, 0) for s in big] + [n - sum(counts.get(s, 0) for s in big)]
+    expected = [exact[s] * n for s in big] + [n * (1 - sum(exact[s] for s in big))]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
+    df = len([e for e in expected if e > 0]) - 1
+    assert chi2 < chi_square_critical(df, 3.09), (chi2, df)
+
+
+@pytest.mark.slow
+def test_embedded_model_greedy_tokenswift_equals_ar(embedded):
+    """float32, random heads, n-grams on, paper mode with a small draft budget (partial cache and
+    re-selection exercised), a few prompts x 300 tokens."""
+    embedded.set_heads("random")
+    try:
+        greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+        gen = GenerationConfig(max_new_tokens=300, ignore_eos=True)
+        spec = SpecConfig(draft_kv_budget=256, draft_window=64)
+        for prompt in ["Write a poem about the sea.", "Explain how vaccines work, in detail."]:
+            ids = embedded.encode(prompt, chat=True)
+            ar = embedded.generate(ids, sampling=greedy, generation=gen, method="ar")
+            ts = embedded.generate(ids, sampling=greedy, generation=gen, method="tokenswift", spec=spec)
+            assert ts.token_ids == ar.token_ids
+            assert ts.stats.accepted_tokens > 0
+    finally:
+        embedded.set_heads(None)
