@@ -59,14 +59,36 @@ def test_info_prints_config_and_memory_plan(capsys):
 @pytest.mark.slow
 def test_bench_smoke(tmp_path, capsys):
     md, js = tmp_path / "b.md", tmp_path / "b.json"
-    code, out, err = run(capsys, "bench", "--methods", "ar,hf", "--prompt-tokens", "16", "--new-tokens", "4",
-                         "--runs", "1", "--out", str(md), "--json", str(js))
+    code, out, err = run(capsys, "bench", "--methods", "ar,hf,tokenswift,tokenswift-fused", "--heads", "random",
+                         "--prompt-tokens", "16", "--new-tokens", "6", "--runs", "1", "--out", str(md), "--json", str(js))
     assert code == 0, err
     table = md.read_text()
-    assert "| ar |" in table and "| hf |" in table and "greedy outputs of ar and hf: identical" in table
+    for method in ("ar", "hf", "tokenswift", "tokenswift-fused"):
+        assert f"| {method} |" in table
+    assert "hf identical; tokenswift identical; tokenswift-fused identical" in table
     runs = json.loads(js.read_text())["runs"]
-    assert [r["method"] for r in runs] == ["ar", "hf"]
-    assert all(len(r["token_ids"]) == 4 and r["decode_tokens_per_second"] > 0 for r in runs)
+    assert [r["method"] for r in runs] == ["ar", "hf", "tokenswift", "tokenswift-fused"]
+    assert all(len(r["token_ids"]) == 6 and r["decode_tokens_per_second"] > 0 for r in runs)
+
+
+def test_bench_refuses_bad_combinations(capsys):
+    code, _, err = run(capsys, "bench", "--methods", "ar,hf", "--sampling", "paper")
+    assert_one_line_error(code, err, "the hf method is compared greedy only")
+    code, _, err = run(capsys, "bench", "--methods", "ar,beam")
+    assert_one_line_error(code, err, "unknown bench method")
+
+
+@pytest.mark.slow
+def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
+    js_ar, js_ts = tmp_path / "ar.json", tmp_path / "ts.json"
+    common = ["generate", "--prompt", "Tell a story.", "--chat", "--seed", "5", "--max-new-tokens", "40",
+              "--ignore-eos", "--no-progress"]
+    assert run(capsys, *common, "--json", str(js_ar))[0] == 0
+    code, out, err = run(capsys, *common, "--heads", "random", "--tree", "1,2,2", "--json", str(js_ts))
+    assert code == 0, err
+    ar, ts = json.loads(js_ar.read_text()), json.loads(js_ts.read_text())
+    assert ts["token_ids"] == ar["token_ids"]  # same seed, same output
+    assert ts["stats"]["method"] == "tokenswift" and "alpha" in ts["stats"] and "tokens/step" in err
 
 
 @pytest.mark.parametrize("args,match", [
@@ -79,6 +101,10 @@ def test_bench_smoke(tmp_path, capsys):
     (["--prompt", "hi", "--output", "/nonexistent-dir/x.txt"], "does not exist"),
     (["--prompt", "hi", "--json", "/nonexistent-dir/x.json"], "does not exist"),
     (["--prompt", "hi", "--model", "/nonexistent/model.gguf"], "does not exist"),
+    (["--prompt", "hi", "--tree", "1,0"], "--tree must be"),
+    (["--prompt", "hi", "--draft-mode", "eager"], "--draft-mode must be"),
+    (["--prompt", "hi", "--method", "tokenswift"], "needs draft heads"),
+    (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
 ])
 def test_bad_generate_arguments(capsys, args, match):
     code, out, err = run(capsys, "generate", *args)

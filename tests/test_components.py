@@ -119,7 +119,7 @@ def test_partial_cache_selection_matches_its_definition():
             assert torch.equal(part.v[layer, h, :24], full.v[layer, h, slots])
     with torch.inference_mode():
         model.forward(ids[-1:], torch.tensor([59]), full)
-    part.append(full, 59, 60)
+        part.append(full, 59, 60)
     assert part.length == 25 and torch.equal(part.k[:, :, 24], full.k[:, :, 59])
     part.length = 30
     assert part.window_full

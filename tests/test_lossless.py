@@ -123,14 +123,15 @@ def test_one_step_emits_each_sequence_with_its_ar_probability(mode, monkeypatch)
         pending = [[]]
         while pending:
             prefix = pending.pop()
-            script[:] = prefix + [0]
+            node = 0
+            for t in prefix:
+                node = trie.children[node][t]
+            probe = next(t for t in range(vocab) if t not in trie.children[node])  # ends the walk here
+            script[:] = prefix + [probe]
             seen.clear()
             verify_mod.lossless_walk(trie, v.row_logits, s.history, s.n, sampling, None)
             dist = seen[len(prefix)]
             for y in torch.nonzero(dist > 0).flatten().tolist():
-                node = 0
-                for t in prefix:
-                    node = trie.children[node][t]
                 if y in trie.children[node]:
                     pending.append(prefix + [y])  # accepted: the walk continues
                     continue

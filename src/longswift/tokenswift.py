@@ -113,7 +113,8 @@ def draft(s: TokenSwiftState) -> Draft:
     else:
         cache: FullKVCache = s.full
         queries: list[torch.Tensor] | None = None
-        if s.partial is not None:
+        # Draft on the full cache while the context fits the budget; past it, on the partial cache.
+        if s.partial is not None and s.full.length >= s.spec.draft_kv_budget:
             if not s.partial.selected or s.partial.window_full:
                 queries = []  # draft on the full cache once, then select with the root's queries
             else:
