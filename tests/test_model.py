@@ -82,7 +82,8 @@ def test_float64_runner_matches_transformers_closely():
 
 def test_transformers_model_weights_are_used_in_place():
     hf = tiny_hf_model("llama", "default")
-    engine = longswift.load(hf, dtype="float32", pack_weights=False)
+    engine = longswift.load(hf, dtype="float32")  # default for a model object: no packed copies
+    assert not engine.model.packed
     name = "model.layers.0.self_attn.q_proj.weight"
     assert engine.model.state[name].data_ptr() == hf.state_dict()[name].data_ptr()
 

@@ -26,7 +26,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
         default_text = f" (default: {f.default})"
-        if kind is bool:
+        if kind is bool or kind == (bool | None):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                                help=f.metadata["help"] + default_text)
             continue
@@ -172,7 +172,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if tokens <= 0:
         raise LongswiftError("--tokens must be positive")
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
-    packed = runtime.pack_weights and packing_supported(dtype, device)
+    packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     plan = plan_memory(cfg, dtype, device, tokens, GenerationConfig().prefill_chunk, packed)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):

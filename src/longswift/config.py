@@ -229,9 +229,10 @@ class RuntimeConfig:
         default="auto", metadata=_help("float32, bfloat16, float16, float64 or auto (fp32 on CPU, bf16 on CUDA)")
     )
     threads: int | None = field(default=None, metadata=_help("CPU threads for torch (default: torch's choice)"))
-    pack_weights: bool = field(
-        default=True,
-        metadata=_help("run CPU linears on oneDNN-packed weight copies (faster; doubles weight memory)"),
+    pack_weights: bool | None = field(
+        default=None,
+        metadata=_help("run CPU linears on oneDNN-packed weight copies (faster; doubles weight memory); "
+                       "default: on for checkpoint files, off for a transformers model passed in (no copy)"),
     )
 
     def __post_init__(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -151,6 +152,9 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None, h
         torch.set_num_threads(runtime.threads)
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
         loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device())
-    engine = Engine(loaded, pack_weights=runtime.pack_weights)
+    pack = runtime.pack_weights
+    if pack is None:  # a model object passed in is used without copies unless asked otherwise
+        pack = model is None or isinstance(model, (str, os.PathLike))
+    engine = Engine(loaded, pack_weights=pack)
     engine.set_heads(heads)
     return engine

@@ -43,17 +43,19 @@ class Rope:
         return self.inv_freq
 
     def cos_sin(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [T] long -> cos, sin: [T, 1, D] in `dtype` (broadcast over heads)."""
+        """positions: [T] long -> cos, signed sin: [T, 1, D] in `dtype` (broadcast over heads).
+        The sine's first half is negated so that rotation is `x * cos + roll(x, D/2) * sin`."""
         inv = self._frequencies(max_position)
         freqs = positions[:, None].float() * inv[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         cos = (emb.cos() * self.scaling).to(dtype)
         sin = (emb.sin() * self.scaling).to(dtype)
+        half = sin.shape[-1] // 2
+        sin[:, :half].neg_()
         return cos[:, None, :], sin[:, None, :]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D]; rotates pairs (i, i + D/2), the layout of HF checkpoints."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; rotates pairs (i, i + D/2), the layout of HF checkpoints:
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), with the sign folded into `signed_sin`."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin

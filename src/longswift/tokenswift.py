@@ -98,7 +98,7 @@ class TokenSwiftState:
             self.ngrams.update(self.tokens, self.n)
 
 
-def _timed(stats: GenerationStats, stage: str, t0: float) -> float:
+def _stage_done(stats: GenerationStats, stage: str, t0: float) -> float:
     t1 = time.perf_counter()
     stats.stage_seconds[stage] = stats.stage_seconds.get(stage, 0.0) + t1 - t0
     return t1
@@ -199,15 +199,15 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     while s.produced < gen.max_new_tokens and last not in s.stop_ids:
         t0 = time.perf_counter()
         d = draft(s)
-        t = _timed(stats, "draft", t0)
+        t = _stage_done(stats, "draft", t0)
         trie = build_tree(s, d)
-        t = _timed(stats, "tree", t)
+        t = _stage_done(stats, "tree", t)
         v = verify(s, trie)
-        t = _timed(stats, "verify", t)
+        t = _stage_done(stats, "verify", t)
         walk = accept(s, trie, v)
-        t = _timed(stats, "accept", t)
+        t = _stage_done(stats, "accept", t)
         emitted = commit(s, v, walk)
-        t = _timed(stats, "commit", t)
+        t = _stage_done(stats, "commit", t)
         stats.decode_seconds += t - t0
         stats.new_tokens += len(emitted)
         stats.steps += 1

@@ -26,43 +26,31 @@ class Trie:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def _child(self, node: int, token: int, source: int) -> int:
+        """The child of `node` holding `token`, created if needed; marks who proposed it."""
+        child = self.children[node].get(token)
+        if child is None:
+            child = len(self.tokens)
+            self.tokens.append(token)
+            self.parents.append(node)
+            self.depths.append(self.depths[node] + 1)
+            self.children.append({})
+            self.sources.append(0)
+            self.children[node][token] = child
+        self.sources[child] |= source
+        return child
+
     def add_path(self, tokens: Sequence[int], source: int) -> None:
         """Insert root -> tokens[0] -> tokens[1] -> ..., reusing existing prefix nodes."""
         node = 0
         for t in tokens:
-            t = int(t)
-            child = self.children[node].get(t)
-            if child is None:
-                child = len(self.tokens)
-                self.tokens.append(t)
-                self.parents.append(node)
-                self.depths.append(self.depths[node] + 1)
-                self.children.append({})
-                self.sources.append(0)
-                self.children[node][t] = child
-            self.sources[child] |= source
-            node = child
+            node = self._child(node, int(t), source)
 
     def add_levels(self, levels: Sequence[Sequence[int]]) -> None:
         """The heads' cartesian tree: every node at depth j gets all of levels[j] as children."""
         frontier = [0]
         for level in levels:
-            nxt = []
-            for node in frontier:
-                for t in level:
-                    t = int(t)
-                    child = self.children[node].get(t)
-                    if child is None:
-                        child = len(self.tokens)
-                        self.tokens.append(t)
-                        self.parents.append(node)
-                        self.depths.append(self.depths[node] + 1)
-                        self.children.append({})
-                        self.sources.append(0)
-                        self.children[node][t] = child
-                    self.sources[child] |= HEADS
-                    nxt.append(child)
-            frontier = nxt
+            frontier = [self._child(node, int(t), HEADS) for node in frontier for t in level]
 
     def path(self, node: int) -> list[int]:
         """Nodes from the root's first child down to `node` (empty for the root)."""
