@@ -3,6 +3,7 @@ weights, dtype and prompt, greedy, interleaved run by run so machine noise hits 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 import shlex
@@ -108,7 +109,7 @@ def _ours(engine: Engine, prompt: list[int], n: int, method: str, cfg: BenchConf
           stats_out: list) -> Iterator[list[int]]:
     spec = cfg.spec or SpecConfig()
     if method == "tokenswift-fused":
-        spec = SpecConfig(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "draft_mode": "fused"})
+        spec = dataclasses.replace(spec, draft_mode="fused")
     stream = engine.stream(prompt, sampling=PRESETS[cfg.sampling], generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
                            method="ar" if method == "ar" else "tokenswift", spec=spec)
     yield from stream
