@@ -58,6 +58,7 @@ def test_tokenswift_equals_ar_in_float64(tiny64, spec, sampling):
         ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
         assert ts.token_ids == ar.token_ids, seed
         assert ts.stats.new_tokens == 70 and ts.stats.steps < 70
+        assert 0 <= ts.stats.alpha <= 1
         accepted += ts.stats.accepted_tokens
     assert accepted > 0  # acceptance was exercised
 

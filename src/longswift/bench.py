@@ -161,10 +161,11 @@ def _hf(model: Any, prompt: list[int], n: int) -> tuple[float, float, list[int]]
 
 
 def memory_bandwidth(gib: float = 1.0) -> float:
-    """Measured read bandwidth in bytes/s: the best of a few full sums over a buffer >> cache."""
+    """Measured read bandwidth in bytes/s: the best of ten full sums over a buffer >> cache
+    (the best, because a shared machine only ever makes a pass slower)."""
     buf = torch.ones(int(gib * 2**30 // 4), dtype=torch.float32)
     best = float("inf")
-    for _ in range(4):
+    for _ in range(10):
         t0 = time.perf_counter()
         buf.sum()
         best = min(best, time.perf_counter() - t0)
@@ -188,6 +189,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             runners["hf"] = lambda n: _hf(hf, prompt, n)
         else:
             runners[method] = lambda n, m=method: _timed(_ours(engine, prompt, n, m, cfg, last_stats), n)
+    bandwidth = memory_bandwidth()
     for name, run in runners.items():  # warm-up: allocator, packed kernels, first-call paths
         log(f"warm-up {name}")
         run(4)
@@ -202,8 +204,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                 m.alpha, m.tokens_per_step, m.ngram_accepted = st.alpha, st.tokens_per_step, st.ngram_accepted
             log(f"run {r + 1}/{cfg.runs} {name}: prefill {prefill:.2f} s, {m.decode_tokens_per_second:.2f} tok/s")
             results.append(m)
-    bandwidth = memory_bandwidth()
-    table = report(engine, cfg, runtime, results, bandwidth)
+    bandwidth = max(bandwidth, memory_bandwidth())
+    table = report(engine, cfg, len(prompt), results, bandwidth)
     print(table)
     if out is not None:
         previous = out.read_text() if out.exists() else ""
@@ -215,7 +217,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     return results
 
 
-def report(engine: Engine, cfg: BenchConfig, runtime: RuntimeConfig, results: list[Measurement], bandwidth: float) -> str:
+def report(engine: Engine, cfg: BenchConfig, prompt_len: int, results: list[Measurement], bandwidth: float) -> str:
     """A markdown section: command, machine, and per-method medians with ratios and the floor."""
     by: dict[str, list[Measurement]] = {}
     for m in results:
@@ -225,7 +227,7 @@ def report(engine: Engine, cfg: BenchConfig, runtime: RuntimeConfig, results: li
     model = engine.model
     elem = torch.empty((), dtype=model.dtype).element_size()
     weight_bytes = sum(t.numel() for t in model.state.values()) * elem
-    mid_context = cfg.prompt_tokens + cfg.new_tokens // 2
+    mid_context = prompt_len + cfg.new_tokens // 2
     kv_bytes = mid_context * engine.cfg.kv_bytes_per_token(model.dtype)
     floor_ms = (weight_bytes + kv_bytes) / bandwidth * 1e3
     same = []
@@ -235,7 +237,7 @@ def report(engine: Engine, cfg: BenchConfig, runtime: RuntimeConfig, results: li
             diverge = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             same.append(f"{name} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
     lines = [
-        f"### {cfg.prompt_tokens if not cfg.chat else 'chat'}-token prompt, "
+        f"### {prompt_len}-token {'chat ' if cfg.chat else ''}prompt, "
         f"{cfg.new_tokens} new tokens, {cfg.sampling} sampling",
         "",
         f"`longswift bench {shlex.join(sys.argv[2:]) if sys.argv[1:2] == ['bench'] else ''}`".replace(" `", "`"),

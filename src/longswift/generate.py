@@ -30,7 +30,7 @@ class GenerationStats:
     seed: int | None = None
     finish_reason: str = "length"
     accepted_tokens: int = 0  # drafted tokens the lossless walk accepted
-    draft_positions: int = 0  # tree depths offered, summed over steps (the paper's alpha denominator)
+    draft_positions: int = 0  # deepest drafted position per step, summed (alpha's denominator; 4 for 1,3,3,3)
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
     stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
 

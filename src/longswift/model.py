@@ -200,9 +200,12 @@ class Transformer:
             else:
                 keys, values = k.transpose(0, 1), v.transpose(0, 1)
             # Group query heads by their KV head so K/V are read once: q: [Hkv, G*T, D].
-            qg = q.reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)
-            o = self._attend(qg, keys, values, bias)  # [Hkv, G*T, D]
-            o = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, h * d)  # [T, H*D]
+            if t == 1:  # decoding: grouping is a view, and so is the way back
+                o = self._attend(q.view(hkv, g, d), keys, values, bias).view(1, h * d)
+            else:
+                qg = q.reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)
+                o = self._attend(qg, keys, values, bias)  # [Hkv, G*T, D]
+                o = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, h * d)  # [T, H*D]
             x = x + w.o(o)
             gate, up = w.gate_up(self.norm(x, w.mlp_norm)).chunk(2, dim=-1)  # [T, I] each
             x = x + w.down(F.silu(gate) * up)

@@ -165,7 +165,7 @@ def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
                          max_tokens=s.gen.max_new_tokens - s.produced)
 
 
-def commit(s: TokenSwiftState, v: Verified, walk: Walk) -> list[int]:
+def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]:
     """Keep the KV entries of the root and the accepted path; record the emitted tokens."""
     base = s.n - 1  # the root's slot
     s.full.compact(base, [base] + [base + node for node in walk.nodes])
@@ -176,7 +176,7 @@ def commit(s: TokenSwiftState, v: Verified, walk: Walk) -> list[int]:
     s.emit(emitted)
     s.stats.accepted_tokens += len(walk.tokens)
     s.stats.ngram_accepted += walk.ngram_only
-    s.stats.draft_positions += len(s.levels)
+    s.stats.draft_positions += max(trie.depths)  # the deepest drafted position (heads or n-grams)
     return emitted
 
 
@@ -206,7 +206,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         t = _stage_done(stats, "verify", t)
         walk = accept(s, trie, v)
         t = _stage_done(stats, "accept", t)
-        emitted = commit(s, v, walk)
+        emitted = commit(s, trie, v, walk)
         t = _stage_done(stats, "commit", t)
         stats.decode_seconds += t - t0
         stats.new_tokens += len(emitted)
