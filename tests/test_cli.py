@@ -103,7 +103,7 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--model", "/nonexistent/model.gguf"], "does not exist"),
     (["--prompt", "hi", "--tree", "1,0"], "--tree must be"),
     (["--prompt", "hi", "--draft-mode", "eager"], "--draft-mode must be"),
-    (["--prompt", "hi", "--method", "tokenswift"], "needs draft heads"),
+    (["--prompt", "hi", "--heads", "none", "--method", "tokenswift"], "needs draft heads"),
     (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
 ])
 def test_bad_generate_arguments(capsys, args, match):
@@ -129,3 +129,47 @@ def test_console_script_exit_code():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "longswift: error: --top-k must be >= 0"
+
+
+LOREM = ("The keeper climbed the stairs of the lighthouse every evening, counting the steps as his father had. "
+         "Below him the sea rolled grey and patient against the rocks, and the gulls settled on the rail. ") * 6
+
+
+@pytest.mark.slow
+def test_train_heads_then_eval_heads(tmp_path, capsys):
+    data = tmp_path / "d.txt"
+    data.write_text(LOREM)
+    out = tmp_path / "heads"
+    code, _, err = run(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
+                       "--steps", "3", "--batch-size", "2", "--warmup", "1", "--no-progress")
+    assert code == 0, err
+    assert "top-1 accuracy per head" in err
+    assert (out / "heads.safetensors").is_file() and (out / "checkpoint.pt").is_file()
+    code, _, err = run(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
+                       "--steps", "3", "--batch-size", "2", "--warmup", "1", "--no-progress")
+    assert_one_line_error(code, err, "pass --resume")
+    js = tmp_path / "eval.json"
+    code, out_text, err = run(capsys, "eval-heads", "--heads", str(out / "heads.safetensors"), "--data", str(data),
+                              "--seq-len", "32", "--alpha-tokens", "24", "--json", str(js), "--no-progress")
+    assert code == 0, err
+    result = json.loads(js.read_text())
+    assert len(result["accuracy"]["top1"]) == 3 and result["generation"]["new_tokens"] == 24
+    assert "head 1: top-1" in out_text and "alpha" in out_text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content, args, match", [
+    (b"", [], "training data is empty"),
+    (b"\x00\x01\x02binary", [], "looks binary"),
+    (b"too short", ["--seq-len", "64"], "no document reaches --seq-len 64"),
+    (None, [], "no training data"),
+    (b"text", ["--steps", "0"], "--steps must be positive"),
+])
+def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
+    argv = ["train-heads", "--out", str(tmp_path / "o"), *args]
+    if content is not None:
+        (tmp_path / "d.txt").write_bytes(content)
+        argv += ["--data", str(tmp_path / "d.txt")]
+    code, _, err = run(capsys, *argv)
+    assert_one_line_error(code, err, match)
+    assert not (tmp_path / "o" / "checkpoint.pt").exists()

@@ -173,3 +173,15 @@ def test_zero_initialised_heads_repeat_the_base_prediction():
         out = heads(h0)
         base = engine.model.norm(h0, engine.model.final_norm)
     assert torch.allclose(out, base.expand_as(out), atol=1e-6)
+
+
+def test_spec_defaults_per_device():
+    from longswift.config import SpecConfig
+
+    auto = SpecConfig()
+    assert (auto.for_device(torch.device("cpu")).tree, auto.for_device(torch.device("cpu")).ngram_topk) == ("1,1,1", 1)
+    assert (auto.for_device(torch.device("cuda")).tree, auto.for_device(torch.device("cuda")).ngram_topk) == ("1,3,3,3", 20)
+    explicit = SpecConfig(tree="2,2", ngram_topk=0).for_device(torch.device("cuda"))
+    assert (explicit.tree, explicit.ngram_topk) == ("2,2", 0)
+    with pytest.raises(ValueError, match="for_device"):
+        auto.levels

@@ -25,7 +25,7 @@ def test_greedy_ar_equals_transformers_generate(embedded, embedded_hf, prompt):
         ref = embedded_hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                    max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
                                    pad_token_id=2)[0, len(ids):].tolist()
-    out = embedded.generate(ids, sampling=SamplingConfig(temperature=0, repetition_penalty=1.0),
+    out = embedded.generate(ids, method="ar", sampling=SamplingConfig(temperature=0, repetition_penalty=1.0),
                             generation=GenerationConfig(max_new_tokens=n, ignore_eos=True))
     assert embedded.model.packed  # the fast path is what is being proven equal
     assert out.token_ids == ref

@@ -18,8 +18,9 @@ from longswift.sampling import probabilities, transform
 from longswift.tokenswift import TokenSwiftState, build_tree, draft, verify
 
 SPECS = {
-    "paper": SpecConfig(),
-    "fused": SpecConfig(draft_mode="fused"),
+    "paper": SpecConfig(tree="1,3,3,3", ngram_topk=20),
+    "cpu-default": SpecConfig(),
+    "fused": SpecConfig(tree="1,3,3,3", ngram_topk=20, draft_mode="fused"),
     "wide-partial": SpecConfig(tree="3,2,2,2", ngram_topk=4, draft_kv_budget=40, draft_window=8, attention_sinks=4),
     "narrow-no-ngram": SpecConfig(tree="1,1", ngram_topk=0),
     "fused-partial": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6),
@@ -186,14 +187,17 @@ def test_sampled_first_tokens_follow_the_exact_ar_distribution():
 
 
 @pytest.mark.slow
-def test_embedded_model_greedy_tokenswift_equals_ar(embedded):
-    """float32, random heads, n-grams on, paper mode with a small draft budget (partial cache and
-    re-selection exercised), a few prompts x 300 tokens."""
-    embedded.set_heads("random")
+@pytest.mark.parametrize("heads, mode", [("random", "paper"), ("default", "paper"), ("default", "fused")])
+def test_embedded_model_greedy_tokenswift_equals_ar(embedded, heads, mode):
+    """float32, random and shipped heads, n-grams on, with a small draft budget (partial cache and
+    re-selection exercised), a few prompts x 300 tokens; the penalty window slides through steps."""
+    shipped = embedded.heads
+    embedded.set_heads(heads)
+    assert embedded.heads is not None
     try:
-        greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+        greedy = SamplingConfig(temperature=0, repetition_penalty=1.2, penalty_window=64)
         gen = GenerationConfig(max_new_tokens=300, ignore_eos=True)
-        spec = SpecConfig(draft_kv_budget=256, draft_window=64)
+        spec = SpecConfig(draft_kv_budget=256, draft_window=64, draft_mode=mode)
         for prompt in ["Write a poem about the sea.", "Explain how vaccines work, in detail."]:
             ids = embedded.encode(prompt, chat=True)
             ar = embedded.generate(ids, sampling=greedy, generation=gen, method="ar")
@@ -201,4 +205,4 @@ def test_embedded_model_greedy_tokenswift_equals_ar(embedded):
             assert ts.token_ids == ar.token_ids
             assert ts.stats.accepted_tokens > 0
     finally:
-        embedded.set_heads(None)
+        embedded.set_heads(shipped)

@@ -178,6 +178,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         if p is not None:
             check_writable(p)
     engine = load(model, runtime, heads=heads)
+    cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     if engine.heads is None and any(m.startswith("tokenswift") for m in cfg.methods):
         raise LongswiftError("tokenswift methods need draft heads: pass --heads PATH (or --heads random)")
     prompt = build_prompt(engine, cfg)

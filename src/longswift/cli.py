@@ -1,4 +1,4 @@
-"""`longswift generate | info | bench`: flags come from the config dataclasses' fields."""
+"""`longswift generate | info | bench | train-heads | eval-heads`: flags come from the config dataclasses' fields."""
 
 from __future__ import annotations
 
@@ -53,8 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--method", choices=["ar", "tokenswift"], default=None,
-                     help="decoding method (default: tokenswift when --heads is given, else ar)")
-    gen.add_argument("--heads", help="draft heads file for TokenSwift, or 'random' (correct but slow; for testing)")
+                     help="decoding method (default: tokenswift when the model has heads, else ar)")
+    gen.add_argument("--heads", default="default",
+                     help="draft heads file for TokenSwift; 'default' = the heads shipped for the model (the "
+                          "embedded model has some), 'none' = no heads, 'random' = correct but slow (testing)")
     gen.add_argument("--greedy", action="store_true", help="shorthand for --temperature 0")
     gen.add_argument("--output", type=Path, help="write the text here (atomically) instead of stdout")
     gen.add_argument("--json", type=Path, help="write {token_ids, text, stats} to this file (atomically)")
@@ -71,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
     bench.add_argument("--methods", default="ar,hf",
                        help="comma list of: ar (ours), hf (transformers generate), tokenswift, tokenswift-fused")
-    bench.add_argument("--heads", help="draft heads for the tokenswift methods (or 'random')")
+    bench.add_argument("--heads", default="default",
+                       help="draft heads for the tokenswift methods ('default' = shipped heads, or a file, or 'random')")
     bench.add_argument("--sampling", default="greedy", choices=["greedy", "paper"],
                        help="greedy (no penalty), or paper: min-p 0.1, penalty 1.2 over 1024, seed 0")
     bench.add_argument("--chat", action="store_true", help="use --prompt-file's text as a chat message")
@@ -83,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, help="write the raw measurements here")
     add_config_flags(bench, SpecConfig)
     add_config_flags(bench, RuntimeConfig)
+    from .cli_heads import add_parsers
+
+    add_parsers(sub, add_config_flags)
     return parser
 
 
@@ -112,8 +118,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = config_from_args(GenerationConfig, args)
     spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
-    if args.method == "tokenswift" and not args.heads:
-        raise LongswiftError("--method tokenswift needs draft heads: pass --heads PATH (or --heads random)")
     prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
     if not prompt.strip():
         raise LongswiftError("the prompt is empty: give some prompt text")
@@ -208,7 +212,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench}
+    from .cli_heads import cmd_eval_heads, cmd_train_heads
+
+    commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
+                "train-heads": lambda a: cmd_train_heads(a, config_from_args),
+                "eval-heads": lambda a: cmd_eval_heads(a, config_from_args)}
     try:
         return commands[args.command](args)
     except LongswiftError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,12 +184,18 @@ class GenerationConfig:
             raise LongswiftError("--prefill-chunk must be positive")
 
 
+PAPER_TREE, PAPER_NGRAM_TOPK = "1,3,3,3", 20
+CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
+
+
 @dataclass
 class SpecConfig:
     """TokenSwift: draft tree, n-gram reuse, draft pass cache."""
 
-    tree: str = field(default="1,3,3,3", metadata=_help("candidates per depth, from the base logits then each head"))
-    ngram_topk: int = field(default=20, metadata=_help("n-gram continuations added per depth-1 token; 0 disables"))
+    tree: str = field(default="auto", metadata=_help(
+        "candidates per depth, from the base logits then each head; auto: 1,1,1 on CPU, the paper's 1,3,3,3 on GPU"))
+    ngram_topk: int | None = field(default=None, metadata=_help(
+        "n-gram continuations added per depth-1 token, 0 disables; default: 1 on CPU, the paper's 20 on GPU"))
     draft_mode: str = field(
         default="paper",
         metadata=_help("paper: a draft pass on the partial cache; fused: heads read the verify pass (one forward per step)"),
@@ -200,8 +207,9 @@ class SpecConfig:
     attention_sinks: int = field(default=16, metadata=_help("first positions always kept in the partial cache"))
 
     def __post_init__(self) -> None:
-        self.levels  # parses --tree, raising on a bad one
-        if self.ngram_topk < 0:
+        if self.tree != "auto":
+            self.levels  # parses --tree, raising on a bad one
+        if self.ngram_topk is not None and self.ngram_topk < 0:
             raise LongswiftError("--ngram-topk must be >= 0")
         if self.draft_mode not in ("paper", "fused"):
             raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")
@@ -217,7 +225,18 @@ class SpecConfig:
     def levels(self) -> tuple[int, ...]:
         from .tree import parse_tree
 
+        if self.tree == "auto":
+            raise ValueError("SpecConfig.tree is 'auto': call for_device() first")
         return parse_tree(self.tree)
+
+    def for_device(self, device: Any) -> SpecConfig:
+        """Fill in the per-device defaults. Measured (docs/benchmarks.md): on a CPU the verify pass
+        is compute-bound, so its cost grows with every node and a small trie wins (1,1,1 with one
+        n-gram continuation); on a GPU the pass is bandwidth-bound and the paper's wide trie is free."""
+        cpu = getattr(device, "type", str(device)).startswith("cpu")
+        tree = self.tree if self.tree != "auto" else (CPU_TREE if cpu else PAPER_TREE)
+        ngram = self.ngram_topk if self.ngram_topk is not None else (CPU_NGRAM_TOPK if cpu else PAPER_NGRAM_TOPK)
+        return dataclasses.replace(self, tree=tree, ngram_topk=ngram)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 from .generate import GenerationResult, GenerationStats, ar_steps
-from .heads import DraftHeads, load_heads, new_heads
+from .heads import DraftHeads, load_heads, new_heads, shipped_heads
 from .loading import LoadedModel, load_model
 from .model import Transformer
 from .tokenswift import tokenswift_steps
@@ -47,6 +47,7 @@ class Engine:
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
+        self.hf_config = loaded.hf_config
         self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
         self.heads: DraftHeads | None = None
         eos = set(loaded.cfg.eos_token_ids)
@@ -55,10 +56,14 @@ class Engine:
         self.eos_ids = frozenset(eos)
 
     def set_heads(self, heads: DraftHeads | str | None) -> None:
-        """Draft heads for TokenSwift: a DraftHeads, a heads file, "random" (seeded random heads:
-        correct but slow, for testing), or None (AR only)."""
-        if heads is None or isinstance(heads, DraftHeads):
-            self.heads = heads
+        """Draft heads for TokenSwift: a DraftHeads, a heads file, "default" (the heads shipped for
+        this model, if the package has some, else none), "random" (seeded random heads: correct but
+        slow, for testing), or None / "none" (AR only)."""
+        if heads is None or heads == "none" or isinstance(heads, DraftHeads):
+            self.heads = None if heads == "none" else heads  # type: ignore[assignment]
+        elif heads == "default":
+            path = shipped_heads(self.cfg, self.model.embed)
+            self.heads = load_heads(path, self.cfg, self.model.embed) if path else None
         elif heads == "random":
             self.heads = new_heads(self.cfg, self.model.state).randomize(seed=0)
         else:
@@ -105,7 +110,8 @@ class Engine:
         if method not in METHODS:
             raise LongswiftError(f"unknown method '{method}': choose one of {', '.join(METHODS)}")
         if method == "tokenswift" and self.heads is None:
-            raise LongswiftError("--method tokenswift needs draft heads: pass --heads PATH (or --heads random)")
+            raise LongswiftError("--method tokenswift needs draft heads and this model has none: train some with "
+                                 "`longswift train-heads` and pass --heads PATH (or --heads random)")
         spec = spec or SpecConfig()
         sampling = sampling or SamplingConfig()
         generation = generation or GenerationConfig()
@@ -142,10 +148,11 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
         yield ids
 
 
-def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None, heads: DraftHeads | str | None = None,
-         **runtime_fields: Any) -> Engine:
+def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
+         heads: DraftHeads | str | None = "default", **runtime_fields: Any) -> Engine:
     """Load a GGUF file, an HF directory, a transformers model object, or (None) the embedded default,
-    and optionally draft heads (see Engine.set_heads). Runtime options (device, dtype, threads,
+    and draft heads (see Engine.set_heads; by default the heads shipped for the model, so the
+    embedded model runs TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
     pack_weights) come as a RuntimeConfig or as keywords."""
     runtime = runtime or RuntimeConfig(**runtime_fields)
     if runtime.threads:

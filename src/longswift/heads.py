@@ -89,6 +89,22 @@ def save_heads(heads: DraftHeads, cfg: ModelConfig, fingerprint: str, path: str 
     os.replace(tmp, path)
 
 
+SHIPPED_DIR = Path(__file__).parent / "data"
+
+
+def shipped_heads(cfg: ModelConfig, embed: torch.Tensor) -> Path | None:
+    """The heads file shipped inside the package for this base model (matched by fingerprint), if any."""
+    from safetensors import safe_open
+
+    fingerprint = model_fingerprint(cfg, embed)
+    for path in sorted(SHIPPED_DIR.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get(FORMAT, "{}"))
+        if meta.get("base", {}).get("fingerprint") == fingerprint:
+            return path
+    return None
+
+
 def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
     """Load heads for this base model, refusing files made for another model."""
     from safetensors import SafetensorError, safe_open

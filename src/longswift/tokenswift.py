@@ -53,6 +53,7 @@ class TokenSwiftState:
     def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
                  gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None) -> None:
+        spec = spec.for_device(model.device)
         levels = spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
         if len(spec.levels) > heads.gamma + 1:
             raise LongswiftError(

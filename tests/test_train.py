@@ -1,0 +1,214 @@
+"""Head training: the loss goes down, only the heads change, resume equals an uninterrupted run,
+bad data fails clearly; self-distillation samples what our own AR would."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import longswift
+from longswift.config import GenerationConfig, SamplingConfig
+from longswift.distill import self_distill
+from longswift.errors import LongswiftError
+from longswift.eval_heads import head_accuracy
+from longswift.heads import load_heads
+from longswift.train import (HEADS_FILE, HeadTrainer, TrainConfig, base_hidden, head_losses, head_targets,
+                             learning_rate, train_heads)
+from longswift.train_data import cut_windows, read_texts
+
+from conftest import tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return longswift.load(tiny_hf_model("llama", seed=3, vocab=96), pack_weights=False)
+
+
+def _windows(engine, n=6, length=24, seed=0):
+    """Text the tiny model writes itself (greedy from random starts): learnable for the heads."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        start = torch.randint(3, 96, (2,), generator=g).tolist()
+        out = engine.generate(start, method="ar", sampling=SamplingConfig(temperature=0, repetition_penalty=1.0),
+                              generation=GenerationConfig(max_new_tokens=length - 2, ignore_eos=True))
+        rows.append(start + out.token_ids)
+    return torch.tensor(rows)
+
+
+def _mean_loss(trainer: HeadTrainer) -> float:
+    with torch.no_grad():
+        h0 = trainer.hidden.flatten(0, 1).to(trainer.heads.weights.dtype)
+        t = trainer.targets.flatten(1, 2)
+        ce, _, n = head_losses(trainer.heads, trainer.lm_head, h0, t, bf16=False)
+    return float((ce / n).sum())
+
+
+def test_head_targets_by_hand():
+    w = torch.arange(10, 16)[None]  # one window: 10 11 12 13 14 15
+    t = head_targets(w, 3)
+    assert t[0, 0].tolist() == [12, 13, 14, 15, -100, -100]  # head 1: t + 2
+    assert t[1, 0].tolist() == [13, 14, 15, -100, -100, -100]  # head 2: t + 3
+    assert t[2, 0].tolist() == [14, 15, -100, -100, -100, -100]  # head 3: t + 4
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig(steps=110, lr=2e-3, warmup=10)
+    assert learning_rate(cfg, 0) == pytest.approx(2e-4)
+    assert learning_rate(cfg, 9) == pytest.approx(2e-3)
+    assert learning_rate(cfg, 60) == pytest.approx(1e-3)  # half-way through the cosine
+    assert learning_rate(cfg, 109) == pytest.approx(2e-3 * 0.5 * (1 + math.cos(0.99 * math.pi)))
+
+
+def test_training_lowers_loss_and_touches_only_the_heads(tiny, tmp_path):
+    windows = _windows(tiny)
+    before = {k: v.clone() for k, v in tiny.model.state.items()}
+    cfg = TrainConfig(steps=30, lr=1e-2, seq_len=24, batch_size=2, warmup=3, checkpoint_every=10, bf16_lm_head=False)
+    hidden = base_hidden(tiny.model, windows)
+    fresh = HeadTrainer(tiny, windows, hidden, cfg)
+    initial = _mean_loss(fresh)
+    trainer = train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    assert _mean_loss(trainer) < 0.8 * initial
+    for k, v in tiny.model.state.items():
+        assert torch.equal(v, before[k]), k  # base weights bit-identical
+        assert v.grad is None and not v.requires_grad
+    assert set(trainer.optimizer.state) <= set(trainer.heads.parameters())  # no optimizer state for the base
+    assert all(p.grad is not None for p in trainer.heads.parameters())
+    # the result loads as heads for this model, and generation with them stays lossless
+    heads = load_heads(tmp_path / HEADS_FILE, tiny.cfg, tiny.model.embed)
+    tiny.set_heads(heads)
+    try:
+        greedy = SamplingConfig(temperature=0, repetition_penalty=1.1, penalty_window=8)
+        gen = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+        ts = tiny.generate([5, 6, 7], sampling=greedy, generation=gen, method="tokenswift")
+        ar = tiny.generate([5, 6, 7], sampling=greedy, generation=gen, method="ar")
+        assert ts.token_ids == ar.token_ids
+        acc = head_accuracy(tiny, heads, windows)
+        assert acc.positions == 6 * 22 and all(0 <= a <= b <= 1 for a, b in zip(acc.top1, acc.top3))
+        assert acc.top1[0] > 0.3  # learned: head 1 predicts t+2 of greedy text well above chance (1/96)
+    finally:
+        tiny.set_heads(None)
+    log = json.loads((tmp_path / "train_log.json").read_text())
+    assert [m["step"] for m in log] == list(range(1, 31))
+
+
+def test_resume_equals_uninterrupted(tiny, tmp_path):
+    windows = _windows(tiny, n=5, seed=1)
+    cfg = TrainConfig(steps=6, lr=5e-3, seq_len=24, batch_size=2, grad_accum=2, warmup=2, checkpoint_every=3)
+    whole = train_heads(tiny, windows, cfg, tmp_path / "a", progress=False)
+    # an interrupted run: 3 steps, a checkpoint, then a new process state resumes
+    part = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
+    (tmp_path / "b").mkdir()
+    for _ in range(3):
+        part.run_step()
+    part.save_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    resumed = train_heads(tiny, windows, cfg, tmp_path / "b", resume=True, progress=False)
+    for k, v in whole.heads.state_dict().items():
+        assert torch.equal(v, resumed.heads.state_dict()[k]), k
+    assert [m["loss"] for m in whole.log] == [m["loss"] for m in resumed.log]
+
+
+def test_checkpoint_refusals(tiny, tmp_path):
+    windows = _windows(tiny, n=3, seed=2)
+    cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1)
+    train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    with pytest.raises(LongswiftError, match="pass --resume"):
+        train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    with pytest.raises(LongswiftError, match="used --lr"):
+        train_heads(tiny, windows, TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, lr=0.5), tmp_path,
+                    resume=True, progress=False)
+    with pytest.raises(LongswiftError, match="other data"):
+        train_heads(tiny, windows.flip(0), cfg, tmp_path, resume=True, progress=False)
+    with pytest.raises(LongswiftError, match="nothing to resume"):
+        train_heads(tiny, windows, cfg, tmp_path / "new", resume=True, progress=False)
+    ck = tmp_path / "checkpoint.pt"
+    ck.write_bytes(ck.read_bytes()[:1000])
+    with pytest.raises(LongswiftError, match="damaged"):
+        train_heads(tiny, windows, cfg, tmp_path, resume=True, progress=False)
+
+
+def test_data_reading(tmp_path):
+    (tmp_path / "a.txt").write_text("one document")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "two"}) + "\n\n" + json.dumps({"text": "three"}) + "\n")
+    (tmp_path / "skip.bin").write_bytes(b"\x00\x01")
+    assert sorted(read_texts([tmp_path])) == ["one document", "three", "two"]
+    assert cut_windows([[1, 2, 3, 4, 5], [6, 7], [8]], 2).tolist() == [[1, 2], [3, 4], [6, 7]]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "training data is empty"),
+    (b"   \n", "training data is empty"),
+    (b"\x7fELF\x00\x00\x01", "looks binary"),
+    (b"caf\xe9", "not UTF-8"),
+])
+def test_bad_text_data(tmp_path, content, message):
+    f = tmp_path / "data.txt"
+    f.write_bytes(content)
+    with pytest.raises(LongswiftError, match=message):
+        read_texts([f])
+
+
+def test_bad_jsonl_and_paths(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    with pytest.raises(LongswiftError, match="line 2 has no string field 'text'"):
+        read_texts([f])
+    f.write_text('{"text": "ok"}\nnot json\n')
+    with pytest.raises(LongswiftError, match="line 2 is not JSON"):
+        read_texts([f])
+    with pytest.raises(LongswiftError, match="does not exist"):
+        read_texts([tmp_path / "missing.txt"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LongswiftError, match="holds no"):
+        read_texts([tmp_path / "empty"])
+    with pytest.raises(LongswiftError, match="no document reaches --seq-len 8 tokens \\(the longest has 3\\)"):
+        cut_windows([[1, 2, 3]], 8)
+
+
+def test_train_config_errors():
+    with pytest.raises(LongswiftError, match="--steps must be positive"):
+        TrainConfig(steps=0)
+    with pytest.raises(LongswiftError, match="--lr"):
+        TrainConfig(lr=-1.0)
+    with pytest.raises(LongswiftError, match="--seq-len must be at least"):
+        TrainConfig(seq_len=3)
+
+
+def test_self_distill_greedy_matches_our_ar(tiny, tmp_path):
+    """The batched transformers twin with our transform as logits processor writes what our own AR
+    writes (greedy, windowed penalty, prompts of different lengths padded on the left)."""
+    sampling = SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6, seed=0)
+    prompts = [[5, 9, 11, 4], [17, 3], [40, 41, 42, 43, 44, 45]]
+    docs = self_distill(tiny, 3 * 12, new_tokens=12, batch_size=3, sampling=sampling, cache_dir=tmp_path,
+                        progress=False, prompts=prompts)
+    for prompt, doc in zip(prompts, docs):
+        ours = tiny.generate(prompt, method="ar", sampling=sampling,
+                             generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
+        assert doc == prompt + ours.token_ids
+    cached = list(tmp_path.glob("*.json"))
+    assert len(cached) == 1
+    again = self_distill(tiny, 3 * 12, new_tokens=12, batch_size=3, sampling=sampling, cache_dir=tmp_path,
+                         progress=False, prompts=prompts)
+    assert again == docs
+
+
+def test_self_distill_sampled_rows_follow_the_transform(tiny, tmp_path):
+    """Sampled self-distill draws only tokens the transform keeps (min-p here), and is seeded."""
+    sampling = SamplingConfig(temperature=1.0, min_p=0.3, repetition_penalty=1.0, seed=4)
+    prompts = [[5, 9, 11, 4], [17, 3]]
+    a = self_distill(tiny, 2 * 10, new_tokens=10, batch_size=2, sampling=sampling, cache_dir=tmp_path / "a",
+                     progress=False, prompts=prompts)
+    b = self_distill(tiny, 2 * 10, new_tokens=10, batch_size=2, sampling=sampling, cache_dir=tmp_path / "b",
+                     progress=False, prompts=prompts)
+    assert a == b
+    from longswift.sampling import transform
+
+    for prompt, doc in zip(prompts, a):
+        ids = torch.tensor(doc)
+        logits, _ = tiny.model.forward(ids, torch.arange(len(doc)), None)
+        kept = transform(logits, torch.empty(len(doc), 0, dtype=torch.long), sampling) > float("-inf")  # [T, V]
+        for t in range(len(prompt), len(doc)):
+            assert kept[t - 1, doc[t]], (t, doc[t])
