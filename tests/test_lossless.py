@@ -17,13 +17,16 @@ from longswift.generate import GenerationStats
 from longswift.sampling import probabilities, transform
 from longswift.tokenswift import TokenSwiftState, build_tree, draft, verify
 
+# Full steps only (adaptive=False): which kind of step adaptive mode picks depends on timings, and
+# these tests also check that full steps accept drafts; test_adaptive_* cover the mixed loop.
 SPECS = {
-    "paper": SpecConfig(tree="1,3,3,3", ngram_topk=20),
-    "cpu-default": SpecConfig(),
-    "fused": SpecConfig(tree="1,3,3,3", ngram_topk=20, draft_mode="fused"),
-    "wide-partial": SpecConfig(tree="3,2,2,2", ngram_topk=4, draft_kv_budget=40, draft_window=8, attention_sinks=4),
-    "narrow-no-ngram": SpecConfig(tree="1,1", ngram_topk=0),
-    "fused-partial": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6),
+    "paper": SpecConfig(tree="1,3,3,3", ngram_topk=20, adaptive=False),
+    "cpu-default": SpecConfig(adaptive=False),
+    "fused": SpecConfig(tree="1,3,3,3", ngram_topk=20, draft_mode="fused", adaptive=False),
+    "wide-partial": SpecConfig(tree="3,2,2,2", ngram_topk=4, draft_kv_budget=40, draft_window=8, attention_sinks=4,
+                               adaptive=False),
+    "narrow-no-ngram": SpecConfig(tree="1,1", ngram_topk=0, adaptive=False),
+    "fused-partial": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6, adaptive=False),
 }
 SAMPLINGS = {
     "greedy": SamplingConfig(temperature=0, repetition_penalty=1.0),
@@ -206,3 +209,35 @@ def test_embedded_model_greedy_tokenswift_equals_ar(embedded, heads, mode):
             assert ts.stats.accepted_tokens > 0
     finally:
         embedded.set_heads(shipped)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, monkeypatch):
+    """Lookup steps (n-gram continuations of the root, no draft pass) mixed with full steps in a
+    fixed pattern: still AR's tokens, and lookup steps do accept tokens on repetitive text."""
+    from longswift import tokenswift
+
+    pattern = iter([tokenswift.FULL, tokenswift.LOOKUP, tokenswift.LOOKUP] * 100)
+    monkeypatch.setattr(tokenswift.TokenSwiftState, "choose", lambda self: next(pattern))
+    gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
+    spec = SpecConfig(tree="1,2,2", ngram_topk=3)
+    prompt = repetitive_prompt(1, 24)
+    ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
+    ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+    assert ts.token_ids == ar.token_ids
+    assert ts.stats.lookup_steps >= (ts.stats.steps - 1) // 3 * 2 - 1
+
+
+def test_adaptive_choice_follows_measured_rates():
+    from longswift.tokenswift import FULL, LOOKUP, PROBE_EVERY, TokenSwiftState
+
+    s = TokenSwiftState.__new__(TokenSwiftState)
+    s.spec, s.rate, s.since_probe = SpecConfig(), {FULL: None, LOOKUP: None}, 0
+    assert s.choose() == FULL
+    s.record(FULL, 4, 0.1)  # 40 tok/s
+    assert s.choose() == LOOKUP
+    s.record(LOOKUP, 1, 0.02)  # 50 tok/s
+    picks = [s.choose() for _ in range(PROBE_EVERY)]
+    assert picks.count(LOOKUP) == PROBE_EVERY - 1 and picks[-1] == FULL  # the slower kind is probed
+    s.spec = SpecConfig(adaptive=False)
+    assert s.choose() == FULL

@@ -256,7 +256,8 @@ def report(engine: Engine, cfg: BenchConfig, prompt_len: int, results: list[Meas
         lines.append(f"- outputs compared with ar (same seed): {'; '.join(same)}")
     if cfg.spec is not None and any(m.startswith("tokenswift") for m in by):
         sp = cfg.spec
-        lines.append(f"- tokenswift: tree {sp.tree}, n-gram top-k {sp.ngram_topk}, draft KV budget {sp.draft_kv_budget}")
+        lines.append(f"- tokenswift: tree {sp.tree}, n-gram top-k {sp.ngram_topk}, draft KV budget {sp.draft_kv_budget}, "
+                     f"adaptive steps {'on' if sp.adaptive else 'off'}")
     lines += ["", "| method | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha | tokens/step | floor / ms/token |",
               "|---|---|---|---|---|---|---|---|---|"]
     for name in by:

@@ -205,6 +205,9 @@ class SpecConfig:
     )
     draft_window: int = field(default=1024, metadata=_help("recent-token window inside the draft KV budget"))
     attention_sinks: int = field(default=16, metadata=_help("first positions always kept in the partial cache"))
+    adaptive: bool = field(default=True, metadata=_help(
+        "per step, use whichever has been faster: full steps (draft pass + tree) or lookup steps "
+        "(n-gram continuations of the root, no draft pass); output is the same either way"))
 
     def __post_init__(self) -> None:
         if self.tree != "auto":

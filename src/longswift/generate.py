@@ -32,6 +32,7 @@ class GenerationStats:
     accepted_tokens: int = 0  # drafted tokens the lossless walk accepted
     draft_positions: int = 0  # deepest drafted position per step, summed (alpha's denominator; 4 for 1,3,3,3)
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
+    lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
     stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
 
     @property

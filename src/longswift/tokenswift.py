@@ -23,6 +23,9 @@ from .tree import NGRAM, Trie
 from .verify import Walk, lossless_walk
 
 NGRAM_N = 4
+FULL, LOOKUP = "full", "lookup"
+PROBE_EVERY = 16  # adaptive steps: how often the slower kind of step is tried again
+EMA = 0.25  # weight of the newest step in the tokens/s estimates
 
 
 @dataclass
@@ -86,6 +89,29 @@ class TokenSwiftState:
         if self.ngrams is not None:
             self.ngrams.update(self.tokens, self.n)
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
+        # Adaptive steps: measured tokens/s (EMA) of full steps and of lookup steps.
+        self.rate: dict[str, float | None] = {FULL: None, LOOKUP: None}
+        self.since_probe = 0
+
+    def choose(self) -> str:
+        """FULL (draft pass + heads' tree) or LOOKUP (n-gram continuations of the root only, no
+        draft pass): whichever has been faster, trying the other every PROBE_EVERY steps."""
+        if not self.spec.adaptive:
+            return FULL
+        for kind in (FULL, LOOKUP):
+            if self.rate[kind] is None:
+                return kind
+        best = FULL if self.rate[FULL] >= self.rate[LOOKUP] else LOOKUP  # type: ignore[operator]
+        self.since_probe += 1
+        if self.since_probe >= PROBE_EVERY:
+            self.since_probe = 0
+            return LOOKUP if best == FULL else FULL
+        return best
+
+    def record(self, kind: str, tokens: int, seconds: float) -> None:
+        r = tokens / max(seconds, 1e-9)
+        old = self.rate[kind]
+        self.rate[kind] = r if old is None else (1 - EMA) * old + EMA * r
 
     def window(self) -> torch.Tensor:
         return penalty_window(self.history, self.n, self.sampling.penalty_window)
@@ -153,6 +179,17 @@ def build_tree(s: TokenSwiftState, d: Draft) -> Trie:
     return trie
 
 
+def lookup_tree(s: TokenSwiftState) -> Trie:
+    """A draft-free trie: the root and the n-gram table's continuations of the root (prompt-lookup
+    style). Verifying it costs about one AR step and accepts whatever of it the walk draws."""
+    root = int(s.history[s.n - 1])
+    trie = Trie.with_root(root)
+    if s.ngrams is not None:
+        for cont, _count in s.ngrams.table.top(root, s.spec.ngram_topk):
+            trie.add_path(cont, NGRAM)
+    return trie
+
+
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     """One forward of the root and every trie node on the full cache, under the tree mask."""
     dev = s.model.device
@@ -199,9 +236,15 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     last = first
     while s.produced < gen.max_new_tokens and last not in s.stop_ids:
         t0 = time.perf_counter()
-        d = draft(s)
-        t = _stage_done(stats, "draft", t0)
-        trie = build_tree(s, d)
+        kind = s.choose()
+        if kind == FULL:
+            d = draft(s)
+            t = _stage_done(stats, "draft", t0)
+            trie = build_tree(s, d)
+        else:
+            stats.lookup_steps += 1
+            t = t0
+            trie = lookup_tree(s)
         t = _stage_done(stats, "tree", t)
         v = verify(s, trie)
         t = _stage_done(stats, "verify", t)
@@ -210,6 +253,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         emitted = commit(s, trie, v, walk)
         t = _stage_done(stats, "commit", t)
         stats.decode_seconds += t - t0
+        s.record(kind, len(emitted), t - t0)
         stats.new_tokens += len(emitted)
         stats.steps += 1
         last = emitted[-1]
