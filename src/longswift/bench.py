@@ -21,6 +21,7 @@ from .atomic import check_writable, write_atomic
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .engine import Engine, load
 from .errors import LongswiftError
+from .twin import hf_twin
 
 KNOWN_METHODS = ("ar", "hf", "tokenswift", "tokenswift-fused")
 # Sampling presets: greedy without penalty (comparable with transformers token for token), and the
@@ -132,21 +133,6 @@ class _Streamer:
         pass
 
 
-def hf_model(engine: Engine) -> Any:
-    """A transformers model sharing our model's weight tensors (no copy)."""
-    from transformers import AutoModelForCausalLM
-
-    # Built on the real device (not meta) so that non-persistent buffers such as rope
-    # frequencies are computed; the random initial weights are then replaced by ours.
-    model = AutoModelForCausalLM.from_config(engine.cfg.hf_config, dtype=engine.model.dtype)
-    state = dict(engine.model.state)
-    if engine.cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    model.load_state_dict(state, assign=True, strict=True)
-    model.tie_weights()
-    return model.eval()
-
-
 def _hf(model: Any, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
     streamer = _Streamer()
     ids = torch.tensor([prompt], device=model.device)
@@ -186,7 +172,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     last_stats: list = []
     for method in cfg.methods:
         if method == "hf":
-            hf = hf_model(engine)
+            hf = hf_twin(engine)
             runners["hf"] = lambda n: _hf(hf, prompt, n)
         else:
             runners[method] = lambda n, m=method: _timed(_ours(engine, prompt, n, m, cfg, last_stats), n)

@@ -47,7 +47,6 @@ class Engine:
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
-        self.hf_config = loaded.hf_config
         self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
         self.heads: DraftHeads | None = None
         eos = set(loaded.cfg.eos_token_ids)

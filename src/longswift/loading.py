@@ -29,7 +29,6 @@ class LoadedModel:
     state: dict[str, torch.Tensor]
     tokenizer: Any
     source: str
-    hf_config: Any = None  # the transformers config it was read from (to build an HF twin, e.g. for batched sampling)
 
 
 def default_model_path() -> Path:
@@ -90,7 +89,7 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedMo
     state = gguf_state_dict(reader, hf_config, dtype, device)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = _gguf_tokenizer(path) if "tokenizer.ggml.tokens" in reader.fields else None
-    return LoadedModel(cfg, state, tokenizer, str(path), hf_config)
+    return LoadedModel(cfg, state, tokenizer, str(path))
 
 
 def _gguf_tokenizer(path: Path) -> Any:
@@ -124,8 +123,7 @@ def _hf_dir_config(path: Path) -> Any:
 def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
     from transformers import AutoTokenizer
 
-    hf_config = _hf_dir_config(path)
-    cfg = ModelConfig.from_hf(hf_config)
+    cfg = ModelConfig.from_hf(_hf_dir_config(path))
     state = {k.removeprefix("_orig_mod."): v.to(device=device, dtype=dtype) for k, v in _read_safetensors(path).items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -133,7 +131,7 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device) -> Loaded
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception:
         tokenizer = None  # token ids still work through the API; text needs a tokenizer
-    return LoadedModel(cfg, state, tokenizer, str(path), hf_config)
+    return LoadedModel(cfg, state, tokenizer, str(path))
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -171,4 +169,4 @@ def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device) -> 
     state = {k: v.detach().to(device=device, dtype=dtype) for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return LoadedModel(cfg, state, None, f"<{type(model).__name__}>", hf_config)
+    return LoadedModel(cfg, state, None, f"<{type(model).__name__}>")

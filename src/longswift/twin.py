@@ -1,0 +1,21 @@
+"""A transformers model sharing a loaded engine's weight tensors: the benchmark's "hf" baseline and
+the batched sampler of self-distillation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def hf_twin(engine: Any) -> Any:
+    """A transformers causal LM built from the engine's config around its weight tensors (no copy)."""
+    from transformers import AutoModelForCausalLM
+
+    # Built on the real device (not meta) so that non-persistent buffers such as rope
+    # frequencies are computed; the random initial weights are then replaced by ours.
+    model = AutoModelForCausalLM.from_config(engine.cfg.hf_config, dtype=engine.model.dtype).to(engine.model.device)
+    state = dict(engine.model.state)
+    if engine.cfg.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, assign=True, strict=True)
+    model.tie_weights()
+    return model.eval()
