@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -55,4 +56,19 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         f.commit()
     except BaseException:
         f.discard()
+        raise
+
+
+def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """Have `write` create a file at a temporary sibling path, fsync it and rename it over `path`
+    (for writers that want a path, such as safetensors and torch.save); nothing is left on failure."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .atomic import replace_atomically
 from .config import ModelConfig
 from .errors import LongswiftError
 
@@ -80,13 +81,8 @@ def save_heads(heads: DraftHeads, cfg: ModelConfig, fingerprint: str, path: str 
             "base": {"architecture": cfg.architecture, "hidden_size": cfg.hidden_size,
                      "vocab_size": cfg.vocab_size, "num_layers": cfg.num_layers, "fingerprint": fingerprint}}
     meta |= extra or {}
-    path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in heads.state_dict().items()}
-    save_file(tensors, str(tmp), metadata={FORMAT: json.dumps(meta)})
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={FORMAT: json.dumps(meta)}))
 
 
 SHIPPED_DIR = Path(__file__).parent / "data"

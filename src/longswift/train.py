@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .atomic import replace_atomically, write_atomic
 from .config import _help
 from .errors import LongswiftError
 from .heads import DraftHeads, new_heads, save_heads
@@ -185,11 +186,8 @@ class HeadTrainer:
                 "base": self.heads.base_fingerprint, "log": self.log}  # type: ignore[attr-defined]
 
     def save_checkpoint(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".partial")
-        torch.save(self.checkpoint_state(), tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        state = self.checkpoint_state()
+        replace_atomically(path, lambda tmp: torch.save(state, tmp))
 
     def load_checkpoint(self, path: Path) -> None:
         try:
@@ -247,7 +245,5 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     meta = {"training": {"config": asdict(cfg), "windows": int(windows.shape[0]),
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
     save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)  # type: ignore[attr-defined]
-    from .atomic import write_atomic
-
     write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
     return trainer
