@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(bench, RuntimeConfig)
     from .cli_heads import add_parsers
 
-    add_parsers(sub, add_config_flags)
+    add_parsers(sub)
     return parser
 
 
@@ -215,8 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cli_heads import cmd_eval_heads, cmd_train_heads
 
     commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
-                "train-heads": lambda a: cmd_train_heads(a, config_from_args),
-                "eval-heads": lambda a: cmd_eval_heads(a, config_from_args)}
+                "train-heads": cmd_train_heads, "eval-heads": cmd_eval_heads}
     try:
         return commands[args.command](args)
     except LongswiftError as exc:

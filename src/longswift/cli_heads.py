@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
+from .cli import add_config_flags, config_from_args
 from .config import RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 
 
-def add_parsers(sub: Any, add_config_flags: Any) -> None:
+def add_parsers(sub: Any) -> None:
     from .train import TrainConfig
 
     train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
@@ -80,7 +81,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, seq_len: int, seed: i
     return windows, info
 
 
-def cmd_train_heads(args: argparse.Namespace, config_from_args: Any) -> int:
+def cmd_train_heads(args: argparse.Namespace) -> int:
     from .engine import load
     from .train import HEADS_FILE, TrainConfig, train_heads
 
@@ -100,7 +101,7 @@ def cmd_train_heads(args: argparse.Namespace, config_from_args: Any) -> int:
     return 0
 
 
-def cmd_eval_heads(args: argparse.Namespace, config_from_args: Any) -> int:
+def cmd_eval_heads(args: argparse.Namespace) -> int:
     from .atomic import check_writable, write_atomic
     from .engine import load
     from .eval_heads import head_accuracy, held_out_alpha
