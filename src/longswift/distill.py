@@ -10,15 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .atomic import write_atomic
 from .config import SamplingConfig
 from .errors import LongswiftError
 from .sampling import transform
+from .twin import hf_twin
 
 # Varied long-writing requests (stories, essays, explanations, letters, dialogue, technical prose).
 PROMPTS = (
@@ -57,24 +59,13 @@ PROMPTS = (
 )
 
 
-def _hf_twin(engine: Any) -> Any:
-    """A transformers causal LM built from the engine's config, sharing the engine's weights."""
-    from transformers import AutoModelForCausalLM
-
-    if engine.hf_config is None:
-        raise LongswiftError("this model was loaded without a transformers config, so it cannot self-distill")
-    twin = AutoModelForCausalLM.from_config(engine.hf_config, dtype=engine.model.dtype).to(engine.model.device)
-    state = dict(engine.model.state)
-    if engine.cfg.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
-    result = twin.load_state_dict(state, strict=False, assign=True)
-    if result.missing_keys or result.unexpected_keys:
-        name = (result.missing_keys or result.unexpected_keys)[0]
-        raise LongswiftError(f"cannot build a transformers twin of this model: tensor '{name}' does not match")
-    # EOS must not end a row (long generation runs with EOS ignored); unset values of a generation
-    # config passed to generate() are filled in from this one, so clear it here.
+def _sampler(engine: Any) -> Any:
+    """The transformers twin of the engine's model, with EOS unable to end a row (long generation
+    runs with EOS ignored; unset values of a generation config passed to generate() are filled
+    in from the model's own, so it is cleared there)."""
+    twin = hf_twin(engine)
     twin.generation_config.eos_token_id = None
-    return twin.eval()
+    return twin
 
 
 class _LongswiftTransform:
@@ -116,7 +107,7 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
         raise LongswiftError(f"--self-distill must be a positive number of tokens, got {n_tokens}")
     sampling = sampling or SamplingConfig(seed=0)
     if sampling.seed is None:
-        sampling = SamplingConfig(**(asdict(sampling) | {"seed": 0}))
+        sampling = replace(sampling, seed=0)
     cache_dir = cache_dir or default_cache_dir()
     if prompts is None:
         if engine.tokenizer is None:
@@ -133,10 +124,12 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     from transformers import GenerationConfig as HFGenerationConfig
     from tqdm import tqdm
 
-    twin = _hf_twin(engine)
+    twin = _sampler(engine)
     n_docs = -(-n_tokens // new_tokens)
     prompts = [prompts[i % len(prompts)] for i in range(n_docs)]
     pad = 0
+    hf_cfg = HFGenerationConfig(do_sample=not sampling.greedy, temperature=None, top_k=None, top_p=None,
+                                max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=pad)
     documents: list[list[int]] = []
     bar = tqdm(total=n_docs * new_tokens, desc="self-distill", unit="tok", disable=not progress)
     for lo in range(0, n_docs, batch_size):
@@ -145,9 +138,6 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
         pad_lengths = torch.tensor([width - len(p) for p in group])
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=engine.model.device)
         mask = (torch.arange(width)[None, :] >= pad_lengths[:, None]).long().to(ids.device)
-        hf_cfg = HFGenerationConfig(do_sample=not sampling.greedy, temperature=None, top_k=None, top_p=None,
-                                    max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None,
-                                    pad_token_id=pad)
         torch.manual_seed(sampling.seed + lo)
         streamer = _Progress(bar, len(group))
         with torch.no_grad():
@@ -157,8 +147,6 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
             documents.append(row[width - len(p) :])
     bar.close()
     cache_dir.mkdir(parents=True, exist_ok=True)
-    from .atomic import write_atomic
-
     write_atomic(path, json.dumps({"documents": documents}))
     return documents
 
