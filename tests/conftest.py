@@ -23,12 +23,12 @@ ROPES = {
 
 def tiny_hf_model(arch: str = "llama", rope: str = "default", tie: bool = False, seed: int = 0,
                   dtype: torch.dtype = torch.float32, vocab: int = 128, **overrides):
-    """A 2-layer random model (GQA 4:2, head_dim 16, trained context 32) with every weight,
+    """A 2-layer random model (GQA 4:2, head_dim 16, trained context 256 unless overridden) with every weight,
     norms and biases included, drawn at random so that no term of the forward is trivial."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     kwargs = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=32,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                   rope_parameters=dict(ROPES[rope]), tie_word_embeddings=tie, rms_norm_eps=1e-6,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "llama":

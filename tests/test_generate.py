@@ -89,8 +89,11 @@ def test_stream_yields_tokens_and_result_has_stats():
 
 def test_bad_requests_are_refused():
     engine = longswift.load(tiny_hf_model(seed=16), dtype="float32")
+    with pytest.raises(LongswiftError, match=r"= 260 exceeds this model's context of 256 tokens.*--rope-scaling yarn:2"):
+        engine.generate(PROMPT, generation=GenerationConfig(max_new_tokens=250))
+    huge = longswift.load(tiny_hf_model(seed=16, max_position_embeddings=10**12), dtype="float32")
     with pytest.raises(LongswiftError, match="not enough memory"):
-        engine.generate(PROMPT, generation=GenerationConfig(max_new_tokens=10**11))
+        huge.generate(PROMPT, generation=GenerationConfig(max_new_tokens=10**11))
     with pytest.raises(LongswiftError, match="token ids must be in"):
         engine.generate([5, 128])
     with pytest.raises(LongswiftError, match="empty"):

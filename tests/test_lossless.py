@@ -106,7 +106,7 @@ def test_one_step_emits_each_sequence_with_its_ar_probability(mode, monkeypatch)
     prompt = repetitive_prompt(7, vocab, 16)
     with torch.inference_mode():
         stats = GenerationStats("tokenswift", len(prompt))
-        s = TokenSwiftState(engine.model, engine.heads, prompt, sampling,
+        s = TokenSwiftState(engine.model, engine.heads, prompt, [], sampling,
                             GenerationConfig(max_new_tokens=20, ignore_eos=True), spec, stats, frozenset(), None)
         _, hidden = engine.model.prefill(s.history[: s.n], s.full, 8)
         s.prev_hidden = hidden

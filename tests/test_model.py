@@ -22,7 +22,8 @@ CASES = [
     ("qwen3", "default", False),
     ("qwen3", "llama3", True),
 ]
-SEQ = 80  # past the tiny models' trained context of 32 positions
+CTX = 32  # the trained context these tests give the tiny models
+SEQ = 80  # past it
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -32,7 +33,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("arch,rope,tie", CASES, ids=[f"{a}-{r}-{'tied' if t else 'untied'}" for a, r, t in CASES])
 def test_full_forward_matches_transformers(arch, rope, tie, pack):
-    hf = tiny_hf_model(arch, rope, tie)
+    hf = tiny_hf_model(arch, rope, tie, max_position_embeddings=CTX)
     engine = longswift.load(hf, dtype="float32", pack_weights=pack)
     ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -51,7 +52,7 @@ def test_full_forward_matches_transformers(arch, rope, tie, pack):
 def test_chunked_prefill_and_decode_match_full_forward(arch, rope, tie):
     """Chunked prefill then one token at a time gives the full forward's logits at every position.
     (Dynamic NTK is excluded by design: its frequencies depend on the length of each call.)"""
-    hf = tiny_hf_model(arch, rope, tie, seed=3)
+    hf = tiny_hf_model(arch, rope, tie, seed=3, max_position_embeddings=CTX)
     engine = longswift.load(hf, dtype="float32")
     ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -69,7 +70,7 @@ def test_chunked_prefill_and_decode_match_full_forward(arch, rope, tie):
 
 
 def test_float64_runner_matches_transformers_closely():
-    hf = tiny_hf_model("llama", "yarn", dtype=torch.float64)
+    hf = tiny_hf_model("llama", "yarn", dtype=torch.float64, max_position_embeddings=CTX)
     engine = longswift.load(hf, dtype="float64")
     assert not engine.model.packed
     ids = torch.arange(SEQ) % hf.config.vocab_size
@@ -91,7 +92,7 @@ def test_transformers_model_weights_are_used_in_place():
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_onednn_attention_path_matches_transformers(arch):
     """The packed path switches attention to oneDNN matmuls for long contexts; force it on here."""
-    hf = tiny_hf_model(arch, "yarn", seed=9)
+    hf = tiny_hf_model(arch, "yarn", seed=9, max_position_embeddings=CTX)
     engine = longswift.load(hf, dtype="float32", pack_weights=True)
     if not engine.model.packed:
         pytest.skip("no oneDNN in this torch build")

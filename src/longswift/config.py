@@ -116,6 +116,16 @@ class ModelConfig:
             hf_config=hf,
         )
 
+    @property
+    def context_limit(self) -> int:
+        """Positions the model is meant to handle: its trained context, extended by the factor of a
+        linear / dynamic / yarn rope scaling (llama3 configs state the extended length themselves)."""
+        rope = (getattr(self.hf_config, "rope_parameters", None) or {}) if self.hf_config is not None else {}
+        if self.rope_type in ("linear", "dynamic", "yarn") and rope.get("factor"):
+            original = rope.get("original_max_position_embeddings") or self.max_position_embeddings
+            return max(self.max_position_embeddings, int(original * float(rope["factor"])))
+        return self.max_position_embeddings
+
     def parameter_count(self) -> int:
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
@@ -251,6 +261,8 @@ class RuntimeConfig:
         default="auto", metadata=_help("float32, bfloat16, float16, float64 or auto (fp32 on CPU, bf16 on CUDA)")
     )
     threads: int | None = field(default=None, metadata=_help("CPU threads for torch (default: torch's choice)"))
+    rope_scaling: str | None = field(default=None, metadata=_help(
+        "extend the model's context on purpose: TYPE:FACTOR with TYPE yarn, linear or dynamic (e.g. yarn:4)"))
     pack_weights: bool | None = field(
         default=None,
         metadata=_help("run CPU linears on oneDNN-packed weight copies (faster; doubles weight memory); "
@@ -266,6 +278,8 @@ class RuntimeConfig:
             raise LongswiftError(f"--device {self.device} requested but no CUDA device is available; use --device cpu")
         if self.threads is not None and self.threads <= 0:
             raise LongswiftError("--threads must be positive")
+        if self.rope_scaling is not None:
+            parse_rope_scaling(self.rope_scaling)
 
     def torch_device(self) -> torch.device:
         if self.device == "auto":
@@ -276,6 +290,22 @@ class RuntimeConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+
+ROPE_SCALINGS = ("yarn", "linear", "dynamic")
+
+
+def parse_rope_scaling(text: str) -> tuple[str, float]:
+    """'yarn:4' -> ('yarn', 4.0); a one-line error for anything else."""
+    kind, _, factor = text.partition(":")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = float("nan")
+    if kind not in ROPE_SCALINGS or not (math.isfinite(value) and value > 1):
+        raise LongswiftError(f"--rope-scaling must be TYPE:FACTOR with TYPE one of {', '.join(ROPE_SCALINGS)} "
+                             f"and FACTOR > 1 (e.g. yarn:4); got '{text}'")
+    return kind, value
 
 
 _DTYPES = {

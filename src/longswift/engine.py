@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
+from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 from .generate import GenerationResult, GenerationStats, ar_steps
-from .heads import DraftHeads, load_heads, new_heads, shipped_heads
+from .heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
 from .loading import LoadedModel, load_model
 from .model import Transformer
 from .tokenswift import tokenswift_steps
@@ -20,14 +22,29 @@ from .tokenswift import tokenswift_steps
 METHODS = ("ar", "tokenswift")
 
 
-class GenerationStream:
-    """Iterate to get the token ids of each step; `result` is set once iteration ends."""
+@dataclass
+class RunSetup:
+    """What a generation was started with: enough, with the stream's ids, to checkpoint it."""
 
-    def __init__(self, steps: Iterator[list[int]], stats: GenerationStats, tokenizer: Any) -> None:
+    method: str
+    prompt_ids: list[int]
+    sampling: SamplingConfig
+    generation: GenerationConfig
+    spec: SpecConfig
+    generator: torch.Generator | None
+
+
+class GenerationStream:
+    """Iterate to get the token ids of each step; `result` is set once iteration ends.
+    Between steps (in the loop body), `checkpoint()` snapshots the run so it can be resumed."""
+
+    def __init__(self, engine: Engine, setup: RunSetup, steps: Iterator[list[int]], stats: GenerationStats,
+                 previous: list[int] | None = None) -> None:
+        self._engine = engine
+        self._setup = setup
         self._steps = steps
         self.stats = stats  # live: updated as the generation runs
-        self._tokenizer = tokenizer
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = list(previous or [])  # all generated ids, earlier runs' included
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -35,20 +52,34 @@ class GenerationStream:
             self.token_ids.extend(ids)
             yield ids
         text = None
-        if self._tokenizer is not None:
-            text = self._tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        if self._engine.tokenizer is not None:
+            text = self._engine.tokenizer.decode(self.token_ids, skip_special_tokens=True)
         self.result = GenerationResult(list(self.token_ids), text, self.stats)
+
+    def checkpoint(self, outputs: dict[str, str | None] | None = None) -> Checkpoint:
+        """The run's state now; call between steps (not from another thread)."""
+        e, r = self._engine, self._setup
+        return Checkpoint(
+            model_source=e.source, model_fingerprint=model_fingerprint(e.cfg, e.model.embed),
+            runtime=asdict(e.runtime), heads_source=e.heads_source if r.method == "tokenswift" else None,
+            heads_fingerprint=heads_fingerprint(e.heads) if r.method == "tokenswift" else None,
+            method=r.method, sampling=asdict(r.sampling), generation=asdict(r.generation), spec=asdict(r.spec),
+            prompt_ids=list(r.prompt_ids), token_ids=list(self.token_ids), rng_state=encode_rng(r.generator),
+            stats=self.stats.to_dict(), outputs=dict(outputs or {}),
+        )
 
 
 class Engine:
     """A loaded model ready to generate."""
 
-    def __init__(self, loaded: LoadedModel, pack_weights: bool = True) -> None:
+    def __init__(self, loaded: LoadedModel, pack_weights: bool = True, runtime: RuntimeConfig | None = None) -> None:
+        self.runtime = runtime or RuntimeConfig()
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
         self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
         self.heads: DraftHeads | None = None
+        self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
         eos = set(loaded.cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
@@ -58,6 +89,7 @@ class Engine:
         """Draft heads for TokenSwift: a DraftHeads, a heads file, "default" (the heads shipped for
         this model, if the package has some, else none), "random" (seeded random heads: correct but
         slow, for testing), or None / "none" (AR only)."""
+        self.heads_source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
         if heads is None or heads == "none" or isinstance(heads, DraftHeads):
             self.heads = None if heads == "none" else heads  # type: ignore[assignment]
         elif heads == "default":
@@ -120,12 +152,57 @@ class Engine:
         if not sampling.greedy:
             generator = torch.Generator(device="cpu").manual_seed(seed)
         stats = GenerationStats(method=method, prompt_tokens=len(ids), seed=None if sampling.greedy else seed)
-        if method == "ar":
-            steps = ar_steps(self.model, ids, sampling, generation, stats, self.eos_ids, generator)
+        return self._start(RunSetup(method, ids, sampling, generation, spec, generator), stats, [])
+
+    def resume(self, checkpoint: Checkpoint) -> GenerationStream:
+        """Continue a checkpointed generation: the stream yields the tokens after the checkpoint's
+        (its token_ids and result hold all of them) and the stats go on from the checkpoint's.
+        Refused if this engine's model or heads are not the checkpoint's."""
+        c = checkpoint
+        if model_fingerprint(self.cfg, self.model.embed) != c.model_fingerprint:
+            raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "
+                                 "resume with that model (--model)")
+        for key in ("dtype", "rope_scaling"):
+            if c.runtime.get(key) != getattr(self.runtime, key):
+                raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key)} and this engine has "
+                                     f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")
+        if c.method == "tokenswift" and heads_fingerprint(self.heads) != c.heads_fingerprint:
+            raise LongswiftError(f"the checkpoint was made with other draft heads ({c.heads_source}): "
+                                 "resume with the same heads (--heads)")
+        try:
+            setup = RunSetup(c.method, list(c.prompt_ids), SamplingConfig(**c.sampling),
+                             GenerationConfig(**c.generation), SpecConfig(**c.spec), decode_rng(c.rng_state))
+        except TypeError as exc:
+            raise LongswiftError(f"the checkpoint's settings are damaged ({exc})") from None
+        if setup.method not in METHODS or (setup.generator is None) != setup.sampling.greedy:
+            raise LongswiftError("the checkpoint's method or RNG state is damaged: resume from an earlier copy")
+        if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids) or not setup.prompt_ids:
+            raise LongswiftError("the checkpoint's token ids do not fit this model's vocabulary")
+        stats = GenerationStats.from_dict(c.stats)
+        stats.resumes += 1
+        return self._start(setup, stats, list(c.token_ids))
+
+    def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int]) -> GenerationStream:
+        self.check_context(len(r.prompt_ids), r.generation.max_new_tokens)
+        if r.method == "ar":
+            steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
+                             generated)
         else:
-            steps = tokenswift_steps(self.model, self.heads, ids, sampling, generation, spec, stats, self.eos_ids,
-                                     generator)
-        return GenerationStream(_inference(steps), stats, self.tokenizer)
+            if self.heads is None:
+                raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: pass --heads")
+            steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
+                                     self.eos_ids, r.generator, generated)
+        return GenerationStream(self, r, _inference(steps), stats, generated)
+
+    def check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
+        total, limit = prompt_tokens + max_new_tokens, self.cfg.context_limit
+        if total > limit:
+            factor = -(-total // self.cfg.max_position_embeddings)
+            advice = ("lower --max-new-tokens or shorten the prompt" if self.cfg.rope_type != "default" else
+                      f"lower --max-new-tokens, or extend the context on purpose with --rope-scaling yarn:{factor}")
+            raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                                 f"exceeds this model's context of {limit} tokens: {advice}")
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:
         """Run a whole generation and return its result (same options as `stream`)."""
@@ -157,10 +234,10 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
-        loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device())
+        loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device(), runtime.rope_scaling)
     pack = runtime.pack_weights
     if pack is None:  # a model object passed in is used without copies unless asked otherwise
         pack = model is None or isinstance(model, (str, os.PathLike))
-    engine = Engine(loaded, pack_weights=pack)
+    engine = Engine(loaded, pack_weights=pack, runtime=runtime)
     engine.set_heads(heads)
     return engine

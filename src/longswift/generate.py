@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -34,6 +34,7 @@ class GenerationStats:
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
     lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
     stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
+    resumes: int = 0  # times this generation was continued from a checkpoint (each re-prefills the context)
 
     @property
     def tokens_per_second(self) -> float:
@@ -47,6 +48,12 @@ class GenerationStats:
     @property
     def tokens_per_step(self) -> float:
         return self.new_tokens / self.steps if self.steps else 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GenerationStats:
+        """Inverse of to_dict (derived numbers dropped)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
     def to_dict(self) -> dict:
         return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3), "alpha": round(self.alpha, 4),
@@ -85,17 +92,22 @@ def ar_steps(
     stats: GenerationStats,
     eos_ids: frozenset[int],
     generator: torch.Generator | None,
+    generated: list[int] | None = None,
 ) -> Iterator[list[int]]:
-    """Plain autoregressive decoding: one forward and one draw per token."""
+    """Plain autoregressive decoding: one forward and one draw per token. `generated`: tokens an
+    earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them."""
+    generated = generated or []
+    if done(generated, gen, eos_ids):
+        return
     capacity = len(prompt) + gen.max_new_tokens
     cache = new_cache(model, capacity, gen.prefill_chunk)
     history = torch.empty(capacity, dtype=torch.long)  # prompt + generated ids, on the CPU
-    history[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+    n = len(prompt) + len(generated)
+    history[:n] = torch.tensor(prompt + generated, dtype=torch.long)
     t0 = time.perf_counter()
-    logits, _ = model.prefill(history[: len(prompt)], cache, gen.prefill_chunk)  # [V]
-    stats.prefill_seconds = time.perf_counter() - t0
-    n = len(prompt)
-    for i in range(gen.max_new_tokens):
+    logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk)  # [V]
+    stats.prefill_seconds += time.perf_counter() - t0
+    for i in range(len(generated), gen.max_new_tokens):
         t0 = time.perf_counter()
         window = penalty_window(history, n, sampling.penalty_window).to(logits.device)
         token = draw(transform(logits[None], window[None], sampling)[0], sampling, generator)
@@ -113,3 +125,10 @@ def ar_steps(
         if token in eos_ids and not gen.ignore_eos:
             stats.finish_reason = "eos"
             return
+
+
+def done(generated: list[int], gen: GenerationConfig, eos_ids: frozenset[int]) -> bool:
+    """Whether tokens already generated end the generation (length reached, or an EOS not ignored)."""
+    if len(generated) >= gen.max_new_tokens:
+        return True
+    return bool(generated) and generated[-1] in eos_ids and not gen.ignore_eos

@@ -3,6 +3,7 @@ already-loaded transformers model, or the embedded default (SmolLM2-135M-Instruc
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .config import SUPPORTED_ARCHITECTURES, ModelConfig
+from .config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
 from .errors import LongswiftError
 from .gguf_reader import gguf_hf_config, gguf_state_dict, open_gguf
 from .model import check_state_dict
@@ -63,29 +64,51 @@ def resolve_path(source: str | os.PathLike | None) -> Path:
     return path
 
 
-def load_config(source: str | os.PathLike | None) -> ModelConfig:
+def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
+    """A copy of a transformers config whose rope is scaled by `scaling` ('yarn:4', 'linear:2',
+    'dynamic:2'), to run past the trained context on purpose; the config itself if None."""
+    if scaling is None:
+        return hf_config
+    kind, factor = parse_rope_scaling(scaling)
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    current = rope.get("rope_type", "default")
+    if current != "default":
+        raise LongswiftError(f"this model already uses {current} rope scaling (context "
+                             f"{hf_config.max_position_embeddings}); drop --rope-scaling")
+    scaled = copy.deepcopy(hf_config)
+    original = int(hf_config.max_position_embeddings)
+    rope.update(rope_type=kind, factor=factor, original_max_position_embeddings=original)
+    scaled.rope_parameters = rope
+    if kind != "dynamic":  # dynamic NTK reads max_position_embeddings as the trained context
+        scaled.max_position_embeddings = int(original * factor)
+    return scaled
+
+
+def load_config(source: str | os.PathLike | None, rope_scaling: str | None = None) -> ModelConfig:
     """Only the config of a checkpoint (reads metadata, not weights)."""
     path = resolve_path(source)
-    if path.is_file():
-        return ModelConfig.from_hf(gguf_hf_config(open_gguf(path), path))
-    return ModelConfig.from_hf(_hf_dir_config(path))
+    hf = gguf_hf_config(open_gguf(path), path) if path.is_file() else _hf_dir_config(path)
+    return ModelConfig.from_hf(with_rope_scaling(hf, rope_scaling))
 
 
-def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device) -> LoadedModel:
-    """Load from a path (GGUF file or HF directory), a transformers model object, or None (default)."""
+def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device,
+               rope_scaling: str | None = None) -> LoadedModel:
+    """Load from a path (GGUF file or HF directory), a transformers model object, or None (default);
+    `rope_scaling` extends the context (see with_rope_scaling)."""
     if source is not None and not isinstance(source, (str, os.PathLike)):
-        loaded = _from_transformers(source, dtype, device)
+        loaded = _from_transformers(source, dtype, device, rope_scaling)
     else:
         path = resolve_path(source)
-        loaded = _from_gguf(path, dtype, device) if path.is_file() else _from_hf_dir(path, dtype, device)
+        read = _from_gguf if path.is_file() else _from_hf_dir
+        loaded = read(path, dtype, device, rope_scaling)
     check_state_dict(loaded.cfg, loaded.state)
     return loaded
 
 
-def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     reader = open_gguf(path)
     hf_config = gguf_hf_config(reader, path)
-    cfg = ModelConfig.from_hf(hf_config)
+    cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
     state = gguf_state_dict(reader, hf_config, dtype, device)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = _gguf_tokenizer(path) if "tokenizer.ggml.tokens" in reader.fields else None
@@ -120,10 +143,10 @@ def _hf_dir_config(path: Path) -> Any:
         raise LongswiftError(f"cannot read the config in '{path}': {exc}") from None
 
 
-def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     from transformers import AutoTokenizer
 
-    cfg = ModelConfig.from_hf(_hf_dir_config(path))
+    cfg = ModelConfig.from_hf(with_rope_scaling(_hf_dir_config(path), rope_scaling))
     state = {k.removeprefix("_orig_mod."): v.to(device=device, dtype=dtype) for k, v in _read_safetensors(path).items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -160,12 +183,12 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     """Use an already-loaded transformers model's tensors in place (no copy if dtype/device match)."""
     hf_config = getattr(model, "config", None)
     if hf_config is None or not hasattr(model, "state_dict"):
         raise LongswiftError(f"cannot load {type(model).__name__}: pass a path or a transformers causal-LM model")
-    cfg = ModelConfig.from_hf(hf_config)
+    cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
     state = {k: v.detach().to(device=device, dtype=dtype) for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)

@@ -14,7 +14,7 @@ import torch
 from .cache import FullKVCache, PartialKVCache
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
-from .generate import GenerationStats, new_cache
+from .generate import GenerationStats, done, new_cache
 from .heads import DraftHeads
 from .model import Transformer
 from .ngram import NGramTracker
@@ -53,8 +53,8 @@ class Verified:
 class TokenSwiftState:
     """Everything one generation carries from step to step."""
 
-    def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
-                 gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
+    def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
+                 sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None) -> None:
         spec = spec.for_device(model.device)
         levels = spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
@@ -80,10 +80,10 @@ class TokenSwiftState:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
                                           model.dtype, model.device)
         self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
-        self.history[: len(prompt)] = torch.tensor(prompt, dtype=torch.long)
-        self.tokens = list(prompt)  # the same sequence as a list, for the n-gram table
-        self.n = len(prompt)  # committed length (the root, once drawn, is history[n-1])
-        self.produced = 0
+        self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
+        self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
+        self.history[: self.n] = torch.tensor(self.tokens, dtype=torch.long)
+        self.produced = len(generated)
         exclude = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
         self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
         if self.ngrams is not None:
@@ -220,20 +220,30 @@ def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]
 
 def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
                      gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
-                     generator: torch.Generator | None) -> Iterator[list[int]]:
-    """Self-speculative decoding; yields the tokens each step commits (its output is AR's)."""
-    s = TokenSwiftState(model, heads, prompt, sampling, gen, spec, stats, eos_ids, generator)
+                     generator: torch.Generator | None, generated: list[int] | None = None) -> Iterator[list[int]]:
+    """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
+    `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
+    prefill of everything before the last of them, which becomes the root."""
+    generated = generated or []
+    if done(generated, gen, eos_ids):
+        return
+    s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator)
     t0 = time.perf_counter()
-    logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk)
-    stats.prefill_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    first = draw(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
-    s.prev_hidden = hidden
-    s.emit([first])
-    stats.decode_seconds += time.perf_counter() - t0
-    stats.new_tokens, stats.steps = 1, 1
-    yield [first]
-    last = first
+    if generated:
+        _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk)
+        stats.prefill_seconds += time.perf_counter() - t0
+        last = generated[-1]
+    else:
+        logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk)
+        stats.prefill_seconds += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        first = draw(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
+        s.prev_hidden = hidden
+        s.emit([first])
+        stats.decode_seconds += time.perf_counter() - t0
+        stats.new_tokens, stats.steps = 1, 1
+        yield [first]
+        last = first
     while s.produced < gen.max_new_tokens and last not in s.stop_ids:
         t0 = time.perf_counter()
         kind = s.choose()

@@ -1,0 +1,137 @@
+"""Generation checkpoints: everything needed to continue a long generation in another process.
+
+A checkpoint is taken between steps (the only moment the loop's state is consistent) and holds
+the prompt and generated ids, the sampling RNG state, the configs, the stats so far and the
+identity of the model and heads. What is *not* saved is rebuilt on resume: the KV cache by a
+prefill of prompt + output, the n-gram table from the same ids (it is a function of them), the
+partial cache by a fresh selection, and the adaptive-step timings (they only affect speed).
+
+The file is JSON with a SHA-256 of its content, written atomically, so a truncated, edited or
+corrupted checkpoint is refused instead of silently resuming from wrong state."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .atomic import write_atomic
+from .errors import LongswiftError
+
+FORMAT = "longswift-checkpoint"
+FORMAT_VERSION = 1
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+@dataclass
+class Checkpoint:
+    """A generation's state between two steps (see the module docstring)."""
+
+    model_source: str  # the path it was loaded from, or "<embedded>" / "<ClassName>"
+    model_fingerprint: str
+    runtime: dict[str, Any]  # RuntimeConfig fields (dtype, device, rope scaling: they change the numbers)
+    heads_source: str | None  # "default", a path, "random", or None for AR
+    heads_fingerprint: str | None
+    method: str
+    sampling: dict[str, Any]
+    generation: dict[str, Any]
+    spec: dict[str, Any]
+    prompt_ids: list[int]
+    token_ids: list[int]  # generated so far (prompt excluded)
+    rng_state: str | None  # base64 of the torch.Generator state; None for greedy
+    stats: dict[str, Any]
+    outputs: dict[str, str | None] = field(default_factory=dict)  # CLI: where --output / --json went
+    version: str = field(default_factory=_version)
+
+    def to_json(self) -> str:
+        body = dataclasses.asdict(self)
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(canonical.encode()).hexdigest()
+        return json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "sha256": digest, "checkpoint": body},
+                          separators=(",", ":")) + "\n"
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""
+        write_atomic(path, self.to_json())
+
+    @property
+    def finished(self) -> bool:
+        """True if the generation had already ended when this checkpoint was taken."""
+        if len(self.token_ids) >= int(self.generation["max_new_tokens"]):
+            return True
+        return self.stats.get("finish_reason") == "eos"
+
+
+def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Load and verify a checkpoint file; a one-line error for anything missing, damaged or foreign."""
+    p = Path(path).expanduser()
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise LongswiftError(f"checkpoint '{p}' does not exist: pass the file written by --checkpoint") from None
+    except IsADirectoryError:
+        raise LongswiftError(f"checkpoint '{p}' is a directory: pass the checkpoint file") from None
+    except OSError as exc:
+        raise LongswiftError(f"cannot read checkpoint '{p}': {exc.strerror}") from None
+    damaged = f"checkpoint '{p}' is truncated or corrupt"
+    try:
+        outer = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise LongswiftError(f"{damaged} (not valid JSON): resume from an earlier copy or start again") from None
+    if not isinstance(outer, dict) or outer.get("format") != FORMAT:
+        raise LongswiftError(f"'{p}' is not a longswift generation checkpoint")
+    if outer.get("format_version") != FORMAT_VERSION:
+        raise LongswiftError(f"checkpoint '{p}' has format version {outer.get('format_version')}; this longswift "
+                             f"reads version {FORMAT_VERSION}: resume with the longswift that wrote it")
+    body = outer.get("checkpoint")
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    if not isinstance(body, dict) or hashlib.sha256(canonical.encode()).hexdigest() != outer.get("sha256"):
+        raise LongswiftError(f"{damaged} (checksum mismatch): resume from an earlier copy or start again")
+    try:
+        ckpt = Checkpoint(**body)
+    except TypeError as exc:
+        raise LongswiftError(f"{damaged} ({exc})") from None
+    if ckpt.version != _version():
+        raise LongswiftError(f"checkpoint '{p}' was written by longswift {ckpt.version} and this is {_version()}: "
+                             f"resume it with longswift {ckpt.version} (outputs may differ across versions)")
+    return ckpt
+
+
+def encode_rng(generator: torch.Generator | None) -> str | None:
+    if generator is None:
+        return None
+    return base64.b64encode(generator.get_state().numpy().tobytes()).decode("ascii")
+
+
+def decode_rng(state: str | None) -> torch.Generator | None:
+    if state is None:
+        return None
+    generator = torch.Generator(device="cpu")
+    try:
+        generator.set_state(torch.frombuffer(bytearray(base64.b64decode(state)), dtype=torch.uint8).clone())
+    except (ValueError, RuntimeError):
+        raise LongswiftError("the checkpoint's RNG state is damaged: resume from an earlier copy") from None
+    return generator
+
+
+def heads_fingerprint(heads: torch.nn.Module | None) -> str | None:
+    """Identity of a set of draft heads: a hash of all their weights."""
+    if heads is None:
+        return None
+    h = hashlib.sha256()
+    for name, t in sorted(heads.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:32]
