@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import typing
 from pathlib import Path
 from typing import Any
 
-from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from .config import GenerationConfig, RuntimeConfig, SpecConfig
 from .errors import LongswiftError
-
-CONFIGS = {"sampling": SamplingConfig, "generation": GenerationConfig, "spec": SpecConfig, "runtime": RuntimeConfig}
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -46,27 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate text from a prompt")
-    gen.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded SmolLM2-135M-Instruct)")
-    source = gen.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="prompt text")
-    source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--method", choices=["ar", "tokenswift"], default=None,
-                     help="decoding method (default: tokenswift when the model has heads, else ar)")
-    gen.add_argument("--heads", default="default",
-                     help="draft heads file for TokenSwift; 'default' = the heads shipped for the model (the "
-                          "embedded model has some), 'none' = no heads, 'random' = correct but slow (testing)")
-    gen.add_argument("--greedy", action="store_true", help="shorthand for --temperature 0")
-    gen.add_argument("--output", type=Path, help="write the text here (atomically) instead of stdout")
-    gen.add_argument("--json", type=Path, help="write {token_ids, text, stats} to this file (atomically)")
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    for cls in CONFIGS.values():
-        add_config_flags(gen, cls)
+    from .cli_generate import add_parser as add_generate_parser
+
+    add_generate_parser(sub, add_config_flags)
 
     info = sub.add_parser("info", help="model config, parameter count and memory plan")
     info.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
-    info.add_argument("--tokens", type=int, default=None, help="plan for this many tokens (default: the model's context)")
+    info.add_argument("--tokens", type=int, default=None,
+                      help="plan for this many tokens, prompt + new (default: the model's context)")
+    add_config_flags(info, SpecConfig)
     add_config_flags(info, RuntimeConfig)
 
     bench = sub.add_parser("bench", help="time generation methods against each other")
@@ -105,85 +90,35 @@ def read_prompt_file(path: Path) -> str:
         raise LongswiftError(f"prompt file '{path}' is not UTF-8 text (bad byte at offset {exc.start})") from None
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from .atomic import AtomicFile, check_writable, write_atomic
-    from .detok import IncrementalDecoder
-    from .engine import load
-
-    if args.greedy:
-        args.temperature = 0.0
-    sampling = config_from_args(SamplingConfig, args)
-    generation = config_from_args(GenerationConfig, args)
-    spec = config_from_args(SpecConfig, args)
-    runtime = config_from_args(RuntimeConfig, args)
-    prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
-    if not prompt.strip():
-        raise LongswiftError("the prompt is empty: give some prompt text")
-    if args.json:
-        check_writable(args.json)
-    out = AtomicFile(args.output) if args.output else None
-    try:
-        engine = load(args.model, runtime, heads=args.heads)
-        stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=args.chat, method=args.method,
-                               spec=spec)
-        decoder = IncrementalDecoder(engine.tokenizer)
-        sink = out.write if out else _stdout_write
-        bar = tqdm(total=generation.max_new_tokens, unit="tok", file=sys.stderr, disable=args.no_progress,
-                   dynamic_ncols=True, mininterval=0.5, leave=True)
-        with bar:
-            stats = stream.stats
-            for ids in stream:
-                sink(decoder.push(ids))
-                bar.update(len(ids))
-                if stats.method == "tokenswift" and stats.steps % 8 == 0:
-                    bar.set_postfix(alpha=f"{stats.alpha:.2f}", tok_per_step=f"{stats.tokens_per_step:.2f}", refresh=False)
-            sink(decoder.flush())
-        assert stream.result is not None
-        if out:
-            out.commit()
-        else:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-        if args.json:
-            write_atomic(args.json, json.dumps(stream.result.to_dict(), ensure_ascii=False) + "\n")
-        s = stream.result.stats
-        spec_info = f", alpha {s.alpha:.2f}, {s.tokens_per_step:.2f} tokens/step" if s.method == "tokenswift" else ""
-        print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info}), "
-              f"prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}",
-              file=sys.stderr)
-    except BaseException:
-        if out:
-            out.discard()
-        raise
-    return 0
-
-
-def _stdout_write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
-
-
 def cmd_info(args: argparse.Namespace) -> int:
     from .loading import load_config, resolve_path
     from .linear import packing_supported
     from .memory import GiB, available_bytes, plan_memory
+    from .tokenswift import tree_budget
 
     runtime = config_from_args(RuntimeConfig, args)
-    cfg = load_config(args.model)
-    tokens = args.tokens or cfg.max_position_embeddings
+    spec = config_from_args(SpecConfig, args)
+    cfg = load_config(args.model, runtime.rope_scaling)
+    tokens = args.tokens or cfg.context_limit
     if tokens <= 0:
         raise LongswiftError("--tokens must be positive")
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
-    plan = plan_memory(cfg, dtype, device, tokens, GenerationConfig().prefill_chunk, packed)
+    spec = spec.for_device(device)
+    nodes = tree_budget(spec)
+    draft = spec.draft_kv_budget if tokens > spec.draft_kv_budget and spec.draft_mode == "paper" else 0
+    plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
         if f.name != "hf_config":
             print(f"  {f.name}: {getattr(cfg, f.name)}")
     print(f"parameters: {cfg.parameter_count():,}")
-    print(f"memory plan for {tokens} tokens in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
+    print(f"context: {cfg.context_limit} tokens" + ("" if cfg.rope_type == "default" else f" ({cfg.rope_type} rope scaling)"))
+    print(f"memory plan for {tokens} tokens with TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: "
+          f"{nodes} nodes) in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
+    if tokens > cfg.context_limit:
+        print(f"note: {tokens} tokens exceed the model's context of {cfg.context_limit}: generation will refuse them "
+              "unless the context is extended with --rope-scaling")
     free = available_bytes(device)
     if free is not None:
         verdict = "fits" if plan.total <= free else "does NOT fit"
@@ -211,10 +146,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    from .cli_generate import cmd_generate
     from .cli_heads import cmd_eval_heads, cmd_train_heads
 
-    commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
+    commands = {"generate": lambda a: cmd_generate(a, argv), "info": cmd_info, "bench": cmd_bench,
                 "train-heads": cmd_train_heads, "eval-heads": cmd_eval_heads}
     try:
         return commands[args.command](args)

@@ -13,7 +13,7 @@ import torch
 from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
-from .generate import GenerationResult, GenerationStats, ar_steps
+from .generate import GenerationResult, GenerationStats, ar_steps, check_context
 from .heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
 from .loading import LoadedModel, load_model
 from .model import Transformer
@@ -47,6 +47,10 @@ class GenerationStream:
         self.token_ids: list[int] = list(previous or [])  # all generated ids, earlier runs' included
         self.result: GenerationResult | None = None
 
+    @property
+    def max_new_tokens(self) -> int:
+        return self._setup.generation.max_new_tokens
+
     def __iter__(self) -> Iterator[list[int]]:
         for ids in self._steps:
             self.token_ids.extend(ids)
@@ -60,7 +64,7 @@ class GenerationStream:
         """The run's state now; call between steps (not from another thread)."""
         e, r = self._engine, self._setup
         return Checkpoint(
-            model_source=e.source, model_fingerprint=model_fingerprint(e.cfg, e.model.embed),
+            model_source=e.model_source, model_fingerprint=model_fingerprint(e.cfg, e.model.embed),
             runtime=asdict(e.runtime), heads_source=e.heads_source if r.method == "tokenswift" else None,
             heads_fingerprint=heads_fingerprint(e.heads) if r.method == "tokenswift" else None,
             method=r.method, sampling=asdict(r.sampling), generation=asdict(r.generation), spec=asdict(r.spec),
@@ -77,6 +81,8 @@ class Engine:
         self.cfg = loaded.cfg
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
+        # How to load this model again (checkpoints): "<embedded>", an absolute path, or "<ClassName>".
+        self.model_source = loaded.source if loaded.source.startswith("<") else os.path.abspath(loaded.source)
         self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
         self.heads: DraftHeads | None = None
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
@@ -183,7 +189,7 @@ class Engine:
         return self._start(setup, stats, list(c.token_ids))
 
     def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int]) -> GenerationStream:
-        self.check_context(len(r.prompt_ids), r.generation.max_new_tokens)
+        check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens)
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
                              generated)
@@ -193,16 +199,6 @@ class Engine:
             steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
                                      self.eos_ids, r.generator, generated)
         return GenerationStream(self, r, _inference(steps), stats, generated)
-
-    def check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
-        total, limit = prompt_tokens + max_new_tokens, self.cfg.context_limit
-        if total > limit:
-            factor = -(-total // self.cfg.max_position_embeddings)
-            advice = ("lower --max-new-tokens or shorten the prompt" if self.cfg.rope_type != "default" else
-                      f"lower --max-new-tokens, or extend the context on purpose with --rope-scaling yarn:{factor}")
-            raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
-                                 f"exceeds this model's context of {limit} tokens: {advice}")
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:
         """Run a whole generation and return its result (same options as `stream`)."""
@@ -239,5 +235,7 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     if pack is None:  # a model object passed in is used without copies unless asked otherwise
         pack = model is None or isinstance(model, (str, os.PathLike))
     engine = Engine(loaded, pack_weights=pack, runtime=runtime)
+    if model is None:
+        engine.model_source = "<embedded>"
     engine.set_heads(heads)
     return engine

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 
 from .cache import FullKVCache
-from .config import GenerationConfig, SamplingConfig
+from .config import GenerationConfig, ModelConfig, SamplingConfig
 from .errors import LongswiftError
 from .memory import plan_memory
 from .model import Transformer
@@ -72,15 +72,28 @@ class GenerationResult:
         return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats.to_dict()}
 
 
-def new_cache(model: Transformer, capacity: int, chunk: int) -> FullKVCache:
-    """Plan the memory of a run, refuse what cannot fit, then allocate its full KV cache."""
+def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
+    total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
+    if total > limit:
+        factor = -(-total // cfg.max_position_embeddings)
+        advice = ("lower --max-new-tokens or shorten the prompt" if cfg.rope_type != "default" else
+                  f"lower --max-new-tokens, or extend the context on purpose with --rope-scaling yarn:{factor}")
+        raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                             f"exceeds this model's context of {limit} tokens: {advice}")
+
+
+def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0) -> FullKVCache:
+    """Plan the memory of a run (with TokenSwift's draft cache and tree, if any), refuse what
+    cannot fit, then allocate its full KV cache."""
     cfg = model.cfg
     if cfg.sliding_window is not None and capacity > cfg.sliding_window:
         raise LongswiftError(
             f"this model uses sliding-window attention ({cfg.sliding_window} tokens), which longswift does not "
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
         )
-    plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed).check(weights_loaded=True)
+    plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
+                tree_nodes).check(weights_loaded=True)
     return FullKVCache(cfg, capacity, model.dtype, model.device)
 
 

@@ -37,15 +37,19 @@ class MemoryPlan:
     workspace: int
     capacity_tokens: int
     device: str
+    draft_cache: int = 0  # TokenSwift: the draft pass's partial KV cache
+    draft_tokens: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.packed_weights + self.kv_cache + self.workspace
+        return self.weights + self.packed_weights + self.kv_cache + self.draft_cache + self.workspace
 
     def describe(self) -> str:
+        draft = (f" + draft KV cache {self.draft_cache / GiB:.2f} GiB ({self.draft_tokens} tokens)"
+                 if self.draft_tokens else "")
         return (
             f"weights {self.weights / GiB:.2f} GiB + packed copies {self.packed_weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
-            f"({self.capacity_tokens} tokens) + workspace {self.workspace / GiB:.2f} GiB "
+            f"({self.capacity_tokens} tokens){draft} + workspace {self.workspace / GiB:.2f} GiB "
             f"= {self.total / GiB:.2f} GiB on {self.device}"
         )
 
@@ -59,13 +63,17 @@ class MemoryPlan:
             raise LongswiftError(
                 f"not enough memory: this run needs {need / GiB:.2f} GiB more "
                 f"({self.describe()}) but {free / GiB:.2f} GiB is free; "
-                "lower --max-new-tokens or the prompt length, or use a smaller --dtype"
+                "lower --max-new-tokens or the prompt length, use a smaller --dtype, or a smaller --draft-kv-budget"
             )
 
 
 def plan_memory(
-    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
+    draft_tokens: int = 0, tree_nodes: int = 0,
 ) -> MemoryPlan:
+    """`capacity`: tokens of the full KV cache (prompt + new tokens + TokenSwift's tree nodes);
+    `draft_tokens`: size of the partial KV cache of the draft pass (0: none); `tree_nodes`: the
+    largest verify pass, whose hidden states and attention scores are transients."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
     # Packed copies cover every linear weight and the LM head, but not the embedding table.
@@ -74,7 +82,11 @@ def plan_memory(
     kv = capacity * cfg.kv_bytes_per_token(dtype)
     # Largest transients: the attention scores of one prefill chunk against the whole cache
     # (float32 softmax plus its input) and one row of float32 logits per chunk token.
-    scores = 2 * cfg.num_heads * chunk * capacity * 4
+    # The verify pass of a tree of `tree_nodes` is a smaller version of the same.
+    rows = max(chunk, tree_nodes)
+    scores = 2 * cfg.num_heads * rows * capacity * 4
     logits = cfg.vocab_size * 4 * 4
-    activations = chunk * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
-    return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device))
+    activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
+    draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
+    return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
+                      draft_tokens)

@@ -68,15 +68,12 @@ class TokenSwiftState:
         self.stats, self.generator = stats, generator
         self.levels = levels
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
-        nodes, width = 1, 1
-        for k in levels:
-            width *= k
-            nodes += width
-        nodes += spec.ngram_topk * levels[0] * NGRAM_N
+        nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
-        self.full = new_cache(model, total + nodes, gen.prefill_chunk)
+        partial = total > spec.draft_kv_budget and spec.draft_mode == "paper"
+        self.full = new_cache(model, total + nodes, gen.prefill_chunk, spec.draft_kv_budget if partial else 0, nodes)
         self.partial = None
-        if total > spec.draft_kv_budget and spec.draft_mode == "paper":
+        if partial:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
                                           model.dtype, model.device)
         self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
@@ -123,6 +120,17 @@ class TokenSwiftState:
         self.produced += len(tokens)
         if self.ngrams is not None:
             self.ngrams.update(self.tokens, self.n)
+
+
+def tree_budget(spec: SpecConfig) -> int:
+    """Most nodes a step's trie can have (root included): the heads' cartesian tree plus the
+    n-gram paths. `spec` must be resolved for the device (for_device)."""
+    levels = spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
+    nodes, width = 1, 1
+    for k in levels:
+        width *= k
+        nodes += width
+    return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
 
 
 def _stage_done(stats: GenerationStats, stage: str, t0: float) -> float:

@@ -1,0 +1,153 @@
+"""Checkpoint / resume: a generation stopped at any step boundary and continued in a fresh engine
+gives the uninterrupted run's tokens (float64 tiny models, greedy and seeded sampling, AR and both
+TokenSwift modes); checkpoints of another model, heads, settings or version, and damaged files,
+are refused with one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift import GenerationConfig, LongswiftError, SamplingConfig, SpecConfig
+from longswift.checkpoint import Checkpoint, read_checkpoint
+
+VOCAB = 24
+SAMPLINGS = {
+    "greedy-penalty": SamplingConfig(temperature=0.0, repetition_penalty=1.3, penalty_window=6),
+    "sampled": SamplingConfig(seed=5, temperature=0.9, top_p=0.95, min_p=0.05, repetition_penalty=1.2, penalty_window=8),
+}
+RUNS = {
+    "ar": ("ar", None),
+    "tokenswift-paper": ("tokenswift", SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=40, draft_window=16,
+                                                  attention_sinks=4, adaptive=False)),
+    "tokenswift-fused": ("tokenswift", SpecConfig(tree="1,2,2,2", ngram_topk=2, draft_mode="fused")),
+    "tokenswift-adaptive": ("tokenswift", SpecConfig(tree="1,1,1", ngram_topk=2)),
+}
+PROMPT = [(3 * i * i + 5) % VOCAB for i in range(20)]
+GEN = GenerationConfig(max_new_tokens=90, ignore_eos=True)
+
+
+def hf_model(seed: int = 31):
+    return tiny_hf_model("llama", "default", seed=seed, dtype=torch.float64, vocab=VOCAB)
+
+
+def engine(seed: int = 31, heads: str = "random"):
+    return longswift.load(hf_model(seed), dtype="float64", heads=heads)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return engine()
+
+
+def stop_after(stream, tokens: int) -> Checkpoint:
+    """Consume steps until at least `tokens` were generated, then checkpoint (a step boundary)."""
+    for _ in stream:
+        if len(stream.token_ids) >= tokens:
+            return stream.checkpoint()
+    raise AssertionError("the generation ended before the stop point")
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+@pytest.mark.parametrize("run", RUNS.values(), ids=RUNS.keys())
+def test_resumed_generation_equals_uninterrupted(base, run, sampling, tmp_path):
+    method, spec = run
+    full = base.generate(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec)
+    assert len(full.token_ids) == GEN.max_new_tokens
+    # Stop twice (checkpoint files in between, fresh engines each time), then finish.
+    stream = base.stream(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec)
+    ckpt = stop_after(stream, 17)
+    path = tmp_path / "ckpt.json"
+    ckpt.save(path)
+    second = engine().resume(read_checkpoint(path))
+    assert second.token_ids == full.token_ids[: len(ckpt.token_ids)]
+    stop_after(second, 55).save(path)
+    third = engine().resume(read_checkpoint(path))
+    for _ in third:
+        pass
+    assert third.result is not None
+    assert third.result.token_ids == full.token_ids
+    stats = third.result.stats
+    assert stats.resumes == 2 and stats.new_tokens == GEN.max_new_tokens and stats.method == method
+    if method == "tokenswift":
+        assert stats.steps < GEN.max_new_tokens and stats.accepted_tokens > 0
+
+
+def test_resume_of_a_finished_generation_yields_nothing_more(base):
+    stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
+    for _ in stream:
+        pass
+    again = engine().resume(stream.checkpoint())
+    assert list(again) == []
+    assert again.result is not None and again.result.token_ids == stream.token_ids
+
+
+def test_refuses_another_model_other_heads_or_settings(base):
+    stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift",
+                         spec=RUNS["tokenswift-fused"][1])
+    ckpt = stop_after(stream, 10)
+    with pytest.raises(LongswiftError, match="made with another model"):
+        engine(seed=32).resume(ckpt)
+    other_heads = engine()
+    other_heads.set_heads(other_heads.heads.randomize(seed=1))
+    with pytest.raises(LongswiftError, match="other draft heads"):
+        other_heads.resume(ckpt)
+    as_float32 = longswift.load(hf_model(), dtype="float32", heads="random")
+    with pytest.raises(LongswiftError, match="made with another model|dtype float64"):
+        as_float32.resume(ckpt)
+
+
+def rewrite(path, edit) -> None:
+    """Edit a checkpoint's body and re-sign it (a well-formed file with other contents)."""
+    import hashlib
+
+    outer = json.loads(path.read_text())
+    edit(outer["checkpoint"])
+    canonical = json.dumps(outer["checkpoint"], sort_keys=True, separators=(",", ":"))
+    outer["sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
+    path.write_text(json.dumps(outer))
+
+
+def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
+    stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
+    good = tmp_path / "good.json"
+    stop_after(stream, 5).save(good)
+    data = good.read_bytes()
+    cases = {
+        "truncated.json": (data[: len(data) // 2], "truncated or corrupt"),
+        "empty.json": (b"", "truncated or corrupt"),
+        "binary.json": (b"\xff\xfe\x00garbage", "truncated or corrupt"),
+        "flipped.json": (data.replace(b'"token_ids":[', b'"token_ids":[1,', 1), "checksum mismatch"),
+        "foreign.json": (b'{"hello": 1}', "not a longswift generation checkpoint"),
+    }
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(LongswiftError, match=message):
+            read_checkpoint(tmp_path / name)
+    # A flipped byte anywhere in the file is caught (JSON error or checksum).
+    for offset in range(0, len(data), max(1, len(data) // 23)):
+        damaged = bytearray(data)
+        damaged[offset] ^= 0x04
+        (tmp_path / "bit.json").write_bytes(bytes(damaged))
+        try:
+            read_checkpoint(tmp_path / "bit.json")
+        except LongswiftError as exc:
+            assert "corrupt" in str(exc) or "not a longswift" in str(exc) or "format version" in str(exc), exc
+        else:
+            raise AssertionError(f"a flipped bit at byte {offset} went unnoticed")
+    with pytest.raises(LongswiftError, match="does not exist"):
+        read_checkpoint(tmp_path / "missing.json")
+    old = tmp_path / "old.json"
+    old.write_bytes(data)
+    rewrite(old, lambda c: c.update(version="0.0.1"))
+    with pytest.raises(LongswiftError, match="written by longswift 0.0.1"):
+        read_checkpoint(old)
+    big = tmp_path / "big.json"
+    big.write_bytes(data)
+    rewrite(big, lambda c: c.update(token_ids=c["token_ids"] + [VOCAB + 5]))
+    with pytest.raises(LongswiftError, match="vocabulary"):
+        engine().resume(read_checkpoint(big))
