@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
+    source.add_argument("--prompt-ids", help="the prompt as token ids, e.g. 1,5,9 (models without a tokenizer)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--method", choices=["ar", "tokenswift"], default=None,
                      help="decoding method (default: tokenswift when the model has heads, else ar)")
@@ -105,12 +106,23 @@ def read_prompt_file(path: Path) -> str:
         raise LongswiftError(f"prompt file '{path}' is not UTF-8 text (bad byte at offset {exc.start})") from None
 
 
+def parse_prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise LongswiftError(f"--prompt-ids must be token ids separated by commas or spaces; got '{text}'") from None
+    if not ids:
+        raise LongswiftError("the prompt is empty: give at least one token id")
+    return ids
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .atomic import AtomicFile, check_writable, write_atomic
     from .detok import IncrementalDecoder
     from .engine import load
+    from .parallel import env_rank, env_world_size, init_from_env
 
     if args.greedy:
         args.temperature = 0.0
@@ -118,28 +130,44 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = config_from_args(GenerationConfig, args)
     spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
-    prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
-    if not prompt.strip():
-        raise LongswiftError("the prompt is empty: give some prompt text")
-    if args.json:
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
+        prompt: str | list[int] = parse_prompt_ids(args.prompt_ids)
+    else:
+        prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
+        if not prompt.strip():
+            raise LongswiftError("the prompt is empty: give some prompt text")
+    # Under torchrun every rank runs the model's shard; rank 0 alone writes output, progress and json.
+    parallel = env_world_size() > 1
+    main_rank = env_rank() == 0
+    if parallel:
+        runtime = init_from_env(runtime)
+    if args.json and main_rank:
         check_writable(args.json)
-    out = AtomicFile(args.output) if args.output else None
+    out = AtomicFile(args.output) if args.output and main_rank else None
     try:
-        engine = load(args.model, runtime, heads=args.heads)
+        engine = load(args.model, runtime, heads=args.heads, tensor_parallel=parallel)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=args.chat, method=args.method,
                                spec=spec)
-        decoder = IncrementalDecoder(engine.tokenizer)
+        if not main_rank:
+            for _ in stream:
+                pass
+            return 0
+        decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
         sink = out.write if out else _stdout_write
         bar = tqdm(total=generation.max_new_tokens, unit="tok", file=sys.stderr, disable=args.no_progress,
                    dynamic_ncols=True, mininterval=0.5, leave=True)
         with bar:
             stats = stream.stats
             for ids in stream:
-                sink(decoder.push(ids))
+                # Without a tokenizer the output is the token ids, space-separated.
+                sink(decoder.push(ids) if decoder else "".join(f" {t}" for t in ids))
                 bar.update(len(ids))
                 if stats.method == "tokenswift" and stats.steps % 8 == 0:
                     bar.set_postfix(alpha=f"{stats.alpha:.2f}", tok_per_step=f"{stats.tokens_per_step:.2f}", refresh=False)
-            sink(decoder.flush())
+            if decoder:
+                sink(decoder.flush())
         assert stream.result is not None
         if out:
             out.commit()
@@ -150,13 +178,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
             write_atomic(args.json, json.dumps(stream.result.to_dict(), ensure_ascii=False) + "\n")
         s = stream.result.stats
         spec_info = f", alpha {s.alpha:.2f}, {s.tokens_per_step:.2f} tokens/step" if s.method == "tokenswift" else ""
-        print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info}), "
+        ranks = f" on {env_world_size()} processes" if parallel else ""
+        print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info}){ranks}, "
               f"prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}",
               file=sys.stderr)
     except BaseException:
         if out:
             out.discard()
         raise
+    finally:
+        if parallel:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
     return 0
 
 
@@ -216,12 +251,19 @@ def main(argv: list[str] | None = None) -> int:
 
     commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
                 "train-heads": cmd_train_heads, "eval-heads": cmd_eval_heads}
+    from .parallel import env_rank, env_world_size
+
+    # Under torchrun every rank prints its own errors; ranks other than 0 say which they are.
+    prefix = "longswift" if env_rank() == 0 else f"longswift (rank {env_rank()})"
     try:
+        if env_world_size() > 1 and args.command != "generate":
+            raise LongswiftError(f"only `generate` runs across several processes: run `longswift {args.command}` "
+                                 "without torchrun")
         return commands[args.command](args)
     except LongswiftError as exc:
         if args.debug:
             raise
-        print(f"longswift: error: {exc}", file=sys.stderr)
+        print(f"{prefix}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("longswift: interrupted", file=sys.stderr)

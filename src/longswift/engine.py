@@ -15,6 +15,7 @@ from .generate import GenerationResult, GenerationStats, ar_steps
 from .heads import DraftHeads, load_heads, new_heads, shipped_heads
 from .loading import LoadedModel, load_model
 from .model import Transformer
+from .parallel import TensorParallel, shard_config, shard_state
 from .tokenswift import tokenswift_steps
 
 METHODS = ("ar", "tokenswift")
@@ -41,13 +42,20 @@ class GenerationStream:
 
 
 class Engine:
-    """A loaded model ready to generate."""
+    """A loaded model ready to generate. With `tp`, the model is this rank's shard; every rank runs
+    the same calls and gets the same tokens (rank 0 draws them)."""
 
-    def __init__(self, loaded: LoadedModel, pack_weights: bool = True) -> None:
-        self.cfg = loaded.cfg
+    def __init__(self, loaded: LoadedModel, pack_weights: bool = True, tp: TensorParallel | None = None,
+                 device: torch.device | None = None) -> None:
+        self.cfg = loaded.cfg  # the whole model's config (the model's own is its shard's under tp)
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
-        self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
+        if tp is None:
+            self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
+        else:
+            state = shard_state(loaded.cfg, loaded.state, tp.plan, device or tp.device)
+            self.model = Transformer(shard_config(loaded.cfg, tp.plan), state, pack=pack_weights, tp=tp)
+        self.tp = tp
         self.heads: DraftHeads | None = None
         eos = set(loaded.cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -148,19 +156,25 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
 
 
 def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
-         heads: DraftHeads | str | None = "default", **runtime_fields: Any) -> Engine:
+         heads: DraftHeads | str | None = "default", tensor_parallel: bool = False, **runtime_fields: Any) -> Engine:
     """Load a GGUF file, an HF directory, a transformers model object, or (None) the embedded default,
     and draft heads (see Engine.set_heads; by default the heads shipped for the model, so the
     embedded model runs TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
-    pack_weights) come as a RuntimeConfig or as keywords."""
+    pack_weights) come as a RuntimeConfig or as keywords. `tensor_parallel=True` (every rank of an
+    initialised torch.distributed default group calls it) shards the model across the ranks."""
     runtime = runtime or RuntimeConfig(**runtime_fields)
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
+    device = runtime.torch_device()
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
-        loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device())
+        # Sharded runs read the checkpoint on the CPU and move only this rank's shard to the device.
+        loaded = load_model(model, runtime.torch_dtype(), torch.device("cpu") if tensor_parallel else device)
     pack = runtime.pack_weights
     if pack is None:  # a model object passed in is used without copies unless asked otherwise
         pack = model is None or isinstance(model, (str, os.PathLike))
-    engine = Engine(loaded, pack_weights=pack)
+    tp = None
+    if tensor_parallel:
+        tp = TensorParallel(loaded.cfg, device)
+    engine = Engine(loaded, pack_weights=pack, tp=tp, device=device)
     engine.set_heads(heads)
     return engine
