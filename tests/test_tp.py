@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -97,13 +98,15 @@ def run_cases(tensor_parallel: bool) -> dict:
         out[f"logits/{name}"] = forward_logits(engine(name, tensor_parallel))
     out["logits/packed-float32"] = forward_logits(engine("gqa", tensor_parallel, "float32", pack_weights=True))
     engines = {name: engine(name, tensor_parallel) for name in ("gqa", "mqa")}
+    # Rank 0 alone draws: the other ranks get another seed, and must still emit rank 0's tokens.
+    sampled = SAMPLED if not tensor_parallel else dataclasses.replace(SAMPLED, seed=SAMPLED.seed + 1000 * dist.get_rank())
     for name, e in engines.items():  # what this rank holds: its heads and their KV cache only
         cache = FullKVCache(e.model.cfg, 8, e.model.dtype, e.model.device)
         out[f"shard/{name}"] = (e.model.cfg.num_heads, tuple(cache.k.shape), e.model.cfg.intermediate_size)
         out[f"select/{name}"] = partial_selection(e)
     for model, method, spec, sampling in GENERATIONS:
         e = engines[model]
-        r = e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY if sampling == "greedy" else SAMPLED,
+        r = e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY if sampling == "greedy" else sampled,
                        generation=GenerationConfig(max_new_tokens=60, ignore_eos=True), method=method,
                        spec=SPECS.get(spec))
         out[f"gen/{model}/{method}/{spec}/{sampling}"] = (r.token_ids, r.stats.steps, r.stats.accepted_tokens)
@@ -123,7 +126,9 @@ def _refused() -> None:
 
 def _worker(rank: int, store: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
+    # A rank that left the common control flow would wait in a collective: fail after a minute instead.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
     try:
         torch.save(run_cases(tensor_parallel=True), Path(out_dir) / f"rank{rank}.pt")
     finally:

@@ -141,10 +141,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Under torchrun every rank runs the model's shard; rank 0 alone writes output, progress and json.
     parallel = env_world_size() > 1
     main_rank = env_rank() == 0
-    if parallel:
-        runtime = init_from_env(runtime)
     if args.json and main_rank:
         check_writable(args.json)
+    if parallel:
+        runtime = init_from_env(runtime)
     out = AtomicFile(args.output) if args.output and main_rank else None
     try:
         engine = load(args.model, runtime, heads=args.heads, tensor_parallel=parallel)
