@@ -107,9 +107,7 @@ class TokenSwiftState:
         self.since_probe += 1
         if self.since_probe >= PROBE_EVERY:
             self.since_probe = 0
-            best = LOOKUP if best == FULL else FULL
-        if self.model.tp is not None:  # timings differ per rank: every rank takes rank 0's choice
-            best = (FULL, LOOKUP)[self.model.tp.broadcast_int(int(best == LOOKUP))]
+            return LOOKUP if best == FULL else FULL
         return best
 
     def record(self, kind: str, tokens: int, seconds: float) -> None:
@@ -241,6 +239,8 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     while s.produced < gen.max_new_tokens and last not in s.stop_ids:
         t0 = time.perf_counter()
         kind = s.choose()
+        if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
+            kind = (FULL, LOOKUP)[model.tp.broadcast_int(int(kind == LOOKUP))]
         if kind == FULL:
             d = draft(s)
             t = _stage_done(stats, "draft", t0)

@@ -36,13 +36,15 @@ def lossless_walk(
     generator: torch.Generator | None,
     stop_ids: frozenset[int] = frozenset(),
     max_tokens: int | None = None,
-    pick: Callable[[torch.Tensor, SamplingConfig, torch.Generator | None], int] = draw,
+    pick: Callable[[torch.Tensor, SamplingConfig, torch.Generator | None], int] | None = None,
 ) -> Walk:
     """row_logits(i): the verify logits [V] of trie node i (computed only for visited nodes).
     history[:length] is the committed
     sequence ending with the root. Stops early after emitting a token in `stop_ids` or once
     `max_tokens` tokens (accepted + new root) are emitted; the last emitted is then `next_root`.
-    `pick` draws a token (tensor parallel: rank 0 draws and broadcasts, so every rank walks the same path)."""
+    `pick` draws a token (default `draw`; tensor parallel: rank 0 draws and broadcasts, so every rank
+    walks the same path)."""
+    pick = pick or draw
     nodes: list[int] = []
     tokens: list[int] = []
     w = sampling.penalty_window
