@@ -39,6 +39,7 @@ MODELS = {
     "mqa": dict(arch="llama", rope="default", seed=5, vocab=24, num_key_value_heads=1),
     "bias": dict(arch="llama", seed=7, vocab=50, attention_bias=True, mlp_bias=True),  # o/down bias after all_reduce
     "qwen3": dict(arch="qwen3", seed=9, vocab=51),  # qk-norm; odd vocab: the LM head's last block is padded
+    "tied": dict(arch="qwen2", seed=13, vocab=49, tie=True),  # qkv bias; the LM head is a block of the embedding
 }
 GENERATIONS = [  # (model, method, spec, sampling)
     ("gqa", "ar", None, "greedy"), ("gqa", "ar", None, "sampled"),
@@ -102,7 +103,8 @@ def run_cases(tensor_parallel: bool) -> dict:
     sampled = SAMPLED if not tensor_parallel else dataclasses.replace(SAMPLED, seed=SAMPLED.seed + 1000 * dist.get_rank())
     for name, e in engines.items():  # what this rank holds: its heads and their KV cache only
         cache = FullKVCache(e.model.cfg, 8, e.model.dtype, e.model.device)
-        out[f"shard/{name}"] = (e.model.cfg.num_heads, tuple(cache.k.shape), e.model.cfg.intermediate_size)
+        out[f"shard/{name}"] = (e.model.cfg.num_heads, tuple(cache.k.shape), e.model.cfg.intermediate_size,
+                                tuple(e.model.state["lm_head.weight"].shape))
         out[f"select/{name}"] = partial_selection(e)
     for model, method, spec, sampling in GENERATIONS:
         e = engines[model]
@@ -167,11 +169,12 @@ def test_tokens_match_one_process(ranks, single, key):
 
 
 def test_each_rank_holds_its_heads_and_their_kv_cache(ranks, single):
-    # 4 heads, 2 KV heads (gqa) or 1 (mqa), 2 layers, head_dim 16, intermediate 96
-    assert single["shard/gqa"] == (4, (2, 2, 8, 16), 96) and single["shard/mqa"] == (4, (2, 1, 8, 16), 96)
+    # 4 heads, 2 KV heads (gqa) or 1 (mqa), 2 layers, head_dim 16, intermediate 96, vocabulary 24, hidden 64
+    assert single["shard/gqa"] == (4, (2, 2, 8, 16), 96, (24, 64))
+    assert single["shard/mqa"] == (4, (2, 1, 8, 16), 96, (24, 64))
     for r in ranks:
-        assert r["shard/gqa"] == (2, (2, 1, 8, 16), 48)  # KV heads split
-        assert r["shard/mqa"] == (2, (2, 1, 8, 16), 48)  # the one KV head replicated
+        assert r["shard/gqa"] == (2, (2, 1, 8, 16), 48, (12, 64))  # KV heads split
+        assert r["shard/mqa"] == (2, (2, 1, 8, 16), 48, (12, 64))  # the one KV head replicated
 
 
 def test_partial_cache_selects_what_one_process_selects(ranks, single):

@@ -18,13 +18,14 @@ if TYPE_CHECKING:
     from .parallel import TensorParallel
 
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name of the state dict and its shape, in transformers' naming."""
+def expected_shapes(cfg: ModelConfig, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of the state dict and its shape, in transformers' naming (an untied LM head
+    has `lm_head_rows` rows if given: a tensor-parallel rank's vocabulary block)."""
     h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+        shapes["lm_head.weight"] = (lm_head_rows or cfg.vocab_size, h)
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
         shapes |= {
@@ -50,9 +51,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], lm_head_rows: int | None = None) -> None:
     """Raise a LongswiftError naming the first tensor that does not match the config."""
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(cfg, lm_head_rows)
     for name, shape in shapes.items():
         if name not in state:
             raise LongswiftError(f"checkpoint does not match its config: tensor '{name}' is missing")
@@ -91,7 +92,7 @@ class Transformer:
 
     def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False,
                  tp: TensorParallel | None = None) -> None:
-        check_state_dict(cfg, state)
+        check_state_dict(cfg, state, tp.plan.vocab_per_rank if tp is not None else None)
         self.cfg = cfg
         self.state = state
         self.tp = tp
@@ -105,6 +106,7 @@ class Transformer:
             self.lm_head = make_linear([lm_head], [None], self.packed)
         else:
             self.lm_head = tp.vocab_parallel(lm_head, self.packed)  # [T, hidden] -> gathered [T, V]
+            # (an untied head is already this rank's block; a tied one is the whole embedding)
         self.final_norm = state["model.norm.weight"]
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]
         self.rope = Rope(cfg, self.device)

@@ -94,9 +94,9 @@ def shard_config(cfg: ModelConfig, plan: ShardPlan) -> ModelConfig:
 
 def shard_state(cfg: ModelConfig, state: dict[str, torch.Tensor], plan: ShardPlan,
                 device: torch.device) -> dict[str, torch.Tensor]:
-    """One rank's state dict, on `device`, matching `shard_config`. Sliced tensors are copies, so
-    the full checkpoint can be freed; the LM head stays whole here (the model keeps its vocabulary
-    block, see TensorParallel.vocab_parallel)."""
+    """One rank's state dict, on `device`, matching `shard_config`; an untied LM head becomes this
+    rank's vocabulary block padded to `vocab_per_rank` rows. Sliced tensors are copies, so the full
+    checkpoint can be freed."""
     d = cfg.head_dim
     q = slice(plan.heads[0] * d, plan.heads[1] * d)  # rows of q_proj, columns of o_proj
     kv = slice(plan.kv_heads[0] * d, plan.kv_heads[1] * d)
@@ -111,8 +111,18 @@ def shard_state(cfg: ModelConfig, state: dict[str, torch.Tensor], plan: ShardPla
             t = full[rows[proj]]
         elif proj in cols and kind == "weight":  # this rank's inputs; the bias is added once after all_reduce
             t = full[:, cols[proj]]
+        elif name == "lm_head.weight":
+            t = vocab_block(full, plan)
         out[name] = t.to(device=device, memory_format=torch.contiguous_format, copy=t is not full)
     return out
+
+
+def vocab_block(weight: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
+    """Rows `plan.vocab` of an LM head [V, hidden], zero-padded to [vocab_per_rank, hidden]."""
+    v0, v1 = plan.vocab
+    block = weight[v0:v1]  # a view
+    pad = plan.vocab_per_rank - (v1 - v0)
+    return torch.cat([block, block.new_zeros(pad, block.shape[1])]) if pad else block
 
 
 class TensorParallel:
@@ -159,12 +169,10 @@ class TensorParallel:
         return reduced
 
     def vocab_parallel(self, weight: torch.Tensor, pack: bool) -> LinearFn:
-        """The LM head on this rank's vocabulary rows; returns the gathered logits [T, V] on every rank."""
-        v0, v1 = self.plan.vocab
-        block = weight[v0:v1]  # [V/world, hidden], a view
-        pad = self.plan.vocab_per_rank - (v1 - v0)
-        if pad:
-            block = torch.cat([block, block.new_zeros(pad, block.shape[1])])
+        """The LM head on this rank's vocabulary rows; returns the gathered logits [T, V] on every rank.
+        `weight`: the whole head [V, hidden] (tied: the embedding) or already this rank's block."""
+        whole = weight.shape[0] == self.vocab_size
+        block = vocab_block(weight, self.plan) if whole else weight  # [vocab_per_rank, hidden]
         local = make_linear([block], [None], pack)
         group, world, vocab = self.group, self.world, self.vocab_size
 
