@@ -173,3 +173,13 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
     code, _, err = run(capsys, *argv)
     assert_one_line_error(code, err, match)
     assert not (tmp_path / "o" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--prompt-ids", "1,x"], "--prompt-ids must be token ids"),
+    (["--prompt-ids", " , "], "the prompt is empty"),
+    (["--prompt-ids", "1,2", "--chat"], "--chat wraps prompt text"),
+])
+def test_bad_prompt_ids(capsys, args, match):
+    code, _, err = run(capsys, "generate", *args)
+    assert_one_line_error(code, err, match)
