@@ -53,7 +53,11 @@ def test_info_prints_config_and_memory_plan(capsys):
     assert code == 0, err
     assert "parameters: 134,515,008" in out
     assert "num_kv_heads: 3" in out
-    assert "memory plan for 100000 tokens in float32" in out and "KV cache 4.29 GiB" in out
+    assert "memory plan for 100000 tokens with TokenSwift (tree 1,1,1 + 1 n-grams: 8 nodes) in float32" in out
+    assert "KV cache 4.29 GiB (100008 tokens) + draft KV cache 0.18 GiB (4096 tokens)" in out
+    assert "exceed the model's context of 8192" in out
+    code, out, err = run(capsys, "info", "--tokens", "100000", "--rope-scaling", "yarn:16")
+    assert code == 0 and "context: 131072 tokens (yarn rope scaling)" in out and "exceed" not in out
 
 
 @pytest.mark.slow
@@ -148,7 +152,6 @@ def sigterm_then_resume(tmp_path, method_args, signum):
     """Run the CLI in a subprocess, stop it with `signum` once its first checkpoint is written,
     check what the interrupted run left, then resume it to the end; return the final JSON."""
     import os
-    import signal
     import time
 
     cmd = [sys.executable, "-m", "longswift.cli", "generate", "--prompt", "Write a story about a lighthouse keeper.",
@@ -237,3 +240,13 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
     code, _, err = run(capsys, *argv)
     assert_one_line_error(code, err, match)
     assert not (tmp_path / "o" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--prompt-ids", "1,x"], "--prompt-ids must be token ids"),
+    (["--prompt-ids", " , "], "the prompt is empty"),
+    (["--prompt-ids", "1,2", "--chat"], "--chat wraps prompt text"),
+])
+def test_bad_prompt_ids(capsys, args, match):
+    code, _, err = run(capsys, "generate", *args)
+    assert_one_line_error(code, err, match)

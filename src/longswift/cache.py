@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -66,7 +66,8 @@ class PartialKVCache(FullKVCache):
     full, the caller selects again from the full cache ("dynamic partial cache")."""
 
     def __init__(self, cfg: ModelConfig, budget: int, sinks: int, window: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device,
+                 reduce_scores: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         if not (sinks >= 0 and window > 0 and budget > sinks + window):
             raise LongswiftError(
                 f"draft KV budget {budget} must exceed sinks ({sinks}) + recent window ({window})"
@@ -78,6 +79,9 @@ class PartialKVCache(FullKVCache):
         self.window_start = 0
         self.selected = False
         self.positions: torch.Tensor | None = None  # [L, Hkv, sinks + retrieved] selected slots, for tests
+        # Tensor parallel with replicated KV heads: each copy sees part of the query group, and
+        # this sums the scores over the copies (see parallel.TensorParallel.kv_score_reduce).
+        self.reduce_scores = reduce_scores
 
     @property
     def window_full(self) -> bool:
@@ -95,6 +99,8 @@ class PartialKVCache(FullKVCache):
             keys = full.k[layer, :, s:n]  # [Hkv, n - s, D]
             qg = q.view(hkv, self.group, d)  # [Hkv, G, D]
             scores = torch.bmm(qg, keys.transpose(1, 2)).sum(dim=1)  # [Hkv, n - s], summed over the group
+            if self.reduce_scores is not None:
+                scores = self.reduce_scores(scores)
             top = torch.topk(scores, r, dim=-1).indices.sort(dim=-1).values + s  # [Hkv, R] slots, in order
             index = top[:, :, None].expand(hkv, r, d)
             self.k[layer, :, s : s + r] = full.k[layer].gather(1, index)

@@ -153,12 +153,19 @@ def main(argv: list[str] | None = None) -> int:
 
     commands = {"generate": lambda a: cmd_generate(a, argv), "info": cmd_info, "bench": cmd_bench,
                 "train-heads": cmd_train_heads, "eval-heads": cmd_eval_heads}
+    from .parallel import env_rank, env_world_size
+
+    # Under torchrun every rank prints its own errors; ranks other than 0 say which they are.
+    prefix = "longswift" if env_rank() == 0 else f"longswift (rank {env_rank()})"
     try:
+        if env_world_size() > 1 and args.command != "generate":
+            raise LongswiftError(f"only `generate` runs across several processes: run `longswift {args.command}` "
+                                 "without torchrun")
         return commands[args.command](args)
     except LongswiftError as exc:
         if args.debug:
             raise
-        print(f"longswift: error: {exc}", file=sys.stderr)
+        print(f"{prefix}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("longswift: interrupted", file=sys.stderr)

@@ -26,6 +26,7 @@ def add_parser(sub: Any, add_config_flags: Any) -> None:
     source = gen.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
+    source.add_argument("--prompt-ids", help="the prompt as token ids, e.g. 1,5,9 (models without a tokenizer)")
     source.add_argument("--resume", type=Path, metavar="CHECKPOINT",
                         help="continue the generation saved in this checkpoint file, with its settings")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -97,31 +98,75 @@ def cmd_generate(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.checkpoint_every <= 0:
         raise LongswiftError("--checkpoint-every must be a positive number of tokens")
-    if args.resume is None and args.prompt is None and args.prompt_file is None:
-        raise LongswiftError("give a prompt: --prompt TEXT or --prompt-file FILE (or --resume CHECKPOINT)")
+    if args.resume is None and args.prompt is None and args.prompt_file is None and args.prompt_ids is None:
+        raise LongswiftError("give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS "
+                             "(or --resume CHECKPOINT)")
     if args.resume is not None:
         return _resume(args, argv)
     if args.greedy:
         args.temperature = 0.0
-    prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
-    if not prompt.strip():
-        raise LongswiftError("the prompt is empty: give some prompt text")
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
+        prompt: str | list[int] = parse_prompt_ids(args.prompt_ids)
+    else:
+        prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
+        if not prompt.strip():
+            raise LongswiftError("the prompt is empty: give some prompt text")
     outputs = _outputs(args)
     runtime = config_from_args(RuntimeConfig, args)
     generation = config_from_args(GenerationConfig, args)
     _plan_before_loading(args.model, runtime, generation, 1 + generation.max_new_tokens)
-    from .engine import load
-
-    with StopRequest() as stop:
-        engine = load(args.model, runtime, heads=args.heads or "default")
+    with StopRequest() as stop, Ranks(runtime) as ranks:
+        engine = ranks.load(args.model, args.heads or "default")
         stream = engine.stream(prompt, sampling=config_from_args(SamplingConfig, args), generation=generation,
                                chat=args.chat, method=args.method, spec=config_from_args(SpecConfig, args))
         return _run(engine, stream, outputs, stop, args.no_progress)
 
 
+def parse_prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise LongswiftError(f"--prompt-ids must be token ids separated by commas or spaces; got '{text}'") from None
+    if not ids:
+        raise LongswiftError("the prompt is empty: give at least one token id")
+    return ids
+
+
+class Ranks:
+    """One process, or (under torchrun) this rank of a tensor-parallel group: every rank runs the
+    model's shard and the same loop; rank 0 alone writes output, progress, JSON and checkpoints."""
+
+    def __init__(self, runtime: RuntimeConfig) -> None:
+        from .parallel import env_rank, env_world_size
+
+        self.parallel = env_world_size() > 1
+        self.main = env_rank() == 0
+        self.runtime = runtime
+
+    def __enter__(self) -> Ranks:
+        if self.parallel:
+            from .parallel import init_from_env
+
+            self.runtime = init_from_env(self.runtime)
+        return self
+
+    def load(self, model: str | None, heads: str) -> Any:
+        from .engine import load
+
+        return load(model, self.runtime, heads=heads, tensor_parallel=self.parallel)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.parallel:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
 def _resume(args: argparse.Namespace, argv: list[str]) -> int:
     from .checkpoint import read_checkpoint
-    from .engine import load
 
     given = [a.split("=")[0] for a in argv if a.startswith("--")]
     extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
@@ -144,11 +189,12 @@ def _resume(args: argparse.Namespace, argv: list[str]) -> int:
     gen = GenerationConfig(**ckpt.generation)
     _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids) + gen.max_new_tokens)
     heads = args.heads or ckpt.heads_source or "none"
-    with StopRequest() as stop:
-        engine = load(model, runtime, heads=heads)
+    with StopRequest() as stop, Ranks(runtime) as ranks:
+        engine = ranks.load(model, heads)
         stream = engine.resume(ckpt)
-        print(f"longswift: resuming at {len(ckpt.token_ids)} of {ckpt.generation['max_new_tokens']} tokens "
-              f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
+        if ranks.main:
+            print(f"longswift: resuming at {len(ckpt.token_ids)} of {ckpt.generation['max_new_tokens']} tokens "
+                  f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
         return _run(engine, stream, outputs, stop, args.no_progress)
 
 
@@ -183,11 +229,18 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
     from .atomic import AtomicFile, write_atomic
     from .detok import IncrementalDecoder
 
+    tp = engine.tp
+    if tp is not None and tp.rank != 0:  # other ranks: same steps, same stop decisions, no output
+        for _ in stream:
+            if tp.broadcast_int(int(stop.signum is not None)):
+                break
+        return stop.exit_code if stop.signum is not None or stream.result is None else 0
     saved = {"output": str(out.output) if out.output else None, "json": str(out.json) if out.json else None}
     text_file = AtomicFile(out.output) if out.output else None
     try:
-        decoder = IncrementalDecoder(engine.tokenizer)
-        earlier = decoder.push(list(stream.token_ids)) if stream.token_ids else ""
+        decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
+        push = decoder.push if decoder else (lambda ids: "".join(f" {t}" for t in ids))  # no tokenizer: the ids
+        earlier = push(list(stream.token_ids)) if stream.token_ids else ""
         if text_file:
             text_file.write(earlier)  # a resumed run's file holds the whole text
         sink = text_file.write if text_file else _stdout_write
@@ -198,16 +251,21 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         next_save = len(stream.token_ids) + out.every
         with bar:
             for ids in stream:
-                sink(decoder.push(ids))
+                sink(push(ids))
                 bar.update(len(ids))
                 if stats.method == "tokenswift" and stats.steps % 8 == 0:
                     bar.set_postfix(alpha=f"{stats.alpha:.2f}", tok_per_step=f"{stats.tokens_per_step:.2f}", refresh=False)
                 if out.checkpoint and len(stream.token_ids) >= next_save:
                     stream.checkpoint(saved).save(out.checkpoint)
                     next_save = len(stream.token_ids) + out.every
-                if stop.signum is not None:
+                stopping = stop.signum is not None
+                if tp is not None:  # every rank must stop after the same step
+                    stopping = bool(tp.broadcast_int(int(stopping)))
+                if stopping:
+                    stop.signum = stop.signum or signal.SIGTERM
                     break
-            sink(decoder.flush())
+            if decoder:
+                sink(decoder.flush())
         interrupted = stop.signum is not None and stream.result is None
         if text_file:
             text_file.commit()
@@ -230,7 +288,8 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         raise
     s = result.stats
     spec_info = f", alpha {s.alpha:.2f}, {s.tokens_per_step:.2f} tokens/step" if s.method == "tokenswift" else ""
-    print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info}), "
+    ranks = f" on {tp.world} processes" if tp is not None else ""
+    print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info}){ranks}, "
           f"prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}", file=sys.stderr)
     if interrupted:
         print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{path}'. "

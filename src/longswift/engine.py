@@ -17,6 +17,7 @@ from .generate import GenerationResult, GenerationStats, ar_steps, check_context
 from .heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
 from .loading import LoadedModel, load_model
 from .model import Transformer
+from .parallel import TensorParallel, shard_config, shard_state
 from .tokenswift import tokenswift_steps
 
 METHODS = ("ar", "tokenswift")
@@ -74,16 +75,23 @@ class GenerationStream:
 
 
 class Engine:
-    """A loaded model ready to generate."""
+    """A loaded model ready to generate. With `tp`, the model is this rank's shard; every rank runs
+    the same calls and gets the same tokens (rank 0 draws them)."""
 
-    def __init__(self, loaded: LoadedModel, pack_weights: bool = True, runtime: RuntimeConfig | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, pack_weights: bool = True, runtime: RuntimeConfig | None = None,
+                 tp: TensorParallel | None = None, device: torch.device | None = None) -> None:
         self.runtime = runtime or RuntimeConfig()
-        self.cfg = loaded.cfg
+        self.cfg = loaded.cfg  # the whole model's config (the model's own is its shard's under tp)
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
         # How to load this model again (checkpoints): "<embedded>", an absolute path, or "<ClassName>".
         self.model_source = loaded.source if loaded.source.startswith("<") else os.path.abspath(loaded.source)
-        self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
+        if tp is None:
+            self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
+        else:
+            state = shard_state(loaded.cfg, loaded.state, tp.plan, device or tp.device)
+            self.model = Transformer(shard_config(loaded.cfg, tp.plan), state, pack=pack_weights, tp=tp)
+        self.tp = tp
         self.heads: DraftHeads | None = None
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
         eos = set(loaded.cfg.eos_token_ids)
@@ -221,20 +229,27 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
 
 
 def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
-         heads: DraftHeads | str | None = "default", **runtime_fields: Any) -> Engine:
+         heads: DraftHeads | str | None = "default", tensor_parallel: bool = False, **runtime_fields: Any) -> Engine:
     """Load a GGUF file, an HF directory, a transformers model object, or (None) the embedded default,
     and draft heads (see Engine.set_heads; by default the heads shipped for the model, so the
     embedded model runs TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
-    pack_weights) come as a RuntimeConfig or as keywords."""
+    pack_weights) come as a RuntimeConfig or as keywords. `tensor_parallel=True` (every rank of an
+    initialised torch.distributed default group calls it) shards the model across the ranks."""
     runtime = runtime or RuntimeConfig(**runtime_fields)
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
+    device = runtime.torch_device()
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
-        loaded = load_model(model, runtime.torch_dtype(), runtime.torch_device(), runtime.rope_scaling)
+        # Sharded runs read the checkpoint on the CPU and move only this rank's shard to the device.
+        loaded = load_model(model, runtime.torch_dtype(), torch.device("cpu") if tensor_parallel else device,
+                            runtime.rope_scaling)
     pack = runtime.pack_weights
     if pack is None:  # a model object passed in is used without copies unless asked otherwise
         pack = model is None or isinstance(model, (str, os.PathLike))
-    engine = Engine(loaded, pack_weights=pack, runtime=runtime)
+    tp = None
+    if tensor_parallel:
+        tp = TensorParallel(loaded.cfg, device)
+    engine = Engine(loaded, pack_weights=pack, runtime=runtime, tp=tp, device=device)
     if model is None:
         engine.model_source = "<embedded>"
     engine.set_heads(heads)

@@ -120,10 +120,11 @@ def ar_steps(
     t0 = time.perf_counter()
     logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk)  # [V]
     stats.prefill_seconds += time.perf_counter() - t0
+    pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws, all ranks get it
     for i in range(len(generated), gen.max_new_tokens):
         t0 = time.perf_counter()
         window = penalty_window(history, n, sampling.penalty_window).to(logits.device)
-        token = draw(transform(logits[None], window[None], sampling)[0], sampling, generator)
+        token = pick(transform(logits[None], window[None], sampling)[0], sampling, generator)
         history[n] = token
         n += 1
         last = i == gen.max_new_tokens - 1 or (token in eos_ids and not gen.ignore_eos)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -13,14 +14,18 @@ from .errors import LongswiftError
 from .linear import LinearFn, make_linear, packing_supported
 from .rope import Rope, apply_rope
 
+if TYPE_CHECKING:
+    from .parallel import TensorParallel
 
-def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor name of the state dict and its shape, in transformers' naming."""
+
+def expected_shapes(cfg: ModelConfig, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of the state dict and its shape, in transformers' naming (an untied LM head
+    has `lm_head_rows` rows if given: a tensor-parallel rank's vocabulary block)."""
     h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
     if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+        shapes["lm_head.weight"] = (lm_head_rows or cfg.vocab_size, h)
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
         shapes |= {
@@ -46,9 +51,9 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
+def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], lm_head_rows: int | None = None) -> None:
     """Raise a LongswiftError naming the first tensor that does not match the config."""
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(cfg, lm_head_rows)
     for name, shape in shapes.items():
         if name not in state:
             raise LongswiftError(f"checkpoint does not match its config: tensor '{name}' is missing")
@@ -80,19 +85,28 @@ class Transformer:
     """forward(tokens, positions, cache, tree_mask) -> (logits, hidden); one sequence at a time.
 
     `pack=True` runs the linears on oneDNN-packed copies of the weights (CPU, float32/bfloat16),
-    the state dict itself stays untouched; otherwise they read the state dict's tensors in place."""
+    the state dict itself stays untouched; otherwise they read the state dict's tensors in place.
+    With `tp`, cfg and state are this rank's shard (parallel.shard_config/shard_state): o_proj and
+    down_proj all_reduce their partial sums and the LM head gathers the vocabulary; the forward
+    itself is the same code."""
 
-    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False) -> None:
-        check_state_dict(cfg, state)
+    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False,
+                 tp: TensorParallel | None = None) -> None:
+        check_state_dict(cfg, state, tp.plan.vocab_per_rank if tp is not None else None)
         self.cfg = cfg
         self.state = state
+        self.tp = tp
         embed = state["model.embed_tokens.weight"]
         self.dtype, self.device = embed.dtype, embed.device
         self.acc_dtype = torch.promote_types(self.dtype, torch.float32)  # norms, softmax, logits
         self.packed = pack and packing_supported(self.dtype, self.device)
         self.embed = embed
         lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
-        self.lm_head = make_linear([lm_head], [None], self.packed)
+        if tp is None:
+            self.lm_head = make_linear([lm_head], [None], self.packed)
+        else:
+            self.lm_head = tp.vocab_parallel(lm_head, self.packed)  # [T, hidden] -> gathered [T, V]
+            # (an untied head is already this rank's block; a tied one is the whole embedding)
         self.final_norm = state["model.norm.weight"]
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]
         self.rope = Rope(cfg, self.device)
@@ -108,13 +122,19 @@ class Transformer:
             attn_norm=s[p + "input_layernorm.weight"],
             qkv=make_linear([s[a + "q_proj.weight"], s[a + "k_proj.weight"], s[a + "v_proj.weight"]],
                             [s.get(a + "q_proj.bias"), s.get(a + "k_proj.bias"), s.get(a + "v_proj.bias")], pack),
-            o=make_linear([s[a + "o_proj.weight"]], [s.get(a + "o_proj.bias")], pack),
+            o=self._row_linear(s[a + "o_proj.weight"], s.get(a + "o_proj.bias")),
             q_norm=s.get(a + "q_norm.weight"), k_norm=s.get(a + "k_norm.weight"),
             mlp_norm=s[p + "post_attention_layernorm.weight"],
             gate_up=make_linear([s[m + "gate_proj.weight"], s[m + "up_proj.weight"]],
                                 [s.get(m + "gate_proj.bias"), s.get(m + "up_proj.bias")], pack),
-            down=make_linear([s[m + "down_proj.weight"]], [s.get(m + "down_proj.bias")], pack),
+            down=self._row_linear(s[m + "down_proj.weight"], s.get(m + "down_proj.bias")),
         )
+
+    def _row_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn:
+        """o_proj / down_proj: plain, or (tensor parallel) this rank's input slice + all_reduce."""
+        if self.tp is None:
+            return make_linear([weight], [bias], self.packed)
+        return self.tp.row_parallel(weight, bias, self.packed)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Normalise in (at least) float32 like transformers' RMSNorm, then scale in the model dtype.

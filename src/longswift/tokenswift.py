@@ -66,6 +66,7 @@ class TokenSwiftState:
             raise LongswiftError("--draft-mode fused needs a --tree of at least two depths (the first is skipped)")
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
         self.stats, self.generator = stats, generator
+        self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
         self.levels = levels
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
@@ -75,7 +76,8 @@ class TokenSwiftState:
         self.partial = None
         if partial:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
-                                          model.dtype, model.device)
+                                          model.dtype, model.device,
+                                          reduce_scores=model.tp.kv_score_reduce() if model.tp else None)
         self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
         self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
         self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
@@ -208,7 +210,7 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
 
 def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
     return lossless_walk(trie, v.row_logits, s.history, s.n, s.sampling, s.generator, s.stop_ids,
-                         max_tokens=s.gen.max_new_tokens - s.produced)
+                         max_tokens=s.gen.max_new_tokens - s.produced, pick=s.pick)
 
 
 def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]:
@@ -245,7 +247,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk)
         stats.prefill_seconds += time.perf_counter() - t0
         t0 = time.perf_counter()
-        first = draw(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
+        first = s.pick(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
         s.prev_hidden = hidden
         s.emit([first])
         stats.decode_seconds += time.perf_counter() - t0
@@ -255,6 +257,8 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     while s.produced < gen.max_new_tokens and last not in s.stop_ids:
         t0 = time.perf_counter()
         kind = s.choose()
+        if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
+            kind = (FULL, LOOKUP)[model.tp.broadcast_int(int(kind == LOOKUP))]
         if kind == FULL:
             d = draft(s)
             t = _stage_done(stats, "draft", t0)

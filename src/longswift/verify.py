@@ -36,11 +36,15 @@ def lossless_walk(
     generator: torch.Generator | None,
     stop_ids: frozenset[int] = frozenset(),
     max_tokens: int | None = None,
+    pick: Callable[[torch.Tensor, SamplingConfig, torch.Generator | None], int] | None = None,
 ) -> Walk:
     """row_logits(i): the verify logits [V] of trie node i (computed only for visited nodes).
     history[:length] is the committed
     sequence ending with the root. Stops early after emitting a token in `stop_ids` or once
-    `max_tokens` tokens (accepted + new root) are emitted; the last emitted is then `next_root`."""
+    `max_tokens` tokens (accepted + new root) are emitted; the last emitted is then `next_root`.
+    `pick` draws a token (default `draw`; tensor parallel: rank 0 draws and broadcasts, so every rank
+    walks the same path)."""
+    pick = pick or draw
     nodes: list[int] = []
     tokens: list[int] = []
     w = sampling.penalty_window
@@ -53,7 +57,7 @@ def lossless_walk(
             recent = torch.cat([recent, path]) if w > 0 else recent[:0]
         logits = row_logits(node)
         x = transform(logits[None], recent.to(logits.device)[None], sampling)[0]
-        y = draw(x, sampling, generator)
+        y = pick(x, sampling, generator)
         child = trie.children[node].get(y)
         done = y in stop_ids or (max_tokens is not None and d + 1 >= max_tokens)
         if child is None or done:

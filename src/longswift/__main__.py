@@ -1,0 +1,7 @@
+"""`python -m longswift ...` (what `torchrun -m longswift` runs): the command line."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

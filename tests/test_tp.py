@@ -1,0 +1,256 @@
+"""Tensor parallelism: 2 gloo processes on tiny random models give the single process's logits
+(float64, 1e-10) and its tokens, greedy and sampled, AR and TokenSwift; shapes that cannot be split
+are refused in one line. One spawn runs every case (each process pays the imports once)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import tiny_hf_model
+
+import longswift
+from longswift import GenerationConfig, LongswiftError, SamplingConfig, SpecConfig
+from longswift.cache import FullKVCache, PartialKVCache
+from longswift.parallel import plan_shards, working_world_sizes
+
+WORLD = 2
+GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0)
+SAMPLED = SamplingConfig(seed=12, top_p=0.85, min_p=0.05, repetition_penalty=1.2, penalty_window=8)
+SPECS = {  # full steps only, except "adaptive" (timings differ per rank: rank 0 decides)
+    "paper": SpecConfig(tree="1,3,3,3", ngram_topk=20, adaptive=False),
+    "partial": SpecConfig(tree="3,2,2,2", ngram_topk=4, draft_kv_budget=40, draft_window=8, attention_sinks=4,
+                          adaptive=False),
+    "fused": SpecConfig(tree="1,4,2", draft_mode="fused", adaptive=False),
+    "adaptive": SpecConfig(tree="1,2,2", ngram_topk=2),
+}
+# name -> (tiny_hf_model arguments, what to run). GQA 4:2 splits the KV heads; 4:1 replicates the one.
+MODELS = {
+    "gqa": dict(arch="llama", rope="yarn", seed=31, vocab=24),
+    "mqa": dict(arch="llama", rope="default", seed=5, vocab=24, num_key_value_heads=1),
+    "bias": dict(arch="llama", seed=7, vocab=50, attention_bias=True, mlp_bias=True),  # o/down bias after all_reduce
+    "qwen3": dict(arch="qwen3", seed=9, vocab=51),  # qk-norm; odd vocab: the LM head's last block is padded
+    "tied": dict(arch="qwen2", seed=13, vocab=49, tie=True),  # qkv bias; the LM head is a block of the embedding
+}
+GENERATIONS = [  # (model, method, spec, sampling)
+    ("gqa", "ar", None, "greedy"), ("gqa", "ar", None, "sampled"),
+    ("gqa", "tokenswift", "paper", "greedy"), ("gqa", "tokenswift", "paper", "sampled"),
+    ("gqa", "tokenswift", "partial", "greedy"), ("gqa", "tokenswift", "partial", "sampled"),
+    ("gqa", "tokenswift", "fused", "greedy"), ("gqa", "tokenswift", "adaptive", "sampled"),
+    ("mqa", "tokenswift", "partial", "greedy"), ("mqa", "ar", None, "sampled"),
+]
+
+
+def prompt(seed: int, vocab: int, length: int = 44) -> list[int]:
+    """Repeats in the prompt give the n-gram table something to offer."""
+    g = torch.Generator().manual_seed(seed)
+    motif = torch.randint(3, vocab, (5,), generator=g).tolist()
+    noise = torch.randint(3, vocab, (length,), generator=g).tolist()
+    return [motif[i % 5] if i % 7 else noise[i] for i in range(length)]
+
+
+def engine(name: str, tensor_parallel: bool, dtype: str = "float64", **kwargs) -> longswift.Engine:
+    args = dict(MODELS[name])
+    torch_dtype = getattr(torch, dtype)
+    hf = tiny_hf_model(args.pop("arch"), args.pop("rope", "default"), dtype=torch_dtype, **args)
+    return longswift.load(hf, dtype=dtype, heads="random", tensor_parallel=tensor_parallel, **kwargs)
+
+
+def forward_logits(e: longswift.Engine) -> torch.Tensor:
+    """Prefill 20 tokens, then 6 tree nodes under a tree mask on the cache: logits [26, V]."""
+    model = e.model
+    ids = torch.tensor(prompt(1, e.cfg.vocab_size, 26))
+    cache = FullKVCache(model.cfg, 32, model.dtype, model.device)
+    first, _ = model.forward(ids[:20], torch.arange(20), cache)
+    mask = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0], [1, 1, 0, 1, 0, 0],
+                         [1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]], dtype=torch.bool)
+    depth = torch.tensor([0, 1, 1, 2, 2, 3])
+    tree, _ = model.forward(ids[20:], 20 + depth, cache, tree_mask=mask)
+    return torch.cat([first, tree])
+
+
+def partial_selection(e: longswift.Engine) -> torch.Tensor:
+    """The slots a partial cache selects after a 40-token prefill: [L, Hkv on this rank, 4 + 12]."""
+    model = e.model
+    ids = torch.tensor(prompt(2, e.cfg.vocab_size, 41))
+    full = FullKVCache(model.cfg, 48, model.dtype, model.device)
+    model.forward(ids[:40], torch.arange(40), full)
+    queries: list[torch.Tensor] = []
+    model.forward(ids[40:], torch.tensor([40]), full, queries=queries)
+    partial = PartialKVCache(model.cfg, 24, 4, 8, model.dtype, model.device,
+                             reduce_scores=model.tp.kv_score_reduce() if model.tp else None)
+    partial.select(full, queries)
+    return partial.positions
+
+
+def run_cases(tensor_parallel: bool) -> dict:
+    """Everything the test compares; the same calls in one process and on every rank."""
+    out: dict = {}
+    for name in MODELS:
+        out[f"logits/{name}"] = forward_logits(engine(name, tensor_parallel))
+    out["logits/packed-float32"] = forward_logits(engine("gqa", tensor_parallel, "float32", pack_weights=True))
+    engines = {name: engine(name, tensor_parallel) for name in ("gqa", "mqa")}
+    # Rank 0 alone draws: the other ranks get another seed, and must still emit rank 0's tokens.
+    sampled = SAMPLED if not tensor_parallel else dataclasses.replace(SAMPLED, seed=SAMPLED.seed + 1000 * dist.get_rank())
+    for name, e in engines.items():  # what this rank holds: its heads and their KV cache only
+        cache = FullKVCache(e.model.cfg, 8, e.model.dtype, e.model.device)
+        out[f"shard/{name}"] = (e.model.cfg.num_heads, tuple(cache.k.shape), e.model.cfg.intermediate_size,
+                                tuple(e.model.state["lm_head.weight"].shape))
+        out[f"select/{name}"] = partial_selection(e)
+    for model, method, spec, sampling in GENERATIONS:
+        e = engines[model]
+        r = e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY if sampling == "greedy" else sampled,
+                       generation=GenerationConfig(max_new_tokens=60, ignore_eos=True), method=method,
+                       spec=SPECS.get(spec))
+        out[f"gen/{model}/{method}/{spec}/{sampling}"] = (r.token_ids, r.stats.steps, r.stats.accepted_tokens)
+    if tensor_parallel:
+        try:
+            _refused()
+        except LongswiftError as exc:
+            out["refusal"] = str(exc)
+    return out
+
+
+def _refused() -> None:
+    """6 heads / 3 KV heads cannot be split across 2 ranks."""
+    hf = tiny_hf_model("llama", num_attention_heads=6, num_key_value_heads=3, head_dim=8, hidden_size=48)
+    longswift.load(hf, dtype="float64", heads=None, tensor_parallel=True)
+
+
+def _worker(rank: int, store: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    # A rank that left the common control flow would wait in a collective: fail after a minute instead.
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    try:
+        torch.save(run_cases(tensor_parallel=True), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("tp")
+    mp.spawn(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, join=True)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def single() -> dict:
+    return run_cases(tensor_parallel=False)
+
+
+@pytest.mark.parametrize("name", [*MODELS, "packed-float32"])
+def test_logits_match_one_process(ranks, single, name):
+    tol = dict(rtol=1e-5, atol=1e-5) if name == "packed-float32" else dict(rtol=1e-10, atol=1e-10)
+    for r in ranks:
+        torch.testing.assert_close(r[f"logits/{name}"], single[f"logits/{name}"], **tol)
+
+
+@pytest.mark.parametrize("key", [f"gen/{m}/{a}/{s}/{p}" for m, a, s, p in GENERATIONS])
+def test_tokens_match_one_process(ranks, single, key):
+    tokens, steps, accepted = single[key]
+    assert len(tokens) == 60
+    for r in ranks:
+        assert r[key][0] == tokens  # same tokens on every rank (rank 0 drew them) and as one process
+        if "adaptive" not in key:  # same drafts too: same trie, same accepted path, same steps
+            assert r[key][1:] == (steps, accepted)
+    if "tokenswift" in key and "greedy" in key:
+        assert accepted > 0  # the trie was exercised
+
+
+def test_each_rank_holds_its_heads_and_their_kv_cache(ranks, single):
+    # 4 heads, 2 KV heads (gqa) or 1 (mqa), 2 layers, head_dim 16, intermediate 96, vocabulary 24, hidden 64
+    assert single["shard/gqa"] == (4, (2, 2, 8, 16), 96, (24, 64))
+    assert single["shard/mqa"] == (4, (2, 1, 8, 16), 96, (24, 64))
+    for r in ranks:
+        assert r["shard/gqa"] == (2, (2, 1, 8, 16), 48, (12, 64))  # KV heads split
+        assert r["shard/mqa"] == (2, (2, 1, 8, 16), 48, (12, 64))  # the one KV head replicated
+
+
+def test_partial_cache_selects_what_one_process_selects(ranks, single):
+    # Split KV heads: rank r holds KV head r. The replicated head pools the scores of both ranks' queries.
+    for r, rank in enumerate(ranks):
+        assert torch.equal(rank["select/gqa"], single["select/gqa"][:, r : r + 1])
+        assert torch.equal(rank["select/mqa"], single["select/mqa"])
+
+
+def test_unsplittable_gqa_is_refused_in_one_line(ranks):
+    for r in ranks:
+        assert r["refusal"] == ("cannot run this model on 2 processes: its 3 KV heads neither split into 2 parts "
+                                "nor divide 2; world sizes that work: 1, 3, 6")
+
+
+def _cfg(**fields) -> longswift.ModelConfig:
+    base = longswift.ModelConfig(
+        architecture="llama", vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8,
+        num_kv_heads=2, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=32, tie_word_embeddings=False,
+        qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False, sliding_window=None, rope_type="default",
+        eos_token_ids=(2,))
+    return dataclasses.replace(base, **fields)
+
+
+@pytest.mark.parametrize("fields,world", [({}, 2), ({}, 4), ({}, 8), ({"num_kv_heads": 8}, 4),
+                                          ({"num_kv_heads": 1}, 8), ({"vocab_size": 101}, 4)])
+def test_plans_partition_the_model(fields, world):
+    cfg = _cfg(**fields)
+    plans = [plan_shards(cfg, r, world) for r in range(world)]
+    g = cfg.group_size
+    assert [p.heads for p in plans] == [(r * cfg.num_heads // world, (r + 1) * cfg.num_heads // world)
+                                        for r in range(world)]
+    for p in plans:  # every query head of the block reads a KV head the rank holds
+        assert p.kv_heads[0] <= p.heads[0] // g and (p.heads[1] - 1) // g < p.kv_heads[1]
+        assert p.kv_replicas == max(1, world // cfg.num_kv_heads)
+    assert {k for p in plans for k in range(*p.kv_heads)} == set(range(cfg.num_kv_heads))
+    assert [i for p in plans for i in range(*p.intermediate)] == list(range(cfg.intermediate_size))
+    assert [v for p in plans for v in range(*p.vocab)] == list(range(cfg.vocab_size))
+    assert all(p.vocab[1] - p.vocab[0] <= p.vocab_per_rank for p in plans)
+
+
+@pytest.mark.parametrize("fields,world,why", [
+    ({"num_heads": 6, "num_kv_heads": 3}, 4, "its 6 attention heads do not split into 4 equal parts"),
+    ({"intermediate_size": 90}, 4, "its intermediate size 90 does not split into 4 equal parts"),
+    ({"num_heads": 6, "num_kv_heads": 3}, 2, "its 3 KV heads neither split into 2 parts nor divide 2"),
+])
+def test_refusals_name_the_world_sizes_that_work(fields, world, why):
+    cfg = _cfg(**fields)
+    with pytest.raises(LongswiftError) as info:
+        plan_shards(cfg, 0, world)
+    sizes = ", ".join(map(str, working_world_sizes(cfg)))
+    assert str(info.value) == f"cannot run this model on {world} processes: {why}; world sizes that work: {sizes}"
+    assert "\n" not in str(info.value) and world not in working_world_sizes(cfg)
+
+
+def test_torchrun_cli_matches_one_process(tmp_path, capsys):
+    """`torchrun --nproc-per-node 2 -m longswift generate` writes (rank 0 only) the tokens of one process."""
+    from longswift.cli import main
+
+    model = tmp_path / "model"
+    tiny_hf_model("llama", seed=3, vocab=64, dtype=torch.float64).save_pretrained(model)
+    ids = ",".join(map(str, prompt(4, 64, 20)))
+    common = ["generate", "--model", str(model), "--prompt-ids", ids, "--greedy", "--max-new-tokens", "16",
+              "--ignore-eos", "--no-progress", "--heads", "random", "--tree", "1,2,2", "--no-adaptive", "--dtype", "float64"]
+    assert main([*common, "--method", "ar", "--json", str(tmp_path / "ar.json")]) == 0
+    assert main([*common, "--json", str(tmp_path / "one.json")]) == 0
+    capsys.readouterr()
+    src = Path(longswift.__file__).resolve().parents[1]  # the longswift under test, wherever it is installed
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "longswift", *common, "--json", str(tmp_path / "tp.json")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ar, one, tp = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("ar", "one", "tp"))
+    assert len(tp["token_ids"]) == 16 and tp["stats"]["method"] == "tokenswift"
+    assert tp["token_ids"] == one["token_ids"] == ar["token_ids"]
+    assert (tp["stats"]["steps"], tp["stats"]["accepted_tokens"]) == (one["stats"]["steps"], one["stats"]["accepted_tokens"])
+    assert proc.stdout.split() == [str(t) for t in tp["token_ids"]]  # no tokenizer: ids; rank 1 wrote nothing
+    assert "on 2 processes" in proc.stderr and proc.stderr.count("16 tokens in") == 1
