@@ -109,7 +109,7 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--draft-mode", "eager"], "--draft-mode must be"),
     (["--prompt", "hi", "--heads", "none", "--method", "tokenswift"], "needs draft heads"),
     (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
-    (["--max-new-tokens", "5"], "give a prompt: --prompt TEXT or --prompt-file FILE"),
+    (["--max-new-tokens", "5"], "give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS"),
     (["--prompt", "hi", "--max-new-tokens", "100000"],
      "= 100001 exceeds this model's context of 8192 tokens: lower --max-new-tokens, or extend the context on purpose "
      "with --rope-scaling yarn:13"),
