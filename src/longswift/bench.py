@@ -230,6 +230,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             why = methods.skip_reason(m, sampling)
             if why:
                 skipped[f"{m} ({cell.preset})"] = why
+                continue
             note = methods.note(m, sampling)
             if note:
                 ctx.notes[f"{m}, {cell.preset}"] = note
@@ -293,6 +294,7 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "ngram_alpha": (stats.ngram_accepted / stats.draft_positions if stats.draft_positions else 0.0) if spec else None,
         "tokens_per_step": stats.tokens_per_step if spec else None,
         "lookup_steps": stats.lookup_steps if spec else None,
+        "stage_seconds": dict(stats.stage_seconds) if spec else None,
         **{f"distinct_{n}": distinct_n(ids, n) for n in (1, 2, 3, 4)},
         "peak_memory_bytes": peak_bytes, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "token_ids": ids,

@@ -110,15 +110,15 @@ class LlamaCppRunner:
     quantized) weights; with `pld`, its prompt-lookup draft model (which needs logits_all=True)."""
 
     def __init__(self, gguf: Path, n_ctx: int, threads: int, seed: int, pld: int | None = None) -> None:
-        from llama_cpp import Llama, LlamaPromptLookupDecoding
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self.pld = pld
         self.n_ctx = n_ctx
         self.seed = seed
         draft = LlamaPromptLookupDecoding(num_pred_tokens=pld) if pld else None
         self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                         logits_all=bool(pld), draft_model=draft, seed=seed, verbose=False,
-                         last_n_tokens_size=n_ctx)
+                         logits_all=bool(pld), draft_model=draft, seed=seed, verbose=False)
 
     @staticmethod
     def sampler_note(s: SamplingConfig) -> str | None:
@@ -136,7 +136,8 @@ class LlamaCppRunner:
         if len(prompt) + n > self.n_ctx:
             raise RuntimeError(f"llama.cpp context {self.n_ctx} < {len(prompt) + n} tokens")
         self.llm.set_seed(s.seed or self.seed)
-        self.llm.last_n_tokens_size = max(1, s.penalty_window)
+        self.llm.last_n_tokens_size = max(1, s.penalty_window)  # the penalty window, read when generate() starts
+        self.llm.reset()  # n_tokens = 0: no reuse of the previous run's KV cache for a shared prompt prefix
         timeline = Timeline(n, progress=progress)
         tokens: list[int] = []
         timeline.start = time.perf_counter()

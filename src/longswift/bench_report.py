@@ -20,7 +20,7 @@ from .errors import LongswiftError
 
 OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
                 "alpha_vs_length.png", "time_to_n_tokens.png")
-CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key")
+CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds")
 
 
 class MemoryStore:
