@@ -220,7 +220,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     store = ResultStore(out_dir, identity, fresh) if out_dir is not None else MemoryStore(identity)
     if store.records:
         log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")
-    ctx = RunContext(identity=identity, command=command or _command_line(), skipped=skipped, notes={},
+    ctx = RunContext(identity=identity, command=command or "longswift bench (from the Python API)", skipped=skipped, notes={},
                      spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells])
 
     plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
@@ -299,10 +299,3 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "peak_memory_bytes": peak_bytes, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "token_ids": ids,
     }
-
-
-def _command_line() -> str:
-    import shlex
-
-    args = sys.argv[1:]
-    return "longswift " + shlex.join(args) if args[:1] == ["bench"] else "longswift bench (Python API)"

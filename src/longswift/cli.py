@@ -240,14 +240,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = BenchConfig(methods=_names(args.methods), runs=args.runs, prompt_file=args.prompt_file, chat=args.chat,
                       seed=args.seed, pld_tokens=args.pld_tokens, warmup=not args.no_warmup,
                       spec=config_from_args(SpecConfig, args), **kwargs)
+    import shlex
+
     run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json, out_dir=args.out_dir,
-              fresh=args.fresh)
+              fresh=args.fresh, command="longswift " + shlex.join(args.argv))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the exact command, for reports
     from .cli_heads import cmd_eval_heads, cmd_train_heads
 
     commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
