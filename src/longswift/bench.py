@@ -257,7 +257,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
 
         with PeakMemory(engine.model.device) as mem:
             ids, timeline, stats = methods.run(m, list(cell.prompt.ids), cell.length, sampling, progress)
-        record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem.peak_bytes, sampling)
+        record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
         store.append(record)
         extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
         log(f"{where}: prefill {record['prefill_seconds']:.2f} s, {record['decode_tokens_per_second']:.2f} tok/s{extra}")
@@ -278,7 +278,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
 
 
 def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: list[int], timeline: Timeline,
-                stats: Any, peak_bytes: int, sampling: SamplingConfig) -> dict[str, Any]:
+                stats: Any, mem: PeakMemory, sampling: SamplingConfig) -> dict[str, Any]:
     """One run as a flat JSON-able dict (a line of results.jsonl)."""
     if len(ids) != cell.length:
         raise RuntimeError(f"{method} produced {len(ids)} tokens instead of {cell.length}")
@@ -296,6 +296,6 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "lookup_steps": stats.lookup_steps if spec else None,
         "stage_seconds": dict(stats.stage_seconds) if spec else None,
         **{f"distinct_{n}": distinct_n(ids, n) for n in (1, 2, 3, 4)},
-        "peak_memory_bytes": peak_bytes, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "peak_memory_bytes": mem.peak_bytes, "memory_at_start_bytes": mem.start_bytes, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "token_ids": ids,
     }

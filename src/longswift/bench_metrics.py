@@ -111,6 +111,7 @@ class PeakMemory:
         self.device = device
         self.interval = interval
         self.peak_bytes = 0
+        self.start_bytes = 0  # in use when the block began: the peak minus this is what the run itself added
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,8 +119,9 @@ class PeakMemory:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
         else:
-            self.peak_bytes = current_rss()
+            self.peak_bytes = self.start_bytes = current_rss()
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self

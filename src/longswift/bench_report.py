@@ -220,11 +220,20 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
     for what, why in ctx.skipped.items():
         lines.append(f"- {what}: skipped ({why})")
     lines.append("- decode tok/s counts the tokens after the first (prefill excluded); medians over runs; "
-                 "peak memory is the process's resident set during the run (CUDA: allocator peak)")
+                 "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
+                 "includes every method loaded so far; the part in parentheses is what the run added on top")
     lines += ["", *[f"![{Path(i).stem}]({i})" for i in images]]
     for cid, rows in group(records).items():
         lines += _cell_section(cid, rows)
     return "\n".join(lines) + "\n"
+
+
+def _memory(runs: list[dict[str, Any]]) -> str:
+    peak = statistics.median(r["peak_memory_bytes"] for r in runs) / 2**20
+    if runs[0].get("memory_at_start_bytes") is None:  # records written before the start was kept
+        return f"{peak:.0f}"
+    added = statistics.median(r["peak_memory_bytes"] - r["memory_at_start_bytes"] for r in runs) / 2**20
+    return f"{peak:.0f} (+{added:.0f})"
 
 
 def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
@@ -243,7 +252,7 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
         if same:
             lines += [f"- outputs compared with ar (first run): {'; '.join(same)}", ""]
     lines += ["| method | variant | runs | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha | n-gram alpha | "
-              "tokens/step | distinct-1/2/3/4 | peak MiB |", "|" + "---|" * 13]
+              "tokens/step | distinct-1/2/3/4 | peak MiB (+ added by the run) |", "|" + "---|" * 13]
     for (m, variant), runs in rows.items():
         rate = median_rate(runs)
         med = lambda k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None  # noqa: E731
@@ -252,7 +261,7 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
         lines.append(f"| {m} | {variant or '-'} | {len(runs)} | {med('prefill_seconds'):.2f} | {rate:.1f} | "
                      f"{1e3 / rate if rate else 0:.1f} | {vs[0]} | {vs[1]} | {_fmt(med('alpha'))} | "
                      f"{_fmt(med('ngram_alpha'))} | {_fmt(med('tokens_per_step'))} | {distinct} | "
-                     f"{med('peak_memory_bytes') / 2**20:.0f} |")
+                     f"{_memory(runs)} |")
     if ar and len(rows) > 1:
         lines += ["", "Speedup vs ar along the generation (decode time to the same token count, first run):", ""]
         header = [n for n, _ in ar[0]["checkpoints"]]
