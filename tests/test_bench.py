@@ -126,8 +126,9 @@ def test_suite_writes_files_and_resumes(tmp_path, tiny_dir, capsys):
         assert png == []
 
     # the same command again: nothing to do, nothing appended
-    _, err = bench(capsys, tiny_dir, out_dir)
+    report, err = bench(capsys, tiny_dir, out_dir)
     assert "resuming: 12 runs" in err and "0 runs to do" in err
+    assert "resumed: 12 of the 12 runs below were measured by earlier invocations" in report
     assert len(lines(out_dir / "results.jsonl")) == 12
     # a run cut off mid-line is dropped and run again; a longer grid only runs the new cells
     with open(out_dir / "results.jsonl", "a") as f:

@@ -221,7 +221,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     if store.records:
         log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")
     ctx = RunContext(identity=identity, command=command or "longswift bench (from the Python API)", skipped=skipped, notes={},
-                     spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells])
+                     spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells],
+                     resumed=len(store.records))
 
     plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
     for cell in cells:
@@ -258,6 +259,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         with PeakMemory(engine.model.device) as mem:
             ids, timeline, stats = methods.run(m, list(cell.prompt.ids), cell.length, sampling, progress)
         record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
+        record["command"] = ctx.command
         store.append(record)
         extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
         log(f"{where}: prefill {record['prefill_seconds']:.2f} s, {record['decode_tokens_per_second']:.2f} tok/s{extra}")

@@ -20,7 +20,7 @@ from .errors import LongswiftError
 
 OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
                 "alpha_vs_length.png", "time_to_n_tokens.png")
-CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds")
+CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds", "command")
 
 
 class MemoryStore:
@@ -106,6 +106,7 @@ class RunContext:
     spec: Any
     methods: tuple[str, ...]
     cells: list[dict[str, Any]] = field(default_factory=list)
+    resumed: int = 0  # runs found in the results directory when this invocation started
 
 
 def cell_id(r: dict[str, Any]) -> tuple:
@@ -160,7 +161,8 @@ def to_csv(records: list[dict[str, Any]]) -> str:
         rows.append(row)
     buf = io.StringIO()
     if rows:
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        fields = list(dict.fromkeys(k for row in rows for k in row))  # records of older versions may lack a field
+        writer = csv.DictWriter(buf, fieldnames=fields, restval="", lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return buf.getvalue()
@@ -208,6 +210,9 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
     prompt = (f"random token ids (seed {ident['seed']})" if ident["prompt_file"] is None
               else f"{ident['prompt_file']}{' as chat messages' if ident['chat'] else ''}")
     lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident), f"- prompt: {prompt}"]
+    if ctx.resumed:
+        lines.append(f"- resumed: {ctx.resumed} of the {len(records)} runs below were measured by earlier invocations "
+                     "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")
     if ctx.spec is not None and any(m.startswith("tokenswift") for m in ctx.methods):
         lines.append(f"- tokenswift options: {ctx.spec.tree} tree, n-gram top-k {ctx.spec.ngram_topk}, draft KV budget "
                      f"{ctx.spec.draft_kv_budget}, adaptive steps {'on' if ctx.spec.adaptive else 'off'}")
