@@ -76,8 +76,10 @@ def test_bench_smoke(tmp_path, capsys):
 
 
 def test_bench_refuses_bad_combinations(capsys):
-    code, _, err = run(capsys, "bench", "--methods", "ar,hf", "--sampling", "paper")
-    assert_one_line_error(code, err, "the hf method is compared greedy only")
+    code, _, err = run(capsys, "bench", "--methods", "ar,hf", "--presets", "greedy,nucleus")
+    assert_one_line_error(code, err, "unknown sampling preset(s) ['nucleus']")
+    code, _, err = run(capsys, "bench", "--lengths", "2048,4k")
+    assert_one_line_error(code, err, "--lengths takes comma-separated whole numbers")
     code, _, err = run(capsys, "bench", "--methods", "ar,beam")
     assert_one_line_error(code, err, "unknown bench method")
 

@@ -54,21 +54,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(info, SpecConfig)
     add_config_flags(info, RuntimeConfig)
 
-    bench = sub.add_parser("bench", help="time generation methods against each other")
+    bench = sub.add_parser("bench", help="benchmark grid: our methods and installed peers, with a report")
     bench.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
-    bench.add_argument("--methods", default="ar,hf",
-                       help="comma list of: ar (ours), hf (transformers generate), tokenswift, tokenswift-fused")
+    bench.add_argument("--methods", default=None,
+                       help="comma list of: ar, tokenswift, tokenswift-fused (ours); hf (transformers generate), hf-pld "
+                            "(its prompt lookup), llamacpp, llamacpp-pld (llama-cpp-python on the same GGUF). Default: "
+                            "ar,tokenswift,hf,hf-pld,llamacpp,llamacpp-pld, skipping those not installed")
     bench.add_argument("--heads", default="default",
                        help="draft heads for the tokenswift methods ('default' = shipped heads, or a file, or 'random')")
-    bench.add_argument("--sampling", default="greedy", choices=["greedy", "paper"],
-                       help="greedy (no penalty), or paper: min-p 0.1, penalty 1.2 over 1024, seed 0")
-    bench.add_argument("--chat", action="store_true", help="use --prompt-file's text as a chat message")
-    bench.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length in tokens")
-    bench.add_argument("--new-tokens", type=int, default=1024, help="tokens to generate per run")
-    bench.add_argument("--runs", type=int, default=3, help="timed runs per method (interleaved); median reported")
-    bench.add_argument("--prompt-file", type=Path, help="text to build the prompt from (default: bundled text)")
-    bench.add_argument("--out", type=Path, help="append the markdown table to this file")
-    bench.add_argument("--json", type=Path, help="write the raw measurements here")
+    presets = bench.add_mutually_exclusive_group()
+    presets.add_argument("--presets", default=None,
+                         help="comma list of sampling presets: greedy (no penalty), paper (min-p 0.1, penalty 1.2/1024), "
+                              "paper-nopenalty, top-p (0.9, penalty 1.15), min-p (0.05, penalty 1.15), eta (0.001, "
+                              "penalty 1.2); default greedy")
+    presets.add_argument("--sampling", default=None, help="a single preset (same as --presets with one name)")
+    lengths = bench.add_mutually_exclusive_group()
+    lengths.add_argument("--lengths", default=None, help="comma list of generation lengths (default 2048,4096,8192)")
+    lengths.add_argument("--new-tokens", type=int, default=None, help="a single generation length")
+    prefixes = bench.add_mutually_exclusive_group()
+    prefixes.add_argument("--prefix", default=None, help="comma list of prompt (prefix) lengths in tokens (default 2048)")
+    prefixes.add_argument("--prompt-tokens", type=int, default=None, help="a single prefix length")
+    bench.add_argument("--runs", type=int, default=1, help="timed runs per method and cell (interleaved); medians reported")
+    bench.add_argument("--prompt-file", type=Path,
+                       help="prompt text: a .txt file is repeated to each prefix length (or, with --chat, sent as a "
+                            "chat message); a .jsonl file holds one {\"id\", \"prompt\"} a line, each a grid cell "
+                            "(docs/prompts/ has a public set). Default: seeded random token ids")
+    bench.add_argument("--chat", action="store_true", help="send the prompt(s) through the model's chat template")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the sampled presets and of random prompts")
+    bench.add_argument("--pld-tokens", type=int, default=10, help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)")
+    bench.add_argument("--out-dir", type=Path,
+                       help="write results.jsonl (a line per finished run), results.csv, PNG plots and report.md here; "
+                            "rerunning the same command resumes, skipping finished runs")
+    bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
+    bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
+    bench.add_argument("--out", type=Path, help="also append the markdown report to this file")
+    bench.add_argument("--json", type=Path, help="also write every run's record to this JSON file")
     add_config_flags(bench, SpecConfig)
     add_config_flags(bench, RuntimeConfig)
     from .cli_heads import add_parsers
@@ -126,21 +146,39 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise LongswiftError(f"{flag} takes comma-separated whole numbers, e.g. 2048,4096; got '{text}'") from None
+    if not values:
+        raise LongswiftError(f"{flag} is empty")
+    return values
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(v.strip() for v in text.split(",") if v.strip())
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, run_bench
 
     runtime = config_from_args(RuntimeConfig, args)
-    cfg = BenchConfig(
-        methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
-        prompt_tokens=args.prompt_tokens,
-        new_tokens=args.new_tokens,
-        runs=args.runs,
-        prompt_file=args.prompt_file,
-        sampling=args.sampling,
-        chat=args.chat,
-        spec=config_from_args(SpecConfig, args),
-    )
-    run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json)
+    kwargs: dict[str, Any] = {}
+    if args.lengths is not None or args.new_tokens is not None:
+        kwargs["lengths"] = _int_list(args.lengths, "--lengths") if args.lengths is not None else (args.new_tokens,)
+    if args.prefix is not None or args.prompt_tokens is not None:
+        kwargs["prefixes"] = _int_list(args.prefix, "--prefix") if args.prefix is not None else (args.prompt_tokens,)
+    presets = _names(args.presets) or _names(args.sampling)
+    if presets is not None:
+        kwargs["presets"] = presets
+    cfg = BenchConfig(methods=_names(args.methods), runs=args.runs, prompt_file=args.prompt_file, chat=args.chat,
+                      seed=args.seed, pld_tokens=args.pld_tokens, warmup=not args.no_warmup,
+                      spec=config_from_args(SpecConfig, args), **kwargs)
+    import shlex
+
+    run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json, out_dir=args.out_dir,
+              fresh=args.fresh, command="longswift " + shlex.join(args.argv))
     return 0
 
 
@@ -148,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the exact command, for reports
     from .cli_generate import cmd_generate
     from .cli_heads import cmd_eval_heads, cmd_train_heads
 

@@ -1,0 +1,150 @@
+"""Benchmark metrics: Distinct-n, the token timeline of a run (checkpoints along the generation),
+speedup arithmetic, and the peak memory of a run."""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+CHECKPOINTS = 8  # the generation is sampled at every 1/8 of its length (the paper's speedup curve)
+
+
+def distinct_n(ids: list[int], n: int) -> float:
+    """Distinct-n (Li et al. 2016, the paper's diversity metric): unique n-grams / all n-grams of `ids`;
+    0.0 when the sequence is shorter than n."""
+    total = len(ids) - n + 1
+    if total <= 0:
+        return 0.0
+    return len({tuple(ids[i : i + n]) for i in range(total)}) / total
+
+
+def speedup(rate: float, baseline_rate: float) -> float:
+    """How many times faster a method is than a baseline, from decode rates (tokens/s): the ratio of
+    the baseline's time per token to the method's (= rate / baseline rate)."""
+    if baseline_rate <= 0 or rate <= 0:
+        raise ValueError("rates must be positive")
+    return rate / baseline_rate
+
+
+def checkpoint_targets(length: int, count: int = CHECKPOINTS) -> list[int]:
+    """Token counts at which a run of `length` tokens is sampled: every 1/count of the length."""
+    return sorted({max(1, round(length * k / count)) for k in range(1, count + 1)})
+
+
+@dataclass
+class Timeline:
+    """Token arrivals of one run, timed from the call that started it (prefill included).
+    `record` is called with the cumulative token count after each step; `extra` values (such as
+    alpha so far) are kept for the checkpoints."""
+
+    length: int
+    start: float = field(default_factory=time.perf_counter)
+    first: float | None = None
+    end: float | None = None
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (tokens so far, seconds since start)
+    checkpoint_alpha: list[float] = field(default_factory=list)
+    progress: Callable[[int, float], None] | None = field(default=None, repr=False)  # (tokens, seconds) at checkpoints
+    _targets: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self._targets = checkpoint_targets(self.length)
+
+    def record(self, tokens: int, when: float | None = None, alpha: float | None = None) -> bool:
+        """Note that `tokens` tokens have arrived; True when this crossed a checkpoint."""
+        now = time.perf_counter() if when is None else when
+        if self.first is None:
+            self.first = now
+        self.end = now
+        crossed = False
+        while self._targets and tokens >= self._targets[0]:
+            self._targets.pop(0)
+            crossed = True
+        if crossed:
+            self.checkpoints.append((tokens, now - self.start))
+            if alpha is not None:
+                self.checkpoint_alpha.append(alpha)
+            if self.progress is not None:
+                self.progress(tokens, now - self.start)
+        return crossed
+
+    @property
+    def prefill_seconds(self) -> float:
+        assert self.first is not None, "no token recorded"
+        return self.first - self.start
+
+    @property
+    def decode_seconds(self) -> float:
+        assert self.first is not None and self.end is not None, "no token recorded"
+        return self.end - self.first
+
+
+def curve_speedup(base: list[tuple[int, float]], other: list[tuple[int, float]], base_prefill: float,
+                  other_prefill: float) -> list[tuple[int, float]]:
+    """Speedup over the generated length: at each checkpoint of `other`, the baseline's decode time
+    to the same token count (linearly interpolated between its checkpoints) / `other`'s decode time."""
+    points = [(0, 0.0)] + [(n, t - base_prefill) for n, t in base]
+    out = []
+    for n, t in other:
+        mine = t - other_prefill
+        if mine <= 0 or n > points[-1][0]:
+            continue
+        for (n0, t0), (n1, t1) in zip(points, points[1:]):
+            if n0 <= n <= n1:
+                theirs = t0 + (t1 - t0) * (n - n0) / (n1 - n0) if n1 > n0 else t1
+                out.append((n, theirs / mine))
+                break
+    return out
+
+
+class PeakMemory:
+    """Peak memory during a block: on CUDA, torch's allocator peak; on the CPU, the process's resident
+    set sampled every `interval` seconds by a thread (getrusage's high-water mark cannot be reset,
+    so it would only ever show the largest run so far)."""
+
+    def __init__(self, device: torch.device, interval: float = 0.05) -> None:
+        self.device = device
+        self.interval = interval
+        self.peak_bytes = 0
+        self.start_bytes = 0  # in use when the block began: the peak minus this is what the run itself added
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start_bytes = torch.cuda.memory_allocated(self.device)
+        else:
+            self.peak_bytes = self.start_bytes = current_rss()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak_bytes = max(self.peak_bytes, current_rss())
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+        else:
+            self._stop.set()
+            assert self._thread is not None
+            self._thread.join()
+            self.peak_bytes = max(self.peak_bytes, current_rss())
+
+
+def current_rss() -> int:
+    """Resident set size of this process in bytes (Linux /proc; elsewhere the getrusage high-water mark)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
