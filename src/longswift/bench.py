@@ -20,6 +20,7 @@ from .bench_peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .bench_prompts import Prompt, build_prompts, file_digest
 from .bench_report import MemoryStore, ResultStore, RunContext, write_outputs
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from .generate import check_context
 from .engine import Engine, load
 from .errors import LongswiftError
 from .loading import resolve_path
@@ -202,6 +203,15 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
     cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
              for length in sorted(cfg.lengths)]
+    longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
+    try:  # refuse before any run, not mid-grid
+        check_context(engine.cfg, len(longest.prompt.ids), longest.length)
+    except LongswiftError:
+        total, limit = len(longest.prompt.ids) + longest.length, engine.cfg.context_limit
+        raise LongswiftError(f"the grid's longest cell (prefix {len(longest.prompt.ids)} + {longest.length} new = {total} "
+                             f"tokens) exceeds this model's context of {limit}: lower --lengths/--prefix, or extend "
+                             f"the context with --rope-scaling yarn:{-(-total // engine.cfg.max_position_embeddings)}"
+                             ) from None
     n_ctx = max(len(c.prompt.ids) + c.length for c in cells) + 64
     methods = Methods(engine, model, cfg, n_ctx)
     requested = cfg.methods or DEFAULT_METHODS
