@@ -163,19 +163,6 @@ def test_missing_peers_are_skipped_not_failed(tmp_path, tiny_dir, capsys, monkey
     assert [r["method"] for r in lines(out_dir / "results.jsonl")] == ["ar"]
 
 
-@pytest.mark.slow
-def test_llamacpp_peer_on_the_embedded_gguf(tmp_path, capsys):
-    pytest.importorskip("llama_cpp")
-    out_dir = tmp_path / "bench"
-    code = main(["bench", "--methods", "ar,llamacpp,llamacpp-pld", "--prefix", "64", "--lengths", "16",
-                 "--presets", "greedy,paper", "--no-warmup", "--out-dir", str(out_dir)])
-    assert code == 0, capsys.readouterr().err
-    records = lines(out_dir / "results.jsonl")
-    assert sorted(r["method"] for r in records) == ["ar", "ar", "llamacpp", "llamacpp", "llamacpp-pld", "llamacpp-pld"]
-    assert all(len(r["token_ids"]) == 16 and r["decode_tokens_per_second"] > 0 for r in records)
-    assert "llama.cpp runs its own kernels" in (out_dir / "report.md").read_text()
-
-
 def test_ablation_rerun_adds_a_variant_next_to_the_existing_runs(tmp_path, tiny_dir, capsys):
     out_dir = tmp_path / "bench"
     bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "6", "--presets", "greedy")
