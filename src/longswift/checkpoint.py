@@ -66,13 +66,6 @@ class Checkpoint:
         """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""
         write_atomic(path, self.to_json())
 
-    @property
-    def finished(self) -> bool:
-        """True if the generation had already ended when this checkpoint was taken."""
-        if len(self.token_ids) >= int(self.generation["max_new_tokens"]):
-            return True
-        return self.stats.get("finish_reason") == "eos"
-
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Load and verify a checkpoint file; a one-line error for anything missing, damaged or foreign."""

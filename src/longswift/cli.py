@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     from .cli_generate import cmd_generate
     from .cli_heads import cmd_eval_heads, cmd_train_heads
 
-    commands = {"generate": lambda a: cmd_generate(a, argv), "info": cmd_info, "bench": cmd_bench,
+    commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
                 "train-heads": cmd_train_heads, "eval-heads": cmd_eval_heads}
     from .parallel import env_rank, env_world_size
 

@@ -93,7 +93,7 @@ class Outputs:
         return base.with_name(base.name + ".checkpoint.json") if base else Path("longswift.checkpoint.json")
 
 
-def cmd_generate(args: argparse.Namespace, argv: list[str]) -> int:
+def cmd_generate(args: argparse.Namespace) -> int:
     from .cli import config_from_args, read_prompt_file
 
     if args.checkpoint_every <= 0:
@@ -102,7 +102,7 @@ def cmd_generate(args: argparse.Namespace, argv: list[str]) -> int:
         raise LongswiftError("give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS "
                              "(or --resume CHECKPOINT)")
     if args.resume is not None:
-        return _resume(args, argv)
+        return _resume(args)
     if args.greedy:
         args.temperature = 0.0
     if args.prompt_ids is not None:
@@ -165,10 +165,10 @@ class Ranks:
                 dist.destroy_process_group()
 
 
-def _resume(args: argparse.Namespace, argv: list[str]) -> int:
+def _resume(args: argparse.Namespace) -> int:
     from .checkpoint import read_checkpoint
 
-    given = [a.split("=")[0] for a in argv if a.startswith("--")]
+    given = [a.split("=")[0] for a in args.argv if a.startswith("--")]  # the command line as typed
     extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
     if extra:
         raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
