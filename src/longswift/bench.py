@@ -20,7 +20,7 @@ from .bench_peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .bench_prompts import Prompt, build_prompts, file_digest
 from .bench_report import MemoryStore, ResultStore, RunContext, write_outputs
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
-from .generate import check_context
+from .generate import rope_factor_for
 from .engine import Engine, load
 from .errors import LongswiftError
 from .loading import resolve_path
@@ -204,14 +204,11 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
              for length in sorted(cfg.lengths)]
     longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
-    try:  # refuse before any run, not mid-grid
-        check_context(engine.cfg, len(longest.prompt.ids), longest.length)
-    except LongswiftError:
-        total, limit = len(longest.prompt.ids) + longest.length, engine.cfg.context_limit
+    total, limit = len(longest.prompt.ids) + longest.length, engine.cfg.context_limit
+    if total > limit:  # refuse before any run, not mid-grid
         raise LongswiftError(f"the grid's longest cell (prefix {len(longest.prompt.ids)} + {longest.length} new = {total} "
                              f"tokens) exceeds this model's context of {limit}: lower --lengths/--prefix, or extend "
-                             f"the context with --rope-scaling yarn:{-(-total // engine.cfg.max_position_embeddings)}"
-                             ) from None
+                             f"the context with --rope-scaling yarn:{rope_factor_for(engine.cfg, total)}")
     n_ctx = max(len(c.prompt.ids) + c.length for c in cells) + 64
     methods = Methods(engine, model, cfg, n_ctx)
     requested = cfg.methods or DEFAULT_METHODS

@@ -114,7 +114,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .loading import load_config, resolve_path
     from .linear import packing_supported
     from .memory import GiB, available_bytes, plan_memory
-    from .tokenswift import tree_budget
+    from .tokenswift import draft_cache_tokens, tree_budget
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
@@ -126,7 +126,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     spec = spec.for_device(device)
     nodes = tree_budget(spec)
-    draft = spec.draft_kv_budget if tokens > spec.draft_kv_budget and spec.draft_mode == "paper" else 0
+    draft = draft_cache_tokens(spec, tokens)
     plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):

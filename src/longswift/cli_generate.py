@@ -275,7 +275,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         if interrupted:
             path = out.checkpoint or out.fallback_checkpoint()
             stream.checkpoint(saved).save(path)
-            result = _partial_result(engine, stream)
+            result = stream.result_so_far(finish_reason="interrupted")
         else:
             if out.checkpoint:  # the final state: resuming it reproduces the finished outputs
                 stream.checkpoint(saved).save(out.checkpoint)
@@ -296,17 +296,6 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
               f"Continue with: longswift generate --resume {path}", file=sys.stderr)
         return stop.exit_code
     return 0
-
-
-def _partial_result(engine: Any, stream: Any) -> Any:
-    from dataclasses import replace
-
-    from .generate import GenerationResult
-
-    text = None
-    if engine.tokenizer is not None:
-        text = engine.tokenizer.decode(stream.token_ids, skip_special_tokens=True)
-    return GenerationResult(list(stream.token_ids), text, replace(stream.stats, finish_reason="interrupted"))
 
 
 def _stdout_write(text: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -56,10 +56,16 @@ class GenerationStream:
         for ids in self._steps:
             self.token_ids.extend(ids)
             yield ids
+        self.result = self.result_so_far()
+
+    def result_so_far(self, finish_reason: str | None = None) -> GenerationResult:
+        """The ids and text generated so far, with a copy of the stats (and `finish_reason` if given,
+        e.g. "interrupted" for a run stopped between steps)."""
         text = None
         if self._engine.tokenizer is not None:
             text = self._engine.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        self.result = GenerationResult(list(self.token_ids), text, self.stats)
+        stats = self.stats if finish_reason is None else replace(self.stats, finish_reason=finish_reason)
+        return GenerationResult(list(self.token_ids), text, stats)
 
     def checkpoint(self, outputs: dict[str, str | None] | None = None) -> Checkpoint:
         """The run's state now; call between steps (not from another thread)."""

@@ -72,13 +72,18 @@ class GenerationResult:
         return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats.to_dict()}
 
 
+def rope_factor_for(cfg: ModelConfig, total: int) -> int:
+    """The smallest whole rope-scaling factor whose extended context holds `total` tokens."""
+    return -(-total // cfg.max_position_embeddings)
+
+
 def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
     """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
     total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
     if total > limit:
-        factor = -(-total // cfg.max_position_embeddings)
         advice = ("lower --max-new-tokens or shorten the prompt" if cfg.rope_type != "default" else
-                  f"lower --max-new-tokens, or extend the context on purpose with --rope-scaling yarn:{factor}")
+                  f"lower --max-new-tokens, or extend the context on purpose with --rope-scaling yarn:"
+                  f"{rope_factor_for(cfg, total)}")
         raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                              f"exceeds this model's context of {limit} tokens: {advice}")
 

@@ -71,10 +71,10 @@ class TokenSwiftState:
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
-        partial = total > spec.draft_kv_budget and spec.draft_mode == "paper"
-        self.full = new_cache(model, total + nodes, gen.prefill_chunk, spec.draft_kv_budget if partial else 0, nodes)
+        draft_tokens = draft_cache_tokens(spec, total)
+        self.full = new_cache(model, total + nodes, gen.prefill_chunk, draft_tokens, nodes)
         self.partial = None
-        if partial:
+        if draft_tokens:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
                                           model.dtype, model.device,
                                           reduce_scores=model.tp.kv_score_reduce() if model.tp else None)
@@ -133,6 +133,12 @@ def tree_budget(spec: SpecConfig) -> int:
         width *= k
         nodes += width
     return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
+
+
+def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
+    """Size of the draft pass's partial KV cache for a run of `total` tokens: the budget when the
+    paper draft mode will outgrow it, else 0 (shorter runs, and fused mode, draft without one)."""
+    return spec.draft_kv_budget if total > spec.draft_kv_budget and spec.draft_mode == "paper" else 0
 
 
 def _stage_done(stats: GenerationStats, stage: str, t0: float) -> float:
