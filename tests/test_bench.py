@@ -65,6 +65,27 @@ def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
         read_instructions(bad)
 
 
+def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):
+    from types import SimpleNamespace
+
+    from longswift.bench_prompts import build_prompts
+
+    def encode(text, chat=False):  # one id per character; chat adds a 2-id wrapper
+        return ([900, 901] if chat else []) + [ord(c) for c in text]
+
+    engine = SimpleNamespace(encode=encode, cfg=SimpleNamespace(vocab_size=50))
+    prose = tmp_path / "p.txt"
+    prose.write_text("abc")
+    cells = build_prompts(engine, prose, False, (4, 7), seed=0)
+    assert [(n, p.ids, p.fixed) for n, p in cells] == [(4, (97, 98, 99, 97), False), (7, (97, 98, 99) * 2 + (97,), False)]
+    jsonl = tmp_path / "i.jsonl"
+    jsonl.write_text('{"id": "one", "prompt": "hi"}\n\n{"id": "two", "prompt": "yo"}\n')
+    cells = build_prompts(engine, jsonl, True, (4, 7), seed=0)  # prefix lengths do not apply
+    assert [(n, p.name, p.ids) for n, p in cells] == [(None, "one", (900, 901, 104, 105)), (None, "two", (900, 901, 121, 111))]
+    rand = build_prompts(engine, None, False, (3, 5), seed=1)
+    assert rand[0][1].ids == rand[1][1].ids[:3] and all(0 <= t < 50 for t in rand[1][1].ids)  # nested prefixes
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")

@@ -176,7 +176,7 @@ class Methods:
         return list(stream.token_ids), timeline, stats
 
 
-def suite_identity(engine: Engine, model: Any, runtime: RuntimeConfig, cfg: BenchConfig, heads: Any) -> dict[str, Any]:
+def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, Any]:
     """What makes results comparable: a results directory holds runs of one identity only (the grid
     axes, the methods and the TokenSwift options may grow between reruns; they are in each run's key)."""
     import torch
@@ -223,7 +223,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             log(f"{m}: skipped ({why})")
         else:
             runnable.append(m)
-    identity = suite_identity(engine, model, runtime, cfg, heads)
+    identity = suite_identity(engine, cfg, heads)
     store = ResultStore(out_dir, identity, fresh) if out_dir is not None else MemoryStore(identity)
     if store.records:
         log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .atomic import replace_atomically
 from .bench_metrics import curve_speedup
 
 
@@ -66,7 +67,7 @@ def plot_all(records: list[dict[str, Any]], out_dir: Path) -> list[str]:
         for ax in list(axes.flat)[len(panels):]:
             ax.axis("off")
         fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=100)
+        replace_atomically(out_dir / name, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
         plt.close(fig)
         written.append(name)
     return written
