@@ -12,11 +12,14 @@ import torch
 from conftest import tiny_hf_model
 
 import longswift
+from longswift import GenerationConfig, SamplingConfig
 from longswift.cache import FullKVCache, PartialKVCache
 from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
+from longswift.generate import GenerationStats
 from longswift.heads import load_heads, new_heads, save_heads
 from longswift.ngram import NGramTable, NGramTracker
+from longswift.tokenswift import TokenSwiftState, draft
 from longswift.tree import HEADS, NGRAM, Trie
 
 
@@ -123,6 +126,39 @@ def test_partial_cache_selection_matches_its_definition():
     assert part.length == 25 and torch.equal(part.k[:, :, 24], full.k[:, :, 59])
     part.length = 30
     assert part.window_full
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static", "full"])
+def test_draft_cache_modes_select_as_specified(mode):
+    """Past the budget the draft pass drafts on the partial cache; a full window is re-selected
+    (dynamic) or emptied with the first selection kept (static); `full` never builds one."""
+    engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64", heads="random")
+    spec = SpecConfig(tree="1,1", ngram_topk=0, draft_kv_budget=30, draft_window=6, attention_sinks=4,
+                      draft_cache=mode, adaptive=False).for_device("cpu")
+    prompt = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    gen = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    with torch.inference_mode():
+        s = TokenSwiftState(engine.model, engine.heads, prompt, [], greedy, gen, spec, GenerationStats("tokenswift", len(prompt)),
+                            frozenset(), None)
+        s.model.prefill(s.history[: s.n - 1], s.full, 16)  # the committed context; history[n-1] is the root
+        if mode == "full":
+            assert s.partial is None
+            draft(s)
+            assert s.full.length == s.n - 1
+            return
+        draft(s)  # context 39 >= budget 30: selects
+        first = s.partial.positions.clone()
+        assert s.partial.selected and s.partial.length == s.partial.window_start == 24
+        s.partial.append(s.full, 0, 6)  # fill the window (any entries will do)
+        assert s.partial.window_full
+        s.n -= 1  # draft at another root so a re-selection would score other queries
+        s.full.truncate(s.n - 1)
+        draft(s)
+        if mode == "static":
+            assert torch.equal(s.partial.positions, first) and s.partial.length == 24
+        else:
+            assert s.partial.length == 24 and not torch.equal(s.partial.positions, first)
 
 
 # ---- heads -----------------------------------------------------------------------------------

@@ -25,6 +25,10 @@ SPECS = {
     "fused": SpecConfig(tree="1,3,3,3", ngram_topk=20, draft_mode="fused", adaptive=False),
     "wide-partial": SpecConfig(tree="3,2,2,2", ngram_topk=4, draft_kv_budget=40, draft_window=8, attention_sinks=4,
                                adaptive=False),
+    "static-partial": SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=40, draft_window=8, attention_sinks=4,
+                                 draft_cache="static", adaptive=False),
+    "full-draft-cache": SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=40, draft_window=8,
+                                   draft_cache="full", adaptive=False),
     "narrow-no-ngram": SpecConfig(tree="1,1", ngram_topk=0, adaptive=False),
     "fused-partial": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6, adaptive=False),
 }

@@ -92,8 +92,15 @@ class Cell:
 
 
 def spec_label(spec: SpecConfig, method: str) -> str:
+    """The TokenSwift options of a run (part of its key, so ablations are separate runs). Options at
+    their defaults are left out, which keeps the labels, hence the keys, of earlier results."""
     mode = "fused" if method == "tokenswift-fused" else spec.draft_mode
-    return (f"tree {spec.tree}, n-gram top-k {spec.ngram_topk}, draft KV {spec.draft_kv_budget}, {mode} draft, "
+    extra = "".join(f", {text}" for text, default in (
+        (f"{spec.draft_cache} draft cache", spec.draft_cache == "dynamic"),
+        (f"draft window {spec.draft_window}", spec.draft_window == SpecConfig.draft_window),
+        (f"{spec.attention_sinks} sinks", spec.attention_sinks == SpecConfig.attention_sinks),
+    ) if not default)
+    return (f"tree {spec.tree}, n-gram top-k {spec.ngram_topk}, draft KV {spec.draft_kv_budget}{extra}, {mode} draft, "
             f"adaptive {'on' if spec.adaptive else 'off'}")
 
 

@@ -215,7 +215,7 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
                      "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")
     if ctx.spec is not None and any(m.startswith("tokenswift") for m in ctx.methods):
         lines.append(f"- tokenswift options: {ctx.spec.tree} tree, n-gram top-k {ctx.spec.ngram_topk}, draft KV budget "
-                     f"{ctx.spec.draft_kv_budget}, adaptive steps {'on' if ctx.spec.adaptive else 'off'}")
+                     f"{ctx.spec.draft_kv_budget} ({ctx.spec.draft_cache}), adaptive steps {'on' if ctx.spec.adaptive else 'off'}")
     if any(m.startswith("llamacpp") for m in ctx.methods):
         lines.append("- llama.cpp runs its own kernels on the GGUF's stored weights (quantized types stay quantized), "
                      "while longswift and transformers run the weights dequantized to the dtype above: its speed is "

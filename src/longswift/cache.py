@@ -63,7 +63,8 @@ class PartialKVCache(FullKVCache):
     """The draft pass's small cache (DESIGN §3): slots `[0, sinks)` hold the first positions,
     then `retrieved` positions chosen per layer and KV head by importance (the latest query's
     dot products with the keys), then a window of the most recent entries. When the window is
-    full, the caller selects again from the full cache ("dynamic partial cache")."""
+    full, the caller selects again from the full cache ("dynamic partial cache"), or keeps the
+    selection and restarts the window (static, an ablation)."""
 
     def __init__(self, cfg: ModelConfig, budget: int, sinks: int, window: int,
                  dtype: torch.dtype, device: torch.device,
@@ -86,6 +87,10 @@ class PartialKVCache(FullKVCache):
     @property
     def window_full(self) -> bool:
         return self.length - self.window_start >= self.window
+
+    def restart_window(self) -> None:
+        """Empty the recent window, keeping the sinks and retrieved entries (static partial cache)."""
+        self.length = self.window_start
 
     def select(self, full: FullKVCache, queries: list[torch.Tensor]) -> None:
         """Refill from `full[:length]` with sinks + top-`retrieved` slots per layer and KV head.

@@ -196,6 +196,7 @@ class GenerationConfig:
 
 PAPER_TREE, PAPER_NGRAM_TOPK = "1,3,3,3", 20
 CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
+DRAFT_CACHES = ("dynamic", "static", "full")  # SpecConfig.draft_cache
 
 
 @dataclass
@@ -214,6 +215,10 @@ class SpecConfig:
         default=4096, metadata=_help("partial KV cache size of the draft pass; shorter contexts draft on the full cache")
     )
     draft_window: int = field(default=1024, metadata=_help("recent-token window inside the draft KV budget"))
+    draft_cache: str = field(default="dynamic", metadata=_help(
+        "the draft pass's cache once the context outgrows --draft-kv-budget: dynamic (sinks + important "
+        "entries, re-selected whenever the recent window fills), static (selected once, never refreshed) "
+        "or full (the whole KV cache); static and full are ablations"))
     attention_sinks: int = field(default=16, metadata=_help("first positions always kept in the partial cache"))
     adaptive: bool = field(default=True, metadata=_help(
         "per step, use whichever has been faster: full steps (draft pass + tree) or lookup steps "
@@ -226,6 +231,8 @@ class SpecConfig:
             raise LongswiftError("--ngram-topk must be >= 0")
         if self.draft_mode not in ("paper", "fused"):
             raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")
+        if self.draft_cache not in DRAFT_CACHES:
+            raise LongswiftError(f"--draft-cache must be one of {', '.join(DRAFT_CACHES)}; got '{self.draft_cache}'")
         if self.attention_sinks < 0 or self.draft_window <= 0:
             raise LongswiftError("--attention-sinks must be >= 0 and --draft-window positive")
         if self.draft_kv_budget <= self.attention_sinks + self.draft_window:

@@ -137,8 +137,10 @@ def tree_budget(spec: SpecConfig) -> int:
 
 def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
     """Size of the draft pass's partial KV cache for a run of `total` tokens: the budget when the
-    paper draft mode will outgrow it, else 0 (shorter runs, and fused mode, draft without one)."""
-    return spec.draft_kv_budget if total > spec.draft_kv_budget and spec.draft_mode == "paper" else 0
+    paper draft mode will outgrow it, else 0 (shorter runs, fused mode and --draft-cache full draft
+    without one)."""
+    partial = spec.draft_mode == "paper" and spec.draft_cache != "full"
+    return spec.draft_kv_budget if partial and total > spec.draft_kv_budget else 0
 
 
 def _stage_done(stats: GenerationStats, stage: str, t0: float) -> float:
@@ -158,9 +160,11 @@ def draft(s: TokenSwiftState) -> Draft:
         queries: list[torch.Tensor] | None = None
         # Draft on the full cache while the context fits the budget; past it, on the partial cache.
         if s.partial is not None and s.full.length >= s.spec.draft_kv_budget:
-            if not s.partial.selected or s.partial.window_full:
+            if not s.partial.selected or (s.partial.window_full and s.spec.draft_cache == "dynamic"):
                 queries = []  # draft on the full cache once, then select with the root's queries
             else:
+                if s.partial.window_full:  # static: keep the first selection, restart the window
+                    s.partial.restart_window()
                 cache = s.partial
         start = cache.length
         tokens = torch.tensor([root], device=model.device)
