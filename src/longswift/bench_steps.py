@@ -163,7 +163,8 @@ def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:
     need = max(plan.total, buffer_bytes)  # the bandwidth buffer is freed before the model is made
     if need > free:
         raise LongswiftError(f"not enough memory for these step costs: {plan.describe()}, but {free / GiB:.2f} GiB "
-                             "is free; lower --contexts, --tree-nodes or --layers, or use --dtype bfloat16")
+                             "is free; lower --contexts (or --prefix + --new-tokens), --tree-nodes or --layers, "
+                             "or use --dtype bfloat16")
 
 
 def last_level_cache_bytes(device: torch.device) -> int:
