@@ -1,4 +1,4 @@
-"""`longswift generate | info | bench | train-heads | eval-heads`: flags come from the config dataclasses' fields."""
+"""`longswift generate | info | bench | bench-steps | train-heads | eval-heads`: flags come from the config dataclasses' fields."""
 
 from __future__ import annotations
 
@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, help="also write every run's record to this JSON file")
     add_config_flags(bench, SpecConfig)
     add_config_flags(bench, RuntimeConfig)
+    from .cli_bench_steps import add_parser as add_bench_steps_parser
+
+    add_bench_steps_parser(sub, add_config_flags)
     from .cli_heads import add_parsers
 
     add_parsers(sub)
@@ -188,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # the exact command, for reports
     from .cli_generate import cmd_generate
+    from .cli_bench_steps import cmd_bench_steps
     from .cli_heads import cmd_eval_heads, cmd_train_heads
 
-    commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench,
+    commands = {"generate": cmd_generate, "info": cmd_info, "bench": cmd_bench, "bench-steps": cmd_bench_steps,
                 "train-heads": cmd_train_heads, "eval-heads": cmd_eval_heads}
     from .parallel import env_rank, env_world_size
 

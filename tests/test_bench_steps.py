@@ -1,0 +1,184 @@
+"""`longswift bench-steps`: built-in shapes, the floor and projection arithmetic against hand
+computations, random tries, a tiny shape end to end (JSON and markdown), and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from longswift.bench_projection import StepCosts, floor_seconds, integrate, project, tokens_per_step
+from longswift.bench_steps import StepBenchConfig, random_trie
+from longswift.cli import main
+from longswift.config import SpecConfig
+from longswift.errors import LongswiftError
+from longswift.model import Transformer, expected_shapes
+from longswift.shapes import SHAPES, random_state, shape_config, weight_bytes_read
+
+TINY = {"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "tie_word_embeddings": False}
+# A run small enough for seconds: draft budget 128 (sinks 4 + window 32 + 92 retrieved).
+TINY_RUN = ("--shape", "tiny", "--tree-nodes", "1,4", "--reps", "2", "--warmup", "1", "--draft-kv-budget", "128",
+            "--draft-window", "32", "--attention-sinks", "4", "--bandwidth-mib", "8", "--device", "cpu", "--threads", "1")
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setitem(SHAPES, "tiny", TINY)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, match):
+    assert code == 2
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("longswift: error: ") and match in lines[0], lines[0]
+
+
+def test_shapes_have_the_published_sizes():
+    llama, qwen, smol = (shape_config(name) for name in ("llama-3.1-8b", "qwen2.5-7b", "smollm2-135m"))
+    assert llama.parameter_count() == 8_030_261_248 and llama.rope_type == "llama3" and llama.context_limit == 131072
+    assert (llama.num_heads, llama.num_kv_heads, llama.head_dim, llama.num_layers) == (32, 8, 128, 32)
+    # Qwen2.5-7B: 7.62B with the q/k/v biases that parameter_count leaves out
+    assert qwen.parameter_count() == 7_615_487_488 and qwen.qkv_bias and qwen.sliding_window is None
+    assert (qwen.num_heads, qwen.num_kv_heads, qwen.num_layers, qwen.vocab_size) == (28, 4, 28, 152064)
+    assert smol.parameter_count() == 134_515_008 and smol.tie_word_embeddings  # the embedded model's count
+    assert shape_config("llama-3.1-8b", layers=2).num_layers == 2
+    with pytest.raises(LongswiftError, match="unknown shape 'llama-9b'"):
+        shape_config("llama-9b")
+
+
+def test_random_state_has_every_tensor_and_shares_the_untied_head():
+    cfg = shape_config(TINY)
+    state = random_state(cfg, torch.bfloat16, torch.device("cpu"), seed=1)
+    assert set(state) == set(expected_shapes(cfg))
+    assert all(t.dtype == torch.bfloat16 and tuple(t.shape) == expected_shapes(cfg)[k] for k, t in state.items())
+    assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
+    assert torch.equal(random_state(cfg, torch.bfloat16, torch.device("cpu"), seed=1)["model.norm.weight"],
+                       torch.ones(64, dtype=torch.bfloat16))
+    Transformer(cfg, state)  # the model accepts it
+    # an untied table is only gathered: the bytes read are those of every weight but the embedding
+    elem = 4
+    assert weight_bytes_read(cfg, torch.float32) == (cfg.parameter_count() - 128 * 64) * elem
+    tied = shape_config(TINY | {"tie_word_embeddings": True})
+    assert weight_bytes_read(tied, torch.float32) == tied.parameter_count() * elem
+
+
+def test_floor_and_tokens_per_step_by_hand():
+    assert floor_seconds(6_000, 4_000, 1e6) == pytest.approx(0.01)  # 10 KB at 1 MB/s
+    assert tokens_per_step(0.5, 4) == 3.0 and tokens_per_step(0.0, 4) == 1.0 and tokens_per_step(1.0, 3) == 4.0
+    for bad in (-0.1, 1.5):
+        with pytest.raises(LongswiftError, match="--alpha must be in"):
+            tokens_per_step(bad, 4)
+
+
+def test_integrate_is_exact_for_piecewise_linear_costs():
+    xs, ys = (0, 10, 20), (1.0, 3.0, 3.0)
+    assert integrate(xs, ys, 0, 20) == pytest.approx(10 * 2 + 10 * 3)
+    assert integrate(xs, ys, 5, 15) == pytest.approx(5 * 2.5 + 5 * 3)  # f(5) = 2, f(10) = 3
+    assert integrate(xs, ys, 7, 7) == 0.0
+    with pytest.raises(LongswiftError, match="does not extrapolate"):
+        integrate(xs, ys, 0, 21)
+
+
+def test_projection_matches_a_hand_computation():
+    costs = StepCosts(contexts=(1000, 2000, 3000), ar=(0.010, 0.020, 0.030), draft=(0.005, 0.005, 0.005),
+                      verify=(0.012, 0.022, 0.032), walk_row=(0.001, 0.001, 0.001), reselect=(None, 0.025, 0.035))
+    p = project(costs, prefix=1000, new_tokens=2000, alpha=0.5, depth=4, draft_budget=2000, window=100)
+    assert p.tokens_per_step == 3.0
+    # AR: integral of c / 100000 s over [1000, 3000] = (3000^2 - 1000^2) / 2e5 = 40 s
+    assert p.ar_seconds == pytest.approx(40.0)
+    # TokenSwift: a step costs draft + verify + 3 rows = 0.02, 0.03, 0.04 s at the three contexts: integral 60,
+    # per token / 3 = 20 s; refills past 2000: (reselect - draft) = 0.02 .. 0.03 s, integral 25, one per 100 tokens
+    assert p.tokenswift_seconds == pytest.approx(20.0 + 0.25)
+    assert p.speedup == pytest.approx(40.0 / 20.25)
+    below = project(costs, prefix=1000, new_tokens=1000, alpha=0.0, depth=4, draft_budget=5000, window=100)
+    assert below.tokenswift_seconds == pytest.approx(1000 * (0.018 + 0.028) / 2)  # tau 1, no refills
+    with pytest.raises(LongswiftError, match="does not extrapolate"):
+        project(costs, prefix=500, new_tokens=1000, alpha=0.5, depth=4, draft_budget=2000, window=100)
+
+
+def test_random_trie_has_the_asked_size_and_depth():
+    gen = torch.Generator().manual_seed(0)
+    for n in (1, 2, 8, 121):
+        trie = random_trie(n, 4, root=7, gen=gen)
+        assert len(trie) == n and max(trie.depths) <= 4 and trie.tokens[0] == 7
+        assert trie.mask().shape == (n, n)
+    assert max(random_trie(5, 4, 0, gen).depths) <= 4 and random_trie(5, 1, 0, gen).depths == [0, 1, 1, 1, 1]
+
+
+def test_projection_ends_and_tree_are_measured_not_extrapolated():
+    cfg = StepBenchConfig(shape="smollm2-135m", contexts=(2048, 8192), tree_nodes=(1, 4), alphas=(0.5,), prefix=1024,
+                          new_tokens=6000).for_device(torch.device("cpu"))
+    assert cfg.measured_contexts() == (1024, 2048, 4096, 7024, 8192)  # both ends and the draft budget inside
+    assert cfg.projection_nodes == 8 and cfg.measured_nodes() == (1, 4, 8)  # CPU tree 1,1,1 + 1 n-gram path of 4
+    assert cfg.depth == 4
+    paper = StepBenchConfig(shape="smollm2-135m", spec=SpecConfig(tree="1,3,3,3", ngram_topk=20)).for_device(
+        torch.device("cpu"))
+    assert paper.projection_nodes == 1 + 1 + 3 + 9 + 27 + 20 * 4 and paper.measured_contexts() == (2048, 4096, 8192)
+    default = StepBenchConfig(shape="smollm2-135m", alphas=(0.7,)).for_device(torch.device("cpu"))
+    assert (default.prefix, default.new_tokens) == (4096, 4096)  # CPU: from the paper's prefix to the largest context
+
+
+def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
+    md, js = tmp_path / "steps.md", tmp_path / "steps.json"
+    md.write_text("# earlier\n")
+    code, out, err = run(capsys, "bench-steps", *TINY_RUN, "--contexts", "64,256", "--alpha", "0.5,0.9",
+                         "--prefix", "100", "--new-tokens", "150", "--out", str(md), "--json", str(js))
+    assert code == 0, err
+    assert "memory plan:" in err and "context 256:" in err
+    data = json.loads(js.read_text())
+    assert [c["context"] for c in data["contexts"]] == [64, 100, 128, 250, 256]  # asked + projection ends + budget
+    assert data["identity"]["layers"] == 2 and data["identity"]["dtype"] == "float32"
+    assert data["identity"]["command"].startswith("longswift bench-steps --shape tiny")
+    kv, weights, bw = data["kv_bytes_per_token"], data["weight_bytes_per_step"], data["bandwidth_bytes_per_s"]
+    assert kv == 2 * 2 * 2 * 16 * 4
+    for c in data["contexts"]:
+        assert c["floor"] == pytest.approx((weights + c["context"] * kv) / bw)
+        assert c["ar"] > 0 and c["draft"] > 0 and c["walk_row"] > 0 and set(c["verify"]) == {"1", "4", "8"}
+        assert (c["reselect"] is None) == (c["context"] < 128)
+        assert c["draft_cache"] == (c["context"] if c["context"] < 128 else 128 - 32 + 16)
+    proj = data["projection"]
+    assert "not a measurement" in proj["label"] and proj["tree_nodes"] == 8 and proj["depth"] == 4
+    assert [r["tokens_per_step"] for r in proj["runs"]] == [3.0, pytest.approx(4.6)]
+    text = md.read_text()
+    assert text.startswith("# earlier\n") and "## longswift bench-steps: tiny shape" in text
+    assert "### Projection (computed from the costs above, not measured)" in text and "| 0.90 | 4.60 |" in text
+    assert "| context | AR ms | floor ms | floor / AR |" in out
+
+
+def test_layers_override_is_reported(tiny, capsys, tmp_path):
+    js = tmp_path / "s.json"
+    code, out, err = run(capsys, "bench-steps", *TINY_RUN, "--contexts", "32", "--layers", "1", "--json", str(js))
+    assert code == 0, err
+    assert json.loads(js.read_text())["identity"]["layers"] == 1
+    assert "1 of the shape's 2 layers (--layers)" in out and "Projection" not in out  # no --alpha: nothing projected
+
+
+@pytest.mark.parametrize("argv, match", [
+    (("--contexts", "0,64"), "--contexts must be positive"),
+    (("--contexts", "64,x"), "--contexts takes a comma list"),
+    (("--contexts", "1000000000"), "not enough memory for these step costs"),
+    (("--contexts", "64", "--alpha", "1.5"), "--alpha must be in [0, 1]"),
+    (("--contexts", "64", "--layers", "0"), "--layers must be positive"),
+    (("--contexts", "64", "--tree-nodes", "0"), "--tree-nodes must be positive"),
+    (("--contexts", "64", "--draft-mode", "fused"), "measures the paper draft mode"),
+    (("--contexts", "64", "--alpha", "0.5", "--prefix", "64"), "--prefix 64 is not below the largest context"),
+])
+def test_bad_inputs_are_one_line_errors(tiny, capsys, argv, match):
+    code, _, err = run(capsys, "bench-steps", *TINY_RUN, *argv)
+    assert_one_line_error(code, err, match)
+
+
+def test_unknown_shape_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench-steps", "--shape", "llama-9b"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'llama-9b'" in capsys.readouterr().err
