@@ -142,7 +142,8 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     assert kv == 2 * 2 * 2 * 16 * 4
     for c in data["contexts"]:
         assert c["floor"] == pytest.approx((weights + c["context"] * kv) / bw)
-        assert c["ar"] > 0 and c["draft"] > 0 and c["walk_row"] > 0 and set(c["verify"]) == {"1", "4", "8"}
+        assert c["ar"] > 0 and c["draft"] > 0 and c["walk_row"] > 0 and c["walk_row_cached"] > 0
+        assert set(c["verify"]) == {"1", "4", "8"}
         assert (c["reselect"] is None) == (c["context"] < 128)
         assert c["draft_cache"] == (c["context"] if c["context"] < 128 else 128 - 32 + 16)
     proj = data["projection"]
@@ -182,3 +183,17 @@ def test_unknown_shape_is_an_argparse_error(capsys):
         main(["bench-steps", "--shape", "llama-9b"])
     assert exc.value.code == 2
     assert "invalid choice: 'llama-9b'" in capsys.readouterr().err
+
+
+def test_projection_counts_the_lm_head_once_per_step_for_small_tries():
+    """Tries of up to BATCHED_LOGITS_NODES nodes get all LM-head rows inside the verify pass (its
+    measured cost), so their walk rows only sample; larger tries pay the LM head per visited row."""
+    from longswift.bench_steps import ContextCosts, step_costs
+    from longswift.tokenswift import BATCHED_LOGITS_NODES
+
+    small, large = BATCHED_LOGITS_NODES, BATCHED_LOGITS_NODES + 1
+    costs = [ContextCosts(context=c, ar=0.01, draft=0.01, draft_cache=c, reselect=None, walk_row=0.004,
+                          walk_row_cached=0.0005, verify={small: 0.02, large: 0.03}) for c in (100, 200)]
+    assert step_costs(costs, small).walk_row == (0.0005, 0.0005)
+    assert step_costs(costs, large).walk_row == (0.004, 0.004)
+    assert step_costs(costs, large).verify == (0.03, 0.03)

@@ -26,7 +26,7 @@ from .memory import GiB, MemoryPlan, available_bytes, plan_memory
 from .model import Transformer
 from .sampling import draw, penalty_window, transform
 from .shapes import SHAPES, random_state, shape_config, weight_bytes_read
-from .tokenswift import NGRAM_N, TokenSwiftState, Verified, draft, draft_cache_tokens, tree_budget, verify
+from .tokenswift import BATCHED_LOGITS_NODES, NGRAM_N, TokenSwiftState, Verified, draft, draft_cache_tokens, tree_budget, verify
 from .tree import Trie
 from .verify import lossless_walk
 
@@ -121,7 +121,8 @@ class ContextCosts:
     draft: float
     draft_cache: int  # entries the draft pass attends to (the partial cache past the budget)
     reselect: float | None  # a draft step that refills the partial cache; None below the budget
-    walk_row: float
+    walk_row: float  # LM head on one row + transform + draw (tries of more than BATCHED_LOGITS_NODES)
+    walk_row_cached: float  # transform + draw of a row whose logits the verify pass computed (smaller tries)
     verify: dict[int, float]  # tree nodes -> seconds
 
 
@@ -282,9 +283,10 @@ class StepRig:
         verify(self.s, trie)
         self.s.full.truncate(self.context)
 
-    def walk_row(self) -> None:
-        """One row of the lossless walk: the LM head on one hidden state, transform, draw."""
-        v = Verified(self.model, self.hidden, {})
+    def walk_row(self, logits: torch.Tensor | None = None) -> None:
+        """One row of the lossless walk: the LM head on one hidden state (unless its `logits` [V] are
+        given, as verify computes them for small tries), transform, draw."""
+        v = Verified(self.model, self.hidden, {} if logits is None else {0: logits})
         lossless_walk(Trie.with_root(self.root), v.row_logits, self.s.history, self.s.n, self.sampling, self.gen)
 
     def measure(self, context: int, tries: dict[int, Trie], sync: Callable[[], None]) -> ContextCosts:
@@ -304,7 +306,9 @@ class StepRig:
             draft_cache = partial.length  # type: ignore[union-attr]
         draft_s = timed(self.draft_step)
         verify_s = {n: timed(lambda t=t: self.verify_step(t)) for n, t in tries.items()}
-        return ContextCosts(context, ar, draft_s, draft_cache, reselect, timed(self.walk_row), verify_s)
+        logits = self.model.logits(self.hidden)[0]
+        return ContextCosts(context, ar, draft_s, draft_cache, reselect, timed(self.walk_row),
+                            timed(lambda: self.walk_row(logits)), verify_s)
 
 
 def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, packed: bool,
@@ -359,7 +363,10 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
 
 
 def step_costs(costs: list[ContextCosts], nodes: int) -> StepCosts:
-    """The projection's inputs: every measured context, with the verify cost of `nodes` nodes."""
+    """The projection's inputs: every measured context, with the verify cost of `nodes` nodes (which
+    includes the LM head of all rows when the trie is small enough, so its walk rows only sample)."""
+    batched = nodes <= BATCHED_LOGITS_NODES
     return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
-                     tuple(c.verify[nodes] for c in costs), tuple(c.walk_row for c in costs),
+                     tuple(c.verify[nodes] for c in costs),
+                     tuple(c.walk_row_cached if batched else c.walk_row for c in costs),
                      tuple(c.reselect for c in costs))

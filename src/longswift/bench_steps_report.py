@@ -7,6 +7,7 @@ from typing import Any
 
 from .bench_report import machine_lines
 from .bench_steps import StepBenchResult
+from .tokenswift import BATCHED_LOGITS_NODES
 
 
 def _ms(seconds: float | None) -> str:
@@ -40,17 +41,18 @@ def render(r: StepBenchResult) -> str:
         f"- AR: one token's forward + LM head + sampling. Draft: the paper-mode draft pass (on a "
         f"{spec.draft_kv_budget}-entry partial cache past that context, its recent window half full) + "
         f"{ident['gamma']} random heads + the LM head on {ident['gamma'] + 1} rows. Refill: a draft step that "
-        "drafts on the full cache and reselects the partial cache. Walk row: one row the lossless walk visits "
-        "(LM head + sampling). Verify: the tree's forward on the full cache (no LM head), random trie of that "
-        "many nodes (root included)",
+        "drafts on the full cache and reselects the partial cache. Walk row: one row the lossless walk visits: "
+        "LM head + sampling, or sampling only (cached) where verify computed the logits. Verify: the tree's "
+        f"forward on the full cache (random trie of that many nodes, root included), plus for tries of at most "
+        f"{BATCHED_LOGITS_NODES} nodes the LM head of all rows in one pass (as generation does)",
         "",
-        "| context | AR ms | floor ms | floor / AR | draft ms (entries) | refill ms | walk row ms |",
-        "|---|---|---|---|---|---|---|",
+        "| context | AR ms | floor ms | floor / AR | draft ms (entries) | refill ms | walk row ms | cached ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in r.costs:
         floor = r.floor(c.context)
         lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(floor)} | {floor / c.ar:.0%} | {_ms(c.draft)} "
-                     f"({c.draft_cache}) | {_ms(c.reselect)} | {_ms(c.walk_row)} |")
+                     f"({c.draft_cache}) | {_ms(c.reselect)} | {_ms(c.walk_row)} | {_ms(c.walk_row_cached)} |")
     nodes = sorted(r.costs[0].verify)
     lines += ["", "Verify ms by tree nodes (x the AR step in parentheses):", "",
               "| context | " + " | ".join(f"{n} nodes" for n in nodes) + " |", "|---" * (len(nodes) + 1) + "|"]
