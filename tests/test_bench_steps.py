@@ -143,7 +143,7 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     for c in data["contexts"]:
         assert c["floor"] == pytest.approx((weights + c["context"] * kv) / bw)
         assert c["ar"] > 0 and c["draft"] > 0 and c["walk_row"] > 0 and c["walk_row_cached"] > 0
-        assert set(c["verify"]) == {"1", "4", "8"}
+        assert set(c["verify"]) == set(c["logits_rows"]) == {"1", "4", "8"}
         assert (c["reselect"] is None) == (c["context"] < 128)
         assert c["draft_cache"] == (c["context"] if c["context"] < 128 else 128 - 32 + 16)
     proj = data["projection"]
@@ -186,14 +186,19 @@ def test_unknown_shape_is_an_argparse_error(capsys):
 
 
 def test_projection_counts_the_lm_head_once_per_step_for_small_tries():
-    """Tries of up to BATCHED_LOGITS_NODES nodes get all LM-head rows inside the verify pass (its
-    measured cost), so their walk rows only sample; larger tries pay the LM head per visited row."""
+    """Small tries in steps that emit several tokens get all LM-head rows in one pass, so their walk
+    rows only sample; other steps pay the LM head per visited row."""
     from longswift.bench_steps import ContextCosts, step_costs
-    from longswift.tokenswift import BATCHED_LOGITS_NODES
+    from longswift.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
 
     small, large = BATCHED_LOGITS_NODES, BATCHED_LOGITS_NODES + 1
     costs = [ContextCosts(context=c, ar=0.01, draft=0.01, draft_cache=c, reselect=None, walk_row=0.004,
-                          walk_row_cached=0.0005, verify={small: 0.02, large: 0.03}) for c in (100, 200)]
-    assert step_costs(costs, small).walk_row == (0.0005, 0.0005)
-    assert step_costs(costs, large).walk_row == (0.004, 0.004)
-    assert step_costs(costs, large).verify == (0.03, 0.03)
+                          walk_row_cached=0.0005, verify={small: 0.02, large: 0.03}, logits_rows={small: 0.006})
+             for c in (100, 200)]
+    many, one = BATCH_FROM_TOKENS, 1.0  # tokens per step
+    assert step_costs(costs, small, many).walk_row == (0.0005, 0.0005)
+    assert step_costs(costs, small, many).verify == pytest.approx((0.026, 0.026))  # forward + all rows' LM head
+    assert step_costs(costs, small, one).walk_row == (0.004, 0.004)  # one-token steps: rows on demand
+    assert step_costs(costs, small, one).verify == (0.02, 0.02)
+    assert step_costs(costs, large, many).walk_row == (0.004, 0.004)
+    assert step_costs(costs, large, many).verify == (0.03, 0.03)

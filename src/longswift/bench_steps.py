@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .bench_projection import Projection, StepCosts, floor_seconds, project
+from .bench_projection import Projection, StepCosts, floor_seconds, project, tokens_per_step
 from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 from .generate import GenerationStats
@@ -26,7 +26,7 @@ from .memory import GiB, MemoryPlan, available_bytes, plan_memory
 from .model import Transformer
 from .sampling import draw, penalty_window, transform
 from .shapes import SHAPES, random_state, shape_config, weight_bytes_read
-from .tokenswift import BATCHED_LOGITS_NODES, NGRAM_N, TokenSwiftState, Verified, draft, draft_cache_tokens, tree_budget, verify
+from .tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, NGRAM_N, TokenSwiftState, Verified, draft, draft_cache_tokens, tree_budget, verify
 from .tree import Trie
 from .verify import lossless_walk
 
@@ -123,7 +123,8 @@ class ContextCosts:
     reselect: float | None  # a draft step that refills the partial cache; None below the budget
     walk_row: float  # LM head on one row + transform + draw (tries of more than BATCHED_LOGITS_NODES)
     walk_row_cached: float  # transform + draw of a row whose logits the verify pass computed (smaller tries)
-    verify: dict[int, float]  # tree nodes -> seconds
+    verify: dict[int, float]  # tree nodes -> seconds of the verify forward (no LM head)
+    logits_rows: dict[int, float]  # tree nodes (<= BATCHED_LOGITS_NODES) -> the LM head of all rows in one pass
 
 
 @dataclass
@@ -307,8 +308,10 @@ class StepRig:
         draft_s = timed(self.draft_step)
         verify_s = {n: timed(lambda t=t: self.verify_step(t)) for n, t in tries.items()}
         logits = self.model.logits(self.hidden)[0]
+        rows = self.hidden.expand(max(tries), -1).contiguous()  # [N, hidden]
+        logits_rows = {n: timed(lambda n=n: self.model.logits(rows[:n])) for n in tries if n <= BATCHED_LOGITS_NODES}
         return ContextCosts(context, ar, draft_s, draft_cache, reselect, timed(self.walk_row),
-                            timed(lambda: self.walk_row(logits)), verify_s)
+                            timed(lambda: self.walk_row(logits)), verify_s, logits_rows)
 
 
 def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, packed: bool,
@@ -356,17 +359,18 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                 f"({time.perf_counter() - t0:.1f} s)")
     del rig, model, state, heads
     bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
-    projections = [project(step_costs(costs, bench.projection_nodes), bench.prefix, bench.new_tokens, a, bench.depth,
+    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth)), bench.prefix, bench.new_tokens, a, bench.depth,
                            bench.spec.draft_kv_budget, bench.spec.draft_window) for a in bench.alphas]
     return StepBenchResult(identity(bench, cfg, dtype, device, packed, gamma, command), bandwidth, buffer,
                            weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 
 
-def step_costs(costs: list[ContextCosts], nodes: int) -> StepCosts:
-    """The projection's inputs: every measured context, with the verify cost of `nodes` nodes (which
-    includes the LM head of all rows when the trie is small enough, so its walk rows only sample)."""
-    batched = nodes <= BATCHED_LOGITS_NODES
+def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float) -> StepCosts:
+    """The projection's inputs: every measured context, with the verify cost of `nodes` nodes. When
+    generation would compute the LM head of all rows in the verify pass (a small trie, steps emitting
+    enough tokens), that pass's cost is counted instead of one LM head per walk row."""
+    batched = nodes <= BATCHED_LOGITS_NODES and tokens_per_step >= BATCH_FROM_TOKENS
     return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
-                     tuple(c.verify[nodes] for c in costs),
+                     tuple(c.verify[nodes] + (c.logits_rows[nodes] if batched else 0.0) for c in costs),
                      tuple(c.walk_row_cached if batched else c.walk_row for c in costs),
                      tuple(c.reselect for c in costs))

@@ -7,7 +7,7 @@ from typing import Any
 
 from .bench_report import machine_lines
 from .bench_steps import StepBenchResult
-from .tokenswift import BATCHED_LOGITS_NODES
+from .tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
 
 
 def _ms(seconds: float | None) -> str:
@@ -42,9 +42,11 @@ def render(r: StepBenchResult) -> str:
         f"{spec.draft_kv_budget}-entry partial cache past that context, its recent window half full) + "
         f"{ident['gamma']} random heads + the LM head on {ident['gamma'] + 1} rows. Refill: a draft step that "
         "drafts on the full cache and reselects the partial cache. Walk row: one row the lossless walk visits: "
-        "LM head + sampling, or sampling only (cached) where verify computed the logits. Verify: the tree's "
-        f"forward on the full cache (random trie of that many nodes, root included), plus for tries of at most "
-        f"{BATCHED_LOGITS_NODES} nodes the LM head of all rows in one pass (as generation does)",
+        "LM head + sampling, or sampling only (cached) where the LM head of all the trie's rows ran in one pass. "
+        "Verify: the tree's forward on the full cache (no LM head), random trie of that many nodes (root "
+        f"included); generation adds the LM head of all rows in one pass for tries of at most "
+        f"{BATCHED_LOGITS_NODES} nodes when its steps emit at least {BATCH_FROM_TOKENS} tokens on average "
+        "(the LM-head table below), else one LM head per walk row",
         "",
         "| context | AR ms | floor ms | floor / AR | draft ms (entries) | refill ms | walk row ms | cached ms |",
         "|---|---|---|---|---|---|---|---|",
@@ -59,6 +61,12 @@ def render(r: StepBenchResult) -> str:
     for c in r.costs:
         lines.append(f"| {c.context} | " + " | ".join(f"{_ms(c.verify[n])} ({c.verify[n] / c.ar:.2f}x)" for n in nodes)
                      + " |")
+    batched = sorted(r.costs[0].logits_rows)
+    if batched:
+        lines += ["", "LM head of all the trie's rows in one pass, ms:", "",
+                  "| context | " + " | ".join(f"{n} rows" for n in batched) + " |", "|---" * (len(batched) + 1) + "|"]
+        for c in r.costs:
+            lines.append(f"| {c.context} | " + " | ".join(_ms(c.logits_rows[n]) for n in batched) + " |")
     if r.projections:
         lines += ["", "### Projection (computed from the costs above, not measured)", "",
                   f"Decode time of {b.new_tokens} new tokens after a {b.prefix}-token prefix (prefill excluded: both "

@@ -35,11 +35,14 @@ class Draft:
     levels: list[list[int]]
 
 
-# Tries of at most this many nodes get the LM head of all their rows in one pass after the verify
-# forward; larger ones compute the rows the walk visits, one by one. Each LM-head pass reads the
-# whole head (SmolLM2 on this CPU: 1 row 4.7 ms, 8 rows 5.8 ms, 16 rows 7.4 ms, 40 rows 13 ms),
-# and the walk visits 1 + accepted rows, so a small trie is cheaper in one pass.
+# The walk visits 1 + accepted rows of the trie, and each LM-head pass reads the whole head
+# (SmolLM2 on this CPU: 1 row 4.7 ms, 8 rows 5.8 ms, 16 rows 7.4 ms, 40 rows 13 ms). So a trie of
+# at most BATCHED_LOGITS_NODES nodes gets all its rows in one pass after the verify forward while
+# steps have been emitting at least BATCH_FROM_TOKENS tokens on average (an EMA); otherwise (most
+# steps emit one token, as under sampling on hard text, or the trie is large) the walk computes
+# the rows it visits, one by one. Either way the logits are the same rows of the same product.
 BATCHED_LOGITS_NODES = 16
+BATCH_FROM_TOKENS = 1.5
 
 
 @dataclass
@@ -98,6 +101,7 @@ class TokenSwiftState:
         # Adaptive steps: measured tokens/s (EMA) of full steps and of lookup steps.
         self.rate: dict[str, float | None] = {FULL: None, LOOKUP: None}
         self.since_probe = 0
+        self.tokens_per_step = 1.0  # EMA of the tokens a step emits (deterministic: same on every rank)
 
     def choose(self) -> str:
         """FULL (draft pass + heads' tree) or LOOKUP (n-gram continuations of the root only, no
@@ -115,6 +119,7 @@ class TokenSwiftState:
         return best
 
     def record(self, kind: str, tokens: int, seconds: float) -> None:
+        self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
         r = tokens / max(seconds, 1e-9)
         old = self.rate[kind]
         self.rate[kind] = r if old is None else (1 - EMA) * old + EMA * r
@@ -223,7 +228,7 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
                                 tree_mask=trie.mask(dev), logits_rows=slice(0, 0))
     cached: dict[int, torch.Tensor] = {}
-    if hidden.shape[0] <= BATCHED_LOGITS_NODES:
+    if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.tokens_per_step >= BATCH_FROM_TOKENS:
         cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
     return Verified(s.model, hidden, cached)
 
