@@ -236,9 +236,10 @@ def test_adaptive_choice_follows_measured_rates():
     from longswift.tokenswift import FULL, LOOKUP, PROBE_EVERY, TokenSwiftState
 
     s = TokenSwiftState.__new__(TokenSwiftState)
-    s.spec, s.rate, s.since_probe = SpecConfig(), {FULL: None, LOOKUP: None}, 0
+    s.spec, s.rate, s.since_probe, s.tokens_per_step = SpecConfig(), {FULL: None, LOOKUP: None}, 0, 1.0
     assert s.choose() == FULL
     s.record(FULL, 4, 0.1)  # 40 tok/s
+    assert s.tokens_per_step == pytest.approx(1.75)  # the EMA that decides one-pass LM heads: 0.75 * 1 + 0.25 * 4
     assert s.choose() == LOOKUP
     s.record(LOOKUP, 1, 0.02)  # 50 tok/s
     picks = [s.choose() for _ in range(PROBE_EVERY)]
