@@ -67,3 +67,20 @@ def embedded_hf():
 
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def run_cli(capsys, *argv):
+    """`longswift ARGV...` in this process -> (exit code, stdout, stderr)."""
+    from longswift.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, match):
+    """The promise for bad input: exit 2 and one line `longswift: error: ...` containing `match`."""
+    assert code == 2
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("longswift: error: ") and match in lines[0], lines[0]

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import assert_one_line_error, run_cli
 
 from longswift.bench_projection import StepCosts, floor_seconds, integrate, project, tokens_per_step
 from longswift.bench_steps import StepBenchConfig, random_trie
@@ -27,19 +28,6 @@ TINY_RUN = ("--shape", "tiny", "--tree-nodes", "1,4", "--reps", "2", "--warmup",
 @pytest.fixture
 def tiny(monkeypatch):
     monkeypatch.setitem(SHAPES, "tiny", TINY)
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, match):
-    assert code == 2
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("longswift: error: ") and match in lines[0], lines[0]
 
 
 def test_shapes_have_the_published_sizes():
@@ -130,7 +118,7 @@ def test_projection_ends_and_tree_are_measured_not_extrapolated():
 def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     md, js = tmp_path / "steps.md", tmp_path / "steps.json"
     md.write_text("# earlier\n")
-    code, out, err = run(capsys, "bench-steps", *TINY_RUN, "--contexts", "64,256", "--alpha", "0.5,0.9",
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64,256", "--alpha", "0.5,0.9",
                          "--prefix", "100", "--new-tokens", "150", "--out", str(md), "--json", str(js))
     assert code == 0, err
     assert "memory plan:" in err and "context 256:" in err
@@ -157,7 +145,7 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
 
 def test_layers_override_is_reported(tiny, capsys, tmp_path):
     js = tmp_path / "s.json"
-    code, out, err = run(capsys, "bench-steps", *TINY_RUN, "--contexts", "32", "--layers", "1", "--json", str(js))
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "32", "--layers", "1", "--json", str(js))
     assert code == 0, err
     assert json.loads(js.read_text())["identity"]["layers"] == 1
     assert "1 of the shape's 2 layers (--layers)" in out and "Projection" not in out  # no --alpha: nothing projected
@@ -174,7 +162,7 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
     (("--contexts", "64", "--alpha", "0.5", "--prefix", "64"), "--prefix 64 is not below the largest context"),
 ])
 def test_bad_inputs_are_one_line_errors(tiny, capsys, argv, match):
-    code, _, err = run(capsys, "bench-steps", *TINY_RUN, *argv)
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, *argv)
     assert_one_line_error(code, err, match)
 
 

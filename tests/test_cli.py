@@ -7,27 +7,13 @@ import subprocess
 import sys
 
 import pytest
-
-from longswift.cli import main
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, match):
-    assert code == 2
-    lines = [line for line in err.strip().splitlines() if line]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("longswift: error: ") and match in lines[0], lines[0]
+from conftest import assert_one_line_error, run_cli
 
 
 @pytest.mark.slow
 def test_generate_writes_output_and_json(tmp_path, capsys):
     out_file, json_file = tmp_path / "out.txt", tmp_path / "out.json"
-    code, out, err = run(capsys, "generate", "--prompt", "Write a haiku about rain.", "--chat", "--greedy",
+    code, out, err = run_cli(capsys, "generate", "--prompt", "Write a haiku about rain.", "--chat", "--greedy",
                          "--max-new-tokens", "24", "--ignore-eos", "--output", str(out_file), "--json", str(json_file))
     assert code == 0, err
     data = json.loads(json_file.read_text())
@@ -42,28 +28,28 @@ def test_generate_writes_output_and_json(tmp_path, capsys):
 @pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"
-    code, out, err = run(capsys, "generate", "--prompt", "Count from one to five.", "--chat", "--seed", "3",
+    code, out, err = run_cli(capsys, "generate", "--prompt", "Count from one to five.", "--chat", "--seed", "3",
                          "--max-new-tokens", "16", "--no-progress", "--json", str(json_file))
     assert code == 0, err
     assert out == json.loads(json_file.read_text())["text"] + "\n"
 
 
 def test_info_prints_config_and_memory_plan(capsys):
-    code, out, err = run(capsys, "info", "--tokens", "100000")
+    code, out, err = run_cli(capsys, "info", "--tokens", "100000")
     assert code == 0, err
     assert "parameters: 134,515,008" in out
     assert "num_kv_heads: 3" in out
     assert "memory plan for 100000 tokens with TokenSwift (tree 1,1,1 + 1 n-grams: 8 nodes) in float32" in out
     assert "KV cache 4.29 GiB (100008 tokens) + draft KV cache 0.18 GiB (4096 tokens)" in out
     assert "exceed the model's context of 8192" in out
-    code, out, err = run(capsys, "info", "--tokens", "100000", "--rope-scaling", "yarn:16")
+    code, out, err = run_cli(capsys, "info", "--tokens", "100000", "--rope-scaling", "yarn:16")
     assert code == 0 and "context: 131072 tokens (yarn rope scaling)" in out and "exceed" not in out
 
 
 @pytest.mark.slow
 def test_bench_smoke(tmp_path, capsys):
     md, js = tmp_path / "b.md", tmp_path / "b.json"
-    code, out, err = run(capsys, "bench", "--methods", "ar,hf,tokenswift,tokenswift-fused", "--heads", "random",
+    code, out, err = run_cli(capsys, "bench", "--methods", "ar,hf,tokenswift,tokenswift-fused", "--heads", "random",
                          "--prompt-tokens", "16", "--new-tokens", "6", "--runs", "1", "--out", str(md), "--json", str(js))
     assert code == 0, err
     table = md.read_text()
@@ -76,13 +62,13 @@ def test_bench_smoke(tmp_path, capsys):
 
 
 def test_bench_refuses_bad_combinations(capsys):
-    code, _, err = run(capsys, "bench", "--methods", "ar,hf", "--presets", "greedy,nucleus")
+    code, _, err = run_cli(capsys, "bench", "--methods", "ar,hf", "--presets", "greedy,nucleus")
     assert_one_line_error(code, err, "unknown sampling preset(s) ['nucleus']")
-    code, _, err = run(capsys, "bench", "--lengths", "2048,4k")
+    code, _, err = run_cli(capsys, "bench", "--lengths", "2048,4k")
     assert_one_line_error(code, err, "--lengths takes comma-separated whole numbers")
-    code, _, err = run(capsys, "bench", "--methods", "ar,beam")
+    code, _, err = run_cli(capsys, "bench", "--methods", "ar,beam")
     assert_one_line_error(code, err, "unknown bench method")
-    code, _, err = run(capsys, "bench", "--methods", "ar", "--prefix", "2048", "--lengths", "8192")
+    code, _, err = run_cli(capsys, "bench", "--methods", "ar", "--prefix", "2048", "--lengths", "8192")
     assert_one_line_error(code, err, "the grid's longest cell (prefix 2048 + 8192 new = 10240 tokens) exceeds this "
                                      "model's context of 8192: lower --lengths/--prefix, or extend the context with "
                                      "--rope-scaling yarn:2")
@@ -93,8 +79,8 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     js_ar, js_ts = tmp_path / "ar.json", tmp_path / "ts.json"
     common = ["generate", "--prompt", "Tell a story.", "--chat", "--seed", "5", "--max-new-tokens", "40",
               "--ignore-eos", "--no-progress"]
-    assert run(capsys, *common, "--json", str(js_ar))[0] == 0
-    code, out, err = run(capsys, *common, "--heads", "random", "--tree", "1,2,2", "--json", str(js_ts))
+    assert run_cli(capsys, *common, "--json", str(js_ar))[0] == 0
+    code, out, err = run_cli(capsys, *common, "--heads", "random", "--tree", "1,2,2", "--json", str(js_ts))
     assert code == 0, err
     ar, ts = json.loads(js_ar.read_text()), json.loads(js_ts.read_text())
     assert ts["token_ids"] == ar["token_ids"]  # same seed, same output
@@ -130,20 +116,20 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--resume", "c.json", "--max-new-tokens=9"], "--max-new-tokens cannot be used with --resume"),
 ])
 def test_bad_generate_arguments(capsys, args, match):
-    code, out, err = run(capsys, "generate", *args)
+    code, out, err = run_cli(capsys, "generate", *args)
     assert_one_line_error(code, err, match)
 
 
 def test_bad_prompt_files(tmp_path, capsys):
-    code, _, err = run(capsys, "generate", "--prompt-file", str(tmp_path / "missing.txt"))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(tmp_path / "missing.txt"))
     assert_one_line_error(code, err, "does not exist")
     binary = tmp_path / "bin.txt"
     binary.write_bytes(b"abc\xff\xfe\x00")
-    code, _, err = run(capsys, "generate", "--prompt-file", str(binary))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(binary))
     assert_one_line_error(code, err, "is not UTF-8 text")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    code, _, err = run(capsys, "generate", "--prompt-file", str(empty))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(empty))
     assert_one_line_error(code, err, "the prompt is empty")
 
 
@@ -213,16 +199,16 @@ def test_train_heads_then_eval_heads(tmp_path, capsys):
     data = tmp_path / "d.txt"
     data.write_text(LOREM)
     out = tmp_path / "heads"
-    code, _, err = run(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
+    code, _, err = run_cli(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
                        "--steps", "3", "--batch-size", "2", "--warmup", "1", "--no-progress")
     assert code == 0, err
     assert "top-1 accuracy per head" in err
     assert (out / "heads.safetensors").is_file() and (out / "checkpoint.pt").is_file()
-    code, _, err = run(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
+    code, _, err = run_cli(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
                        "--steps", "3", "--batch-size", "2", "--warmup", "1", "--no-progress")
     assert_one_line_error(code, err, "pass --resume")
     js = tmp_path / "eval.json"
-    code, out_text, err = run(capsys, "eval-heads", "--heads", str(out / "heads.safetensors"), "--data", str(data),
+    code, out_text, err = run_cli(capsys, "eval-heads", "--heads", str(out / "heads.safetensors"), "--data", str(data),
                               "--seq-len", "32", "--alpha-tokens", "24", "--json", str(js), "--no-progress")
     assert code == 0, err
     result = json.loads(js.read_text())
@@ -243,7 +229,7 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
     if content is not None:
         (tmp_path / "d.txt").write_bytes(content)
         argv += ["--data", str(tmp_path / "d.txt")]
-    code, _, err = run(capsys, *argv)
+    code, _, err = run_cli(capsys, *argv)
     assert_one_line_error(code, err, match)
     assert not (tmp_path / "o" / "checkpoint.pt").exists()
 
@@ -254,5 +240,5 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
     (["--prompt-ids", "1,2", "--chat"], "--chat wraps prompt text"),
 ])
 def test_bad_prompt_ids(capsys, args, match):
-    code, _, err = run(capsys, "generate", *args)
+    code, _, err = run_cli(capsys, "generate", *args)
     assert_one_line_error(code, err, match)

@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from .config import GenerationConfig, RuntimeConfig, SpecConfig
+from .config import GenerationConfig, RuntimeConfig, SpecConfig, parse_number_list
 from .errors import LongswiftError
 
 
@@ -149,16 +149,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_list(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise LongswiftError(f"{flag} takes comma-separated whole numbers, e.g. 2048,4096; got '{text}'") from None
-    if not values:
-        raise LongswiftError(f"{flag} is empty")
-    return values
-
-
 def _names(text: str | None) -> tuple[str, ...] | None:
     return None if text is None else tuple(v.strip() for v in text.split(",") if v.strip())
 
@@ -169,9 +159,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     runtime = config_from_args(RuntimeConfig, args)
     kwargs: dict[str, Any] = {}
     if args.lengths is not None or args.new_tokens is not None:
-        kwargs["lengths"] = _int_list(args.lengths, "--lengths") if args.lengths is not None else (args.new_tokens,)
+        kwargs["lengths"] = parse_number_list(args.lengths, "--lengths") if args.lengths is not None else (args.new_tokens,)
     if args.prefix is not None or args.prompt_tokens is not None:
-        kwargs["prefixes"] = _int_list(args.prefix, "--prefix") if args.prefix is not None else (args.prompt_tokens,)
+        kwargs["prefixes"] = parse_number_list(args.prefix, "--prefix") if args.prefix is not None else (args.prompt_tokens,)
     presets = _names(args.presets) or _names(args.sampling)
     if presets is not None:
         kwargs["presets"] = presets

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .config import RuntimeConfig, SpecConfig
-from .errors import LongswiftError
+from .config import RuntimeConfig, SpecConfig, parse_number_list
 
 
 def _default(name: str) -> Any:
@@ -50,15 +49,7 @@ def add_parser(sub: Any, add_config_flags: Callable[[argparse.ArgumentParser, ty
 
 
 def _list(text: str | None, flag: str, kind: type) -> tuple | None:
-    if text is None:
-        return None
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise LongswiftError(f"{flag} takes a comma list of numbers; got '{text}'") from None
-    if not values:
-        raise LongswiftError(f"{flag} is empty")
-    return values
+    return None if text is None else parse_number_list(text, flag, kind)
 
 
 def cmd_bench_steps(args: argparse.Namespace) -> int:

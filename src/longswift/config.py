@@ -302,6 +302,19 @@ class RuntimeConfig:
 ROPE_SCALINGS = ("yarn", "linear", "dynamic")
 
 
+def parse_number_list(text: str, flag: str, kind: type = int) -> tuple:
+    """A comma list of numbers from the command line ('2048,4096' -> (2048, 4096)); a one-line
+    error names the flag when an item is not a number of `kind` or the list is empty."""
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        what = "whole numbers" if kind is int else "numbers"
+        raise LongswiftError(f"{flag} takes comma-separated {what}, e.g. 2048,4096; got '{text}'") from None
+    if not values:
+        raise LongswiftError(f"{flag} is empty")
+    return values
+
+
 def parse_rope_scaling(text: str) -> tuple[str, float]:
     """'yarn:4' -> ('yarn', 4.0); a one-line error for anything else."""
     kind, _, factor = text.partition(":")
