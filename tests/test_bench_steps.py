@@ -153,7 +153,7 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, match", [
     (("--contexts", "0,64"), "--contexts must be positive"),
-    (("--contexts", "64,x"), "--contexts takes a comma list"),
+    (("--contexts", "64,x"), "--contexts takes comma-separated whole numbers"),
     (("--contexts", "1000000000"), "not enough memory for these step costs"),
     (("--contexts", "64", "--alpha", "1.5"), "--alpha must be in [0, 1]"),
     (("--contexts", "64", "--layers", "0"), "--layers must be positive"),
