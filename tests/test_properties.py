@@ -7,7 +7,7 @@ import math
 from collections import Counter
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from longswift.config import SamplingConfig
@@ -107,6 +107,8 @@ logits_st = st.lists(st.floats(-20, 20, allow_nan=False), min_size=V, max_size=V
 
 @FAST
 @given(logits_st, st.lists(st.integers(0, V - 1), max_size=8), sampling_st)
+@example([0.0] * (V - 1) + [1.0], [], SamplingConfig(temperature=0.5, top_k=2, min_p=0.0, repetition_penalty=1.0,
+                                                     penalty_window=0))  # ties at the k-th value are kept
 def test_transform_keeps_the_penalised_argmax_and_a_distribution(logits, window, cfg):
     x = torch.tensor(logits, dtype=torch.float64)[None]
     w = torch.tensor(window[-cfg.penalty_window:] if cfg.penalty_window else [], dtype=torch.long)[None]
@@ -123,8 +125,10 @@ def test_transform_keeps_the_penalised_argmax_and_a_distribution(logits, window,
     assert math.isfinite(float(out[best])) and int(torch.argmax(out)) == best
     probs = torch.softmax(out, -1)
     assert abs(float(probs.sum()) - 1) < 1e-9
-    if cfg.top_k and not cfg.greedy:
-        assert int(torch.isfinite(out).sum()) <= max(cfg.top_k, int((penalised == penalised.max()).sum()))
+    if cfg.top_k and not cfg.greedy:  # top-k keeps the k largest and, like transformers, ties with the k-th
+        kth = torch.sort(penalised, descending=True).values[min(cfg.top_k, V) - 1]
+        assert int(torch.isfinite(out).sum()) <= int((penalised >= kth).sum())
+        assert int((penalised >= kth).sum()) == min(cfg.top_k, V) or int((penalised == kth).sum()) > 1
     g = torch.Generator().manual_seed(0)
     for _ in range(5):
         assert math.isfinite(float(out[draw(out, cfg, g)]))  # never a filtered token
