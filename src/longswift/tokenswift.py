@@ -40,7 +40,8 @@ class Draft:
 # at most BATCHED_LOGITS_NODES nodes gets all its rows in one pass after the verify forward while
 # steps have been emitting at least BATCH_FROM_TOKENS tokens on average (an EMA); otherwise (most
 # steps emit one token, as under sampling on hard text, or the trie is large) the walk computes
-# the rows it visits, one by one. Either way the logits are the same rows of the same product.
+# the rows it visits, one by one. The choice changes speed, not the method: both are the rows of the
+# same product (up to float rounding between one-row and many-row kernels, as for the verify forward).
 BATCHED_LOGITS_NODES = 16
 BATCH_FROM_TOKENS = 1.5
 
