@@ -59,6 +59,12 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def append_atomic(path: str | os.PathLike, text: str) -> None:
+    """Append to a text file by rewriting it atomically: readers see the old file or the new one."""
+    path = Path(path)
+    write_atomic(path, (path.read_text() if path.exists() else "") + text)
+
+
 def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Have `write` create a file at a temporary sibling path, fsync it and rename it over `path`
     (for writers that want a path, such as safetensors and torch.save); nothing is left on failure."""

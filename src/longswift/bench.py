@@ -282,10 +282,9 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     report = write_outputs(store, ctx, out_dir, plots=True)
     print(report)
     if out is not None:
-        from .atomic import write_atomic
+        from .atomic import append_atomic
 
-        previous = out.read_text() if out.exists() else ""
-        write_atomic(out, previous + report + "\n")
+        append_atomic(out, report + "\n")
     if json_path is not None:
         from .atomic import write_atomic
 

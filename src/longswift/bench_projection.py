@@ -17,12 +17,16 @@ def floor_seconds(weight_bytes: int, kv_bytes: int, bandwidth: float) -> float:
     return (weight_bytes + kv_bytes) / bandwidth
 
 
+def check_alpha(alpha: float) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise LongswiftError(f"--alpha must be in [0, 1] (accepted draft tokens / draft positions); got {alpha}")
+
+
 def tokens_per_step(alpha: float, depth: int) -> float:
     """Tokens one TokenSwift step commits, from the paper's acceptance rate: alpha = accepted draft
     tokens / `depth` draft positions, so a step emits 1 + depth * alpha (its accepted drafts and one
     token of its own)."""
-    if not 0.0 <= alpha <= 1.0:
-        raise LongswiftError(f"--alpha must be in [0, 1] (accepted draft tokens / draft positions); got {alpha}")
+    check_alpha(alpha)
     return 1.0 + depth * alpha
 
 

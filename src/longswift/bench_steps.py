@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .bench_projection import Projection, StepCosts, floor_seconds, project, tokens_per_step
+from .bench_projection import Projection, StepCosts, check_alpha, floor_seconds, project, tokens_per_step
 from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 from .generate import GenerationStats
@@ -25,7 +25,7 @@ from .linear import packing_supported
 from .memory import GiB, MemoryPlan, available_bytes, plan_memory
 from .model import Transformer
 from .sampling import draw, penalty_window, transform
-from .shapes import SHAPES, random_state, shape_config, weight_bytes_read
+from .shapes import SHAPES, check_shape, random_state, shape_config, weight_bytes_read
 from .tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, NGRAM_N, TokenSwiftState, Verified, draft, draft_cache_tokens, tree_budget, verify
 from .tree import Trie
 from .verify import lossless_walk
@@ -55,10 +55,7 @@ class StepBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.shape not in SHAPES:
-            raise LongswiftError(f"unknown shape '{self.shape}': choose one of {', '.join(SHAPES)}")
-        if self.layers is not None and self.layers <= 0:
-            raise LongswiftError(f"--layers must be positive, got {self.layers}")
+        check_shape(self.shape, self.layers)
         if self.contexts is not None and (not self.contexts or min(self.contexts) <= 0):
             raise LongswiftError(f"--contexts must be positive token counts, got {list(self.contexts)}")
         if not self.tree_nodes or min(self.tree_nodes) <= 0:
@@ -66,8 +63,7 @@ class StepBenchConfig:
         if self.reps <= 0 or self.warmup < 0:
             raise LongswiftError("--reps must be positive and --warmup >= 0")
         for a in self.alphas:
-            if not 0.0 <= a <= 1.0:
-                raise LongswiftError(f"--alpha must be in [0, 1] (accepted draft tokens / draft positions); got {a}")
+            check_alpha(a)
         if self.prefix <= 0 or (self.new_tokens is not None and self.new_tokens <= 0):
             raise LongswiftError("--prefix and --new-tokens must be positive")
         if self.spec.draft_mode != "paper":
@@ -108,6 +104,11 @@ class StepBenchConfig:
             extra = {lo, hi} | ({self.spec.draft_kv_budget} if lo < self.spec.draft_kv_budget < hi else set())
         return tuple(sorted(set(self.contexts or ()) | extra))
 
+    @property
+    def state_spec(self) -> SpecConfig:
+        """The spec of the rig's TokenSwiftState: n-grams only shape the trie, which the rig builds itself."""
+        return dataclasses.replace(self.spec, ngram_topk=0)
+
     def measured_nodes(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.tree_nodes) | ({self.projection_nodes} if self.alphas else set())))
 
@@ -147,7 +148,7 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     """Memory of the run as StepRig allocates it: weights (the untied LM head shares the embedding),
     heads, the full cache at the largest context + the largest tree, the partial cache, transients."""
     max_ctx, max_nodes = max(bench.measured_contexts()), max(bench.measured_nodes())
-    state_spec = dataclasses.replace(bench.spec, ngram_topk=0)
+    state_spec = bench.state_spec
     total = max_ctx + 1 + max_nodes  # TokenSwiftState's prompt + new tokens
     draft = draft_cache_tokens(state_spec, total)
     plan = plan_memory(cfg, dtype, device, total + tree_budget(state_spec), 1, packed,
@@ -241,9 +242,8 @@ class StepRig:
         self.sampling = SamplingConfig()  # the paper's sampling: min-p 0.1, penalty 1.2 over 1024 tokens
         max_ctx, max_nodes = max(bench.measured_contexts()), max(bench.measured_nodes())
         prompt = torch.randint(model.cfg.vocab_size, (max_ctx + 1,), generator=self.gen).tolist()
-        spec = dataclasses.replace(bench.spec, ngram_topk=0)  # n-grams only shape the trie, built here
         gen_cfg = GenerationConfig(max_new_tokens=max_nodes, ignore_eos=True, prefill_chunk=1)  # no prefill
-        self.s = TokenSwiftState(model, heads, prompt, [], self.sampling, gen_cfg, spec,
+        self.s = TokenSwiftState(model, heads, prompt, [], self.sampling, gen_cfg, bench.state_spec,
                                  GenerationStats("tokenswift", len(prompt)), frozenset(), self.gen)
         caches = [self.s.full] + ([self.s.partial] if self.s.partial is not None else [])
         for cache in caches:  # [L, Hkv, C, D] random keys and values
@@ -359,8 +359,9 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                 f"({time.perf_counter() - t0:.1f} s)")
     del rig, model, state, heads
     bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
-    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth)), bench.prefix, bench.new_tokens, a, bench.depth,
-                           bench.spec.draft_kv_budget, bench.spec.draft_window) for a in bench.alphas]
+    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth)), bench.prefix,
+                           bench.new_tokens, a, bench.depth, bench.spec.draft_kv_budget, bench.spec.draft_window)
+                   for a in bench.alphas]
     return StepBenchResult(identity(bench, cfg, dtype, device, packed, gamma, command), bandwidth, buffer,
                            weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 

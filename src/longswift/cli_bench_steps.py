@@ -53,7 +53,7 @@ def _list(text: str | None, flag: str, kind: type) -> tuple | None:
 
 
 def cmd_bench_steps(args: argparse.Namespace) -> int:
-    from .atomic import check_writable, write_atomic
+    from .atomic import append_atomic, check_writable, write_atomic
     from .bench_steps import StepBenchConfig, run_bench_steps
     from .bench_steps_report import render, to_json
     from .cli import config_from_args
@@ -73,8 +73,7 @@ def cmd_bench_steps(args: argparse.Namespace) -> int:
     report = render(result)
     print(report)
     if args.out is not None:
-        previous = args.out.read_text() if args.out.exists() else ""
-        write_atomic(args.out, previous + report + "\n")
+        append_atomic(args.out, report + "\n")
     if args.json is not None:
         write_atomic(args.json, json.dumps(to_json(result), indent=1) + "\n")
     return 0

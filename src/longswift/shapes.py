@@ -40,19 +40,22 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
+def check_shape(shape: str | dict[str, Any], layers: int | None) -> None:
+    """A one-line error for an unknown built-in shape's name or a non-positive --layers."""
+    if isinstance(shape, str) and shape not in SHAPES:
+        raise LongswiftError(f"unknown shape '{shape}': choose one of {', '.join(SHAPES)}")
+    if layers is not None and layers <= 0:
+        raise LongswiftError(f"--layers must be positive, got {layers}")
+
+
 def shape_config(shape: str | dict[str, Any], layers: int | None = None, rope_scaling: str | None = None) -> ModelConfig:
     """A built-in shape's name (or a config dict of the same form) -> ModelConfig; `layers`
     overrides the depth (to fit a smaller machine: the per-layer shapes stay the real ones)."""
     from transformers import AutoConfig
 
-    if isinstance(shape, str):
-        if shape not in SHAPES:
-            raise LongswiftError(f"unknown shape '{shape}': choose one of {', '.join(SHAPES)}")
-        shape = SHAPES[shape]
-    fields = dict(shape)
+    check_shape(shape, layers)
+    fields = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     if layers is not None:
-        if layers <= 0:
-            raise LongswiftError(f"--layers must be positive, got {layers}")
         fields["num_hidden_layers"] = layers
     model_type = fields.pop("model_type")
     hf = AutoConfig.for_model(model_type, **fields)

@@ -25,7 +25,7 @@ from .verify import Walk, lossless_walk
 NGRAM_N = 4
 FULL, LOOKUP = "full", "lookup"
 PROBE_EVERY = 16  # adaptive steps: how often the slower kind of step is tried again
-EMA = 0.25  # weight of the newest step in the tokens/s estimates
+EMA = 0.25  # weight of the newest step in the tokens/s and tokens/step estimates
 
 
 @dataclass
@@ -68,7 +68,7 @@ class TokenSwiftState:
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None) -> None:
         spec = spec.for_device(model.device)
-        levels = spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
+        levels = draft_levels(spec)
         if len(spec.levels) > heads.gamma + 1:
             raise LongswiftError(
                 f"--tree {spec.tree} has {len(spec.levels)} depths but the heads draft only {heads.gamma + 1}"
@@ -137,10 +137,16 @@ class TokenSwiftState:
             self.ngrams.update(self.tokens, self.n)
 
 
+def draft_levels(spec: SpecConfig) -> tuple[int, ...]:
+    """Candidates per drafted depth: --tree, without its first depth in fused mode (the base model's
+    own next token is the root there). `spec` must be resolved for the device (for_device)."""
+    return spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
+
+
 def tree_budget(spec: SpecConfig) -> int:
     """Most nodes a step's trie can have (root included): the heads' cartesian tree plus the
     n-gram paths. `spec` must be resolved for the device (for_device)."""
-    levels = spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
+    levels = draft_levels(spec)
     nodes, width = 1, 1
     for k in levels:
         width *= k
