@@ -41,13 +41,10 @@ def setup(request):
     return engine, prompt, tokens, dtype
 
 
-def test_tree_forward_equals_forward_of_each_path(setup):
-    engine, prompt, tokens, dtype = setup
-    model = engine.model
-    tol = 1e-10 if dtype == torch.float64 else 1e-4
+def check_tree_against_paths(model, prompt, tokens, dtype, tol):
     depths = torch.tensor([len(path_to(i)) - 1 for i in range(len(PARENTS))])
     with torch.inference_mode():
-        cache = FullKVCache(engine.cfg, 64, dtype, torch.device("cpu"))
+        cache = FullKVCache(model.cfg, 64, dtype, torch.device("cpu"))
         model.prefill(prompt, cache, chunk=8)
         base = cache.length
         tree_logits, tree_hidden = model.forward(tokens, base + depths, cache, tree_mask=tree_mask())
@@ -59,6 +56,29 @@ def test_tree_forward_equals_forward_of_each_path(setup):
             scale = logits.abs().max()
             assert float((logits[-1] - tree_logits[node]).abs().max() / scale) < tol, node
             assert float((hidden[-1] - tree_hidden[node]).abs().max() / hidden.abs().max()) < tol, node
+
+
+def test_tree_forward_equals_forward_of_each_path(setup):
+    engine, prompt, tokens, dtype = setup
+    check_tree_against_paths(engine.model, prompt, tokens, dtype, 1e-10 if dtype == torch.float64 else 1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "onednn"])
+def test_tree_forward_contract_holds_on_every_attention_kernel(kernel):
+    """The runner picks attention kernels by size (SDPA for big masked forwards, oneDNN products
+    for long caches); force each on a small case so the tree contract is checked on all of them."""
+    hf = tiny_hf_model("llama", "default", seed=6)
+    engine = longswift.load(hf, dtype="float32", pack_weights=True)
+    model = engine.model
+    assert model.packed
+    if kernel == "sdpa":
+        model.sdpa_from_tokens = 1
+    else:
+        model.onednn_attention_from = 0
+    g = torch.Generator().manual_seed(8)
+    prompt = torch.randint(0, 128, (20,), generator=g)
+    tokens = torch.randint(0, 128, (len(PARENTS),), generator=g)
+    check_tree_against_paths(model, prompt, tokens, torch.float32, 1e-4)
 
 
 def test_compacting_an_accepted_path_equals_decoding_it(setup):
