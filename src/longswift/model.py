@@ -111,8 +111,9 @@ class Transformer:
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]
         self.rope = Rope(cfg, self.device)
         self.scale = cfg.head_dim**-0.5
-        # Context length from which the packed path's attention uses oneDNN matmuls; measured on a
-        # 2-core CPU, MKL's batched GEMM is faster below about 3K cached entries, oneDNN above.
+        # Context length from which the packed path's attention leaves the grouped bmm for per-KV-
+        # head oneDNN products (see _attend); measured on a 2-core CPU, the grouped bmm is faster
+        # below about 3K cached entries.
         self.onednn_attention_from = 3072
         # New tokens per forward from which attention under a mask goes to the fused SDPA kernel
         # (prefill chunks): it never materialises the [G*T, S] scores. Measured on a 2-core CPU,
