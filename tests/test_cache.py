@@ -135,3 +135,27 @@ def test_cache_refuses_to_overflow():
     cache.length = 3
     with pytest.raises(LongswiftError, match="KV cache full"):
         cache.reserve(2)
+
+
+@pytest.mark.parametrize("t", [8, 64], ids=["verify-size", "prefill-chunk"])
+def test_memory_plan_covers_the_attention_a_masked_forward_allocates(t):
+    """The memory plan's attention transient is at least the largest single allocation of a masked
+    forward (the fused SDPA path allocates no [G*T, S] scores, and the plan counts none there)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from longswift.memory import masked_attention_bytes
+
+    hf = tiny_hf_model("llama", "default", seed=2, max_position_embeddings=4096)
+    engine = longswift.load(hf, dtype="float32", pack_weights=True)
+    model, cfg = engine.model, engine.cfg
+    cached = 2000
+    cache = FullKVCache(cfg, cached + t, torch.float32, torch.device("cpu"))
+    cache.length = cached
+    tokens = torch.randint(0, 128, (t,), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        model.forward(tokens, torch.arange(cached, cached + t), cache, tree_mask=torch.ones(t, t, dtype=torch.bool).tril_(),
+                      logits_rows=slice(-1, None))
+    largest = max(e.cpu_memory_usage for e in prof.events())
+    planned = masked_attention_bytes(cfg, t, cached + t, 4)
+    assert largest <= planned, (largest, planned)
+    assert largest >= cfg.group_size * t * cached * 4  # the additive mask is there: the profile saw it

@@ -8,6 +8,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import LongswiftError
+from .model import SDPA_FROM_TOKENS
 
 GiB = 1024**3
 
@@ -67,6 +68,16 @@ class MemoryPlan:
             )
 
 
+def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int) -> int:
+    """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
+    `capacity` cached entries: the additive mask ([T, S] and its [G*T, S] copy, model dtype), and
+    below the runner's SDPA threshold also the explicit scores and softmax (float32, all heads)."""
+    mask = (1 + cfg.group_size) * t * capacity * elem
+    if t >= SDPA_FROM_TOKENS:  # the fused kernel works on blocks; no [G*T, S] scores exist
+        return mask
+    return mask + 2 * cfg.num_heads * t * capacity * 4
+
+
 def plan_memory(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
     draft_tokens: int = 0, tree_nodes: int = 0,
@@ -80,11 +91,10 @@ def plan_memory(
     embed = cfg.vocab_size * cfg.hidden_size
     packed_weights = (cfg.parameter_count() - (0 if cfg.tie_word_embeddings else embed)) * elem if packed else 0
     kv = capacity * cfg.kv_bytes_per_token(dtype)
-    # Largest transients: the attention scores of one prefill chunk against the whole cache
-    # (float32 softmax plus its input) and one row of float32 logits per chunk token.
-    # The verify pass of a tree of `tree_nodes` is a smaller version of the same.
+    # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
+    # of `tree_nodes`) against the whole cache, plus float32 logits and the activations.
     rows = max(chunk, tree_nodes)
-    scores = 2 * cfg.num_heads * rows * capacity * 4
+    scores = max(masked_attention_bytes(cfg, t, capacity, elem) for t in (chunk, tree_nodes))
     logits = cfg.vocab_size * 4 * 4
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     draft = draft_tokens * cfg.kv_bytes_per_token(dtype)

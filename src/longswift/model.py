@@ -67,6 +67,13 @@ def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], lm_head_r
         raise LongswiftError(f"checkpoint does not match its config: unexpected tensor '{extra[0]}'")
 
 
+# New tokens per forward from which attention under a mask goes to the fused SDPA kernel (prefill
+# chunks): it never materialises the [G*T, S] scores. Measured on a 2-core CPU, embedded model at
+# 6.6K context: 64 tokens 416 -> 282 ms a forward, but 32 tokens (tree verification) 95 -> 147 ms,
+# so smaller forwards keep the explicit products. The memory plan counts transients by this rule.
+SDPA_FROM_TOKENS = 64
+
+
 @dataclass
 class Layer:
     """One decoder layer: its norms (views into the state dict) and its linear maps."""
@@ -115,11 +122,7 @@ class Transformer:
         # head oneDNN products (see _attend); measured on a 2-core CPU, the grouped bmm is faster
         # below about 3K cached entries.
         self.onednn_attention_from = 3072
-        # New tokens per forward from which attention under a mask goes to the fused SDPA kernel
-        # (prefill chunks): it never materialises the [G*T, S] scores. Measured on a 2-core CPU,
-        # embedded model at 6.6K context: 64 tokens 416 -> 282 ms a forward, but 32 tokens (tree
-        # verification) 95 -> 147 ms, so smaller forwards keep the explicit products.
-        self.sdpa_from_tokens = 64
+        self.sdpa_from_tokens = SDPA_FROM_TOKENS
 
     def _layer(self, n: int) -> Layer:
         p, s, pack = f"model.layers.{n}.", self.state, self.packed
