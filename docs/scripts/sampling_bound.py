@@ -13,6 +13,7 @@ this machine: what would tree verification gain if the draft were an oracle?
 
 bound = tokens per step / (verify forward time / AR forward time). Run from the repo root:
 python docs/scripts/sampling_bound.py [new_tokens]"""
+import dataclasses
 import statistics
 import sys
 import time
@@ -20,14 +21,15 @@ import time
 import torch
 
 import longswift
+from longswift.bench import PRESETS
 from longswift.cache import FullKVCache
-from longswift.config import GenerationConfig, SamplingConfig
-from longswift.sampling import transform
+from longswift.config import GenerationConfig
+from longswift.sampling import penalty_window, transform
 
 new = int((sys.argv[1:] + ["2048"])[0])
 e = longswift.load()
 model = e.model
-samp = SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024, seed=0)
+samp = dataclasses.replace(PRESETS["paper"], seed=0)
 prompt = e.encode(open("docs/prompts/clockmaker.txt").read())[:2048]
 t0 = time.perf_counter()
 out = e.generate(prompt, method="ar", sampling=samp, generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
@@ -45,7 +47,7 @@ with torch.inference_mode():
         w = samp.penalty_window
         windows = torch.full((hi - lo, w), -1, dtype=torch.long)
         for r, length in enumerate(range(lo + 1, hi + 1)):  # the history AR had when drawing index `length`
-            ids = history[max(0, length - w) : length]
+            ids = penalty_window(history, length, w)
             windows[r, : ids.numel()] = ids
         x = transform(logits, windows, samp)  # [R, V]
         drawn = x.gather(1, history[lo + 1 : hi + 1, None])  # [R, 1]
