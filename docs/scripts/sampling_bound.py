@@ -22,6 +22,7 @@ import torch
 
 import longswift
 from longswift.bench import PRESETS
+from longswift.bench_steps import median_seconds
 from longswift.cache import FullKVCache
 from longswift.config import GenerationConfig
 from longswift.sampling import penalty_window, transform
@@ -78,15 +79,14 @@ def forward_ms(nodes: int, context: int, reps: int = 5) -> float:
     cache.v.normal_(generator=torch.Generator().manual_seed(1))
     toks = history[:nodes]
     mask = torch.ones(nodes, nodes, dtype=torch.bool).tril_() if nodes > 1 else None
-    times = []
+    positions = torch.arange(context, context + nodes)
+
+    def one_forward() -> None:
+        cache.length = context
+        model.forward(toks, positions, cache, tree_mask=mask)
+
     with torch.inference_mode():
-        for r in range(reps + 1):
-            cache.length = context
-            t = time.perf_counter()
-            model.forward(toks, torch.arange(context, context + nodes), cache, tree_mask=mask)
-            if r:
-                times.append(1000 * (time.perf_counter() - t))
-    return statistics.median(times)
+        return 1000 * median_seconds(one_forward, reps, warmup=1, sync=lambda: None)
 
 
 mid = (n0 + n) // 2
