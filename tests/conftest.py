@@ -63,7 +63,7 @@ def embedded_hf():
     """transformers' own load of the same GGUF (the oracle)."""
     from transformers import AutoModelForCausalLM
 
-    from longswift.loading import default_model_path
+    from longswift.runtime.loading import default_model_path
 
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()

@@ -9,13 +9,13 @@ import pytest
 import torch
 from conftest import assert_one_line_error, run_cli
 
-from longswift.bench_projection import StepCosts, floor_seconds, integrate, project, tokens_per_step
-from longswift.bench_steps import StepBenchConfig, random_trie
+from longswift.bench.projection import StepCosts, floor_seconds, integrate, project, tokens_per_step
+from longswift.bench.shapes import SHAPES, random_state, shape_config, weight_bytes_read
+from longswift.bench.steps import StepBenchConfig, random_trie
 from longswift.cli import main
 from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
-from longswift.model import Transformer, expected_shapes
-from longswift.shapes import SHAPES, random_state, shape_config, weight_bytes_read
+from longswift.runtime.model import Transformer, expected_shapes
 
 TINY = {"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
@@ -176,8 +176,8 @@ def test_unknown_shape_is_an_argparse_error(capsys):
 def test_projection_counts_the_lm_head_once_per_step_for_small_tries():
     """Small tries in steps that emit several tokens get all LM-head rows in one pass, so their walk
     rows only sample; other steps pay the LM head per visited row."""
-    from longswift.bench_steps import ContextCosts, step_costs
-    from longswift.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
+    from longswift.bench.steps import ContextCosts, step_costs
+    from longswift.spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
 
     small, large = BATCHED_LOGITS_NODES, BATCHED_LOGITS_NODES + 1
     costs = [ContextCosts(context=c, ar=0.01, draft=0.01, draft_cache=c, reselect=None, walk_row=0.004,

@@ -7,8 +7,8 @@ import torch
 from conftest import tiny_hf_model
 
 import longswift
-from longswift.cache import FullKVCache
 from longswift.errors import LongswiftError
+from longswift.runtime.cache import FullKVCache
 
 # A tree of 8 nodes under a root (node 0): parents[i] is i's parent, -1 for the root.
 PARENTS = [-1, 0, 0, 1, 1, 2, 4, 4]
@@ -143,7 +143,7 @@ def test_memory_plan_covers_the_attention_a_masked_forward_allocates(t):
     forward (the fused SDPA path allocates no [G*T, S] scores, and the plan counts none there)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from longswift.memory import masked_attention_bytes
+    from longswift.runtime.memory import masked_attention_bytes
 
     hf = tiny_hf_model("llama", "default", seed=2, max_position_embeddings=4096)
     engine = longswift.load(hf, dtype="float32", pack_weights=True)

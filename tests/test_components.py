@@ -13,15 +13,14 @@ from conftest import tiny_hf_model
 
 import longswift
 from longswift import GenerationConfig, SamplingConfig
-from longswift.cache import FullKVCache, PartialKVCache
 from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
-from longswift.generate import GenerationStats
-from longswift.heads import load_heads, new_heads, save_heads
-from longswift.ngram import NGramTable, NGramTracker
-from longswift.tokenswift import TokenSwiftState, draft
-from longswift.tree import HEADS, NGRAM, Trie
-
+from longswift.runtime.cache import FullKVCache, PartialKVCache
+from longswift.spec.heads import load_heads, new_heads, save_heads
+from longswift.spec.ngram import NGramTable, NGramTracker
+from longswift.spec.tokenswift import TokenSwiftState, draft
+from longswift.spec.tree import HEADS, NGRAM, Trie
+from longswift.stats import GenerationStats
 
 # ---- trie ------------------------------------------------------------------------------------
 

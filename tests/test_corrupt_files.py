@@ -86,7 +86,7 @@ def test_damaged_safetensors_directory(tmp_path):
 
 
 def test_damaged_heads_file(tmp_path):
-    from longswift.heads import save_heads
+    from longswift.spec.heads import save_heads
 
     engine = longswift.load(tiny_hf_model("llama", seed=83), dtype="float32", heads="random")
     src = tmp_path / "good.safetensors"

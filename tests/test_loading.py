@@ -13,7 +13,7 @@ from conftest import tiny_hf_model
 
 import longswift
 from longswift.errors import LongswiftError
-from longswift.loading import default_model_path, load_config, load_model
+from longswift.runtime.loading import default_model_path, load_config, load_model
 
 CPU = torch.device("cpu")
 

@@ -11,11 +11,11 @@ import torch
 from conftest import tiny_hf_model
 
 import longswift
-import longswift.verify as verify_mod
+import longswift.spec.verify as verify_mod
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
-from longswift.generate import GenerationStats
 from longswift.sampling import probabilities, transform
-from longswift.tokenswift import TokenSwiftState, build_tree, draft, verify
+from longswift.spec.tokenswift import TokenSwiftState, build_tree, draft, verify
+from longswift.stats import GenerationStats
 
 # Full steps only (adaptive=False): which kind of step adaptive mode picks depends on timings, and
 # these tests also check that full steps accept drafts; test_adaptive_* cover the mixed loop.
@@ -219,7 +219,7 @@ def test_embedded_model_greedy_tokenswift_equals_ar(embedded, heads, mode):
 def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, monkeypatch):
     """Lookup steps (n-gram continuations of the root, no draft pass) mixed with full steps in a
     fixed pattern: still AR's tokens, and lookup steps do accept tokens on repetitive text."""
-    from longswift import tokenswift
+    from longswift.spec import tokenswift
 
     pattern = iter([tokenswift.FULL, tokenswift.LOOKUP, tokenswift.LOOKUP] * 100)
     monkeypatch.setattr(tokenswift.TokenSwiftState, "choose", lambda self: next(pattern))
@@ -233,7 +233,7 @@ def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, monkeypatch):
 
 
 def test_adaptive_choice_follows_measured_rates():
-    from longswift.tokenswift import FULL, LOOKUP, PROBE_EVERY, TokenSwiftState
+    from longswift.spec.tokenswift import FULL, LOOKUP, PROBE_EVERY, TokenSwiftState
 
     s = TokenSwiftState.__new__(TokenSwiftState)
     s.spec, s.rate, s.since_probe, s.tokens_per_step = SpecConfig(), {FULL: None, LOOKUP: None}, 0, 1.0

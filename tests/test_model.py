@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_hf_model
 
 import longswift
-from longswift.cache import FullKVCache
+from longswift.runtime.cache import FullKVCache
 
 CASES = [
     ("llama", "default", False),

@@ -11,10 +11,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from longswift.config import SamplingConfig
-from longswift.ngram import NGramTable, NGramTracker
 from longswift.sampling import apply_penalty, draw, transform
-from longswift.tree import HEADS, NGRAM, Trie
-from longswift.verify import lossless_walk
+from longswift.spec.ngram import NGramTable, NGramTracker
+from longswift.spec.tree import HEADS, NGRAM, Trie
+from longswift.spec.verify import lossless_walk
 
 V = 12
 tokens_st = st.lists(st.integers(0, V - 1), min_size=0, max_size=60)

@@ -20,8 +20,8 @@ from conftest import tiny_hf_model
 
 import longswift
 from longswift import GenerationConfig, LongswiftError, SamplingConfig, SpecConfig
-from longswift.cache import FullKVCache, PartialKVCache
-from longswift.parallel import plan_shards, working_world_sizes
+from longswift.runtime.cache import FullKVCache, PartialKVCache
+from longswift.runtime.parallel import plan_shards, working_world_sizes
 
 WORLD = 2
 GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0)

@@ -8,18 +8,25 @@ import math
 
 import pytest
 import torch
+from conftest import tiny_hf_model
 
 import longswift
 from longswift.config import GenerationConfig, SamplingConfig
-from longswift.distill import self_distill
 from longswift.errors import LongswiftError
-from longswift.eval_heads import head_accuracy
-from longswift.heads import load_heads
-from longswift.train import (HEADS_FILE, HeadTrainer, TrainConfig, base_hidden, head_losses, head_targets,
-                             learning_rate, train_heads)
-from longswift.train_data import cut_windows, read_texts
-
-from conftest import tiny_hf_model
+from longswift.spec.heads import load_heads
+from longswift.train.data import cut_windows, read_texts
+from longswift.train.distill import self_distill
+from longswift.train.eval import head_accuracy
+from longswift.train.train import (
+    HEADS_FILE,
+    HeadTrainer,
+    TrainConfig,
+    base_hidden,
+    head_losses,
+    head_targets,
+    learning_rate,
+    train_heads,
+)
 
 
 @pytest.fixture(scope="module")

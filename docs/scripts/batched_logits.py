@@ -4,7 +4,7 @@ python docs/scripts/batched_logits.py [new_tokens] [rounds]"""
 import sys
 
 import longswift
-import longswift.tokenswift as ts
+import longswift.spec.tokenswift as ts
 from longswift.config import GenerationConfig, SamplingConfig
 
 new, rounds = (int(a) for a in (sys.argv[1:] + ["1024", "2"])[:2])

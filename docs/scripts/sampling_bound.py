@@ -21,10 +21,10 @@ import time
 import torch
 
 import longswift
-from longswift.bench import PRESETS
-from longswift.bench_steps import median_seconds
-from longswift.cache import FullKVCache
+from longswift.bench.grid import PRESETS
+from longswift.bench.steps import median_seconds
 from longswift.config import GenerationConfig
+from longswift.runtime.cache import FullKVCache
 from longswift.sampling import penalty_window, transform
 
 new = int((sys.argv[1:] + ["2048"])[0])

@@ -1,6 +1,7 @@
 """Tree / draft-mode / n-gram sweep with the shipped heads (2K-token prose prompt, 512 tokens), run from the repo root."""
-import time, longswift, torch
-from longswift.config import SamplingConfig, GenerationConfig, SpecConfig
+import longswift
+from longswift.config import GenerationConfig, SamplingConfig, SpecConfig
+
 e = longswift.load()
 text = open("docs/prompts/clockmaker.txt").read()
 ids = e.encode(text)[:2048]

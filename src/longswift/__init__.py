@@ -3,7 +3,7 @@
 from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .engine import Engine, GenerationStream, load
 from .errors import LongswiftError
-from .generate import GenerationResult, GenerationStats
+from .stats import GenerationResult, GenerationStats
 
 __version__ = "0.1.0"
 

@@ -243,8 +243,6 @@ class SpecConfig:
 
     @property
     def levels(self) -> tuple[int, ...]:
-        from .tree import parse_tree
-
         if self.tree == "auto":
             raise ValueError("SpecConfig.tree is 'auto': call for_device() first")
         return parse_tree(self.tree)
@@ -334,3 +332,14 @@ _DTYPES = {
     "float16": torch.float16,
     "float64": torch.float64,
 }
+
+
+def parse_tree(spec: str) -> tuple[int, ...]:
+    """'1,3,3,3' -> (1, 3, 3, 3): the number of candidates taken at each depth."""
+    try:
+        ks = tuple(int(x) for x in spec.split(","))
+    except ValueError:
+        raise LongswiftError(f"--tree must be comma-separated positive integers like 1,3,3,3; got '{spec}'") from None
+    if not ks or any(k <= 0 for k in ks):
+        raise LongswiftError(f"--tree must be comma-separated positive integers like 1,3,3,3; got '{spec}'")
+    return ks

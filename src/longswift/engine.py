@@ -13,12 +13,14 @@ import torch
 from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
-from .generate import GenerationResult, GenerationStats, ar_steps, check_context
-from .heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
-from .loading import LoadedModel, load_model
-from .model import Transformer
-from .parallel import TensorParallel, shard_config, shard_state
-from .tokenswift import tokenswift_steps
+from .generate import ar_steps
+from .runtime.loading import LoadedModel, load_model
+from .runtime.memory import check_context
+from .runtime.model import Transformer
+from .runtime.parallel import TensorParallel, shard_config, shard_state
+from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
+from .spec.tokenswift import tokenswift_steps
+from .stats import GenerationResult, GenerationStats
 
 METHODS = ("ar", "tokenswift")
 

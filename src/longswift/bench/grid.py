@@ -1,0 +1,316 @@
+"""`longswift bench`: our AR and TokenSwift against transformers and llama.cpp on the same model,
+prompt and sampling settings, over a grid of prefix lengths x generation lengths x sampling
+presets; methods interleaved run by run so machine noise hits all alike. Results go to a
+resumable directory (bench_report.py) and a markdown report."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from ..engine import Engine, load
+from ..errors import LongswiftError
+from ..runtime.loading import resolve_path
+from ..runtime.memory import rope_factor_for
+from .metrics import PeakMemory, Timeline, distinct_n
+from .peers import PEERS, HFRunner, LlamaCppRunner, missing
+from .prompts import Prompt, build_prompts, file_digest
+from .report import MemoryStore, ResultStore, RunContext, write_outputs
+
+OURS = ("ar", "tokenswift", "tokenswift-fused")
+KNOWN_METHODS = (*OURS, *PEERS)
+DEFAULT_METHODS = ("ar", "tokenswift", "hf", "hf-pld", "llamacpp", "llamacpp-pld")
+# Sampling presets. greedy: no penalty (comparable with transformers token for token). The others
+# are the paper's per-model settings (Table 10), all over a 1024-token penalty window and seeded.
+PRESETS = {
+    "greedy": SamplingConfig(temperature=0.0, min_p=0.0, repetition_penalty=1.0),
+    "paper": SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024),  # LLaMA3.1-8B
+    "paper-nopenalty": SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.0),  # the Distinct-n ablation
+    "top-p": SamplingConfig(temperature=1.0, top_p=0.9, min_p=0.0, repetition_penalty=1.15),  # Qwen2.5-1.5B, YaRN
+    "min-p": SamplingConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.15),  # Qwen2.5-7B
+    "eta": SamplingConfig(temperature=1.0, min_p=0.0, eta=0.001, repetition_penalty=1.2),  # eta-sampling, our choice of eta
+}
+CPU_LENGTHS = (2048, 4096, 8192)
+
+
+@dataclass
+class BenchConfig:
+    """One benchmark grid: every prefix x preset x length cell runs every method `runs` times."""
+
+    methods: tuple[str, ...] | None = None  # None: DEFAULT_METHODS, skipping those that cannot run here
+    prefixes: tuple[int, ...] = (2048,)
+    lengths: tuple[int, ...] = CPU_LENGTHS
+    presets: tuple[str, ...] = ("greedy",)
+    runs: int = 1
+    prompt_file: Path | None = None
+    seed: int = 0
+    chat: bool = False
+    spec: SpecConfig | None = None
+    pld_tokens: int = 10  # tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if self.methods is not None:
+            unknown = [m for m in self.methods if m not in KNOWN_METHODS]
+            if unknown or not self.methods:
+                raise LongswiftError(f"unknown bench method(s) {unknown}: choose from {', '.join(KNOWN_METHODS)}")
+            if len(set(self.methods)) != len(self.methods):
+                raise LongswiftError("--methods lists a method twice")
+        bad = [p for p in self.presets if p not in PRESETS]
+        if bad or not self.presets:
+            raise LongswiftError(f"unknown sampling preset(s) {bad}: choose from {', '.join(PRESETS)}")
+        if not self.prefixes or min(self.prefixes) <= 0:
+            raise LongswiftError("--prefix lengths must be positive")
+        if not self.lengths or min(self.lengths) < 2:
+            raise LongswiftError("--lengths (--new-tokens) must be at least 2 tokens each")
+        if self.runs <= 0 or self.pld_tokens <= 0:
+            raise LongswiftError("--runs and --pld-tokens must be positive")
+
+    def sampling(self, preset: str) -> SamplingConfig:
+        s = PRESETS[preset]
+        return s if s.greedy else dataclasses.replace(s, seed=self.seed)
+
+
+@dataclass(frozen=True)
+class Cell:
+    prompt: Prompt
+    prefix: int | None
+    preset: str
+    length: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"prompt": self.prompt.name, "prompt_tokens": len(self.prompt.ids), "prefix": self.prefix,
+                "preset": self.preset, "length": self.length}
+
+
+def spec_label(spec: SpecConfig, method: str) -> str:
+    """The TokenSwift options of a run (part of its key, so ablations are separate runs). Options at
+    their defaults are left out, which keeps the labels, hence the keys, of earlier results."""
+    mode = "fused" if method == "tokenswift-fused" else spec.draft_mode
+    extra = "".join(f", {text}" for text, default in (
+        (f"{spec.draft_cache} draft cache", spec.draft_cache == "dynamic"),
+        (f"draft window {spec.draft_window}", spec.draft_window == SpecConfig.draft_window),
+        (f"{spec.attention_sinks} sinks", spec.attention_sinks == SpecConfig.attention_sinks),
+    ) if not default)
+    return (f"tree {spec.tree}, n-gram top-k {spec.ngram_topk}, draft KV {spec.draft_kv_budget}{extra}, {mode} draft, "
+            f"adaptive {'on' if spec.adaptive else 'off'}")
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+class Methods:
+    """Builds each method's runner once, lazily, and says which cannot run and why."""
+
+    def __init__(self, engine: Engine, model: str | None, cfg: BenchConfig, n_ctx: int) -> None:
+        self.engine, self.cfg, self.n_ctx = engine, cfg, n_ctx
+        self.gguf = resolve_path(model) if model is None or isinstance(model, (str, Path)) else None
+        self._runners: dict[str, Any] = {}
+        self._twin: Any = None
+
+    def skip_reason(self, method: str, sampling: SamplingConfig | None = None) -> str | None:
+        if method.startswith("tokenswift") and self.engine.heads is None:
+            return "no draft heads for this model: pass --heads FILE (or --heads random)"
+        if method in PEERS:
+            why = missing(method)
+            if why:
+                return why
+            if method.startswith("llamacpp") and (self.gguf is None or self.gguf.suffix != ".gguf"):
+                return "llama.cpp needs a .gguf model file"
+            if sampling is not None:
+                return (LlamaCppRunner if method.startswith("llamacpp") else HFRunner).unsupported(sampling)
+        return None
+
+    def variant(self, method: str) -> str:
+        if method.startswith("tokenswift"):
+            return spec_label(self.cfg.spec, method)
+        if method.endswith("-pld"):
+            return f"{self.cfg.pld_tokens} lookup tokens"
+        return ""
+
+    def note(self, method: str, sampling: SamplingConfig) -> str | None:
+        if method.startswith("hf"):
+            return HFRunner.sampler_note(sampling)
+        if method.startswith("llamacpp"):
+            return LlamaCppRunner.sampler_note(sampling)
+        return None
+
+    def run(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
+            progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
+        """(generated ids, timeline, our GenerationStats or None) of one timed run."""
+        if method in OURS:
+            return self._ours(method, prompt, n, sampling, progress)
+        runner = self._runner(method)
+        out = runner.run(prompt, n, sampling, progress)
+        return out.token_ids, out.timeline, None
+
+    def _runner(self, method: str) -> Any:
+        if method not in self._runners:
+            pld = self.cfg.pld_tokens if method.endswith("-pld") else None
+            if method.startswith("hf"):
+                if self._twin is None:
+                    from ..runtime.twin import hf_twin
+
+                    self._twin = hf_twin(self.engine)
+                self._runners[method] = HFRunner(self._twin, pld)
+            else:
+                import torch
+
+                self._runners[method] = LlamaCppRunner(self.gguf, self.n_ctx, torch.get_num_threads(), self.cfg.seed, pld)
+        return self._runners[method]
+
+    def _ours(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
+              progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
+        spec = self.cfg.spec
+        if method == "tokenswift-fused":
+            spec = dataclasses.replace(spec, draft_mode="fused")
+        timeline = Timeline(n, progress=progress)
+        stream = self.engine.stream(prompt, sampling=sampling, generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
+                                    method="ar" if method == "ar" else "tokenswift", spec=spec)
+        stats, count = stream.stats, 0
+        for ids in stream:
+            count += len(ids)
+            timeline.record(count, alpha=stats.alpha if method != "ar" else None)
+        return list(stream.token_ids), timeline, stats
+
+
+def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, Any]:
+    """What makes results comparable: a results directory holds runs of one identity only (the grid
+    axes, the methods and the TokenSwift options may grow between reruns; they are in each run's key)."""
+    import torch
+
+    return {"model": str(engine.source), "dtype": str(engine.model.dtype).removeprefix("torch."),
+            "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
+            "threads": torch.get_num_threads(), "heads": str(heads),
+            "prompt_file": None if cfg.prompt_file is None else str(cfg.prompt_file),
+            "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed}
+
+
+def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None,
+              out: Path | None = None, json_path: Path | None = None, out_dir: Path | None = None,
+              fresh: bool = False, command: str | None = None,
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
+    """Run the grid; return every run's record (those resumed from `out_dir` included)."""
+    from ..atomic import check_writable
+
+    for p in (out, json_path):
+        if p is not None:
+            check_writable(p)
+    engine = load(model, runtime, heads=heads)
+    cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
+    pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
+    cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
+             for length in sorted(cfg.lengths)]
+    longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
+    total, limit = len(longest.prompt.ids) + longest.length, engine.cfg.context_limit
+    if total > limit:  # refuse before any run, not mid-grid
+        raise LongswiftError(f"the grid's longest cell (prefix {len(longest.prompt.ids)} + {longest.length} new = {total} "
+                             f"tokens) exceeds this model's context of {limit}: lower --lengths/--prefix, or extend "
+                             f"the context with --rope-scaling yarn:{rope_factor_for(engine.cfg, total)}")
+    n_ctx = max(len(c.prompt.ids) + c.length for c in cells) + 64
+    methods = Methods(engine, model, cfg, n_ctx)
+    requested = cfg.methods or DEFAULT_METHODS
+    skipped: dict[str, str] = {}
+    runnable = []
+    for m in requested:
+        why = methods.skip_reason(m)
+        if why and cfg.methods is not None and m.startswith("tokenswift"):
+            raise LongswiftError(f"{m} needs draft heads: pass --heads PATH (or --heads random)")
+        if why:
+            skipped[m] = why
+            log(f"{m}: skipped ({why})")
+        else:
+            runnable.append(m)
+    identity = suite_identity(engine, cfg, heads)
+    store = ResultStore(out_dir, identity, fresh) if out_dir is not None else MemoryStore(identity)
+    if store.records:
+        log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")
+    ctx = RunContext(identity=identity, command=command or "longswift bench (from the Python API)", skipped=skipped, notes={},
+                     spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells],
+                     resumed=len(store.records))
+
+    plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
+    for cell in cells:
+        sampling = cfg.sampling(cell.preset)
+        for m in runnable:
+            why = methods.skip_reason(m, sampling)
+            if why:
+                skipped[f"{m} ({cell.preset})"] = why
+                continue
+            note = methods.note(m, sampling)
+            if note:
+                ctx.notes[f"{m}, {cell.preset}"] = note
+        for r in range(cfg.runs):
+            for m in runnable:
+                if methods.skip_reason(m, sampling):
+                    continue
+                key = _key(cell.prompt.name, cell.prompt.ids, cell.length, asdict(sampling), m, methods.variant(m), r)
+                if not store.has(key):
+                    plan.append((cell, r, m, key))
+    log(f"{len(plan)} runs to do over {len(cells)} cells ({', '.join(runnable) or 'no methods'})")
+    if plan and cfg.warmup:
+        warm_prompt = list(plan[0][0].prompt.ids[:64])
+        for m in dict.fromkeys(m for _, _, m, _ in plan):  # allocator, packed kernels, first-call paths
+            log(f"warm-up {m}")
+            methods.run(m, warm_prompt, 4, cfg.sampling("greedy"), None)
+    for i, (cell, r, m, key) in enumerate(plan, 1):
+        sampling = cfg.sampling(cell.preset)
+        where = f"[{i}/{len(plan)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} run {r + 1} {m}"
+        log(f"{where}: start")
+
+        def progress(tokens: int, seconds: float, where: str = where) -> None:
+            log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s")
+
+        with PeakMemory(engine.model.device) as mem:
+            ids, timeline, stats = methods.run(m, list(cell.prompt.ids), cell.length, sampling, progress)
+        record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
+        record["command"] = ctx.command
+        store.append(record)
+        extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
+        log(f"{where}: prefill {record['prefill_seconds']:.2f} s, {record['decode_tokens_per_second']:.2f} tok/s{extra}")
+        write_outputs(store, ctx, out_dir, plots=False)
+    records = store.records
+    report = write_outputs(store, ctx, out_dir, plots=True)
+    print(report)
+    if out is not None:
+        from ..atomic import append_atomic
+
+        append_atomic(out, report + "\n")
+    if json_path is not None:
+        from ..atomic import write_atomic
+
+        write_atomic(json_path, json.dumps({"config": identity, "runs": records}) + "\n")
+    return records
+
+
+def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: list[int], timeline: Timeline,
+                stats: Any, mem: PeakMemory, sampling: SamplingConfig) -> dict[str, Any]:
+    """One run as a flat JSON-able dict (a line of results.jsonl)."""
+    if len(ids) != cell.length:
+        raise RuntimeError(f"{method} produced {len(ids)} tokens instead of {cell.length}")
+    decode = timeline.decode_seconds
+    spec = stats is not None and stats.method == "tokenswift"
+    return {
+        "key": key, **cell.describe(), "method": method, "variant": variant, "run": run,
+        "sampling": asdict(sampling), "new_tokens": len(ids),
+        "prefill_seconds": timeline.prefill_seconds, "decode_seconds": decode,
+        "decode_tokens_per_second": (len(ids) - 1) / decode if decode > 0 else 0.0,
+        "checkpoints": timeline.checkpoints, "checkpoint_alpha": timeline.checkpoint_alpha if spec else None,
+        "alpha": stats.alpha if spec else None,
+        "ngram_alpha": (stats.ngram_accepted / stats.draft_positions if stats.draft_positions else 0.0) if spec else None,
+        "tokens_per_step": stats.tokens_per_step if spec else None,
+        "lookup_steps": stats.lookup_steps if spec else None,
+        "stage_seconds": dict(stats.stage_seconds) if spec else None,
+        **{f"distinct_{n}": distinct_n(ids, n) for n in (1, 2, 3, 4)},
+        "peak_memory_bytes": mem.peak_bytes, "memory_at_start_bytes": mem.start_bytes, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "token_ids": ids,
+    }

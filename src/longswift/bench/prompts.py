@@ -1,0 +1,79 @@
+"""Benchmark prompts: seeded random ids, a prose file repeated to each prefix length, a chat
+message, or a JSONL set of instructions (docs/prompts/instructions.jsonl: one {"id", "prompt"} a line)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import LongswiftError
+from ..prompts import read_prompt_file
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt. `fixed` prompts are used as they are (chat messages, instructions);
+    the others are built to each --prefix length."""
+
+    name: str
+    ids: tuple[int, ...]
+    fixed: bool
+
+
+def read_instructions(path: Path) -> list[tuple[str, str]]:
+    """(id, text) pairs of a JSONL prompt set; a clear error names the first bad line."""
+    pairs = []
+    for number, line in enumerate(read_prompt_file(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            text = row["prompt"]
+            name = str(row.get("id", f"line{number}"))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise LongswiftError(f"{path}:{number}: expected a JSON object with a \"prompt\" field") from None
+        if not isinstance(text, str) or not text.strip():
+            raise LongswiftError(f"{path}:{number}: \"prompt\" must be non-empty text")
+        pairs.append((name, text))
+    if not pairs:
+        raise LongswiftError(f"prompt file '{path}' holds no prompts")
+    return pairs
+
+
+def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: tuple[int, ...],
+                  seed: int) -> list[tuple[int | None, Prompt]]:
+    """(prefix, prompt) pairs to run: random ids or a prose file for each prefix length; a chat
+    message or each JSONL instruction once (prefix None: the prompt is used as it is)."""
+    if prompt_file is None:
+        g = torch.Generator().manual_seed(seed)
+        pool = torch.randint(0, engine.cfg.vocab_size, (max(prefixes),), generator=g).tolist()
+        return [(p, Prompt(f"random-ids-seed{seed}", tuple(pool[:p]), False)) for p in prefixes]
+    if prompt_file.suffix == ".jsonl":
+        return [(None, Prompt(name, tuple(engine.encode(text, chat=chat)), True))
+                for name, text in read_instructions(prompt_file)]
+    text = read_prompt_file(prompt_file)
+    if chat:
+        return [(None, Prompt(prompt_file.stem, tuple(engine.encode(text, chat=True)), True))]
+    ids = engine.encode(text)
+    out = []
+    for p in prefixes:
+        repeated = list(ids)
+        while len(repeated) < p:
+            repeated += ids
+        out.append((p, Prompt(prompt_file.stem, tuple(repeated[:p]), False)))
+    return out
+
+
+def file_digest(path: Path | None) -> str | None:
+    """A short content hash, so that results of an edited prompt file are not mixed with old ones."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        raise LongswiftError(f"cannot read prompt file '{path}'") from None

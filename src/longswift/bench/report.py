@@ -1,0 +1,282 @@
+"""Benchmark outputs: the resumable results directory (config.json + results.jsonl, one line per
+finished run), results.csv, PNG plots (matplotlib, if installed) and report.md."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..atomic import write_atomic
+from ..errors import LongswiftError
+from .metrics import curve_speedup, speedup
+
+OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
+                "alpha_vs_length.png", "time_to_n_tokens.png")
+CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds", "command")
+
+
+class MemoryStore:
+    """Records of finished runs, kept in memory only (no --out-dir)."""
+
+    def __init__(self, identity: dict[str, Any]) -> None:
+        self.identity = identity
+        self.records: list[dict[str, Any]] = []
+        self._keys: set[str] = set()
+
+    def has(self, key: str) -> bool:
+        return key in self._keys
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        self._keys.add(record["key"])
+
+
+class ResultStore(MemoryStore):
+    """A results directory: config.json names what the runs measured; results.jsonl gets one line per
+    run, flushed and fsynced as it finishes, so an interrupted grid resumes where it stopped."""
+
+    def __init__(self, out_dir: Path, identity: dict[str, Any], fresh: bool = False) -> None:
+        super().__init__(identity)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise LongswiftError(f"--out-dir '{out_dir}' is a file: give a directory")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LongswiftError(f"cannot create --out-dir '{out_dir}': {exc.strerror}") from None
+        self.path = out_dir / "results.jsonl"
+        config = out_dir / "config.json"
+        if fresh:
+            for name in OUTPUT_FILES:
+                (out_dir / name).unlink(missing_ok=True)
+        wanted = json.loads(json.dumps(identity))
+        if config.exists():
+            try:
+                stored = json.loads(config.read_text())["identity"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir") from None
+            if stored != wanted:
+                diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+                raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
+                                     f"{', '.join(diff)}): use another --out-dir, or --fresh to discard them")
+        elif self.path.exists():
+            raise LongswiftError(f"'{self.path}' exists without config.json: use another --out-dir or --fresh")
+        else:
+            write_atomic(config, json.dumps({"identity": wanted}, indent=1) + "\n")
+        if self.path.exists():
+            self._load()
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def _load(self) -> None:
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        good = []
+        for i, line in enumerate(lines):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:  # a run cut off while its line was written: drop it, it reruns
+                    write_atomic(self.path, "".join(g + "\n" for g in good))
+                    break
+                raise LongswiftError(f"{self.path}:{i + 1} is not JSON: fix or remove the line, or use --fresh") from None
+            good.append(line)
+            super().append(record)
+
+    def append(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        super().append(record)
+
+
+@dataclass
+class RunContext:
+    """What the report says besides the numbers."""
+
+    identity: dict[str, Any]
+    command: str
+    skipped: dict[str, str]
+    notes: dict[str, str]
+    spec: Any
+    methods: tuple[str, ...]
+    cells: list[dict[str, Any]] = field(default_factory=list)
+    resumed: int = 0  # runs found in the results directory when this invocation started
+
+
+def cell_id(r: dict[str, Any]) -> tuple:
+    return (r["prompt"], r["prompt_tokens"], r["preset"], r["length"])
+
+
+def row_id(r: dict[str, Any]) -> tuple[str, str]:
+    return (r["method"], r["variant"])
+
+
+def group(records: list[dict[str, Any]]) -> dict[tuple, dict[tuple[str, str], list[dict[str, Any]]]]:
+    """cell -> (method, variant) -> runs, in the order first seen."""
+    out: dict[tuple, dict[tuple[str, str], list[dict[str, Any]]]] = {}
+    for r in records:
+        out.setdefault(cell_id(r), {}).setdefault(row_id(r), []).append(r)
+    return out
+
+
+def median_rate(runs: list[dict[str, Any]]) -> float:
+    return statistics.median(r["decode_tokens_per_second"] for r in runs)
+
+
+def baseline(rows: dict[tuple[str, str], list[dict[str, Any]]], method: str) -> list[dict[str, Any]] | None:
+    return next((runs for (m, _), runs in rows.items() if m == method), None)
+
+
+def write_outputs(store: MemoryStore, ctx: RunContext, out_dir: Path | None, plots: bool) -> str:
+    """(Re)write results.csv, the plots and report.md from every record; return the report."""
+    records = store.records
+    images = []
+    if out_dir is not None:
+        write_atomic(out_dir / "results.csv", to_csv(records))
+        if plots:
+            from .plots import plot_all
+
+            images = plot_all(records, out_dir)
+    report = render(records, ctx, images)
+    if out_dir is not None:
+        write_atomic(out_dir / "report.md", report)
+    return report
+
+
+def to_csv(records: list[dict[str, Any]]) -> str:
+    cells = group(records)
+    rows = []
+    for r in records:
+        row = {k: v for k, v in r.items() if k not in CSV_SKIP}
+        for base in ("ar", "hf"):
+            runs = baseline(cells[cell_id(r)], base)
+            row[f"speedup_vs_{base}"] = (round(speedup(r["decode_tokens_per_second"], median_rate(runs)), 4)
+                                         if runs and r["decode_tokens_per_second"] > 0 else "")
+        rows.append(row)
+    buf = io.StringIO()
+    if rows:
+        fields = list(dict.fromkeys(k for row in rows for k in row))  # records of older versions may lack a field
+        writer = csv.DictWriter(buf, fieldnames=fields, restval="", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return buf.getvalue()
+
+
+def machine_lines(identity: dict[str, Any]) -> list[str]:
+    from .peers import version
+
+    cpu = "unknown CPU"
+    mem = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+        mem = f", {kib / 2**20:.0f} GiB RAM"
+    except (OSError, StopIteration, ValueError):
+        pass
+    versions = {name: version(mod) for name, mod in (("torch", "torch"), ("transformers", "transformers"),
+                                                     ("llama-cpp-python", "llama_cpp"), ("longswift", "longswift"))}
+    commit = _git_commit()
+    return [
+        f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} logical CPUs{mem}; {identity['threads']} torch threads; "
+        f"python {platform.python_version()}",
+        "- versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items())
+        + (f" (commit {commit})" if commit else ""),
+        f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
+        f"{identity['packed_linears']}; heads: {identity['heads']}",
+    ]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) -> str:
+    ident = ctx.identity
+    prompt = (f"random token ids (seed {ident['seed']})" if ident["prompt_file"] is None
+              else f"{ident['prompt_file']}{' as chat messages' if ident['chat'] else ''}")
+    lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident), f"- prompt: {prompt}"]
+    if ctx.resumed:
+        lines.append(f"- resumed: {ctx.resumed} of the {len(records)} runs below were measured by earlier invocations "
+                     "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")
+    if ctx.spec is not None and any(m.startswith("tokenswift") for m in ctx.methods):
+        lines.append(f"- tokenswift options: {ctx.spec.tree} tree, n-gram top-k {ctx.spec.ngram_topk}, draft KV budget "
+                     f"{ctx.spec.draft_kv_budget} ({ctx.spec.draft_cache}), adaptive steps {'on' if ctx.spec.adaptive else 'off'}")
+    if any(m.startswith("llamacpp") for m in ctx.methods):
+        lines.append("- llama.cpp runs its own kernels on the GGUF's stored weights (quantized types stay quantized), "
+                     "while longswift and transformers run the weights dequantized to the dtype above: its speed is "
+                     "that of a different numeric format and its tokens are not comparable with ours")
+    for what, note in ctx.notes.items():
+        lines.append(f"- sampler of {what}: {note}")
+    for what, why in ctx.skipped.items():
+        lines.append(f"- {what}: skipped ({why})")
+    lines.append("- decode tok/s counts the tokens after the first (prefill excluded); medians over runs; "
+                 "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
+                 "includes every method loaded so far; the part in parentheses is what the run added on top")
+    lines += ["", *[f"![{Path(i).stem}]({i})" for i in images]]
+    for cid, rows in group(records).items():
+        lines += _cell_section(cid, rows)
+    return "\n".join(lines) + "\n"
+
+
+def _memory(runs: list[dict[str, Any]]) -> str:
+    peak = statistics.median(r["peak_memory_bytes"] for r in runs) / 2**20
+    if runs[0].get("memory_at_start_bytes") is None:  # records written before the start was kept
+        return f"{peak:.0f}"
+    added = statistics.median(r["peak_memory_bytes"] - r["memory_at_start_bytes"] for r in runs) / 2**20
+    return f"{peak:.0f} (+{added:.0f})"
+
+
+def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
+    name, prompt_tokens, preset, length = cid
+    ar, hf = baseline(rows, "ar"), baseline(rows, "hf")
+    lines = ["", f"### {name}: {prompt_tokens}-token prompt, {length} new tokens, {preset} sampling", ""]
+    if ar:
+        same = []
+        for (m, variant), runs in rows.items():
+            if m == "ar":
+                continue
+            a, b = ar[0]["token_ids"], runs[0]["token_ids"]
+            diverge = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            label = f"{m} ({variant})" if variant and sum(1 for k in rows if k[0] == m) > 1 else m
+            same.append(f"{label} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
+        if same:
+            lines += [f"- outputs compared with ar (first run): {'; '.join(same)}", ""]
+    lines += ["| method | variant | runs | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha | n-gram alpha | "
+              "tokens/step | distinct-1/2/3/4 | peak MiB (+ added by the run) |", "|" + "---|" * 13]
+    for (m, variant), runs in rows.items():
+        rate = median_rate(runs)
+        med = lambda k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None  # noqa: E731
+        vs = [f"{speedup(rate, median_rate(b)):.2f}x" if b and rate > 0 else "-" for b in (ar, hf)]
+        distinct = "/".join(f"{med(f'distinct_{n}'):.2f}" for n in (1, 2, 3, 4))
+        lines.append(f"| {m} | {variant or '-'} | {len(runs)} | {med('prefill_seconds'):.2f} | {rate:.1f} | "
+                     f"{1e3 / rate if rate else 0:.1f} | {vs[0]} | {vs[1]} | {_fmt(med('alpha'))} | "
+                     f"{_fmt(med('ngram_alpha'))} | {_fmt(med('tokens_per_step'))} | {distinct} | "
+                     f"{_memory(runs)} |")
+    if ar and len(rows) > 1:
+        lines += ["", "Speedup vs ar along the generation (decode time to the same token count, first run):", ""]
+        header = [n for n, _ in ar[0]["checkpoints"]]
+        lines += ["| method | " + " | ".join(str(n) for n in header) + " |", "|" + "---|" * (len(header) + 1)]
+        for (m, variant), runs in rows.items():
+            if m == "ar":
+                continue
+            curve = dict(curve_speedup(ar[0]["checkpoints"], runs[0]["checkpoints"], ar[0]["prefill_seconds"],
+                                       runs[0]["prefill_seconds"]))
+            cells = [next((f"{v:.2f}x" for n2, v in curve.items() if n2 >= n), "-") for n in header]
+            several = sum(1 for k in rows if k[0] == m) > 1
+            lines.append(f"| {m}{f' ({variant})' if several else ''} | " + " | ".join(cells) + " |")
+    return lines

@@ -1,0 +1,387 @@
+"""`longswift bench-steps`: per-step costs of AR and TokenSwift on random weights of a real model's
+shape, at long contexts, without a checkpoint or a prefill. The caches are filled with random keys
+and values and their lengths set (the values do not change the cost); each step is the real stage
+function (tokenswift.draft / verify, the lossless walk) timed as median of repetitions, and the
+cache is cut back after each so every repetition sees the same context."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from ..errors import LongswiftError
+from ..runtime.linear import packing_supported
+from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
+from ..runtime.model import Transformer
+from ..sampling import draw, penalty_window, transform
+from ..spec.heads import DraftHeads, new_heads
+from ..spec.tokenswift import (
+    BATCH_FROM_TOKENS,
+    BATCHED_LOGITS_NODES,
+    NGRAM_N,
+    TokenSwiftState,
+    Verified,
+    draft,
+    draft_cache_tokens,
+    tree_budget,
+    verify,
+)
+from ..spec.tree import Trie
+from ..spec.verify import lossless_walk
+from ..stats import GenerationStats
+from .projection import Projection, StepCosts, check_alpha, floor_seconds, project, tokens_per_step
+from .shapes import SHAPES, check_shape, random_state, shape_config, weight_bytes_read
+
+GPU_CONTEXTS = (20000, 50000, 100000)
+CPU_CONTEXTS = (2048, 4096, 8192)
+TREE_NODES = (1, 4, 8, 16, 32, 64)
+GPU_NEW_TOKENS = 100000
+PAPER_PREFIX = 4096  # the paper's prefix length (LLaMA3.1-8B results)
+
+
+@dataclass
+class StepBenchConfig:
+    """What to measure and what to project. Contexts count the entries in the KV cache when a step runs."""
+
+    shape: str
+    layers: int | None = None  # None: the shape's real depth
+    contexts: tuple[int, ...] | None = None  # None: GPU_CONTEXTS on CUDA, CPU_CONTEXTS on CPU
+    tree_nodes: tuple[int, ...] = TREE_NODES  # verify-pass sizes (root included)
+    reps: int = 10
+    warmup: int = 2
+    alphas: tuple[float, ...] = ()  # acceptance rates to project with; empty: no projection
+    prefix: int = PAPER_PREFIX
+    new_tokens: int | None = None  # None: GPU_NEW_TOKENS on CUDA, up to the largest context on CPU
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    bandwidth_mib: int | None = None  # read-bandwidth buffer; None: max(1 GiB, 4x the last-level cache)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_shape(self.shape, self.layers)
+        if self.contexts is not None and (not self.contexts or min(self.contexts) <= 0):
+            raise LongswiftError(f"--contexts must be positive token counts, got {list(self.contexts)}")
+        if not self.tree_nodes or min(self.tree_nodes) <= 0:
+            raise LongswiftError(f"--tree-nodes must be positive node counts, got {list(self.tree_nodes)}")
+        if self.reps <= 0 or self.warmup < 0:
+            raise LongswiftError("--reps must be positive and --warmup >= 0")
+        for a in self.alphas:
+            check_alpha(a)
+        if self.prefix <= 0 or (self.new_tokens is not None and self.new_tokens <= 0):
+            raise LongswiftError("--prefix and --new-tokens must be positive")
+        if self.spec.draft_mode != "paper":
+            raise LongswiftError("bench-steps measures the paper draft mode (a draft pass on the partial cache); "
+                                 "drop --draft-mode fused")
+        if self.bandwidth_mib is not None and self.bandwidth_mib <= 0:
+            raise LongswiftError("--bandwidth-mib must be positive")
+
+    def for_device(self, device: torch.device) -> StepBenchConfig:
+        """Fill in the per-device defaults (contexts, projected tokens, TokenSwift tree)."""
+        cuda = device.type == "cuda"
+        contexts = self.contexts or (GPU_CONTEXTS if cuda else CPU_CONTEXTS)
+        new_tokens = self.new_tokens
+        if new_tokens is None:
+            new_tokens = GPU_NEW_TOKENS if cuda else max(contexts) - self.prefix
+            if new_tokens <= 0 and self.alphas:
+                raise LongswiftError(f"--prefix {self.prefix} is not below the largest context {max(contexts)}: "
+                                     "give --new-tokens, or a larger context")
+        return dataclasses.replace(self, contexts=tuple(contexts), new_tokens=max(new_tokens, 1),
+                                   spec=self.spec.for_device(device))
+
+    @property
+    def projection_nodes(self) -> int:
+        """Verify-pass size of the projected tree: the trie budget of --tree and --ngram-topk (an upper bound)."""
+        return tree_budget(self.spec)
+
+    @property
+    def depth(self) -> int:
+        """Draft positions per step (alpha's denominator): the tree's depth, or an n-gram path's if deeper."""
+        return max(len(self.spec.levels), NGRAM_N if self.spec.ngram_topk else 0)
+
+    def measured_contexts(self) -> tuple[int, ...]:
+        """The contexts asked for, plus (when projecting) the projection's ends and the draft budget
+        inside it, so that the projection interpolates between measurements and never extrapolates."""
+        extra: set[int] = set()
+        if self.alphas:
+            lo, hi = self.prefix, self.prefix + self.new_tokens  # type: ignore[operator]
+            extra = {lo, hi} | ({self.spec.draft_kv_budget} if lo < self.spec.draft_kv_budget < hi else set())
+        return tuple(sorted(set(self.contexts or ()) | extra))
+
+    @property
+    def state_spec(self) -> SpecConfig:
+        """The spec of the rig's TokenSwiftState: n-grams only shape the trie, which the rig builds itself."""
+        return dataclasses.replace(self.spec, ngram_topk=0)
+
+    def measured_nodes(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.tree_nodes) | ({self.projection_nodes} if self.alphas else set())))
+
+
+@dataclass
+class ContextCosts:
+    """Median seconds of each step at one context."""
+
+    context: int
+    ar: float
+    draft: float
+    draft_cache: int  # entries the draft pass attends to (the partial cache past the budget)
+    reselect: float | None  # a draft step that refills the partial cache; None below the budget
+    walk_row: float  # LM head on one row + transform + draw (tries of more than BATCHED_LOGITS_NODES)
+    walk_row_cached: float  # transform + draw of a row whose logits the verify pass computed (smaller tries)
+    verify: dict[int, float]  # tree nodes -> seconds of the verify forward (no LM head)
+    logits_rows: dict[int, float]  # tree nodes (<= BATCHED_LOGITS_NODES) -> the LM head of all rows in one pass
+
+
+@dataclass
+class StepBenchResult:
+    identity: dict
+    bandwidth: float  # bytes/s
+    bandwidth_buffer: int  # bytes summed to measure it
+    weight_bytes: int  # read by one decoding step
+    kv_bytes_per_token: int
+    costs: list[ContextCosts]
+    projections: list[Projection]
+    config: StepBenchConfig
+
+    def floor(self, context: int) -> float:
+        return floor_seconds(self.weight_bytes, context * self.kv_bytes_per_token, self.bandwidth)
+
+
+def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, device: torch.device,
+               packed: bool, gamma: int) -> MemoryPlan:
+    """Memory of the run as StepRig allocates it: weights (the untied LM head shares the embedding),
+    heads, the full cache at the largest context + the largest tree, the partial cache, transients."""
+    max_ctx, max_nodes = max(bench.measured_contexts()), max(bench.measured_nodes())
+    state_spec = bench.state_spec
+    total = max_ctx + 1 + max_nodes  # TokenSwiftState's prompt + new tokens
+    draft = draft_cache_tokens(state_spec, total)
+    plan = plan_memory(cfg, dtype, device, total + tree_budget(state_spec), 1, packed,
+                       draft + 1 if draft else 0, max_nodes)
+    elem = torch.empty((), dtype=dtype).element_size()
+    shared = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * elem
+    heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * elem
+    return dataclasses.replace(plan, weights=plan.weights - shared + heads)
+
+
+def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:
+    free = available_bytes(torch.device(plan.device))
+    if free is None:
+        return
+    need = max(plan.total, buffer_bytes)  # the bandwidth buffer is freed before the model is made
+    if need > free:
+        raise LongswiftError(f"not enough memory for these step costs: {plan.describe()}, but {free / GiB:.2f} GiB "
+                             "is free; lower --contexts (or --prefix + --new-tokens), --tree-nodes or --layers, "
+                             "or use --dtype bfloat16")
+
+
+def last_level_cache_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
+    try:
+        return max(0, int(os.sysconf("SC_LEVEL3_CACHE_SIZE")))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def bandwidth_buffer_bytes(bench: StepBenchConfig, device: torch.device) -> int:
+    if bench.bandwidth_mib is not None:
+        return bench.bandwidth_mib * 2**20
+    return max(GiB, 4 * last_level_cache_bytes(device))
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def median_seconds(fn: Callable[[], object], reps: int, warmup: int, sync: Callable[[], None]) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_bandwidth(device: torch.device, nbytes: int, reps: int = 10) -> float:
+    """Read bandwidth in bytes/s: the best of `reps` sums over a float32 buffer larger than the
+    last-level cache (the best, because a shared machine only ever makes a pass slower)."""
+    sync = synchronizer(device)
+    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    buf.sum()
+    sync()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        buf.sum()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * 4 / best
+
+
+def random_trie(nodes: int, depth: int, root: int, gen: torch.Generator) -> Trie:
+    """A trie of exactly `nodes` nodes (root included) and at most `depth` levels below the root:
+    each new node hangs under a random node that is not yet at the bottom."""
+    trie = Trie.with_root(root)
+    while len(trie) < nodes:
+        open_nodes = [i for i, d in enumerate(trie.depths) if d < depth]
+        parent = open_nodes[int(torch.randint(len(open_nodes), (), generator=gen))]
+        path = [trie.tokens[i] for i in trie.path(parent)]
+        trie.add_path([*path, len(trie.children[parent])], 0)  # a token no sibling has
+    return trie
+
+
+class StepRig:
+    """A TokenSwift state over random caches; `at(context)` sets the cache lengths, and each step
+    method runs one step there and leaves the caches as they were."""
+
+    def __init__(self, model: Transformer, heads: DraftHeads, bench: StepBenchConfig) -> None:
+        self.model, self.bench = model, bench
+        self.gen = torch.Generator().manual_seed(bench.seed)
+        self.sampling = SamplingConfig()  # the paper's sampling: min-p 0.1, penalty 1.2 over 1024 tokens
+        max_ctx, max_nodes = max(bench.measured_contexts()), max(bench.measured_nodes())
+        prompt = torch.randint(model.cfg.vocab_size, (max_ctx + 1,), generator=self.gen).tolist()
+        gen_cfg = GenerationConfig(max_new_tokens=max_nodes, ignore_eos=True, prefill_chunk=1)  # no prefill
+        self.s = TokenSwiftState(model, heads, prompt, [], self.sampling, gen_cfg, bench.state_spec,
+                                 GenerationStats("tokenswift", len(prompt)), frozenset(), self.gen)
+        caches = [self.s.full] + ([self.s.partial] if self.s.partial is not None else [])
+        for cache in caches:  # [L, Hkv, C, D] random keys and values
+            cache.k.normal_()
+            cache.v.normal_()
+        self.hidden = torch.randn(1, model.cfg.hidden_size, generator=self.gen).to(model.device, model.dtype)
+        self.root = prompt[-1]
+        self.context = 0
+
+    def at(self, context: int) -> None:
+        """The state of a step at `context`: that many entries cached, the root at position `context`."""
+        self.context = context
+        self.s.n = context + 1
+        self.s.full.length = context  # capacity covers the largest context and tree
+
+    @property
+    def past_budget(self) -> bool:
+        return self.s.partial is not None and self.context >= self.bench.spec.draft_kv_budget
+
+    def ar_step(self) -> None:
+        """What ar_steps does per token: forward the last token (LM head included), transform, draw."""
+        model, s = self.model, self.s
+        token = torch.tensor([self.root], device=model.device)
+        logits, _ = model.forward(token, torch.tensor([self.context], device=model.device), s.full)
+        s.full.truncate(self.context)
+        window = penalty_window(s.history, s.n, self.sampling.penalty_window).to(logits.device)
+        draw(transform(logits, window[None], self.sampling)[0], self.sampling, self.gen)
+
+    def draft_step(self) -> None:
+        draft(self.s)  # on the partial cache past the budget (selected by reselect_step), else the full cache
+
+    def reselect_step(self) -> None:
+        """A draft step whose window is full: draft on the full cache, then refill the partial cache."""
+        self.s.partial.selected = False  # type: ignore[union-attr]
+        draft(self.s)
+
+    def verify_step(self, trie: Trie) -> None:
+        verify(self.s, trie)
+        self.s.full.truncate(self.context)
+
+    def walk_row(self, logits: torch.Tensor | None = None) -> None:
+        """One row of the lossless walk: the LM head on one hidden state (unless its `logits` [V] are
+        given, as verify computes them for small tries), transform, draw."""
+        v = Verified(self.model, self.hidden, {} if logits is None else {0: logits})
+        lossless_walk(Trie.with_root(self.root), v.row_logits, self.s.history, self.s.n, self.sampling, self.gen)
+
+    def measure(self, context: int, tries: dict[int, Trie], sync: Callable[[], None]) -> ContextCosts:
+        b = self.bench
+        self.at(context)
+
+        def timed(fn: Callable[[], object]) -> float:
+            return median_seconds(fn, b.reps, b.warmup, sync)
+
+        ar = timed(self.ar_step)
+        reselect, draft_cache = None, context
+        if self.past_budget:
+            partial = self.s.partial
+            reselect = timed(self.reselect_step)  # leaves the partial cache selected, its window empty
+            # Between refills the window fills up; half full is the average draft pass.
+            partial.length = partial.window_start + partial.window // 2  # type: ignore[union-attr]
+            draft_cache = partial.length  # type: ignore[union-attr]
+        draft_s = timed(self.draft_step)
+        verify_s = {n: timed(lambda t=t: self.verify_step(t)) for n, t in tries.items()}
+        logits = self.model.logits(self.hidden)[0]
+        rows = self.hidden.expand(max(tries), -1).contiguous()  # [N, hidden]
+        logits_rows = {n: timed(lambda n=n: self.model.logits(rows[:n])) for n in tries if n <= BATCHED_LOGITS_NODES}
+        return ContextCosts(context, ar, draft_s, draft_cache, reselect, timed(self.walk_row),
+                            timed(lambda: self.walk_row(logits)), verify_s, logits_rows)
+
+
+def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, packed: bool,
+             gamma: int, command: str | None) -> dict:
+    full_layers = SHAPES[bench.shape]["num_hidden_layers"]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
+            "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
+            "dtype": str(dtype).removeprefix("torch."), "device": str(device), "device_name": name,
+            "packed_linears": packed, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "heads": f"{gamma} random draft heads", "gamma": gamma, "context_limit": cfg.context_limit,
+            "command": command or "longswift bench-steps (from the Python API)"}
+
+
+def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str | None = None,
+                    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> StepBenchResult:
+    """Plan memory, measure bandwidth, build the random model, time every step at every context, project."""
+    if runtime.threads:
+        torch.set_num_threads(runtime.threads)
+    device, dtype = runtime.torch_device(), runtime.torch_dtype()
+    bench = bench.for_device(device)
+    cfg = shape_config(bench.shape, bench.layers, runtime.rope_scaling)
+    packed = runtime.pack_weights is not False and packing_supported(dtype, device)
+    gamma = max(3, len(bench.spec.levels) - 1)
+    buffer = bandwidth_buffer_bytes(bench, device)
+    plan = plan_steps(cfg, bench, dtype, device, packed, gamma)
+    check_fits(plan, buffer)
+    log(f"memory plan: {plan.describe()}")
+    sync = synchronizer(device)
+    bandwidth = measure_bandwidth(device, buffer)
+    log(f"read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    with torch.no_grad():
+        state = random_state(cfg, dtype, device, bench.seed)
+        heads = new_heads(cfg, state, gamma).randomize(bench.seed)
+    model = Transformer(cfg, state, pack=packed)
+    costs = []
+    with torch.inference_mode():
+        rig = StepRig(model, heads, bench)
+        gen = torch.Generator().manual_seed(bench.seed)
+        tries = {n: random_trie(n, bench.depth, rig.root, gen) for n in bench.measured_nodes()}
+        for c in bench.measured_contexts():
+            t0 = time.perf_counter()
+            costs.append(rig.measure(c, tries, sync))
+            log(f"context {c}: AR {costs[-1].ar * 1e3:.2f} ms, draft {costs[-1].draft * 1e3:.2f} ms "
+                f"({time.perf_counter() - t0:.1f} s)")
+    del rig, model, state, heads
+    bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
+    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth)), bench.prefix,
+                           bench.new_tokens, a, bench.depth, bench.spec.draft_kv_budget, bench.spec.draft_window)
+                   for a in bench.alphas]
+    return StepBenchResult(identity(bench, cfg, dtype, device, packed, gamma, command), bandwidth, buffer,
+                           weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
+
+
+def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float) -> StepCosts:
+    """The projection's inputs: every measured context, with the verify cost of `nodes` nodes. When
+    generation would compute the LM head of all rows in the verify pass (a small trie, steps emitting
+    enough tokens), that pass's cost is counted instead of one LM head per walk row."""
+    batched = nodes <= BATCHED_LOGITS_NODES and tokens_per_step >= BATCH_FROM_TOKENS
+    return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
+                     tuple(c.verify[nodes] + (c.logits_rows[nodes] if batched else 0.0) for c in costs),
+                     tuple(c.walk_row_cached if batched else c.walk_row for c in costs),
+                     tuple(c.reselect for c in costs))

@@ -1,0 +1,104 @@
+"""The markdown report and JSON record of `longswift bench-steps`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
+from .report import machine_lines
+from .steps import StepBenchResult
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def render(r: StepBenchResult) -> str:
+    ident, b = r.identity, r.config
+    spec = b.spec
+    lines = [f"## longswift bench-steps: {ident['shape']} shape, random weights", "", f"`{ident['command']}`", "",
+             *machine_lines(ident)]
+    if ident["device_name"]:
+        lines.append(f"- device: {ident['device_name']}")
+    if ident["layers"] != ident["full_layers"]:
+        lines.append(f"- depth: {ident['layers']} of the shape's {ident['full_layers']} layers (--layers): every number "
+                     f"below is for the {ident['layers']}-layer model, not scaled to the full depth")
+    if max(c.context for c in r.costs) > ident["context_limit"]:
+        lines.append(f"- contexts past the shape's {ident['context_limit']}-token context were measured: the cost "
+                     "does not depend on positions, but such a model would not be run there")
+    lines += [
+        f"- read bandwidth: {r.bandwidth / 1e9:.1f} GB/s (best of 10 `sum()`s over a "
+        f"{r.bandwidth_buffer / 2**20:.0f} MiB float32 buffer, before and after the timing)",
+        f"- bytes per AR step: {r.weight_bytes / 1e6:.0f} MB of weights + {r.kv_bytes_per_token / 1e3:.1f} KB of KV "
+        "per cached token; floor = those bytes / the bandwidth",
+        f"- each cost is the median of {b.reps} repetitions after {b.warmup} warm-ups; caches hold random keys and "
+        "values (no prefill); sampling is the paper's (min-p 0.1, penalty 1.2 over 1024 tokens)",
+        f"- AR: one token's forward + LM head + sampling. Draft: the paper-mode draft pass (on a "
+        f"{spec.draft_kv_budget}-entry partial cache past that context, its recent window half full) + "
+        f"{ident['gamma']} random heads + the LM head on {ident['gamma'] + 1} rows. Refill: a draft step that "
+        "drafts on the full cache and reselects the partial cache. Walk row: one row the lossless walk visits: "
+        "LM head + sampling, or sampling only (cached) where the LM head of all the trie's rows ran in one pass. "
+        "Verify: the tree's forward on the full cache (no LM head), random trie of that many nodes (root "
+        f"included); generation adds the LM head of all rows in one pass for tries of at most "
+        f"{BATCHED_LOGITS_NODES} nodes when its steps emit at least {BATCH_FROM_TOKENS} tokens on average "
+        "(the LM-head table below), else one LM head per walk row",
+        "",
+        "| context | AR ms | floor ms | floor / AR | draft ms (entries) | refill ms | walk row ms | cached ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in r.costs:
+        floor = r.floor(c.context)
+        lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(floor)} | {floor / c.ar:.0%} | {_ms(c.draft)} "
+                     f"({c.draft_cache}) | {_ms(c.reselect)} | {_ms(c.walk_row)} | {_ms(c.walk_row_cached)} |")
+    nodes = sorted(r.costs[0].verify)
+    lines += ["", "Verify ms by tree nodes (x the AR step in parentheses):", "",
+              "| context | " + " | ".join(f"{n} nodes" for n in nodes) + " |", "|---" * (len(nodes) + 1) + "|"]
+    for c in r.costs:
+        lines.append(f"| {c.context} | " + " | ".join(f"{_ms(c.verify[n])} ({c.verify[n] / c.ar:.2f}x)" for n in nodes)
+                     + " |")
+    batched = sorted(r.costs[0].logits_rows)
+    if batched:
+        lines += ["", "LM head of all the trie's rows in one pass, ms:", "",
+                  "| context | " + " | ".join(f"{n} rows" for n in batched) + " |", "|---" * (len(batched) + 1) + "|"]
+        for c in r.costs:
+            lines.append(f"| {c.context} | " + " | ".join(_ms(c.logits_rows[n]) for n in batched) + " |")
+    if r.projections:
+        lines += ["", "### Projection (computed from the costs above, not measured)", "",
+                  f"Decode time of {b.new_tokens} new tokens after a {b.prefix}-token prefix (prefill excluded: both "
+                  "methods share it). AR: each cost interpolated linearly in context between the measured contexts "
+                  "and summed over every token. TokenSwift: tree "
+                  f"{spec.tree} + {spec.ngram_topk} n-gram continuations per depth-1 token, verified at its budget of "
+                  f"{b.projection_nodes} nodes (an upper bound); a step costs draft + verify + tau x walk row and "
+                  f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
+                  f"{b.depth} draft positions per step); past {spec.draft_kv_budget} cached entries one step per "
+                  f"{spec.draft_window} tokens is a refill. Not included: trie building, cache compaction, n-gram "
+                  "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
+                  "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
+                  "|---|---|---|---|---|---|---|"]
+        for p in r.projections:
+            lines.append(f"| {p.alpha:.2f} | {p.tokens_per_step:.2f} | {_duration(p.ar_seconds)} | "
+                         f"{_duration(p.tokenswift_seconds)} | {p.new_tokens / p.ar_seconds:.1f} | "
+                         f"{p.new_tokens / p.tokenswift_seconds:.1f} | {p.speedup:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(r: StepBenchResult) -> dict[str, Any]:
+    b = r.config
+    return {
+        "identity": r.identity, "bandwidth_bytes_per_s": r.bandwidth,
+        "bandwidth_buffer_bytes": r.bandwidth_buffer, "weight_bytes_per_step": r.weight_bytes,
+        "kv_bytes_per_token": r.kv_bytes_per_token,
+        "settings": {"reps": b.reps, "warmup": b.warmup, "tree": b.spec.tree, "ngram_topk": b.spec.ngram_topk,
+                     "draft_kv_budget": b.spec.draft_kv_budget, "draft_window": b.spec.draft_window,
+                     "attention_sinks": b.spec.attention_sinks, "seed": b.seed},
+        "contexts": [asdict(c) | {"floor": r.floor(c.context)} for c in r.costs],
+        "projection": None if not r.projections else {
+            "label": "projection from the measured step costs, not a measurement", "prefix": b.prefix,
+            "new_tokens": b.new_tokens, "tree_nodes": b.projection_nodes, "depth": b.depth,
+            "runs": [asdict(p) | {"speedup": p.speedup} for p in r.projections]},
+    }

@@ -1,0 +1,75 @@
+"""`longswift bench`: the benchmark grid (our methods and installed peers), resumable, with a report."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..config import RuntimeConfig, SpecConfig, parse_number_list
+from .flags import add_config_flags, config_from_args
+
+
+def add_parser(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmark grid: our methods and installed peers, with a report")
+    bench.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
+    bench.add_argument("--methods", default=None,
+                       help="comma list of: ar, tokenswift, tokenswift-fused (ours); hf (transformers generate), hf-pld "
+                            "(its prompt lookup), llamacpp, llamacpp-pld (llama-cpp-python on the same GGUF). Default: "
+                            "ar,tokenswift,hf,hf-pld,llamacpp,llamacpp-pld, skipping those not installed")
+    bench.add_argument("--heads", default="default",
+                       help="draft heads for the tokenswift methods ('default' = shipped heads, or a file, or 'random')")
+    presets = bench.add_mutually_exclusive_group()
+    presets.add_argument("--presets", default=None,
+                         help="comma list of sampling presets: greedy (no penalty), paper (min-p 0.1, penalty 1.2/1024), "
+                              "paper-nopenalty, top-p (0.9, penalty 1.15), min-p (0.05, penalty 1.15), eta (0.001, "
+                              "penalty 1.2); default greedy")
+    presets.add_argument("--sampling", default=None, help="a single preset (same as --presets with one name)")
+    lengths = bench.add_mutually_exclusive_group()
+    lengths.add_argument("--lengths", default=None, help="comma list of generation lengths (default 2048,4096,8192)")
+    lengths.add_argument("--new-tokens", type=int, default=None, help="a single generation length")
+    prefixes = bench.add_mutually_exclusive_group()
+    prefixes.add_argument("--prefix", default=None, help="comma list of prompt (prefix) lengths in tokens (default 2048)")
+    prefixes.add_argument("--prompt-tokens", type=int, default=None, help="a single prefix length")
+    bench.add_argument("--runs", type=int, default=1, help="timed runs per method and cell (interleaved); medians reported")
+    bench.add_argument("--prompt-file", type=Path,
+                       help="prompt text: a .txt file is repeated to each prefix length (or, with --chat, sent as a "
+                            "chat message); a .jsonl file holds one {\"id\", \"prompt\"} a line, each a grid cell "
+                            "(docs/prompts/ has a public set). Default: seeded random token ids")
+    bench.add_argument("--chat", action="store_true", help="send the prompt(s) through the model's chat template")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the sampled presets and of random prompts")
+    bench.add_argument("--pld-tokens", type=int, default=10, help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)")
+    bench.add_argument("--out-dir", type=Path,
+                       help="write results.jsonl (a line per finished run), results.csv, PNG plots and report.md here; "
+                            "rerunning the same command resumes, skipping finished runs")
+    bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
+    bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
+    bench.add_argument("--out", type=Path, help="also append the markdown report to this file")
+    bench.add_argument("--json", type=Path, help="also write every run's record to this JSON file")
+    add_config_flags(bench, SpecConfig)
+    add_config_flags(bench, RuntimeConfig)
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..bench.grid import BenchConfig, run_bench
+
+    runtime = config_from_args(RuntimeConfig, args)
+    kwargs: dict[str, Any] = {}
+    if args.lengths is not None or args.new_tokens is not None:
+        kwargs["lengths"] = parse_number_list(args.lengths, "--lengths") if args.lengths is not None else (args.new_tokens,)
+    if args.prefix is not None or args.prompt_tokens is not None:
+        kwargs["prefixes"] = parse_number_list(args.prefix, "--prefix") if args.prefix is not None else (args.prompt_tokens,)
+    presets = _names(args.presets) or _names(args.sampling)
+    if presets is not None:
+        kwargs["presets"] = presets
+    cfg = BenchConfig(methods=_names(args.methods), runs=args.runs, prompt_file=args.prompt_file, chat=args.chat,
+                      seed=args.seed, pld_tokens=args.pld_tokens, warmup=not args.no_warmup,
+                      spec=config_from_args(SpecConfig, args), **kwargs)
+    run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json, out_dir=args.out_dir,
+              fresh=args.fresh, command="longswift " + shlex.join(args.argv))
+    return 0

@@ -1,0 +1,78 @@
+"""`longswift bench-steps`: per-step costs on random weights of a real model's shape, and projections."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..config import RuntimeConfig, SpecConfig, parse_number_list
+from .flags import add_config_flags, config_from_args
+
+
+def _default(name: str) -> Any:
+    from ..bench.steps import StepBenchConfig
+
+    return next(f.default for f in dataclasses.fields(StepBenchConfig) if f.name == name)
+
+
+def add_parser(sub: Any) -> None:
+    from ..bench.shapes import SHAPES
+    from ..bench.steps import CPU_CONTEXTS, GPU_CONTEXTS, GPU_NEW_TOKENS, TREE_NODES
+
+    p = sub.add_parser("bench-steps", help="per-step costs (AR, draft, verify by tree size) on random weights of a "
+                                           "real model's shape at long contexts, the bandwidth floor, and projections")
+    p.add_argument("--shape", required=True, choices=sorted(SHAPES), help="model shape (public config.json values)")
+    p.add_argument("--layers", type=int, default=None, help="run this many layers instead of the shape's depth "
+                                                            "(to fit a smaller machine; reported as such)")
+    p.add_argument("--contexts", default=None, help="comma list of cached-token counts to measure at (default: "
+                   f"{','.join(map(str, GPU_CONTEXTS))} on CUDA, {','.join(map(str, CPU_CONTEXTS))} on CPU)")
+    p.add_argument("--tree-nodes", default=None,
+                   help=f"comma list of verify-pass sizes, root included (default {','.join(map(str, TREE_NODES))})")
+    p.add_argument("--reps", type=int, default=_default("reps"), help="timed repetitions per cost (median reported)")
+    p.add_argument("--warmup", type=int, default=_default("warmup"), help="untimed repetitions before them")
+    p.add_argument("--alpha", default=None, help="comma list of acceptance rates in [0, 1] (accepted draft tokens / "
+                   "draft positions, e.g. measured by `longswift bench`) to project TokenSwift's time with")
+    p.add_argument("--prefix", type=int, default=_default("prefix"), help="prefix length of the projection")
+    p.add_argument("--new-tokens", type=int, default=None, help="tokens the projection generates (default: "
+                   f"{GPU_NEW_TOKENS} on CUDA; on CPU up to the largest context)")
+    p.add_argument("--bandwidth-mib", type=int, default=None,
+                   help="buffer summed to measure read bandwidth (default: max(1 GiB, 4x the last-level cache))")
+    p.add_argument("--seed", type=int, default=_default("seed"), help="seed of the random weights, caches and tries")
+    p.add_argument("--out", type=Path, help="also append the markdown report to this file")
+    p.add_argument("--json", type=Path, help="also write the measurements and projections to this JSON file")
+    add_config_flags(p, SpecConfig)
+    add_config_flags(p, RuntimeConfig)
+
+
+def _list(text: str | None, flag: str, kind: type) -> tuple | None:
+    return None if text is None else parse_number_list(text, flag, kind)
+
+
+def cmd_bench_steps(args: argparse.Namespace) -> int:
+    from ..atomic import append_atomic, check_writable, write_atomic
+    from ..bench.steps import StepBenchConfig, run_bench_steps
+    from ..bench.steps_report import render, to_json
+
+    runtime = config_from_args(RuntimeConfig, args)
+    kwargs: dict[str, Any] = {}
+    if args.tree_nodes is not None:
+        kwargs["tree_nodes"] = _list(args.tree_nodes, "--tree-nodes", int)
+    bench = StepBenchConfig(shape=args.shape, layers=args.layers, contexts=_list(args.contexts, "--contexts", int),
+                            reps=args.reps, warmup=args.warmup, alphas=_list(args.alpha, "--alpha", float) or (),
+                            prefix=args.prefix, new_tokens=args.new_tokens, spec=config_from_args(SpecConfig, args),
+                            bandwidth_mib=args.bandwidth_mib, seed=args.seed, **kwargs)
+    for path in (args.out, args.json):
+        if path is not None:
+            check_writable(path)
+    result = run_bench_steps(bench, runtime, command="longswift " + shlex.join(args.argv))
+    report = render(result)
+    print(report)
+    if args.out is not None:
+        append_atomic(args.out, report + "\n")
+    if args.json is not None:
+        write_atomic(args.json, json.dumps(to_json(result), indent=1) + "\n")
+    return 0

@@ -1,0 +1,128 @@
+"""`longswift train-heads` and `longswift eval-heads`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import RuntimeConfig, SamplingConfig, SpecConfig
+from ..errors import LongswiftError
+from .flags import add_config_flags, config_from_args
+
+
+def add_parsers(sub: Any) -> None:
+    from ..train.train import TrainConfig
+
+    train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
+    train.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
+    train.add_argument("--out", type=Path, required=True, help="directory for checkpoint.pt, heads.safetensors, train_log.json")
+    _add_data_flags(train)
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_config_flags(train, TrainConfig)
+    add_config_flags(train, RuntimeConfig)
+
+    ev = sub.add_parser("eval-heads", help="per-head accuracy on held-out text and TokenSwift alpha")
+    ev.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
+    ev.add_argument("--heads", required=True, help="heads file ('default' = the heads shipped for the embedded model)")
+    _add_data_flags(ev)
+    ev.add_argument("--seq-len", type=int, default=1024, help="tokens per evaluation window")
+    ev.add_argument("--seed", type=int, default=1, help="sampling seed of --self-distill data (training uses its own --seed, 0 by default)")
+    ev.add_argument("--alpha-tokens", type=int, default=1024,
+                    help="tokens of held-out TokenSwift generation for alpha (paper sampling; 0 skips)")
+    ev.add_argument("--json", type=Path, help="write the results here (atomically)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_config_flags(ev, SpecConfig)
+    add_config_flags(ev, RuntimeConfig)
+
+
+def _add_data_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", action="append", default=[], metavar="FILE_OR_DIR",
+                   help="text (.txt/.md), JSONL with a 'text' field, or a directory of them; repeatable")
+    p.add_argument("--self-distill", type=int, default=0, metavar="N",
+                   help="first generate N tokens with the model itself (paper sampling, cached) and use them")
+    p.add_argument("--distill-new-tokens", type=int, default=512, help="tokens generated per self-distill document")
+    p.add_argument("--distill-batch", type=int, default=32, help="self-distill documents generated at once")
+
+
+def prepare_windows(engine: Any, args: argparse.Namespace, seq_len: int, seed: int) -> tuple[torch.Tensor, dict]:
+    """Token windows [N, seq_len] from --data and/or --self-distill, and a description of them."""
+    from ..train.data import cut_windows, read_texts, tokenize
+    from ..train.distill import self_distill
+
+    if not args.data and not args.self_distill:
+        raise LongswiftError("no training data: pass --data FILE_OR_DIR and/or --self-distill N")
+    for flag in ("distill_new_tokens", "distill_batch"):
+        if getattr(args, flag) <= 0:
+            raise LongswiftError(f"--{flag.replace('_', '-')} must be positive")
+    documents: list[list[int]] = []
+    info: dict = {}
+    if args.data:
+        documents += tokenize(engine.tokenizer, read_texts(args.data))
+        info["data"] = [str(d) for d in args.data]
+    if args.self_distill:
+        t0 = time.perf_counter()
+        docs = self_distill(engine, args.self_distill, args.distill_new_tokens, args.distill_batch,
+                            SamplingConfig(seed=seed), progress=not args.no_progress)
+        documents += docs
+        info["self_distill"] = {"tokens": args.self_distill, "new_tokens_per_document": args.distill_new_tokens,
+                                "documents": len(docs), "sampling": asdict(SamplingConfig(seed=seed)),
+                                "seconds": round(time.perf_counter() - t0, 1)}
+    windows = cut_windows(documents, seq_len)
+    info["windows"] = int(windows.shape[0])
+    info["tokens"] = int(windows.numel())
+    return windows, info
+
+
+def cmd_train_heads(args: argparse.Namespace) -> int:
+    from ..engine import load
+    from ..train.train import HEADS_FILE, TrainConfig, train_heads
+
+    cfg = config_from_args(TrainConfig, args)
+    runtime = config_from_args(RuntimeConfig, args)
+    engine = load(args.model, runtime, heads=None)
+    t0 = time.perf_counter()
+    windows, info = prepare_windows(engine, args, cfg.seq_len, cfg.seed)
+    trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=not args.no_progress,
+                          extra_meta={"data": info})
+    last = trainer.log[-1] if trainer.log else None
+    acc = " / ".join(f"{a:.3f}" for a in last["head_acc"]) if last else "n/a"
+    print(f"trained {cfg.gamma} heads on {info['windows']} windows x {cfg.seq_len} tokens for {cfg.steps} steps "
+          f"in {time.perf_counter() - t0:.0f} s; last step loss {last['loss'] if last else float('nan'):.3f}, "
+          f"top-1 accuracy per head {acc}", file=sys.stderr)
+    print(f"heads: {Path(args.out) / HEADS_FILE} (use with --heads)", file=sys.stderr)
+    return 0
+
+
+def cmd_eval_heads(args: argparse.Namespace) -> int:
+    from ..atomic import check_writable, write_atomic
+    from ..engine import load
+    from ..train.eval import head_accuracy, held_out_alpha
+
+    runtime = config_from_args(RuntimeConfig, args)
+    spec = config_from_args(SpecConfig, args)
+    if args.json:
+        check_writable(args.json)
+    if args.alpha_tokens < 0:
+        raise LongswiftError("--alpha-tokens must be >= 0")
+    engine = load(args.model, runtime, heads=args.heads)
+    assert engine.heads is not None
+    windows, info = prepare_windows(engine, args, args.seq_len, args.seed)
+    acc = head_accuracy(engine, engine.heads, windows, progress=not args.no_progress)
+    print(f"held-out accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
+    result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
+    if args.alpha_tokens:
+        s = held_out_alpha(engine, args.alpha_tokens, spec=spec)
+        print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {s.alpha:.3f}, "
+              f"{s.tokens_per_step:.2f} tokens/step, n-gram share {s.ngram_accepted / max(1, s.accepted_tokens):.2f}")
+        result["generation"] = s.to_dict()
+    if args.json:
+        write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+    return 0

@@ -1,0 +1,56 @@
+"""`longswift info`: a model's config, context, parameter count and memory plan, without loading weights."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from ..config import GenerationConfig, RuntimeConfig, SpecConfig
+from ..errors import LongswiftError
+from .flags import add_config_flags, config_from_args
+
+
+def add_parser(sub: Any) -> None:
+    info = sub.add_parser("info", help="model config, parameter count and memory plan")
+    info.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
+    info.add_argument("--tokens", type=int, default=None,
+                      help="plan for this many tokens, prompt + new (default: the model's context)")
+    add_config_flags(info, SpecConfig)
+    add_config_flags(info, RuntimeConfig)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from ..runtime.linear import packing_supported
+    from ..runtime.loading import load_config, resolve_path
+    from ..runtime.memory import GiB, available_bytes, plan_memory
+    from ..spec.tokenswift import draft_cache_tokens, tree_budget
+
+    runtime = config_from_args(RuntimeConfig, args)
+    spec = config_from_args(SpecConfig, args)
+    cfg = load_config(args.model, runtime.rope_scaling)
+    tokens = args.tokens or cfg.context_limit
+    if tokens <= 0:
+        raise LongswiftError("--tokens must be positive")
+    dtype, device = runtime.torch_dtype(), runtime.torch_device()
+    packed = runtime.pack_weights is not False and packing_supported(dtype, device)
+    spec = spec.for_device(device)
+    nodes = tree_budget(spec)
+    draft = draft_cache_tokens(spec, tokens)
+    plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes)
+    print(f"model: {resolve_path(args.model)}")
+    for f in dataclasses.fields(cfg):
+        if f.name != "hf_config":
+            print(f"  {f.name}: {getattr(cfg, f.name)}")
+    print(f"parameters: {cfg.parameter_count():,}")
+    print(f"context: {cfg.context_limit} tokens" + ("" if cfg.rope_type == "default" else f" ({cfg.rope_type} rope scaling)"))
+    print(f"memory plan for {tokens} tokens with TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: "
+          f"{nodes} nodes) in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
+    if tokens > cfg.context_limit:
+        print(f"note: {tokens} tokens exceed the model's context of {cfg.context_limit}: generation will refuse them "
+              "unless the context is extended with --rope-scaling")
+    free = available_bytes(device)
+    if free is not None:
+        verdict = "fits" if plan.total <= free else "does NOT fit"
+        print(f"available on {device}: {free / GiB:.2f} GiB -> {verdict}")
+    return 0

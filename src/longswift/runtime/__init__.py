@@ -1,0 +1,2 @@
+"""The model runtime: transformer, attention, rope, linears, KV caches, memory plan, loading (GGUF,
+safetensors, transformers objects), tensor parallelism."""

@@ -1,0 +1,144 @@
+"""Read a GGUF file into a transformers config and a transformers-named, dequantized state dict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import LongswiftError
+
+# GGUF architecture -> transformers model_type. Mistral GGUFs are written as "llama".
+_ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def open_gguf(path: Path) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError, IndexError, OSError... on damage
+        raise LongswiftError(
+            f"cannot read GGUF file '{path}': {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
+            "the file is truncated or not a GGUF model — download it again"
+        ) from None
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def gguf_hf_config(reader: Any, path: Path) -> Any:
+    """The transformers config that the GGUF metadata describes."""
+    from transformers import AutoConfig
+
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise LongswiftError(
+            f"unsupported GGUF architecture '{arch}' in '{path}': longswift reads {', '.join(_ARCHITECTURES)} GGUFs"
+        )
+    a = arch
+    required = [f"{a}.{k}" for k in ("attention.head_count", "embedding_length", "feed_forward_length", "block_count")]
+    missing = [k for k in required if k not in reader.fields]
+    if missing:
+        raise LongswiftError(f"GGUF file '{path}' lacks metadata {missing[0]}: it is not a complete {a} model")
+    heads = int(_field(reader, f"{a}.attention.head_count"))
+    hidden = int(_field(reader, f"{a}.embedding_length"))
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise LongswiftError(f"GGUF file '{path}' has no token_embd.weight tensor: it is not a complete model")
+    vocab = _field(reader, f"{a}.vocab_size") or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
+    rope: dict[str, Any] = {"rope_theta": float(_field(reader, f"{a}.rope.freq_base", 10000.0)), "rope_type": "default"}
+    scaling = _field(reader, f"{a}.rope.scaling.type")
+    if scaling and scaling != "none":
+        rope |= {"rope_type": scaling, "factor": float(_field(reader, f"{a}.rope.scaling.factor", 1.0))}
+        orig = _field(reader, f"{a}.rope.scaling.original_context_length")
+        if orig:
+            rope["original_max_position_embeddings"] = int(orig)
+    names = {t.name for t in reader.tensors}
+    kwargs = dict(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, f"{a}.feed_forward_length")),
+        num_hidden_layers=int(_field(reader, f"{a}.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(_field(reader, f"{a}.attention.head_count_kv", heads)),
+        head_dim=int(_field(reader, f"{a}.attention.key_length", hidden // heads)),
+        rms_norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
+        max_position_embeddings=int(_field(reader, f"{a}.context_length", 4096)),
+        tie_word_embeddings="output.weight" not in names,
+        rope_parameters=rope,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+    if arch == "llama":
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
+    return AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (interleaved rope pairs -> HF's half-split pairs)."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor to `dtype` under its transformers name."""
+    import gguf
+
+    llama = hf_config.model_type == "llama"
+    state: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        if t.name in _GLOBAL_NAMES:
+            name = _GLOBAL_NAMES[t.name]
+        elif t.name.startswith("blk."):
+            _, n, rest = t.name.split(".", 2)
+            if rest not in _LAYER_NAMES:
+                continue  # e.g. rope_freqs: recomputed from the config
+            name = f"model.layers.{n}.{_LAYER_NAMES[rest]}"
+        else:
+            continue
+        try:
+            array = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as exc:
+            raise LongswiftError(f"cannot dequantize GGUF tensor '{t.name}': {exc}") from None
+        array = np.asarray(array, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
+        if llama and rest_is(t.name, "attn_q"):
+            array = _unpermute(array, hf_config.num_attention_heads)
+        elif llama and rest_is(t.name, "attn_k"):
+            array = _unpermute(array, hf_config.num_key_value_heads)
+        # The reader memory-maps the file read-only; torch wants a writable buffer of its own.
+        state[name] = torch.from_numpy(np.array(array, copy=True, order="C")).to(device=device, dtype=dtype)
+    return state
+
+
+def rest_is(tensor_name: str, kind: str) -> bool:
+    return tensor_name.endswith(f".{kind}.weight") or tensor_name.endswith(f".{kind}.bias")

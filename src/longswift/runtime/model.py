@@ -1,0 +1,267 @@
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) over a transformers-named state dict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..errors import LongswiftError
+from .cache import FullKVCache
+from .linear import LinearFn, make_linear, packing_supported
+from .rope import Rope, apply_rope
+
+if TYPE_CHECKING:
+    from .parallel import TensorParallel
+
+
+def expected_shapes(cfg: ModelConfig, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor name of the state dict and its shape, in transformers' naming (an untied LM head
+    has `lm_head_rows` rows if given: a tensor-parallel rank's vocabulary block)."""
+    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (lm_head_rows or cfg.vocab_size, h)
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (qd, h),
+            p + "self_attn.k_proj.weight": (kvd, h),
+            p + "self_attn.v_proj.weight": (kvd, h),
+            p + "self_attn.o_proj.weight": (h, qd),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        }
+        if cfg.qkv_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (qd,), p + "self_attn.k_proj.bias": (kvd,),
+                       p + "self_attn.v_proj.bias": (kvd,)}
+        if cfg.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if cfg.mlp_bias:
+            shapes |= {p + "mlp.gate_proj.bias": (i,), p + "mlp.up_proj.bias": (i,), p + "mlp.down_proj.bias": (h,)}
+        if cfg.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    return shapes
+
+
+def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], lm_head_rows: int | None = None) -> None:
+    """Raise a LongswiftError naming the first tensor that does not match the config."""
+    shapes = expected_shapes(cfg, lm_head_rows)
+    for name, shape in shapes.items():
+        if name not in state:
+            raise LongswiftError(f"checkpoint does not match its config: tensor '{name}' is missing")
+        if tuple(state[name].shape) != shape:
+            raise LongswiftError(
+                f"checkpoint does not match its config: '{name}' has shape {tuple(state[name].shape)}, "
+                f"the config implies {shape}"
+            )
+    extra = sorted(set(state) - set(shapes) - {"lm_head.weight"})
+    if extra:
+        raise LongswiftError(f"checkpoint does not match its config: unexpected tensor '{extra[0]}'")
+
+
+# New tokens per forward from which attention under a mask goes to the fused SDPA kernel (prefill
+# chunks): it never materialises the [G*T, S] scores. Measured on a 2-core CPU, embedded model at
+# 6.6K context: 64 tokens 416 -> 282 ms a forward, but 32 tokens (tree verification) 95 -> 147 ms,
+# so smaller forwards keep the explicit products. The memory plan counts transients by this rule.
+SDPA_FROM_TOKENS = 64
+
+
+@dataclass
+class Layer:
+    """One decoder layer: its norms (views into the state dict) and its linear maps."""
+
+    attn_norm: torch.Tensor
+    qkv: LinearFn  # [T, hidden] -> [T, (H + 2 Hkv) D]
+    o: LinearFn
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    mlp_norm: torch.Tensor
+    gate_up: LinearFn  # [T, hidden] -> [T, 2 I]
+    down: LinearFn
+
+
+class Transformer:
+    """forward(tokens, positions, cache, tree_mask) -> (logits, hidden); one sequence at a time.
+
+    `pack=True` runs the linears on oneDNN-packed copies of the weights (CPU, float32/bfloat16),
+    the state dict itself stays untouched; otherwise they read the state dict's tensors in place.
+    With `tp`, cfg and state are this rank's shard (parallel.shard_config/shard_state): o_proj and
+    down_proj all_reduce their partial sums and the LM head gathers the vocabulary; the forward
+    itself is the same code."""
+
+    def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False,
+                 tp: TensorParallel | None = None) -> None:
+        check_state_dict(cfg, state, tp.plan.vocab_per_rank if tp is not None else None)
+        self.cfg = cfg
+        self.state = state
+        self.tp = tp
+        embed = state["model.embed_tokens.weight"]
+        self.dtype, self.device = embed.dtype, embed.device
+        self.acc_dtype = torch.promote_types(self.dtype, torch.float32)  # norms, softmax, logits
+        self.packed = pack and packing_supported(self.dtype, self.device)
+        self.embed = embed
+        lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
+        if tp is None:
+            self.lm_head = make_linear([lm_head], [None], self.packed)
+        else:
+            self.lm_head = tp.vocab_parallel(lm_head, self.packed)  # [T, hidden] -> gathered [T, V]
+            # (an untied head is already this rank's block; a tied one is the whole embedding)
+        self.final_norm = state["model.norm.weight"]
+        self.layers = [self._layer(n) for n in range(cfg.num_layers)]
+        self.rope = Rope(cfg, self.device)
+        self.scale = cfg.head_dim**-0.5
+        # Context length from which the packed path's attention leaves the grouped bmm for per-KV-
+        # head oneDNN products (see _attend); measured on a 2-core CPU, the grouped bmm is faster
+        # below about 3K cached entries.
+        self.onednn_attention_from = 3072
+        self.sdpa_from_tokens = SDPA_FROM_TOKENS
+
+    def _layer(self, n: int) -> Layer:
+        p, s, pack = f"model.layers.{n}.", self.state, self.packed
+        a, m = p + "self_attn.", p + "mlp."
+        return Layer(
+            attn_norm=s[p + "input_layernorm.weight"],
+            qkv=make_linear([s[a + "q_proj.weight"], s[a + "k_proj.weight"], s[a + "v_proj.weight"]],
+                            [s.get(a + "q_proj.bias"), s.get(a + "k_proj.bias"), s.get(a + "v_proj.bias")], pack),
+            o=self._row_linear(s[a + "o_proj.weight"], s.get(a + "o_proj.bias")),
+            q_norm=s.get(a + "q_norm.weight"), k_norm=s.get(a + "k_norm.weight"),
+            mlp_norm=s[p + "post_attention_layernorm.weight"],
+            gate_up=make_linear([s[m + "gate_proj.weight"], s[m + "up_proj.weight"]],
+                                [s.get(m + "gate_proj.bias"), s.get(m + "up_proj.bias")], pack),
+            down=self._row_linear(s[m + "down_proj.weight"], s.get(m + "down_proj.bias")),
+        )
+
+    def _row_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn:
+        """o_proj / down_proj: plain, or (tensor parallel) this rank's input slice + all_reduce."""
+        if self.tp is None:
+            return make_linear([weight], [bias], self.packed)
+        return self.tp.row_parallel(weight, bias, self.packed)
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # Normalise in (at least) float32 like transformers' RMSNorm, then scale in the model dtype.
+        if x.dtype == self.acc_dtype:  # one fused op; the same products as transformers'
+            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.cfg.rms_norm_eps)
+        return weight * F.rms_norm(x.to(self.acc_dtype), (x.shape[-1],), eps=self.cfg.rms_norm_eps).to(x.dtype)
+
+    def _attention_bias(self, t: int, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Additive mask [G*T, S] over the S visible slots (cached ones all visible), or None."""
+        if t == 1 and tree_mask is None:
+            return None
+        if tree_mask is None:
+            new = torch.ones(t, t, dtype=torch.bool, device=self.device).tril_()  # [T, T] causal
+        else:
+            if tree_mask.shape != (t, t):
+                raise ValueError(f"tree_mask must be [{t}, {t}], got {list(tree_mask.shape)}")
+            new = tree_mask.to(device=self.device, dtype=torch.bool)
+        bias = torch.zeros(t, s, dtype=self.dtype, device=self.device)  # [T, S]
+        bias[:, s - t :].masked_fill_(~new, float("-inf"))
+        return bias.repeat(self.cfg.group_size, 1)  # [G*T, S], rows g*T + t
+
+    def _attend(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        """qg: [Hkv, R, D], keys/values: [Hkv, S, D], bias: [R, S] or None -> [Hkv, R, D]."""
+        if bias is not None and qg.shape[1] >= self.sdpa_from_tokens * self.cfg.group_size:
+            return F.scaled_dot_product_attention(  # [1, Hkv, R, D]: query groups as rows
+                qg.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=bias, scale=self.scale)[0]
+        if self.packed and keys.shape[1] >= self.onednn_attention_from:
+            op = torch.ops.mkldnn._linear_pointwise
+            if bias is None:
+                # Decoding: MKL's GEMM with the cache rows as M streams K near bandwidth, and
+                # oneDNN reads V for the few-row P @ V product faster than batched GEMM (2-core
+                # CPU, embedded model at 6.6K context: a decode step 30.7 -> 29.1 ms against
+                # oneDNN for both products; with a tree mask the transposed scores cost more).
+                scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S]
+                probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+                return torch.stack([op(probs[i], values[i].t(), None, "none", [], "") for i in range(qg.shape[0])])
+            # oneDNN matmuls per KV head read a long (strided) cache faster than MKL's batched
+            # GEMM for these few-row products (30 layers at 6.6K context: 13 ms vs 17 ms).
+            outs = []
+            for i in range(qg.shape[0]):
+                scores = op(qg[i] * self.scale, keys[i], None, "none", [], "") + bias  # [R, S]
+                probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+                outs.append(op(probs, values[i].t(), None, "none", [], ""))  # [R, D]
+            return torch.stack(outs)
+        if bias is None:
+            scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
+        else:
+            scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=self.scale)
+        probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+        return torch.bmm(probs, values)  # [Hkv, R, D]
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: FullKVCache | None,
+        tree_mask: torch.Tensor | None = None,
+        logits_rows: torch.Tensor | slice | None = None,
+        queries: list[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens, positions: [T] long. Writes T KV entries at the cache's end (advancing it) and
+        returns logits [T', V] (float32, float64 for float64 models) for `logits_rows` (default all T) and the last layer's
+        pre-norm hidden states [T, hidden]. Without a cache, attention is causal among the tokens.
+        If `queries` is a list, each layer appends the last token's query [H, D] (after rope)."""
+        cfg = self.cfg
+        t = int(tokens.shape[0])
+        h, hkv, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+        start = cache.reserve(t) if cache is not None else 0
+        s = start + t
+        max_position = int(positions.max()) if cfg.rope_type == "dynamic" else 0
+        cos, sin = self.rope.cos_sin(positions.to(self.device), max_position, self.dtype)  # [T, 1, D]
+        bias = self._attention_bias(t, s, tree_mask)
+        x = F.embedding(tokens.to(self.device), self.embed)  # [T, hidden]
+        for n, w in enumerate(self.layers):
+            a = self.norm(x, w.attn_norm)
+            qkv = w.qkv(a)  # [T, (H + 2 Hkv) D]
+            qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # [T, H + Hkv, D]
+            v = qkv[:, (h + hkv) * d :].view(t, hkv, d)  # [T, Hkv, D]
+            if w.q_norm is not None:
+                qk = torch.cat([self.norm(qk[:, :h], w.q_norm), self.norm(qk[:, h:], w.k_norm)], dim=1)
+            qk = apply_rope(qk, cos, sin)  # queries and keys rotated together
+            q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
+            if queries is not None:
+                queries.append(q[-1])
+            if cache is not None:
+                cache.k[n, :, start:s] = k.transpose(0, 1)  # [Hkv, T, D]
+                cache.v[n, :, start:s] = v.transpose(0, 1)
+                keys, values = cache.k[n, :, :s], cache.v[n, :, :s]  # [Hkv, S, D]
+            else:
+                keys, values = k.transpose(0, 1), v.transpose(0, 1)
+            # Group query heads by their KV head so K/V are read once: q: [Hkv, G*T, D].
+            if t == 1:  # decoding: grouping is a view, and so is the way back
+                o = self._attend(q.view(hkv, g, d), keys, values, bias).view(1, h * d)
+            else:
+                qg = q.reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)
+                o = self._attend(qg, keys, values, bias)  # [Hkv, G*T, D]
+                o = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, h * d)  # [T, H*D]
+            x = x + w.o(o)
+            gate, up = w.gate_up(self.norm(x, w.mlp_norm)).chunk(2, dim=-1)  # [T, I] each
+            x = x + w.down(F.silu(gate) * up)
+        if cache is not None:
+            cache.length = s
+        return self.logits(x if logits_rows is None else x[logits_rows]), x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Pre-norm hidden states [T, hidden] -> logits [T, V] (float32, float64 for float64 models)."""
+        return self.lm_head(self.norm(hidden, self.final_norm)).to(self.acc_dtype)
+
+    def prefill(self, tokens: torch.Tensor, cache: FullKVCache, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed a prompt in chunks (no [S, S] mask is ever built); return the last token's
+        logits [V] and hidden state [hidden]."""
+        if tokens.numel() == 0:
+            raise LongswiftError("the prompt is empty: give at least one token of prompt text")
+        logits = hidden = None
+        n = int(tokens.numel())
+        for lo in range(0, n, chunk):
+            hi = min(lo + chunk, n)
+            pos = torch.arange(cache.length, cache.length + hi - lo, device=self.device)
+            logits, hidden = self.forward(tokens[lo:hi], pos, cache, logits_rows=slice(-1, None))
+        return logits[0], hidden[-1]

@@ -1,0 +1,232 @@
+"""Tensor parallelism over torch.distributed: which part of the checkpoint each rank holds, the
+collectives the runner needs, and rank 0's decisions broadcast to every rank.
+
+A rank holds a contiguous block of query heads with the KV heads they read (and so only those
+heads' KV cache), a block of the MLP's intermediate columns, and a block of vocabulary rows of
+the LM head; embeddings, norms and draft heads are replicated. Each decoder layer then needs two
+all_reduce (after o_proj and after down_proj) and the LM head one all_gather. A single process
+never builds a TensorParallel, so its hot path has no collectives and no extra branches."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..config import ModelConfig, RuntimeConfig, SamplingConfig
+from ..errors import LongswiftError
+from ..sampling import draw
+from .linear import LinearFn, make_linear
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The part of a model one rank holds; ranges are [start, stop) in the full model's indices."""
+
+    rank: int
+    world: int
+    heads: tuple[int, int]  # query heads
+    kv_heads: tuple[int, int]  # the KV heads those queries read
+    kv_replicas: int  # ranks holding the same KV heads: 1 when KV heads are split, >1 when replicated
+    intermediate: tuple[int, int]  # MLP columns of gate/up = rows of down's input
+    vocab: tuple[int, int]  # LM head rows
+    vocab_per_rank: int  # every rank's LM head block is padded to this many rows (all_gather needs equal sizes)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world:
+            raise ValueError(f"rank {self.rank} outside a world of {self.world}")
+
+
+def _works(cfg: ModelConfig, world: int) -> bool:
+    h, hkv = cfg.num_heads, cfg.num_kv_heads
+    return h % world == 0 and cfg.intermediate_size % world == 0 and (hkv % world == 0 or world % hkv == 0)
+
+
+def working_world_sizes(cfg: ModelConfig) -> list[int]:
+    """Every world size this model can be split across (1 always works)."""
+    return [w for w in range(1, cfg.num_heads + 1) if _works(cfg, w)]
+
+
+def plan_shards(cfg: ModelConfig, rank: int, world: int) -> ShardPlan:
+    """Split heads, KV heads, MLP columns and vocabulary across `world` ranks, or refuse in one line.
+
+    KV heads are split when `world` divides them; when there are fewer KV heads than ranks and
+    `world` is a multiple of them, each rank holds the one KV head its query block reads (copies
+    of that head live on world / kv_heads ranks)."""
+    h, hkv, i = cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+    if not _works(cfg, world):
+        if h % world:
+            why = f"its {h} attention heads do not split into {world} equal parts"
+        elif i % world:
+            why = f"its intermediate size {i} does not split into {world} equal parts"
+        else:
+            why = f"its {hkv} KV heads neither split into {world} parts nor divide {world}"
+        sizes = ", ".join(str(w) for w in working_world_sizes(cfg))
+        raise LongswiftError(f"cannot run this model on {world} processes: {why}; world sizes that work: {sizes}")
+    per_head = h // world
+    heads = (rank * per_head, (rank + 1) * per_head)
+    if hkv % world == 0:
+        per_kv = hkv // world
+        kv_heads, replicas = (rank * per_kv, (rank + 1) * per_kv), 1
+    else:
+        replicas = world // hkv
+        kv = rank // replicas  # the query block [heads) lies inside this KV head's group
+        kv_heads = (kv, kv + 1)
+    per_i = i // world
+    per_v = -(-cfg.vocab_size // world)
+    v0 = min(rank * per_v, cfg.vocab_size)
+    return ShardPlan(rank, world, heads, kv_heads, replicas, (rank * per_i, (rank + 1) * per_i),
+                     (v0, min(v0 + per_v, cfg.vocab_size)), per_v)
+
+
+def shard_config(cfg: ModelConfig, plan: ShardPlan) -> ModelConfig:
+    """The config of one rank's shard: its heads, KV heads and MLP width (vocabulary unchanged:
+    the LM head gathers full logits)."""
+    return dataclasses.replace(cfg, num_heads=plan.heads[1] - plan.heads[0],
+                               num_kv_heads=plan.kv_heads[1] - plan.kv_heads[0],
+                               intermediate_size=plan.intermediate[1] - plan.intermediate[0])
+
+
+def shard_state(cfg: ModelConfig, state: dict[str, torch.Tensor], plan: ShardPlan,
+                device: torch.device) -> dict[str, torch.Tensor]:
+    """One rank's state dict, on `device`, matching `shard_config`; an untied LM head becomes this
+    rank's vocabulary block padded to `vocab_per_rank` rows. Sliced tensors are copies, so the full
+    checkpoint can be freed."""
+    d = cfg.head_dim
+    q = slice(plan.heads[0] * d, plan.heads[1] * d)  # rows of q_proj, columns of o_proj
+    kv = slice(plan.kv_heads[0] * d, plan.kv_heads[1] * d)
+    mlp = slice(*plan.intermediate)
+    rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": mlp, "up_proj": mlp}
+    cols = {"o_proj": q, "down_proj": mlp}
+    out: dict[str, torch.Tensor] = {}
+    for name, full in state.items():
+        proj, kind = name.split(".")[-2:]  # e.g. model.layers.N.self_attn.q_proj.weight
+        t = full
+        if proj in rows:  # weight [out, in] or bias [out]: this rank's outputs
+            t = full[rows[proj]]
+        elif proj in cols and kind == "weight":  # this rank's inputs; the bias is added once after all_reduce
+            t = full[:, cols[proj]]
+        elif name == "lm_head.weight":
+            t = vocab_block(full, plan)
+        out[name] = t.to(device=device, memory_format=torch.contiguous_format, copy=t is not full)
+    return out
+
+
+def vocab_block(weight: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
+    """Rows `plan.vocab` of an LM head [V, hidden], zero-padded to [vocab_per_rank, hidden]."""
+    v0, v1 = plan.vocab
+    block = weight[v0:v1]  # a view
+    pad = plan.vocab_per_rank - (v1 - v0)
+    return torch.cat([block, block.new_zeros(pad, block.shape[1])]) if pad else block
+
+
+class TensorParallel:
+    """This rank's shard of a model and the collectives over `group` (None: the default group).
+
+    Creating it is collective when KV heads are replicated (a process group per KV head)."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device, group: Any = None) -> None:
+        if not dist.is_initialized():
+            raise LongswiftError("tensor parallelism needs torch.distributed: start with torchrun")
+        self.group, self.device = group, device
+        self.plan = plan_shards(cfg, dist.get_rank(group), dist.get_world_size(group))
+        self.vocab_size = cfg.vocab_size
+        self.src = dist.get_global_rank(group, 0) if group is not None else 0
+        # Ranks holding copies of the same KV head pool their query groups' scores when the
+        # partial cache selects entries, so every copy selects what one process would.
+        self.kv_group = None
+        if self.plan.kv_replicas > 1:
+            ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(self.plan.world)]
+            r = self.plan.kv_replicas
+            for k in range(cfg.num_kv_heads):  # every rank creates every subgroup, in the same order
+                sub = dist.new_group(ranks[k * r : (k + 1) * r])
+                if k == self.plan.kv_heads[0]:
+                    self.kv_group = sub
+
+    @property
+    def rank(self) -> int:
+        return self.plan.rank
+
+    @property
+    def world(self) -> int:
+        return self.plan.world
+
+    def row_parallel(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> LinearFn:
+        """A linear whose input features are split across ranks: local product, all_reduce, bias once."""
+        local = make_linear([weight], [None], pack)
+        group = self.group
+
+        def reduced(x: torch.Tensor) -> torch.Tensor:
+            y = local(x)  # [T, out], this rank's partial sum
+            dist.all_reduce(y, group=group)
+            return y if bias is None else y + bias
+
+        return reduced
+
+    def vocab_parallel(self, weight: torch.Tensor, pack: bool) -> LinearFn:
+        """The LM head on this rank's vocabulary rows; returns the gathered logits [T, V] on every rank.
+        `weight`: the whole head [V, hidden] (tied: the embedding) or already this rank's block."""
+        whole = weight.shape[0] == self.vocab_size
+        block = vocab_block(weight, self.plan) if whole else weight  # [vocab_per_rank, hidden]
+        local = make_linear([block], [None], pack)
+        group, world, vocab = self.group, self.world, self.vocab_size
+
+        def gathered(x: torch.Tensor) -> torch.Tensor:
+            y = local(x).contiguous()  # [T, V/world]
+            parts = [torch.empty_like(y) for _ in range(world)]
+            dist.all_gather(parts, y, group=group)
+            return torch.cat(parts, dim=-1)[..., :vocab]  # [T, V]
+
+        return gathered
+
+    def kv_score_reduce(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """For PartialKVCache.select: sums importance scores over the copies of a replicated KV head."""
+        if self.kv_group is None:
+            return None
+        group = self.kv_group
+
+        def reduce(scores: torch.Tensor) -> torch.Tensor:
+            dist.all_reduce(scores, group=group)
+            return scores
+
+        return reduce
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's `value` on every rank (the others' argument is ignored)."""
+        t = torch.tensor([value], dtype=torch.long, device=self.device)
+        dist.broadcast(t, src=self.src, group=self.group)
+        return int(t.item())
+
+    def draw(self, transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
+        """`sampling.draw` on rank 0 (its generator alone is consumed), broadcast to every rank."""
+        return self.broadcast_int(draw(transformed, cfg, generator) if self.rank == 0 else 0)
+
+
+def env_world_size() -> int:
+    """The world size torchrun gave this process (1 outside torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:
+    """Join the process group torchrun describes (NCCL for CUDA, gloo for CPU) and return the
+    runtime config with this rank's device (cuda:LOCAL_RANK on CUDA)."""
+    device = runtime.torch_device()
+    if device.type == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise LongswiftError(f"rank {env_rank()} wants cuda:{local} but only {torch.cuda.device_count()} "
+                                 "CUDA devices are visible: use --nproc-per-node <= the GPU count")
+        torch.cuda.set_device(local)
+        runtime = dataclasses.replace(runtime, device=f"cuda:{local}")
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return runtime

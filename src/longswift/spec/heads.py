@@ -1,0 +1,132 @@
+"""Draft heads (DESIGN §2): gamma sequential residual blocks on the last layer's pre-norm hidden
+state, `h_i = h_{i-1} + W_i RMSNorm_i(h_{i-1})`, read out through `RMSNorm'_i` and the base
+model's frozen, shared LM head. Saved as one safetensors file whose metadata names the base."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..atomic import replace_atomically
+from ..config import ModelConfig
+from ..errors import LongswiftError
+
+FORMAT = "longswift-heads"
+VERSION = 1
+
+
+def model_fingerprint(cfg: ModelConfig, embed: torch.Tensor) -> str:
+    """Identity of a base model: shape facts plus a hash of part of its embedding table
+    (rounded to bfloat16 so that the same weights loaded in another dtype still match)."""
+    sample = embed[: min(512, embed.shape[0]), : min(64, embed.shape[1])].detach().to("cpu", torch.bfloat16)
+    h = hashlib.sha256(sample.view(torch.int16).numpy().tobytes())
+    h.update(f"{cfg.architecture}:{cfg.hidden_size}:{cfg.vocab_size}:{cfg.num_layers}".encode())
+    return h.hexdigest()[:32]
+
+
+class DraftHeads(nn.Module):
+    """forward(h0 [T, hidden]) -> normalised head states [gamma, T, hidden], ready for the LM head."""
+
+    def __init__(self, hidden_size: int, gamma: int = 3, eps: float = 1e-6,
+                 final_norm: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if gamma <= 0:
+            raise LongswiftError("draft heads need gamma >= 1")
+        self.gamma, self.eps = gamma, eps
+        self.in_norms = nn.Parameter(torch.ones(gamma, hidden_size))  # RMSNorm_i
+        self.weights = nn.Parameter(torch.zeros(gamma, hidden_size, hidden_size))  # W_i, zero: h_i = h_0
+        out = final_norm.detach().float().expand(gamma, -1).clone() if final_norm is not None else torch.ones(gamma, hidden_size)
+        self.out_norms = nn.Parameter(out)  # RMSNorm'_i, initialised to the base model's final norm
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        acc = torch.promote_types(x.dtype, torch.float32)
+        return w * F.rms_norm(x.to(acc), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+    def forward(self, h0: torch.Tensor) -> torch.Tensor:
+        h, outs = h0, []
+        for i in range(self.gamma):
+            h = h + F.linear(self._norm(h, self.in_norms[i]), self.weights[i])  # [T, hidden]
+            outs.append(self._norm(h, self.out_norms[i]))
+        return torch.stack(outs)  # [gamma, T, hidden]
+
+    def randomize(self, seed: int, scale: float = 1.0) -> DraftHeads:
+        """Random residual weights (for tests: heads that draft badly must still be lossless)."""
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            w = torch.randn(self.weights.shape, generator=g, dtype=torch.float32) * scale / self.weights.shape[-1] ** 0.5
+            self.weights.copy_(w)
+        return self
+
+
+def new_heads(cfg: ModelConfig, state: dict[str, torch.Tensor], gamma: int = 3) -> DraftHeads:
+    """Untrained heads for a base model, in its dtype and on its device."""
+    embed = state["model.embed_tokens.weight"]
+    heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, state["model.norm.weight"])
+    heads.base_fingerprint = model_fingerprint(cfg, embed)  # type: ignore[attr-defined]
+    return heads.to(device=embed.device, dtype=embed.dtype)
+
+
+def save_heads(heads: DraftHeads, cfg: ModelConfig, fingerprint: str, path: str | os.PathLike,
+               extra: dict | None = None) -> None:
+    """Atomically write heads + metadata (format, gamma, base model identity) to one file."""
+    from safetensors.torch import save_file
+
+    meta = {"format": FORMAT, "version": VERSION, "gamma": heads.gamma, "eps": heads.eps,
+            "base": {"architecture": cfg.architecture, "hidden_size": cfg.hidden_size,
+                     "vocab_size": cfg.vocab_size, "num_layers": cfg.num_layers, "fingerprint": fingerprint}}
+    meta |= extra or {}
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in heads.state_dict().items()}
+    replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={FORMAT: json.dumps(meta)}))
+
+
+SHIPPED_DIR = Path(__file__).parent / "data"
+
+
+def shipped_heads(cfg: ModelConfig, embed: torch.Tensor) -> Path | None:
+    """The heads file shipped inside the package for this base model (matched by fingerprint), if any."""
+    from safetensors import safe_open
+
+    fingerprint = model_fingerprint(cfg, embed)
+    for path in sorted(SHIPPED_DIR.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get(FORMAT, "{}"))
+        if meta.get("base", {}).get("fingerprint") == fingerprint:
+            return path
+    return None
+
+
+def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
+    """Load heads for this base model, refusing files made for another model."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise LongswiftError(f"heads file '{path}' does not exist: train heads with `longswift train-heads` or drop --heads")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get(FORMAT)
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise LongswiftError(f"cannot read heads file '{path}': {exc}; it is truncated or not a heads file") from None
+    if raw is None:
+        raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
+    meta = json.loads(raw)
+    base = meta.get("base", {})
+    fingerprint = model_fingerprint(cfg, embed)
+    mismatch = [k for k in ("architecture", "hidden_size", "vocab_size", "num_layers") if base.get(k) != getattr(cfg, k)]
+    if mismatch or base.get("fingerprint") != fingerprint:
+        what = f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}" if mismatch else "embedding weights differ"
+        raise LongswiftError(f"heads '{path}' were made for another model ({what}): train heads for this model")
+    heads = DraftHeads(cfg.hidden_size, int(meta["gamma"]), float(meta.get("eps", cfg.rms_norm_eps)))
+    try:
+        heads.load_state_dict(tensors)
+    except RuntimeError as exc:
+        raise LongswiftError(f"heads file '{path}' is damaged: {str(exc).splitlines()[0]}") from None
+    heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
+    return heads.to(device=embed.device, dtype=embed.dtype)

@@ -1,0 +1,317 @@
+"""The TokenSwift loop: each step is draft -> tree -> verify -> accept -> commit.
+
+State between steps: the full KV cache holds the committed context `history[:n-1]`; the root
+`history[n-1]` (the last sampled token) is committed output but not yet in the cache."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..errors import LongswiftError
+from ..runtime.cache import FullKVCache, PartialKVCache
+from ..runtime.memory import new_cache
+from ..runtime.model import Transformer
+from ..sampling import draw, penalty_window, transform
+from ..stats import GenerationStats, done
+from .heads import DraftHeads
+from .ngram import NGramTracker
+from .tree import NGRAM, Trie
+from .verify import Walk, lossless_walk
+
+NGRAM_N = 4
+FULL, LOOKUP = "full", "lookup"
+PROBE_EVERY = 16  # adaptive steps: how often the slower kind of step is tried again
+EMA = 0.25  # weight of the newest step in the tokens/s and tokens/step estimates
+
+
+@dataclass
+class Draft:
+    """Candidate tokens per tree depth (after the logits transform)."""
+
+    levels: list[list[int]]
+
+
+# The walk visits 1 + accepted rows of the trie, and each LM-head pass reads the whole head
+# (SmolLM2 on this CPU: 1 row 4.7 ms, 8 rows 5.8 ms, 16 rows 7.4 ms, 40 rows 13 ms). So a trie of
+# at most BATCHED_LOGITS_NODES nodes gets all its rows in one pass after the verify forward while
+# steps have been emitting at least BATCH_FROM_TOKENS tokens on average (an EMA); otherwise (most
+# steps emit one token, as under sampling on hard text, or the trie is large) the walk computes
+# the rows it visits, one by one. The choice changes speed, not the method: both are the rows of the
+# same product (up to float rounding between one-row and many-row kernels, as for the verify forward).
+BATCHED_LOGITS_NODES = 16
+BATCH_FROM_TOKENS = 1.5
+
+
+@dataclass
+class Verified:
+    """The verify pass: hidden states of every trie node; logits of a small trie's rows computed
+    together, a large trie's on demand (the walk visits only the rows of one path)."""
+
+    model: Transformer
+    hidden: torch.Tensor  # [N, hidden]
+    cached: dict[int, torch.Tensor]
+
+    def row_logits(self, i: int) -> torch.Tensor:
+        if i not in self.cached:
+            self.cached[i] = self.model.logits(self.hidden[i : i + 1])[0]  # [V]
+        return self.cached[i]
+
+
+class TokenSwiftState:
+    """Everything one generation carries from step to step."""
+
+    def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
+                 sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
+                 eos_ids: frozenset[int], generator: torch.Generator | None) -> None:
+        spec = spec.for_device(model.device)
+        levels = draft_levels(spec)
+        if len(spec.levels) > heads.gamma + 1:
+            raise LongswiftError(
+                f"--tree {spec.tree} has {len(spec.levels)} depths but the heads draft only {heads.gamma + 1}"
+            )
+        if not levels:
+            raise LongswiftError("--draft-mode fused needs a --tree of at least two depths (the first is skipped)")
+        self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
+        self.stats, self.generator = stats, generator
+        self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
+        self.levels = levels
+        self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
+        nodes = tree_budget(spec)
+        total = len(prompt) + gen.max_new_tokens
+        draft_tokens = draft_cache_tokens(spec, total)
+        self.full = new_cache(model, total + nodes, gen.prefill_chunk, draft_tokens, nodes)
+        self.partial = None
+        if draft_tokens:
+            self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
+                                          model.dtype, model.device,
+                                          reduce_scores=model.tp.kv_score_reduce() if model.tp else None)
+        self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
+        self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
+        self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
+        self.history[: self.n] = torch.tensor(self.tokens, dtype=torch.long)
+        self.produced = len(generated)
+        exclude = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
+        self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
+        if self.ngrams is not None:
+            self.ngrams.update(self.tokens, self.n)
+        self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
+        # Adaptive steps: measured tokens/s (EMA) of full steps and of lookup steps.
+        self.rate: dict[str, float | None] = {FULL: None, LOOKUP: None}
+        self.since_probe = 0
+        self.tokens_per_step = 1.0  # EMA of the tokens a step emits (deterministic: same on every rank)
+
+    def choose(self) -> str:
+        """FULL (draft pass + heads' tree) or LOOKUP (n-gram continuations of the root only, no
+        draft pass): whichever has been faster, trying the other every PROBE_EVERY steps."""
+        if not self.spec.adaptive:
+            return FULL
+        for kind in (FULL, LOOKUP):
+            if self.rate[kind] is None:
+                return kind
+        best = FULL if self.rate[FULL] >= self.rate[LOOKUP] else LOOKUP  # type: ignore[operator]
+        self.since_probe += 1
+        if self.since_probe >= PROBE_EVERY:
+            self.since_probe = 0
+            return LOOKUP if best == FULL else FULL
+        return best
+
+    def record(self, kind: str, tokens: int, seconds: float) -> None:
+        self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
+        r = tokens / max(seconds, 1e-9)
+        old = self.rate[kind]
+        self.rate[kind] = r if old is None else (1 - EMA) * old + EMA * r
+
+    def window(self) -> torch.Tensor:
+        return penalty_window(self.history, self.n, self.sampling.penalty_window)
+
+    def emit(self, tokens: list[int]) -> None:
+        self.history[self.n : self.n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.tokens.extend(tokens)
+        self.n += len(tokens)
+        self.produced += len(tokens)
+        if self.ngrams is not None:
+            self.ngrams.update(self.tokens, self.n)
+
+
+def draft_levels(spec: SpecConfig) -> tuple[int, ...]:
+    """Candidates per drafted depth: --tree, without its first depth in fused mode (the base model's
+    own next token is the root there). `spec` must be resolved for the device (for_device)."""
+    return spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
+
+
+def tree_budget(spec: SpecConfig) -> int:
+    """Most nodes a step's trie can have (root included): the heads' cartesian tree plus the
+    n-gram paths. `spec` must be resolved for the device (for_device)."""
+    levels = draft_levels(spec)
+    nodes, width = 1, 1
+    for k in levels:
+        width *= k
+        nodes += width
+    return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
+
+
+def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
+    """Size of the draft pass's partial KV cache for a run of `total` tokens: the budget when the
+    paper draft mode will outgrow it, else 0 (shorter runs, fused mode and --draft-cache full draft
+    without one)."""
+    partial = spec.draft_mode == "paper" and spec.draft_cache != "full"
+    return spec.draft_kv_budget if partial and total > spec.draft_kv_budget else 0
+
+
+def _stage_done(stats: GenerationStats, stage: str, t0: float) -> float:
+    t1 = time.perf_counter()
+    stats.stage_seconds[stage] = stats.stage_seconds.get(stage, 0.0) + t1 - t0
+    return t1
+
+
+def draft(s: TokenSwiftState) -> Draft:
+    """Depth logits from the draft heads, transformed like the target, top-k per depth."""
+    model, root = s.model, int(s.history[s.n - 1])
+    if s.spec.draft_mode == "fused":
+        h = s.prev_hidden
+        base = None
+    else:
+        cache: FullKVCache = s.full
+        queries: list[torch.Tensor] | None = None
+        # Draft on the full cache while the context fits the budget; past it, on the partial cache.
+        if s.partial is not None and s.full.length >= s.spec.draft_kv_budget:
+            if not s.partial.selected or (s.partial.window_full and s.spec.draft_cache == "dynamic"):
+                queries = []  # draft on the full cache once, then select with the root's queries
+            else:
+                if s.partial.window_full:  # static: keep the first selection, restart the window
+                    s.partial.restart_window()
+                cache = s.partial
+        start = cache.length
+        tokens = torch.tensor([root], device=model.device)
+        pos = torch.tensor([s.n - 1], device=model.device)
+        _, hidden = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)
+        cache.truncate(start)
+        if queries is not None:
+            s.partial.select(s.full, queries)
+        h = hidden[-1]
+        base = model.norm(h[None], model.final_norm)  # [1, hidden]
+    states = s.heads(h[None])[:, 0]  # [gamma, hidden], already through each head's output norm
+    if base is not None:
+        states = torch.cat([base, states])
+    depth_logits = model.lm_head(states).to(model.acc_dtype)  # [depths, V], one LM-head pass
+    window = s.window().to(depth_logits.device)
+    levels = []
+    for k, logits in zip(s.levels, depth_logits):
+        x = transform(logits[None], window[None], s.sampling)[0]
+        top = torch.topk(x, min(k, x.numel()))
+        levels.append([int(t) for t, v in zip(top.indices, top.values) if v > float("-inf")])
+    return Draft(levels)
+
+
+def build_tree(s: TokenSwiftState, d: Draft) -> Trie:
+    """The heads' cartesian tree plus n-gram paths for each depth-1 token, merged as a trie."""
+    trie = Trie.with_root(int(s.history[s.n - 1]))
+    trie.add_levels(d.levels)
+    if s.ngrams is not None and d.levels:
+        for first in d.levels[0]:
+            for cont, _count in s.ngrams.table.top(first, s.spec.ngram_topk):
+                trie.add_path((first, *cont), NGRAM)
+    return trie
+
+
+def lookup_tree(s: TokenSwiftState) -> Trie:
+    """A draft-free trie: the root and the n-gram table's continuations of the root (prompt-lookup
+    style). Verifying it costs about one AR step and accepts whatever of it the walk draws."""
+    root = int(s.history[s.n - 1])
+    trie = Trie.with_root(root)
+    if s.ngrams is not None:
+        for cont, _count in s.ngrams.table.top(root, s.spec.ngram_topk):
+            trie.add_path(cont, NGRAM)
+    return trie
+
+
+def verify(s: TokenSwiftState, trie: Trie) -> Verified:
+    """One forward of the root and every trie node on the full cache, under the tree mask."""
+    dev = s.model.device
+    _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
+                                tree_mask=trie.mask(dev), logits_rows=slice(0, 0))
+    cached: dict[int, torch.Tensor] = {}
+    if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.tokens_per_step >= BATCH_FROM_TOKENS:
+        cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
+    return Verified(s.model, hidden, cached)
+
+
+def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
+    return lossless_walk(trie, v.row_logits, s.history, s.n, s.sampling, s.generator, s.stop_ids,
+                         max_tokens=s.gen.max_new_tokens - s.produced, pick=s.pick)
+
+
+def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]:
+    """Keep the KV entries of the root and the accepted path; record the emitted tokens."""
+    base = s.n - 1  # the root's slot
+    s.full.compact(base, [base] + [base + node for node in walk.nodes])
+    if s.partial is not None and s.partial.selected:
+        s.partial.append(s.full, base, s.full.length)
+    s.prev_hidden = v.hidden[walk.nodes[-1] if walk.nodes else 0]
+    emitted = walk.tokens + [walk.next_root]
+    s.emit(emitted)
+    s.stats.accepted_tokens += len(walk.tokens)
+    s.stats.ngram_accepted += walk.ngram_only
+    s.stats.draft_positions += max(trie.depths)  # the deepest drafted position (heads or n-grams)
+    return emitted
+
+
+def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
+                     gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
+                     generator: torch.Generator | None, generated: list[int] | None = None) -> Iterator[list[int]]:
+    """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
+    `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
+    prefill of everything before the last of them, which becomes the root."""
+    generated = generated or []
+    if done(generated, gen, eos_ids):
+        return
+    s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator)
+    t0 = time.perf_counter()
+    if generated:
+        _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk)
+        stats.prefill_seconds += time.perf_counter() - t0
+        last = generated[-1]
+    else:
+        logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk)
+        stats.prefill_seconds += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        first = s.pick(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
+        s.prev_hidden = hidden
+        s.emit([first])
+        stats.decode_seconds += time.perf_counter() - t0
+        stats.new_tokens, stats.steps = 1, 1
+        yield [first]
+        last = first
+    while s.produced < gen.max_new_tokens and last not in s.stop_ids:
+        t0 = time.perf_counter()
+        kind = s.choose()
+        if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
+            kind = (FULL, LOOKUP)[model.tp.broadcast_int(int(kind == LOOKUP))]
+        if kind == FULL:
+            d = draft(s)
+            t = _stage_done(stats, "draft", t0)
+            trie = build_tree(s, d)
+        else:
+            stats.lookup_steps += 1
+            t = t0
+            trie = lookup_tree(s)
+        t = _stage_done(stats, "tree", t)
+        v = verify(s, trie)
+        t = _stage_done(stats, "verify", t)
+        walk = accept(s, trie, v)
+        t = _stage_done(stats, "accept", t)
+        emitted = commit(s, trie, v, walk)
+        t = _stage_done(stats, "commit", t)
+        stats.decode_seconds += t - t0
+        s.record(kind, len(emitted), t - t0)
+        stats.new_tokens += len(emitted)
+        stats.steps += 1
+        last = emitted[-1]
+        yield emitted
+    if last in s.stop_ids:
+        stats.finish_reason = "eos"

@@ -1,0 +1,70 @@
+"""What every generation loop shares: its stats, its result type and its stopping rule."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from .config import GenerationConfig
+
+
+@dataclass
+class GenerationStats:
+    """What a run did and how long it took (decode time excludes the consumer's time)."""
+
+    method: str
+    prompt_tokens: int
+    new_tokens: int = 0
+    steps: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    seed: int | None = None
+    finish_reason: str = "length"
+    accepted_tokens: int = 0  # drafted tokens the lossless walk accepted
+    draft_positions: int = 0  # deepest drafted position per step, summed (alpha's denominator; 4 for 1,3,3,3)
+    ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
+    lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
+    resumes: int = 0  # times this generation was continued from a checkpoint (each re-prefills the context)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate as the paper defines it: accepted draft tokens / draft positions."""
+        return self.accepted_tokens / self.draft_positions if self.draft_positions else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GenerationStats:
+        """Inverse of to_dict (derived numbers dropped)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3), "alpha": round(self.alpha, 4),
+                               "tokens_per_step": round(self.tokens_per_step, 3)}
+
+
+@dataclass
+class GenerationResult:
+    """Generated token ids (prompt excluded), their text, and the run's stats."""
+
+    token_ids: list[int]
+    text: str | None
+    stats: GenerationStats = field(repr=False)
+
+    def to_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "text": self.text, "stats": self.stats.to_dict()}
+
+
+
+def done(generated: list[int], gen: GenerationConfig, eos_ids: frozenset[int]) -> bool:
+    """Whether tokens already generated end the generation (length reached, or an EOS not ignored)."""
+    if len(generated) >= gen.max_new_tokens:
+        return True
+    return bool(generated) and generated[-1] in eos_ids and not gen.ignore_eos

@@ -1,0 +1,1 @@
+"""Draft-head training on the frozen base: training, data, self-distillation, evaluation."""

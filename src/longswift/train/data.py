@@ -1,0 +1,89 @@
+"""Training text for the draft heads: plain text, JSONL (`text` field) or directories of them,
+tokenized and cut into fixed windows of `seq_len` tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import LongswiftError
+
+TEXT_SUFFIXES = (".txt", ".md", ".text")
+JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+def _files(source: Path) -> list[Path]:
+    if source.is_dir():
+        found = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES)
+        if not found:
+            raise LongswiftError(f"directory '{source}' holds no .txt/.md/.jsonl files: point --data at text files")
+        return found
+    if not source.is_file():
+        raise LongswiftError(f"training data '{source}' does not exist: pass a text file, a .jsonl file or a directory")
+    return [source]
+
+
+def _read_text(path: Path) -> str:
+    raw = path.read_bytes()
+    if b"\x00" in raw[:65536]:
+        raise LongswiftError(f"'{path}' looks binary (it holds NUL bytes): pass UTF-8 text or JSONL")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LongswiftError(f"'{path}' is not UTF-8 text (byte {exc.start}): convert it to UTF-8") from None
+
+
+def _jsonl_texts(path: Path, content: str) -> list[str]:
+    texts = []
+    for n, line in enumerate(content.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise LongswiftError(f"'{path}' line {n} is not JSON ({exc.msg}): JSONL needs one object per line") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise LongswiftError(f"'{path}' line {n} has no string field 'text': JSONL records need {{\"text\": ...}}")
+        texts.append(record["text"])
+    return texts
+
+
+def read_texts(sources: list[str | os.PathLike]) -> list[str]:
+    """Every document in the given files and directories (a text file is one document, a JSONL
+    file one document per line). Empty documents are dropped; no text at all is an error."""
+    texts: list[str] = []
+    for source in sources:
+        for path in _files(Path(source).expanduser()):
+            content = _read_text(path)
+            if path.suffix.lower() in JSONL_SUFFIXES:
+                texts.extend(t for t in _jsonl_texts(path, content) if t.strip())
+            elif content.strip():
+                texts.append(content)
+    if not texts:
+        raise LongswiftError(f"no text in {', '.join(map(str, sources))}: the training data is empty")
+    return texts
+
+
+def cut_windows(documents: list[list[int]], seq_len: int) -> torch.Tensor:
+    """Token-id documents -> windows [N, seq_len]; each document is cut into consecutive
+    windows and its remainder shorter than a window is dropped."""
+    if seq_len < 2:
+        raise LongswiftError(f"--seq-len must be at least 2, got {seq_len}")
+    windows = [doc[i : i + seq_len] for doc in documents for i in range(0, len(doc) - seq_len + 1, seq_len)]
+    if not windows:
+        longest = max((len(d) for d in documents), default=0)
+        raise LongswiftError(
+            f"no document reaches --seq-len {seq_len} tokens (the longest has {longest}): "
+            "give longer documents or a smaller --seq-len"
+        )
+    return torch.tensor(windows, dtype=torch.long)
+
+
+def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    if tokenizer is None:
+        raise LongswiftError("this model has no tokenizer, so it cannot read text data: use --self-distill")
+    return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

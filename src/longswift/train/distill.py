@@ -1,0 +1,167 @@
+"""Self-distillation data: text the base model writes itself, sampled with the paper's settings.
+
+Heads must predict *this* model's output, so the best training text is its own generations.
+Generation is batched (many prompts at once) through a transformers twin of the loaded model that
+shares its weights, with longswift's own logits transform (windowed penalty, filters) as a logits
+processor, and cached on disk keyed by everything that determines it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..atomic import write_atomic
+from ..config import SamplingConfig
+from ..errors import LongswiftError
+from ..runtime.twin import hf_twin
+from ..sampling import transform
+
+# Varied long-writing requests (stories, essays, explanations, letters, dialogue, technical prose).
+PROMPTS = (
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Write a detailed essay on the history of the printing press and its effects on Europe.",
+    "Explain in depth how a modern computer boots, from power-on to the login screen.",
+    "Write a long letter from a grandmother to her grandson who is leaving for university.",
+    "Describe a week in the life of a medieval blacksmith, day by day.",
+    "Write a science fiction story about the first colony ship to reach another star.",
+    "Write a travel guide to an imaginary island, with its towns, food, festivals and history.",
+    "Explain photosynthesis to a curious high-school student, step by step, with examples.",
+    "Write a mystery story set on a night train crossing the mountains.",
+    "Write a long argumentative essay on whether cities should ban cars from their centres.",
+    "Write a cookbook chapter about bread: its history, techniques and ten recipes.",
+    "Tell the story of a small company that grows from a garage into a global business.",
+    "Write a detailed tutorial on writing a web server in Python, with code and explanations.",
+    "Write an epic fantasy tale about a young cartographer who maps a forbidden land.",
+    "Write a long dialogue between a philosopher and a scientist about free will.",
+    "Explain the causes and consequences of the French Revolution in detail.",
+    "Write a diary of a sailor on a nineteenth-century whaling ship.",
+    "Write a comprehensive guide to starting a vegetable garden, season by season.",
+    "Write a long humorous story about a cat who believes it runs the household.",
+    "Describe how the human immune system fights a viral infection, in depth.",
+    "Write a biography of an invented jazz musician from New Orleans.",
+    "Write a report on the future of renewable energy, with sections and arguments.",
+    "Write a fairy tale about a river that wanted to flow uphill.",
+    "Explain how neural networks learn, from a single neuron to deep networks.",
+    "Write a long story told through letters between two friends over twenty years.",
+    "Write a detailed history of an imaginary city from its founding to the present day.",
+    "Write a thriller about a hacker who discovers a secret inside a bank's software.",
+    "Write a long essay on what makes a good teacher, with stories from a classroom.",
+    "Describe the journey of a single drop of water through the water cycle.",
+    "Write a story about an astronaut stranded alone on a research station on Mars.",
+    "Write a long guide to the rules and strategy of chess for beginners.",
+    "Write the chronicle of a war between two mountain kingdoms, told by a historian.",
+)
+
+
+def _sampler(engine: Any) -> Any:
+    """The transformers twin of the engine's model, with EOS unable to end a row (long generation
+    runs with EOS ignored; unset values of a generation config passed to generate() are filled
+    in from the model's own, so it is cleared there)."""
+    twin = hf_twin(engine)
+    twin.generation_config.eos_token_id = None
+    return twin
+
+
+class _LongswiftTransform:
+    """transformers logits processor: longswift's transform (penalty over the last W tokens of
+    each row, padding excluded, then temperature and filters)."""
+
+    def __init__(self, sampling: SamplingConfig, pad_lengths: torch.Tensor) -> None:
+        self.sampling, self.pad_lengths = sampling, pad_lengths  # [B]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        w = min(self.sampling.penalty_window, input_ids.shape[1])
+        window = input_ids[:, input_ids.shape[1] - w :].clone()  # [B, W]
+        column = torch.arange(input_ids.shape[1] - w, input_ids.shape[1], device=input_ids.device)
+        window[column[None, :] < self.pad_lengths[:, None]] = -1  # left padding is not context
+        return transform(scores, window, self.sampling).to(scores.dtype)
+
+
+def _cache_key(engine: Any, n_tokens: int, new_tokens: int, batch: int, sampling: SamplingConfig,
+               prompts: list[list[int]]) -> str:
+    from ..spec.heads import model_fingerprint
+
+    what = {"model": model_fingerprint(engine.cfg, engine.model.embed), "dtype": str(engine.model.dtype),
+            "tokens": n_tokens, "new": new_tokens, "batch": batch, "sampling": asdict(sampling),
+            "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16], "version": 1}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LONGSWIFT_CACHE", Path.home() / ".cache" / "longswift")) / "distill"
+
+
+def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: int = 32,
+                 sampling: SamplingConfig | None = None, cache_dir: Path | None = None,
+                 progress: bool = True, prompts: list[list[int]] | None = None) -> list[list[int]]:
+    """Documents (prompt + generated ids) holding at least `n_tokens` generated tokens, sampled by
+    the model itself (EOS does not stop a row: long generation ignores EOS too). Prompts default to
+    the built-in writing requests (in the chat template when the model has one). Cached."""
+    if n_tokens <= 0:
+        raise LongswiftError(f"--self-distill must be a positive number of tokens, got {n_tokens}")
+    sampling = sampling or SamplingConfig(seed=0)
+    if sampling.seed is None:
+        sampling = replace(sampling, seed=0)
+    cache_dir = cache_dir or default_cache_dir()
+    if prompts is None:
+        if engine.tokenizer is None:
+            raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: pass --data")
+        chat = bool(getattr(engine.tokenizer, "chat_template", None))
+        prompts = [engine.encode(p, chat=chat) for p in PROMPTS]
+    key = _cache_key(engine, n_tokens, new_tokens, batch_size, sampling, prompts)
+    path = cache_dir / f"{key}.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())["documents"]
+        except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
+            pass  # a damaged cache entry is regenerated
+    from tqdm import tqdm
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    twin = _sampler(engine)
+    n_docs = -(-n_tokens // new_tokens)
+    prompts = [prompts[i % len(prompts)] for i in range(n_docs)]
+    pad = 0
+    hf_cfg = HFGenerationConfig(do_sample=not sampling.greedy, temperature=None, top_k=None, top_p=None,
+                                max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=pad)
+    documents: list[list[int]] = []
+    bar = tqdm(total=n_docs * new_tokens, desc="self-distill", unit="tok", disable=not progress)
+    for lo in range(0, n_docs, batch_size):
+        group = prompts[lo : lo + batch_size]
+        width = max(len(p) for p in group)
+        pad_lengths = torch.tensor([width - len(p) for p in group])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=engine.model.device)
+        mask = (torch.arange(width)[None, :] >= pad_lengths[:, None]).long().to(ids.device)
+        torch.manual_seed(sampling.seed + lo)
+        streamer = _Progress(bar, len(group))
+        with torch.no_grad():
+            out = twin.generate(ids, attention_mask=mask, generation_config=hf_cfg, streamer=streamer,
+                                logits_processor=[_LongswiftTransform(sampling, pad_lengths.to(ids.device))])
+        for row, p in zip(out.tolist(), group):
+            documents.append(row[width - len(p) :])
+    bar.close()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({"documents": documents}))
+    return documents
+
+
+class _Progress:
+    """A transformers streamer that only advances a progress bar."""
+
+    def __init__(self, bar: Any, rows: int) -> None:
+        self.bar, self.rows, self.first = bar, rows, True
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.first:  # the first put is the prompt
+            self.first = False
+            return
+        self.bar.update(self.rows)
+
+    def end(self) -> None:
+        pass

@@ -1,0 +1,60 @@
+"""How good are draft heads: per-head top-1/top-3 accuracy on held-out text, and TokenSwift's
+acceptance rate alpha on a held-out generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..spec.heads import DraftHeads
+from .train import base_hidden, head_targets
+
+HELD_OUT_PROMPT = "Write a long novel chapter about a family reunion at a mountain inn cut off by a snowstorm."
+
+
+@dataclass
+class HeadAccuracy:
+    positions: int  # positions counted per head (head 1's; deeper heads have a few fewer per window)
+    top1: list[float]  # per head
+    top3: list[float]
+
+    def describe(self) -> str:
+        return ", ".join(f"head {i + 1}: top-1 {a:.3f} top-3 {b:.3f}" for i, (a, b) in enumerate(zip(self.top1, self.top3)))
+
+
+def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: int = 1024,
+                  progress: bool = False) -> HeadAccuracy:
+    """Top-1/top-3 accuracy of each head (head i at t predicting the token at t+1+i) on windows [N, L]."""
+    hidden = base_hidden(engine.model, windows.to(engine.model.device), progress)  # [N, L, hidden]
+    targets = head_targets(windows.to(engine.model.device), heads.gamma)  # [gamma, N, L]
+    h0, tg = hidden.flatten(0, 1), targets.flatten(1, 2)
+    top1 = torch.zeros(heads.gamma, dtype=torch.long)
+    top3 = torch.zeros(heads.gamma, dtype=torch.long)
+    count = torch.zeros(heads.gamma, dtype=torch.long)
+    with torch.no_grad():
+        for lo in range(0, h0.shape[0], chunk):
+            states = heads(h0[lo : lo + chunk].to(heads.weights.dtype))  # [gamma, P, hidden]
+            logits = engine.model.lm_head(states.flatten(0, 1).to(engine.model.dtype)).view(*states.shape[:2], -1)
+            best3 = torch.topk(logits, 3, dim=-1).indices  # [gamma, P, 3]
+            t = tg[:, lo : lo + chunk]
+            valid = t != -100
+            hit = best3 == t[..., None]
+            top1 += (hit[..., 0] & valid).sum(dim=1).cpu()
+            top3 += (hit.any(dim=-1) & valid).sum(dim=1).cpu()
+            count += valid.sum(dim=1).cpu()
+    c = count.clamp(min=1).double()
+    return HeadAccuracy(int(count[0]), (top1 / c).tolist(), (top3 / c).tolist())
+
+
+def held_out_alpha(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT,
+                   sampling: SamplingConfig | None = None, spec: SpecConfig | None = None) -> Any:
+    """Generate `new_tokens` with TokenSwift from a prompt the training set does not hold (paper
+    sampling, seed 0, EOS ignored) and return the generation stats (alpha, tokens per step...)."""
+    sampling = sampling or SamplingConfig(seed=0)
+    chat = bool(getattr(engine.tokenizer, "chat_template", None))
+    result = engine.generate(prompt, sampling=sampling, chat=chat, method="tokenswift", spec=spec,
+                             generation=GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True))
+    return result.stats

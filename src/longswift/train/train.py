@@ -1,0 +1,249 @@
+"""Training the draft heads (DESIGN §2) on a frozen base model.
+
+The base runs once per window, without autograd, to give the last layer's pre-norm hidden states
+`h0 [N, L, hidden]`; only the heads (and their gradients and AdamW state) train. Loss: the sum over
+heads of the cross-entropy of head i (1-based) at position t against the token at t+1+i, through
+the base model's frozen LM head. Checkpoints are written atomically and resume exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..atomic import replace_atomically, write_atomic
+from ..config import _help
+from ..errors import LongswiftError
+from ..spec.heads import DraftHeads, new_heads, save_heads
+
+CHECKPOINT = "checkpoint.pt"
+HEADS_FILE = "heads.safetensors"
+LOG_FILE = "train_log.json"
+
+
+@dataclass
+class TrainConfig:
+    """How the heads train (paper: AdamW, cosine schedule, warmup 50, a few hundred steps)."""
+
+    steps: int = field(default=300, metadata=_help("optimizer steps"))
+    lr: float = field(default=3e-2, metadata=_help("peak learning rate (AdamW); see docs/heads.md for why above the paper's 1e-3"))
+    seq_len: int = field(default=512, metadata=_help("tokens per training window (the base's context)"))
+    batch_size: int = field(default=4, metadata=_help("windows per micro-batch"))
+    grad_accum: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
+    warmup: int = field(default=50, metadata=_help("linear warmup steps before the cosine decay"))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay"))
+    gamma: int = field(default=3, metadata=_help("number of draft heads"))
+    seed: int = field(default=0, metadata=_help("seed for the data order"))
+    bf16_lm_head: bool = field(default=True, metadata=_help("run the frozen LM head in bfloat16 autocast (4x faster on CPUs with AVX512-BF16/AMX)"))
+    checkpoint_every: int = field(default=50, metadata=_help("write a checkpoint every N steps"))
+    chunk: int = field(default=1024, metadata=_help("positions per loss chunk (bounds the [heads, chunk, vocab] logits memory)"))
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "seq_len", "batch_size", "grad_accum", "gamma", "checkpoint_every", "chunk"):
+            if getattr(self, name) <= 0:
+                raise LongswiftError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise LongswiftError(f"--warmup must be >= 0, got {self.warmup}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise LongswiftError(f"--lr must be a positive number, got {self.lr}")
+        if self.weight_decay < 0:
+            raise LongswiftError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if self.seq_len < self.gamma + 2:
+            raise LongswiftError(f"--seq-len must be at least gamma + 2 = {self.gamma + 2}")
+
+
+def learning_rate(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup to cfg.lr over cfg.warmup steps, then cosine decay to 0 at cfg.steps."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> torch.Tensor:
+    """windows [N, L] -> the base's last-layer pre-norm hidden states [N, L, hidden] (no autograd)."""
+    from tqdm import tqdm
+
+    n, length = windows.shape
+    out = torch.empty(n, length, model.cfg.hidden_size, dtype=model.dtype, device=model.device)
+    positions = torch.arange(length, device=model.device)
+    with torch.no_grad():
+        for i in tqdm(range(n), desc="base hidden states", unit="window", disable=not progress):
+            _, out[i] = model.forward(windows[i], positions, None, logits_rows=slice(0, 0))
+    return out
+
+
+def head_targets(windows: torch.Tensor, gamma: int) -> torch.Tensor:
+    """windows [N, L] -> targets [gamma, N, L]: head i (0-based) at t predicts windows[t + 2 + i];
+    -100 (ignored) where that falls outside the window."""
+    n, length = windows.shape
+    targets = torch.full((gamma, n, length), -100, dtype=torch.long, device=windows.device)
+    for i in range(gamma):
+        targets[i, :, : length - 2 - i] = windows[:, 2 + i :]
+    return targets
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float  # sum over heads of the mean cross-entropy
+    head_loss: list[float]
+    head_acc: list[float]  # top-1 accuracy per head
+    lr: float
+    seconds: float
+
+
+def head_losses(heads: DraftHeads, lm_head: torch.Tensor, h0: torch.Tensor, targets: torch.Tensor,
+                bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h0 [P, hidden], targets [gamma, P] -> (summed CE per head [gamma], correct top-1 [gamma],
+    counted positions [gamma]); differentiable w.r.t. the heads only."""
+    states = heads(h0)  # [gamma, P, hidden]
+    use_bf16 = bf16 and states.dtype in (torch.float32, torch.bfloat16)
+    with torch.autocast(states.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        logits = F.linear(states, lm_head)  # [gamma, P, V]
+    # The cross-entropy stays in bfloat16 too when asked (softmax accumulates in float32 inside;
+    # 1.7x faster per chunk on a 2-core CPU); per-position losses are summed in float32.
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none")
+    ce = ce.view(targets.shape).to(torch.promote_types(ce.dtype, torch.float32)).sum(dim=1)  # [gamma]
+    valid = targets != -100
+    correct = ((logits.argmax(dim=-1) == targets) & valid).sum(dim=1)
+    return ce, correct, valid.sum(dim=1)
+
+
+class HeadTrainer:
+    """Explicit training state: heads, AdamW, step, data order; `run_step()` does one optimizer step."""
+
+    def __init__(self, engine: Any, windows: torch.Tensor, hidden: torch.Tensor, cfg: TrainConfig) -> None:
+        self.engine, self.cfg = engine, cfg
+        self.windows, self.hidden = windows, hidden  # [N, L], [N, L, hidden]
+        self.targets = head_targets(windows, cfg.gamma)  # [gamma, N, L]
+        state = engine.model.state
+        self.lm_head = state["model.embed_tokens.weight"] if engine.cfg.tie_word_embeddings else state["lm_head.weight"]
+        heads = new_heads(engine.cfg, state, cfg.gamma)
+        fingerprint = heads.base_fingerprint  # type: ignore[attr-defined]
+        self.heads = heads.to(torch.promote_types(engine.model.dtype, torch.float32)).requires_grad_(True)
+        self.heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
+        self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.step = 0
+        self.log: list[dict] = []
+        self.data_hash = hashlib.sha256(windows.cpu().numpy().tobytes()).hexdigest()[:20]
+
+    def batch_windows(self, step: int, micro: int) -> torch.Tensor:
+        """Window indices of one micro-batch: a seeded permutation per epoch (resumable from `step` alone)."""
+        n = self.windows.shape[0]
+        per_step = self.cfg.batch_size * self.cfg.grad_accum
+        start = (step * per_step + micro * self.cfg.batch_size)
+        idx = []
+        for k in range(start, start + self.cfg.batch_size):
+            epoch, offset = divmod(k, n)
+            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+            idx.append(int(torch.randperm(n, generator=g)[offset]))
+        return torch.tensor(idx)
+
+    def run_step(self) -> StepMetrics:
+        cfg, t0 = self.cfg, time.perf_counter()
+        lr = learning_rate(cfg, self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        micro_batches = [self.batch_windows(self.step, m) for m in range(cfg.grad_accum)]
+        total = sum(int((self.targets[:, idx] != -100).sum(dim=(1, 2))[0]) for idx in micro_batches)
+        ce_sum = torch.zeros(cfg.gamma, dtype=torch.float64)
+        correct = torch.zeros(cfg.gamma, dtype=torch.long)
+        counted = torch.zeros(cfg.gamma, dtype=torch.long)
+        for idx in micro_batches:
+            h0 = self.hidden[idx].flatten(0, 1).to(self.heads.weights.dtype)  # [B*L, hidden]
+            targets = self.targets[:, idx].flatten(1, 2)  # [gamma, B*L]
+            for lo in range(0, h0.shape[0], cfg.chunk):
+                ce, c, v = head_losses(self.heads, self.lm_head, h0[lo : lo + cfg.chunk],
+                                       targets[:, lo : lo + cfg.chunk], cfg.bf16_lm_head)
+                (ce.sum() / total).backward()  # mean over positions, summed over heads
+                ce_sum += ce.detach().double().cpu()
+                correct += c.cpu()
+                counted += v.cpu()
+        torch.nn.utils.clip_grad_norm_(self.heads.parameters(), 1.0)
+        self.optimizer.step()
+        self.step += 1
+        head_loss = (ce_sum / counted.clamp(min=1)).tolist()
+        metrics = StepMetrics(self.step, sum(head_loss), head_loss, (correct / counted.clamp(min=1)).tolist(), lr,
+                              time.perf_counter() - t0)
+        self.log.append(asdict(metrics))
+        return metrics
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        return {"format": "longswift-train", "version": 1, "config": asdict(self.cfg), "step": self.step,
+                "heads": {k: v.detach().cpu() for k, v in self.heads.state_dict().items()},
+                "optimizer": self.optimizer.state_dict(), "data_hash": self.data_hash,
+                "base": self.heads.base_fingerprint, "log": self.log}  # type: ignore[attr-defined]
+
+    def save_checkpoint(self, path: Path) -> None:
+        state = self.checkpoint_state()
+        replace_atomically(path, lambda tmp: torch.save(state, tmp))
+
+    def load_checkpoint(self, path: Path) -> None:
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated, not a zip, unpickling refused
+            raise LongswiftError(f"cannot read checkpoint '{path}' ({type(exc).__name__}): it is damaged; "
+                                 "delete it to start over") from None
+        if not isinstance(ck, dict) or ck.get("format") != "longswift-train":
+            raise LongswiftError(f"'{path}' is not a longswift training checkpoint")
+        if ck["base"] != self.heads.base_fingerprint:  # type: ignore[attr-defined]
+            raise LongswiftError(f"checkpoint '{path}' was trained on another base model: use a new --out")
+        if ck["data_hash"] != self.data_hash:
+            raise LongswiftError(f"checkpoint '{path}' was trained on other data: pass the same --data/--self-distill")
+        differ = [k for k, v in asdict(self.cfg).items() if k != "checkpoint_every" and ck["config"].get(k) != v]
+        if differ:
+            k = differ[0]
+            raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {ck['config'].get(k)}, "
+                                 f"not {getattr(self.cfg, k)}: resume with the same settings")
+        with torch.no_grad():
+            self.heads.load_state_dict(ck["heads"])
+        self.optimizer.load_state_dict(ck["optimizer"])
+        self.step, self.log = int(ck["step"]), list(ck["log"])
+
+
+def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
+                resume: bool = False, progress: bool = True, extra_meta: dict | None = None) -> HeadTrainer:
+    """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir."""
+    from tqdm import tqdm
+
+    out = Path(out_dir).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LongswiftError(f"cannot create output directory '{out}': {exc.strerror}") from None
+    if not os.access(out, os.W_OK):
+        raise LongswiftError(f"output directory '{out}' is not writable: choose another --out")
+    checkpoint = out / CHECKPOINT
+    if checkpoint.exists() and not resume:
+        raise LongswiftError(f"'{checkpoint}' exists: pass --resume to continue it, or choose another --out")
+    if resume and not checkpoint.exists():
+        raise LongswiftError(f"nothing to resume: '{checkpoint}' does not exist")
+    windows = windows.to(engine.model.device)
+    hidden = base_hidden(engine.model, windows, progress)
+    trainer = HeadTrainer(engine, windows, hidden, cfg)
+    if resume:
+        trainer.load_checkpoint(checkpoint)
+    bar = tqdm(total=cfg.steps, initial=trainer.step, desc="train heads", unit="step", disable=not progress)
+    while trainer.step < cfg.steps:
+        m = trainer.run_step()
+        bar.update(1)
+        bar.set_postfix_str(f"loss {m.loss:.3f} acc " + "/".join(f"{a:.2f}" for a in m.head_acc))
+        if trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps:
+            trainer.save_checkpoint(checkpoint)
+    bar.close()
+    meta = {"training": {"config": asdict(cfg), "windows": int(windows.shape[0]),
+                         "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
+    save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)  # type: ignore[attr-defined]
+    write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
+    return trainer

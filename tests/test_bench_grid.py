@@ -1,0 +1,196 @@
+"""The benchmark suite on a tiny random model: files written, resumption, metric definitions
+(Distinct-n by hand, speedup arithmetic, checkpoints), and peers reported as skipped."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import sys
+
+import pytest
+from conftest import tiny_hf_model
+
+from longswift.bench.metrics import Timeline, checkpoint_targets, curve_speedup, distinct_n, speedup
+from longswift.bench.peers import missing
+from longswift.bench.prompts import read_instructions
+from longswift.cli import main
+
+
+def test_distinct_n_matches_a_hand_count():
+    ids = [1, 2, 1, 2, 3]
+    # unigrams {1,2,3} of 5; bigrams 12 21 12 23 -> 3 of 4; trigrams 121 212 123 -> 3 of 3; 4-grams 2 of 2
+    assert [distinct_n(ids, n) for n in (1, 2, 3, 4)] == [3 / 5, 3 / 4, 1.0, 1.0]
+    assert distinct_n([7] * 6, 1) == 1 / 6 and distinct_n([7] * 6, 2) == 1 / 5
+    assert distinct_n([4, 5], 3) == 0.0
+
+
+def test_speedup_arithmetic():
+    assert speedup(50.0, 25.0) == 2.0  # twice the tokens/s = half the time per token
+    assert speedup(20.0, 40.0) == 0.5
+    with pytest.raises(ValueError):
+        speedup(10.0, 0.0)
+    # baseline: prefill 1 s, then 2 s to 2 tokens and 4 s to 4; other: prefill 0.5 s, then 1 s to 3 tokens, 1.6 s to 4
+    base = [(2, 3.0), (4, 5.0)]
+    other = [(3, 1.5), (4, 2.1)]
+    curve = curve_speedup(base, other, base_prefill=1.0, other_prefill=0.5)
+    assert [n for n, _ in curve] == [3, 4]
+    assert curve[0][1] == pytest.approx(3.0 / 1.0)  # baseline interpolated to 3 s at 3 tokens
+    assert curve[1][1] == pytest.approx(4.0 / 1.6)
+
+
+def test_timeline_checkpoints_every_eighth():
+    assert checkpoint_targets(16) == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert checkpoint_targets(4) == [1, 2, 3, 4]  # short runs: no duplicate targets
+    seen = []
+    t = Timeline(16, start=0.0, progress=lambda n, s: seen.append(n))
+    for count, when in ((1, 1.0), (5, 2.0), (6, 2.5), (16, 4.0)):  # a step may emit several tokens
+        t.record(count, when=when, alpha=count / 16)
+    assert t.checkpoints == [(5, 2.0), (6, 2.5), (16, 4.0)]  # 2 and 4 crossed at once by the jump to 5
+    assert t.checkpoint_alpha == [5 / 16, 6 / 16, 1.0] and seen == [5, 6, 16]
+    assert t.prefill_seconds == 1.0 and t.decode_seconds == 3.0
+
+
+def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
+    from pathlib import Path
+
+    pairs = read_instructions(Path(__file__).resolve().parents[1] / "docs" / "prompts" / "instructions.jsonl")
+    assert len(pairs) >= 5 and len({name for name, _ in pairs}) == len(pairs)
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"id": "a", "prompt": "ok"}\n{"id": "b"}\n')
+    from longswift.errors import LongswiftError
+
+    with pytest.raises(LongswiftError, match="p.jsonl:2"):
+        read_instructions(bad)
+
+
+def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):
+    from types import SimpleNamespace
+
+    from longswift.bench.prompts import build_prompts
+
+    def encode(text, chat=False):  # one id per character; chat adds a 2-id wrapper
+        return ([900, 901] if chat else []) + [ord(c) for c in text]
+
+    engine = SimpleNamespace(encode=encode, cfg=SimpleNamespace(vocab_size=50))
+    prose = tmp_path / "p.txt"
+    prose.write_text("abc")
+    cells = build_prompts(engine, prose, False, (4, 7), seed=0)
+    assert [(n, p.ids, p.fixed) for n, p in cells] == [(4, (97, 98, 99, 97), False), (7, (97, 98, 99) * 2 + (97,), False)]
+    jsonl = tmp_path / "i.jsonl"
+    jsonl.write_text('{"id": "one", "prompt": "hi"}\n\n{"id": "two", "prompt": "yo"}\n')
+    cells = build_prompts(engine, jsonl, True, (4, 7), seed=0)  # prefix lengths do not apply
+    assert [(n, p.name, p.ids) for n, p in cells] == [(None, "one", (900, 901, 104, 105)), (None, "two", (900, 901, 121, 111))]
+    rand = build_prompts(engine, None, False, (3, 5), seed=1)
+    assert rand[0][1].ids == rand[1][1].ids[:3] and all(0 <= t < 50 for t in rand[1][1].ids)  # nested prefixes
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny")
+    tiny_hf_model(max_position_embeddings=256).save_pretrained(path)
+    return path
+
+
+def bench(capsys, tiny_dir, out_dir, *extra):
+    argv = ["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup",
+            "--methods", "ar,tokenswift,hf,llamacpp", "--prefix", "12", "--lengths", "8,6",
+            "--presets", "greedy,paper", "--out-dir", str(out_dir), *extra]
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out, err
+
+
+def lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_suite_writes_files_and_resumes(tmp_path, tiny_dir, capsys):
+    out_dir = tmp_path / "bench"
+    report, err = bench(capsys, tiny_dir, out_dir)
+    records = lines(out_dir / "results.jsonl")
+    # 2 lengths x 2 presets x 3 methods (llamacpp cannot run an HF directory) x 1 run
+    assert len(records) == 12
+    assert {(r["method"], r["preset"], r["length"]) for r in records} == {
+        (m, p, n) for m in ("ar", "tokenswift", "hf") for p in ("greedy", "paper") for n in (6, 8)}
+    by = {(r["method"], r["preset"], r["length"]): r for r in records}
+    for r in records:
+        ids = r["token_ids"]
+        assert len(ids) == r["length"] == r["new_tokens"] and r["prompt_tokens"] == 12
+        assert [r[f"distinct_{n}"] for n in (1, 2, 3, 4)] == [distinct_n(ids, n) for n in (1, 2, 3, 4)]
+        counts = [n for n, _ in r["checkpoints"]]
+        assert counts[-1] == r["length"] and counts == sorted(set(counts))
+        if r["method"] == "ar":  # one token per step: every target is hit exactly
+            assert counts == checkpoint_targets(r["length"])
+        assert r["decode_tokens_per_second"] == pytest.approx((r["length"] - 1) / r["decode_seconds"])
+        assert r["peak_memory_bytes"] >= r["memory_at_start_bytes"] > 10 * 2**20
+        assert (r["alpha"] is None) == (r["method"] != "tokenswift")
+    for preset in ("greedy", "paper"):  # lossless: same seed, same tokens
+        assert by[("tokenswift", preset, 8)]["token_ids"] == by[("ar", preset, 8)]["token_ids"]
+    assert by[("hf", "greedy", 8)]["token_ids"] == by[("ar", "greedy", 8)]["token_ids"]
+    rows = list(csv.DictReader((out_dir / "results.csv").open()))
+    assert len(rows) == 12 and "token_ids" not in rows[0]
+    for row in rows:
+        ar_rate = by[("ar", row["preset"], int(row["length"]))]["decode_tokens_per_second"]
+        assert float(row["speedup_vs_ar"]) == pytest.approx(float(row["decode_tokens_per_second"]) / ar_rate, rel=1e-3)
+    md = (out_dir / "report.md").read_text()
+    assert md.strip() == report.strip()
+    assert "llamacpp: skipped (" in md and "--lengths 8,6" in md and "torch " in md
+    assert md.count("### random-ids-seed0: 12-token prompt") == 4
+    assert "tokenswift identical; hf identical" in md
+    png = sorted(p.name for p in out_dir.glob("*.png"))
+    if importlib.util.find_spec("matplotlib"):
+        assert png == ["alpha_vs_length.png", "speedup_vs_length.png", "time_to_n_tokens.png"]
+    else:
+        assert png == []
+
+    # the same command again: nothing to do, nothing appended
+    report, err = bench(capsys, tiny_dir, out_dir)
+    assert "resuming: 12 runs" in err and "0 runs to do" in err
+    assert "resumed: 12 of the 12 runs below were measured by earlier invocations" in report
+    assert len(lines(out_dir / "results.jsonl")) == 12
+    # a run cut off mid-line is dropped and run again; a longer grid only runs the new cells
+    with open(out_dir / "results.jsonl", "a") as f:
+        f.write('{"key": "trunc')
+    (out_dir / "results.jsonl").write_text("\n".join((out_dir / "results.jsonl").read_text().splitlines()[1:]) + "\n")
+    _, err = bench(capsys, tiny_dir, out_dir, "--lengths", "8,6,4")
+    after = lines(out_dir / "results.jsonl")
+    assert "7 runs to do" in err  # the dropped first run + 2 presets x 3 methods at length 4
+    assert len(after) == 18 and sorted(r["key"] for r in after) == sorted(set(r["key"] for r in after))
+
+
+def test_different_config_is_refused_unless_fresh(tmp_path, tiny_dir, capsys):
+    out_dir = tmp_path / "bench"
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar", "--lengths", "4", "--presets", "greedy")
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods", "ar", "--prefix", "12",
+                 "--lengths", "4", "--presets", "greedy", "--seed", "1", "--out-dir", str(out_dir)])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds results of a different configuration (differs in: seed)" in err
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar", "--lengths", "4", "--presets", "greedy", "--seed", "1", "--fresh")
+    assert [r["run"] for r in lines(out_dir / "results.jsonl")] == [0]
+
+
+def test_missing_peers_are_skipped_not_failed(tmp_path, tiny_dir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
+    assert missing("llamacpp") == "not installed: pip install llama-cpp-python"
+    assert missing("hf") is None
+    out_dir = tmp_path / "bench"
+    report, err = bench(capsys, tiny_dir, out_dir, "--methods", "ar,llamacpp,llamacpp-pld", "--lengths", "4",
+                        "--presets", "greedy")
+    assert "llamacpp: skipped (not installed: pip install llama-cpp-python)" in report
+    assert "llamacpp-pld: skipped (not installed: pip install llama-cpp-python)" in err
+    assert [r["method"] for r in lines(out_dir / "results.jsonl")] == ["ar"]
+
+
+def test_ablation_rerun_adds_a_variant_next_to_the_existing_runs(tmp_path, tiny_dir, capsys):
+    out_dir = tmp_path / "bench"
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "6", "--presets", "greedy")
+    report, err = bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "6", "--presets", "greedy",
+                        "--tree", "1,2", "--ngram-topk", "0")
+    assert "1 runs to do" in err  # ar is unchanged; only the new TokenSwift variant runs
+    records = lines(out_dir / "results.jsonl")
+    assert [r["method"] for r in records] == ["ar", "tokenswift", "tokenswift"]
+    assert records[1]["variant"].startswith("tree 1,1,1, n-gram top-k 1") and records[2]["variant"].startswith("tree 1,2, n-gram top-k 0")
+    assert records[2]["token_ids"] == records[0]["token_ids"]
+    assert "| tokenswift | tree 1,2, n-gram top-k 0" in report and "| tokenswift | tree 1,1,1, n-gram top-k 1" in report
