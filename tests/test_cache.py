@@ -63,18 +63,21 @@ def test_tree_forward_equals_forward_of_each_path(setup):
     check_tree_against_paths(engine.model, prompt, tokens, dtype, 1e-10 if dtype == torch.float64 else 1e-4)
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "onednn"])
+@pytest.mark.parametrize("kernel", ["sdpa", "onednn", "cascade", "flash"])
 def test_tree_forward_contract_holds_on_every_attention_kernel(kernel):
-    """The runner picks attention kernels by size (SDPA for big masked forwards, oneDNN products
-    for long caches); force each on a small case so the tree contract is checked on all of them."""
+    """The runner picks attention kernels by device and size (SDPA for big masked forwards, oneDNN
+    products for long caches, flash and the cascade on CUDA); force each on a small case so the
+    tree contract is checked on all of them (the flash/cascade ops have CPU versions)."""
     hf = tiny_hf_model("llama", "default", seed=6)
     engine = longswift.load(hf, dtype="float32", pack_weights=True)
     model = engine.model
     assert model.packed
     if kernel == "sdpa":
-        model.sdpa_from_tokens = 1
+        model.attention.sdpa_from_tokens = 1
+    elif kernel == "onednn":
+        model.attention.onednn_from = 0
     else:
-        model.onednn_attention_from = 0
+        model.attention.kernel = kernel
     g = torch.Generator().manual_seed(8)
     prompt = torch.randint(0, 128, (20,), generator=g)
     tokens = torch.randint(0, 128, (len(PARENTS),), generator=g)

@@ -96,7 +96,7 @@ def test_onednn_attention_path_matches_transformers(arch):
     engine = longswift.load(hf, dtype="float32", pack_weights=True)
     if not engine.model.packed:
         pytest.skip("no oneDNN in this torch build")
-    engine.model.onednn_attention_from = 0
+    engine.model.attention.onednn_from = 0
     ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]

@@ -9,8 +9,9 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import LongswiftError
+from .attention import SDPA_FROM_TOKENS
 from .cache import FullKVCache
-from .model import SDPA_FROM_TOKENS, Transformer
+from .model import Transformer
 
 GiB = 1024**3
 
@@ -70,10 +71,13 @@ class MemoryPlan:
             )
 
 
-def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int) -> int:
+def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
-    `capacity` cached entries: the additive mask ([T, S] and its [G*T, S] copy, model dtype), and
-    below the runner's SDPA threshold also the explicit scores and softmax (float32, all heads)."""
+    `capacity` cached entries. CPU kernels: the additive mask ([T, S] and its [G*T, S] copy, model
+    dtype), and below the SDPA threshold also the explicit scores and softmax (float32, all heads).
+    The cascade (CUDA): scores and softmax over the T new entries only, and the float32 parts merged."""
+    if cascade:
+        return 2 * cfg.num_heads * t * t * 4 + 4 * cfg.num_heads * t * cfg.head_dim * 4
     mask = (1 + cfg.group_size) * t * capacity * elem
     if t >= SDPA_FROM_TOKENS:  # the fused kernel works on blocks; no [G*T, S] scores exist
         return mask
@@ -96,7 +100,8 @@ def plan_memory(
     # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
     # of `tree_nodes`) against the whole cache, plus float32 logits and the activations.
     rows = max(chunk, tree_nodes)
-    scores = max(masked_attention_bytes(cfg, t, capacity, elem) for t in (chunk, tree_nodes))
+    cascade = torch.device(device).type == "cuda"  # runtime.attention picks the cascade there
+    scores = max(masked_attention_bytes(cfg, t, capacity, elem, cascade) for t in (chunk, tree_nodes))
     logits = cfg.vocab_size * 4 * 4
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     draft = draft_tokens * cfg.kv_bytes_per_token(dtype)

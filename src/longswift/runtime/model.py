@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -10,12 +11,16 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..errors import LongswiftError
+from .attention import Attention
 from .cache import FullKVCache
 from .linear import LinearFn, make_linear, packing_supported
 from .rope import Rope, apply_rope
 
 if TYPE_CHECKING:
     from .parallel import TensorParallel
+
+# attend(layer, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H*D]
+AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def expected_shapes(cfg: ModelConfig, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -67,13 +72,6 @@ def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], lm_head_r
         raise LongswiftError(f"checkpoint does not match its config: unexpected tensor '{extra[0]}'")
 
 
-# New tokens per forward from which attention under a mask goes to the fused SDPA kernel (prefill
-# chunks): it never materialises the [G*T, S] scores. Measured on a 2-core CPU, embedded model at
-# 6.6K context: 64 tokens 416 -> 282 ms a forward, but 32 tokens (tree verification) 95 -> 147 ms,
-# so smaller forwards keep the explicit products. The memory plan counts transients by this rule.
-SDPA_FROM_TOKENS = 64
-
-
 @dataclass
 class Layer:
     """One decoder layer: its norms (views into the state dict) and its linear maps."""
@@ -118,11 +116,7 @@ class Transformer:
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]
         self.rope = Rope(cfg, self.device)
         self.scale = cfg.head_dim**-0.5
-        # Context length from which the packed path's attention leaves the grouped bmm for per-KV-
-        # head oneDNN products (see _attend); measured on a 2-core CPU, the grouped bmm is faster
-        # below about 3K cached entries.
-        self.onednn_attention_from = 3072
-        self.sdpa_from_tokens = SDPA_FROM_TOKENS
+        self.attention = Attention(self.device, self.dtype, self.scale, self.packed)
 
     def _layer(self, n: int) -> Layer:
         p, s, pack = f"model.layers.{n}.", self.state, self.packed
@@ -151,51 +145,6 @@ class Transformer:
             return F.rms_norm(x, (x.shape[-1],), weight, eps=self.cfg.rms_norm_eps)
         return weight * F.rms_norm(x.to(self.acc_dtype), (x.shape[-1],), eps=self.cfg.rms_norm_eps).to(x.dtype)
 
-    def _attention_bias(self, t: int, s: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Additive mask [G*T, S] over the S visible slots (cached ones all visible), or None."""
-        if t == 1 and tree_mask is None:
-            return None
-        if tree_mask is None:
-            new = torch.ones(t, t, dtype=torch.bool, device=self.device).tril_()  # [T, T] causal
-        else:
-            if tree_mask.shape != (t, t):
-                raise ValueError(f"tree_mask must be [{t}, {t}], got {list(tree_mask.shape)}")
-            new = tree_mask.to(device=self.device, dtype=torch.bool)
-        bias = torch.zeros(t, s, dtype=self.dtype, device=self.device)  # [T, S]
-        bias[:, s - t :].masked_fill_(~new, float("-inf"))
-        return bias.repeat(self.cfg.group_size, 1)  # [G*T, S], rows g*T + t
-
-    def _attend(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
-        """qg: [Hkv, R, D], keys/values: [Hkv, S, D], bias: [R, S] or None -> [Hkv, R, D]."""
-        if bias is not None and qg.shape[1] >= self.sdpa_from_tokens * self.cfg.group_size:
-            return F.scaled_dot_product_attention(  # [1, Hkv, R, D]: query groups as rows
-                qg.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=bias, scale=self.scale)[0]
-        if self.packed and keys.shape[1] >= self.onednn_attention_from:
-            op = torch.ops.mkldnn._linear_pointwise
-            if bias is None:
-                # Decoding: MKL's GEMM with the cache rows as M streams K near bandwidth, and
-                # oneDNN reads V for the few-row P @ V product faster than batched GEMM (2-core
-                # CPU, embedded model at 6.6K context: a decode step 30.7 -> 29.1 ms against
-                # oneDNN for both products; with a tree mask the transposed scores cost more).
-                scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S]
-                probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
-                return torch.stack([op(probs[i], values[i].t(), None, "none", [], "") for i in range(qg.shape[0])])
-            # oneDNN matmuls per KV head read a long (strided) cache faster than MKL's batched
-            # GEMM for these few-row products (30 layers at 6.6K context: 13 ms vs 17 ms).
-            outs = []
-            for i in range(qg.shape[0]):
-                scores = op(qg[i] * self.scale, keys[i], None, "none", [], "") + bias  # [R, S]
-                probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
-                outs.append(op(probs, values[i].t(), None, "none", [], ""))  # [R, D]
-            return torch.stack(outs)
-        if bias is None:
-            scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
-        else:
-            scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=self.scale)
-        probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
-        return torch.bmm(probs, values)  # [Hkv, R, D]
-
     def forward(
         self,
         tokens: torch.Tensor,
@@ -211,13 +160,44 @@ class Transformer:
         If `queries` is a list, each layer appends the last token's query [H, D] (after rope)."""
         cfg = self.cfg
         t = int(tokens.shape[0])
-        h, hkv, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.group_size, cfg.head_dim
         start = cache.reserve(t) if cache is not None else 0
         s = start + t
         max_position = int(positions.max()) if cfg.rope_type == "dynamic" else 0
         cos, sin = self.rope.cos_sin(positions.to(self.device), max_position, self.dtype)  # [T, 1, D]
-        bias = self._attention_bias(t, s, tree_mask)
-        x = F.embedding(tokens.to(self.device), self.embed)  # [T, hidden]
+        masks = self.attention.masks(t, start, cfg.group_size, tree_mask)
+
+        def attend(n: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if cache is not None:
+                cache.k[n, :, start:s] = k.transpose(0, 1)  # [Hkv, T, D]
+                cache.v[n, :, start:s] = v.transpose(0, 1)
+                keys, values = cache.k[n], cache.v[n]  # [Hkv, C, D]; attention reads [0, S)
+            else:
+                keys, values = k.transpose(0, 1), v.transpose(0, 1)
+            return self.grouped(q, lambda qg: self.attention.attend(qg, keys, values, masks))
+
+        x = self.layers_forward(F.embedding(tokens.to(self.device), self.embed), cos, sin, attend, queries)
+        if cache is not None:
+            cache.length = s
+        return self.logits(x if logits_rows is None else x[logits_rows]), x
+
+    def grouped(self, q: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Group query heads by their KV head so K/V are read once: q [T, H, D] -> qg [Hkv, G*T, D]
+        (row g*T + t), attend(qg) -> [Hkv, G*T, D], back to [T, H*D]."""
+        cfg = self.cfg
+        t, h, hkv, g, d = q.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.group_size, cfg.head_dim
+        if t == 1:  # decoding: grouping is a view, and so is the way back
+            return attend(q.view(hkv, g, d)).reshape(1, h * d)
+        qg = q.reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)
+        o = attend(qg)  # [Hkv, G*T, D]
+        return o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, h * d)  # [T, H*D]
+
+    def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn,
+                       queries: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """The decoder layers on embeddings x [T, hidden]; attend(layer, q [T, H, D], k, v [T, Hkv, D])
+        stores the new keys/values wherever its cache lives and returns attention [T, H*D]."""
+        cfg = self.cfg
+        t = x.shape[0]
+        h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for n, w in enumerate(self.layers):
             a = self.norm(x, w.attn_norm)
             qkv = w.qkv(a)  # [T, (H + 2 Hkv) D]
@@ -229,25 +209,10 @@ class Transformer:
             q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
             if queries is not None:
                 queries.append(q[-1])
-            if cache is not None:
-                cache.k[n, :, start:s] = k.transpose(0, 1)  # [Hkv, T, D]
-                cache.v[n, :, start:s] = v.transpose(0, 1)
-                keys, values = cache.k[n, :, :s], cache.v[n, :, :s]  # [Hkv, S, D]
-            else:
-                keys, values = k.transpose(0, 1), v.transpose(0, 1)
-            # Group query heads by their KV head so K/V are read once: q: [Hkv, G*T, D].
-            if t == 1:  # decoding: grouping is a view, and so is the way back
-                o = self._attend(q.view(hkv, g, d), keys, values, bias).view(1, h * d)
-            else:
-                qg = q.reshape(t, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * t, d)
-                o = self._attend(qg, keys, values, bias)  # [Hkv, G*T, D]
-                o = o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, h * d)  # [T, H*D]
-            x = x + w.o(o)
+            x = x + w.o(attend(n, q, k, v))
             gate, up = w.gate_up(self.norm(x, w.mlp_norm)).chunk(2, dim=-1)  # [T, I] each
             x = x + w.down(F.silu(gate) * up)
-        if cache is not None:
-            cache.length = s
-        return self.logits(x if logits_rows is None else x[logits_rows]), x
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden states [T, hidden] -> logits [T, V] (float32, float64 for float64 models)."""

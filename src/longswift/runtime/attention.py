@@ -1,0 +1,212 @@
+"""Attention over the KV cache: one seam for decoding, prefill chunks and tree verification.
+
+A forward writes its T new keys/values at cache slots [start, start + T) and then asks for
+attention of the T queries over slots [0, start + T): every cached slot is visible, and among
+the new tokens the [T, T] mask decides (causal for prefill chunks, the trie's ancestor mask for
+verification). Backends are picked per device and shape:
+
+- CPU: the kernels measured fastest on a 2-core CPU (grouped bmm; oneDNN per KV head beyond ~3K
+  cached entries on the packed path; fused SDPA for masked forwards of 64+ tokens).
+- CUDA: flash attention for decoding (the grouped-query bmm sends cuBLAS to a slow non-tensor-core
+  kernel at long contexts), and the *cascade* for masked forwards: flash attention of all T*G
+  query rows over the cached prefix (no mask), returning its log-sum-exp, plus explicit attention
+  over the T new entries under the [T, T] mask, merged by their log-sum-exps. No [G*T, S] mask is
+  ever built.
+
+Queries come grouped by KV head, `qg: [Hkv, G*T, D]` with row g*T + t (head g of the group,
+token t), so each KV head's keys are read once and the query rows are independent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# New tokens per masked forward from which the CPU path goes to the fused SDPA kernel (prefill
+# chunks): it never materialises the [G*T, S] scores. Measured on a 2-core CPU, embedded model at
+# 6.6K context: 64 tokens 416 -> 282 ms a forward, but 32 tokens (tree verification) 95 -> 147 ms,
+# so smaller forwards keep the explicit products. The memory plan counts transients by this rule.
+SDPA_FROM_TOKENS = 64
+
+# Cached entries from which the packed CPU path leaves the grouped bmm for per-KV-head oneDNN
+# products; measured on a 2-core CPU, the grouped bmm is faster below about 3K cached entries.
+ONEDNN_FROM_ENTRIES = 3072
+
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+
+def flash_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention of every row over every key, with each row's log-sum-exp of the scaled
+    scores. qg: [Hkv, R, D], keys/values: [Hkv, S, D] -> out [Hkv, R, D] (q's dtype), lse [Hkv, R] (float32,
+    float64 for float64).
+    Flash kernels where the device has one for the dtype (CUDA: float16/bfloat16; CPU: any), else
+    explicit products in float32 or better."""
+    if qg.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            qg[None], keys[None], values[None], 0.0, False, scale=scale)[:2]
+        return out[0], lse[0]
+    if qg.device.type == "cuda" and qg.dtype in FLASH_DTYPES and qg.shape[-1] <= 256:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            qg[None], keys[None], values[None], 0.0, False, False, scale=scale)[:2]
+        return out[0], lse[0]
+    return explicit_with_lse(qg, keys, values, scale, None)
+
+
+def explicit_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+                      allowed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Explicit attention in float32 (float64 for float64 inputs) with an optional bool mask.
+    qg: [Hkv, R, D], keys/values: [Hkv, S, D], allowed: [R, S] or [Hkv, R, S] bool ->
+    out [Hkv, R, D] in the accumulation dtype, lse [Hkv, R]. A fully masked row gets lse -inf and out 0."""
+    acc = torch.promote_types(qg.dtype, torch.float32)
+    scores = torch.bmm(qg.to(acc), keys.to(acc).transpose(1, 2)).mul_(scale)  # [Hkv, R, S]
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [Hkv, R]
+    probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(torch.finfo(acc).min))  # a masked row: exp(-inf) = 0
+    return torch.bmm(probs, values.to(acc)), lse
+
+
+def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
+    """Attention over the union of two disjoint key sets from each part's output and log-sum-exp.
+    out_*: [Hkv, R, D], lse_*: [Hkv, R] -> [Hkv, R, D] in the accumulation dtype."""
+    acc = torch.promote_types(torch.promote_types(out_a.dtype, out_b.dtype), torch.float32)
+    lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
+    lse = torch.logaddexp(lse_a, lse_b)
+    return (torch.exp(lse_a - lse).unsqueeze(-1) * out_a.to(acc)
+            + torch.exp(lse_b - lse).unsqueeze(-1) * out_b.to(acc))
+
+
+def cascade(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, allowed: torch.Tensor,
+            scale: float) -> torch.Tensor:
+    """Masked attention split at `start`: slots [0, start) are visible to every row (flash with
+    log-sum-exp), slots [start, S) under `allowed` [R or Hkv x R, S - start] (explicit); merged.
+    qg: [Hkv, R, D], keys/values: [Hkv, S, D] -> [Hkv, R, D] in q's dtype."""
+    out_t, lse_t = explicit_with_lse(qg, keys[:, start:], values[:, start:], scale, allowed)
+    if start == 0:
+        return out_t.to(qg.dtype)
+    out_p, lse_p = flash_with_lse(qg, keys[:, :start], values[:, :start], scale)
+    return merge(out_p, lse_p, out_t, lse_t).to(qg.dtype)
+
+
+def bucketed(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, end: int,
+             visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention in shapes fixed per bucket, so that a CUDA graph can replay it while the cache
+    grows: flash over the whole buckets [0, start), explicit over the slots [start, end) that
+    `visible` [R, end - start] allows (it is computed on the device); merged.
+    qg: [Hkv, R, D], keys/values: the cache's rows [Hkv, C, D] -> [Hkv, R, D] in q's dtype."""
+    return cascade(qg, keys[:, :end], values[:, :end], start, visible, scale)
+
+
+@dataclass
+class Masks:
+    """What one forward's attention needs besides the cache: T new tokens at slots [start, start + T),
+    their [T, T] visibility (None for a single decoding token), and derived per-backend forms."""
+
+    t: int
+    start: int
+    new: torch.Tensor | None  # [T, T] bool
+    group: int
+    bias: torch.Tensor | None = None  # CPU explicit/SDPA kernels: additive [G*T, S]
+
+    @property
+    def end(self) -> int:
+        return self.start + self.t
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """The [T, T] mask per query row g*T + t: [G*T, T] bool."""
+        return None if self.new is None else self.new.repeat(self.group, 1)
+
+
+class Attention:
+    """attend(qg, keys, values, masks) -> [Hkv, R, D]: the backend for one model (device, dtype,
+    packed weights). `kernel` forces one path ("explicit", "sdpa", "onednn", "flash", "cascade")
+    for tests; None picks by device and shape. (The generation loops' CUDA steps go through
+    runtime.cuda_graphs, whose bodies use `bucketed`.)"""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, scale: float, packed: bool,
+                 kernel: str | None = None) -> None:
+        self.device, self.dtype, self.scale, self.packed = device, dtype, scale, packed
+        self.acc_dtype = torch.promote_types(dtype, torch.float32)
+        self.kernel = kernel
+        self.sdpa_from_tokens = SDPA_FROM_TOKENS
+        self.onednn_from = ONEDNN_FROM_ENTRIES
+
+    def _kernel(self, decoding: bool) -> str | None:
+        if self.kernel is None and self.device.type == "cuda":
+            return "flash" if decoding else "cascade"
+        return self.kernel
+
+    def masks(self, t: int, start: int, group: int, tree_mask: torch.Tensor | None) -> Masks:
+        """Per-forward mask state for T tokens written at slots [start, start + T): causal among
+        them unless `tree_mask` [T, T] is given."""
+        if t == 1 and tree_mask is None:
+            return Masks(1, start, None, group)
+        if tree_mask is None:
+            new = torch.ones(t, t, dtype=torch.bool, device=self.device).tril_()  # [T, T] causal
+        else:
+            if tree_mask.shape != (t, t):
+                raise ValueError(f"tree_mask must be [{t}, {t}], got {list(tree_mask.shape)}")
+            new = tree_mask.to(device=self.device, dtype=torch.bool)
+        m = Masks(t, start, new, group)
+        if self._kernel(False) not in ("cascade", "flash"):
+            bias = torch.zeros(t, start + t, dtype=self.dtype, device=self.device)  # [T, S]
+            bias[:, start:].masked_fill_(~new, float("-inf"))
+            m.bias = bias.repeat(group, 1)  # [G*T, S], rows g*T + t
+        return m
+
+    def attend(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks) -> torch.Tensor:
+        """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
+        written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
+        kernel = self._kernel(m.new is None)
+        keys, values = keys[:, : m.end], values[:, : m.end]
+        if kernel == "flash" and m.new is None:
+            return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
+        if kernel in ("cascade", "flash"):
+            return cascade(qg, keys, values, m.start, m.rows, self.scale)
+        return self._cpu(qg, keys, values, m, kernel)
+    def _cpu(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
+             kernel: str | None) -> torch.Tensor:
+        """The CPU kernels with their measured thresholds (or the one `kernel` forces)."""
+        bias = m.bias
+        if kernel is None:
+            if bias is not None and m.t >= self.sdpa_from_tokens:
+                kernel = "sdpa"
+            elif self.packed and keys.shape[1] >= self.onednn_from:
+                kernel = "onednn"
+            else:
+                kernel = "explicit"
+        if kernel == "sdpa" and bias is not None:
+            return F.scaled_dot_product_attention(  # [1, Hkv, R, D]: query groups as rows
+                qg.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=bias, scale=self.scale)[0]
+        if kernel == "onednn":
+            return self._onednn(qg, keys, values, bias)
+        if bias is None:
+            scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
+        else:
+            scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=self.scale)
+        probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+        return torch.bmm(probs, values)  # [Hkv, R, D]
+
+    def _onednn(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        op = torch.ops.mkldnn._linear_pointwise
+        if bias is None:
+            # Decoding: MKL's GEMM with the cache rows as M streams K near bandwidth, and
+            # oneDNN reads V for the few-row P @ V product faster than batched GEMM (2-core
+            # CPU, embedded model at 6.6K context: a decode step 30.7 -> 29.1 ms against
+            # oneDNN for both products; with a tree mask the transposed scores cost more).
+            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S]
+            probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+            return torch.stack([op(probs[i], values[i].t(), None, "none", [], "") for i in range(qg.shape[0])])
+        # oneDNN matmuls per KV head read a long (strided) cache faster than MKL's batched
+        # GEMM for these few-row products (30 layers at 6.6K context: 13 ms vs 17 ms).
+        outs = []
+        for i in range(qg.shape[0]):
+            scores = op(qg[i] * self.scale, keys[i], None, "none", [], "") + bias  # [R, S]
+            probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+            outs.append(op(probs, values[i].t(), None, "none", [], ""))  # [R, D]
+        return torch.stack(outs)

@@ -1,0 +1,148 @@
+"""Every attention path equals explicit attention (float64, GQA) for decoding, tree verification
+and prefill chunks, at sizes around each kernel threshold; the cascade's log-sum-exp merge is
+exact; and a whole model forward is the same on every kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift.runtime.attention import (
+    ONEDNN_FROM_ENTRIES,
+    SDPA_FROM_TOKENS,
+    Attention,
+    cascade,
+    explicit_with_lse,
+    flash_with_lse,
+    merge,
+)
+
+HKV, G, D = 2, 3, 16
+
+
+def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+              new: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """Per query head, softmax over every cached slot and the new slots `new` allows. q: [T, H, D]."""
+    t, h, _ = q.shape
+    out = torch.empty(t, h, D, dtype=torch.float64)
+    for head in range(h):
+        kv = head // G
+        for i in range(t):
+            visible = list(range(start)) + [start + j for j in range(t) if new is None or bool(new[i, j])]
+            k, v = keys[kv, visible].double(), values[kv, visible].double()
+            p = torch.softmax(k @ q[i, head].double() * scale, dim=0)
+            out[i, head] = p @ v
+    return out
+
+
+def grouped(q: torch.Tensor) -> torch.Tensor:
+    t = q.shape[0]
+    return q.reshape(t, HKV, G, D).permute(1, 2, 0, 3).reshape(HKV, G * t, D)
+
+
+def ungrouped(o: torch.Tensor, t: int) -> torch.Tensor:
+    return o.reshape(HKV, G, t, D).permute(2, 0, 1, 3).reshape(t, HKV * G, D)
+
+
+def random_case(t: int, start: int, tree: bool, dtype: torch.dtype, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(t, HKV * G, D, generator=g, dtype=torch.float64).to(dtype)
+    keys = torch.randn(HKV, start + t, D, generator=g, dtype=torch.float64).to(dtype)
+    values = torch.randn(HKV, start + t, D, generator=g, dtype=torch.float64).to(dtype)
+    if t == 1 and not tree:
+        return q, keys, values, None
+    new = torch.ones(t, t, dtype=torch.bool).tril_()
+    if tree:  # a random trie: each node sees itself and a random earlier parent's ancestors
+        new = torch.eye(t, dtype=torch.bool)
+        for i in range(1, t):
+            parent = int(torch.randint(0, i, (1,), generator=g))
+            new[i] |= new[parent]
+    return q, keys, values, new
+
+
+CASES = [  # (new tokens, cached entries, tree mask)
+    (1, 0, False), (1, 7, False), (1, ONEDNN_FROM_ENTRIES - 1, False), (1, ONEDNN_FROM_ENTRIES, False),
+    (8, 0, True), (8, 40, True), (31, ONEDNN_FROM_ENTRIES + 3, True),
+    (SDPA_FROM_TOKENS - 1, 20, False), (SDPA_FROM_TOKENS, 20, False), (SDPA_FROM_TOKENS + 1, 0, False),
+]
+
+
+@pytest.mark.parametrize("kernel", [None, "explicit", "sdpa", "cascade", "flash"])
+@pytest.mark.parametrize("t,start,tree", CASES)
+def test_every_path_equals_explicit_attention_in_float64(kernel, t, start, tree):
+    q, keys, values, new = random_case(t, start, tree, torch.float64, seed=t * 7919 + start)
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.float64, scale, packed=False, kernel=kernel)
+    masks = attn.masks(t, start, G, new if tree else None)
+    got = ungrouped(attn.attend(grouped(q), keys, values, masks), t)
+    want = reference(q, keys, values, start, masks.new, scale)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES, False), (8, ONEDNN_FROM_ENTRIES + 1, True)])
+def test_onednn_path_equals_explicit_attention(t, start, tree):
+    """oneDNN products run in float32 (the packed path's dtypes), so the bound is float32's."""
+    q, keys, values, new = random_case(t, start, tree, torch.float32, seed=3)
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.float32, scale, packed=True, kernel="onednn")
+    masks = attn.masks(t, start, G, new)
+    got = ungrouped(attn.attend(grouped(q), keys, values, masks), t)
+    torch.testing.assert_close(got.double(), reference(q, keys, values, start, masks.new, scale), rtol=1e-4, atol=1e-5)
+
+
+def test_cascade_merge_is_exact():
+    """Attention over A u B from the parts' outputs and log-sum-exps equals attention over A u B."""
+    g = torch.Generator().manual_seed(0)
+    qg = torch.randn(HKV, 5, D, generator=g, dtype=torch.float64)
+    keys = torch.randn(HKV, 30, D, generator=g, dtype=torch.float64)
+    values = torch.randn(HKV, 30, D, generator=g, dtype=torch.float64)
+    whole, whole_lse = explicit_with_lse(qg, keys, values, 0.25, None)
+    a, lse_a = flash_with_lse(qg, keys[:, :11], values[:, :11], 0.25)  # CPU flash with its lse
+    b, lse_b = explicit_with_lse(qg, keys[:, 11:], values[:, 11:], 0.25, None)
+    torch.testing.assert_close(torch.logaddexp(lse_a, lse_b), whole_lse, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(merge(a, lse_a, b, lse_b), whole, rtol=1e-12, atol=1e-12)
+    # a part whose rows are all masked contributes nothing (lse -inf), and nothing becomes NaN
+    none = torch.zeros(5, 19, dtype=torch.bool)
+    c, lse_c = explicit_with_lse(qg, keys[:, 11:], values[:, 11:], 0.25, none)
+    assert torch.isneginf(lse_c).all() and not c.isnan().any()
+    torch.testing.assert_close(merge(a, lse_a, c, lse_c), a, rtol=1e-12, atol=1e-12)
+
+
+def test_cascade_never_reads_a_masked_new_slot():
+    """Poison a new slot that the mask hides: the cascade's output does not change."""
+    q, keys, values, new = random_case(6, 12, True, torch.float64, seed=5)
+    hidden = (~new).nonzero()[0]  # (row, column) not visible
+    qg = grouped(q)
+    before = cascade(qg, keys, values, 12, new.repeat(G, 1), D**-0.5)
+    keys[:, 12 + int(hidden[1])] = 1e6
+    after = cascade(qg, keys, values, 12, new.repeat(G, 1), D**-0.5)
+    rows = [g * 6 + int(hidden[0]) for g in range(G)]
+    torch.testing.assert_close(after[:, rows], before[:, rows], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kernel", ["cascade", "flash"])
+def test_model_forward_is_the_same_on_the_gpu_kernels(kernel):
+    """A whole prefill + decode + tree forward of a tiny GQA model with the CUDA kernels forced on
+    CPU equals the default CPU kernels in float64."""
+    hf = tiny_hf_model("llama", "default", seed=3)
+    engine = longswift.load(hf, device="cpu", dtype="float64")
+    model = engine.model
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 128, (21,), generator=g)
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+
+    def run():
+        from longswift.runtime.cache import FullKVCache
+        cache = FullKVCache(engine.cfg, 64, torch.float64, torch.device("cpu"))
+        first, _ = model.prefill(prompt, cache, chunk=8)
+        step, _ = model.forward(torch.tensor([5]), torch.tensor([21]), cache)
+        verify, _ = model.forward(torch.tensor([1, 2, 3, 4]), torch.tensor([22, 23, 23, 24]), cache, tree_mask=tree)
+        return first, step, verify
+
+    want = run()
+    model.attention.kernel = kernel
+    got = run()
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
