@@ -140,7 +140,9 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     text = md.read_text()
     assert text.startswith("# earlier\n") and "## longswift bench-steps: tiny shape" in text
     assert "### Projection (computed from the costs above, not measured)" in text and "| 0.90 | 4.60 |" in text
-    assert "| context | AR ms | floor ms | floor / AR |" in out
+    assert "| context | AR ms | AR eager ms | floor ms | floor / AR |" in out
+    # no CUDA graphs on a CPU: the AR step is the eager one, and no separate eager figure is claimed
+    assert all(c["ar_eager"] is None for c in data["contexts"]) and data["identity"]["cuda_graphs"] == "auto"
 
 
 def test_layers_override_is_reported(tiny, capsys, tmp_path):

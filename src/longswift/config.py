@@ -273,6 +273,9 @@ class RuntimeConfig:
         metadata=_help("run CPU linears on oneDNN-packed weight copies (faster; doubles weight memory); "
                        "default: on for checkpoint files, off for a transformers model passed in (no copy)"),
     )
+    cuda_graphs: str = field(default="auto", metadata=_help(
+        "replay each decode step as a CUDA graph: auto (wherever supported: CUDA, no tensor parallelism, no "
+        "dynamic rope), on (required), off"))
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
@@ -283,6 +286,8 @@ class RuntimeConfig:
             raise LongswiftError(f"--device {self.device} requested but no CUDA device is available; use --device cpu")
         if self.threads is not None and self.threads <= 0:
             raise LongswiftError("--threads must be positive")
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
         if self.rope_scaling is not None:
             parse_rope_scaling(self.rope_scaling)
 

@@ -14,6 +14,7 @@ from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 from .generate import ar_steps
+from .runtime.cuda_graphs import use_graphs
 from .runtime.loading import LoadedModel, load_model
 from .runtime.memory import check_context
 from .runtime.model import Transformer
@@ -208,12 +209,13 @@ class Engine:
         check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens)
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
-                             generated)
+                             generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model))
         else:
             if self.heads is None:
                 raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: pass --heads")
             steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
-                                     self.eos_ids, r.generator, generated)
+                                     self.eos_ids, r.generator, generated,
+                                     cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model))
         return GenerationStream(self, r, _inference(steps), stats, generated)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:

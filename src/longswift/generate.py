@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import torch
 
 from .config import GenerationConfig, SamplingConfig
+from .runtime.cuda_graphs import StepGraphs, step_bodies
 from .runtime.memory import new_cache
 from .runtime.model import Transformer
 from .sampling import draw, penalty_window, transform
@@ -24,9 +25,11 @@ def ar_steps(
     eos_ids: frozenset[int],
     generator: torch.Generator | None,
     generated: list[int] | None = None,
+    cuda_graphs: bool = False,
 ) -> Iterator[list[int]]:
     """Plain autoregressive decoding: one forward and one draw per token. `generated`: tokens an
-    earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them."""
+    earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them.
+    `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly)."""
     generated = generated or []
     if done(generated, gen, eos_ids):
         return
@@ -39,6 +42,7 @@ def ar_steps(
     logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk)  # [V]
     stats.prefill_seconds += time.perf_counter() - t0
     pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws, all ranks get it
+    graphs = StepGraphs(model, cache, capture=cuda_graphs) if step_bodies(model) else None
     for i in range(len(generated), gen.max_new_tokens):
         t0 = time.perf_counter()
         window = penalty_window(history, n, sampling.penalty_window).to(logits.device)
@@ -46,7 +50,9 @@ def ar_steps(
         history[n] = token
         n += 1
         last = i == gen.max_new_tokens - 1 or (token in eos_ids and not gen.ignore_eos)
-        if not last:
+        if not last and graphs is not None:
+            logits, _ = graphs.decode(token, n - 1)
+        elif not last:
             position = torch.tensor([n - 1], device=model.device)
             logits, _ = model.forward(torch.tensor([token], device=model.device), position, cache)
             logits = logits[0]

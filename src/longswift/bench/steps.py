@@ -18,6 +18,7 @@ import torch
 
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
+from ..runtime.cuda_graphs import use_graphs
 from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer
@@ -128,7 +129,7 @@ class ContextCosts:
     """Median seconds of each step at one context."""
 
     context: int
-    ar: float
+    ar: float  # the AR step as generation runs it here (a CUDA-graph replay where graphs are on)
     draft: float
     draft_cache: int  # entries the draft pass attends to (the partial cache past the budget)
     reselect: float | None  # a draft step that refills the partial cache; None below the budget
@@ -136,6 +137,7 @@ class ContextCosts:
     walk_row_cached: float  # transform + draw of a row whose logits the verify pass computed (smaller tries)
     verify: dict[int, float]  # tree nodes -> seconds of the verify forward (no LM head)
     logits_rows: dict[int, float]  # tree nodes (<= BATCHED_LOGITS_NODES) -> the LM head of all rows in one pass
+    ar_eager: float | None = None  # the same AR step run eagerly, where `ar` is a graph replay
 
 
 @dataclass
@@ -246,7 +248,7 @@ class StepRig:
     """A TokenSwift state over random caches; `at(context)` sets the cache lengths, and each step
     method runs one step there and leaves the caches as they were."""
 
-    def __init__(self, model: Transformer, heads: DraftHeads, bench: StepBenchConfig) -> None:
+    def __init__(self, model: Transformer, heads: DraftHeads, bench: StepBenchConfig, graphs: bool = False) -> None:
         self.model, self.bench = model, bench
         self.gen = torch.Generator().manual_seed(bench.seed)
         self.sampling = SamplingConfig()  # the paper's sampling: min-p 0.1, penalty 1.2 over 1024 tokens
@@ -254,7 +256,7 @@ class StepRig:
         prompt = torch.randint(model.cfg.vocab_size, (max_ctx + 1,), generator=self.gen).tolist()
         gen_cfg = GenerationConfig(max_new_tokens=max_nodes, ignore_eos=True, prefill_chunk=1)  # no prefill
         self.s = TokenSwiftState(model, heads, prompt, [], self.sampling, gen_cfg, bench.state_spec,
-                                 GenerationStats("tokenswift", len(prompt)), frozenset(), self.gen)
+                                 GenerationStats("tokenswift", len(prompt)), frozenset(), self.gen, graphs)
         caches = [self.s.full] + ([self.s.partial] if self.s.partial is not None else [])
         for cache in caches:  # [L, Hkv, C, D] random keys and values
             cache.k.normal_()
@@ -262,6 +264,7 @@ class StepRig:
         self.hidden = torch.randn(1, model.cfg.hidden_size, generator=self.gen).to(model.device, model.dtype)
         self.root = prompt[-1]
         self.context = 0
+        self.graphs = self.s.graphs.get(id(self.s.full))  # CUDA: the state's step bodies on the full cache
 
     def at(self, context: int) -> None:
         """The state of a step at `context`: that many entries cached, the root at position `context`."""
@@ -273,11 +276,15 @@ class StepRig:
     def past_budget(self) -> bool:
         return self.s.partial is not None and self.context >= self.bench.spec.draft_kv_budget
 
-    def ar_step(self) -> None:
-        """What ar_steps does per token: forward the last token (LM head included), transform, draw."""
+    def ar_step(self, replay: bool = False) -> None:
+        """What ar_steps does per token: forward the last token (LM head included; with `replay` through
+        the CUDA step body, as generation runs it there, else the model's eager forward), transform, draw."""
         model, s = self.model, self.s
-        token = torch.tensor([self.root], device=model.device)
-        logits, _ = model.forward(token, torch.tensor([self.context], device=model.device), s.full)
+        if replay:
+            logits = self.graphs.decode(self.root, self.context)[0][None]  # type: ignore[union-attr]
+        else:
+            token = torch.tensor([self.root], device=model.device)
+            logits, _ = model.forward(token, torch.tensor([self.context], device=model.device), s.full)
         s.full.truncate(self.context)
         window = penalty_window(s.history, s.n, self.sampling.penalty_window).to(logits.device)
         draw(transform(logits, window[None], self.sampling)[0], self.sampling, self.gen)
@@ -307,7 +314,9 @@ class StepRig:
         def timed(fn: Callable[[], object]) -> float:
             return median_seconds(fn, b.reps, b.warmup, sync)
 
-        ar = timed(self.ar_step)
+        ar = ar_eager = timed(self.ar_step)
+        if self.graphs is not None:
+            ar = timed(lambda: self.ar_step(replay=True))
         reselect, draft_cache = None, context
         if self.past_budget:
             partial = self.s.partial
@@ -321,17 +330,18 @@ class StepRig:
         rows = self.hidden.expand(max(tries), -1).contiguous()  # [N, hidden]
         logits_rows = {n: timed(lambda n=n: self.model.logits(rows[:n])) for n in tries if n <= BATCHED_LOGITS_NODES}
         return ContextCosts(context, ar, draft_s, draft_cache, reselect, timed(self.walk_row),
-                            timed(lambda: self.walk_row(logits)), verify_s, logits_rows)
+                            timed(lambda: self.walk_row(logits)), verify_s, logits_rows,
+                            ar_eager if self.graphs is not None else None)
 
 
 def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, packed: bool,
-             gamma: int, command: str | None) -> dict:
+             gamma: int, command: str | None, runtime: RuntimeConfig) -> dict:
     full_layers = SHAPES[bench.shape]["num_hidden_layers"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
             "dtype": str(dtype).removeprefix("torch."), "device": str(device), "device_name": name,
-            "packed_linears": packed, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "packed_linears": packed, "cuda_graphs": runtime.cuda_graphs, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "heads": f"{gamma} random draft heads", "gamma": gamma, "context_limit": cfg.context_limit,
             "command": command or "longswift bench-steps (from the Python API)"}
 
@@ -359,20 +369,21 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     model = Transformer(cfg, state, pack=packed)
     costs = []
     with torch.inference_mode():
-        rig = StepRig(model, heads, bench)
+        rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model))
         gen = torch.Generator().manual_seed(bench.seed)
         tries = {n: random_trie(n, bench.depth, rig.root, gen) for n in bench.measured_nodes()}
         for c in bench.measured_contexts():
             t0 = time.perf_counter()
             costs.append(rig.measure(c, tries, sync))
-            log(f"context {c}: AR {costs[-1].ar * 1e3:.2f} ms, draft {costs[-1].draft * 1e3:.2f} ms "
+            eager = "" if costs[-1].ar_eager is None else f" (eager {costs[-1].ar_eager * 1e3:.2f} ms)"
+            log(f"context {c}: AR {costs[-1].ar * 1e3:.2f} ms{eager}, draft {costs[-1].draft * 1e3:.2f} ms "
                 f"({time.perf_counter() - t0:.1f} s)")
     del rig, model, state, heads
     bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
     projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth)), bench.prefix,
                            bench.new_tokens, a, bench.depth, bench.spec.draft_kv_budget, bench.spec.draft_window)
                    for a in bench.alphas]
-    return StepBenchResult(identity(bench, cfg, dtype, device, packed, gamma, command), bandwidth, buffer,
+    return StepBenchResult(identity(bench, cfg, dtype, device, packed, gamma, command, runtime), bandwidth, buffer,
                            weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 
 

@@ -38,7 +38,9 @@ def render(r: StepBenchResult) -> str:
         "per cached token; floor = those bytes / the bandwidth",
         f"- each cost is the median of {b.reps} repetitions after {b.warmup} warm-ups; caches hold random keys and "
         "values (no prefill); sampling is the paper's (min-p 0.1, penalty 1.2 over 1024 tokens)",
-        f"- AR: one token's forward + LM head + sampling. Draft: the paper-mode draft pass (on a "
+        f"- AR: one token's forward + LM head + sampling, as generation runs it (CUDA-graph replay where "
+        f"--cuda-graphs is on: {ident.get('cuda_graphs', 'off')}; AR eager: the same step without the graph, "
+        "where the graph was measured). Draft: the paper-mode draft pass (on a "
         f"{spec.draft_kv_budget}-entry partial cache past that context, its recent window half full) + "
         f"{ident['gamma']} random heads + the LM head on {ident['gamma'] + 1} rows. Refill: a draft step that "
         "drafts on the full cache and reselects the partial cache. Walk row: one row the lossless walk visits: "
@@ -48,13 +50,15 @@ def render(r: StepBenchResult) -> str:
         f"{BATCHED_LOGITS_NODES} nodes when its steps emit at least {BATCH_FROM_TOKENS} tokens on average "
         "(the LM-head table below), else one LM head per walk row",
         "",
-        "| context | AR ms | floor ms | floor / AR | draft ms (entries) | refill ms | walk row ms | cached ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| context | AR ms | AR eager ms | floor ms | floor / AR | draft ms (entries) | refill ms | walk row ms "
+        "| cached ms |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for c in r.costs:
         floor = r.floor(c.context)
-        lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(floor)} | {floor / c.ar:.0%} | {_ms(c.draft)} "
-                     f"({c.draft_cache}) | {_ms(c.reselect)} | {_ms(c.walk_row)} | {_ms(c.walk_row_cached)} |")
+        lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(c.ar_eager)} | {_ms(floor)} | {floor / c.ar:.0%} "
+                     f"| {_ms(c.draft)} ({c.draft_cache}) | {_ms(c.reselect)} | {_ms(c.walk_row)} "
+                     f"| {_ms(c.walk_row_cached)} |")
     nodes = sorted(r.costs[0].verify)
     lines += ["", "Verify ms by tree nodes (x the AR step in parentheses):", "",
               "| context | " + " | ".join(f"{n} nodes" for n in nodes) + " |", "|---" * (len(nodes) + 1) + "|"]

@@ -14,6 +14,7 @@ import torch
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
 from ..runtime.cache import FullKVCache, PartialKVCache
+from ..runtime.cuda_graphs import StepGraphs, padded_nodes, step_bodies
 from ..runtime.memory import new_cache
 from ..runtime.model import Transformer
 from ..sampling import draw, penalty_window, transform
@@ -67,7 +68,7 @@ class TokenSwiftState:
 
     def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
-                 eos_ids: frozenset[int], generator: torch.Generator | None) -> None:
+                 eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False) -> None:
         spec = spec.for_device(model.device)
         levels = draft_levels(spec)
         if len(spec.levels) > heads.gamma + 1:
@@ -84,12 +85,19 @@ class TokenSwiftState:
         nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
         draft_tokens = draft_cache_tokens(spec, total)
-        self.full = new_cache(model, total + nodes, gen.prefill_chunk, draft_tokens, nodes)
+        bodies = step_bodies(model)  # CUDA: fixed-shape steps (runtime.cuda_graphs), verify padded to a budget
+        self.full = new_cache(model, total + (padded_nodes(nodes) if bodies else nodes), gen.prefill_chunk,
+                              draft_tokens, nodes)
         self.partial = None
         if draft_tokens:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
                                           model.dtype, model.device,
                                           reduce_scores=model.tp.kv_score_reduce() if model.tp else None)
+        self.graphs: dict[int, StepGraphs] = {}  # id(cache) -> its step bodies (full cache; partial cache)
+        if bodies:
+            self.graphs[id(self.full)] = StepGraphs(model, self.full, capture=cuda_graphs)
+            if self.partial is not None:  # its length goes down at every refill: keep every bucket's graphs
+                self.graphs[id(self.partial)] = StepGraphs(model, self.partial, capture=cuda_graphs, evict=False)
         self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
         self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
         self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
@@ -187,13 +195,16 @@ def draft(s: TokenSwiftState) -> Draft:
                     s.partial.restart_window()
                 cache = s.partial
         start = cache.length
-        tokens = torch.tensor([root], device=model.device)
-        pos = torch.tensor([s.n - 1], device=model.device)
-        _, hidden = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)
+        graphs = s.graphs.get(id(cache))
+        if graphs is not None and queries is None:
+            h = graphs.decode(root, s.n - 1, logits=False)[1]
+        else:
+            tokens = torch.tensor([root], device=model.device)
+            pos = torch.tensor([s.n - 1], device=model.device)
+            h = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)[1][-1]
         cache.truncate(start)
         if queries is not None:
             s.partial.select(s.full, queries)
-        h = hidden[-1]
         base = model.norm(h[None], model.final_norm)  # [1, hidden]
     states = s.heads(h[None])[:, 0]  # [gamma, hidden], already through each head's output norm
     if base is not None:
@@ -233,8 +244,12 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     """One forward of the root and every trie node on the full cache, under the tree mask."""
     dev = s.model.device
-    _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
-                                tree_mask=trie.mask(dev), logits_rows=slice(0, 0))
+    graphs = s.graphs.get(id(s.full))
+    if graphs is not None:  # padded to a node budget; rows past the trie are padding
+        hidden = graphs.forward(trie.tokens, trie.positions(s.n - 1), trie.mask(), logits=False)[1][: len(trie)]
+    else:
+        _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
+                                    tree_mask=trie.mask(dev), logits_rows=slice(0, 0))
     cached: dict[int, torch.Tensor] = {}
     if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.tokens_per_step >= BATCH_FROM_TOKENS:
         cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
@@ -263,14 +278,15 @@ def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]
 
 def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
                      gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
-                     generator: torch.Generator | None, generated: list[int] | None = None) -> Iterator[list[int]]:
+                     generator: torch.Generator | None, generated: list[int] | None = None,
+                     cuda_graphs: bool = False) -> Iterator[list[int]]:
     """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
     `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
     prefill of everything before the last of them, which becomes the root."""
     generated = generated or []
     if done(generated, gen, eos_ids):
         return
-    s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator)
+    s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs)
     t0 = time.perf_counter()
     if generated:
         _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk)

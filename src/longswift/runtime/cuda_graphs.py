@@ -1,0 +1,160 @@
+"""A model's CUDA steps with fixed shapes, replayed as CUDA graphs: decoding, the draft pass and
+the tree-verify pass.
+
+A graph replays fixed shapes, but the cache grows every step. So a step of N new tokens (N padded
+to a fixed node budget) writes its keys/values at a slot read from device memory, and attention
+is split at a bucket boundary P = slot - slot % bucket: flash attention over the whole buckets
+[0, P), a shape fixed for the bucket, and explicit attention over the slots [P, P + bucket + N)
+under a visibility computed on the device (cached slots before the step's slot; among the N new
+ones, the tree mask), merged by their log-sum-exps (runtime.attention.bucketed). One graph per
+(bucket, N, logits or not), captured the first time it is needed; graphs share one memory pool.
+Token ids, positions, the tree mask and the slot are copied into device buffers before a replay,
+and nothing inside a step reads the host.
+
+On CUDA the generation loops always run these bodies, captured (--cuda-graphs on/auto) or
+eagerly (off): a graph never changes results, replay equals the eager body exactly."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import LongswiftError
+from .attention import bucketed
+from .cache import FullKVCache
+from .model import Transformer
+
+# Slots of a bucket: the explicit tail costs one [Hkv, G*N, bucket + N] product per layer; a
+# growing cache captures one graph per bucket (100K tokens: about 100 captures per node budget).
+BUCKET = 1024
+# Tree-verify passes are padded up to one of these node counts, so that a few graphs serve every
+# trie (on a GPU the weight-bound forward costs about the same for 8 or 128 rows).
+NODE_BUDGETS = (1, 8, 32, 128, 512)
+
+
+def padded_nodes(nodes: int) -> int:
+    """The node budget a trie of `nodes` nodes is padded to."""
+    return next((b for b in NODE_BUDGETS if b >= nodes), nodes)
+
+
+def use_graphs(setting: str, model: Transformer) -> bool:
+    """--cuda-graphs: auto = wherever supported, on = required (refused with the reason where not), off."""
+    why = graphs_supported(model)
+    if setting == "on" and why is not None:
+        raise LongswiftError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
+    return setting != "off" and why is None
+
+
+def step_bodies(model: Transformer) -> bool:
+    """Whether the loops run their steps through StepGraphs on this model (captured or not)."""
+    return model.device.type == "cuda" and graphs_supported(model) is None
+
+
+def graphs_supported(model: Transformer) -> str | None:
+    """Why graphs cannot run for this model, or None if they can."""
+    if model.device.type != "cuda":
+        return f"CUDA graphs need a CUDA device (this model runs on {model.device})"
+    if model.tp is not None:
+        return "CUDA graphs are not supported with tensor parallelism yet"
+    if model.cfg.rope_type == "dynamic":
+        return "dynamic NTK rope recomputes its frequencies from the host's positions, which a graph cannot replay"
+    return None
+
+
+class StepGraphs:
+    """Fixed-shape forwards at a cache's end: decode(token, position) -> (logits [V], hidden),
+    forward(tokens, positions, mask, logits) for N tokens under a [N, N] mask. The returned tensors
+    are the graph's static outputs: read them before the next call. `capture=False` runs the same
+    bodies eagerly (any device: how the CPU tests check them). `evict`: a cache that only grows
+    (the full cache) frees the graphs of buckets it has left."""
+
+    def __init__(self, model: Transformer, cache: FullKVCache, capture: bool = True, bucket: int = BUCKET,
+                 evict: bool = True) -> None:
+        why = graphs_supported(model)
+        if capture and why is not None:
+            raise LongswiftError(why + "; use --cuda-graphs off")
+        self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
+        self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # N -> tokens, positions, mask
+        self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.captures = 0
+
+    def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if n not in self.buffers:
+            dev = self.model.device
+            self.buffers[n] = (torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, dtype=torch.long, device=dev),
+                               torch.eye(n, dtype=torch.bool, device=dev))
+        return self.buffers[n]
+
+    def body(self, start: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward of the N buffered tokens written from the buffered slot on, which lies in the
+        bucket starting at `start`; reads only device buffers."""
+        m, cache, g = self.model, self.cache, self.model.cfg.group_size
+        tokens, positions, mask = self._buffers(n)
+        end = min(start + self.bucket + n, cache.capacity)
+        cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
+        rel = torch.arange(start, end, device=m.device) - self.slot  # [tail]: slot offset from the step's first
+        new = (rel >= 0) & (rel < n)
+        visible = (rel < 0) | (new & mask[:, rel.clamp(0, n - 1)])  # [N, tail]
+        visible = visible.repeat(g, 1)  # [G*N, tail], rows g*N + t
+        where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys, values = cache.k[layer], cache.v[layer]  # [Hkv, C, D]
+            keys.index_copy_(1, where, k.transpose(0, 1))  # [Hkv, N, D] at the step's slots
+            values.index_copy_(1, where, v.transpose(0, 1))
+            return m.grouped(q, lambda qg: bucketed(qg, keys, values, start, end, visible, m.scale))
+
+        x = m.layers_forward(F.embedding(tokens, m.embed), cos, sin, attend)  # [N, hidden]
+        return (m.logits(x) if logits else x[:0]), x
+
+    def _capture(self, key: tuple[int, int, bool]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        side = torch.cuda.Stream(self.model.device)
+        side.wait_stream(torch.cuda.current_stream(self.model.device))
+        with torch.cuda.stream(side):  # warm-up (lazy inits, workspaces) off the capture; same writes as the replay
+            self.body(*key)
+        torch.cuda.current_stream(self.model.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.body(*key)
+        self.captures += 1
+        # Buckets a growing cache has left are never replayed again: free their graphs, now that the
+        # new one holds the shared pool (a pool whose last graph is freed is released with it).
+        if self.evict:
+            for old in [k for k in self.graphs if k[0] < key[0]]:
+                del self.graphs[old]
+        self.graphs[key] = (graph, *out)
+        return self.graphs[key]
+
+    def forward(self, tokens: list[int], positions: torch.Tensor, mask: torch.Tensor | None, logits: bool,
+                budget: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [n], positions [n] long, mask [n, n] bool (None: one token) -> (logits [n', V] or
+        [0, V], hidden [n', hidden]) with n' = the padded budget (rows past n are padding); the cache
+        advances by n, the padding's entries lie past its end."""
+        n = len(tokens)
+        budget = budget or padded_nodes(n)
+        slot = self.cache.reserve(budget)
+        buf_tokens, buf_positions, buf_mask = self._buffers(budget)
+        buf_tokens[:n].copy_(torch.tensor(tokens), non_blocking=True)
+        buf_positions[:n].copy_(positions, non_blocking=True)
+        if budget > n:  # padding: repeats of the last token, each seeing only itself
+            buf_tokens[n:].fill_(tokens[-1])
+            buf_positions[n:].fill_(int(positions[-1]))
+        if mask is not None:
+            buf_mask.copy_(torch.eye(budget, dtype=torch.bool), non_blocking=True)
+            buf_mask[:n, :n].copy_(mask, non_blocking=True)
+        self.slot.fill_(slot)
+        key = (slot - slot % self.bucket, budget, logits)
+        if self.capture:
+            graph, out_logits, hidden = self.graphs.get(key) or self._capture(key)
+            graph.replay()
+        else:
+            out_logits, hidden = self.body(*key)
+        self.cache.length = slot + n
+        return out_logits, hidden
+
+    def decode(self, token: int, position: int, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token at the cache's end -> (logits [V] (empty if not `logits`), hidden [hidden])."""
+        out, hidden = self.forward([token], torch.tensor([position]), None, logits, budget=1)
+        return (out[0] if logits else out), hidden[0]

@@ -1,0 +1,139 @@
+"""GPU checks (marker `cuda`; skipped without CUDA). Run on a GPU machine with nothing but the
+project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
+
+- CUDA-graph replay equals the eager body, and the eager CUDA decode, exactly;
+- the CUDA kernels (flash decode by buckets, the cascade for masked forwards) equal explicit
+  float32 attention to rounding, on a tiny model and on the Llama-3.1-8B shape with 2 layers;
+- float32 tokens on CUDA equal float32 tokens on the CPU for AR and both TokenSwift modes;
+- a whole generation with --cuda-graphs on equals --cuda-graphs off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.bench.shapes import random_state, shape_config
+from longswift.runtime.attention import cascade, explicit_with_lse
+from longswift.runtime.cache import FullKVCache
+from longswift.runtime.cuda_graphs import StepGraphs
+from longswift.runtime.model import Transformer
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CUDA = torch.device("cuda")
+GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0)
+
+
+def replay_and_body(model: Transformer, prompt: torch.Tensor, steps: list[int], bucket: int, capacity: int,
+                    tree: int = 0):
+    """Decode `steps` after `prompt` (then, if `tree`, one causal `tree`-node forward) through captured
+    graphs, through the same bodies run eagerly, and through the model's eager forward."""
+    caches = [FullKVCache(model.cfg, capacity, model.dtype, CUDA) for _ in range(3)]
+    for c in caches:
+        model.prefill(prompt.to(CUDA), c, chunk=64)
+    graph = StepGraphs(model, caches[0], capture=True, bucket=bucket)
+    body = StepGraphs(model, caches[1], capture=False, bucket=bucket)
+    out: tuple[list, list, list] = ([], [], [])
+    n = len(prompt)
+    for i, token in enumerate(steps):
+        out[0].append(graph.decode(token, n + i)[0].clone())
+        out[1].append(body.decode(token, n + i)[0].clone())
+        logits, _ = model.forward(torch.tensor([token], device=CUDA), torch.tensor([n + i], device=CUDA), caches[2])
+        out[2].append(logits[0])
+    if tree:
+        mask = torch.ones(tree, tree, dtype=torch.bool).tril_()
+        tokens, positions = list(range(3, 3 + tree)), torch.arange(tree) + n + len(steps)
+        out[0].append(graph.forward(tokens, positions, mask, logits=True)[0][:tree].clone())
+        out[1].append(body.forward(tokens, positions, mask, logits=True)[0][:tree].clone())
+        out[2].append(model.forward(torch.tensor(tokens, device=CUDA), positions.to(CUDA), caches[2],
+                                    tree_mask=mask)[0])
+    return out, graph
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_replay_equals_the_eager_body_on_a_tiny_model(dtype):
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=3), device="cuda",
+                            dtype=str(dtype).removeprefix("torch."))
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(0))
+    steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    (replay, body, eager), graph = replay_and_body(engine.model, prompt, steps, bucket=16, capacity=160, tree=6)
+    assert graph.captures >= 4  # 37..77 crosses bucket boundaries, and the tree is a graph of its own
+    for a, b, c in zip(replay, body, eager):
+        assert torch.equal(a, b)
+        if dtype == torch.float32:  # the eager forward splits attention elsewhere: equal up to rounding
+            torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+
+
+def test_graph_replay_equals_the_eager_body_on_the_8b_shape():
+    cfg = shape_config("llama-3.1-8b", layers=2)
+    model = Transformer(cfg, random_state(cfg, torch.bfloat16, CUDA))
+    prompt = torch.randint(0, cfg.vocab_size, (3000,), generator=torch.Generator().manual_seed(0))
+    (replay, body, _), graph = replay_and_body(model, prompt, list(range(100, 140)), bucket=1024, capacity=4400,
+                                               tree=121)
+    assert graph.captures == 2  # one decode bucket (3000..3040) and the 121-node pass padded to 128
+    for a, b in zip(replay, body):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("t,prefix", [(1, 3000), (8, 3000), (121, 20000)])
+def test_cuda_kernels_match_explicit_attention_on_the_8b_shape(t, prefix):
+    """Flash decode and the cascade vs explicit float32 attention (bf16 inputs): 8 KV heads of a
+    4-query group, head_dim 128, as in Llama-3.1-8B."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hkv, grp, d = 8, 4, 128
+    q = torch.randn(hkv, grp * t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    keys = torch.randn(hkv, prefix + t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    values = torch.randn(hkv, prefix + t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    new = torch.ones(t, t, dtype=torch.bool, device=CUDA).tril_()
+    rows = new.repeat(grp, 1)  # [G*T, T]
+    allowed = torch.cat([torch.ones(grp * t, prefix, dtype=torch.bool, device=CUDA), rows], dim=1)
+    want, _ = explicit_with_lse(q.float(), keys.float(), values.float(), d**-0.5, allowed)
+    got = cascade(q, keys, values, prefix, rows, d**-0.5)
+    assert (got.float() - want).abs().max().item() < 2e-2  # bf16 output rounding
+
+
+def generate(engine, method: str, spec: SpecConfig | None = None) -> list[int]:
+    kwargs = {"spec": spec} if spec is not None else {}
+    return engine.generate([5, 9, 17, 33, 5, 9, 17, 40, 5, 9], method=method, sampling=GREEDY,
+                           generation=GenerationConfig(max_new_tokens=48, ignore_eos=True), **kwargs).token_ids
+
+
+@pytest.mark.parametrize("method,spec", [
+    ("ar", None),
+    ("tokenswift", SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False)),
+    ("tokenswift", SpecConfig(tree="1,3,3,3", ngram_topk=4, draft_mode="fused", adaptive=False)),
+], ids=["ar", "tokenswift-paper", "tokenswift-fused"])
+def test_float32_tokens_on_cuda_equal_the_cpu_tokens(method, spec):
+    hf = tiny_hf_model("llama", "default", seed=5)
+    cpu = longswift.load(hf, device="cpu", dtype="float32", heads="random")
+    gpu = longswift.load(hf, device="cuda", dtype="float32", heads="random")
+    assert generate(gpu, method, spec) == generate(cpu, method, spec)
+
+
+SPECS = {"paper": SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False),
+         "fused": SpecConfig(tree="1,3,3,3", ngram_topk=4, draft_mode="fused", adaptive=False),
+         "partial": SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=24, draft_window=6, attention_sinks=4,
+                               adaptive=False)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_generation_with_cuda_graphs_equals_without(dtype):
+    hf = tiny_hf_model("llama", "default", seed=6)
+    on = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="on", heads="random")
+    off = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="off", heads="random")
+    assert generate(on, "ar") == generate(off, "ar")
+    for spec in SPECS.values():
+        assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)
+
+
+def test_tokenswift_equals_ar_on_cuda_in_float32():
+    """The lossless claim on the GPU path (graphs, padded verify, partial-cache drafting), float32."""
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=7), device="cuda", dtype="float32",
+                            heads="random")
+    want = generate(engine, "ar")
+    for spec in SPECS.values():
+        assert generate(engine, "tokenswift", spec) == want

@@ -1,0 +1,124 @@
+"""The CUDA step bodies (runtime.cuda_graphs: fixed shapes per bucket and node budget, slot and
+tree mask read from device buffers, verify passes padded) run eagerly on CPU: decode and padded
+tree forwards equal the model's own forward across bucket boundaries in float64; unwritten slots
+are never read; the generation loops through them stay AR's output; --cuda-graphs resolves as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.config import RuntimeConfig
+from longswift.errors import LongswiftError
+from longswift.runtime.cache import FullKVCache
+from longswift.runtime.cuda_graphs import StepGraphs, graphs_supported, padded_nodes, use_graphs
+
+CPU = torch.device("cpu")
+
+
+def engine64(family: str = "llama", seed: int = 4, **kwargs):
+    return longswift.load(tiny_hf_model(family, "default", seed=seed, **kwargs), device="cpu", dtype="float64",
+                          heads="random")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_decode_body_equals_the_eager_decode_across_buckets(family):
+    engine = engine64(family)
+    model, cfg = engine.model, engine.cfg
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 128, (13,), generator=g)
+    steps = torch.randint(0, 128, (30,), generator=g)
+    eager, bodies = FullKVCache(cfg, 64, torch.float64, CPU), FullKVCache(cfg, 64, torch.float64, CPU)
+    model.prefill(prompt, eager, chunk=8)
+    model.prefill(prompt, bodies, chunk=8)
+    body = StepGraphs(model, bodies, capture=False, bucket=8)  # 13..43: five bucket boundaries
+    for i, token in enumerate(steps.tolist()):
+        want, want_hidden = model.forward(torch.tensor([token]), torch.tensor([13 + i]), eager)
+        got, got_hidden = body.decode(token, 13 + i)
+        torch.testing.assert_close(got, want[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got_hidden, want_hidden[0], rtol=1e-10, atol=1e-10)
+    assert bodies.length == eager.length == 43
+    torch.testing.assert_close(bodies.k[:, :, :43], eager.k[:, :, :43], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("start", [5, 7, 8, 15, 22])
+def test_padded_tree_forward_equals_the_eager_tree_forward(start):
+    """A 6-node trie padded to its node budget (8), at cache lengths on both sides of bucket edges."""
+    engine = engine64()
+    model, cfg = engine.model, engine.cfg
+    parents = [-1, 0, 0, 1, 1, 3]
+    mask = torch.eye(6, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] |= mask[p]
+    tokens = [7, 3, 9, 11, 4, 20]
+    positions = torch.tensor([0, 1, 1, 2, 2, 3]) + start
+    prompt = torch.arange(start) % 100 + 3
+    eager, bodies = FullKVCache(cfg, 64, torch.float64, CPU), FullKVCache(cfg, 64, torch.float64, CPU)
+    model.prefill(prompt, eager, chunk=4)
+    model.prefill(prompt, bodies, chunk=4)
+    bodies.k[:, :, start:] = 1e3  # stale entries past the end must not matter
+    _, want = model.forward(torch.tensor(tokens), positions, eager, tree_mask=mask)
+    logits, got = StepGraphs(model, bodies, capture=False, bucket=8).forward(tokens, positions, mask, logits=True)
+    assert padded_nodes(6) == 8 and got.shape[0] == 8 and logits.shape[0] == 8
+    torch.testing.assert_close(got[:6], want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(logits[:6], model.logits(want), rtol=1e-10, atol=1e-10)
+    assert bodies.length == eager.length == start + 6
+
+
+def test_decode_body_never_attends_to_unwritten_slots():
+    engine = engine64()
+    model, cfg = engine.model, engine.cfg
+    clean, dirty = FullKVCache(cfg, 32, torch.float64, CPU), FullKVCache(cfg, 32, torch.float64, CPU)
+    for cache in (clean, dirty):
+        model.prefill(torch.arange(10), cache, chunk=4)
+    dirty.k[:, :, 11:] = 1e4
+    dirty.v[:, :, 11:] = -1e4
+    a, _ = StepGraphs(model, clean, capture=False, bucket=16).decode(3, 10)
+    b, _ = StepGraphs(model, dirty, capture=False, bucket=16).decode(3, 10)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),
+                                      SamplingConfig(seed=3, min_p=0.05, repetition_penalty=1.0)],
+                         ids=["greedy-penalty", "sampled"])
+def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, monkeypatch):
+    """Route the CPU loops through the CUDA step bodies (eagerly): AR and both TokenSwift modes,
+    on the full and the partial draft cache, emit the plain CPU AR tokens."""
+    engine = engine64(seed=9, vocab=32)
+    prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
+    gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
+    import longswift.generate as generate_mod
+    import longswift.spec.tokenswift as tokenswift_mod
+    monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
+    monkeypatch.setattr(tokenswift_mod, "step_bodies", lambda model: True)
+    specs = [SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False),
+             SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused", adaptive=False),
+             SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=30, draft_window=6, attention_sinks=4,
+                        adaptive=False)]
+    assert engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids == want
+    for spec in specs:
+        got = engine.generate(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec)
+        assert got.token_ids == want, spec
+
+
+def test_cuda_graphs_setting_resolves_per_model():
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=1), device="cpu", dtype="float32")
+    assert graphs_supported(engine.model) is not None  # a CPU model
+    assert use_graphs("auto", engine.model) is False
+    assert use_graphs("off", engine.model) is False
+    with pytest.raises(LongswiftError, match="--cuda-graphs on: CUDA graphs need a CUDA device"):
+        use_graphs("on", engine.model)
+    with pytest.raises(LongswiftError, match="--cuda-graphs must be auto, on or off"):
+        RuntimeConfig(cuda_graphs="sometimes")
+
+
+def test_generate_refuses_cuda_graphs_on_without_cuda():
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=1), device="cpu", dtype="float32",
+                            cuda_graphs="on")
+    with pytest.raises(LongswiftError, match="CUDA graphs need a CUDA device"):
+        engine.generate([1, 2, 3], method="ar", generation=GenerationConfig(max_new_tokens=4))
