@@ -46,7 +46,8 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, hf, arch: str = "llama") -> None:
+def write_gguf(path, hf, arch: str = "llama", extra: dict | None = None) -> None:
+    """`hf` as llama.cpp's converter writes it; `extra` tensors are added under their own names."""
     import gguf
 
     c = hf.config
@@ -83,6 +84,8 @@ def write_gguf(path, hf, arch: str = "llama") -> None:
         if arch == "llama" and ".attn_k." in gname:
             a = llama_cpp_permute(a, c.num_key_value_heads)
         w.add_tensor(gname, a)
+    for name, t in (extra or {}).items():
+        w.add_tensor(name, t.detach().numpy().astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -15,11 +15,12 @@ from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .errors import LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import use_graphs
-from .runtime.loading import LoadedModel, load_model
+from .runtime.loading import HEAD_PREFIX, LoadedModel, load_model
 from .runtime.memory import check_context
 from .runtime.model import Transformer
 from .runtime.parallel import TensorParallel, shard_config, shard_state
-from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
+from .spec.heads import HEADS_FILE, DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
+from .spec.released import heads_from_tensors, heads_location, load_released_heads
 from .spec.tokenswift import tokenswift_steps
 from .stats import GenerationResult, GenerationStats
 
@@ -103,25 +104,48 @@ class Engine:
         self.tp = tp
         self.heads: DraftHeads | None = None
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
+        self.heads_origin = "none"  # which heads set_heads found and where (for `longswift info`)
+        self.hub_id = loaded.hub_id
+        self._checkpoint_heads = loaded.head_tensors  # TokenSwift layout, inside the model checkpoint
         eos = set(loaded.cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_ids = frozenset(eos)
 
     def set_heads(self, heads: DraftHeads | str | None) -> None:
-        """Draft heads for TokenSwift: a DraftHeads, a heads file, "default" (the heads shipped for
-        this model, if the package has some, else none), "random" (seeded random heads: correct but
-        slow, for testing), or None / "none" (AR only)."""
+        """Draft heads for TokenSwift: a DraftHeads; "auto" (the heads inside the model checkpoint,
+        TokenSwift's released layout, else the heads shipped for this model, else none); "default"
+        (only the shipped ones); a heads file, a released checkpoint directory or hub id (its heads,
+        for this same base model); "random" (seeded random heads: correct but slow, for testing);
+        or None / "none" (AR only)."""
         self.heads_source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
+        embed, origin = self.model.embed, "none"
         if heads is None or heads == "none" or isinstance(heads, DraftHeads):
             self.heads = None if heads == "none" else heads  # type: ignore[assignment]
-        elif heads == "default":
-            path = shipped_heads(self.cfg, self.model.embed)
-            self.heads = load_heads(path, self.cfg, self.model.embed) if path else None
+            origin = "none" if self.heads is None else "given as a DraftHeads object"
+        elif heads == "auto" and self._checkpoint_heads is not None:
+            self.heads = heads_from_tensors(self._checkpoint_heads, self.cfg, model_fingerprint(self.cfg, embed))
+            self.heads = self.heads.to(device=embed.device, dtype=embed.dtype)
+            origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
+        elif heads in ("auto", "default"):
+            path = shipped_heads(self.cfg, embed)
+            self.heads = load_heads(path, self.cfg, embed) if path else None
+            origin = f"shipped with longswift for this model: {path}" if path else "none"
         elif heads == "random":
             self.heads = new_heads(self.cfg, self.model.state).randomize(seed=0)
-        else:
-            self.heads = load_heads(heads, self.cfg, self.model.embed)
+            origin = "random (seeded, for testing)"
+        else:  # a heads file, or a directory / hub id holding heads.safetensors or a released checkpoint
+            path = heads_location(str(heads))
+            if path.is_dir() and not (path / HEADS_FILE).is_file():
+                self.heads = load_released_heads(path, self.cfg, embed)
+                origin = f"from the released checkpoint {path} ({HEAD_PREFIX}*, TokenSwift layout)"
+            else:
+                path = path / HEADS_FILE if path.is_dir() else path
+                self.heads = load_heads(path, self.cfg, embed)
+                origin = f"from the heads file {path}"
+        if self.heads is not None:
+            origin = f"{self.heads.gamma} heads {origin}"
+        self.heads_origin = origin
         if self.heads is not None:
             self.heads.requires_grad_(False)
 
@@ -239,10 +263,11 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
 
 
 def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
-         heads: DraftHeads | str | None = "default", tensor_parallel: bool = False, **runtime_fields: Any) -> Engine:
-    """Load a GGUF file, an HF directory, a transformers model object, or (None) the embedded default,
-    and draft heads (see Engine.set_heads; by default the heads shipped for the model, so the
-    embedded model runs TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
+         heads: DraftHeads | str | None = "auto", tensor_parallel: bool = False, **runtime_fields: Any) -> Engine:
+    """Load a GGUF file, an HF directory, a Hugging Face model id (`org/name[@revision]`), a transformers
+    model object, or (None) the embedded default, and draft heads (see Engine.set_heads; by default
+    "auto": the checkpoint's own heads, else those shipped for the model, so released TokenSwift
+    checkpoints and the embedded model run TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
     pack_weights) come as a RuntimeConfig or as keywords. `tensor_parallel=True` (every rank of an
     initialised torch.distributed default group calls it) shards the model across the ranks."""
     runtime = runtime or RuntimeConfig(**runtime_fields)

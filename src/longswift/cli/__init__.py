@@ -1,4 +1,4 @@
-"""`longswift generate | info | bench | bench-steps | train-heads | eval-heads`: one module per
+"""`longswift generate | info | bench | bench-steps | train-heads | eval-heads | export-heads`: one module per
 command; flags come from the config dataclasses' fields (cli.flags)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from ..errors import LongswiftError
-from . import bench, bench_steps, generate, heads, info
+from . import bench, bench_steps, export_heads, generate, heads, info
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parser(sub)
     bench_steps.add_parser(sub)
     heads.add_parsers(sub)
+    export_heads.add_parser(sub)
     return parser
 
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the exact command, for reports
     commands = {"generate": generate.cmd_generate, "info": info.cmd_info, "bench": bench.cmd_bench,
                 "bench-steps": bench_steps.cmd_bench_steps, "train-heads": heads.cmd_train_heads,
-                "eval-heads": heads.cmd_eval_heads}
+                "eval-heads": heads.cmd_eval_heads, "export-heads": export_heads.cmd_export_heads}
     from ..runtime.parallel import env_rank, env_world_size
 
     # Under torchrun every rank prints its own errors; ranks other than 0 say which they are.

@@ -23,7 +23,8 @@ RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--n
 
 def add_parser(sub: Any) -> None:
     gen = sub.add_parser("generate", help="generate text from a prompt (or continue a checkpointed generation)")
-    gen.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded SmolLM2-135M-Instruct)")
+    gen.add_argument("--model", help="a .gguf file, an HF model directory or a Hugging Face model id org/name[@revision] "
+                                     "(default: embedded SmolLM2-135M-Instruct)")
     source = gen.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
@@ -34,8 +35,10 @@ def add_parser(sub: Any) -> None:
     gen.add_argument("--method", choices=["ar", "tokenswift"], default=None,
                      help="decoding method (default: tokenswift when the model has heads, else ar)")
     gen.add_argument("--heads", default=None,
-                     help="draft heads file for TokenSwift; 'default' (the default) = the heads shipped for the model "
-                          "(the embedded model has some), 'none' = no heads, 'random' = correct but slow (testing)")
+                     help="draft heads for TokenSwift: 'auto' (the default) = the model checkpoint's own heads "
+                          "(released TokenSwift models), else those shipped for the model (the embedded model has "
+                          "some), else none; 'default' = only shipped heads; a heads file, or a directory / hub id "
+                          "holding heads.safetensors or a released checkpoint; 'none'; 'random' (testing)")
     gen.add_argument("--greedy", action="store_true", help="shorthand for --temperature 0")
     gen.add_argument("--output", type=Path, help="write the text here (atomically) instead of stdout")
     gen.add_argument("--json", type=Path, help="write {token_ids, text, stats} to this file (atomically)")
@@ -119,7 +122,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = config_from_args(GenerationConfig, args)
     _plan_before_loading(args.model, runtime, generation, 1 + generation.max_new_tokens)
     with StopRequest() as stop, Ranks(runtime) as ranks:
-        engine = ranks.load(args.model, args.heads or "default")
+        engine = ranks.load(args.model, args.heads or "auto")
         stream = engine.stream(prompt, sampling=config_from_args(SamplingConfig, args), generation=generation,
                                chat=args.chat, method=args.method, spec=config_from_args(SpecConfig, args))
         return _run(engine, stream, outputs, stop, args.no_progress)

@@ -13,7 +13,9 @@ from .flags import add_config_flags, config_from_args
 
 def add_parser(sub: Any) -> None:
     info = sub.add_parser("info", help="model config, parameter count and memory plan")
-    info.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
+    info.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
+                                      "(default: embedded model)")
+    info.add_argument("--heads", default="auto", help="which draft heads to report (as generate's --heads; default: auto)")
     info.add_argument("--tokens", type=int, default=None,
                       help="plan for this many tokens, prompt + new (default: the model's context)")
     add_config_flags(info, SpecConfig)
@@ -24,6 +26,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config, resolve_path
     from ..runtime.memory import GiB, available_bytes, plan_memory
+    from ..spec.released import describe_heads
     from ..spec.tokenswift import draft_cache_tokens, tree_budget
 
     runtime = config_from_args(RuntimeConfig, args)
@@ -43,6 +46,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         if f.name != "hf_config":
             print(f"  {f.name}: {getattr(cfg, f.name)}")
     print(f"parameters: {cfg.parameter_count():,}")
+    print(f"draft heads: {describe_heads(args.model, args.heads, cfg)}")
     print(f"context: {cfg.context_limit} tokens" + ("" if cfg.rope_type == "default" else f" ({cfg.rope_type} rope scaling)"))
     print(f"memory plan for {tokens} tokens with TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: "
           f"{nodes} nodes) in {str(dtype).removeprefix('torch.')}: {plan.describe()}")

@@ -110,8 +110,9 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor to `dtype` under its transformers name."""
+def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: torch.device,
+                    only: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor (or those named in `only`) to `dtype` under its transformers name."""
     import gguf
 
     llama = hf_config.model_type == "llama"
@@ -124,7 +125,11 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
             if rest not in _LAYER_NAMES:
                 continue  # e.g. rope_freqs: recomputed from the config
             name = f"model.layers.{n}.{_LAYER_NAMES[rest]}"
+        elif t.name.startswith("model.medusa_layers."):
+            name = t.name  # TokenSwift draft heads, stored under their HF names (loading checks them)
         else:
+            continue
+        if only is not None and name not in only:
             continue
         try:
             array = gguf.quants.dequantize(t.data, t.tensor_type)

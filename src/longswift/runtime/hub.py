@@ -1,0 +1,89 @@
+"""Hugging Face model ids (`org/name[@revision]`) -> a local snapshot directory, through
+huggingface_hub and its standard cache (HF_HOME, HF_HUB_CACHE, HF_HUB_OFFLINE)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ..errors import LongswiftError
+
+# What a model directory needs: config, safetensors weights (and their index), tokenizer files.
+# Not *.bin / *.pt / *.gguf: longswift reads safetensors from HF directories.
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
+
+_HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?$")
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def parse_hub_id(source: str) -> tuple[str, str | None] | None:
+    """(repo_id, revision) if `source` reads as `org/name[@revision]`, else None."""
+    m = _HUB_ID.match(source)
+    if m is None or source.endswith((".gguf", ".safetensors")):
+        return None
+    return m["repo"], m["rev"]
+
+
+def _env_true(*names: str) -> bool:
+    return any(os.environ.get(n, "").strip().upper() in _TRUE for n in names)
+
+
+def hub_cache_dir() -> str:
+    """The hub cache as the environment says now (huggingface_hub reads it once, at import)."""
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    return constants.HF_HUB_CACHE
+
+
+def hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    if "HF_HUB_OFFLINE" in os.environ or "TRANSFORMERS_OFFLINE" in os.environ:
+        return _env_true("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def resolve_hub_id(source: str) -> Path:
+    """The snapshot directory of `org/name[@revision]`: from the cache when offline (no network call),
+    else downloaded (or updated) as transformers would. Refused in one line when it cannot be had."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    parsed = parse_hub_id(source)
+    assert parsed is not None
+    repo_id, revision = parsed
+    offline = hub_offline()
+    cache = hub_cache_dir()
+    get = f"`huggingface-cli download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+    try:
+        path = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
+                                 allow_patterns=ALLOW_PATTERNS)
+    except (RepositoryNotFoundError, GatedRepoError) as exc:
+        kind = "gated (log in with `hf auth login` and accept its terms)" if isinstance(exc, GatedRepoError) \
+            else "not found on the Hugging Face Hub (or private)"
+        raise LongswiftError(f"model '{repo_id}' is {kind}; pass a local .gguf file or model directory") from None
+    except RevisionNotFoundError:
+        raise LongswiftError(f"model '{repo_id}' has no revision '{revision}'") from None
+    except LocalEntryNotFoundError:
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
+        raise LongswiftError(f"model '{source}' is not in the Hugging Face cache ({cache}) and {why}: "
+                             f"get it with {get} (online), or pass a local path") from None
+    except (HFValidationError, ValueError) as exc:
+        raise LongswiftError(f"'{source}' is neither a local path nor a valid Hugging Face model id "
+                             f"({str(exc).splitlines()[0]})") from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise LongswiftError(f"cannot download '{repo_id}': {str(exc).splitlines()[0]}; retry, or get it with "
+                             f"{get}") from None
+    return Path(path)

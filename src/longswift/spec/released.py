@@ -1,0 +1,122 @@
+"""TokenSwift's released-checkpoint layout for draft heads: a complete HF model directory whose
+config has `medusa_heads` and whose state dict holds, next to the base model's tensors,
+`model.medusa_layers.{i}.linear.weight` [hidden, hidden] (W_i), `.input_layernorm.weight` (RMSNorm_i)
+and `.post_layernorm.weight` (RMSNorm'_i), in the model dtype. That is DraftHeads one to one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..atomic import replace_atomically
+from ..config import ModelConfig
+from ..errors import LongswiftError
+from ..runtime.hub import parse_hub_id, resolve_hub_id
+from ..runtime.loading import HEAD_PREFIX, load_config, read_tensors, resolve_path, take_head_tensors, tensor_shapes
+from .heads import HEADS_FILE, DraftHeads, may_have_shipped_heads, model_fingerprint, shipped_heads
+
+# DraftHeads parameter <- the part of each released layer stacked into it.
+_PARTS = {"weights": "linear.weight", "in_norms": "input_layernorm.weight", "out_norms": "post_layernorm.weight"}
+
+
+def heads_from_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, fingerprint: str) -> DraftHeads:
+    """DraftHeads holding exactly these (checked, see loading.take_head_tensors) released-layout tensors."""
+    gamma = len(tensors) // len(_PARTS)
+    heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps)
+    dtype = next(iter(tensors.values())).dtype
+    heads.to(dtype)  # no rounding on the way in: the parameters take the tensors' dtype
+    heads.load_state_dict({p: torch.stack([tensors[f"{HEAD_PREFIX}{i}.{part}"] for i in range(gamma)])
+                           for p, part in _PARTS.items()})
+    heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
+    return heads
+
+
+def tensors_from_heads(heads: DraftHeads, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The released layout of these heads (contiguous CPU tensors in `dtype`)."""
+    state = heads.state_dict()
+    return {f"{HEAD_PREFIX}{i}.{part}": state[p][i].detach().to("cpu", dtype).contiguous()
+            for i in range(heads.gamma) for p, part in _PARTS.items()}
+
+
+def heads_location(source: str) -> Path:
+    """A local path as given, or the snapshot directory of a hub id `org/name[@revision]`."""
+    path = Path(source).expanduser()
+    return resolve_hub_id(source) if not path.exists() and parse_hub_id(source) else path
+
+
+def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
+    """The heads of a released checkpoint directory for this base model, refused if that
+    checkpoint's base model is another one (same identity check as a heads file's)."""
+    their_cfg = load_config(str(path))
+    names = {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {"model.embed_tokens.weight"}
+    state = read_tensors(path, names)
+    if "model.embed_tokens.weight" not in state:
+        raise LongswiftError(f"'{path}' has no model.embed_tokens.weight: not a complete model directory")
+    tensors = take_head_tensors(their_cfg, state, str(path))
+    if tensors is None:
+        raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
+    fingerprint = model_fingerprint(cfg, embed)
+    if model_fingerprint(their_cfg, state["model.embed_tokens.weight"]) != fingerprint:
+        raise LongswiftError(f"heads in '{path}' were made for another model (its base model is not this one): "
+                             "pass that checkpoint with --model, or train heads for this model")
+    heads = heads_from_tensors(tensors, cfg, fingerprint)
+    return heads.to(device=embed.device, dtype=embed.dtype)
+
+
+def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str, torch.Tensor], heads: DraftHeads,
+                      tokenizer: Any, dtype: torch.dtype) -> Path:
+    """Write base model + heads as a released TokenSwift checkpoint: an HF directory (config.json with
+    `medusa_heads`, model.safetensors, the tokenizer) that transformers and TokenSwift's code load."""
+    from safetensors.torch import save_file
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    out = Path(out).expanduser()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise LongswiftError(f"'{out}' exists and is not an empty directory: choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    hf = cfg.hf_config.to_dict()
+    hf["medusa_heads"] = heads.gamma
+    hf["architectures"] = hf.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.architecture]]
+    hf["dtype"] = hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    # transformers < 5 (TokenSwift's code pins 4.47) reads rope_theta / rope_scaling, not rope_parameters.
+    rope = dict(hf.get("rope_parameters") or {})
+    hf.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    if rope.get("rope_type", "default") != "default":
+        hf.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
+    tensors |= tensors_from_heads(heads, dtype)
+    replace_atomically(out / "model.safetensors",
+                       lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out))
+    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> str:
+    """Which heads `--heads` gives this model and where they come from, read from file headers
+    (plus the embedding table when shipped heads might match), for `longswift info`."""
+    if heads in ("none", "random"):
+        return "none (AR)" if heads == "none" else "random heads (testing only)"
+    if heads in ("auto", "default"):
+        path = resolve_path(model)
+        if heads == "auto":
+            meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items() if k.startswith(HEAD_PREFIX)}
+            found = take_head_tensors(cfg, meta, str(path))
+            if found:
+                n = len(found) // len(_PARTS)
+                return f"{n} heads inside the model checkpoint ({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
+        if may_have_shipped_heads(cfg):
+            embed = read_tensors(path, {"model.embed_tokens.weight"}, torch.float32)["model.embed_tokens.weight"]
+            shipped = shipped_heads(cfg, embed)
+            if shipped is not None:
+                return f"heads shipped with longswift for this model: {shipped}"
+        return "none: AR (the checkpoint has no heads and none are shipped for this model)"
+    path = heads_location(heads)
+    if path.is_dir() and not (path / HEADS_FILE).is_file():
+        return f"from the released checkpoint {path} (TokenSwift layout; checked against the model when loaded)"
+    return f"from the heads file {path / HEADS_FILE if path.is_dir() else path} (checked against the model when loaded)"

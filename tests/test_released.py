@@ -1,0 +1,384 @@
+"""TokenSwift's released checkpoints (draft heads inside the model, `model.medusa_layers.*`): loading
+them as they are, the paper's model list against transformers and the reference head code,
+Hugging Face model ids from the standard cache, and `export-heads` round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_one_line_error, run_cli, tiny_hf_model
+from test_lossless import repetitive_prompt
+
+import longswift
+from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.spec.heads import new_heads, save_heads
+
+GAMMA = 3
+PREFIX = "model.medusa_layers."
+
+
+def released_tensors(hidden: int, dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    """Random heads in the released layout (norm weights away from 1, so every term counts)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i in range(GAMMA):
+        out[f"{PREFIX}{i}.linear.weight"] = (torch.randn(hidden, hidden, generator=g) / hidden**0.5).to(dtype)
+        out[f"{PREFIX}{i}.input_layernorm.weight"] = (1 + 0.2 * torch.randn(hidden, generator=g)).to(dtype)
+        out[f"{PREFIX}{i}.post_layernorm.weight"] = (1 + 0.2 * torch.randn(hidden, generator=g)).to(dtype)
+    return out
+
+
+def save_released(hf, path, seed: int = 5, drop: str | None = None, change: dict | None = None) -> dict:
+    """Save `hf` as TokenSwift's released checkpoints are: an HF directory whose config has
+    medusa_heads and whose safetensors hold the heads next to the base tensors."""
+    from safetensors.torch import load_file, save_file
+
+    hf.save_pretrained(path)
+    heads = released_tensors(hf.config.hidden_size, next(hf.parameters()).dtype, seed)
+    state = load_file(str(path / "model.safetensors")) | heads
+    if drop:
+        state.pop(drop)
+    state |= change or {}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(cfg | {"medusa_heads": GAMMA}))
+    return heads
+
+
+def reference_heads(h0: torch.Tensor, tensors: dict, eps: float) -> list[torch.Tensor]:
+    """TokenSwift 0.1.1 models/modeling_llama3_1.py (MedusaModel, LlamaRMSNorm), restated: h_0 is the
+    last decoder layer's output before model.norm; each head returns post_layernorm(h_i)."""
+    def rms(x, w):
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return w * x.to(dtype)
+
+    h, outs = h0, []
+    for i in range(GAMMA):
+        p = f"{PREFIX}{i}."
+        h = h + F.linear(rms(h, tensors[p + "input_layernorm.weight"]), tensors[p + "linear.weight"])
+        outs.append(rms(h, tensors[p + "post_layernorm.weight"]))
+    return outs
+
+
+# The released checkpoints' architectures, as tiny random models of the same config family.
+PAPER_MODELS = {
+    "llama-3.1-8b": dict(arch="llama", rope="llama3", tie=False),
+    "yarn-llama-2-7b-128k": dict(arch="llama", rope="default", tie=False, max_position_embeddings=131072,
+                                 rope_scaling={"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                                               "finetuned": True}, rope_theta=10000.0),
+    "qwen2.5-1.5b": dict(arch="qwen2", rope="default", tie=True, max_position_embeddings=32768, rope_theta=1e6),
+    "qwen2.5-7b": dict(arch="qwen2", rope="default", tie=False, max_position_embeddings=32768, rope_theta=1e6),
+    "deepseek-r1-distill-qwen-32b": dict(arch="qwen2", rope="default", tie=False, max_position_embeddings=131072,
+                                         rope_theta=1e6, sliding_window=131072, use_sliding_window=False),
+}
+
+
+def paper_model(name: str, dtype=torch.float64, seed: int = 41, vocab: int = 24):
+    kw = dict(PAPER_MODELS[name])
+    arch, rope, tie = kw.pop("arch"), kw.pop("rope"), kw.pop("tie")
+    if "rope_scaling" in kw or "rope_theta" in kw:  # the checkpoint's own (legacy) config keys
+        scaling, theta = kw.pop("rope_scaling", None), kw.pop("rope_theta")
+        kw["rope_parameters"] = {"rope_type": scaling["type"], **scaling, "rope_theta": theta} if scaling else \
+            {"rope_type": "default", "rope_theta": theta}
+    return tiny_hf_model(arch, rope, tie, seed=seed, dtype=dtype, vocab=vocab, **kw)
+
+
+def pre_norm_hidden(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' logits and the input of its final norm (the hidden state the heads read)."""
+    seen = {}
+
+    def keep(module, args):
+        seen["h"] = args[0][0]  # returns None: the input is left as it is
+
+    hook = hf.model.norm.register_forward_pre_hook(keep)
+    with torch.no_grad():
+        logits = hf(ids[None]).logits[0]
+    hook.remove()
+    return logits, seen["h"]
+
+
+@pytest.mark.parametrize("name", PAPER_MODELS)
+def test_paper_models_in_the_released_layout_match_transformers_and_the_reference_heads(tmp_path, name):
+    """Base logits vs transformers and each head's logits vs the reference head code, float64;
+    then TokenSwift with the checkpoint's own heads equals AR (greedy and seeded sampling)."""
+    hf = paper_model(name)
+    tensors = save_released(hf, tmp_path)
+    engine = longswift.load(str(tmp_path), dtype="float64")
+    assert engine.heads is not None and "inside the model checkpoint" in engine.heads_origin
+    ids = torch.tensor(repetitive_prompt(1, 24, 40))
+    ref_logits, ref_h0 = pre_norm_hidden(hf, ids)
+    with torch.inference_mode():
+        logits, hidden = engine.model.forward(ids, torch.arange(len(ids)), None)
+        head_logits = engine.model.lm_head(engine.heads(hidden))  # [gamma, T, V]
+    assert float((logits - ref_logits).abs().max() / ref_logits.abs().max()) < 1e-6
+    assert float((hidden - ref_h0).abs().max() / ref_h0.abs().max()) < 1e-6
+    with torch.no_grad():
+        for i, state in enumerate(reference_heads(ref_h0, tensors, hf.config.rms_norm_eps)):
+            ref = hf.lm_head(state)
+            assert float((head_logits[i] - ref).abs().max() / ref.abs().max()) < 1e-6, i
+
+    spec = SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False)
+    gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    for sampling in (SamplingConfig(temperature=0, repetition_penalty=1.15, penalty_window=16),
+                     SamplingConfig(seed=7, top_p=0.9, min_p=0.0, repetition_penalty=1.15, penalty_window=16)):
+        prompt = repetitive_prompt(2, 24)
+        ar = engine.generate(prompt, sampling=sampling, generation=gen, method="ar")
+        ts = engine.generate(prompt, sampling=sampling, generation=gen, spec=spec)  # tokenswift: it has heads
+        assert ts.stats.method == "tokenswift" and ts.token_ids == ar.token_ids
+
+
+def test_released_bfloat16_heads_load_bit_for_bit_and_run_like_the_reference(tmp_path):
+    """Released checkpoints are bfloat16: heads keep their bits, and the norms multiply the weight in
+    the model dtype after a float32 normalisation, as the reference's LlamaRMSNorm does."""
+    hf = paper_model("llama-3.1-8b", dtype=torch.bfloat16)
+    tensors = save_released(hf, tmp_path)
+    engine = longswift.load(str(tmp_path), dtype="bfloat16")
+    for i in range(GAMMA):
+        assert torch.equal(engine.heads.weights[i], tensors[f"{PREFIX}{i}.linear.weight"])
+        assert torch.equal(engine.heads.in_norms[i], tensors[f"{PREFIX}{i}.input_layernorm.weight"])
+        assert torch.equal(engine.heads.out_norms[i], tensors[f"{PREFIX}{i}.post_layernorm.weight"])
+    h0 = torch.randn(8, hf.config.hidden_size, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ours = engine.heads(h0)
+    for i, ref in enumerate(reference_heads(h0, tensors, hf.config.rms_norm_eps)):
+        assert ref.dtype == ours.dtype == torch.bfloat16
+        # F.rms_norm vs the reference's mean/rsqrt may differ in a float32 last bit before rounding.
+        assert float((ours[i].float() - ref.float()).abs().max()) <= 2 ** -6 * float(ref.float().abs().max()), i
+
+
+def test_yarn_128k_frequencies_match_the_reference_formula():
+    """Yarn-Llama-2-7b-128k: the reference (modeling_llama2.py, LlamaYaRNRotaryEmbedding) computes its
+    own YaRN tables; ours come from transformers. Same frequencies and attention factor."""
+    from transformers import AutoConfig
+
+    from longswift.config import ModelConfig
+    from longswift.runtime.rope import Rope
+
+    hf = AutoConfig.for_model("llama", hidden_size=4096, num_attention_heads=32, num_hidden_layers=1, vocab_size=32000,
+                              intermediate_size=11008, max_position_embeddings=131072, rope_theta=10000.0,
+                              rope_scaling={"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                                            "finetuned": True})
+    rope = Rope(ModelConfig.from_hf(hf), torch.device("cpu"))
+    dim, base, factor, orig = 128, 10000, 32.0, 4096
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+
+    def corr(rot):
+        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = max(math.floor(corr(32)), 0), min(math.ceil(corr(1)), dim - 1)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    mask = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - mask) + (1.0 / pos_freqs) * mask
+    assert torch.allclose(rope.inv_freq, inv, rtol=1e-6, atol=0)
+    assert rope.scaling == pytest.approx(0.1 * math.log(factor) + 1.0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_released_checkpoint_loads_its_heads_and_is_lossless(tmp_path, arch):
+    hf = tiny_hf_model(arch, "yarn", seed=31, dtype=torch.float64, vocab=24)
+    tensors = save_released(hf, tmp_path)
+    engine = longswift.load(str(tmp_path), dtype="float64")  # heads: auto
+    got = engine.heads.state_dict()
+    for i in range(GAMMA):
+        assert torch.equal(got["weights"][i], tensors[f"{PREFIX}{i}.linear.weight"])
+        assert torch.equal(got["in_norms"][i], tensors[f"{PREFIX}{i}.input_layernorm.weight"])
+        assert torch.equal(got["out_norms"][i], tensors[f"{PREFIX}{i}.post_layernorm.weight"])
+    assert not any(k.startswith(PREFIX) for k in engine.model.state)
+    gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    accepted = 0
+    for seed, sampling in enumerate((SamplingConfig(temperature=0, repetition_penalty=1.0),
+                                     SamplingConfig(seed=3, min_p=0.05))):
+        prompt = repetitive_prompt(seed, 24)
+        ar = engine.generate(prompt, sampling=sampling, generation=gen, method="ar")
+        ts = engine.generate(prompt, sampling=sampling, generation=gen, method="tokenswift",
+                             spec=SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False))
+        assert ts.token_ids == ar.token_ids
+        accepted += ts.stats.accepted_tokens
+    assert accepted > 0
+    assert longswift.load(str(tmp_path), dtype="float64", heads="none").heads is None
+
+
+def test_released_heads_inside_a_gguf(tmp_path):
+    from test_loading import write_gguf
+
+    hf = tiny_hf_model("llama", "default", seed=8)
+    tensors = released_tensors(64, torch.float32, seed=2)
+    write_gguf(tmp_path / "m.gguf", hf, "llama", extra=tensors)
+    engine = longswift.load(str(tmp_path / "m.gguf"), dtype="float32")
+    assert engine.heads is not None and engine.heads.gamma == GAMMA
+    assert torch.equal(engine.heads.weights[2], tensors[f"{PREFIX}2.linear.weight"])
+
+
+BROKEN = {
+    "missing": (dict(drop=f"{PREFIX}1.post_layernorm.weight"), f"'{PREFIX}1.post_layernorm.weight' is missing"),
+    "shape": (dict(change={f"{PREFIX}0.linear.weight": torch.zeros(64, 32)}), f"'{PREFIX}0.linear.weight' has shape (64, 32)"),
+    "bias": (dict(change={f"{PREFIX}2.linear.bias": torch.zeros(64)}), f"unexpected tensor '{PREFIX}2.linear.bias'"),
+    "extra-head": (dict(change={f"{PREFIX}3.linear.weight": torch.zeros(64, 64)}), f"'{PREFIX}3.linear.weight'"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN, ids=BROKEN.keys())
+def test_partial_or_ill_shaped_heads_are_refused_in_one_line(tmp_path, capsys, case):
+    kwargs, match = BROKEN[case]
+    save_released(tiny_hf_model("llama", "default"), tmp_path, **kwargs)
+    capsys.readouterr()  # transformers' save progress bar
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path), "--prompt-ids", "1,2,3", "--max-new-tokens", "2")
+    assert_one_line_error(code, err, match)
+    code, _, err = run_cli(capsys, "info", "--model", str(tmp_path))
+    assert_one_line_error(code, err, match)
+
+
+# -- Hugging Face model ids ------------------------------------------------------------------------
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_cache(root, repo_id: str):
+    """A cache directory in huggingface_hub's layout (models--org--name/refs/main -> snapshots/<commit>/)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = root / repo_folder_name(repo_id=repo_id, repo_type="model")
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    return snapshot
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    """HF_HUB_CACHE at a fresh directory, offline, and any Hub API call fails the test."""
+    import huggingface_hub
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_network(*a, **k):
+        raise AssertionError("a network call was made")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "repo_info", no_network)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", no_network)
+    return cache
+
+
+def test_hub_id_resolves_from_the_cache_offline(offline_cache, tmp_path, capsys):
+    snapshot = hub_cache(offline_cache, "tiny-org/tiny-released")
+    hf = tiny_hf_model("qwen2", "default", seed=12)
+    tensors = save_released(hf, snapshot)
+    for source in ("tiny-org/tiny-released", f"tiny-org/tiny-released@{COMMIT}", "tiny-org/tiny-released@main"):
+        engine = longswift.load(source, dtype="float32")
+        assert engine.source == str(snapshot) and engine.hub_id == source
+        assert torch.equal(engine.heads.weights[0], tensors[f"{PREFIX}0.linear.weight"])
+    ids = torch.arange(20) % 128
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        ours, _ = engine.model.forward(ids, torch.arange(20), None)
+    assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-4
+    code, out, _ = run_cli(capsys, "info", "--model", "tiny-org/tiny-released")
+    assert code == 0 and f"model: {snapshot}" in out and "3 heads inside the model checkpoint" in out
+
+
+def test_hub_id_for_heads_checks_the_base_model(offline_cache, tmp_path, capsys):
+    """`--heads org/name` reads a released checkpoint's heads for a base model loaded separately."""
+    hf = tiny_hf_model("llama", "default", seed=13)
+    tensors = save_released(hf, hub_cache(offline_cache, "tiny-org/released"))
+    base = tmp_path / "base"
+    hf.save_pretrained(base)
+    engine = longswift.load(str(base), dtype="float32")
+    assert engine.heads is None  # a plain base model: no heads of its own, none shipped
+    engine.set_heads("tiny-org/released")
+    assert torch.equal(engine.heads.out_norms[1], tensors[f"{PREFIX}1.post_layernorm.weight"])
+    assert "from the released checkpoint" in engine.heads_origin
+    other = tmp_path / "other"
+    tiny_hf_model("llama", "default", seed=14).save_pretrained(other)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "generate", "--model", str(other), "--heads", "tiny-org/released",
+                           "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    assert_one_line_error(code, err, "were made for another model")
+
+
+def test_hub_id_under_hf_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = hub_cache(tmp_path / "home" / "hub", "org2/base")
+    tiny_hf_model("llama", "default").save_pretrained(snapshot)
+    assert longswift.load("org2/base", dtype="float32").source == str(snapshot)
+
+
+def test_missing_hub_model_is_one_line(offline_cache, capsys):
+    code, _, err = run_cli(capsys, "generate", "--model", "tiny-org/not-there", "--prompt-ids", "1", "--max-new-tokens", "1")
+    assert_one_line_error(code, err, "not in the Hugging Face cache")
+    assert "huggingface-cli download tiny-org/not-there" in err
+    code, _, err = run_cli(capsys, "info", "--model", "tiny-org/not-there@v2")
+    assert_one_line_error(code, err, "--revision v2")
+
+
+def test_local_paths_are_not_taken_for_hub_ids(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "org").mkdir()
+    tiny_hf_model("llama", "default").save_pretrained(tmp_path / "org" / "name")
+    assert longswift.load("org/name", dtype="float32").hub_id is None
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "info", "--model", "./nothing/here")
+    assert_one_line_error(code, err, "does not exist")
+
+
+# -- export-heads ------------------------------------------------------------------------------------
+
+def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_hf_model("qwen2", "default", tie=True, seed=17)
+    base = tmp_path / "base"
+    hf.save_pretrained(base)
+    engine = longswift.load(str(base), dtype="float32", heads=None)
+    heads = new_heads(engine.cfg, engine.model.state).randomize(seed=4)
+    with torch.no_grad():
+        heads.in_norms.mul_(1.1)
+    save_heads(heads, engine.cfg, heads.base_fingerprint, tmp_path / "heads.safetensors")
+    saved = load_file(str(tmp_path / "heads.safetensors"))
+    out = tmp_path / "released"
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
+                           "--format", "tokenswift", "--out", str(out))
+    assert code == 0, err
+    assert json.loads((out / "config.json").read_text())["medusa_heads"] == GAMMA
+    assert load_file(str(out / "model.safetensors"))[f"{PREFIX}2.linear.weight"].dtype == torch.float32
+    loaded = longswift.load(str(out), dtype="float32")
+    for k, v in loaded.heads.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    # transformers still reads the directory as the base model (the heads are extra keys to it).
+    again = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).state_dict()
+    for k, v in hf.state_dict().items():
+        assert torch.equal(again[k], v), k
+    # and back: the released directory's heads as a longswift heads file for the base model
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(out), "--format", "longswift",
+                           "--out", str(tmp_path / "back.safetensors"))
+    assert code == 0, err
+    back = longswift.load(str(base), dtype="float32", heads=str(tmp_path / "back.safetensors"))
+    for k, v in back.heads.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
+                           "--out", str(out))
+    assert_one_line_error(code, err, "not an empty directory")
+
+
+def test_info_reports_which_heads_and_where(tmp_path, capsys):
+    save_released(tiny_hf_model("llama", "default"), tmp_path)
+    code, out, _ = run_cli(capsys, "info", "--model", str(tmp_path))
+    assert code == 0 and f"draft heads: 3 heads inside the model checkpoint ({PREFIX}0..2, TokenSwift layout) {tmp_path}" in out
+    code, out, _ = run_cli(capsys, "info", "--model", str(tmp_path), "--heads", "none")
+    assert code == 0 and "draft heads: none (AR)" in out
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0 and "draft heads: heads shipped with longswift for this model" in out
