@@ -215,34 +215,54 @@ def test_embedded_model_greedy_tokenswift_equals_ar(embedded, heads, mode):
         embedded.set_heads(shipped)
 
 
+@pytest.mark.parametrize("partial", [False, True], ids=["full-cache", "partial-cache"])
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
-def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, monkeypatch):
-    """Lookup steps (n-gram continuations of the root, no draft pass) mixed with full steps in a
+def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, partial, monkeypatch):
+    """Lookup steps (n-gram continuations of the root, no draft pass) and plain steps (the root
+    alone, leaving the n-gram table and the partial cache to catch up) mixed with full steps in a
     fixed pattern: still AR's tokens, and lookup steps do accept tokens on repetitive text."""
     from longswift.spec import tokenswift
 
-    pattern = iter([tokenswift.FULL, tokenswift.LOOKUP, tokenswift.LOOKUP] * 100)
+    pattern = iter([tokenswift.FULL, tokenswift.LOOKUP, tokenswift.LOOKUP, tokenswift.PLAIN, tokenswift.PLAIN,
+                    tokenswift.PLAIN] * 100)
     monkeypatch.setattr(tokenswift.TokenSwiftState, "choose", lambda self: next(pattern))
     gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
-    spec = SpecConfig(tree="1,2,2", ngram_topk=3)
+    budget = dict(draft_kv_budget=40, draft_window=8, attention_sinks=4) if partial else {}
+    spec = SpecConfig(tree="1,2,2", ngram_topk=3, **budget)
     prompt = repetitive_prompt(1, 24)
     ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
     ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
     assert ts.token_ids == ar.token_ids
-    assert ts.stats.lookup_steps >= (ts.stats.steps - 1) // 3 * 2 - 1
+    assert ts.stats.lookup_steps >= (ts.stats.steps - 1) // 6 * 2 - 1
+    assert ts.stats.plain_steps >= (ts.stats.steps - 1) // 6 * 3 - 2
 
 
 def test_adaptive_choice_follows_measured_rates():
-    from longswift.spec.tokenswift import FULL, LOOKUP, PROBE_EVERY, TokenSwiftState
+    from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, MAX_PROBE_EVERY, PLAIN, PROBE_EVERY, TokenSwiftState
 
     s = TokenSwiftState.__new__(TokenSwiftState)
-    s.spec, s.rate, s.since_probe, s.tokens_per_step = SpecConfig(), {FULL: None, LOOKUP: None}, 0, 1.0
+    s.spec, s.rate, s.since_probe, s.probe_turn, s.tokens_per_step = SpecConfig(), dict.fromkeys(KINDS), 0, 0, 1.0
+    s.probe_every, s.best = PROBE_EVERY, None
     assert s.choose() == FULL
     s.record(FULL, 4, 0.1)  # 40 tok/s
     assert s.tokens_per_step == pytest.approx(1.75)  # the EMA that decides one-pass LM heads: 0.75 * 1 + 0.25 * 4
     assert s.choose() == LOOKUP
     s.record(LOOKUP, 1, 0.02)  # 50 tok/s
+    assert s.choose() == PLAIN
+    s.record(PLAIN, 1, 0.025)  # 40 tok/s
+    picks = [s.choose() for _ in range(3 * PROBE_EVERY)]
+    probes = [i for i, k in enumerate(picks) if k != LOOKUP]  # the fastest, but the slower kinds are probed ...
+    assert probes == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]  # ... at doubling intervals while nothing changes ...
+    assert {picks[i] for i in probes} == {FULL, PLAIN}  # ... and in turn
+    s.record(PLAIN, 1, 0.001)  # a probe finds a faster kind: it leads, and probing starts over
     picks = [s.choose() for _ in range(PROBE_EVERY)]
-    assert picks.count(LOOKUP) == PROBE_EVERY - 1 and picks[-1] == FULL  # the slower kind is probed
+    assert picks[:-1] == [PLAIN] * (PROBE_EVERY - 1) and picks[-1] != PLAIN
+    before, tps = dict(s.rate), s.tokens_per_step
+    s.record(FULL, 5, None)  # a step that captured a graph or refilled the partial cache: tokens count, time not
+    assert s.rate == before and s.tokens_per_step == pytest.approx(0.75 * tps + 0.25 * 5)
+    s.probe_every = 10**6
+    s.rate[PLAIN] = 1.0  # plain steps have become slow: LOOKUP (50 tok/s) leads again
+    assert s.choose() == LOOKUP
+    assert s.probe_every == PROBE_EVERY <= MAX_PROBE_EVERY  # the lead changed again: short interval
     s.spec = SpecConfig(adaptive=False)
     assert s.choose() == FULL

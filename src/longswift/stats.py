@@ -23,6 +23,7 @@ class GenerationStats:
     draft_positions: int = 0  # deepest drafted position per step, summed (alpha's denominator; 4 for 1,3,3,3)
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
     lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
+    plain_steps: int = 0  # adaptive steps that verified the root alone (an AR step: no draft paid for itself)
     stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
     resumes: int = 0  # times this generation was continued from a checkpoint (each re-prefills the context)
 

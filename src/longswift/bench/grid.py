@@ -309,6 +309,7 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "ngram_alpha": (stats.ngram_accepted / stats.draft_positions if stats.draft_positions else 0.0) if spec else None,
         "tokens_per_step": stats.tokens_per_step if spec else None,
         "lookup_steps": stats.lookup_steps if spec else None,
+        "plain_steps": stats.plain_steps if spec else None,
         "stage_seconds": dict(stats.stage_seconds) if spec else None,
         **{f"distinct_{n}": distinct_n(ids, n) for n in (1, 2, 3, 4)},
         "peak_memory_bytes": mem.peak_bytes, "memory_at_start_bytes": mem.start_bytes, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -43,6 +43,10 @@ class FullKVCache:
     def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
         """Keep slots `< start` as they are and, of the slots `>= start`, only `keep` (increasing),
         moved to `start, start + 1, ...`; the cache length becomes `start + len(keep)`."""
+        if isinstance(keep, Sequence) and list(keep) == list(range(start, start + len(keep))) \
+                and start + len(keep) <= self.length:
+            self.length = start + len(keep)  # already in place (a root alone, a first-child chain): no copy
+            return
         keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.k.device)  # [K]
         n = int(keep_t.numel())
         if n:

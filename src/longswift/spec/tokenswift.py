@@ -25,8 +25,10 @@ from .tree import NGRAM, Trie
 from .verify import Walk, lossless_walk
 
 NGRAM_N = 4
-FULL, LOOKUP = "full", "lookup"
-PROBE_EVERY = 16  # adaptive steps: how often the slower kind of step is tried again
+FULL, LOOKUP, PLAIN = "full", "lookup", "plain"
+KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
+PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
+MAX_PROBE_EVERY = 256  # ... doubling while the probes do not change which kind is fastest
 EMA = 0.25  # weight of the newest step in the tokens/s and tokens/step estimates
 
 
@@ -108,42 +110,74 @@ class TokenSwiftState:
         if self.ngrams is not None:
             self.ngrams.update(self.tokens, self.n)
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
-        # Adaptive steps: measured tokens/s (EMA) of full steps and of lookup steps.
-        self.rate: dict[str, float | None] = {FULL: None, LOOKUP: None}
+        # Adaptive steps: measured tokens/s (EMA) of each kind of step.
+        self.rate: dict[str, float | None] = dict.fromkeys(KINDS)
         self.since_probe = 0
+        self.probe_turn = 0
+        self.probe_every = PROBE_EVERY
+        self.best: str | None = None
+        self.one_off = False  # this step paid a one-off cost (a partial-cache refill): not timed for `rate`
+        self.partial_from = 0  # first full-cache slot the partial cache's window has not seen
         self.tokens_per_step = 1.0  # EMA of the tokens a step emits (deterministic: same on every rank)
 
     def choose(self) -> str:
-        """FULL (draft pass + heads' tree) or LOOKUP (n-gram continuations of the root only, no
-        draft pass): whichever has been faster, trying the other every PROBE_EVERY steps."""
+        """FULL (draft pass + heads' tree), LOOKUP (n-gram continuations of the root only, no draft
+        pass) or PLAIN (the root alone: an AR step, for text where no draft pays for itself):
+        whichever has been fastest, trying the others in turn every `probe_every` steps; probes cost
+        time, so their interval doubles (up to MAX_PROBE_EVERY) while the fastest kind stays the same."""
         if not self.spec.adaptive:
             return FULL
-        for kind in (FULL, LOOKUP):
+        for kind in KINDS:
             if self.rate[kind] is None:
                 return kind
-        best = FULL if self.rate[FULL] >= self.rate[LOOKUP] else LOOKUP  # type: ignore[operator]
+        best = max(KINDS, key=lambda k: self.rate[k])  # type: ignore[arg-type,return-value]
+        if best != self.best:
+            self.best, self.probe_every = best, PROBE_EVERY
         self.since_probe += 1
-        if self.since_probe >= PROBE_EVERY:
+        if self.since_probe >= self.probe_every:
             self.since_probe = 0
-            return LOOKUP if best == FULL else FULL
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+            others = [k for k in KINDS if k != best]
+            self.probe_turn = (self.probe_turn + 1) % len(others)
+            return others[self.probe_turn]
         return best
 
-    def record(self, kind: str, tokens: int, seconds: float) -> None:
+    def record(self, kind: str, tokens: int, seconds: float | None) -> None:
+        """A step's tokens, and its time unless None (a step that captured a CUDA graph or refilled
+        the partial cache: one-off costs that would misjudge its kind for many steps)."""
         self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
+        if seconds is None:
+            return
         r = tokens / max(seconds, 1e-9)
         old = self.rate[kind]
         self.rate[kind] = r if old is None else (1 - EMA) * old + EMA * r
 
+    def captures(self) -> int:
+        """CUDA graphs captured so far by this generation's steps."""
+        return sum(g.captures for g in self.graphs.values())
+
     def window(self) -> torch.Tensor:
         return penalty_window(self.history, self.n, self.sampling.penalty_window)
 
-    def emit(self, tokens: list[int]) -> None:
+    def emit(self, tokens: list[int], index: bool = True) -> None:
+        """Commit tokens to the output; `index=False` leaves the n-gram table and the partial cache
+        behind (a plain step: catch_up brings them up to date before a step that uses them)."""
         self.history[self.n : self.n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         self.tokens.extend(tokens)
         self.n += len(tokens)
         self.produced += len(tokens)
+        if index:
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Add the committed tokens' n-grams to the table and the full cache's new entries to the
+        partial cache's recent window (as much as fits), as plain steps left them; the same state as
+        updating after every step."""
         if self.ngrams is not None:
             self.ngrams.update(self.tokens, self.n)
+        if self.partial is not None and self.partial.selected:
+            self.partial.append(self.full, self.partial_from, self.full.length)
+        self.partial_from = self.full.length
 
 
 def draft_levels(spec: SpecConfig) -> tuple[int, ...]:
@@ -190,6 +224,7 @@ def draft(s: TokenSwiftState) -> Draft:
         if s.partial is not None and s.full.length >= s.spec.draft_kv_budget:
             if not s.partial.selected or (s.partial.window_full and s.spec.draft_cache == "dynamic"):
                 queries = []  # draft on the full cache once, then select with the root's queries
+                s.one_off = True
             else:
                 if s.partial.window_full:  # static: keep the first selection, restart the window
                     s.partial.restart_window()
@@ -205,6 +240,7 @@ def draft(s: TokenSwiftState) -> Draft:
         cache.truncate(start)
         if queries is not None:
             s.partial.select(s.full, queries)
+            s.partial_from = s.full.length
         base = model.norm(h[None], model.final_norm)  # [1, hidden]
     states = s.heads(h[None])[:, 0]  # [gamma, hidden], already through each head's output norm
     if base is not None:
@@ -244,6 +280,13 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     """One forward of the root and every trie node on the full cache, under the tree mask."""
     dev = s.model.device
+    if len(trie) == 1:  # the root alone (a plain step) is a decoding step: same kernels as AR
+        if (graphs := s.graphs.get(id(s.full))) is not None:
+            logits, hidden = graphs.decode(trie.tokens[0], s.n - 1)
+            return Verified(s.model, hidden[None], {0: logits})
+        _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
+                                    logits_rows=slice(0, 0))
+        return Verified(s.model, hidden, {})
     graphs = s.graphs.get(id(s.full))
     if graphs is not None:  # padded to a node budget; rows past the trie are padding
         hidden = graphs.forward(trie.tokens, trie.positions(s.n - 1), trie.mask(), logits=False)[1][: len(trie)]
@@ -261,15 +304,14 @@ def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
                          max_tokens=s.gen.max_new_tokens - s.produced, pick=s.pick)
 
 
-def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]:
-    """Keep the KV entries of the root and the accepted path; record the emitted tokens."""
+def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk, plain: bool = False) -> list[int]:
+    """Keep the KV entries of the root and the accepted path; record the emitted tokens (a plain
+    step leaves the n-gram table and the partial cache to catch_up: it needs neither)."""
     base = s.n - 1  # the root's slot
     s.full.compact(base, [base] + [base + node for node in walk.nodes])
-    if s.partial is not None and s.partial.selected:
-        s.partial.append(s.full, base, s.full.length)
     s.prev_hidden = v.hidden[walk.nodes[-1] if walk.nodes else 0]
     emitted = walk.tokens + [walk.next_root]
-    s.emit(emitted)
+    s.emit(emitted, index=not plain)
     s.stats.accepted_tokens += len(walk.tokens)
     s.stats.ngram_accepted += walk.ngram_only
     s.stats.draft_positions += max(trie.depths)  # the deepest drafted position (heads or n-grams)
@@ -305,26 +347,32 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         last = first
     while s.produced < gen.max_new_tokens and last not in s.stop_ids:
         t0 = time.perf_counter()
+        captures, s.one_off = s.captures(), False
         kind = s.choose()
         if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
-            kind = (FULL, LOOKUP)[model.tp.broadcast_int(int(kind == LOOKUP))]
+            kind = KINDS[model.tp.broadcast_int(KINDS.index(kind))]
+        t = t0
+        if kind != PLAIN:
+            s.catch_up()
         if kind == FULL:
             d = draft(s)
             t = _stage_done(stats, "draft", t0)
             trie = build_tree(s, d)
-        else:
+        elif kind == LOOKUP:
             stats.lookup_steps += 1
-            t = t0
             trie = lookup_tree(s)
+        else:
+            stats.plain_steps += 1
+            trie = Trie.with_root(int(s.history[s.n - 1]))
         t = _stage_done(stats, "tree", t)
         v = verify(s, trie)
         t = _stage_done(stats, "verify", t)
         walk = accept(s, trie, v)
         t = _stage_done(stats, "accept", t)
-        emitted = commit(s, trie, v, walk)
+        emitted = commit(s, trie, v, walk, plain=kind == PLAIN)
         t = _stage_done(stats, "commit", t)
         stats.decode_seconds += t - t0
-        s.record(kind, len(emitted), t - t0)
+        s.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
         stats.new_tokens += len(emitted)
         stats.steps += 1
         last = emitted[-1]
