@@ -238,7 +238,7 @@ def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, partial, monkeypa
 
 
 def test_adaptive_choice_follows_measured_rates():
-    from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, MAX_PROBE_EVERY, PLAIN, PROBE_EVERY, TokenSwiftState
+    from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, PLAIN, PROBE_EVERY, TokenSwiftState
 
     s = TokenSwiftState.__new__(TokenSwiftState)
     s.spec, s.rate, s.since_probe, s.probe_turn, s.tokens_per_step = SpecConfig(), dict.fromkeys(KINDS), 0, 0, 1.0
@@ -263,6 +263,10 @@ def test_adaptive_choice_follows_measured_rates():
     s.probe_every = 10**6
     s.rate[PLAIN] = 1.0  # plain steps have become slow: LOOKUP (50 tok/s) leads again
     assert s.choose() == LOOKUP
-    assert s.probe_every == PROBE_EVERY <= MAX_PROBE_EVERY  # the lead changed again: short interval
+    assert s.probe_every == PROBE_EVERY
+    s.rate[FULL] = 51.0  # 2% faster than the leader: noise, the lead stays
+    assert s.choose() == LOOKUP and s.best == LOOKUP
+    s.rate[FULL] = 60.0  # a clear margin takes the lead
+    assert s.choose() == FULL
     s.spec = SpecConfig(adaptive=False)
     assert s.choose() == FULL

@@ -29,6 +29,7 @@ FULL, LOOKUP, PLAIN = "full", "lookup", "plain"
 KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
 PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
 MAX_PROBE_EVERY = 256  # ... doubling while the probes do not change which kind is fastest
+LEAD_MARGIN = 1.05  # a kind takes the lead when its tokens/s beat the leader's by this factor
 EMA = 0.25  # weight of the newest step in the tokens/s and tokens/step estimates
 
 
@@ -130,9 +131,15 @@ class TokenSwiftState:
         for kind in KINDS:
             if self.rate[kind] is None:
                 return kind
-        best = max(KINDS, key=lambda k: self.rate[k])  # type: ignore[arg-type,return-value]
-        if best != self.best:
-            self.best, self.probe_every = best, PROBE_EVERY
+        fastest = max(KINDS, key=lambda k: self.rate[k])  # type: ignore[arg-type,return-value]
+        # The lead changes hands only for a clear margin: two kinds that do the same work (a lookup
+        # step that found no n-gram is a plain step) would otherwise swap on noise and keep the
+        # probes (the costly kinds) at their shortest interval.
+        if self.best is None or self.rate[fastest] > LEAD_MARGIN * self.rate[self.best]:  # type: ignore[operator]
+            if fastest != self.best:
+                self.probe_every = PROBE_EVERY
+            self.best = fastest
+        best = self.best
         self.since_probe += 1
         if self.since_probe >= self.probe_every:
             self.since_probe = 0
