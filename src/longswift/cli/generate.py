@@ -36,7 +36,9 @@ def add_parser(sub: Any) -> None:
     gen.add_argument("--heads", default=None,
                      help="draft heads file for TokenSwift; 'default' (the default) = the heads shipped for the model "
                           "(the embedded model has some), 'none' = no heads, 'random' = correct but slow (testing)")
-    gen.add_argument("--greedy", action="store_true", help="shorthand for --temperature 0")
+    gen.add_argument("--greedy", action="store_true", help=(
+        "shorthand for --temperature 0: the argmax after the repetition penalty, which still applies "
+        "(the paper's default); --greedy --repetition-penalty 1 is transformers' plain greedy"))
     gen.add_argument("--output", type=Path, help="write the text here (atomically) instead of stdout")
     gen.add_argument("--json", type=Path, help="write {token_ids, text, stats} to this file (atomically)")
     gen.add_argument("--checkpoint", type=Path,
