@@ -171,6 +171,27 @@ def test_different_config_is_refused_unless_fresh(tmp_path, tiny_dir, capsys):
     assert [r["run"] for r in lines(out_dir / "results.jsonl")] == [0]
 
 
+def test_hf_peer_bans_eos_like_our_ignore_eos():
+    """The hf peer runs what `--ignore-eos` means for us: EOS masked (min_new_tokens = n), never
+    emitted, so its greedy tokens are our AR's even where the model's argmax is EOS."""
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.bench.peers import HFRunner
+    from longswift.runtime.twin import hf_twin
+
+    engine = longswift.load(tiny_hf_model(seed=3, vocab=24), dtype="float32", heads=None)
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    gen = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    prompt = [5, 9, 4, 11, 7, 3]
+    engine.eos_ids = frozenset()
+    free = engine.generate(prompt, sampling=greedy, generation=gen).token_ids
+    eos = max(set(free), key=free.count)  # the token the unbanned run emits most, as EOS
+    engine.eos_ids = frozenset({eos})
+    ours = engine.generate(prompt, sampling=greedy, generation=gen).token_ids
+    peer = HFRunner(hf_twin(engine), eos_ids=(eos,)).run(prompt, 30, greedy).token_ids
+    assert eos not in peer and peer == ours and ours != free
+
+
 def test_missing_peers_are_skipped_not_failed(tmp_path, tiny_dir, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp now raises ImportError
     assert missing("llamacpp") == "not installed: pip install llama-cpp-python"

@@ -112,6 +112,44 @@ def rewrite(path, edit) -> None:
     path.write_text(json.dumps(outer))
 
 
+@pytest.mark.parametrize("run", ["ar", "tokenswift-paper"])
+def test_checkpoints_keep_the_eos_semantics_they_were_written_with(run, tmp_path):
+    """A checkpoint records the --ignore-eos ban (sampling.banned_ids) and a resumed run bans exactly
+    that, whatever the resuming engine's EOS ids. One written before the ban existed has no
+    banned_ids: it resumes with the semantics it was written with, EOS emitted and generation going on."""
+    method, spec = RUNS[run]
+    sampling = SAMPLINGS["sampled"]
+
+    def with_eos(eos: frozenset[int]):
+        e = engine()
+        e.eos_ids = eos
+        return e
+
+    old_semantics = with_eos(frozenset()).generate(PROMPT, sampling=sampling, generation=GEN, method=method,
+                                                   spec=spec).token_ids  # no ban: what --ignore-eos used to do
+    eos = max(set(old_semantics[20:]), key=old_semantics[20:].count)  # a token the unbanned run emits after 17
+    # Before the change: the checkpoint's sampling has no banned_ids.
+    path = tmp_path / "old.json"
+    stop_after(with_eos(frozenset()).stream(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec),
+               17).save(path)
+    rewrite(path, lambda body: body["sampling"].pop("banned_ids"))
+    resumed = with_eos(frozenset({eos})).resume(read_checkpoint(path))
+    for _ in resumed:
+        pass
+    assert resumed.result is not None and resumed.result.token_ids == old_semantics
+    # After: the ban is in the checkpoint and survives a resume by an engine with other EOS ids.
+    banned = with_eos(frozenset({eos}))
+    full = banned.generate(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec)
+    assert eos not in full.token_ids and full.token_ids != old_semantics
+    ckpt = stop_after(banned.stream(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec), 17)
+    assert ckpt.sampling["banned_ids"] == (eos,)
+    ckpt.save(path)
+    resumed = with_eos(frozenset({(eos + 1) % VOCAB})).resume(read_checkpoint(path))
+    for _ in resumed:
+        pass
+    assert resumed.result is not None and resumed.result.token_ids == full.token_ids
+
+
 def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
     good = tmp_path / "good.json"

@@ -62,16 +62,21 @@ def test_same_seed_same_output_and_seed_is_reported():
 
 
 def test_stops_at_eos_unless_ignored():
+    """Without --ignore-eos the run ends with the EOS it drew; with it, EOS is banned: the same
+    tokens up to where the free run drew EOS, then others, to the full length."""
     engine = longswift.load(tiny_hf_model("llama", seed=14), dtype="float32")
     greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    engine.eos_ids = frozenset()
     free = engine.generate(PROMPT, sampling=greedy, generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
-    engine.eos_ids = frozenset({free.token_ids[3]})
+    eos = free.token_ids[3]
+    first = free.token_ids.index(eos)
+    engine.eos_ids = frozenset({eos})
     stopped = engine.generate(PROMPT, sampling=greedy, generation=GenerationConfig(max_new_tokens=12))
-    assert stopped.token_ids == free.token_ids[: free.token_ids.index(free.token_ids[3]) + 1]
+    assert stopped.token_ids == free.token_ids[: first + 1]
     assert stopped.stats.finish_reason == "eos"
     ignored = engine.generate(PROMPT, sampling=greedy, generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
-    assert ignored.token_ids == free.token_ids
-    assert ignored.stats.finish_reason == "length"
+    assert ignored.token_ids[:first] == free.token_ids[:first] and eos not in ignored.token_ids
+    assert len(ignored.token_ids) == 12 and ignored.stats.finish_reason == "length"
 
 
 def test_stream_yields_tokens_and_result_has_stats():

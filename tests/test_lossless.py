@@ -87,6 +87,44 @@ def test_tokenswift_stops_at_eos_like_ar(tiny64):
     assert ts.token_ids == ar.token_ids and ts.stats.finish_reason == ar.stats.finish_reason == "eos"
 
 
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+def test_ignore_eos_bans_eos_and_tokenswift_still_equals_ar(tiny64, sampling, monkeypatch):
+    """--ignore-eos with the model's most frequent free-run token as its EOS: no EOS in the output
+    of AR or either draft mode, none among the heads' drafted candidates, TokenSwift == AR, and
+    the output differs from the unbanned run (the ban took effect)."""
+    from longswift.spec import tokenswift
+
+    prompt = repetitive_prompt(3, 24)
+    gen = GenerationConfig(max_new_tokens=60, ignore_eos=True)
+    saved = tiny64.eos_ids
+    tiny64.eos_ids = frozenset()
+    try:
+        free = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar").token_ids
+    finally:
+        tiny64.eos_ids = saved
+    eos = max(set(free), key=free.count)
+    drafted: list[int] = []
+
+    def recording_draft(s):
+        d = real_draft(s)
+        drafted.extend(t for level in d.levels for t in level)
+        return d
+
+    real_draft = tokenswift.draft
+    monkeypatch.setattr(tokenswift, "draft", recording_draft)
+    tiny64.eos_ids = frozenset({eos})
+    try:
+        ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
+        runs = [tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+                for spec in (SPECS["paper"], SPECS["fused"])]
+    finally:
+        tiny64.eos_ids = saved
+    assert eos not in ar.token_ids and ar.token_ids != free and len(ar.token_ids) == 60
+    for ts in runs:
+        assert ts.token_ids == ar.token_ids and ts.stats.finish_reason == "length"
+    assert drafted and eos not in drafted
+
+
 def ar_sequence_probability(engine, prefix: list[int], tokens: list[int], sampling: SamplingConfig) -> float:
     """Probability that AR decoding emits `tokens` after `prefix` (full forwards, float64)."""
     p, seq = 1.0, list(prefix)
@@ -169,7 +207,8 @@ def test_sampled_first_tokens_follow_the_exact_ar_distribution():
     vocab = 8
     hf = tiny_hf_model("llama", "default", seed=51, dtype=torch.float64, vocab=vocab)
     engine = longswift.load(hf, dtype="float64", heads="random")
-    sampling = SamplingConfig(min_p=0.02, repetition_penalty=1.2, penalty_window=4)
+    # The runs ignore EOS, which bans it: AR's distribution is the one with EOS at probability 0.
+    sampling = SamplingConfig(min_p=0.02, repetition_penalty=1.2, penalty_window=4, banned_ids=tuple(engine.eos_ids))
     prompt = [3, 4, 5, 3, 4, 5, 3, 4]
     exact = {}
     with torch.inference_mode():

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import (
     EtaLogitsWarper,
+    MinNewTokensLengthLogitsProcessor,
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -118,6 +119,48 @@ def test_full_chain_matches_transformers_processors_in_order():
         hf = proc(windows, hf)
     assert torch.equal(kept(ours), kept(hf))
     assert torch.allclose(ours[kept(ours)], hf[kept(hf)], atol=1e-6)
+
+
+def test_banned_ids_come_first_like_transformers_min_new_tokens():
+    """The ban (--ignore-eos) is transformers' min_new_tokens EOS mask: -inf before temperature and
+    filters, so a banned top token does not set min-p's threshold or take top-p's mass."""
+    x = logits_batch(41)
+    g = torch.Generator().manual_seed(4)
+    windows = torch.randint(0, V, (6, 12), generator=g)
+    banned = tuple(sorted({int(x[0].argmax()), int(x[1].argmax()), 7}))
+    cfg = SamplingConfig(temperature=0.7, top_k=30, top_p=0.6, min_p=0.2, eta=0.001, repetition_penalty=1.2,
+                         banned_ids=banned)
+    before = x.clone()
+    ours = transform(x, windows, cfg)
+    assert torch.equal(x, before)  # the caller's logits are not modified
+    hf = x.clone()
+    for proc in [RepetitionPenaltyLogitsProcessor(1.2), MinNewTokensLengthLogitsProcessor(12, 1, list(banned)),
+                 TemperatureLogitsWarper(0.7), TopKLogitsWarper(30), TopPLogitsWarper(0.6), MinPLogitsWarper(0.2),
+                 EtaLogitsWarper(0.001)]:
+        hf = proc(windows, hf)
+    assert torch.equal(kept(ours), kept(hf))
+    assert torch.allclose(ours[kept(ours)], hf[kept(hf)], atol=1e-6)
+    assert not kept(ours)[:, list(banned)].any()
+    # Banning after the filters would keep another set: the order is what is being tested.
+    late = transform(x, windows, SamplingConfig(**{**cfg.__dict__, "banned_ids": ()}))
+    late[:, list(banned)] = -math.inf
+    assert not torch.equal(kept(late), kept(ours))
+
+
+def test_greedy_never_picks_a_banned_token():
+    x = logits_batch(6)
+    banned = tuple(int(t) for t in x.argmax(-1))  # every row's argmax
+    cfg = SamplingConfig(temperature=0, repetition_penalty=1.0, banned_ids=banned)
+    for row in range(6):
+        pick = draw(transform(x[row : row + 1], torch.empty(1, 0, dtype=torch.long), cfg)[0], cfg, None)
+        assert pick not in banned
+        assert pick == int(x[row].masked_fill(torch.isin(torch.arange(V), torch.tensor(banned)), -math.inf).argmax())
+
+
+def test_banned_ids_are_canonical_and_checked():
+    assert SamplingConfig(banned_ids=[5, 2, 5]).banned_ids == (2, 5)  # as read back from a checkpoint's JSON
+    with pytest.raises(LongswiftError, match="banned token ids"):
+        SamplingConfig(banned_ids=(-1,))
 
 
 def test_greedy_is_penalised_argmax():

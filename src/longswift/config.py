@@ -140,7 +140,7 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
-    """The logits transform: contextual penalty, then temperature, top-k, top-p, min-p, eta."""
+    """The logits transform: banned tokens, contextual penalty, then temperature, top-k, top-p, min-p, eta."""
 
     temperature: float = field(default=1.0, metadata=_help("softmax temperature; 0 means greedy (argmax)"))
     top_k: int = field(default=0, metadata=_help("keep the k most likely tokens; 0 disables"))
@@ -156,8 +156,15 @@ class SamplingConfig:
         default=1024, metadata=_help("the penalty looks at this many most recent tokens")
     )
     seed: int | None = field(default=None, metadata=_help("RNG seed; the same seed gives the same output"))
+    # Token ids whose logits are -inf before anything else (never drawn, never drafted). Not a flag:
+    # Engine.stream adds the model's EOS ids under --ignore-eos, and a checkpoint records the result,
+    # so a resumed run bans exactly what its first run banned (absent in older checkpoints: none).
+    banned_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.banned_ids):
+            raise LongswiftError("banned token ids must be non-negative integers")
+        self.banned_ids = tuple(sorted(set(self.banned_ids)))  # a list from JSON, repeats: one canonical form
         checks = [
             (self.temperature >= 0 and math.isfinite(self.temperature), "--temperature must be >= 0"),
             (self.top_k >= 0, "--top-k must be >= 0"),
@@ -182,7 +189,9 @@ class GenerationConfig:
     """How much to generate and when to stop."""
 
     max_new_tokens: int = field(default=256, metadata=_help("number of tokens to generate"))
-    ignore_eos: bool = field(default=False, metadata=_help("keep generating past end-of-sequence tokens"))
+    ignore_eos: bool = field(default=False, metadata=_help(
+        "ban end-of-sequence tokens (logit -inf, as llama.cpp's --ignore-eos and transformers' min_new_tokens), "
+        "so generation runs to --max-new-tokens without ever emitting one"))
     prefill_chunk: int = field(
         default=256, metadata=_help("prompt tokens per prefill forward (bounds the attention mask size)")
     )

@@ -193,6 +193,11 @@ class Engine:
         spec = spec or SpecConfig()
         sampling = sampling or SamplingConfig()
         generation = generation or GenerationConfig()
+        if any(t >= self.cfg.vocab_size for t in sampling.banned_ids):
+            raise LongswiftError(f"banned token ids must be in [0, {self.cfg.vocab_size})")
+        if generation.ignore_eos:  # --ignore-eos bans every EOS id of the model (resolved once per run)
+            eos = {t for t in self.eos_ids if t < self.cfg.vocab_size}
+            sampling = replace(sampling, banned_ids=(*sampling.banned_ids, *eos))
         ids = self.encode(prompt, chat)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
         generator = None

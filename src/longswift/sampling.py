@@ -1,4 +1,5 @@
-"""The logits transform (contextual penalty, temperature, top-k, top-p, min-p, eta) and sampling.
+"""The logits transform (banned tokens, contextual penalty, temperature, top-k, top-p, min-p, eta)
+and sampling.
 
 AR decoding and speculative verification both call `transform` and `draw`, so a token accepted
 by verification is drawn from exactly the distribution AR would have drawn it from."""
@@ -30,11 +31,20 @@ def apply_penalty(logits: torch.Tensor, window_ids: torch.Tensor, theta: float) 
     return torch.where(present, penalized, logits)
 
 
+def ban(logits: torch.Tensor, banned_ids: tuple[int, ...]) -> torch.Tensor:
+    """logits [N, V] with the columns of `banned_ids` at -inf (a new tensor: the input is kept)."""
+    if not banned_ids:
+        return logits
+    return logits.index_fill(1, torch.tensor(banned_ids, device=logits.device), -math.inf)
+
+
 def transform(logits: torch.Tensor, window_ids: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """logits: [N, V] -> transformed logits [N, V] (float32, or float64 for float64 input);
-    filtered tokens at -inf.
-    Greedy configs get the penalty only (the filters never remove the argmax)."""
-    x = apply_penalty(logits.to(torch.promote_types(logits.dtype, torch.float32)), window_ids, cfg.repetition_penalty)
+    banned and filtered tokens at -inf. The ban comes first, so no filter sees a banned token
+    (as with llama.cpp's logit bias and transformers' min_new_tokens).
+    Greedy configs get the ban and the penalty only (the filters never remove the argmax)."""
+    x = ban(logits.to(torch.promote_types(logits.dtype, torch.float32)), cfg.banned_ids)
+    x = apply_penalty(x, window_ids, cfg.repetition_penalty)
     if cfg.greedy:
         return x
     if cfg.temperature != 1.0:

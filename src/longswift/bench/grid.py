@@ -161,7 +161,7 @@ class Methods:
                     from ..runtime.twin import hf_twin
 
                     self._twin = hf_twin(self.engine)
-                self._runners[method] = HFRunner(self._twin, pld)
+                self._runners[method] = HFRunner(self._twin, pld, tuple(sorted(self.engine.eos_ids)))
             else:
                 import torch
 

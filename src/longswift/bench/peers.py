@@ -67,9 +67,10 @@ class HFRunner:
     """transformers `generate()` on a twin of our model (the same weight tensors, dtype and device);
     with `pld`, prompt-lookup decoding proposing that many tokens per step."""
 
-    def __init__(self, model: Any, pld: int | None = None) -> None:
+    def __init__(self, model: Any, pld: int | None = None, eos_ids: tuple[int, ...] = ()) -> None:
         self.model = model
         self.pld = pld
+        self.eos_ids = eos_ids  # masked by min_new_tokens = n: EOS is never emitted, as under our --ignore-eos
 
     @staticmethod
     def sampler_note(s: SamplingConfig) -> str | None:
@@ -98,7 +99,7 @@ class HFRunner:
         timeline.start = time.perf_counter()
         with torch.inference_mode():
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                      streamer=streamer, pad_token_id=0, eos_token_id=None, **kwargs)
+                                      streamer=streamer, pad_token_id=0, eos_token_id=list(self.eos_ids) or None, **kwargs)
         tokens = out[0, len(prompt):].tolist()
         if len(tokens) != n:
             raise RuntimeError(f"transformers generated {len(tokens)} tokens instead of {n}")

@@ -39,7 +39,9 @@ def add_parser(sub: Any) -> None:
                           "(released TokenSwift models), else those shipped for the model (the embedded model has "
                           "some), else none; 'default' = only shipped heads; a heads file, or a directory / hub id "
                           "holding heads.safetensors or a released checkpoint; 'none'; 'random' (testing)")
-    gen.add_argument("--greedy", action="store_true", help="shorthand for --temperature 0")
+    gen.add_argument("--greedy", action="store_true", help=(
+        "shorthand for --temperature 0: the argmax after the repetition penalty, which still applies "
+        "(the paper's default); --greedy --repetition-penalty 1 is transformers' plain greedy"))
     gen.add_argument("--output", type=Path, help="write the text here (atomically) instead of stdout")
     gen.add_argument("--json", type=Path, help="write {token_ids, text, stats} to this file (atomically)")
     gen.add_argument("--checkpoint", type=Path,
