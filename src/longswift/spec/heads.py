@@ -85,7 +85,7 @@ def save_heads(heads: DraftHeads, cfg: ModelConfig, fingerprint: str, path: str 
     replace_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata={FORMAT: json.dumps(meta)}))
 
 
-SHIPPED_DIR = Path(__file__).parent / "data"
+SHIPPED_DIR = Path(__file__).parent.parent / "data"  # longswift/data (this module is in longswift/spec)
 
 
 def shipped_heads(cfg: ModelConfig, embed: torch.Tensor) -> Path | None:
