@@ -287,3 +287,23 @@ def test_resume_from_another_directory_writes_where_the_first_run_did(tmp_path, 
     code, _, err = run_cli(capsys, "generate", "--resume", "../first/run.ckpt", "--no-progress")
     assert code == 0, err
     assert (first / "same.txt").is_file() and not list(elsewhere.iterdir())
+
+
+# ---- 8. help that teaches -------------------------------------------------------------------------
+
+def test_generate_help_has_plain_groups_choices_single_defaults_and_examples():
+    from longswift.cli import build_parser
+
+    text = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    assert "Config:" not in text and "sampling:" in text and "device and precision:" in text
+    assert "{paper,fused}" in text and "{dynamic,static,full}" in text and "{auto,float32," in text
+    import re
+
+    options = re.split(r"\n  (?=-)", text.split("examples:")[0])
+    assert len(options) > 30
+    for option in options:
+        flat = " ".join(option.split())
+        assert "(default: None)" not in flat and flat.count("(default:") + flat.count("default:") <= 2, flat
+        assert flat.count("(default:") <= 1 and not ("(default:" in flat and "; default:" in flat), flat
+    examples = text.split("examples:", 1)[1]
+    assert examples.count("\n  longswift generate ") == 3
