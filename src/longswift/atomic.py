@@ -1,13 +1,20 @@
-"""Files that are either complete or absent: write to a temporary sibling, fsync, rename."""
+"""Files that are either complete or absent: write to a temporary sibling of a name no other
+writer uses, fsync, rename. `OutputLock` keeps two runs from writing the same file at once."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from .errors import LongswiftError
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: locking is skipped there
+    fcntl = None  # type: ignore[assignment]
 
 
 def check_writable(path: str | os.PathLike) -> Path:
@@ -23,14 +30,28 @@ def check_writable(path: str | os.PathLike) -> Path:
     return p
 
 
+def _new_temp(path: Path) -> tuple[int, Path]:
+    """A new, uniquely named file next to `path` (`<name>.<random>.partial`), with the mode a plain
+    `open()` would give `path` (its current mode if it exists), so two writers never share a temp file."""
+    fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent)
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    os.fchmod(fd, mode)
+    return fd, Path(name)
+
+
 class AtomicFile:
-    """A text file written as it goes to `<name>.partial` (so it can be followed with `tail -f`)
-    and renamed over `<name>` only by `commit()`; `discard()` removes the partial file."""
+    """A text file written as it goes to a unique `<name>.<random>.partial` (follow it with
+    `tail -f`) and renamed over `<name>` only by `commit()`; `discard()` removes the temp file."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = check_writable(path)
-        self.tmp = self.path.with_name(self.path.name + ".partial")
-        self.file: IO[str] = open(self.tmp, "w", encoding="utf-8")
+        fd, self.tmp = _new_temp(self.path)
+        self.file: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
 
     def write(self, text: str) -> None:
         self.file.write(text)
@@ -69,7 +90,8 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -
     """Have `write` create a file at a temporary sibling path, fsync it and rename it over `path`
     (for writers that want a path, such as safetensors and torch.save); nothing is left on failure."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
+    fd, tmp = _new_temp(path)
+    os.close(fd)
     try:
         write(tmp)
         with open(tmp, "rb") as f:
@@ -78,3 +100,59 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class OutputLock:
+    """An advisory lock (flock) on `<name>.lock` next to each output file, held for a whole run, so
+    a second run writing the same file is refused at once instead of interleaving with the first.
+    The lock file is removed on release; a lock taken on a file that was removed meanwhile is
+    taken again on the new one, so two runs can never both hold a path."""
+
+    def __init__(self, paths: list[tuple[str, Path]]) -> None:
+        self.paths = paths  # (flag, path), e.g. ("--output", Path("out.txt"))
+        self._held: list[tuple[int, Path]] = []
+
+    def __enter__(self) -> OutputLock:
+        try:
+            for flag, path in self.paths:
+                self._acquire(flag, path)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def _acquire(self, flag: str, path: Path) -> None:
+        if fcntl is None:
+            return
+        lock = path.with_name(path.name + ".lock")
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.read(fd, 32).decode("ascii", "replace").strip()
+                os.close(fd)
+                pid = f" (pid {owner})" if owner.isdigit() else ""
+                raise LongswiftError(f"'{path}' is being written by another longswift run{pid}: wait for it to "
+                                     f"finish, or give another {flag}") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed it as we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._held.append((fd, lock))
+
+    def release(self) -> None:
+        for fd, lock in reversed(self._held):
+            try:
+                lock.unlink(missing_ok=True)  # still holding it: nobody else is between open and flock on it
+            finally:
+                os.close(fd)
+        self._held.clear()

@@ -96,10 +96,43 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         ckpt = Checkpoint(**body)
     except TypeError as exc:
         raise LongswiftError(f"{damaged} ({exc})") from None
+    wrong = _wrong_field(ckpt)
+    if wrong:  # an edit whose checksum was recomputed: the JSON is valid but its values are not
+        raise LongswiftError(f"checkpoint '{p}' is not valid: {wrong}; resume from an unedited copy")
     if ckpt.version != _version():
         raise LongswiftError(f"checkpoint '{p}' was written by longswift {ckpt.version} and this is {_version()}: "
                              f"resume it with longswift {ckpt.version} (outputs may differ across versions)")
     return ckpt
+
+
+def _is_id(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _wrong_field(c: Checkpoint) -> str | None:
+    """What is of the wrong type in a checkpoint read from JSON (None when every field is right)."""
+    def optional_str(v: Any) -> bool:
+        return v is None or isinstance(v, str)
+
+    checks = [
+        ("model_source", isinstance(c.model_source, str), "a string"),
+        ("model_fingerprint", isinstance(c.model_fingerprint, str), "a string"),
+        ("heads_source", optional_str(c.heads_source), "a string or null"),
+        ("heads_fingerprint", optional_str(c.heads_fingerprint), "a string or null"),
+        ("method", isinstance(c.method, str), "a string"),
+        ("rng_state", optional_str(c.rng_state), "a string or null"),
+        ("version", isinstance(c.version, str), "a string"),
+        *((name, isinstance(getattr(c, name), dict), "an object")
+          for name in ("runtime", "sampling", "generation", "spec", "stats", "outputs")),
+        ("prompt_ids", isinstance(c.prompt_ids, list) and all(map(_is_id, c.prompt_ids)), "a list of token ids"),
+        ("token_ids", isinstance(c.token_ids, list) and all(map(_is_id, c.token_ids)), "a list of token ids"),
+    ]
+    for name, ok, expected in checks:
+        if not ok:
+            return f"{name} must be {expected}"
+    if not all(optional_str(v) for v in c.outputs.values()):
+        return "outputs must map names to paths"
+    return None
 
 
 def encode_rng(generator: torch.Generator | None) -> str | None:

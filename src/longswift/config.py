@@ -3,19 +3,70 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
+import re
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .errors import LongswiftError
+from .errors import ConfigError, ConfigTypeError, LongswiftError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
     return {"help": text, **extra}
+
+
+_EXPECTED = {int: (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), "a whole number"),
+             float: (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"),
+             str: (lambda v: isinstance(v, str), "a string"), bool: (lambda v: isinstance(v, bool), "True or False")}
+
+
+def _check_types(config: Any) -> None:
+    """Refuse a field value of the wrong type (SamplingConfig(seed='abc'), max_new_tokens=2.5) with
+    a message that says what was expected, before any check compares or computes with it."""
+    cls = type(config)
+    for name, kind in typing.get_type_hints(cls).items():
+        value = getattr(config, name)
+        options = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
+        optional = type(None) in typing.get_args(kind)
+        if (optional and value is None) or any(t in _EXPECTED and _EXPECTED[t][0](value) for t in options):
+            continue
+        if not all(t in _EXPECTED for t in options):
+            continue
+        expected = " or ".join([_EXPECTED[t][1] for t in options] + (["None"] if optional else []))
+        got = f"got {value!r} ({type(value).__name__})"
+        raise ConfigTypeError(f"{cls.__name__}.{name} must be {expected}; {got}",
+                              f"--{name.replace('_', '-')} must be {expected}; {got}")
+
+
+def _validated(post_init: Any) -> Any:
+    """Wrap a config's __post_init__: types are checked first; its checks' messages, written with
+    flags (--top-k), are raised naming the API field (SamplingConfig.top_k) and keep the flag form
+    as `cli_message` for the command line."""
+
+    @functools.wraps(post_init)
+    def wrapper(self: Any) -> None:
+        _check_types(self)
+        try:
+            post_init(self)
+        except ConfigError:
+            raise
+        except LongswiftError as exc:
+            names = {f.name for f in dataclasses.fields(self)}
+
+            def api(m: re.Match) -> str:
+                name = m.group(1).replace("-", "_")
+                return f"{type(self).__name__}.{name}" if name in names else m.group(0)
+
+            raise ConfigError(re.sub(r"--([a-z][a-z0-9-]*)", api, str(exc)), str(exc)) from None
+
+    return wrapper
 
 
 @dataclass
@@ -161,6 +212,7 @@ class SamplingConfig:
     # so a resumed run bans exactly what its first run banned (absent in older checkpoints: none).
     banned_ids: tuple[int, ...] = ()
 
+    @_validated
     def __post_init__(self) -> None:
         if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.banned_ids):
             raise LongswiftError("banned token ids must be non-negative integers")
@@ -196,6 +248,7 @@ class GenerationConfig:
         default=256, metadata=_help("prompt tokens per prefill forward (bounds the attention mask size)")
     )
 
+    @_validated
     def __post_init__(self) -> None:
         if self.max_new_tokens <= 0:
             raise LongswiftError("--max-new-tokens must be a positive number of tokens")
@@ -218,7 +271,8 @@ class SpecConfig:
         "n-gram continuations added per depth-1 token, 0 disables; default: 1 on CPU, the paper's 20 on GPU"))
     draft_mode: str = field(
         default="paper",
-        metadata=_help("paper: a draft pass on the partial cache; fused: heads read the verify pass (one forward per step)"),
+        metadata=_help("paper: a draft pass on the partial cache; fused: heads read the verify pass (one forward per step)",
+                       choices=("paper", "fused")),
     )
     draft_kv_budget: int = field(
         default=4096, metadata=_help("partial KV cache size of the draft pass; shorter contexts draft on the full cache")
@@ -227,12 +281,13 @@ class SpecConfig:
     draft_cache: str = field(default="dynamic", metadata=_help(
         "the draft pass's cache once the context outgrows --draft-kv-budget: dynamic (sinks + important "
         "entries, re-selected whenever the recent window fills), static (selected once, never refreshed) "
-        "or full (the whole KV cache); static and full are ablations"))
+        "or full (the whole KV cache); static and full are ablations", choices=DRAFT_CACHES))
     attention_sinks: int = field(default=16, metadata=_help("first positions always kept in the partial cache"))
     adaptive: bool = field(default=True, metadata=_help(
         "per step, use whichever has been faster: full steps (draft pass + tree) or lookup steps "
         "(n-gram continuations of the root, no draft pass); output is the same either way"))
 
+    @_validated
     def __post_init__(self) -> None:
         if self.tree != "auto":
             self.levels  # parses --tree, raising on a bad one
@@ -272,7 +327,8 @@ class RuntimeConfig:
 
     device: str = field(default="auto", metadata=_help("cpu, cuda, cuda:N or auto"))
     dtype: str = field(
-        default="auto", metadata=_help("float32, bfloat16, float16, float64 or auto (fp32 on CPU, bf16 on CUDA)")
+        default="auto", metadata=_help("float32, bfloat16, float16, float64 or auto (fp32 on CPU, bf16 on CUDA)",
+                                       choices=("auto", "float32", "bfloat16", "float16", "float64"))
     )
     threads: int | None = field(default=None, metadata=_help("CPU threads for torch (default: torch's choice)"))
     rope_scaling: str | None = field(default=None, metadata=_help(
@@ -286,6 +342,7 @@ class RuntimeConfig:
         "replay each decode step as a CUDA graph: auto (wherever supported: CUDA, no tensor parallelism, no "
         "dynamic rope), on (required), off"))
 
+    @_validated
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
             raise LongswiftError(f"--dtype must be one of auto, {', '.join(_DTYPES)}; got '{self.dtype}'")

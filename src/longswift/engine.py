@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 import secrets
 from collections.abc import Iterator
@@ -10,9 +11,9 @@ from typing import Any
 
 import torch
 
-from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint
+from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint, read_checkpoint
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
-from .errors import LongswiftError
+from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import use_graphs
 from .runtime.loading import HEAD_PREFIX, LoadedModel, load_model
@@ -149,20 +150,28 @@ class Engine:
         if self.heads is not None:
             self.heads.requires_grad_(False)
 
-    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
-        """Prompt text (optionally wrapped in the model's chat template) or ids -> ids."""
-        if isinstance(prompt, list):
+    def encode(self, prompt: str | list[int], chat: bool | None = False) -> list[int]:
+        """Prompt text or ids -> ids. `chat`: wrap text in the model's chat template (True), send it
+        as it is (False), or the template when the model has one (None, the CLI's default)."""
+        if isinstance(prompt, (list, tuple)):
+            for i, t in enumerate(prompt):
+                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                    raise ConfigTypeError(f"prompt token ids must be whole numbers; got {t!r} ({type(t).__name__}) "
+                                          f"at position {i}")
             ids = [int(t) for t in prompt]
             if any(not 0 <= t < self.cfg.vocab_size for t in ids):
                 raise LongswiftError(f"prompt token ids must be in [0, {self.cfg.vocab_size})")
+        elif not isinstance(prompt, str):
+            raise ConfigTypeError(f"prompt must be text (str) or a list of token ids (ints); got {type(prompt).__name__}")
         else:
             if not prompt.strip():
                 raise LongswiftError("the prompt is empty: give some prompt text")
             if self.tokenizer is None:
                 raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids")
-            if chat:
-                if not getattr(self.tokenizer, "chat_template", None):
-                    raise LongswiftError("this model has no chat template: drop --chat")
+            template = bool(getattr(self.tokenizer, "chat_template", None))
+            if chat and not template:
+                raise LongswiftError("this model has no chat template: drop chat=True (--chat)")
+            if chat or (chat is None and template):
                 ids = self.tokenizer.apply_chat_template(
                     [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
                 )
@@ -178,12 +187,21 @@ class Engine:
         prompt: str | list[int],
         sampling: SamplingConfig | None = None,
         generation: GenerationConfig | None = None,
-        chat: bool = False,
+        chat: bool | None = False,
         method: str | None = None,
         spec: SpecConfig | None = None,
     ) -> GenerationStream:
         """Start a generation; iterate the returned stream for token ids as they are committed.
-        The method defaults to TokenSwift when heads are set, AR otherwise."""
+        The method defaults to TokenSwift when heads are set, AR otherwise. `chat` (see encode)
+        defaults to False here: the API sends text as given unless asked (the CLI's default is None)."""
+        for name, value, cls in (("sampling", sampling, SamplingConfig), ("generation", generation, GenerationConfig),
+                                 ("spec", spec, SpecConfig)):
+            if value is not None and not isinstance(value, cls):
+                raise ConfigTypeError(f"{name} must be a longswift.{cls.__name__}; got {type(value).__name__}")
+        if chat is not None and not isinstance(chat, bool):
+            raise ConfigTypeError(f"chat must be True, False or None; got {chat!r}")
+        if method is not None and not isinstance(method, str):
+            raise ConfigTypeError(f"method must be one of {', '.join(METHODS)} or None; got {method!r}")
         method = method or ("tokenswift" if self.heads is not None else "ar")
         if method not in METHODS:
             raise LongswiftError(f"unknown method '{method}': choose one of {', '.join(METHODS)}")
@@ -206,10 +224,15 @@ class Engine:
         stats = GenerationStats(method=method, prompt_tokens=len(ids), seed=None if sampling.greedy else seed)
         return self._start(RunSetup(method, ids, sampling, generation, spec, generator), stats, [])
 
-    def resume(self, checkpoint: Checkpoint) -> GenerationStream:
-        """Continue a checkpointed generation: the stream yields the tokens after the checkpoint's
-        (its token_ids and result hold all of them) and the stats go on from the checkpoint's.
-        Refused if this engine's model or heads are not the checkpoint's."""
+    def resume(self, checkpoint: Checkpoint | str | os.PathLike) -> GenerationStream:
+        """Continue a checkpointed generation (a Checkpoint, or the path of a checkpoint file): the
+        stream yields the tokens after the checkpoint's (its token_ids and result hold all of them)
+        and the stats go on from the checkpoint's. Refused if this engine's model or heads are not the checkpoint's."""
+        if isinstance(checkpoint, (str, os.PathLike)):
+            checkpoint = read_checkpoint(checkpoint)
+        if not isinstance(checkpoint, Checkpoint):
+            raise ConfigTypeError(f"resume() takes a Checkpoint or the path of a checkpoint file; "
+                                  f"got {type(checkpoint).__name__}")
         c = checkpoint
         if model_fingerprint(self.cfg, self.model.embed) != c.model_fingerprint:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "
@@ -224,7 +247,7 @@ class Engine:
         try:
             setup = RunSetup(c.method, list(c.prompt_ids), SamplingConfig(**c.sampling),
                              GenerationConfig(**c.generation), SpecConfig(**c.spec), decode_rng(c.rng_state))
-        except TypeError as exc:
+        except (TypeError, LongswiftError) as exc:
             raise LongswiftError(f"the checkpoint's settings are damaged ({exc})") from None
         if setup.method not in METHODS or (setup.generator is None) != setup.sampling.greedy:
             raise LongswiftError("the checkpoint's method or RNG state is damaged: resume from an earlier copy")

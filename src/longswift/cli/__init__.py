@@ -5,38 +5,62 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from ..errors import LongswiftError
 from . import bench, bench_steps, export_heads, generate, heads, info
 
 
+def _prefix() -> str:
+    from ..runtime.parallel import env_rank
+
+    # Under torchrun every rank prints its own errors; ranks other than 0 say which they are.
+    return "longswift" if env_rank() == 0 else f"longswift (rank {env_rank()})"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error convention: one line `longswift: error: ...`, exit status 2
+    (argparse's default prints the whole usage first). Subcommand parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("longswift").strip()
+        hint = f" (see `longswift {command + ' ' if command else ''}--help`)"
+        self.exit(2, f"{_prefix()}: error: {message}{hint}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="longswift", description="Lossless acceleration of ultra-long generation (TokenSwift)."
-    )
+    from .. import __version__
+
+    parser = Parser(prog="longswift",
+                    description="Lossless acceleration of ultra-long generation (TokenSwift).")
+    parser.add_argument("--version", action="version", version=f"longswift {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     generate.add_parser(sub)
     info.add_parser(sub)
     bench.add_parser(sub)
     bench_steps.add_parser(sub)
     heads.add_parsers(sub)
     export_heads.add_parser(sub)
+    for command in sub.choices.values():  # --debug is accepted after the command name too
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show tracebacks for errors")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) and argparse's one-line errors (2)
+        return exc.code if isinstance(exc.code, int) else 2
     args.argv = argv  # the exact command, for reports
     commands = {"generate": generate.cmd_generate, "info": info.cmd_info, "bench": bench.cmd_bench,
                 "bench-steps": bench_steps.cmd_bench_steps, "train-heads": heads.cmd_train_heads,
                 "eval-heads": heads.cmd_eval_heads, "export-heads": export_heads.cmd_export_heads}
-    from ..runtime.parallel import env_rank, env_world_size
+    from ..runtime.parallel import env_world_size
 
-    # Under torchrun every rank prints its own errors; ranks other than 0 say which they are.
-    prefix = "longswift" if env_rank() == 0 else f"longswift (rank {env_rank()})"
     try:
         if env_world_size() > 1 and args.command != "generate":
             raise LongswiftError(f"only `generate` runs across several processes: run `longswift {args.command}` "
@@ -45,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except LongswiftError as exc:
         if args.debug:
             raise
-        print(f"{prefix}: error: {exc}", file=sys.stderr)
+        # Config errors name API fields (SamplingConfig.top_k); on the command line, the flag (--top-k).
+        print(f"{_prefix()}: error: {getattr(exc, 'cli_message', None) or exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("longswift: interrupted", file=sys.stderr)
         return 130
-

@@ -7,24 +7,53 @@ import dataclasses
 import typing
 from typing import Any
 
+# Help group titles: what a user looks for, not the class names.
+TITLES = {
+    "SamplingConfig": "sampling",
+    "GenerationConfig": "generation",
+    "SpecConfig": "TokenSwift (draft heads, tree, n-grams, draft cache)",
+    "RuntimeConfig": "device and precision",
+    "TrainConfig": "training",
+}
+
+
+def whole_number(text: str) -> int:
+    """argparse type: an integer, with a one-line reason when it is not one ('1e9', '2.5', 'abc')."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
     """One flag per dataclass field: `--field-name`, typed and documented from the field."""
-    group = parser.add_argument_group(cls.__name__)
+    group = parser.add_argument_group(TITLES.get(cls.__name__, cls.__name__))
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if "help" not in f.metadata:
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
-        default_text = f" (default: {f.default})"
+        text = f.metadata["help"]
+        choices = f.metadata.get("choices")
+        if choices and not all(c in text for c in choices):
+            text += f"; one of {', '.join(choices)}"
+        if f.default is not None and "default" not in text:  # each default once
+            text += f" (default: {f.default})"
         if kind is bool or kind == (bool | None):
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                               help=f.metadata["help"] + default_text)
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=text)
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-        group.add_argument(flag, dest=f.name, type=base, default=f.default, metavar=f.name.upper(),
-                           help=f.metadata["help"] + default_text)
+        parse = {int: whole_number, float: number}.get(base, base)
+        metavar = "{" + ",".join(choices) + "}" if choices else {int: "N", float: "X"}.get(base, f.name.upper())
+        group.add_argument(flag, dest=f.name, type=parse, default=f.default, metavar=metavar, help=text)
 
 
 def config_from_args(cls: type, args: argparse.Namespace) -> Any:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -15,41 +17,62 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, config_from_args
+from .flags import add_config_flags, config_from_args, whole_number
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
                 "--heads", "--debug")
 
 
+EXAMPLES = """examples:
+  longswift generate --prompt "Write a long story about a lighthouse keeper." --max-new-tokens 2000
+      stream a story (the embedded model's chat template is applied; --raw sends the text as it is)
+  longswift generate --prompt-file notes.txt --max-new-tokens 20000 --seed 1 --output story.txt --json story.json --checkpoint story.ckpt
+      a long run saved as it goes; Ctrl-C stops it cleanly and prints the command that continues it
+  longswift generate --resume story.ckpt
+      continue an interrupted run to exactly the output it would have produced
+"""
+
+
 def add_parser(sub: Any) -> None:
-    gen = sub.add_parser("generate", help="generate text from a prompt (or continue a checkpointed generation)")
-    gen.add_argument("--model", help="a .gguf file, an HF model directory or a Hugging Face model id org/name[@revision] "
-                                     "(default: embedded SmolLM2-135M-Instruct)")
-    source = gen.add_mutually_exclusive_group()
+    gen = sub.add_parser("generate", help="generate text from a prompt (or continue a checkpointed generation)",
+                         description="Generate text with TokenSwift (or plain autoregressive decoding): the "
+                                     "output is what the model would have written token by token.",
+                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = gen.add_argument_group("prompt (one of)").add_mutually_exclusive_group()
     source.add_argument("--prompt", help="prompt text")
-    source.add_argument("--prompt-file", type=Path, help="read the prompt from this UTF-8 file")
-    source.add_argument("--prompt-ids", help="the prompt as token ids, e.g. 1,5,9 (models without a tokenizer)")
+    source.add_argument("--prompt-file", type=Path, metavar="FILE", help="read the prompt from this UTF-8 file")
+    source.add_argument("--prompt-ids", metavar="IDS",
+                        help="the prompt as token ids, e.g. 1,5,9 (sent as they are; for models without a tokenizer)")
     source.add_argument("--resume", type=Path, metavar="CHECKPOINT",
                         help="continue the generation saved in this checkpoint file, with its settings")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    gen.add_argument("--method", choices=["ar", "tokenswift"], default=None,
-                     help="decoding method (default: tokenswift when the model has heads, else ar)")
-    gen.add_argument("--heads", default=None,
-                     help="draft heads for TokenSwift: 'auto' (the default) = the model checkpoint's own heads "
-                          "(released TokenSwift models), else those shipped for the model (the embedded model has "
-                          "some), else none; 'default' = only shipped heads; a heads file, or a directory / hub id "
-                          "holding heads.safetensors or a released checkpoint; 'none'; 'random' (testing)")
+    template = gen.add_argument_group("prompt format").add_mutually_exclusive_group()
+    template.add_argument("--chat", action="store_true", default=None,
+                          help="wrap the prompt text in the model's chat template (the default when the model has one)")
+    template.add_argument("--raw", dest="chat", action="store_false",
+                          help="send the prompt text as it is, without the chat template (like Ollama's raw mode)")
+    model = gen.add_argument_group("model and method")
+    model.add_argument("--model", help="a .gguf file, an HF model directory or a Hugging Face model id "
+                                       "org/name[@revision] (default: embedded SmolLM2-135M-Instruct)")
+    model.add_argument("--method", choices=["ar", "tokenswift"], default=None,
+                       help="decoding method (default: tokenswift when the model has heads, else ar)")
+    model.add_argument("--heads", default=None,
+                       help="draft heads for TokenSwift: 'auto' (the default) = the model checkpoint's own heads "
+                            "(released TokenSwift models), else those shipped for the model (the embedded model has "
+                            "some), else none; 'default' = only shipped heads; a heads file, or a directory / hub id "
+                            "holding heads.safetensors or a released checkpoint; 'none'; 'random' (testing)")
+    files = gen.add_argument_group("output (each path distinct; files are written atomically)")
+    files.add_argument("--output", type=Path, metavar="FILE", help="write the text here instead of stdout")
+    files.add_argument("--json", type=Path, metavar="FILE", help="write {token_ids, text, stats} to this file")
+    files.add_argument("--checkpoint", type=Path, metavar="FILE",
+                       help="save the generation's state here every --checkpoint-every tokens and when interrupted; "
+                            "continue it with --resume")
+    files.add_argument("--checkpoint-every", type=whole_number, default=1024, metavar="N",
+                       help="tokens between checkpoints (default: 1024)")
+    files.add_argument("--no-progress", action="store_true",
+                       help="no status line (it is shown only on a terminal: tokens, tok/s, ETA, alpha, tokens/step)")
     gen.add_argument("--greedy", action="store_true", help=(
         "shorthand for --temperature 0: the argmax after the repetition penalty, which still applies "
         "(the paper's default); --greedy --repetition-penalty 1 is transformers' plain greedy"))
-    gen.add_argument("--output", type=Path, help="write the text here (atomically) instead of stdout")
-    gen.add_argument("--json", type=Path, help="write {token_ids, text, stats} to this file (atomically)")
-    gen.add_argument("--checkpoint", type=Path,
-                     help="save the generation's state here (atomically) every --checkpoint-every tokens and when "
-                          "interrupted; continue it with --resume")
-    gen.add_argument("--checkpoint-every", type=int, default=1024, metavar="N",
-                     help="tokens between checkpoints (default: 1024)")
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     for cls in (SamplingConfig, GenerationConfig, SpecConfig, RuntimeConfig):
         add_config_flags(gen, cls)
 
@@ -86,7 +109,7 @@ class StopRequest:
 
 @dataclass
 class Outputs:
-    """Where this run writes: text file (or stdout), JSON result, checkpoint."""
+    """Where this run writes: text file (or stdout), JSON result, checkpoint; all absolute paths."""
 
     output: Path | None
     json: Path | None
@@ -96,10 +119,21 @@ class Outputs:
     def fallback_checkpoint(self) -> Path:
         """Where an interrupted run without --checkpoint saves its state."""
         base = self.output or self.json
-        return base.with_name(base.name + ".checkpoint.json") if base else Path("longswift.checkpoint.json")
+        return base.with_name(base.name + ".checkpoint.json") if base else Path("longswift.checkpoint.json").absolute()
+
+    def saved(self) -> dict[str, str | None]:
+        """What a checkpoint records, so that --resume writes the same files from any directory."""
+        return {"output": str(self.output) if self.output else None, "json": str(self.json) if self.json else None}
+
+    def locked(self) -> Any:
+        from ..atomic import OutputLock
+
+        return OutputLock([(flag, p) for flag, p in (("--output", self.output), ("--json", self.json),
+                                                     ("--checkpoint", self.checkpoint)) if p is not None])
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    """Every argument is checked before the model is loaded: a mistake costs no loading time."""
     from ..prompts import read_prompt_file
 
     if args.checkpoint_every <= 0:
@@ -111,23 +145,41 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return _resume(args)
     if args.greedy:
         args.temperature = 0.0
+    sampling = config_from_args(SamplingConfig, args)
+    generation = config_from_args(GenerationConfig, args)
+    spec = config_from_args(SpecConfig, args)
+    runtime = config_from_args(RuntimeConfig, args)
     if args.prompt_ids is not None:
         if args.chat:
             raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
         prompt: str | list[int] = parse_prompt_ids(args.prompt_ids)
+        chat: bool | None = False
     else:
         prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
         if not prompt.strip():
             raise LongswiftError("the prompt is empty: give some prompt text")
-    outputs = _outputs(args)
-    runtime = config_from_args(RuntimeConfig, args)
-    generation = config_from_args(GenerationConfig, args)
-    _plan_before_loading(args.model, runtime, generation, 1 + generation.max_new_tokens)
-    with StopRequest() as stop, Ranks(runtime) as ranks:
-        engine = ranks.load(args.model, args.heads or "auto")
-        stream = engine.stream(prompt, sampling=config_from_args(SamplingConfig, args), generation=generation,
-                               chat=args.chat, method=args.method, spec=config_from_args(SpecConfig, args))
+        chat = args.chat  # None: the chat template when the model has one
+    heads = args.heads or "auto"
+    _check_heads(heads, args.method)
+    outputs = _outputs(args, inputs=[("--prompt-file", args.prompt_file)])
+    # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
+    tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
+    cfg = _plan_before_loading(args.model, runtime, generation, 1 + generation.max_new_tokens,
+                               spec if tokenswift else None)
+    if isinstance(prompt, list) and any(t >= cfg.vocab_size for t in prompt):
+        raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
+    with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
+        engine = ranks.load(args.model, heads)
+        stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
+                               spec=spec)
         return _run(engine, stream, outputs, stop, args.no_progress)
+
+
+def _check_heads(heads: str, method: str | None) -> None:
+    if method == "tokenswift" and heads == "none":
+        raise LongswiftError("--method tokenswift needs draft heads: drop --heads none (or use --method ar)")
+    if heads.endswith(".safetensors") and not Path(heads).expanduser().is_file():
+        raise LongswiftError(f"heads file '{heads}' does not exist: pass a file written by `longswift train-heads`")
 
 
 def parse_prompt_ids(text: str) -> list[int]:
@@ -181,21 +233,26 @@ def _resume(args: argparse.Namespace) -> int:
                              f"{', '.join(RESUME_FLAGS[:-1])} apply)")
     ckpt = read_checkpoint(args.resume)
     if args.output is None and args.json is None:
-        saved = {k: Path(v) if v else None for k, v in ckpt.outputs.items()}
+        # Older checkpoints hold paths relative to where they were written: read them from the checkpoint's folder.
+        here = args.resume.expanduser().absolute().parent
+        saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items()}
         args.output, args.json = saved.get("output"), saved.get("json")
     if args.checkpoint is None:
         args.checkpoint = args.resume
     outputs = _outputs(args)
-    runtime = RuntimeConfig(**ckpt.runtime)
+    try:
+        runtime = RuntimeConfig(**ckpt.runtime)
+        gen = GenerationConfig(**ckpt.generation)
+    except (TypeError, LongswiftError) as exc:
+        raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     if args.threads is not None:
         runtime.threads = args.threads
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")
-    gen = GenerationConfig(**ckpt.generation)
     _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids) + gen.max_new_tokens)
     heads = args.heads or ckpt.heads_source or "none"
-    with StopRequest() as stop, Ranks(runtime) as ranks:
+    with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         engine = ranks.load(model, heads)
         stream = engine.resume(ckpt)
         if ranks.main:
@@ -204,19 +261,31 @@ def _resume(args: argparse.Namespace) -> int:
         return _run(engine, stream, outputs, stop, args.no_progress)
 
 
-def _outputs(args: argparse.Namespace) -> Outputs:
+def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = ()) -> Outputs:
+    """The output paths, made absolute, checked writable and distinct (from each other and from the
+    input files): two outputs on one file would leave only the one written last."""
     from ..atomic import check_writable
 
-    for p in (args.output, args.json, args.checkpoint):
-        if p is not None:
-            check_writable(p)
-    return Outputs(args.output, args.json, args.checkpoint, args.checkpoint_every)
+    named = {flag: check_writable(p).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
+                                                                 ("--checkpoint", args.checkpoint)) if p is not None}
+    out = Outputs(named.get("--output"), named.get("--json"), named.get("--checkpoint"), args.checkpoint_every)
+    if out.checkpoint is None:
+        named["the checkpoint written when interrupted"] = out.fallback_checkpoint()
+    seen: dict[Path, str] = {}
+    for flag, p in [*named.items(), *((f, p) for f, p in inputs if p is not None)]:
+        real = Path(os.path.realpath(p))
+        if real in seen:
+            raise LongswiftError(f"{seen[real]} and {flag} are the same file ('{p}'): give each its own path")
+        seen[real] = flag
+    return out
 
 
-def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: GenerationConfig, tokens: int) -> None:
-    """Refuse, before reading any weights, a run whose weights + KV cache for `tokens` cannot fit.
-    A new run plans for a one-token prompt (the prompt is not tokenized yet): the exact plan, with
-    the prompt and TokenSwift's buffers, is checked again before the cache is allocated."""
+def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: GenerationConfig, tokens: int,
+                         spec: SpecConfig | None = None) -> Any:
+    """Refuse, before reading any weights, a run whose weights + KV cache for `tokens` cannot fit
+    (with TokenSwift's tree and draft cache when `spec` is given). A new run plans for a one-token
+    prompt (the prompt is not tokenized yet): the exact plan, with the prompt, is checked again
+    before the cache is allocated. Returns the model's config."""
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config
     from ..runtime.memory import check_context, plan_memory
@@ -225,14 +294,20 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     check_context(cfg, tokens - gen.max_new_tokens, gen.max_new_tokens)
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
-    plan_memory(cfg, dtype, device, tokens, gen.prefill_chunk, packed).check(weights_loaded=False)
+    nodes = draft = 0
+    if spec is not None:
+        from ..spec.tokenswift import draft_cache_tokens, tree_budget
+
+        resolved = spec.for_device(device)
+        nodes, draft = tree_budget(resolved), draft_cache_tokens(resolved, tokens)
+    plan_memory(cfg, dtype, device, tokens + nodes, gen.prefill_chunk, packed, draft, nodes).check(weights_loaded=False)
+    return cfg
 
 
 def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool) -> int:
-    from tqdm import tqdm
-
     from ..atomic import AtomicFile, write_atomic
     from ..detok import IncrementalDecoder
+    from .display import make_display
 
     tp = engine.tp
     if tp is not None and tp.rank != 0:  # other ranks: same steps, same stop decisions, no output
@@ -240,26 +315,21 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             if tp.broadcast_int(int(stop.signum is not None)):
                 break
         return stop.exit_code if stop.signum is not None or stream.result is None else 0
-    saved = {"output": str(out.output) if out.output else None, "json": str(out.json) if out.json else None}
+    saved = out.saved()
     text_file = AtomicFile(out.output) if out.output else None
     try:
         decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
         push = decoder.push if decoder else (lambda ids: "".join(f" {t}" for t in ids))  # no tokenizer: the ids
         earlier = push(list(stream.token_ids)) if stream.token_ids else ""
-        if text_file:
-            text_file.write(earlier)  # a resumed run's file holds the whole text
-        sink = text_file.write if text_file else _stdout_write
         stats = stream.stats
         total = stream.max_new_tokens
-        bar = tqdm(total=total, initial=len(stream.token_ids), unit="tok", file=sys.stderr, disable=no_progress,
-                   dynamic_ncols=True, mininterval=0.5, leave=True)
+        display = make_display(text_file, total, len(stream.token_ids), progress=not no_progress)
         next_save = len(stream.token_ids) + out.every
-        with bar:
+        with display:
+            display.text(earlier)  # a resumed run's file holds the whole text
             for ids in stream:
-                sink(push(ids))
-                bar.update(len(ids))
-                if stats.method == "tokenswift" and stats.steps % 8 == 0:
-                    bar.set_postfix(alpha=f"{stats.alpha:.2f}", tok_per_step=f"{stats.tokens_per_step:.2f}", refresh=False)
+                display.text(push(ids))
+                display.advance(len(ids), stats)
                 if out.checkpoint and len(stream.token_ids) >= next_save:
                     stream.checkpoint(saved).save(out.checkpoint)
                     next_save = len(stream.token_ids) + out.every
@@ -270,13 +340,12 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
                     stop.signum = stop.signum or signal.SIGTERM
                     break
             if decoder:
-                sink(decoder.flush())
+                display.text(decoder.flush())
+            if not text_file:
+                display.text("\n")
         interrupted = stop.signum is not None and stream.result is None
         if text_file:
             text_file.commit()
-        else:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
         if interrupted:
             path = out.checkpoint or out.fallback_checkpoint()
             stream.checkpoint(saved).save(path)
@@ -297,12 +366,16 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
     print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info}){ranks}, "
           f"prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}", file=sys.stderr)
     if interrupted:
-        print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{path}'. "
-              f"Continue with: longswift generate --resume {path}", file=sys.stderr)
+        shown = _shown(path)
+        print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{shown}'. "
+              f"Continue with: longswift generate --resume {shown}", file=sys.stderr)
         return stop.exit_code
     return 0
 
 
-def _stdout_write(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+def _shown(path: Path) -> str:
+    """A path as short as it can be said from here (relative below the current directory)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -43,6 +43,7 @@ class MemoryPlan:
     device: str
     draft_cache: int = 0  # TokenSwift: the draft pass's partial KV cache
     draft_tokens: int = 0
+    tree_nodes: int = 0  # TokenSwift: the largest verify pass
 
     @property
     def total(self) -> int:
@@ -68,6 +69,7 @@ class MemoryPlan:
                 f"not enough memory: this run needs {need / GiB:.2f} GiB more "
                 f"({self.describe()}) but {free / GiB:.2f} GiB is free; "
                 "lower --max-new-tokens or the prompt length, use a smaller --dtype, or a smaller --draft-kv-budget"
+                + (f", --tree or --ngram-topk (a step verifies {self.tree_nodes} nodes)" if self.tree_nodes else "")
             )
 
 
@@ -106,7 +108,7 @@ def plan_memory(
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
-                      draft_tokens)
+                      draft_tokens, tree_nodes)
 
 
 def rope_factor_for(cfg: ModelConfig, total: int) -> int:

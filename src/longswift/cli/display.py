@@ -1,0 +1,134 @@
+"""What `longswift generate` shows while it runs.
+
+On a terminal, the text streams readably while one status line below it shows tokens, tok/s,
+ETA, alpha and tokens per step: rich's live display keeps the status at the bottom and prints
+the text above it, line by line (the line being written is part of the live display until it
+is complete, so text and status never share a line). Text that goes to a file or a pipe is
+written plain, with a tqdm bar on stderr only when stderr is a terminal."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.cells import get_character_cell_size
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from ..atomic import AtomicFile
+
+
+def make_display(text_file: AtomicFile | None, total: int, initial: int, progress: bool) -> Any:
+    if text_file is None and progress and sys.stdout.isatty():
+        return TerminalDisplay(total, initial)
+    sink = text_file.write if text_file else _stdout_write
+    return PlainDisplay(sink, total, initial, progress)
+
+
+def _stdout_write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _status(stats: Any) -> str:
+    if stats.method == "tokenswift" and stats.steps:
+        return f"alpha {stats.alpha:.2f} · {stats.tokens_per_step:.2f} tok/step"
+    return ""
+
+
+class PlainDisplay:
+    """Text to a file or stdout as it comes; a tqdm bar on stderr if it is a terminal (disable=None)."""
+
+    def __init__(self, sink: Any, total: int, initial: int, progress: bool) -> None:
+        from tqdm import tqdm
+
+        self.sink = sink
+        self.bar = tqdm(total=total, initial=initial, unit="tok", file=sys.stderr, disable=None if progress else True,
+                        dynamic_ncols=True, mininterval=0.5, leave=False)
+
+    def __enter__(self) -> PlainDisplay:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.close()
+
+    def text(self, text: str) -> None:
+        if text:
+            self.sink(text)
+
+    def advance(self, n: int, stats: Any) -> None:
+        self.bar.update(n)
+        if stats.method == "tokenswift" and stats.steps % 8 == 0:
+            self.bar.set_postfix_str(_status(stats), refresh=False)
+
+
+class RateColumn(ProgressColumn):
+    def render(self, task: Any) -> Text:
+        return Text(f"{task.speed:.1f} tok/s" if task.speed else "- tok/s")
+
+
+class TerminalDisplay:
+    """Text above, status line below (rich.progress.Progress, transient: the status goes at the end)."""
+
+    def __init__(self, total: int, initial: int) -> None:
+        self.console = Console(highlight=False, markup=False, emoji=False)
+        self.pending = ""  # the text since the last complete screen line
+        display = self
+
+        class _Progress(Progress):
+            def get_renderables(self) -> Any:
+                if display.pending:
+                    yield Text(display.pending)
+                yield self.make_tasks_table(self.tasks)
+
+        self.progress = _Progress(
+            BarColumn(bar_width=20), TextColumn("{task.completed}/{task.total} tokens"), RateColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[spec]}"),
+            console=self.console, transient=True, refresh_per_second=4)
+        self.task = self.progress.add_task("generate", total=total, completed=initial, spec="")
+
+    def __enter__(self) -> TerminalDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pending:
+            self._emit(self.pending)
+            self.pending = ""
+        self.progress.stop()
+
+    def text(self, text: str) -> None:
+        if not text:
+            return
+        self.pending += text.replace("\r", "").replace("\t", "    ")
+        width = max(self.console.width, 10)
+        while True:
+            cut = _fits(self.pending, width)
+            newline = self.pending.find("\n", 0, cut + 1)
+            if newline >= 0:  # a complete line
+                line, self.pending = self.pending[:newline], self.pending[newline + 1:]
+            elif cut < len(self.pending):  # longer than the screen: wrap at the last space, as a terminal reader expects
+                space = self.pending.rfind(" ", 0, cut + 1)
+                end = space if space > 0 else cut
+                line, self.pending = self.pending[:end], self.pending[end + (1 if space > 0 else 0):]
+            else:
+                break
+            self._emit(line)
+        self.progress.refresh()
+
+    def _emit(self, line: str) -> None:
+        self.console.print(Text(line), crop=False, overflow="ignore")
+
+    def advance(self, n: int, stats: Any) -> None:
+        self.progress.update(self.task, advance=n, spec=_status(stats))
+
+
+def _fits(text: str, width: int) -> int:
+    """How many characters of `text` fit in `width` terminal cells."""
+    cells = 0
+    for i, ch in enumerate(text):
+        cells += get_character_cell_size(ch)
+        if cells > width:
+            return i
+    return len(text)

@@ -1,0 +1,309 @@
+"""Issue #18, what a new user meets first: outputs that cannot be lost (distinct paths, unique
+temp files, a lock against a second writer), one-line errors from every entry point and before
+the model loads, the chat template by default, a typed Python API, and checkpoints that write
+where the user asked from any directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import assert_one_line_error, run_cli, tiny_hf_model
+
+import longswift
+from longswift import GenerationConfig, LongswiftError, SamplingConfig
+from longswift.atomic import AtomicFile, OutputLock
+from longswift.checkpoint import Checkpoint, read_checkpoint
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if the model's weights are read: mistakes must be caught before that."""
+    def loader(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("longswift.engine.load_model", loader)
+    monkeypatch.setattr("longswift.runtime.loading.load_model", loader)
+
+
+# ---- 2. distinct outputs ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags", [("--output", "--json"), ("--output", "--checkpoint"), ("--json", "--checkpoint")])
+def test_outputs_on_the_same_file_are_refused_before_loading(tmp_path, capsys, no_loading, flags, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", flags[0], "same.txt", flags[1], "./same.txt")
+    assert_one_line_error(code, err, f"{flags[0]} and {flags[1]} are the same file")
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_output_through_a_symlink_or_over_the_prompt_is_refused(tmp_path, capsys, no_loading):
+    (tmp_path / "real.txt").write_text("")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "real.txt")
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--output", str(tmp_path / "real.txt"),
+                           "--json", str(tmp_path / "link.txt"))
+    assert_one_line_error(code, err, "--output and --json are the same file")
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Write a story.")
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(prompt), "--output", str(prompt))
+    assert_one_line_error(code, err, "--output and --prompt-file are the same file")
+    assert prompt.read_text() == "Write a story."
+
+
+# ---- 3. unique temp files, one writer per file ----------------------------------------------------
+
+def test_atomic_files_of_two_writers_never_share_a_temp_file(tmp_path):
+    path = tmp_path / "out.txt"
+    a, b = AtomicFile(path), AtomicFile(path)
+    assert a.tmp != b.tmp and a.tmp.parent == b.tmp.parent == tmp_path
+    a.write("first run")
+    b.write("second run")
+    a.commit()
+    assert path.read_text() == "first run"
+    b.discard()
+    assert path.read_text() == "first run" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # the mode open() would have given, not mkstemp's 0600
+
+
+def test_output_lock_refuses_a_second_holder_and_is_released(tmp_path):
+    out = tmp_path / "out.txt"
+    with OutputLock([("--output", out)]):
+        with pytest.raises(LongswiftError, match=rf"'{out}' is being written by another longswift run \(pid "
+                                                 rf"{os.getpid()}\): wait for it to finish, or give another --output"):
+            OutputLock([("--output", out)]).__enter__()
+    assert not (tmp_path / "out.txt.lock").exists()
+    with OutputLock([("--output", out)]):  # free again
+        pass
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_output_is_refused_and_the_first_is_intact(tmp_path, capsys):
+    first = subprocess.Popen([sys.executable, "-m", "longswift", "generate", "--prompt", "Tell a story.", "--raw",
+                              "--heads", "none", "--seed", "1", "--max-new-tokens", "24", "--ignore-eos",
+                              "--output", "out.txt", "--json", "first.json"],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "out.txt.lock").exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert first.poll() is None, first.communicate()
+    code, _, err = run_cli(capsys, "generate", "--prompt", "Another.", "--output", str(tmp_path / "out.txt"),
+                           "--json", str(tmp_path / "second.json"))
+    assert_one_line_error(code, err, "out.txt' is being written by another longswift run (pid ")
+    _, first_err = first.communicate(timeout=600)
+    assert first.returncode == 0, first_err
+    result = json.loads((tmp_path / "first.json").read_text())
+    assert len(result["token_ids"]) == 24
+    assert (tmp_path / "out.txt").read_text() == result["text"]
+    assert not (tmp_path / "second.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first.json", "out.txt"]  # no temp or lock files left
+
+
+# ---- 4. one-line errors everywhere ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,match", [
+    (["generate", "--prompt", "hi", "--max-new-tokens", "1e9"], "argument --max-new-tokens: expected a whole number, got '1e9'"),
+    (["generate", "--prompt", "hi", "--max-new-tokens", "abc"], "argument --max-new-tokens: expected a whole number"),
+    (["generate", "--prompt", "hi", "--temperature", "warm"], "argument --temperature: expected a number, got 'warm'"),
+    (["generate", "--prompt", "hi", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["generate", "--prompt", "hi", "--method", "beam"], "argument --method: invalid choice: 'beam'"),
+    (["generate", "--prompt", "a", "--prompt-ids", "1"], "not allowed with argument"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ([], "the following arguments are required: COMMAND"),
+])
+def test_argparse_errors_are_one_line(capsys, argv, match):
+    code, out, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, match)
+    assert out == ""
+
+
+def test_argparse_error_from_the_console_script():
+    proc = subprocess.run([sys.executable, "-m", "longswift", "generate", "--max-new-tokens", "1e9"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("longswift: error: argument --max-new-tokens")
+
+
+def test_version(capsys):
+    code, out, err = run_cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"longswift {longswift.__version__}" and err == ""
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_anywhere_shows_the_traceback(capsys, where):
+    argv = ["generate", "--prompt", "hi", "--top-k", "-1"]
+    argv = ["--debug", *argv] if where == "before" else [*argv, "--debug"]
+    with pytest.raises(LongswiftError, match="top_k must be >= 0"):
+        run_cli(capsys, *argv)
+
+
+def test_memory_refusal_for_a_huge_tree_names_the_flags_before_loading(capsys, no_loading):
+    code, out, err = run_cli(capsys, "generate", "--prompt", "hi", "--heads", "random", "--tree", "64,64,64,64")
+    assert_one_line_error(code, err, "not enough memory")
+    assert "--tree or --ngram-topk" in err and "%|" not in err and out == ""
+
+
+def fake_checkpoint(**changes) -> Checkpoint:
+    fields = dict(model_source="<embedded>", model_fingerprint="0" * 32, runtime={}, heads_source=None,
+                  heads_fingerprint=None, method="ar", sampling={}, generation={"max_new_tokens": 8}, spec={},
+                  prompt_ids=[1, 2, 3], token_ids=[4, 5], rng_state=None, stats={})
+    return Checkpoint(**{**fields, **changes})
+
+
+def rehash(path, edit) -> None:
+    """Edit a checkpoint's body and recompute its SHA-256, as a determined hand-editor would."""
+    outer = json.loads(path.read_text())
+    edit(outer["checkpoint"])
+    canonical = json.dumps(outer["checkpoint"], sort_keys=True, separators=(",", ":"))
+    outer["sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
+    path.write_text(json.dumps(outer))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda b: b["token_ids"].__setitem__(0, "abc"), "token_ids must be a list of token ids"),
+    (lambda b: b["prompt_ids"].__setitem__(1, 2.5), "prompt_ids must be a list of token ids"),
+    (lambda b: b.__setitem__("sampling", [1]), "sampling must be an object"),
+    (lambda b: b.__setitem__("method", 7), "method must be a string"),
+    (lambda b: b.__setitem__("generation", {"max_new_tokens": "9"}), "holds damaged settings"),
+])
+def test_hand_edited_checkpoint_with_wrong_types_is_refused_in_one_line(tmp_path, capsys, no_loading, edit, match):
+    path = tmp_path / "c.json"
+    fake_checkpoint().save(path)
+    rehash(path, edit)
+    code, _, err = run_cli(capsys, "generate", "--resume", str(path))
+    assert_one_line_error(code, err, match)
+
+
+# ---- 5. every argument is checked before the model loads ------------------------------------------
+
+@pytest.mark.parametrize("args,match", [
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--seed", "-1", "--min-p", "1"], "--min-p must be in [0, 1)"),
+    (["--tree", "1,0"], "--tree must be"),
+    (["--draft-mode", "eager"], "--draft-mode must be paper or fused"),
+    (["--draft-kv-budget", "10"], "--draft-kv-budget (10) must exceed"),
+    (["--heads", "/nonexistent/heads.safetensors"], "does not exist"),
+    (["--heads", "none", "--method", "tokenswift"], "needs draft heads"),
+    (["--prompt-ids", "1,x"], "--prompt-ids must be token ids"),
+    (["--prompt-ids", "1,99999999"], "--prompt-ids must be in [0, 49152)"),
+    (["--prompt-ids", "1,2", "--chat"], "--chat wraps prompt text"),
+    (["--output", "/nonexistent-dir/x.txt"], "does not exist"),
+])
+def test_arguments_are_checked_before_the_model_loads(capsys, no_loading, args, match):
+    argv = ["generate", *args] if any(a.startswith("--prompt") for a in args) else ["generate", "--prompt", "hi", *args]
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, match)
+
+
+# ---- 6. the chat template by default --------------------------------------------------------------
+
+@pytest.mark.slow
+def test_chat_template_is_the_default_and_raw_sends_the_text_as_is(embedded, tmp_path, capsys):
+    prompt = "Write a long story."
+    assert embedded.encode(prompt, chat=None) == embedded.encode(prompt, chat=True) != embedded.encode(prompt)
+    js = tmp_path / "o.json"
+    code, _, err = run_cli(capsys, "generate", "--prompt", prompt, "--greedy", "--max-new-tokens", "8",
+                           "--no-progress", "--json", str(js))
+    assert code == 0, err
+    result = json.loads(js.read_text())
+    assert result["stats"]["prompt_tokens"] == len(embedded.encode(prompt, chat=True))
+    assert len(result["token_ids"]) == 8 and result["text"].strip()  # not an immediate end of text
+    raw = embedded.generate(prompt, chat=False, sampling=SamplingConfig(temperature=0.0),
+                            generation=GenerationConfig(max_new_tokens=8))
+    assert raw.stats.prompt_tokens == len(embedded.encode(prompt))  # the API sends text as given by default
+
+
+# ---- 7. a typed Python API ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny():
+    return longswift.load(tiny_hf_model("llama", seed=3, dtype=torch.float64, vocab=40), dtype="float64", heads=None)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda e: e.generate(42), "prompt must be text (str) or a list of token ids (ints); got int"),
+    (lambda e: e.generate([1.7, 2]), "prompt token ids must be whole numbers; got 1.7 (float) at position 0"),
+    (lambda e: e.generate([1, True]), "prompt token ids must be whole numbers; got True (bool) at position 1"),
+    (lambda e: e.generate([1, 2], sampling={"seed": 1}), "sampling must be a longswift.SamplingConfig; got dict"),
+    (lambda e: e.generate([1, 2], chat="yes"), "chat must be True, False or None"),
+    (lambda e: e.resume(42), "resume() takes a Checkpoint or the path of a checkpoint file; got int"),
+    (lambda e: GenerationConfig(max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number; got 2.5"),
+    (lambda e: SamplingConfig(seed="abc"), "SamplingConfig.seed must be a whole number or None; got 'abc' (str)"),
+    (lambda e: longswift.SpecConfig(tree=[1, 3]), "SpecConfig.tree must be a string; got [1, 3] (list)"),
+])
+def test_wrong_types_say_what_was_expected(tiny, call, match):
+    with pytest.raises(TypeError) as info:
+        call(tiny)
+    assert isinstance(info.value, LongswiftError) and match in str(info.value)
+
+
+def test_api_messages_name_fields_and_cli_messages_name_flags(capsys):
+    with pytest.raises(LongswiftError) as info:
+        SamplingConfig(top_k=-1)
+    assert str(info.value) == "SamplingConfig.top_k must be >= 0"
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--top-k", "-1")
+    assert err.strip() == "longswift: error: --top-k must be >= 0"
+
+
+def test_resume_takes_a_path_or_a_checkpoint(tiny, tmp_path):
+    kwargs = dict(sampling=SamplingConfig(seed=2), generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
+    whole = tiny.generate([1, 2, 3], **kwargs)
+    stream = tiny.stream([1, 2, 3], **kwargs)
+    for _ in stream:
+        if len(stream.token_ids) >= 5:
+            break
+    stream.checkpoint().save(tmp_path / "run.ckpt.json")
+    for source in (str(tmp_path / "run.ckpt.json"), tmp_path / "run.ckpt.json",
+                   read_checkpoint(tmp_path / "run.ckpt.json")):
+        rest = tiny.resume(source)
+        for _ in rest:
+            pass
+        assert rest.result.token_ids == whole.token_ids
+    with pytest.raises(LongswiftError, match="does not exist"):
+        tiny.resume(tmp_path / "missing.json")
+
+
+# ---- 9. checkpoints remember absolute output paths ------------------------------------------------
+
+@pytest.mark.slow
+def test_resume_from_another_directory_writes_where_the_first_run_did(tmp_path, capsys, monkeypatch):
+    first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
+    first.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(first)
+    code, _, err = run_cli(capsys, "generate", "--prompt-ids", "1,2,3", "--heads", "none", "--greedy",
+                           "--max-new-tokens", "6", "--ignore-eos", "--no-progress", "--output", "same.txt",
+                           "--checkpoint", "run.ckpt")
+    assert code == 0, err
+    assert read_checkpoint(first / "run.ckpt").outputs["output"] == str(first / "same.txt")
+    (first / "same.txt").unlink()
+    monkeypatch.chdir(elsewhere)
+    code, _, err = run_cli(capsys, "generate", "--resume", "../first/run.ckpt", "--no-progress")
+    assert code == 0, err
+    assert (first / "same.txt").is_file() and not list(elsewhere.iterdir())
+
+
+# ---- 8. help that teaches -------------------------------------------------------------------------
+
+def test_generate_help_has_plain_groups_choices_single_defaults_and_examples():
+    from longswift.cli import build_parser
+
+    text = build_parser()._subparsers._group_actions[0].choices["generate"].format_help()
+    assert "Config:" not in text and "sampling:" in text and "device and precision:" in text
+    assert "{paper,fused}" in text and "{dynamic,static,full}" in text and "{auto,float32," in text
+    import re
+
+    options = re.split(r"\n  (?=-)", text.split("examples:")[0])
+    assert len(options) > 30
+    for option in options:
+        flat = " ".join(option.split())
+        assert "(default: None)" not in flat and flat.count("(default:") + flat.count("default:") <= 2, flat
+        assert flat.count("(default:") <= 1 and not ("(default:" in flat and "; default:" in flat), flat
+    examples = text.split("examples:", 1)[1]
+    assert examples.count("\n  longswift generate ") == 3

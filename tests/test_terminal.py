@@ -1,0 +1,70 @@
+"""What a person sees: `longswift generate` in a terminal (a pseudo-terminal read through the
+pyte terminal emulator), where the text must stream readably under a status line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+pyte = pytest.importorskip("pyte", reason="pyte (a dev extra: pip install -e '.[dev]') emulates the terminal screen")
+
+COLS, ROWS = 100, 30
+
+
+def run_in_terminal(argv: list[str], cwd, timeout: float = 600) -> tuple[int, list[str]]:
+    """Run `python -m longswift ARGV` with stdin, stdout and stderr on a COLS x ROWS pseudo-terminal;
+    return its exit status and the screen as a person would see it at the end (scrolled-off lines
+    included)."""
+    import fcntl
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "TERM")}
+    env["TERM"] = "xterm-256color"
+    proc = subprocess.Popen([sys.executable, "-m", "longswift", *argv], cwd=cwd, stdin=slave, stdout=slave,
+                            stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    screen = pyte.HistoryScreen(COLS, ROWS, history=1000)
+    stream = pyte.ByteStream(screen)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the process closed the terminal
+            break
+        if not data:
+            break
+        stream.feed(data)
+    os.close(master)
+    code = proc.wait(timeout=60)
+    lines = ["".join(ch.data for ch in (row[x] for x in range(COLS))).rstrip() for row in screen.history.top]
+    lines += [line.rstrip() for line in screen.display]
+    return code, [line for line in lines if line]
+
+
+def squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+@pytest.mark.slow
+def test_streamed_text_is_readable_in_a_terminal(tmp_path):
+    code, lines = run_in_terminal(["generate", "--prompt", "Write a story about a lighthouse keeper.", "--seed", "4",
+                                   "--max-new-tokens", "64", "--ignore-eos", "--json", "o.json"], tmp_path)
+    screen = "\n".join(lines)
+    assert code == 0, screen
+    text = json.loads((tmp_path / "o.json").read_text())["text"]
+    assert len(squeeze(text)) > 100, text
+    # The whole text is on the screen in one piece: no status line or bar scraps inside it.
+    assert squeeze(text) in squeeze(screen), screen
+    # The status line was transient: what is left is the text and the one summary line.
+    status = [line for line in lines if "tok/s" in line]
+    assert len(status) == 1 and status[0].startswith(("ar: 64 tokens", "tokenswift: 64 tokens")), screen
+    assert all(len(line) <= COLS for line in lines)
