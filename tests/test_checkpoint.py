@@ -73,8 +73,12 @@ def test_resumed_generation_equals_uninterrupted(base, run, sampling, tmp_path):
     assert third.result.token_ids == full.token_ids
     stats = third.result.stats
     assert stats.resumes == 2 and stats.new_tokens == GEN.max_new_tokens and stats.method == method
-    if method == "tokenswift":
+    if method == "tokenswift" and not spec.adaptive:
         assert stats.steps < GEN.max_new_tokens and stats.accepted_tokens > 0
+    elif method == "tokenswift":
+        # Adaptive steps pick by measured speed (on this CPU plain steps may win throughout), but
+        # each of the three runs starts by measuring a full step.
+        assert stats.steps - stats.plain_steps - stats.lookup_steps >= 3
 
 
 def test_resume_of_a_finished_generation_yields_nothing_more(base):

@@ -113,12 +113,10 @@ def test_cuda_graphs_setting_resolves_per_model():
     assert use_graphs("off", engine.model) is False
     with pytest.raises(LongswiftError, match="--cuda-graphs on: CUDA graphs need a CUDA device"):
         use_graphs("on", engine.model)
-    with pytest.raises(LongswiftError, match="--cuda-graphs must be auto, on or off"):
+    with pytest.raises(LongswiftError, match="cuda.graphs must be auto, on or off"):
         RuntimeConfig(cuda_graphs="sometimes")
 
 
-def test_generate_refuses_cuda_graphs_on_without_cuda():
-    engine = longswift.load(tiny_hf_model("llama", "default", seed=1), device="cpu", dtype="float32",
-                            cuda_graphs="on")
-    with pytest.raises(LongswiftError, match="CUDA graphs need a CUDA device"):
-        engine.generate([1, 2, 3], method="ar", generation=GenerationConfig(max_new_tokens=4))
+def test_cuda_graphs_on_without_cuda_is_refused_before_loading():
+    with pytest.raises(LongswiftError, match="cuda_graphs.*needs a CUDA device"):
+        longswift.load(tiny_hf_model("llama", "default", seed=1), device="cpu", dtype="float32", cuda_graphs="on")

@@ -107,5 +107,5 @@ def test_bad_requests_are_refused():
         engine.generate("some text")
     with pytest.raises(LongswiftError, match="unknown method"):
         engine.generate(PROMPT, method="beam")
-    with pytest.raises(LongswiftError, match="max-new-tokens"):
+    with pytest.raises(LongswiftError, match="max.new.tokens"):
         GenerationConfig(max_new_tokens=0)

@@ -339,8 +339,8 @@ class RuntimeConfig:
                        "default: on for checkpoint files, off for a transformers model passed in (no copy)"),
     )
     cuda_graphs: str = field(default="auto", metadata=_help(
-        "replay each decode step as a CUDA graph: auto (wherever supported: CUDA, no tensor parallelism, no "
-        "dynamic rope), on (required), off"))
+        "replay decode, draft and verify steps as CUDA graphs: auto (wherever supported: CUDA, no tensor "
+        "parallelism, no dynamic rope), on (required), off", choices=("auto", "on", "off")))
 
     @_validated
     def __post_init__(self) -> None:
@@ -354,6 +354,8 @@ class RuntimeConfig:
             raise LongswiftError("--threads must be positive")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
+        if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
+            raise LongswiftError("--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
         if self.rope_scaling is not None:
             parse_rope_scaling(self.rope_scaling)
 

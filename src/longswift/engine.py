@@ -113,6 +113,11 @@ class Engine:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_ids = frozenset(eos)
 
+    def ban_eos(self, sampling: SamplingConfig) -> SamplingConfig:
+        """`sampling` with every EOS id of this model banned (what --ignore-eos means)."""
+        eos = {t for t in self.eos_ids if t < self.cfg.vocab_size}
+        return replace(sampling, banned_ids=(*sampling.banned_ids, *eos))
+
     def set_heads(self, heads: DraftHeads | str | None) -> None:
         """Draft heads for TokenSwift: a DraftHeads; "auto" (the heads inside the model checkpoint,
         TokenSwift's released layout, else the heads shipped for this model, else none); "default"
@@ -214,8 +219,7 @@ class Engine:
         if any(t >= self.cfg.vocab_size for t in sampling.banned_ids):
             raise LongswiftError(f"banned token ids must be in [0, {self.cfg.vocab_size})")
         if generation.ignore_eos:  # --ignore-eos bans every EOS id of the model (resolved once per run)
-            eos = {t for t in self.eos_ids if t < self.cfg.vocab_size}
-            sampling = replace(sampling, banned_ids=(*sampling.banned_ids, *eos))
+            sampling = self.ban_eos(sampling)
         ids = self.encode(prompt, chat)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
         generator = None

@@ -101,13 +101,14 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
                  sampling: SamplingConfig | None = None, cache_dir: Path | None = None,
                  progress: bool = True, prompts: list[list[int]] | None = None) -> list[list[int]]:
     """Documents (prompt + generated ids) holding at least `n_tokens` generated tokens, sampled by
-    the model itself (EOS does not stop a row: long generation ignores EOS too). Prompts default to
+    the model itself (EOS is banned, as long generation with --ignore-eos bans it). Prompts default to
     the built-in writing requests (in the chat template when the model has one). Cached."""
     if n_tokens <= 0:
         raise LongswiftError(f"--self-distill must be a positive number of tokens, got {n_tokens}")
     sampling = sampling or SamplingConfig(seed=0)
     if sampling.seed is None:
         sampling = replace(sampling, seed=0)
+    sampling = engine.ban_eos(sampling)  # as long generation with --ignore-eos: no EOS inside the text
     cache_dir = cache_dir or default_cache_dir()
     if prompts is None:
         if engine.tokenizer is None:
