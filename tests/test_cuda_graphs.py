@@ -111,7 +111,7 @@ def test_cuda_graphs_setting_resolves_per_model():
     assert graphs_supported(engine.model) is not None  # a CPU model
     assert use_graphs("auto", engine.model) is False
     assert use_graphs("off", engine.model) is False
-    with pytest.raises(LongswiftError, match="--cuda-graphs on: CUDA graphs need a CUDA device"):
+    with pytest.raises(LongswiftError, match=r"cuda_graphs='on' \(--cuda-graphs on\): CUDA graphs need a CUDA device"):
         use_graphs("on", engine.model)
     with pytest.raises(LongswiftError, match="cuda.graphs must be auto, on or off"):
         RuntimeConfig(cuda_graphs="sometimes")

@@ -211,8 +211,9 @@ class Engine:
         if method not in METHODS:
             raise LongswiftError(f"unknown method '{method}': choose one of {', '.join(METHODS)}")
         if method == "tokenswift" and self.heads is None:
-            raise LongswiftError("--method tokenswift needs draft heads and this model has none: train some with "
-                                 "`longswift train-heads` and pass --heads PATH (or --heads random)")
+            raise LongswiftError("method='tokenswift' (--method tokenswift) needs draft heads and this model has "
+                                 "none: train some with `longswift train-heads` and pass them (heads=PATH, --heads PATH; "
+                                 "or 'random')")
         spec = spec or SpecConfig()
         sampling = sampling or SamplingConfig()
         generation = generation or GenerationConfig()
@@ -268,7 +269,8 @@ class Engine:
                              generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model))
         else:
             if self.heads is None:
-                raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: pass --heads")
+                raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
+                                     "heads (heads=..., --heads)")
             steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
                                      self.eos_ids, r.generator, generated,
                                      cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model))

@@ -41,7 +41,7 @@ def use_graphs(setting: str, model: Transformer) -> bool:
     """--cuda-graphs: auto = wherever supported, on = required (refused with the reason where not), off."""
     why = graphs_supported(model)
     if setting == "on" and why is not None:
-        raise LongswiftError(f"--cuda-graphs on: {why}; use --cuda-graphs auto or off")
+        raise LongswiftError(f"cuda_graphs='on' (--cuda-graphs on): {why}; use auto or off")
     return setting != "off" and why is None
 
 
@@ -72,7 +72,7 @@ class StepGraphs:
                  evict: bool = True) -> None:
         why = graphs_supported(model)
         if capture and why is not None:
-            raise LongswiftError(why + "; use --cuda-graphs off")
+            raise LongswiftError(why + "; use cuda_graphs='off' (--cuda-graphs off)")
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # N -> tokens, positions, mask
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)

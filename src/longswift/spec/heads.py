@@ -120,7 +120,7 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
 
     path = Path(path).expanduser()
     if not path.is_file():
-        raise LongswiftError(f"heads file '{path}' does not exist: train heads with `longswift train-heads` or drop --heads")
+        raise LongswiftError(f"heads file '{path}' does not exist: train heads with `longswift train-heads` or drop heads= (--heads)")
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get(FORMAT)

@@ -79,7 +79,8 @@ class TokenSwiftState:
                 f"--tree {spec.tree} has {len(spec.levels)} depths but the heads draft only {heads.gamma + 1}"
             )
         if not levels:
-            raise LongswiftError("--draft-mode fused needs a --tree of at least two depths (the first is skipped)")
+            raise LongswiftError("draft_mode='fused' (--draft-mode fused) needs a tree (--tree) of at least two "
+                                 "depths (the first is skipped)")
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
         self.stats, self.generator = stats, generator
         self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
