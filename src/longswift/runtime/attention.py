@@ -108,17 +108,12 @@ class Masks:
     t: int
     start: int
     new: torch.Tensor | None  # [T, T] bool
-    group: int
     bias: torch.Tensor | None = None  # CPU explicit/SDPA kernels: additive [G*T, S]
+    rows: torch.Tensor | None = None  # the cascade: the [T, T] mask per query row g*T + t, [G*T, T] bool
 
     @property
     def end(self) -> int:
         return self.start + self.t
-
-    @property
-    def rows(self) -> torch.Tensor | None:
-        """The [T, T] mask per query row g*T + t: [G*T, T] bool."""
-        return None if self.new is None else self.new.repeat(self.group, 1)
 
 
 class Attention:
@@ -144,15 +139,17 @@ class Attention:
         """Per-forward mask state for T tokens written at slots [start, start + T): causal among
         them unless `tree_mask` [T, T] is given."""
         if t == 1 and tree_mask is None:
-            return Masks(1, start, None, group)
+            return Masks(1, start, None)
         if tree_mask is None:
             new = torch.ones(t, t, dtype=torch.bool, device=self.device).tril_()  # [T, T] causal
         else:
             if tree_mask.shape != (t, t):
                 raise ValueError(f"tree_mask must be [{t}, {t}], got {list(tree_mask.shape)}")
             new = tree_mask.to(device=self.device, dtype=torch.bool)
-        m = Masks(t, start, new, group)
-        if self._kernel(False) not in ("cascade", "flash"):
+        m = Masks(t, start, new)
+        if self._kernel(False) in ("cascade", "flash"):
+            m.rows = new.repeat(group, 1)  # once per forward, not per layer
+        else:
             bias = torch.zeros(t, start + t, dtype=self.dtype, device=self.device)  # [T, S]
             bias[:, start:].masked_fill_(~new, float("-inf"))
             m.bias = bias.repeat(group, 1)  # [G*T, S], rows g*T + t
