@@ -287,20 +287,15 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
 
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     """One forward of the root and every trie node on the full cache, under the tree mask."""
-    dev = s.model.device
-    if len(trie) == 1:  # the root alone (a plain step) is a decoding step: same kernels as AR
-        if (graphs := s.graphs.get(id(s.full))) is not None:
-            logits, hidden = graphs.decode(trie.tokens[0], s.n - 1)
-            return Verified(s.model, hidden[None], {0: logits})
-        _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
-                                    logits_rows=slice(0, 0))
-        return Verified(s.model, hidden, {})
-    graphs = s.graphs.get(id(s.full))
+    dev, graphs = s.model.device, s.graphs.get(id(s.full))
+    if len(trie) == 1 and graphs is not None:  # the root alone (a plain step): AR's decode graph, logits included
+        logits, hidden = graphs.decode(trie.tokens[0], s.n - 1)
+        return Verified(s.model, hidden[None], {0: logits})
     if graphs is not None:  # padded to a node budget; rows past the trie are padding
         hidden = graphs.forward(trie.tokens, trie.positions(s.n - 1), trie.mask(), logits=False)[1][: len(trie)]
-    else:
+    else:  # the root alone goes without a mask: a decoding step, same kernels as AR
         _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
-                                    tree_mask=trie.mask(dev), logits_rows=slice(0, 0))
+                                    tree_mask=trie.mask(dev) if len(trie) > 1 else None, logits_rows=slice(0, 0))
     cached: dict[int, torch.Tensor] = {}
     if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.tokens_per_step >= BATCH_FROM_TOKENS:
         cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
