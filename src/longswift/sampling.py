@@ -65,7 +65,9 @@ def transform(logits: torch.Tensor, window_ids: torch.Tensor, cfg: SamplingConfi
 
 def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose total probability reaches top_p."""
-    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+    # stable: tied tokens keep their vocabulary order, so a row's result never depends on the
+    # other rows of the batch (the walk transforms one row or all of a trie's rows at once)
+    sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
     probs = torch.softmax(sorted_x, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs  # [N, V] mass of strictly more likely tokens
     drop_sorted = mass_before >= top_p
@@ -90,14 +92,26 @@ def probabilities(transformed: torch.Tensor) -> torch.Tensor:
     return torch.softmax(transformed.double(), dim=-1)
 
 
-def draw(transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
-    """One token from one row of transformed logits [V]: argmax if greedy, else inverse-CDF
-    sampling with a float64 uniform from `generator` (so a seed fixes every draw)."""
+def uniforms(generator: torch.Generator | None, count: int) -> torch.Tensor:
+    """The next `count` float64 uniforms of `generator` [count], on the CPU so that a seed means the
+    same draws on every device. Drawing k at once yields (and consumes) exactly what k single draws
+    would (tests/test_sampling.py holds torch to that), so AR's one-per-token draws and the walk's
+    one-per-depth block are the same stream."""
+    return torch.rand(count, generator=generator, dtype=torch.float64)
+
+
+def draw_rows(transformed: torch.Tensor, cfg: SamplingConfig, u: torch.Tensor | None) -> torch.Tensor:
+    """One token per row of transformed logits [N, V] -> [N] long on their device, without a host
+    read: argmax if greedy, else inverse-CDF sampling of row i with the float64 uniform u[i]."""
     if cfg.greedy:
-        return int(torch.argmax(transformed))
-    cdf = torch.cumsum(torch.softmax(transformed.double(), dim=-1), dim=-1)  # [V]
-    # The generator lives on the CPU so that a seed means the same draws on every device.
-    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        return torch.argmax(transformed, dim=-1)
+    cdf = torch.cumsum(torch.softmax(transformed.double(), dim=-1), dim=-1)  # [N, V]
     # First index whose cdf exceeds u * total: zero-probability tokens can never be chosen.
-    index = int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64, device=cdf.device) * cdf[-1], right=True))
-    return min(index, cdf.numel() - 1)
+    target = u.to(cdf.device, non_blocking=True)[:, None] * cdf[:, -1:]  # [N, 1]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
+
+
+def draw(transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
+    """One token from one row of transformed logits [V] (one uniform from `generator` unless greedy)."""
+    u = None if cfg.greedy else uniforms(generator, 1)
+    return int(draw_rows(transformed[None], cfg, u)[0])
