@@ -259,6 +259,7 @@ class GenerationConfig:
 PAPER_TREE, PAPER_NGRAM_TOPK = "1,3,3,3", 20
 CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
 DRAFT_CACHES = ("dynamic", "static", "full")  # SpecConfig.draft_cache
+WALKS = ("auto", "rows", "batched")  # SpecConfig.walk
 
 
 @dataclass
@@ -283,6 +284,10 @@ class SpecConfig:
         "entries, re-selected whenever the recent window fills), static (selected once, never refreshed) "
         "or full (the whole KV cache); static and full are ablations", choices=DRAFT_CACHES))
     attention_sinks: int = field(default=16, metadata=_help("first positions always kept in the partial cache"))
+    walk: str = field(default="auto", metadata=_help(
+        "the lossless walk over the verified trie: rows (transform and draw each visited row in turn, "
+        "computing only those rows' logits) or batched (every row at once, one device-to-host read per "
+        "step); the same tokens either way; auto: rows on CPU, batched on GPU", choices=WALKS))
     adaptive: bool = field(default=True, metadata=_help(
         "per step, use whichever has been faster: full steps (draft pass + tree) or lookup steps "
         "(n-gram continuations of the root, no draft pass); output is the same either way"))
@@ -295,6 +300,8 @@ class SpecConfig:
             raise LongswiftError("--ngram-topk must be >= 0")
         if self.draft_mode not in ("paper", "fused"):
             raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")
+        if self.walk not in WALKS:
+            raise LongswiftError(f"--walk must be one of {', '.join(WALKS)}; got '{self.walk}'")
         if self.draft_cache not in DRAFT_CACHES:
             raise LongswiftError(f"--draft-cache must be one of {', '.join(DRAFT_CACHES)}; got '{self.draft_cache}'")
         if self.attention_sinks < 0 or self.draft_window <= 0:
@@ -318,7 +325,8 @@ class SpecConfig:
         cpu = getattr(device, "type", str(device)).startswith("cpu")
         tree = self.tree if self.tree != "auto" else (CPU_TREE if cpu else PAPER_TREE)
         ngram = self.ngram_topk if self.ngram_topk is not None else (CPU_NGRAM_TOPK if cpu else PAPER_NGRAM_TOPK)
-        return dataclasses.replace(self, tree=tree, ngram_topk=ngram)
+        walk = self.walk if self.walk != "auto" else ("rows" if cpu else "batched")
+        return dataclasses.replace(self, tree=tree, ngram_topk=ngram, walk=walk)
 
 
 @dataclass

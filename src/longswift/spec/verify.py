@@ -3,7 +3,15 @@ exactly the distribution AR would use at that position (the penalty window inclu
 accepted so far); descend while the draw is a child, and emit the first draw that is not.
 
 Every emitted token is one AR draw — same transform, same single uniform from the generator — so
-with the same seed the output is AR's output, token for token, whatever the heads drafted."""
+with the same seed the output is AR's output, token for token, whatever the heads drafted.
+
+Two ways to walk, same tokens: `lossless_walk` transforms and draws the visited rows one by one
+(computing only their logits: the CPU's choice, where a row's transform costs milliseconds), and
+`batched_walk` transforms and draws every row of the trie at once and reads the draws back in one
+device-to-host copy (the GPU's choice, where each read is a round trip that stalls the device).
+A node's draw depends only on its own row, its path (the penalty window) and its depth (which
+uniform of the step), so drawing at every node and then following the draws from the root visits
+exactly the nodes, and emits exactly the tokens, that drawing along the way would."""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SamplingConfig
-from ..sampling import draw, transform
+from ..sampling import draw, draw_rows, transform, uniforms
 from .tree import NGRAM, Trie
 
 
@@ -66,3 +74,65 @@ def lossless_walk(
         nodes.append(child)
         tokens.append(y)
         node = child
+
+
+def node_windows(trie: Trie, history: torch.Tensor, length: int, window: int) -> torch.Tensor:
+    """[N, W] long, -1 = padding: row i holds the penalty window AR would use to draw after node i's
+    path: the last `window` tokens of history[:length] (which ends with the root) followed by the
+    path's tokens (root excluded). Built on history's device; only the [N, depth] paths are copied."""
+    n, deepest = len(trie), max(trie.depths)
+    paths = [[-1] * deepest for _ in range(n)]  # row i: the tokens at depths 1..d of node i's path
+    for i in range(1, n):
+        paths[i] = list(paths[trie.parents[i]])
+        paths[i][trie.depths[i] - 1] = trie.tokens[i]
+    dev = history.device
+    depths = torch.tensor(trie.depths, dtype=torch.long).to(dev, non_blocking=True)  # [N]
+    tail = history[max(0, length - window) : length]  # [L] the root's window
+    # A node at depth d sees history[max(0, length + d - window):length] then the last `window` of its path.
+    drop = (length + depths - window).clamp(min=0) - max(0, length - window)  # [N] tail entries out of reach
+    cols = torch.arange(tail.numel(), device=dev)
+    hist = tail.expand(n, -1).masked_fill(cols[None] < drop[:, None], -1)  # [N, L]
+    levels = torch.arange(deepest, device=dev)
+    path = torch.tensor(paths, dtype=torch.long).reshape(n, deepest).to(dev, non_blocking=True)
+    path = path.masked_fill(levels[None] < (depths - window)[:, None], -1)  # [N, depth]
+    return torch.cat([hist, path], dim=1)
+
+
+def batched_walk(
+    trie: Trie,
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    length: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator | None,
+    stop_ids: frozenset[int] = frozenset(),
+    max_tokens: int | None = None,
+) -> Walk:
+    """lossless_walk over the verify logits of every node [N, V] at once: one transform, one draw
+    per node (node i uses the uniform of its depth), one device read; then the path is followed on
+    the host. history[:length] (on the logits' device) is the committed sequence ending with the
+    root. The generator ends where the row-by-row walk leaves it: advanced by the tokens emitted."""
+    w = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
+    windows = node_windows(trie, history, length, w) if w > 0 else logits.new_empty(len(trie), 0, dtype=torch.long)
+    x = transform(logits, windows, sampling)  # [N, V]
+    u, gen = None, generator if generator is not None else torch.default_generator
+    if not sampling.greedy:
+        start = gen.get_state()
+        u = uniforms(gen, max(trie.depths) + 1)[torch.tensor(trie.depths)]  # [N]: each node its depth's
+    draws = draw_rows(x, sampling, u).tolist()  # the step's one device-to-host read
+    nodes: list[int] = []
+    tokens: list[int] = []
+    node = 0
+    while True:
+        y = draws[node]
+        child = trie.children[node].get(y)
+        done = y in stop_ids or (max_tokens is not None and len(tokens) + 1 >= max_tokens)
+        if child is None or done:
+            break
+        nodes.append(child)
+        tokens.append(y)
+        node = child
+    if u is not None:  # consume exactly one uniform per emitted token, as AR and the row walk do
+        gen.set_state(start)
+        uniforms(gen, len(tokens) + 1)
+    return Walk(nodes, tokens, y, sum(1 for n in nodes if trie.sources[n] == NGRAM))
