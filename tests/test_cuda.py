@@ -5,9 +5,12 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - the CUDA kernels (flash decode by buckets, the cascade for masked forwards) equal explicit
   float32 attention to rounding, on a tiny model and on the Llama-3.1-8B shape with 2 layers;
 - float32 tokens on CUDA equal float32 tokens on the CPU for AR and both TokenSwift modes;
+- seeded sampled TokenSwift equals AR in float32 with the batched walk (the GPU default) and the row walk;
 - a whole generation with --cuda-graphs on equals --cuda-graphs off."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -128,6 +131,22 @@ def test_generation_with_cuda_graphs_equals_without(dtype):
     assert generate(on, "ar") == generate(off, "ar")
     for spec in SPECS.values():
         assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)
+
+
+@pytest.mark.parametrize("walk", ["batched", "rows"])
+def test_sampled_tokenswift_equals_ar_on_cuda_in_float32(walk):
+    """Seeded sampling with the penalty: the batched walk (the GPU default: every trie row drawn at
+    once, one device read per step) and the row walk both emit AR's tokens."""
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=8), device="cuda", dtype="float32",
+                            heads="random")
+    sampling = SamplingConfig(seed=4, min_p=0.05, repetition_penalty=1.2, penalty_window=16)
+    gen = GenerationConfig(max_new_tokens=48, ignore_eos=True)
+    prompt = [5, 9, 17, 33, 5, 9, 17, 40, 5, 9]
+    want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
+    for spec in SPECS.values():
+        spec = dataclasses.replace(spec, walk=walk)
+        assert engine.generate(prompt, method="tokenswift", sampling=sampling, generation=gen,
+                               spec=spec).token_ids == want, spec
 
 
 def test_tokenswift_equals_ar_on_cuda_in_float32():

@@ -5,6 +5,8 @@ are never read; the generation loops through them stay AR's output; --cuda-graph
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import tiny_hf_model
@@ -100,6 +102,8 @@ def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, monkeypatc
              SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused", adaptive=False),
              SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=30, draft_window=6, attention_sinks=4,
                         adaptive=False)]
+    # The GPU's walk: every row's logits from the padded verify body, transformed and drawn at once.
+    specs += [dataclasses.replace(spec, walk="batched") for spec in specs]
     assert engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids == want
     for spec in specs:
         got = engine.generate(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec)

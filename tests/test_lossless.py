@@ -31,6 +31,10 @@ SPECS = {
                                    draft_cache="full", adaptive=False),
     "narrow-no-ngram": SpecConfig(tree="1,1", ngram_topk=0, adaptive=False),
     "fused-partial": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6, adaptive=False),
+    # The GPU's walk (every trie row at once, one device read), run here on the CPU.
+    "paper-batched": SpecConfig(tree="1,3,3,3", ngram_topk=20, walk="batched", adaptive=False),
+    "fused-partial-batched": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6,
+                                        walk="batched", adaptive=False),
 }
 SAMPLINGS = {
     "greedy": SamplingConfig(temperature=0, repetition_penalty=1.0),
@@ -217,7 +221,7 @@ def test_sampled_first_tokens_follow_the_exact_ar_distribution():
     assert abs(sum(exact.values()) - 1) < 1e-9
     n, counts, accepted = 3000, {}, 0
     gen = GenerationConfig(max_new_tokens=3, ignore_eos=True)
-    spec = SpecConfig(tree="2,2,2", ngram_topk=2)
+    spec = SpecConfig(tree="2,2,2", ngram_topk=2, adaptive=False)  # full steps: the speculative path every step
     for seed in range(n):
         cfg = SamplingConfig(seed=seed, min_p=0.02, repetition_penalty=1.2, penalty_window=4)
         out = engine.generate(prompt, sampling=cfg, generation=gen, method="tokenswift", spec=spec)
@@ -282,8 +286,13 @@ def test_adaptive_choice_follows_measured_rates():
     from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, PLAIN, PROBE_EVERY, TokenSwiftState
 
     s = TokenSwiftState.__new__(TokenSwiftState)
-    s.spec, s.rate, s.since_probe, s.probe_turn, s.tokens_per_step = SpecConfig(), dict.fromkeys(KINDS), 0, 0, 1.0
+    s.spec, s.since_probe, s.probe_turn, s.tokens_per_step = SpecConfig(), 0, 0, 1.0
+    s.step_tokens, s.step_seconds = dict.fromkeys(KINDS), dict.fromkeys(KINDS, 0.0)
     s.probe_every, s.best = PROBE_EVERY, None
+
+    def set_rate(kind: str, tokens_per_second: float) -> None:
+        s.step_tokens[kind], s.step_seconds[kind] = tokens_per_second, 1.0
+
     assert s.choose() == FULL
     s.record(FULL, 4, 0.1)  # 40 tok/s
     assert s.tokens_per_step == pytest.approx(1.75)  # the EMA that decides one-pass LM heads: 0.75 * 1 + 0.25 * 4
@@ -298,16 +307,26 @@ def test_adaptive_choice_follows_measured_rates():
     s.record(PLAIN, 1, 0.001)  # a probe finds a faster kind: it leads, and probing starts over
     picks = [s.choose() for _ in range(PROBE_EVERY)]
     assert picks[:-1] == [PLAIN] * (PROBE_EVERY - 1) and picks[-1] != PLAIN
-    before, tps = dict(s.rate), s.tokens_per_step
+    before, tps = (dict(s.step_tokens), dict(s.step_seconds)), s.tokens_per_step
     s.record(FULL, 5, None)  # a step that captured a graph or refilled the partial cache: tokens count, time not
-    assert s.rate == before and s.tokens_per_step == pytest.approx(0.75 * tps + 0.25 * 5)
+    assert (s.step_tokens, s.step_seconds) == before and s.tokens_per_step == pytest.approx(0.75 * tps + 0.25 * 5)
     s.probe_every = 10**6
-    s.rate[PLAIN] = 1.0  # plain steps have become slow: LOOKUP (50 tok/s) leads again
+    set_rate(PLAIN, 1.0)  # plain steps have become slow: LOOKUP (50 tok/s) leads again
     assert s.choose() == LOOKUP
     assert s.probe_every == PROBE_EVERY
-    s.rate[FULL] = 51.0  # 2% faster than the leader: noise, the lead stays
+    set_rate(FULL, 51.0)  # 2% faster than the leader: noise, the lead stays
     assert s.choose() == LOOKUP and s.best == LOOKUP
-    s.rate[FULL] = 60.0  # a clear margin takes the lead
+    set_rate(FULL, 60.0)  # a clear margin takes the lead
     assert s.choose() == FULL
+    set_rate(PLAIN, 60.5)  # plain steps (AR's cost) take the lead back with no margin
+    assert s.choose() == PLAIN
+    set_rate(LOOKUP, 62.0)  # a drafting kind needs the margin to take it from them
+    assert s.choose() == PLAIN
+    # A kind's rate is its tokens per step over its seconds per step: lookup steps that emit 1 or 2
+    # tokens in turn, at the same cost, rate at 1.5 tokens per step's time, whatever the order.
+    s.step_tokens[LOOKUP] = None
+    for tokens in (1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2):
+        s.record(LOOKUP, tokens, 0.1)
+    assert s.rate(LOOKUP) == pytest.approx(15.0, rel=0.1)
     s.spec = SpecConfig(adaptive=False)
     assert s.choose() == FULL

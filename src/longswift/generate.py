@@ -38,6 +38,8 @@ def ar_steps(
     history = torch.empty(capacity, dtype=torch.long)  # prompt + generated ids, on the CPU
     n = len(prompt) + len(generated)
     history[:n] = torch.tensor(prompt + generated, dtype=torch.long)
+    # The same ids on the model's device, where the penalty window is cut from (no host copy per token).
+    history_dev = history if model.device.type == "cpu" else history.to(model.device)
     t0 = time.perf_counter()
     logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk)  # [V]
     stats.prefill_seconds += time.perf_counter() - t0
@@ -45,9 +47,11 @@ def ar_steps(
     graphs = StepGraphs(model, cache, capture=cuda_graphs) if step_bodies(model) else None
     for i in range(len(generated), gen.max_new_tokens):
         t0 = time.perf_counter()
-        window = penalty_window(history, n, sampling.penalty_window).to(logits.device)
+        window = penalty_window(history_dev, n, sampling.penalty_window)
         token = pick(transform(logits[None], window[None], sampling)[0], sampling, generator)
         history[n] = token
+        if history_dev is not history:
+            history_dev[n].fill_(token)  # a kernel argument, not a copy from the host
         n += 1
         last = i == gen.max_new_tokens - 1 or (token in eos_ids and not gen.ignore_eos)
         if not last and graphs is not None:

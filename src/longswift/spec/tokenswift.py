@@ -22,15 +22,15 @@ from ..stats import GenerationStats, done
 from .heads import DraftHeads
 from .ngram import NGramTracker
 from .tree import NGRAM, Trie
-from .verify import Walk, lossless_walk
+from .verify import Walk, batched_walk, lossless_walk
 
 NGRAM_N = 4
 FULL, LOOKUP, PLAIN = "full", "lookup", "plain"
 KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
 PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
 MAX_PROBE_EVERY = 256  # ... doubling while the probes do not change which kind is fastest
-LEAD_MARGIN = 1.05  # a kind takes the lead when its tokens/s beat the leader's by this factor
-EMA = 0.25  # weight of the newest step in the tokens/s and tokens/step estimates
+LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
+EMA = 0.25  # weight of the newest step in the tokens and seconds (per kind) and tokens/step estimates
 
 
 @dataclass
@@ -59,6 +59,7 @@ class Verified:
     model: Transformer
     hidden: torch.Tensor  # [N, hidden]
     cached: dict[int, torch.Tensor]
+    logits: torch.Tensor | None = None  # [N, V], every row's (the batched walk), else None
 
     def row_logits(self, i: int) -> torch.Tensor:
         if i not in self.cached:
@@ -84,6 +85,8 @@ class TokenSwiftState:
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
         self.stats, self.generator = stats, generator
         self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
+        self.batched = spec.walk == "batched" and model.tp is None  # (tensor parallel walks row by row)
+        self.sync = model.device.type == "cuda"  # stage timers wait for the device (adaptive steps read them)
         self.levels = levels
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
@@ -106,14 +109,17 @@ class TokenSwiftState:
         self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
         self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
         self.history[: self.n] = torch.tensor(self.tokens, dtype=torch.long)
+        # The same ids on the model's device, where the penalty windows are cut from (no host copy per draw).
+        self.history_dev = self.history if model.device.type == "cpu" else self.history.to(model.device)
         self.produced = len(generated)
         exclude = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
         self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
         if self.ngrams is not None:
             self.ngrams.update(self.tokens, self.n)
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
-        # Adaptive steps: measured tokens/s (EMA) of each kind of step.
-        self.rate: dict[str, float | None] = dict.fromkeys(KINDS)
+        # Adaptive steps: each kind's tokens and seconds per step (EMAs); their ratio is its tokens/s.
+        self.step_tokens: dict[str, float | None] = dict.fromkeys(KINDS)
+        self.step_seconds: dict[str, float] = dict.fromkeys(KINDS, 0.0)
         self.since_probe = 0
         self.probe_turn = 0
         self.probe_every = PROBE_EVERY
@@ -122,6 +128,12 @@ class TokenSwiftState:
         self.partial_from = 0  # first full-cache slot the partial cache's window has not seen
         self.tokens_per_step = 1.0  # EMA of the tokens a step emits (deterministic: same on every rank)
 
+    def rate(self, kind: str) -> float | None:
+        """A kind's measured tokens/s: the ratio of its tokens and seconds per step (EMAs), steadier
+        than an average of per-step rates when a step emits 1 or 2 tokens at random."""
+        tokens = self.step_tokens[kind]
+        return None if tokens is None else tokens / max(self.step_seconds[kind], 1e-9)
+
     def choose(self) -> str:
         """FULL (draft pass + heads' tree), LOOKUP (n-gram continuations of the root only, no draft
         pass) or PLAIN (the root alone: an AR step, for text where no draft pays for itself):
@@ -129,14 +141,17 @@ class TokenSwiftState:
         time, so their interval doubles (up to MAX_PROBE_EVERY) while the fastest kind stays the same."""
         if not self.spec.adaptive:
             return FULL
+        rates = {kind: self.rate(kind) for kind in KINDS}
         for kind in KINDS:
-            if self.rate[kind] is None:
+            if rates[kind] is None:
                 return kind
-        fastest = max(KINDS, key=lambda k: self.rate[k])  # type: ignore[arg-type,return-value]
-        # The lead changes hands only for a clear margin: two kinds that do the same work (a lookup
-        # step that found no n-gram is a plain step) would otherwise swap on noise and keep the
-        # probes (the costly kinds) at their shortest interval.
-        if self.best is None or self.rate[fastest] > LEAD_MARGIN * self.rate[self.best]:  # type: ignore[operator]
+        fastest = max(KINDS, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
+        # A drafting kind takes the lead only for a clear margin: two kinds that do the same work (a
+        # lookup step that found no n-gram is a plain step) would otherwise swap on noise, and a
+        # drafting kind that leads on a lucky streak costs more than the plain step it displaced.
+        # Plain steps, whose cost is AR's, take the lead back as soon as they are faster.
+        margin = 1.0 if fastest == PLAIN else LEAD_MARGIN
+        if self.best is None or rates[fastest] > margin * rates[self.best]:  # type: ignore[operator]
             if fastest != self.best:
                 self.probe_every = PROBE_EVERY
             self.best = fastest
@@ -156,21 +171,28 @@ class TokenSwiftState:
         self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
         if seconds is None:
             return
-        r = tokens / max(seconds, 1e-9)
-        old = self.rate[kind]
-        self.rate[kind] = r if old is None else (1 - EMA) * old + EMA * r
+        old = self.step_tokens[kind]
+        if old is None:
+            self.step_tokens[kind], self.step_seconds[kind] = float(tokens), seconds
+        else:
+            self.step_tokens[kind] = (1 - EMA) * old + EMA * tokens
+            self.step_seconds[kind] = (1 - EMA) * self.step_seconds[kind] + EMA * seconds
 
     def captures(self) -> int:
         """CUDA graphs captured so far by this generation's steps."""
         return sum(g.captures for g in self.graphs.values())
 
     def window(self) -> torch.Tensor:
-        return penalty_window(self.history, self.n, self.sampling.penalty_window)
+        """The root's penalty window, on the model's device."""
+        return penalty_window(self.history_dev, self.n, self.sampling.penalty_window)
 
     def emit(self, tokens: list[int], index: bool = True) -> None:
         """Commit tokens to the output; `index=False` leaves the n-gram table and the partial cache
         behind (a plain step: catch_up brings them up to date before a step that uses them)."""
         self.history[self.n : self.n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        if self.history_dev is not self.history:
+            self.history_dev[self.n : self.n + len(tokens)].copy_(self.history[self.n : self.n + len(tokens)],
+                                                                   non_blocking=True)
         self.tokens.extend(tokens)
         self.n += len(tokens)
         self.produced += len(tokens)
@@ -213,7 +235,12 @@ def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
     return spec.draft_kv_budget if partial and total > spec.draft_kv_budget else 0
 
 
-def _stage_done(stats: GenerationStats, stage: str, t0: float) -> float:
+def _stage_done(s: TokenSwiftState, stage: str, t0: float) -> float:
+    """Add the time since t0 to `stage`; on a GPU after the device has finished the stage's work, so
+    that stage times, and the step times adaptive steps choose by, are the device's and not the launches'."""
+    if s.sync:
+        torch.cuda.synchronize(s.model.device)
+    stats = s.stats
     t1 = time.perf_counter()
     stats.stage_seconds[stage] = stats.stage_seconds.get(stage, 0.0) + t1 - t0
     return t1
@@ -253,13 +280,12 @@ def draft(s: TokenSwiftState) -> Draft:
     states = s.heads(h[None])[:, 0]  # [gamma, hidden], already through each head's output norm
     if base is not None:
         states = torch.cat([base, states])
-    depth_logits = model.lm_head(states).to(model.acc_dtype)  # [depths, V], one LM-head pass
-    window = s.window().to(depth_logits.device)
-    levels = []
-    for k, logits in zip(s.levels, depth_logits):
-        x = transform(logits[None], window[None], s.sampling)[0]
-        top = torch.topk(x, min(k, x.numel()))
-        levels.append([int(t) for t, v in zip(top.indices, top.values) if v > float("-inf")])
+    depth_logits = model.lm_head(states[: len(s.levels)]).to(model.acc_dtype)  # [depths, V], one LM-head pass
+    window = s.window()
+    x = transform(depth_logits, window.expand(depth_logits.shape[0], -1), s.sampling)  # every depth sees the root's window
+    top = torch.topk(x, min(max(s.levels), x.shape[-1]), dim=-1)  # [depths, k]: the widest depth's count
+    indices, kept = top.indices.tolist(), (top.values > float("-inf")).tolist()  # one device read
+    levels = [[t for t, ok in zip(ids[:k], keep[:k]) if ok] for k, ids, keep in zip(s.levels, indices, kept)]
     return Draft(levels)
 
 
@@ -288,14 +314,18 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     """One forward of the root and every trie node on the full cache, under the tree mask."""
     dev, graphs = s.model.device, s.graphs.get(id(s.full))
-    if len(trie) == 1 and graphs is not None:  # the root alone (a plain step): AR's decode graph, logits included
+    n = len(trie)
+    if n == 1 and graphs is not None:  # the root alone (a plain step): AR's decode graph, logits included
         logits, hidden = graphs.decode(trie.tokens[0], s.n - 1)
-        return Verified(s.model, hidden[None], {0: logits})
+        return Verified(s.model, hidden[None], {0: logits}, logits[None])
     if graphs is not None:  # padded to a node budget; rows past the trie are padding
-        hidden = graphs.forward(trie.tokens, trie.positions(s.n - 1), trie.mask(), logits=False)[1][: len(trie)]
-    else:  # the root alone goes without a mask: a decoding step, same kernels as AR
-        _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
-                                    tree_mask=trie.mask(dev) if len(trie) > 1 else None, logits_rows=slice(0, 0))
+        out, hidden = graphs.forward(trie.tokens, trie.positions(s.n - 1), trie.mask(), logits=s.batched)
+        return Verified(s.model, hidden[:n], {}, out[:n] if s.batched else None)
+    # the root alone goes without a mask: a decoding step, same kernels as AR
+    _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
+                                tree_mask=trie.mask(dev) if n > 1 else None, logits_rows=slice(0, 0))
+    if s.batched:
+        return Verified(s.model, hidden, {}, s.model.logits(hidden))
     cached: dict[int, torch.Tensor] = {}
     if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.tokens_per_step >= BATCH_FROM_TOKENS:
         cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
@@ -303,6 +333,9 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
 
 
 def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
+    if s.batched:
+        return batched_walk(trie, v.logits, s.history_dev, s.n, s.sampling, s.generator, s.stop_ids,
+                            max_tokens=s.gen.max_new_tokens - s.produced)
     return lossless_walk(trie, v.row_logits, s.history, s.n, s.sampling, s.generator, s.stop_ids,
                          max_tokens=s.gen.max_new_tokens - s.produced, pick=s.pick)
 
@@ -359,7 +392,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
             s.catch_up()
         if kind == FULL:
             d = draft(s)
-            t = _stage_done(stats, "draft", t0)
+            t = _stage_done(s, "draft", t0)
             trie = build_tree(s, d)
         elif kind == LOOKUP:
             stats.lookup_steps += 1
@@ -367,13 +400,13 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         else:
             stats.plain_steps += 1
             trie = Trie.with_root(int(s.history[s.n - 1]))
-        t = _stage_done(stats, "tree", t)
+        t = _stage_done(s, "tree", t)
         v = verify(s, trie)
-        t = _stage_done(stats, "verify", t)
+        t = _stage_done(s, "verify", t)
         walk = accept(s, trie, v)
-        t = _stage_done(stats, "accept", t)
+        t = _stage_done(s, "accept", t)
         emitted = commit(s, trie, v, walk, plain=kind == PLAIN)
-        t = _stage_done(stats, "commit", t)
+        t = _stage_done(s, "commit", t)
         stats.decode_seconds += t - t0
         s.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
         stats.new_tokens += len(emitted)
