@@ -143,6 +143,22 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     assert "| context | AR ms | AR eager ms | floor ms | floor / AR |" in out
     # no CUDA graphs on a CPU: the AR step is the eager one, and no separate eager figure is claimed
     assert all(c["ar_eager"] is None for c in data["contexts"]) and data["identity"]["cuda_graphs"] == "auto"
+    # the CPU walks row by row: no batched-walk costs, and the projection counts walk rows
+    assert data["settings"]["walk"] == "rows" and all(c["walk_batched"] == {} for c in data["contexts"])
+
+
+def test_batched_walk_is_measured_and_projected(tiny, tmp_path, capsys):
+    """--walk batched (the GPU default) on the CPU: every tree size gets its walk cost, the report a
+    table of them, and the projection a step of draft + verify + one walk."""
+    js = tmp_path / "steps.json"
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64", "--alpha", "0.5",
+                             "--prefix", "32", "--new-tokens", "32", "--walk", "batched", "--json", str(js))
+    assert code == 0, err
+    data = json.loads(js.read_text())
+    assert data["settings"]["walk"] == "batched"
+    for c in data["contexts"]:
+        assert set(c["walk_batched"]) == set(c["verify"]) and all(v > 0 for v in c["walk_batched"].values())
+    assert "Batched walk" in out and "a step costs draft + verify + the batched walk" in out
 
 
 def test_layers_override_is_reported(tiny, capsys, tmp_path):
@@ -191,3 +207,8 @@ def test_projection_counts_the_lm_head_once_per_step_for_small_tries():
     assert step_costs(costs, small, one).verify == (0.02, 0.02)
     assert step_costs(costs, large, many).walk_row == (0.004, 0.004)
     assert step_costs(costs, large, many).verify == (0.03, 0.03)
+    for c in costs:
+        c.walk_batched = {small: 0.001, large: 0.002}
+    # the batched walk: its verify pass computes every row's logits, and one walk draws them all
+    assert step_costs(costs, large, one, "batched").verify == pytest.approx((0.032, 0.032))
+    assert step_costs(costs, large, one, "batched").walk_row == (0.0, 0.0)

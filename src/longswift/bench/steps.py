@@ -36,7 +36,7 @@ from ..spec.tokenswift import (
     verify,
 )
 from ..spec.tree import Trie
-from ..spec.verify import lossless_walk
+from ..spec.verify import batched_walk, lossless_walk
 from ..stats import GenerationStats
 from .projection import Projection, StepCosts, check_alpha, floor_seconds, project, tokens_per_step
 from .shapes import SHAPES, check_shape, random_state, shape_config, weight_bytes_read
@@ -135,9 +135,12 @@ class ContextCosts:
     reselect: float | None  # a draft step that refills the partial cache; None below the budget
     walk_row: float  # LM head on one row + transform + draw (tries of more than BATCHED_LOGITS_NODES)
     walk_row_cached: float  # transform + draw of a row whose logits the verify pass computed (smaller tries)
-    verify: dict[int, float]  # tree nodes -> seconds of the verify forward (no LM head)
+    verify: dict[int, float]  # tree nodes -> seconds of the verify forward (no LM head; with it for the batched walk)
     logits_rows: dict[int, float]  # tree nodes (<= BATCHED_LOGITS_NODES) -> the LM head of all rows in one pass
     ar_eager: float | None = None  # the same AR step run eagerly, where `ar` is a graph replay
+    # tree nodes -> the batched walk (every row transformed and drawn, one device read), where the
+    # spec walks batched (the GPU default); empty for the row walk
+    walk_batched: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -307,6 +310,10 @@ class StepRig:
         v = Verified(self.model, self.hidden, {} if logits is None else {0: logits})
         lossless_walk(Trie.with_root(self.root), v.row_logits, self.s.history, self.s.n, self.sampling, self.gen)
 
+    def walk_all(self, trie: Trie, logits: torch.Tensor) -> None:
+        """The batched walk over a trie's rows, given their logits [N, V] (the verify pass computed them)."""
+        batched_walk(trie, logits, self.s.history_dev, self.s.n, self.sampling, self.gen)
+
     def measure(self, context: int, tries: dict[int, Trie], sync: Callable[[], None]) -> ContextCosts:
         b = self.bench
         self.at(context)
@@ -329,9 +336,13 @@ class StepRig:
         logits = self.model.logits(self.hidden)[0]
         rows = self.hidden.expand(max(tries), -1).contiguous()  # [N, hidden]
         logits_rows = {n: timed(lambda n=n: self.model.logits(rows[:n])) for n in tries if n <= BATCHED_LOGITS_NODES}
+        walk_batched = {}
+        if self.s.batched:
+            every = self.model.logits(rows)  # [N, V]
+            walk_batched = {n: timed(lambda n=n, t=t: self.walk_all(t, every[:n])) for n, t in tries.items()}
         return ContextCosts(context, ar, draft_s, draft_cache, reselect, timed(self.walk_row),
                             timed(lambda: self.walk_row(logits)), verify_s, logits_rows,
-                            ar_eager if self.graphs is not None else None)
+                            ar_eager if self.graphs is not None else None, walk_batched)
 
 
 def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, packed: bool,
@@ -380,17 +391,24 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                 f"({time.perf_counter() - t0:.1f} s)")
     del rig, model, state, heads
     bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
-    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth)), bench.prefix,
+    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth), bench.spec.walk),
+                           bench.prefix,
                            bench.new_tokens, a, bench.depth, bench.spec.draft_kv_budget, bench.spec.draft_window)
                    for a in bench.alphas]
     return StepBenchResult(identity(bench, cfg, dtype, device, packed, gamma, command, runtime), bandwidth, buffer,
                            weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 
 
-def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float) -> StepCosts:
-    """The projection's inputs: every measured context, with the verify cost of `nodes` nodes. When
-    generation would compute the LM head of all rows in the verify pass (a small trie, steps emitting
-    enough tokens), that pass's cost is counted instead of one LM head per walk row."""
+def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float, walk: str = "rows") -> StepCosts:
+    """The projection's inputs: every measured context, with the verify cost of `nodes` nodes. The
+    batched walk (`walk`) costs its verify pass (LM head of every row included) plus one walk over all
+    rows per step. The row walk: when generation would compute the LM head of all rows in the verify
+    pass (a small trie, steps emitting enough tokens), that pass's cost is counted instead of one LM
+    head per walk row."""
+    if walk == "batched":
+        return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
+                         tuple(c.verify[nodes] + c.walk_batched[nodes] for c in costs), tuple(0.0 for _ in costs),
+                         tuple(c.reselect for c in costs))
     batched = nodes <= BATCHED_LOGITS_NODES and tokens_per_step >= BATCH_FROM_TOKENS
     return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
                      tuple(c.verify[nodes] + (c.logits_rows[nodes] if batched else 0.0) for c in costs),

@@ -65,6 +65,13 @@ def render(r: StepBenchResult) -> str:
     for c in r.costs:
         lines.append(f"| {c.context} | " + " | ".join(f"{_ms(c.verify[n])} ({c.verify[n] / c.ar:.2f}x)" for n in nodes)
                      + " |")
+    walked = sorted(r.costs[0].walk_batched)
+    if walked:
+        lines += ["", "Batched walk (the spec's walk: every row of the trie transformed and drawn at once, one device "
+                  "read; the verify costs above then include the LM head of every row), ms:", "",
+                  "| context | " + " | ".join(f"{n} rows" for n in walked) + " |", "|---" * (len(walked) + 1) + "|"]
+        for c in r.costs:
+            lines.append(f"| {c.context} | " + " | ".join(_ms(c.walk_batched[n]) for n in walked) + " |")
     batched = sorted(r.costs[0].logits_rows)
     if batched:
         lines += ["", "LM head of all the trie's rows in one pass, ms:", "",
@@ -77,7 +84,8 @@ def render(r: StepBenchResult) -> str:
                   "methods share it). AR: each cost interpolated linearly in context between the measured contexts "
                   "and summed over every token. TokenSwift: tree "
                   f"{spec.tree} + {spec.ngram_topk} n-gram continuations per depth-1 token, verified at its budget of "
-                  f"{b.projection_nodes} nodes (an upper bound); a step costs draft + verify + tau x walk row and "
+                  f"{b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
+                  + ("the batched walk" if spec.walk == "batched" else "tau x walk row") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
                   f"{b.depth} draft positions per step); past {spec.draft_kv_budget} cached entries one step per "
                   f"{spec.draft_window} tokens is a refill. Not included: trie building, cache compaction, n-gram "
@@ -98,6 +106,7 @@ def to_json(r: StepBenchResult) -> dict[str, Any]:
         "bandwidth_buffer_bytes": r.bandwidth_buffer, "weight_bytes_per_step": r.weight_bytes,
         "kv_bytes_per_token": r.kv_bytes_per_token,
         "settings": {"reps": b.reps, "warmup": b.warmup, "tree": b.spec.tree, "ngram_topk": b.spec.ngram_topk,
+                     "walk": b.spec.walk,
                      "draft_kv_budget": b.spec.draft_kv_budget, "draft_window": b.spec.draft_window,
                      "attention_sinks": b.spec.attention_sinks, "seed": b.seed},
         "contexts": [asdict(c) | {"floor": r.floor(c.context)} for c in r.costs],
