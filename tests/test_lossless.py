@@ -288,10 +288,10 @@ def test_adaptive_choice_follows_measured_rates():
     s = TokenSwiftState.__new__(TokenSwiftState)
     s.spec, s.since_probe, s.probe_turn, s.tokens_per_step = SpecConfig(), 0, 0, 1.0
     s.step_tokens, s.step_seconds = dict.fromkeys(KINDS), dict.fromkeys(KINDS, 0.0)
-    s.probe_every, s.best = PROBE_EVERY, None
+    s.probe_every, s.best, s.follow = PROBE_EVERY, None, None
 
     def set_rate(kind: str, tokens_per_second: float) -> None:
-        s.step_tokens[kind], s.step_seconds[kind] = tokens_per_second, 1.0
+        s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step
 
     assert s.choose() == FULL
     s.record(FULL, 4, 0.1)  # 40 tok/s
@@ -324,6 +324,23 @@ def test_adaptive_choice_follows_measured_rates():
     assert s.choose() == PLAIN
     # A kind's rate is its tokens per step over its seconds per step: lookup steps that emit 1 or 2
     # tokens in turn, at the same cost, rate at 1.5 tokens per step's time, whatever the order.
+    # A probe that beats the leader is followed up at once, while its steps keep beating it; a few
+    # such steps move its rate past the margin and it leads.
+    set_rate(PLAIN, 40.0)
+    set_rate(LOOKUP, 30.0)
+    set_rate(FULL, 30.0)
+    s.best, s.since_probe, s.probe_every = None, 0, 10**6
+    assert s.choose() == PLAIN
+    s.record(FULL, 3, 0.05)  # a probe: 60 tok/s this step, its rate 40 (not past the margin)
+    assert s.choose() == FULL and s.best == PLAIN  # followed up ...
+    s.record(FULL, 3, 0.05)
+    assert s.choose() == FULL and s.best == FULL  # ... and now the leader
+    s.record(LOOKUP, 1, 0.05)  # a probe slower than the leader: no follow-up
+    assert s.choose() == FULL
+    s.record(LOOKUP, 2, 0.01)  # a lucky one (200 tok/s): one follow-up ...
+    assert s.choose() == LOOKUP
+    s.record(LOOKUP, 1, 0.05)  # ... that does not beat the leader: back to it
+    assert s.choose() == FULL
     s.step_tokens[LOOKUP] = None
     for tokens in (1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2):
         s.record(LOOKUP, tokens, 0.1)

@@ -124,6 +124,7 @@ class TokenSwiftState:
         self.probe_turn = 0
         self.probe_every = PROBE_EVERY
         self.best: str | None = None
+        self.follow: str | None = None  # a probed kind whose step beat the leader: run it again next step
         self.one_off = False  # this step paid a one-off cost (a partial-cache refill): not timed for `rate`
         self.partial_from = 0  # first full-cache slot the partial cache's window has not seen
         self.tokens_per_step = 1.0  # EMA of the tokens a step emits (deterministic: same on every rank)
@@ -138,7 +139,9 @@ class TokenSwiftState:
         """FULL (draft pass + heads' tree), LOOKUP (n-gram continuations of the root only, no draft
         pass) or PLAIN (the root alone: an AR step, for text where no draft pays for itself):
         whichever has been fastest, trying the others in turn every `probe_every` steps; probes cost
-        time, so their interval doubles (up to MAX_PROBE_EVERY) while the fastest kind stays the same."""
+        time, so their interval doubles (up to MAX_PROBE_EVERY) while the fastest kind stays the same.
+        A probe whose step beat the leader is followed up at once (text that has turned repetitive
+        should not wait a long probe interval per sample), for as long as its steps keep beating it."""
         if not self.spec.adaptive:
             return FULL
         rates = {kind: self.rate(kind) for kind in KINDS}
@@ -156,6 +159,9 @@ class TokenSwiftState:
                 self.probe_every = PROBE_EVERY
             self.best = fastest
         best = self.best
+        follow, self.follow = self.follow, None
+        if follow is not None and follow != best:
+            return follow
         self.since_probe += 1
         if self.since_probe >= self.probe_every:
             self.since_probe = 0
@@ -171,6 +177,9 @@ class TokenSwiftState:
         self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
         if seconds is None:
             return
+        leader = self.rate(self.best) if self.best is not None else None
+        beat = kind != self.best and leader is not None and tokens / max(seconds, 1e-9) > leader
+        self.follow = kind if beat else None
         old = self.step_tokens[kind]
         if old is None:
             self.step_tokens[kind], self.step_seconds[kind] = float(tokens), seconds
