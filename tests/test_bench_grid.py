@@ -215,3 +215,18 @@ def test_ablation_rerun_adds_a_variant_next_to_the_existing_runs(tmp_path, tiny_
     assert records[1]["variant"].startswith("tree 1,1,1, n-gram top-k 1") and records[2]["variant"].startswith("tree 1,2, n-gram top-k 0")
     assert records[2]["token_ids"] == records[0]["token_ids"]
     assert "| tokenswift | tree 1,2, n-gram top-k 0" in report and "| tokenswift | tree 1,1,1, n-gram top-k 1" in report
+
+
+def test_spec_label_names_the_walk_only_against_the_device_default():
+    import dataclasses
+
+    import torch
+
+    from longswift import SpecConfig
+    from longswift.bench.grid import spec_label
+
+    cpu = SpecConfig().for_device(torch.device("cpu"))
+    assert "walk" not in spec_label(cpu, "tokenswift", "rows")  # earlier CPU results keep their keys
+    batched = dataclasses.replace(cpu, walk="batched")
+    assert spec_label(batched, "tokenswift", "rows").endswith(", batched walk, paper draft, adaptive on")
+    assert "walk" not in spec_label(batched, "tokenswift", "batched")  # the GPU default

@@ -91,14 +91,16 @@ class Cell:
                 "preset": self.preset, "length": self.length}
 
 
-def spec_label(spec: SpecConfig, method: str) -> str:
+def spec_label(spec: SpecConfig, method: str, default_walk: str = "rows") -> str:
     """The TokenSwift options of a run (part of its key, so ablations are separate runs). Options at
-    their defaults are left out, which keeps the labels, hence the keys, of earlier results."""
+    their defaults (the walk: the device's, `default_walk`) are left out, which keeps the labels,
+    hence the keys, of earlier results."""
     mode = "fused" if method == "tokenswift-fused" else spec.draft_mode
     extra = "".join(f", {text}" for text, default in (
         (f"{spec.draft_cache} draft cache", spec.draft_cache == "dynamic"),
         (f"draft window {spec.draft_window}", spec.draft_window == SpecConfig.draft_window),
         (f"{spec.attention_sinks} sinks", spec.attention_sinks == SpecConfig.attention_sinks),
+        (f"{spec.walk} walk", spec.walk == default_walk),
     ) if not default)
     return (f"tree {spec.tree}, n-gram top-k {spec.ngram_topk}, draft KV {spec.draft_kv_budget}{extra}, {mode} draft, "
             f"adaptive {'on' if spec.adaptive else 'off'}")
@@ -132,7 +134,7 @@ class Methods:
 
     def variant(self, method: str) -> str:
         if method.startswith("tokenswift"):
-            return spec_label(self.cfg.spec, method)
+            return spec_label(self.cfg.spec, method, SpecConfig().for_device(self.engine.model.device).walk)
         if method.endswith("-pld"):
             return f"{self.cfg.pld_tokens} lookup tokens"
         return ""

@@ -28,9 +28,10 @@ NGRAM_N = 4
 FULL, LOOKUP, PLAIN = "full", "lookup", "plain"
 KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
 PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
-MAX_PROBE_EVERY = 256  # ... doubling while the probes do not change which kind is fastest
+MAX_PROBE_EVERY = 256  # ... doubling (per kind) while its probes do not win it the lead
 LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
-EMA = 0.25  # weight of the newest step in the tokens and seconds (per kind) and tokens/step estimates
+RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per step
+EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
 
 @dataclass
@@ -120,9 +121,8 @@ class TokenSwiftState:
         # Adaptive steps: each kind's tokens and seconds per step (EMAs); their ratio is its tokens/s.
         self.step_tokens: dict[str, float | None] = dict.fromkeys(KINDS)
         self.step_seconds: dict[str, float] = dict.fromkeys(KINDS, 0.0)
-        self.since_probe = 0
-        self.probe_turn = 0
-        self.probe_every = PROBE_EVERY
+        self.since: dict[str, int] = dict.fromkeys(KINDS, 0)  # steps since each kind last ran
+        self.probe_every: dict[str, int] = dict.fromkeys(KINDS, PROBE_EVERY)  # each kind's probe interval
         self.best: str | None = None
         self.follow: str | None = None  # a probed kind whose step beat the leader: run it again next step
         self.one_off = False  # this step paid a one-off cost (a partial-cache refill): not timed for `rate`
@@ -138,16 +138,17 @@ class TokenSwiftState:
     def choose(self) -> str:
         """FULL (draft pass + heads' tree), LOOKUP (n-gram continuations of the root only, no draft
         pass) or PLAIN (the root alone: an AR step, for text where no draft pays for itself):
-        whichever has been fastest, trying the others in turn every `probe_every` steps; probes cost
-        time, so their interval doubles (up to MAX_PROBE_EVERY) while the fastest kind stays the same.
-        A probe whose step beat the leader is followed up at once (text that has turned repetitive
-        should not wait a long probe interval per sample), for as long as its steps keep beating it."""
+        whichever has been fastest, probing each other kind every `probe_every[kind]` steps; probes
+        cost time, so a kind's interval doubles (up to MAX_PROBE_EVERY) at each probe and starts
+        over only when that kind wins the lead (two others swapping the lead do not make it probed
+        more often). A probe whose step beat the leader is followed up at once (text that has turned
+        repetitive should not wait a long probe interval per sample), while its steps keep beating it."""
         if not self.spec.adaptive:
             return FULL
         rates = {kind: self.rate(kind) for kind in KINDS}
         for kind in KINDS:
             if rates[kind] is None:
-                return kind
+                return self._run(kind)
         fastest = max(KINDS, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
         # A drafting kind takes the lead only for a clear margin: two kinds that do the same work (a
         # lookup step that found no n-gram is a plain step) would otherwise swap on noise, and a
@@ -156,20 +157,24 @@ class TokenSwiftState:
         margin = 1.0 if fastest == PLAIN else LEAD_MARGIN
         if self.best is None or rates[fastest] > margin * rates[self.best]:  # type: ignore[operator]
             if fastest != self.best:
-                self.probe_every = PROBE_EVERY
+                self.probe_every[fastest] = PROBE_EVERY  # once it loses the lead again, probe it soon
             self.best = fastest
         best = self.best
         follow, self.follow = self.follow, None
         if follow is not None and follow != best:
-            return follow
-        self.since_probe += 1
-        if self.since_probe >= self.probe_every:
-            self.since_probe = 0
-            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
-            others = [k for k in KINDS if k != best]
-            self.probe_turn = (self.probe_turn + 1) % len(others)
-            return others[self.probe_turn]
-        return best
+            return self._run(follow)
+        due = [k for k in KINDS if k != best and self.since[k] >= self.probe_every[k]]
+        if due:
+            kind = max(due, key=lambda k: self.since[k] - self.probe_every[k])  # the most overdue
+            self.probe_every[kind] = min(2 * self.probe_every[kind], MAX_PROBE_EVERY)
+            return self._run(kind)
+        return self._run(best)
+
+    def _run(self, kind: str) -> str:
+        for k in KINDS:
+            self.since[k] += 1
+        self.since[kind] = 0
+        return kind
 
     def record(self, kind: str, tokens: int, seconds: float | None) -> None:
         """A step's tokens, and its time unless None (a step that captured a CUDA graph or refilled
@@ -184,8 +189,8 @@ class TokenSwiftState:
         if old is None:
             self.step_tokens[kind], self.step_seconds[kind] = float(tokens), seconds
         else:
-            self.step_tokens[kind] = (1 - EMA) * old + EMA * tokens
-            self.step_seconds[kind] = (1 - EMA) * self.step_seconds[kind] + EMA * seconds
+            self.step_tokens[kind] = (1 - RATE_EMA) * old + RATE_EMA * tokens
+            self.step_seconds[kind] = (1 - RATE_EMA) * self.step_seconds[kind] + RATE_EMA * seconds
 
     def captures(self) -> int:
         """CUDA graphs captured so far by this generation's steps."""
@@ -404,11 +409,13 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
             t = _stage_done(s, "draft", t0)
             trie = build_tree(s, d)
         elif kind == LOOKUP:
-            stats.lookup_steps += 1
             trie = lookup_tree(s)
+            if len(trie) == 1:  # no n-gram continues the root: a plain step, counted and timed as one
+                kind = PLAIN
         else:
-            stats.plain_steps += 1
             trie = Trie.with_root(int(s.history[s.n - 1]))
+        stats.lookup_steps += kind == LOOKUP
+        stats.plain_steps += kind == PLAIN
         t = _stage_done(s, "tree", t)
         v = verify(s, trie)
         t = _stage_done(s, "verify", t)
