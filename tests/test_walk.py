@@ -124,3 +124,17 @@ def test_batched_walk_with_the_default_generator_consumes_one_uniform_per_token(
     torch.manual_seed(9)
     torch.rand(len(walk.tokens) + 1, dtype=torch.float64)
     assert torch.equal(after, torch.rand(3, dtype=torch.float64))
+
+
+def test_a_root_alone_walks_like_a_plain_step():
+    """A plain step under the batched walk: one row, no path; the root's window and AR's draw."""
+    trie, history = Trie.with_root(3), torch.arange(10)
+    assert node_windows(trie, history, 10, 4).tolist() == [[6, 7, 8, 9]]
+    logits = torch.randn(1, 20, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    sampling = SamplingConfig(repetition_penalty=1.3, penalty_window=4)
+    for seed in range(20):
+        a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        walk = batched_walk(trie, logits, history, 10, sampling, a)
+        assert walk.nodes == [] and walk.tokens == []
+        assert walk.next_root == lossless_walk(trie, lambda i: logits[i], history, 10, sampling, b).next_root
+        assert torch.equal(a.get_state(), b.get_state())
