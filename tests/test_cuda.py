@@ -6,7 +6,9 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
   float32 attention to rounding, on a tiny model and on the Llama-3.1-8B shape with 2 layers;
 - float32 tokens on CUDA equal float32 tokens on the CPU for AR and both TokenSwift modes;
 - seeded sampled TokenSwift equals AR in float32 with the batched walk (the GPU default) and the row walk;
-- a whole generation with --cuda-graphs on equals --cuda-graphs off."""
+- a whole generation with --cuda-graphs on equals --cuda-graphs off;
+- AR reading tokens back in blocks (--read-every, auto 16 on CUDA) emits what reading each token does,
+  and so does TokenSwift running its plain steps as such blocks."""
 
 from __future__ import annotations
 
@@ -156,3 +158,37 @@ def test_tokenswift_equals_ar_on_cuda_in_float32():
     want = generate(engine, "ar")
     for spec in SPECS.values():
         assert generate(engine, "tokenswift", spec) == want
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ar_token_blocks_on_cuda_equal_reading_each_token(dtype):
+    """--read-every (auto 16 on CUDA: tokens stay on the device, read back a block at a time) emits
+    exactly what reading each token emits, greedy and seeded-sampled, in both precisions (the same
+    kernels run either way)."""
+    hf = tiny_hf_model("llama", "default", seed=10)
+    prompt = [5, 9, 17, 33, 5, 9, 17, 40, 5, 9]
+    gen = GenerationConfig(max_new_tokens=45, ignore_eos=True)
+    for sampling in (GREEDY, SamplingConfig(seed=4, top_p=0.9, repetition_penalty=1.2, penalty_window=16)):
+        got = {every: longswift.load(hf, device="cuda", dtype=dtype, read_every=every).generate(
+            prompt, method="ar", sampling=sampling, generation=gen).token_ids for every in (1, 0, 7)}
+        assert got[0] == got[1] and got[7] == got[1], sampling
+
+
+def test_tokenswift_plain_blocks_on_cuda_equal_ar_in_float32(monkeypatch):
+    """Where plain steps lead (rates fixed so, no timing), TokenSwift runs them as token blocks of
+    --read-every (auto 16 on CUDA) between its probes; seeded-sampled output is still AR's."""
+    import longswift.spec.tokenswift as ts
+
+    monkeypatch.setattr(ts.TokenSwiftState, "rate",
+                        lambda self, kind: {ts.FULL: 1.0, ts.LOOKUP: 2.0, ts.PLAIN: 3.0}[kind])
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=9), device="cuda", dtype="float32",
+                            heads="random")
+    sampling = SamplingConfig(seed=4, top_p=0.9, repetition_penalty=1.2, penalty_window=16)
+    gen = GenerationConfig(max_new_tokens=80, ignore_eos=True)
+    prompt = [5, 9, 17, 33, 5, 9, 17, 40, 5, 9]
+    want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
+    for spec in SPECS.values():
+        result = engine.generate(prompt, method="tokenswift", sampling=sampling, generation=gen,
+                                 spec=dataclasses.replace(spec, adaptive=True))
+        assert result.token_ids == want, spec
+        assert "block" in result.stats.stage_seconds, spec

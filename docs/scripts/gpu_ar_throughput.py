@@ -1,7 +1,9 @@
-"""AR decode throughput of a real model shape with random weights (no download), with and without
-CUDA graphs, through the public Engine: `python docs/scripts/gpu_ar_throughput.py SHAPE PROMPT NEW`
-(e.g. smollm2-135m 2048 1024). Random weights make the text meaningless but not the speed of AR:
-every step does the same work. Prints one line per run and checks both runs emit the same tokens."""
+"""AR decode throughput of a real model shape with random weights (no download), without CUDA
+graphs, with them reading each token back (--read-every 1), and with them reading tokens back in
+blocks (--read-every 0: auto, 16 on CUDA), through the public Engine:
+`python docs/scripts/gpu_ar_throughput.py SHAPE PROMPT NEW [LAYERS [DTYPE]]` (e.g. smollm2-135m 2048
+1024). Random weights make the text meaningless but not the speed of AR: every step does the same
+work. Prints one line per run (each setting twice, interleaved) and checks every run emits the same tokens."""
 
 from __future__ import annotations
 
@@ -23,19 +25,23 @@ def main() -> None:
     state = random_state(cfg, dtype, torch.device("cuda"))
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     tokens = {}
-    for graphs in ("off", "on", "off", "on"):
-        runtime = RuntimeConfig(device="cuda", dtype=str(dtype).removeprefix("torch."), cuda_graphs=graphs)
+    settings = [("off", 1), ("on", 1), ("on", 0)] * 2
+    for graphs, every in settings:
+        runtime = RuntimeConfig(device="cuda", dtype=str(dtype).removeprefix("torch."), cuda_graphs=graphs,
+                                read_every=every)
         engine = Engine(LoadedModel(cfg, state, None, f"<random {shape}>"), pack_weights=False, runtime=runtime)
         result = engine.generate(prompt, method="ar", sampling=SamplingConfig(temperature=0, repetition_penalty=1.0),
                                  generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
         s = result.stats
-        print(f"{shape} layers={cfg.num_layers} {runtime.dtype} prompt={prompt_len} new={new} cuda_graphs={graphs}: "
+        print(f"{shape} layers={cfg.num_layers} {runtime.dtype} prompt={prompt_len} new={new} cuda_graphs={graphs} "
+              f"read_every={runtime.token_block(torch.device('cuda'))}: "
               f"decode {s.tokens_per_second:.1f} tok/s ({1e3 * s.decode_seconds / s.new_tokens:.2f} ms/token), "
               f"prefill {s.prefill_seconds:.2f} s", flush=True)
-        tokens.setdefault(graphs, result.token_ids)
-    same = tokens["on"] == tokens["off"]
-    first = next((i for i, (a, b) in enumerate(zip(tokens["on"], tokens["off"])) if a != b), None)
-    print(f"graphs on == off: {same}" + ("" if same else f" (first difference at new token {first})"))
+        tokens.setdefault((graphs, every), result.token_ids)
+    base = tokens[settings[0]]
+    for key, ids in tokens.items():
+        first = next((i for i, (a, b) in enumerate(zip(ids, base)) if a != b), None)
+        print(f"{key} == {settings[0]}: {ids == base}" + ("" if ids == base else f" (first difference at {first})"))
 
 
 if __name__ == "__main__":

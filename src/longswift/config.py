@@ -256,6 +256,7 @@ class GenerationConfig:
             raise LongswiftError("--prefill-chunk must be positive")
 
 
+READ_EVERY_CUDA = 16  # RuntimeConfig.read_every's auto on CUDA: ~50 ms of tokens per block at 300 tok/s
 PAPER_TREE, PAPER_NGRAM_TOPK = "1,3,3,3", 20
 CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
 DRAFT_CACHES = ("dynamic", "static", "full")  # SpecConfig.draft_cache
@@ -349,6 +350,10 @@ class RuntimeConfig:
     cuda_graphs: str = field(default="auto", metadata=_help(
         "replay decode, draft and verify steps as CUDA graphs: auto (wherever supported: CUDA, no tensor "
         "parallelism, no dynamic rope), on (required), off", choices=("auto", "on", "off")))
+    read_every: int = field(default=0, metadata=_help(
+        "AR reads sampled tokens back from the device N at a time, so the GPU never idles while the host "
+        "waits on each token; the tokens are the same for every N, they stream in blocks of N. "
+        "0 = auto: 1 on CPU, 16 on CUDA"))
 
     @_validated
     def __post_init__(self) -> None:
@@ -364,6 +369,8 @@ class RuntimeConfig:
             raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
         if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
             raise LongswiftError("--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
+        if self.read_every < 0:
+            raise LongswiftError(f"--read-every must be 0 (auto) or a positive number of tokens; got {self.read_every}")
         if self.rope_scaling is not None:
             parse_rope_scaling(self.rope_scaling)
 
@@ -371,6 +378,10 @@ class RuntimeConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def token_block(self, device: torch.device) -> int:
+        """--read-every resolved for the device the model runs on."""
+        return self.read_every or (READ_EVERY_CUDA if device.type == "cuda" else 1)
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

@@ -266,14 +266,16 @@ class Engine:
         check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens)
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
-                             generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model))
+                             generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
+                             read_every=self.runtime.token_block(self.model.device))
         else:
             if self.heads is None:
                 raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
                                      "heads (heads=..., --heads)")
             steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
                                      self.eos_ids, r.generator, generated,
-                                     cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model))
+                                     cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
+                                     read_every=self.runtime.token_block(self.model.device))
         return GenerationStream(self, r, _inference(steps), stats, generated)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import torch
 
 from .config import GenerationConfig, SamplingConfig
+from .runtime.blocks import sample_block
 from .runtime.cuda_graphs import StepGraphs, step_bodies
 from .runtime.memory import new_cache
 from .runtime.model import Transformer
-from .sampling import draw, penalty_window, transform
 from .stats import GenerationStats, done
 
 
@@ -26,44 +26,52 @@ def ar_steps(
     generator: torch.Generator | None,
     generated: list[int] | None = None,
     cuda_graphs: bool = False,
+    read_every: int = 1,
 ) -> Iterator[list[int]]:
     """Plain autoregressive decoding: one forward and one draw per token. `generated`: tokens an
     earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them.
-    `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly)."""
+    `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly).
+
+    `read_every` N: sampled tokens stay on the device and are read back N at a time (a block), so a
+    GPU is never left idle while the host waits for each token; the host queues the block's draws
+    and forwards ahead. The tokens are the same for every N (a block draws its N uniforms at once,
+    the same stream as N single draws, and gives back those it did not use when an end-of-sequence
+    token ends it early; runtime/blocks.py); what changes is that a block is yielded whole, and
+    that a block an EOS ends has run up to N-1 forwards past it, whose results are dropped."""
     generated = generated or []
     if done(generated, gen, eos_ids):
         return
+    if model.tp is not None:  # rank 0 draws and broadcasts each token: one at a time
+        read_every = 1
     capacity = len(prompt) + gen.max_new_tokens
     cache = new_cache(model, capacity, gen.prefill_chunk)
     history = torch.empty(capacity, dtype=torch.long)  # prompt + generated ids, on the CPU
     n = len(prompt) + len(generated)
     history[:n] = torch.tensor(prompt + generated, dtype=torch.long)
-    # The same ids on the model's device, where the penalty window is cut from (no host copy per token).
+    # The same ids on the model's device, where the penalty window is cut from and each drawn token
+    # is written (no host copy per token).
     history_dev = history if model.device.type == "cpu" else history.to(model.device)
     t0 = time.perf_counter()
     logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk)  # [V]
     stats.prefill_seconds += time.perf_counter() - t0
-    pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws, all ranks get it
     graphs = StepGraphs(model, cache, capture=cuda_graphs) if step_bodies(model) else None
-    for i in range(len(generated), gen.max_new_tokens):
+    stop = frozenset() if gen.ignore_eos else eos_ids
+    pick = None if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws, all ranks get it
+    i = len(generated)
+    while i < gen.max_new_tokens:
         t0 = time.perf_counter()
-        window = penalty_window(history_dev, n, sampling.penalty_window)
-        token = pick(transform(logits[None], window[None], sampling)[0], sampling, generator)
-        history[n] = token
+        k = min(read_every, gen.max_new_tokens - i)  # tokens in this block
+        block = sample_block(model, cache, graphs, logits, history_dev, n, k, sampling, generator, stop,
+                             forward_last=i + k < gen.max_new_tokens, pick=pick)  # the run's last token needs none
+        tokens, logits = block.tokens, block.logits
         if history_dev is not history:
-            history_dev[n].fill_(token)  # a kernel argument, not a copy from the host
-        n += 1
-        last = i == gen.max_new_tokens - 1 or (token in eos_ids and not gen.ignore_eos)
-        if not last and graphs is not None:
-            logits, _ = graphs.decode(token, n - 1)
-        elif not last:
-            position = torch.tensor([n - 1], device=model.device)
-            logits, _ = model.forward(torch.tensor([token], device=model.device), position, cache)
-            logits = logits[0]
+            history[n : n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        n += len(tokens)
+        i += len(tokens)
         stats.decode_seconds += time.perf_counter() - t0
-        stats.new_tokens += 1
-        stats.steps += 1
-        yield [token]
-        if token in eos_ids and not gen.ignore_eos:
+        stats.new_tokens += len(tokens)
+        stats.steps += len(tokens)
+        yield tokens
+        if tokens[-1] in stop:
             stats.finish_reason = "eos"
             return

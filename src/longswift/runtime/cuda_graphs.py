@@ -144,6 +144,10 @@ class StepGraphs:
         if mask is not None:
             buf_mask.copy_(torch.eye(budget, dtype=torch.bool), non_blocking=True)
             buf_mask[:n, :n].copy_(mask, non_blocking=True)
+        return self._run(slot, budget, n, logits)
+
+    def _run(self, slot: int, budget: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay (or run eagerly) the step of `budget` buffered rows written from `slot`, `n` of them real."""
         self.slot.fill_(slot)
         key = (slot - slot % self.bucket, budget, logits)
         if self.capture:
@@ -154,7 +158,15 @@ class StepGraphs:
         self.cache.length = slot + n
         return out_logits, hidden
 
-    def decode(self, token: int, position: int, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token at the cache's end -> (logits [V] (empty if not `logits`), hidden [hidden])."""
-        out, hidden = self.forward([token], torch.tensor([position]), None, logits, budget=1)
+    def decode(self, token: int | torch.Tensor, position: int, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token at the cache's end -> (logits [V] (empty if not `logits`), hidden [hidden]). `token`:
+        an id, or a [1] long tensor on the device (copied there, never read by the host)."""
+        slot = self.cache.reserve(1)
+        buf_tokens, buf_positions, _ = self._buffers(1)
+        if isinstance(token, torch.Tensor):
+            buf_tokens.copy_(token)
+        else:
+            buf_tokens.fill_(token)
+        buf_positions.fill_(position)  # a kernel argument: no host-to-device copy
+        out, hidden = self._run(slot, 1, 1, logits)
         return (out[0] if logits else out), hidden[0]

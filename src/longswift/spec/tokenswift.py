@@ -13,6 +13,7 @@ import torch
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
+from ..runtime.blocks import decode, sample_block
 from ..runtime.cache import FullKVCache, PartialKVCache
 from ..runtime.cuda_graphs import StepGraphs, padded_nodes, step_bodies
 from ..runtime.memory import new_cache
@@ -73,7 +74,8 @@ class TokenSwiftState:
 
     def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
-                 eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False) -> None:
+                 eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
+                 read_every: int = 1) -> None:
         spec = spec.for_device(model.device)
         levels = draft_levels(spec)
         if len(spec.levels) > heads.gamma + 1:
@@ -88,6 +90,7 @@ class TokenSwiftState:
         self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
         self.batched = spec.walk == "batched" and model.tp is None  # (tensor parallel walks row by row)
         self.sync = model.device.type == "cuda"  # stage timers wait for the device (adaptive steps read them)
+        self.read_every = read_every if model.tp is None else 1  # plain steps run as token blocks of up to this
         self.levels = levels
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
@@ -169,6 +172,22 @@ class TokenSwiftState:
             self.probe_every[kind] = min(2 * self.probe_every[kind], MAX_PROBE_EVERY)
             return self._run(kind)
         return self._run(best)
+
+    def plain_run(self) -> int:
+        """How many plain steps may run now as one token block (runtime/blocks): 1 unless plain steps
+        lead (a plain probe or follow-up is timed alone), at most --read-every and the tokens left,
+        and never past the step at which another kind's probe falls due, so that blocks keep the
+        probe schedule of single steps. Call after choose() returned PLAIN."""
+        if self.read_every <= 1 or self.best != PLAIN or self.follow is not None:
+            return 1
+        room = min(self.probe_every[k] - self.since[k] for k in KINDS if k != PLAIN)
+        return max(1, min(self.read_every, 1 + room, self.gen.max_new_tokens - self.produced))
+
+    def skip(self, steps: int) -> None:
+        """Count `steps` more plain steps (the rest of a token block) on the probe schedule."""
+        for k in KINDS:
+            if k != PLAIN:
+                self.since[k] += steps
 
     def _run(self, kind: str) -> str:
         for k in KINDS:
@@ -368,17 +387,32 @@ def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk, plain: bool 
     return emitted
 
 
+def plain_block(s: TokenSwiftState, k: int) -> list[int]:
+    """k plain steps as one token block: the root's forward, then k draws, each forwarded but the
+    last (the new root), read back once (runtime/blocks.py). Emits what k plain steps emit, and
+    leaves the cache, the generator and the fused heads' hidden state where they leave them."""
+    graphs = s.graphs.get(id(s.full))
+    logits, hidden = decode(s.model, s.full, graphs, int(s.history[s.n - 1]), s.n - 1)
+    block = sample_block(s.model, s.full, graphs, logits, s.history_dev, s.n, k, s.sampling, s.generator,
+                         s.stop_ids, forward_last=False)
+    s.prev_hidden = block.hidden if block.hidden is not None else hidden  # the state that predicted the new root
+    s.emit(block.tokens, index=False)
+    return block.tokens
+
+
 def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
                      gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
                      generator: torch.Generator | None, generated: list[int] | None = None,
-                     cuda_graphs: bool = False) -> Iterator[list[int]]:
+                     cuda_graphs: bool = False, read_every: int = 1) -> Iterator[list[int]]:
     """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
     `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
-    prefill of everything before the last of them, which becomes the root."""
+    prefill of everything before the last of them, which becomes the root. `read_every`: plain
+    steps run as token blocks of up to this many (see TokenSwiftState.plain_run), as AR's do."""
     generated = generated or []
     if done(generated, gen, eos_ids):
         return
-    s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs)
+    s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs,
+                        read_every)
     t0 = time.perf_counter()
     if generated:
         _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk)
@@ -401,6 +435,21 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         kind = s.choose()
         if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
             kind = KINDS[model.tp.broadcast_int(KINDS.index(kind))]
+        block = s.plain_run() if kind == PLAIN else 1
+        if block > 1:  # plain steps lead: several of them as one token block, one device read
+            emitted = plain_block(s, block)
+            s.skip(len(emitted) - 1)
+            t = _stage_done(s, "block", t0)
+            stats.decode_seconds += t - t0
+            seconds = None if s.captures() != captures else (t - t0) / len(emitted)
+            for _ in emitted:  # timed as that many plain steps of the block's average cost
+                s.record(PLAIN, 1, seconds)
+            stats.new_tokens += len(emitted)
+            stats.steps += len(emitted)
+            stats.plain_steps += len(emitted)
+            last = emitted[-1]
+            yield emitted
+            continue
         t = t0
         if kind != PLAIN:
             s.catch_up()

@@ -1,0 +1,158 @@
+"""AR's token blocks (--read-every N: sampled tokens stay on the device and are read back N at a
+time): the tokens, the stopping point and the generator's final state are those of reading each
+token, for every N, greedy and sampled, through the model's forward and through the CUDA step
+bodies run eagerly on the CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+import longswift
+from longswift import GenerationConfig, LongswiftError, SamplingConfig
+from longswift.config import READ_EVERY_CUDA, RuntimeConfig
+from longswift.generate import ar_steps
+from longswift.stats import GenerationStats
+
+PROMPT = [5, 17, 99, 3, 42, 8, 77, 120, 64, 31]
+SAMPLINGS = [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),
+             SamplingConfig(seed=0, temperature=0.9, top_p=0.9, repetition_penalty=1.2, penalty_window=5)]
+IDS = ["greedy-penalty", "sampled-top-p-penalty"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return longswift.load(tiny_hf_model("llama", seed=21), device="cpu", dtype="float32")
+
+
+def run(engine, sampling: SamplingConfig, gen: GenerationConfig, every: int, eos: frozenset[int] = frozenset(),
+        seed: int = 5) -> tuple[list[list[int]], GenerationStats, torch.Tensor | None]:
+    """ar_steps' yielded blocks, its stats, and its generator's state once it has finished."""
+    generator = None if sampling.greedy else torch.Generator().manual_seed(seed)
+    stats = GenerationStats(method="ar", prompt_tokens=len(PROMPT))
+    with torch.inference_mode():
+        blocks = list(ar_steps(engine.model, PROMPT, sampling, gen, stats, eos, generator, read_every=every))
+    return blocks, stats, None if generator is None else generator.get_state()
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+@pytest.mark.parametrize("every", [2, 7, 16])
+def test_blocks_emit_the_tokens_and_leave_the_generator_where_reading_each_token_does(engine, sampling, every):
+    gen = GenerationConfig(max_new_tokens=37, ignore_eos=True)
+    one, stats1, state1 = run(engine, sampling, gen, 1)
+    blocks, stats, state = run(engine, sampling, gen, every)
+    assert [len(b) for b in one] == [1] * 37
+    assert [len(b) for b in blocks] == [every] * (37 // every) + ([37 % every] if 37 % every else [])
+    assert sum(blocks, []) == sum(one, [])
+    assert (stats.new_tokens, stats.steps, stats.finish_reason) == (37, 37, "length")
+    if state1 is not None:
+        assert torch.equal(state, state1)
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+def test_an_end_of_sequence_token_ends_its_block_and_gives_back_the_unused_uniforms(engine, sampling):
+    gen = GenerationConfig(max_new_tokens=40, ignore_eos=False)
+    free = sum(run(engine, sampling, dataclasses.replace(gen, ignore_eos=True), 1)[0], [])
+    stop = free[13]  # a token first emitted mid-block (position 13 of blocks of 8)
+    first = free.index(stop)
+    assert first % 8 != 7, "the chosen EOS would end a block exactly: pick another position"
+    one, stats1, state1 = run(engine, sampling, gen, 1, eos=frozenset({stop}))
+    blocks, stats, state = run(engine, sampling, gen, 8, eos=frozenset({stop}))
+    assert sum(one, []) == sum(blocks, []) == free[: first + 1]
+    assert blocks[-1][-1] == stop and len(blocks[-1]) == first % 8 + 1
+    assert (stats.finish_reason, stats.new_tokens) == (stats1.finish_reason, stats1.new_tokens) == ("eos", first + 1)
+    if state1 is not None:  # the generator consumed one uniform per emitted token, not the whole block's
+        assert torch.equal(state, state1)
+        fresh = torch.Generator().manual_seed(5)
+        torch.rand(first + 1, generator=fresh, dtype=torch.float64)
+        assert torch.equal(state, fresh.get_state())
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+def test_blocks_through_the_cuda_step_bodies_emit_the_same_tokens(engine, sampling, monkeypatch):
+    """The GPU's loop (decode bodies fed a token tensor, never read by the host) run eagerly on the CPU."""
+    gen = GenerationConfig(max_new_tokens=30, ignore_eos=True)
+    want = sum(run(engine, sampling, gen, 1)[0], [])
+    import longswift.generate as generate_mod
+    monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
+    for every in (1, 4, 16):
+        assert sum(run(engine, sampling, gen, every)[0], []) == want, every
+
+
+def test_the_engine_resolves_read_every_per_device_and_streams_blocks(engine):
+    assert RuntimeConfig().token_block(torch.device("cpu")) == 1
+    assert RuntimeConfig().token_block(torch.device("cuda")) == READ_EVERY_CUDA
+    assert RuntimeConfig(read_every=3).token_block(torch.device("cpu")) == 3
+    with pytest.raises(LongswiftError, match="read.every must be 0 .auto. or a positive number"):
+        RuntimeConfig(read_every=-1)
+    gen, sampling = GenerationConfig(max_new_tokens=10, ignore_eos=True), SamplingConfig(seed=4)
+    want = engine.generate(PROMPT, method="ar", sampling=sampling, generation=gen).token_ids
+    blocked = longswift.load(tiny_hf_model("llama", seed=21), device="cpu", dtype="float32", read_every=4)
+    stream = blocked.stream(PROMPT, method="ar", sampling=sampling, generation=gen)
+    assert [len(b) for b in stream] == [4, 4, 2]
+    assert stream.result.token_ids == want
+
+
+FIXED_RATES = {"full": 1.0, "lookup": 2.0, "plain": 3.0}  # plain steps lead; the others are probed on schedule
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+@pytest.mark.parametrize("bodies", [False, True], ids=["forward", "step-bodies"])
+def test_tokenswift_plain_steps_in_blocks_still_emit_ar_output(sampling, bodies, monkeypatch):
+    """Where plain steps lead, TokenSwift runs them as token blocks between its probes of full and
+    lookup steps; the output is still AR's, through the model's forward and the CUDA step bodies."""
+    import longswift.generate as generate_mod
+    import longswift.spec.tokenswift as ts
+
+    hf = tiny_hf_model("llama", seed=22, vocab=32)
+    prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
+    gen = GenerationConfig(max_new_tokens=90, ignore_eos=True)
+    want = longswift.load(hf, device="cpu", dtype="float64").generate(
+        prompt, method="ar", sampling=sampling, generation=gen).token_ids
+    if bodies:
+        monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
+        monkeypatch.setattr(ts, "step_bodies", lambda model: True)
+    monkeypatch.setattr(ts.TokenSwiftState, "rate", lambda self, kind: FIXED_RATES[kind])  # no timing: deterministic
+    engine = longswift.load(hf, device="cpu", dtype="float64", heads="random", read_every=8)
+    for spec in (longswift.SpecConfig(tree="1,2,2", ngram_topk=2),
+                 longswift.SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused"),
+                 longswift.SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=30, draft_window=6,
+                                      attention_sinks=4, walk="batched")):
+        stream = engine.stream(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec)
+        sizes = [len(b) for b in stream]
+        assert stream.result.token_ids == want, spec
+        stats = stream.result.stats
+        assert "block" in stats.stage_seconds and max(sizes) == 8, sizes  # blocks ran
+        assert stats.lookup_steps + (stats.steps - stats.plain_steps - stats.lookup_steps) >= 2  # and probes
+
+
+def test_plain_blocks_keep_the_probe_schedule_of_single_steps():
+    from longswift.spec.tokenswift import KINDS, PLAIN, PROBE_EVERY, TokenSwiftState
+
+    def schedule(read_every: int, steps: int = 1500) -> tuple[list[str], int]:
+        s = TokenSwiftState.__new__(TokenSwiftState)
+        s.spec, s.tokens_per_step, s.read_every = longswift.SpecConfig(), 1.0, read_every
+        s.gen, s.produced = GenerationConfig(max_new_tokens=10**6), 0
+        s.step_tokens = dict.fromkeys(KINDS, 1.0)
+        s.step_seconds = {k: 1 / r for k, r in FIXED_RATES.items()}
+        s.since, s.probe_every = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, PROBE_EVERY)
+        s.best, s.follow = None, None
+        kinds, blocks = [], 0
+        while len(kinds) < steps:
+            kind = s.choose()
+            k = s.plain_run() if kind == PLAIN else 1
+            s.skip(k - 1)
+            blocks += k > 1
+            kinds += [kind] * k
+            for _ in range(k):
+                s.record(kind, 1, 1 / FIXED_RATES[kind])
+        return kinds[:steps], blocks
+
+    single, none = schedule(1)
+    blocked, blocks = schedule(16)
+    assert none == 0 and blocks > 50
+    assert blocked == single
+    assert sum(k != PLAIN for k in single) >= 8  # the schedule probes the other kinds
