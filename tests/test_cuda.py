@@ -8,7 +8,8 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - seeded sampled TokenSwift equals AR in float32 with the batched walk (the GPU default) and the row walk;
 - a whole generation with --cuda-graphs on equals --cuda-graphs off;
 - AR reading tokens back in blocks (--read-every, auto 16 on CUDA) emits what reading each token does,
-  and so does TokenSwift running its plain steps as such blocks."""
+  and so does TokenSwift running its plain steps as such blocks;
+- --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it."""
 
 from __future__ import annotations
 
@@ -192,3 +193,23 @@ def test_tokenswift_plain_blocks_on_cuda_equal_ar_in_float32(monkeypatch):
                                  spec=dataclasses.replace(spec, adaptive=True))
         assert result.token_ids == want, spec
         assert "block" in result.stats.stage_seconds, spec
+
+
+def test_float32_logits_on_cuda_are_the_float32_product_and_replay_equals_eager():
+    """--float32-logits in bfloat16 on CUDA (a matmul with a float32 output, or the float32 copy
+    where that op is missing): the float32 product of the bf16 inputs, not bf16-rounded logits, and
+    a generation with graphs on emits what it does with graphs off."""
+    hf = tiny_hf_model("llama", "default", seed=11)
+    engine = longswift.load(hf, device="cuda", dtype="bfloat16", float32_logits=True, heads="random")
+    m = engine.model
+    hidden = torch.randn(6, m.cfg.hidden_size, device=CUDA).to(torch.bfloat16)
+    weight = m.embed if m.cfg.tie_word_embeddings else m.state["lm_head.weight"]
+    exact = m.norm(hidden, m.final_norm).double() @ weight.double().T
+    logits = m.logits(hidden)
+    assert logits.dtype == torch.float32 and not torch.equal(logits, logits.to(torch.bfloat16).float())
+    torch.testing.assert_close(logits.double(), exact, rtol=1e-4, atol=1e-4)
+    off = longswift.load(hf, device="cuda", dtype="bfloat16", float32_logits=True, cuda_graphs="off",
+                         heads="random")
+    assert generate(engine, "ar") == generate(off, "ar")
+    for spec in SPECS.values():
+        assert generate(engine, "tokenswift", spec) == generate(off, "tokenswift", spec)

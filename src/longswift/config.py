@@ -354,6 +354,10 @@ class RuntimeConfig:
         "AR reads sampled tokens back from the device N at a time, so the GPU never idles while the host "
         "waits on each token; the tokens are the same for every N, they stream in blocks of N. "
         "0 = auto: 1 on CPU, 16 on CUDA"))
+    float32_logits: bool = field(default=False, metadata=_help(
+        "compute the LM head's logits in float32 (float32 sums and output from a bfloat16/float16 model's "
+        "inputs) instead of rounding them to the model's dtype; no effect in float32/float64. For measuring "
+        "whether it keeps reduced-precision TokenSwift on AR's greedy tokens longer; not yet measured on a GPU"))
 
     @_validated
     def __post_init__(self) -> None:

@@ -98,10 +98,12 @@ class Engine:
         # How to load this model again (checkpoints): "<embedded>", an absolute path, or "<ClassName>".
         self.model_source = loaded.source if loaded.source.startswith("<") else os.path.abspath(loaded.source)
         if tp is None:
-            self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights)
+            self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights,
+                                     float32_logits=self.runtime.float32_logits)
         else:
             state = shard_state(loaded.cfg, loaded.state, tp.plan, device or tp.device)
-            self.model = Transformer(shard_config(loaded.cfg, tp.plan), state, pack=pack_weights, tp=tp)
+            self.model = Transformer(shard_config(loaded.cfg, tp.plan), state, pack=pack_weights, tp=tp,
+                                     float32_logits=self.runtime.float32_logits)
         self.tp = tp
         self.heads: DraftHeads | None = None
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
@@ -242,8 +244,8 @@ class Engine:
         if model_fingerprint(self.cfg, self.model.embed) != c.model_fingerprint:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "
                                  "resume with that model (--model)")
-        for key in ("dtype", "rope_scaling"):
-            if c.runtime.get(key) != getattr(self.runtime, key):
+        for key, default in (("dtype", None), ("rope_scaling", None), ("float32_logits", False)):
+            if c.runtime.get(key, default) != getattr(self.runtime, key):
                 raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key)} and this engine has "
                                      f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")
         if c.method == "tokenswift" and heads_fingerprint(self.heads) != c.heads_fingerprint:

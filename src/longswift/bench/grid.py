@@ -194,7 +194,9 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
             "threads": torch.get_num_threads(), "heads": str(heads),
             "prompt_file": None if cfg.prompt_file is None else str(cfg.prompt_file),
-            "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed}
+            "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
+            # only when on, so result directories made before the option existed still match
+            **({"float32_logits": True} if engine.model.float32_logits else {})}
 
 
 def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None,

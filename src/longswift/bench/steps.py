@@ -159,7 +159,7 @@ class StepBenchResult:
 
 
 def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, device: torch.device,
-               packed: bool, gamma: int) -> MemoryPlan:
+               packed: bool, gamma: int, float32_logits: bool = False) -> MemoryPlan:
     """Memory of the run as StepRig allocates it: weights (the untied LM head shares the embedding),
     heads, the full cache at the largest context + the largest tree, the partial cache, transients."""
     max_ctx, max_nodes = max(bench.measured_contexts()), max(bench.measured_nodes())
@@ -167,7 +167,7 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     total = max_ctx + 1 + max_nodes  # TokenSwiftState's prompt + new tokens
     draft = draft_cache_tokens(state_spec, total)
     plan = plan_memory(cfg, dtype, device, total + tree_budget(state_spec), 1, packed,
-                       draft + 1 if draft else 0, max_nodes)
+                       draft + 1 if draft else 0, max_nodes, float32_logits)
     elem = torch.empty((), dtype=dtype).element_size()
     shared = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * elem
     heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * elem
@@ -352,7 +352,8 @@ def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, devic
     return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
             "dtype": str(dtype).removeprefix("torch."), "device": str(device), "device_name": name,
-            "packed_linears": packed, "cuda_graphs": runtime.cuda_graphs, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "packed_linears": packed, "cuda_graphs": runtime.cuda_graphs,
+            "float32_logits": runtime.float32_logits, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "heads": f"{gamma} random draft heads", "gamma": gamma, "context_limit": cfg.context_limit,
             "command": command or "longswift bench-steps (from the Python API)"}
 
@@ -368,7 +369,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     gamma = max(3, len(bench.spec.levels) - 1)
     buffer = bandwidth_buffer_bytes(bench, device)
-    plan = plan_steps(cfg, bench, dtype, device, packed, gamma)
+    plan = plan_steps(cfg, bench, dtype, device, packed, gamma, runtime.float32_logits)
     check_fits(plan, buffer)
     log(f"memory plan: {plan.describe()}")
     sync = synchronizer(device)
@@ -377,7 +378,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     with torch.no_grad():
         state = random_state(cfg, dtype, device, bench.seed)
         heads = new_heads(cfg, state, gamma).randomize(bench.seed)
-    model = Transformer(cfg, state, pack=packed)
+    model = Transformer(cfg, state, pack=packed, float32_logits=runtime.float32_logits)
     costs = []
     with torch.inference_mode():
         rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model))

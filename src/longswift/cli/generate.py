@@ -300,7 +300,8 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
 
         resolved = spec.for_device(device)
         nodes, draft = tree_budget(resolved), draft_cache_tokens(resolved, tokens)
-    plan_memory(cfg, dtype, device, tokens + nodes, gen.prefill_chunk, packed, draft, nodes).check(weights_loaded=False)
+    plan_memory(cfg, dtype, device, tokens + nodes, gen.prefill_chunk, packed, draft, nodes,
+                runtime.float32_logits).check(weights_loaded=False)
     return cfg
 
 

@@ -40,7 +40,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     spec = spec.for_device(device)
     nodes = tree_budget(spec)
     draft = draft_cache_tokens(spec, tokens)
-    plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes)
+    plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes,
+                       runtime.float32_logits)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
         if f.name != "hf_config":

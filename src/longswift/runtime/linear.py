@@ -51,3 +51,20 @@ def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor |
     pairs = list(zip(weights, biases))
     return lambda x: torch.cat([F.linear(x, w, b) for w, b in pairs], dim=-1)
 
+
+
+def float32_head(weight: torch.Tensor, pack: bool) -> LinearFn:
+    """An LM head for a reduced-precision (bfloat16/float16) model whose logits are not rounded to
+    that dtype: `x @ weight.T` of the model's [T, hidden] inputs with float32 sums and a float32
+    [T, V] result. CUDA computes it from the weight in place (a matmul with a float32 output);
+    elsewhere, or where that op is missing, from a float32 copy of the weight (exact: every bf16/fp16
+    value is a float32 value), oneDNN-packed if `pack` and supported."""
+    if weight.device.type == "cuda":
+        try:
+            torch.mm(weight[:1], weight[:1].t(), out_dtype=torch.float32)
+            return lambda x: torch.mm(x, weight.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            pass
+    w32 = weight.float()
+    linear = make_linear([w32], [None], pack and packing_supported(torch.float32, weight.device))
+    return lambda x: linear(x.float())

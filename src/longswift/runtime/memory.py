@@ -53,7 +53,7 @@ class MemoryPlan:
         draft = (f" + draft KV cache {self.draft_cache / GiB:.2f} GiB ({self.draft_tokens} tokens)"
                  if self.draft_tokens else "")
         return (
-            f"weights {self.weights / GiB:.2f} GiB + packed copies {self.packed_weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
+            f"weights {self.weights / GiB:.2f} GiB + weight copies {self.packed_weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
             f"({self.capacity_tokens} tokens){draft} + workspace {self.workspace / GiB:.2f} GiB "
             f"= {self.total / GiB:.2f} GiB on {self.device}"
         )
@@ -88,16 +88,19 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
 
 def plan_memory(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
-    draft_tokens: int = 0, tree_nodes: int = 0,
+    draft_tokens: int = 0, tree_nodes: int = 0, float32_logits: bool = False,
 ) -> MemoryPlan:
     """`capacity`: tokens of the full KV cache (prompt + new tokens + TokenSwift's tree nodes);
     `draft_tokens`: size of the partial KV cache of the draft pass (0: none); `tree_nodes`: the
-    largest verify pass, whose hidden states and attention scores are transients."""
+    largest verify pass, whose hidden states and attention scores are transients; `float32_logits`:
+    a bf16/fp16 model's LM head runs on a float32 copy of its weight off CUDA (linear.float32_head)."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
     # Packed copies cover every linear weight and the LM head, but not the embedding table.
     embed = cfg.vocab_size * cfg.hidden_size
     packed_weights = (cfg.parameter_count() - (0 if cfg.tie_word_embeddings else embed)) * elem if packed else 0
+    if float32_logits and dtype in (torch.bfloat16, torch.float16) and torch.device(device).type != "cuda":
+        packed_weights += embed * 4 - (embed * elem if packed else 0)  # the float32 head replaces its packed copy
     kv = capacity * cfg.kv_bytes_per_token(dtype)
     # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
     # of `tree_nodes`) against the whole cache, plus float32 logits and the activations.
@@ -137,5 +140,5 @@ def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int =
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
         )
     plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
-                tree_nodes).check(weights_loaded=True)
+                tree_nodes, model.float32_logits).check(weights_loaded=True)
     return FullKVCache(cfg, capacity, model.dtype, model.device)

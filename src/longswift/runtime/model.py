@@ -13,7 +13,7 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from .attention import Attention
 from .cache import FullKVCache
-from .linear import LinearFn, make_linear, packing_supported
+from .linear import LinearFn, float32_head, make_linear, packing_supported
 from .rope import Rope, apply_rope
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class Transformer:
     itself is the same code."""
 
     def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False,
-                 tp: TensorParallel | None = None) -> None:
+                 tp: TensorParallel | None = None, float32_logits: bool = False) -> None:
         check_state_dict(cfg, state, tp.plan.vocab_per_rank if tp is not None else None)
         self.cfg = cfg
         self.state = state
@@ -107,7 +107,13 @@ class Transformer:
         self.packed = pack and packing_supported(self.dtype, self.device)
         self.embed = embed
         lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
-        if tp is None:
+        # Logits kept in float32 rather than rounded to a reduced dtype (a no-op for float32/float64 models).
+        self.float32_logits = float32_logits and self.dtype in (torch.bfloat16, torch.float16)
+        if tp is not None and self.float32_logits:
+            raise LongswiftError("--float32-logits is not supported with tensor parallelism: leave it off")
+        if self.float32_logits:
+            self.lm_head = float32_head(lm_head, pack)  # [T, hidden] -> [T, V] float32
+        elif tp is None:
             self.lm_head = make_linear([lm_head], [None], self.packed)
         else:
             self.lm_head = tp.vocab_parallel(lm_head, self.packed)  # [T, hidden] -> gathered [T, V]
