@@ -75,6 +75,8 @@ def test_the_option_is_recorded_in_checkpoints_and_checked_on_resume():
         load("bfloat16", True).resume(ckpt)
     older = dataclasses.replace(ckpt, runtime={k: v for k, v in ckpt.runtime.items() if k != "float32_logits"})
     assert off.resume(older) is not None  # a checkpoint from before the option resumes as off
+    with pytest.raises(LongswiftError, match="float32_logits False"):
+        load("bfloat16", True).resume(older)
 
 
 def test_tensor_parallel_refuses_the_option():

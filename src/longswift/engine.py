@@ -246,7 +246,7 @@ class Engine:
                                  "resume with that model (--model)")
         for key, default in (("dtype", None), ("rope_scaling", None), ("float32_logits", False)):
             if c.runtime.get(key, default) != getattr(self.runtime, key):
-                raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key)} and this engine has "
+                raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key, default)} and this engine has "
                                      f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")
         if c.method == "tokenswift" and heads_fingerprint(self.heads) != c.heads_fingerprint:
             raise LongswiftError(f"the checkpoint was made with other draft heads ({c.heads_source}): "
