@@ -9,7 +9,8 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - a whole generation with --cuda-graphs on equals --cuda-graphs off;
 - AR reading tokens back in blocks (--read-every, auto 16 on CUDA) emits what reading each token does,
   and so does TokenSwift running its plain steps as such blocks;
-- --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it."""
+- --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it;
+- the batched walk's device memory stays within the bytes per logit the memory plan counts."""
 
 from __future__ import annotations
 
@@ -213,3 +214,31 @@ def test_float32_logits_on_cuda_are_the_float32_product_and_replay_equals_eager(
     assert generate(engine, "ar") == generate(off, "ar")
     for spec in SPECS.values():
         assert generate(engine, "tokenswift", spec) == generate(off, "tokenswift", spec)
+
+
+@pytest.mark.parametrize("preset", ["paper", "top-p", "eta"])
+def test_the_batched_walks_device_memory_is_within_the_plan(preset):
+    """The CUDA allocator's peak over a batched walk of the paper's padded budget (128 rows) on an
+    8B-sized vocabulary stays within memory.SAMPLING_BYTES_PER_LOGIT (the CPU measures it with its
+    resident memory, tests/test_walk_memory.py; here the sort's device workspace counts too)."""
+    from longswift.bench.grid import PRESETS
+    from longswift.runtime.memory import SAMPLING_BYTES_PER_LOGIT
+    from longswift.spec.tree import Trie
+    from longswift.spec.verify import batched_walk
+
+    n, v = 128, 128_256
+    trie = Trie.with_root(7)
+    trie.add_levels([[1, 2, 3], [1, 2, 3], [1, 2, 3], [1, 2, 3]])  # 121 nodes
+    trie.add_path([9, 9, 9, 9, 9, 9, 9], 2)  # 128
+    assert len(trie) == n
+    history = torch.randint(0, v, (4096,), device=CUDA)
+    logits = (torch.randn(n, v, device=CUDA) * 4).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    batched_walk(trie, logits[:8].clone(), history, 4000, PRESETS[preset], gen)  # lazy inits
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    batched_walk(trie, logits, history, 4000, PRESETS[preset], gen)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - start
+    assert 8 * n * v < peak <= SAMPLING_BYTES_PER_LOGIT * n * v, f"{peak / (n * v):.1f} bytes per logit"

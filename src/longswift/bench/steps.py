@@ -18,7 +18,7 @@ import torch
 
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from ..runtime.cuda_graphs import use_graphs
+from ..runtime.cuda_graphs import padded_nodes, use_graphs
 from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer
@@ -167,7 +167,8 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     total = max_ctx + 1 + max_nodes  # TokenSwiftState's prompt + new tokens
     draft = draft_cache_tokens(state_spec, total)
     plan = plan_memory(cfg, dtype, device, total + tree_budget(state_spec), 1, packed,
-                       draft + 1 if draft else 0, max_nodes, float32_logits)
+                       draft + 1 if draft else 0, max_nodes, float32_logits,
+                       padded_nodes(max_nodes) if state_spec.walk == "batched" else 1)  # the rig's tries
     elem = torch.empty((), dtype=dtype).element_size()
     shared = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * elem
     heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * elem

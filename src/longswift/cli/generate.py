@@ -295,13 +295,14 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     nodes = draft = 0
+    rows = 1
     if spec is not None:
-        from ..spec.tokenswift import draft_cache_tokens, tree_budget
+        from ..spec.tokenswift import draft_cache_tokens, tree_budget, walk_rows
 
         resolved = spec.for_device(device)
-        nodes, draft = tree_budget(resolved), draft_cache_tokens(resolved, tokens)
+        nodes, draft, rows = tree_budget(resolved), draft_cache_tokens(resolved, tokens), walk_rows(resolved)
     plan_memory(cfg, dtype, device, tokens + nodes, gen.prefill_chunk, packed, draft, nodes,
-                runtime.float32_logits).check(weights_loaded=False)
+                runtime.float32_logits, rows).check(weights_loaded=False)
     return cfg
 
 

@@ -27,7 +27,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.loading import load_config, resolve_path
     from ..runtime.memory import GiB, available_bytes, plan_memory
     from ..spec.released import describe_heads
-    from ..spec.tokenswift import draft_cache_tokens, tree_budget
+    from ..spec.tokenswift import draft_cache_tokens, tree_budget, walk_rows
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
@@ -41,7 +41,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     nodes = tree_budget(spec)
     draft = draft_cache_tokens(spec, tokens)
     plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes,
-                       runtime.float32_logits)
+                       runtime.float32_logits, walk_rows(spec))
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
         if f.name != "hf_config":

@@ -14,6 +14,16 @@ from .cache import FullKVCache
 from .model import Transformer
 
 GiB = 1024**3
+# Transient bytes per logit when a block of rows [R, V] is transformed and drawn (sampling.transform,
+# draw_rows), beyond the logits themselves: the float32 copy and masks, top-p's sorted values and
+# int64 order, the draw's float64 softmax and cdf. The CPU peaks at 42 under top-p
+# (tests/test_walk_memory.py measures it); the margin is for the GPU's sort workspace (tests/test_cuda.py).
+SAMPLING_BYTES_PER_LOGIT = 64
+
+
+def sampling_bytes(vocab: int, rows: int, logit_elem: int) -> int:
+    """Bytes of `rows` rows of logits (`logit_elem` bytes each) and of their transform and draw."""
+    return rows * vocab * (logit_elem + SAMPLING_BYTES_PER_LOGIT)
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -88,12 +98,14 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
 
 def plan_memory(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
-    draft_tokens: int = 0, tree_nodes: int = 0, float32_logits: bool = False,
+    draft_tokens: int = 0, tree_nodes: int = 0, float32_logits: bool = False, sampled_rows: int = 1,
 ) -> MemoryPlan:
     """`capacity`: tokens of the full KV cache (prompt + new tokens + TokenSwift's tree nodes);
     `draft_tokens`: size of the partial KV cache of the draft pass (0: none); `tree_nodes`: the
     largest verify pass, whose hidden states and attention scores are transients; `float32_logits`:
-    a bf16/fp16 model's LM head runs on a float32 copy of its weight off CUDA (linear.float32_head)."""
+    a bf16/fp16 model's LM head runs on a float32 copy of its weight off CUDA (linear.float32_head);
+    `sampled_rows`: rows of logits transformed and drawn at once (the batched walk: the whole padded
+    trie; otherwise one row, and the draft stage's depth rows, counted as at least 4)."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
     # Packed copies cover every linear weight and the LM head, but not the embedding table.
@@ -103,11 +115,13 @@ def plan_memory(
         packed_weights += embed * 4 - (embed * elem if packed else 0)  # the float32 head replaces its packed copy
     kv = capacity * cfg.kv_bytes_per_token(dtype)
     # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
-    # of `tree_nodes`) against the whole cache, plus float32 logits and the activations.
+    # of `tree_nodes`) against the whole cache, plus the logits with their transform and draw, and
+    # the activations.
     rows = max(chunk, tree_nodes)
     cascade = torch.device(device).type == "cuda"  # runtime.attention picks the cascade there
     scores = max(masked_attention_bytes(cfg, t, capacity, elem, cascade) for t in (chunk, tree_nodes))
-    logits = cfg.vocab_size * 4 * 4
+    logit_elem = 4 if float32_logits and dtype in (torch.bfloat16, torch.float16) else elem
+    logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), logit_elem)
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
@@ -130,7 +144,8 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
                              f"exceeds this model's context of {limit} tokens: {advice}")
 
 
-def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0) -> FullKVCache:
+def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0,
+              sampled_rows: int = 1) -> FullKVCache:
     """Plan the memory of a run (with TokenSwift's draft cache and tree, if any), refuse what
     cannot fit, then allocate its full KV cache."""
     cfg = model.cfg
@@ -140,5 +155,5 @@ def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int =
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
         )
     plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
-                tree_nodes, model.float32_logits).check(weights_loaded=True)
+                tree_nodes, model.float32_logits, sampled_rows).check(weights_loaded=True)
     return FullKVCache(cfg, capacity, model.dtype, model.device)

@@ -98,7 +98,7 @@ class TokenSwiftState:
         draft_tokens = draft_cache_tokens(spec, total)
         bodies = step_bodies(model)  # CUDA: fixed-shape steps (runtime.cuda_graphs), verify padded to a budget
         self.full = new_cache(model, total + (padded_nodes(nodes) if bodies else nodes), gen.prefill_chunk,
-                              draft_tokens, nodes)
+                              draft_tokens, nodes, walk_rows(spec) if self.batched else 1)
         self.partial = None
         if draft_tokens:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
@@ -258,6 +258,12 @@ def tree_budget(spec: SpecConfig) -> int:
         width *= k
         nodes += width
     return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
+
+
+def walk_rows(spec: SpecConfig) -> int:
+    """Rows of logits the lossless walk transforms and draws at once: the whole trie, padded to its
+    verify budget, when the walk is batched; else one. `spec` must be resolved for the device."""
+    return padded_nodes(tree_budget(spec)) if spec.walk == "batched" else 1
 
 
 def draft_cache_tokens(spec: SpecConfig, total: int) -> int:

@@ -1,0 +1,100 @@
+"""The memory plan counts the batched walk: transforming and drawing every row of a trie at once
+allocates [N, V]-sized temporaries (a float32 copy, top-p's sort and order, the draw's float64 cdf),
+which on an 8B model's 128K vocabulary and the paper's 128-row budget are about a GiB.
+
+The peak is read as the growth of the process's peak resident memory in a fresh interpreter, so
+nothing else has touched more memory since the measurement's baseline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_hf_model
+
+from longswift.config import SpecConfig
+from longswift.runtime.memory import SAMPLING_BYTES_PER_LOGIT, plan_memory, sampling_bytes
+from longswift.spec.tokenswift import tree_budget, walk_rows
+
+N, V = 128, 49152  # the paper trie's padded budget, the embedded model's vocabulary
+
+MEASURE = r"""
+import json, resource, sys, torch
+from longswift.bench.grid import PRESETS
+from longswift.spec.tree import Trie
+from longswift.spec.verify import batched_walk
+preset, n, v, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), getattr(torch, sys.argv[4])
+sampling = PRESETS[preset]
+def trie_of(nodes):
+    trie = Trie.with_root(7)
+    trie.add_levels([[1, 2, 3]] * 5)  # more than enough nodes; cut to `nodes` below
+    for field in ("tokens", "parents", "depths", "children", "sources"):
+        setattr(trie, field, getattr(trie, field)[:nodes])
+    trie.children = [{t: c for t, c in ch.items() if c < nodes} for ch in trie.children]
+    return trie
+history = torch.randint(0, v, (4096,), generator=torch.Generator().manual_seed(1))
+gen = torch.Generator().manual_seed(2)
+batched_walk(trie_of(4), torch.randn(4, v, dtype=dtype), history, 4000, sampling, gen)  # lazy inits, small
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+logits = torch.randn(n, v, generator=torch.Generator().manual_seed(3), dtype=torch.float32).mul_(4).to(dtype)
+trie = trie_of(n)
+before = rss()
+walk = batched_walk(trie, logits, history, 4000, sampling, gen)
+print(json.dumps({"peak": rss() - before, "tokens": len(walk.tokens) + 1}))
+"""
+
+
+def measured_peak(preset: str, dtype: str) -> int:
+    out = subprocess.run([sys.executable, "-c", MEASURE, preset, str(N), str(V), dtype], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)["peak"]
+
+
+@pytest.mark.parametrize("preset", ["paper", "top-p", "eta"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_batched_walks_peak_is_within_the_plans_bytes_per_logit(preset, dtype):
+    peak = measured_peak(preset, dtype)
+    assert peak > 8 * N * V, f"the measurement saw {peak / (N * V):.1f} bytes per logit: too little to be the walk's"
+    assert peak <= SAMPLING_BYTES_PER_LOGIT * N * V, f"{peak / (N * V):.1f} bytes per logit"
+
+
+def test_the_plan_grows_by_the_batched_walks_rows():
+    from longswift.bench.shapes import shape_config
+
+    cfg = shape_config("llama-3.1-8b")
+    spec = SpecConfig().for_device(torch.device("cuda"))  # the paper's trie, walked batched
+    nodes = tree_budget(spec)
+    assert spec.walk == "batched" and walk_rows(spec) == 128 and nodes <= 128
+
+    def workspace(rows: int, float32_logits: bool = False) -> int:
+        return plan_memory(cfg, torch.bfloat16, torch.device("cuda"), 104_096, 512, False, 4096, nodes,
+                           float32_logits, rows).workspace
+
+    assert workspace(128) - workspace(1) == sampling_bytes(cfg.vocab_size, 124, 2)  # rows 4 -> 128 in bf16
+    assert sampling_bytes(cfg.vocab_size, 128, 2) > 2**30  # why it matters: a GiB on an 8B model
+    assert workspace(128, True) - workspace(128) == 128 * cfg.vocab_size * 2  # float32 logits are wider
+    assert walk_rows(SpecConfig(walk="rows").for_device(torch.device("cuda"))) == 1
+
+
+def test_a_tokenswift_run_plans_its_batched_walk(monkeypatch):
+    """The state hands the walk's rows to the plan it checks before allocating the cache."""
+    import longswift
+    import longswift.runtime.memory as memory
+
+    seen = []
+    real = memory.plan_memory
+
+    def spy(*args, **kwargs):
+        seen.append(args[9] if len(args) > 9 else kwargs.get("sampled_rows", 1))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(memory, "plan_memory", spy)
+    engine = longswift.load(tiny_hf_model(), dtype="float32", heads="random")
+    for walk, rows in (("batched", 8), ("rows", 1)):  # the CPU trie: 1,1,1 and one n-gram path, 8 nodes
+        seen.clear()
+        engine.generate([1, 2, 3], method="tokenswift", spec=SpecConfig(walk=walk),
+                        generation=longswift.GenerationConfig(max_new_tokens=4))
+        assert seen[-1] == rows, (walk, seen)
