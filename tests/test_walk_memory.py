@@ -2,59 +2,53 @@
 allocates [N, V]-sized temporaries (a float32 copy, top-p's sort and order, the draw's float64 cdf),
 which on an 8B model's 128K vocabulary and the paper's 128-row budget are about a GiB.
 
-The peak is read as the growth of the process's peak resident memory in a fresh interpreter, so
-nothing else has touched more memory since the measurement's baseline."""
+The peak is that of the live bytes the profiler records: each op's own allocations and each free,
+summed in time order (what the CUDA allocator's peak counts on a GPU, tests/test_cuda.py)."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from conftest import tiny_hf_model
+from torch.profiler import ProfilerActivity, profile
 
+from longswift.bench.grid import PRESETS
 from longswift.config import SpecConfig
 from longswift.runtime.memory import SAMPLING_BYTES_PER_LOGIT, plan_memory, sampling_bytes
 from longswift.spec.tokenswift import tree_budget, walk_rows
+from longswift.spec.tree import Trie
+from longswift.spec.verify import batched_walk
 
 N, V = 128, 49152  # the paper trie's padded budget, the embedded model's vocabulary
 
-MEASURE = r"""
-import json, resource, sys, torch
-from longswift.bench.grid import PRESETS
-from longswift.spec.tree import Trie
-from longswift.spec.verify import batched_walk
-preset, n, v, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), getattr(torch, sys.argv[4])
-sampling = PRESETS[preset]
-def trie_of(nodes):
+
+def trie_of(nodes: int) -> Trie:
+    """A trie of exactly `nodes` nodes: a cartesian tree of threes, cut."""
     trie = Trie.with_root(7)
-    trie.add_levels([[1, 2, 3]] * 5)  # more than enough nodes; cut to `nodes` below
-    for field in ("tokens", "parents", "depths", "children", "sources"):
-        setattr(trie, field, getattr(trie, field)[:nodes])
+    trie.add_levels([[1, 2, 3]] * 5)
+    for name in ("tokens", "parents", "depths", "children", "sources"):
+        setattr(trie, name, getattr(trie, name)[:nodes])
     trie.children = [{t: c for t, c in ch.items() if c < nodes} for ch in trie.children]
     return trie
-history = torch.randint(0, v, (4096,), generator=torch.Generator().manual_seed(1))
-gen = torch.Generator().manual_seed(2)
-batched_walk(trie_of(4), torch.randn(4, v, dtype=dtype), history, 4000, sampling, gen)  # lazy inits, small
-rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-logits = torch.randn(n, v, generator=torch.Generator().manual_seed(3), dtype=torch.float32).mul_(4).to(dtype)
-trie = trie_of(n)
-before = rss()
-walk = batched_walk(trie, logits, history, 4000, sampling, gen)
-print(json.dumps({"peak": rss() - before, "tokens": len(walk.tokens) + 1}))
-"""
 
 
-def measured_peak(preset: str, dtype: str) -> int:
-    out = subprocess.run([sys.executable, "-c", MEASURE, preset, str(N), str(V), dtype], capture_output=True,
-                         text=True, check=True).stdout
-    return json.loads(out)["peak"]
+def measured_peak(preset: str, dtype: torch.dtype) -> int:
+    """Peak live bytes allocated by a batched walk over [N, V] logits of `dtype` (beyond its inputs)."""
+    history = torch.randint(0, V, (4096,), generator=torch.Generator().manual_seed(1))
+    logits = (torch.randn(N, V, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    trie, gen = trie_of(N), torch.Generator().manual_seed(2)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        batched_walk(trie, logits, history, 4000, PRESETS[preset], gen)
+    live = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        live += event.self_cpu_memory_usage  # an op's own allocations; frees are events of their own
+        peak = max(peak, live)
+    assert abs(live) < 2**20, "the walk's allocations and frees should balance"
+    return peak
 
 
 @pytest.mark.parametrize("preset", ["paper", "top-p", "eta"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_batched_walks_peak_is_within_the_plans_bytes_per_logit(preset, dtype):
     peak = measured_peak(preset, dtype)
     assert peak > 8 * N * V, f"the measurement saw {peak / (N * V):.1f} bytes per logit: too little to be the walk's"
@@ -98,3 +92,9 @@ def test_a_tokenswift_run_plans_its_batched_walk(monkeypatch):
         engine.generate([1, 2, 3], method="tokenswift", spec=SpecConfig(walk=walk),
                         generation=longswift.GenerationConfig(max_new_tokens=4))
         assert seen[-1] == rows, (walk, seen)
+
+
+if __name__ == "__main__":  # the table in docs/benchmarks.md: python tests/test_walk_memory.py
+    for preset in ("paper", "top-p", "eta", "min-p", "greedy"):
+        print(preset, *(f"{dtype} {measured_peak(preset, dtype) / (N * V):.1f}" for dtype in (torch.float32,
+                                                                                             torch.bfloat16)), sep=" | ")
