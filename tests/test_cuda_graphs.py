@@ -71,6 +71,14 @@ def test_padded_tree_forward_equals_the_eager_tree_forward(start):
     assert bodies.length == eager.length == start + 6
 
 
+def test_a_trie_is_padded_by_less_than_twice_its_nodes():
+    """Padded rows cost compute at long contexts, so budgets double (the GPU tries: 41 heads-only,
+    121 with n-grams, up to 280 in fused mode)."""
+    assert [padded_nodes(n) for n in (1, 6, 41, 121, 146, 280)] == [1, 8, 64, 128, 256, 512]
+    assert all(padded_nodes(n) < 2 * n for n in range(9, 513))
+    assert padded_nodes(600) == 600  # past the last budget: unpadded, its own graph
+
+
 def test_decode_body_never_attends_to_unwritten_slots():
     engine = engine64()
     model, cfg = engine.model, engine.cfg

@@ -28,8 +28,12 @@ from .model import Transformer
 # growing cache captures one graph per bucket (100K tokens: about 100 captures per node budget).
 BUCKET = 1024
 # Tree-verify passes are padded up to one of these node counts, so that a few graphs serve every
-# trie (on a GPU the weight-bound forward costs about the same for 8 or 128 rows).
-NODE_BUDGETS = (1, 8, 32, 128, 512)
+# trie. At short contexts the weight-bound forward costs about the same for 8 or 128 rows, but at
+# 100K the attention over the cache is compute-bound and every padded row costs (H100, 8B shape,
+# session 6: about 0.2 ms a row past 32). The GPU's default tries are mostly 40-49 nodes (heads
+# only) or 80-100 (with n-grams), and fused mode's up to 280 (docs/scripts/trie_sizes.py), so the
+# budgets double from 8: a larger trie is padded by less than 2x, one graph per budget in use per bucket.
+NODE_BUDGETS = (1, 8, 16, 32, 64, 128, 256, 512)
 
 
 def padded_nodes(nodes: int) -> int:
