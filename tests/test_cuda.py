@@ -6,7 +6,7 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
   float32 attention to rounding, on a tiny model and on the Llama-3.1-8B shape with 2 layers;
 - float32 tokens on CUDA equal float32 tokens on the CPU for AR and both TokenSwift modes;
 - seeded sampled TokenSwift equals AR in float32 with the batched walk (the GPU default) and the row walk;
-- a whole generation with --cuda-graphs on equals --cuda-graphs off;
+- a whole generation with --cuda-graphs on equals --cuda-graphs off, and its stats count the captures;
 - AR reading tokens back in blocks (--read-every, auto 16 on CUDA) emits what reading each token does,
   and so does TokenSwift running its plain steps as such blocks;
 - --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it;
@@ -135,6 +135,18 @@ def test_generation_with_cuda_graphs_equals_without(dtype):
     assert generate(on, "ar") == generate(off, "ar")
     for spec in SPECS.values():
         assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)
+
+
+def test_a_generation_counts_its_graph_captures():
+    """Stats carry the captures and their seconds (what the node budgets and buckets cost a run)."""
+    hf = tiny_hf_model("llama", "default", seed=6)
+    gen = GenerationConfig(max_new_tokens=48, ignore_eos=True)
+    for setting, captured in (("on", True), ("off", False)):
+        engine = longswift.load(hf, device="cuda", dtype="float32", cuda_graphs=setting, heads="random")
+        for method, spec in (("ar", None), ("tokenswift", SPECS["paper"])):
+            s = engine.generate([5, 9, 17], method=method, sampling=GREEDY, generation=gen, spec=spec).stats
+            assert (s.graph_captures > 0 and s.graph_capture_seconds > 0) == captured, (setting, method, s)
+            assert s.graph_capture_seconds < s.decode_seconds or not captured
 
 
 @pytest.mark.parametrize("walk", ["batched", "rows"])

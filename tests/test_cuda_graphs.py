@@ -79,6 +79,20 @@ def test_a_trie_is_padded_by_less_than_twice_its_nodes():
     assert padded_nodes(600) == 600  # past the last budget: unpadded, its own graph
 
 
+def test_stats_count_each_capture_once_and_keep_a_resumed_runs_earlier_counts():
+    from longswift.stats import GenerationStats
+
+    engine = engine64()
+    graphs = StepGraphs(engine.model, FullKVCache(engine.cfg, 64, torch.float64, CPU), capture=False)
+    stats = GenerationStats("ar", 3, graph_captures=2, graph_capture_seconds=1.0)  # as restored from a checkpoint
+    stats.add_captures([graphs])
+    assert (stats.graph_captures, stats.graph_capture_seconds) == (2, 1.0)  # the CPU captures nothing
+    graphs.captures, graphs.capture_seconds = 3, 0.5  # as three captures would leave it
+    stats.add_captures([graphs])
+    stats.add_captures([graphs])  # nothing new since
+    assert (stats.graph_captures, stats.graph_capture_seconds) == (5, 1.5)
+
+
 def test_decode_body_never_attends_to_unwritten_slots():
     engine = engine64()
     model, cfg = engine.model, engine.cfg

@@ -71,6 +71,8 @@ def ar_steps(
         stats.decode_seconds += time.perf_counter() - t0
         stats.new_tokens += len(tokens)
         stats.steps += len(tokens)
+        if graphs is not None:
+            stats.add_captures([graphs])
         yield tokens
         if tokens[-1] in stop:
             stats.finish_reason = "eos"

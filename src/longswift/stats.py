@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from .config import GenerationConfig
 
@@ -25,6 +27,8 @@ class GenerationStats:
     lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
     plain_steps: int = 0  # adaptive steps that verified the root alone (an AR step: no draft paid for itself)
     stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
+    graph_captures: int = 0  # CUDA graphs captured (one per step shape, cache bucket and node budget in use)
+    graph_capture_seconds: float = 0.0  # their wall time, inside decode_seconds
     resumes: int = 0  # times this generation was continued from a checkpoint (each re-prefills the context)
 
     @property
@@ -45,6 +49,13 @@ class GenerationStats:
         """Inverse of to_dict (derived numbers dropped)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    def add_captures(self, graphs: Iterable[Any]) -> None:
+        """Count the CUDA graphs these step bodies (runtime.cuda_graphs.StepGraphs) captured since last asked."""
+        for g in graphs:
+            count, seconds = g.take_captures()
+            self.graph_captures += count
+            self.graph_capture_seconds += seconds
 
     def to_dict(self) -> dict:
         return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3), "alpha": round(self.alpha, 4),

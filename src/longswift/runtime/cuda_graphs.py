@@ -16,6 +16,8 @@ eagerly (off): a graph never changes results, replay equals the eager body exact
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -83,6 +85,13 @@ class StepGraphs:
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0
+        self.capture_seconds = 0.0  # wall time of the captures (warm-up run included), a one-off cost per graph
+        self._taken = (0, 0.0)
+
+    def take_captures(self) -> tuple[int, float]:
+        """Graphs captured, and their seconds, since the last call (for a generation's stats)."""
+        taken, self._taken = self._taken, (self.captures, self.capture_seconds)
+        return self.captures - taken[0], self.capture_seconds - taken[1]
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if n not in self.buffers:
@@ -114,6 +123,7 @@ class StepGraphs:
         return (m.logits(x) if logits else x[:0]), x
 
     def _capture(self, key: tuple[int, int, bool]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
         side = torch.cuda.Stream(self.model.device)
         side.wait_stream(torch.cuda.current_stream(self.model.device))
         with torch.cuda.stream(side):  # warm-up (lazy inits, workspaces) off the capture; same writes as the replay
@@ -123,6 +133,8 @@ class StepGraphs:
         with torch.cuda.graph(graph, pool=self.pool):
             out = self.body(*key)
         self.captures += 1
+        torch.cuda.synchronize(self.model.device)
+        self.capture_seconds += time.perf_counter() - t0
         # Buckets a growing cache has left are never replayed again: free their graphs, now that the
         # new one holds the shared pool (a pool whose last graph is freed is released with it).
         if self.evict:

@@ -453,6 +453,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
             stats.new_tokens += len(emitted)
             stats.steps += len(emitted)
             stats.plain_steps += len(emitted)
+            stats.add_captures(s.graphs.values())
             last = emitted[-1]
             yield emitted
             continue
@@ -482,6 +483,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         s.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
         stats.new_tokens += len(emitted)
         stats.steps += 1
+        stats.add_captures(s.graphs.values())
         last = emitted[-1]
         yield emitted
     if last in s.stop_ids:
