@@ -26,6 +26,28 @@ def test_generate_writes_output_and_json(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_the_summary_line_counts_graph_captures(capsys, monkeypatch, tmp_path):
+    """On CUDA the closing line says how many graphs the run captured and in how long (faked here:
+    the CPU captures none, and then the line says nothing of graphs)."""
+    from longswift.stats import GenerationStats
+
+    def captured(stats, graphs):
+        stats.graph_captures += 2
+        stats.graph_capture_seconds += 0.25
+
+    args = ("generate", "--prompt", "Hi.", "--greedy", "--max-new-tokens", "8", "--ignore-eos", "--no-progress",
+            "--method", "tokenswift")
+    code, _, err = run_cli(capsys, *args, "--json", str(tmp_path / "a.json"))
+    assert code == 0 and "graphs" not in err and json.loads((tmp_path / "a.json").read_text())["stats"][
+        "graph_captures"] == 0
+    monkeypatch.setattr(GenerationStats, "add_captures", captured)
+    code, _, err = run_cli(capsys, *args, "--json", str(tmp_path / "b.json"))
+    stats = json.loads((tmp_path / "b.json").read_text())["stats"]
+    assert code == 0 and stats["graph_captures"] > 0, stats
+    assert f"{stats['graph_captures']} CUDA graphs captured in" in err, err
+
+
+@pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"
     code, out, err = run_cli(capsys, "generate", "--prompt", "Count from one to five.", "--chat", "--seed", "3",

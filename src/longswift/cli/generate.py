@@ -365,10 +365,9 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
     s = result.stats
     spec_info = f", alpha {s.alpha:.2f}, {s.tokens_per_step:.2f} tokens/step" if s.method == "tokenswift" else ""
     ranks = f" on {tp.world} processes" if tp is not None else ""
-    graphs = (f" ({s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s)"
-              if s.graph_captures else "")
-    print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s{graphs} ({s.tokens_per_second:.1f} tok/s"
-          f"{spec_info}){ranks}, prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}",
+    graphs = f", {s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s" if s.graph_captures else ""
+    print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info})"
+          f"{ranks}{graphs}, prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}",
           file=sys.stderr)
     if interrupted:
         shown = _shown(path)
