@@ -315,8 +315,8 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "lookup_steps": stats.lookup_steps if spec else None,
         "plain_steps": stats.plain_steps if spec else None,
         "stage_seconds": dict(stats.stage_seconds) if spec else None,
-        "graph_captures": getattr(stats, "graph_captures", None),
-        "graph_capture_seconds": getattr(stats, "graph_capture_seconds", None),
+        "graph_captures": stats.graph_captures if stats is not None else None,  # None: a peer
+        "graph_capture_seconds": stats.graph_capture_seconds if stats is not None else None,
         **{f"distinct_{n}": distinct_n(ids, n) for n in (1, 2, 3, 4)},
         "peak_memory_bytes": mem.peak_bytes, "memory_at_start_bytes": mem.start_bytes, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "token_ids": ids,

@@ -18,7 +18,7 @@ import torch
 
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from ..runtime.cuda_graphs import padded_nodes, use_graphs
+from ..runtime.cuda_graphs import use_graphs
 from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer
@@ -34,6 +34,7 @@ from ..spec.tokenswift import (
     draft_cache_tokens,
     tree_budget,
     verify,
+    walk_rows,
 )
 from ..spec.tree import Trie
 from ..spec.verify import batched_walk, lossless_walk
@@ -168,7 +169,7 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     draft = draft_cache_tokens(state_spec, total)
     plan = plan_memory(cfg, dtype, device, total + tree_budget(state_spec), 1, packed,
                        draft + 1 if draft else 0, max_nodes, float32_logits,
-                       padded_nodes(max_nodes) if state_spec.walk == "batched" else 1)  # the rig's tries
+                       walk_rows(state_spec, max_nodes))  # the rig builds its own tries
     elem = torch.empty((), dtype=dtype).element_size()
     shared = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * elem
     heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * elem

@@ -52,7 +52,6 @@ def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor |
     return lambda x: torch.cat([F.linear(x, w, b) for w, b in pairs], dim=-1)
 
 
-
 def float32_head(weight: torch.Tensor, pack: bool) -> LinearFn:
     """An LM head for a reduced-precision (bfloat16/float16) model whose logits are not rounded to
     that dtype: `x @ weight.T` of the model's [T, hidden] inputs with float32 sums and a float32

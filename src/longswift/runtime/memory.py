@@ -112,7 +112,8 @@ def plan_memory(
     # Packed copies cover every linear weight and the LM head, but not the embedding table.
     embed = cfg.vocab_size * cfg.hidden_size
     packed_weights = (cfg.parameter_count() - (0 if cfg.tie_word_embeddings else embed)) * elem if packed else 0
-    if float32_logits and dtype in (torch.bfloat16, torch.float16) and torch.device(device).type != "cuda":
+    float32_logits = float32_logits and dtype in (torch.bfloat16, torch.float16)  # a no-op in float32/float64
+    if float32_logits and torch.device(device).type != "cuda":
         packed_weights += embed * 4 - (embed * elem if packed else 0)  # the float32 head replaces its packed copy
     kv = capacity * cfg.kv_bytes_per_token(dtype)
     # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
@@ -121,8 +122,7 @@ def plan_memory(
     rows = max(chunk, tree_nodes)
     cascade = torch.device(device).type == "cuda"  # runtime.attention picks the cascade there
     scores = max(masked_attention_bytes(cfg, t, capacity, elem, cascade) for t in (chunk, tree_nodes))
-    logit_elem = 4 if float32_logits and dtype in (torch.bfloat16, torch.float16) else elem
-    logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), logit_elem)
+    logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), 4 if float32_logits else elem)
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,

@@ -260,10 +260,11 @@ def tree_budget(spec: SpecConfig) -> int:
     return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
 
 
-def walk_rows(spec: SpecConfig) -> int:
-    """Rows of logits the lossless walk transforms and draws at once: the whole trie, padded to its
-    verify budget, when the walk is batched; else one. `spec` must be resolved for the device."""
-    return padded_nodes(tree_budget(spec)) if spec.walk == "batched" else 1
+def walk_rows(spec: SpecConfig, nodes: int | None = None) -> int:
+    """Rows of logits the lossless walk transforms and draws at once: the whole trie of `nodes` nodes
+    (default: the spec's largest, tree_budget), padded to its verify budget, when the walk is
+    batched; else one. `spec` must be resolved for the device."""
+    return padded_nodes(tree_budget(spec) if nodes is None else nodes) if spec.walk == "batched" else 1
 
 
 def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
