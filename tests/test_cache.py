@@ -162,3 +162,21 @@ def test_memory_plan_covers_the_attention_a_masked_forward_allocates(t):
     planned = masked_attention_bytes(cfg, t, cached + t, 4)
     assert largest <= planned, (largest, planned)
     assert largest >= cfg.group_size * t * cached * 4  # the additive mask is there: the profile saw it
+
+
+def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():
+    """On CUDA the verify pass runs through the step bodies: padded to its node budget (121 -> 128
+    rows) and, bucketed, with explicit scores over up to a bucket of cached slots besides the new
+    ones (runtime.cuda_graphs); the plan's attention transient counts both."""
+    from longswift.bench.shapes import shape_config
+    from longswift.runtime.cuda_graphs import BUCKET
+    from longswift.runtime.memory import masked_attention_bytes, plan_memory, sampling_bytes
+
+    cfg = shape_config("llama-3.1-8b")
+    plan = plan_memory(cfg, torch.bfloat16, torch.device("cuda"), 104_096, 1, False, 0, 121)
+    tail = masked_attention_bytes(cfg, 128, 104_096, 2, True, BUCKET)
+    assert tail == 2 * 32 * 128 * (128 + 1024) * 4 + 4 * 32 * 128 * 128 * 4  # scores + probs, the merged parts
+    activations = 128 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * 2
+    assert plan.workspace == tail + sampling_bytes(cfg.vocab_size, 4, 2) + activations
+    cpu = plan_memory(cfg, torch.bfloat16, torch.device("cpu"), 104_096, 1, False, 0, 121)
+    assert cpu.workspace < plan_memory(cfg, torch.bfloat16, torch.device("cpu"), 104_096, 1, False, 0, 128).workspace

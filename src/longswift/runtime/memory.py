@@ -11,6 +11,7 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from .attention import SDPA_FROM_TOKENS
 from .cache import FullKVCache
+from .cuda_graphs import BUCKET, padded_nodes
 from .model import Transformer
 
 GiB = 1024**3
@@ -84,13 +85,15 @@ class MemoryPlan:
             )
 
 
-def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False) -> int:
+def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False,
+                           tail: int = 0) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
     `capacity` cached entries. CPU kernels: the additive mask ([T, S] and its [G*T, S] copy, model
     dtype), and below the SDPA threshold also the explicit scores and softmax (float32, all heads).
-    The cascade (CUDA): scores and softmax over the T new entries only, and the float32 parts merged."""
+    The cascade (CUDA): scores and softmax over the T new entries (and `tail` cached ones: the
+    bucketed step bodies' explicit part), and the float32 parts merged."""
     if cascade:
-        return 2 * cfg.num_heads * t * t * 4 + 4 * cfg.num_heads * t * cfg.head_dim * 4
+        return 2 * cfg.num_heads * t * (t + tail) * 4 + 4 * cfg.num_heads * t * cfg.head_dim * 4
     mask = (1 + cfg.group_size) * t * capacity * elem
     if t >= SDPA_FROM_TOKENS:  # the fused kernel works on blocks; no [G*T, S] scores exist
         return mask
@@ -119,9 +122,13 @@ def plan_memory(
     # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
     # of `tree_nodes`) against the whole cache, plus the logits with their transform and draw, and
     # the activations.
-    rows = max(chunk, tree_nodes)
-    cascade = torch.device(device).type == "cuda"  # runtime.attention picks the cascade there
-    scores = max(masked_attention_bytes(cfg, t, capacity, elem, cascade) for t in (chunk, tree_nodes))
+    cuda = torch.device(device).type == "cuda"  # runtime.attention picks the cascade there
+    # CUDA runs the verify pass through the step bodies (runtime.cuda_graphs): padded to a node
+    # budget, and (bucketed) with an explicit part over up to a bucket of cached slots.
+    verify_rows = padded_nodes(tree_nodes) if cuda and tree_nodes else tree_nodes
+    rows = max(chunk, verify_rows)
+    scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda),
+                 masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0))
     logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), 4 if float32_logits else elem)
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
