@@ -13,10 +13,13 @@ from longswift.runtime.attention import (
     ONEDNN_FROM_ENTRIES,
     SDPA_FROM_TOKENS,
     Attention,
+    by_length,
     cascade,
     explicit_with_lse,
     flash_with_lse,
+    key_span,
     merge,
+    prefix_with_lse,
 )
 
 HKV, G, D = 2, 3, 16
@@ -108,6 +111,29 @@ def test_cascade_merge_is_exact():
     c, lse_c = explicit_with_lse(qg, keys[:, 11:], values[:, 11:], 0.25, none)
     assert torch.isneginf(lse_c).all() and not c.isnan().any()
     torch.testing.assert_close(merge(a, lse_a, c, lse_c), a, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 7, False), (1, 16, False), (6, 5, True), (8, 12, True)])
+def test_attention_by_a_device_held_length_equals_explicit_attention(t, start, tree):
+    """--graph-attention length: the cached length comes from a device tensor and the keys from a
+    fixed span of the cache (16 slots, stale past the length); the T new keys are passed apart."""
+    q, keys, values, new = random_case(t, start, tree, torch.float64, seed=t * 31 + start)
+    span = 16
+    cache_k = torch.full((HKV, span, D), 1e6, dtype=torch.float64)  # stale slots must never be read
+    cache_v = torch.full((HKV, span, D), -1e6, dtype=torch.float64)
+    cache_k[:, :start], cache_v[:, :start] = keys[:, :start], values[:, :start]
+    rows = (new if new is not None else torch.ones(1, 1, dtype=torch.bool)).repeat(G, 1)  # [G*T, T]
+    used = key_span(torch.tensor([start]), span, G * t)
+    got = by_length(grouped(q), cache_k, cache_v, used, keys[:, start:], values[:, start:], rows, D**-0.5)
+    torch.testing.assert_close(ungrouped(got, t), reference(q, keys, values, start, new, D**-0.5),
+                               rtol=1e-10, atol=1e-10)
+    out, lse = prefix_with_lse(grouped(q), cache_k, cache_v, used, D**-0.5)
+    if start == 0:  # nothing cached: no weight in the merge, and no NaN
+        assert torch.isneginf(lse).all() and not out.isnan().any()
+    else:
+        want, want_lse = explicit_with_lse(grouped(q), keys[:, :start], values[:, :start], D**-0.5, None)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
 
 
 def test_cascade_never_reads_a_masked_new_slot():

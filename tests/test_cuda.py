@@ -1,9 +1,11 @@
 """GPU checks (marker `cuda`; skipped without CUDA). Run on a GPU machine with nothing but the
 project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 
-- CUDA-graph replay equals the eager body, and the eager CUDA decode, exactly;
-- the CUDA kernels (flash decode by buckets, the cascade for masked forwards) equal explicit
-  float32 attention to rounding, on a tiny model and on the Llama-3.1-8B shape with 2 layers;
+- CUDA-graph replay equals the eager body, and the eager CUDA decode, exactly, with both ways of
+  attending (--graph-attention bucketed, and length: one graph per doubling span);
+- the CUDA kernels (flash decode by buckets, the cascade for masked forwards, flash's variable-length
+  kernel reading the cached length from device memory) equal explicit float32 attention to rounding,
+  on a tiny model and on the Llama-3.1-8B shape with 2 layers;
 - float32 tokens on CUDA equal float32 tokens on the CPU for AR and both TokenSwift modes;
 - seeded sampled TokenSwift equals AR in float32 with the batched walk (the GPU default) and the row walk;
 - a whole generation with --cuda-graphs on equals --cuda-graphs off, and its stats count the captures;
@@ -23,7 +25,7 @@ from conftest import tiny_hf_model
 import longswift
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.bench.shapes import random_state, shape_config
-from longswift.runtime.attention import cascade, explicit_with_lse
+from longswift.runtime.attention import by_length, cascade, explicit_with_lse, key_span, prefix_with_lse
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs
 from longswift.runtime.model import Transformer
@@ -36,14 +38,14 @@ GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0)
 
 
 def replay_and_body(model: Transformer, prompt: torch.Tensor, steps: list[int], bucket: int, capacity: int,
-                    tree: int = 0):
+                    tree: int = 0, attention: str = "bucketed"):
     """Decode `steps` after `prompt` (then, if `tree`, one causal `tree`-node forward) through captured
     graphs, through the same bodies run eagerly, and through the model's eager forward."""
     caches = [FullKVCache(model.cfg, capacity, model.dtype, CUDA) for _ in range(3)]
     for c in caches:
         model.prefill(prompt.to(CUDA), c, chunk=64)
-    graph = StepGraphs(model, caches[0], capture=True, bucket=bucket)
-    body = StepGraphs(model, caches[1], capture=False, bucket=bucket)
+    graph = StepGraphs(model, caches[0], capture=True, bucket=bucket, attention=attention)
+    body = StepGraphs(model, caches[1], capture=False, bucket=bucket, attention=attention)
     out: tuple[list, list, list] = ([], [], [])
     n = len(prompt)
     for i, token in enumerate(steps):
@@ -75,13 +77,30 @@ def test_graph_replay_equals_the_eager_body_on_a_tiny_model(dtype):
             torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
 
 
-def test_graph_replay_equals_the_eager_body_on_the_8b_shape():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_length_graphs_replay_equals_their_eager_body_and_capture_once_per_span(dtype):
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=3), device="cuda",
+                            dtype=str(dtype).removeprefix("torch."))
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(0))
+    steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    (replay, body, eager), graph = replay_and_body(engine.model, prompt, steps, bucket=16, capacity=160, tree=6,
+                                                   attention="length")
+    assert graph.captures == 3  # decoding at slots 37..64 (span 64) and 65..76 (span 128); the tree at span 128
+    for a, b, c in zip(replay, body, eager):
+        assert torch.equal(a, b)
+        if dtype == torch.float32:  # the eager forward splits attention elsewhere: equal up to rounding
+            torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_graph_replay_equals_the_eager_body_on_the_8b_shape(attention):
     cfg = shape_config("llama-3.1-8b", layers=2)
     model = Transformer(cfg, random_state(cfg, torch.bfloat16, CUDA))
     prompt = torch.randint(0, cfg.vocab_size, (3000,), generator=torch.Generator().manual_seed(0))
-    (replay, body, _), graph = replay_and_body(model, prompt, list(range(100, 140)), bucket=1024, capacity=4400,
-                                               tree=121)
-    assert graph.captures == 2  # one decode bucket (3000..3040) and the 121-node pass padded to 128
+    (replay, body, _), graph = replay_and_body(model, prompt, list(range(100, 140)), bucket=1024, capacity=4608,
+                                               tree=121, attention=attention)
+    # one decode bucket (2048: slots 3000..3039) or span (4096, 16 pages of 256), and the 121-node pass padded to 128
+    assert graph.captures == 2
     for a, b in zip(replay, body):
         assert torch.equal(a, b)
 
@@ -103,6 +122,40 @@ def test_cuda_kernels_match_explicit_attention_on_the_8b_shape(t, prefix):
     assert (got.float() - want).abs().max().item() < 2e-2  # bf16 output rounding
 
 
+@pytest.mark.parametrize("span", [32768, 30001], ids=["pages", "no-pages"])
+@pytest.mark.parametrize("t,used", [(1, 3000), (8, 3000), (121, 20000), (1, 20000)])
+def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, span, monkeypatch):
+    """Flash's variable-length kernel stops at the cached length it reads from device memory: slots
+    past it hold huge stale values that must not show; the result is explicit float32 attention's,
+    with the cache read as pages (a span of whole pages) or as one sequence."""
+    import torch.nn.attention.varlen as varlen
+
+    calls = []
+    real = varlen.varlen_attn
+    monkeypatch.setattr(varlen, "varlen_attn", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hkv, grp, d = 8, 4, 128
+    q = torch.randn(hkv, grp * t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    keys = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    values = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    keys[:, used:], values[:, used:] = 30.0, 1e4  # stale
+    new_k = torch.randn(hkv, t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    new_v = torch.randn(hkv, t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
+    rows = torch.ones(t, t, dtype=torch.bool, device=CUDA).tril_().repeat(grp, 1)  # [G*T, T]
+    length = key_span(torch.tensor([used], device=CUDA), span, grp * t)
+    assert (length.table is not None) == (span % 256 == 0)  # whole pages: the paged (split-KV) form
+    out, lse = prefix_with_lse(q, keys, values, length, d**-0.5)
+    want, want_lse = explicit_with_lse(q.float(), keys[:, :used].float(), values[:, :used].float(), d**-0.5, None)
+    assert calls, "bf16 on CUDA should take flash's variable-length kernel"
+    assert (out.float() - want).abs().max().item() < 2e-2
+    assert (lse - want_lse).abs().max().item() < 1e-2
+    got = by_length(q, keys, values, length, new_k, new_v, rows, d**-0.5)
+    allowed = torch.cat([torch.ones(grp * t, used, dtype=torch.bool, device=CUDA), rows], dim=1)
+    want, _ = explicit_with_lse(q.float(), torch.cat([keys[:, :used], new_k], 1).float(),
+                                torch.cat([values[:, :used], new_v], 1).float(), d**-0.5, allowed)
+    assert (got.float() - want).abs().max().item() < 2e-2
+
+
 def generate(engine, method: str, spec: SpecConfig | None = None) -> list[int]:
     kwargs = {"spec": spec} if spec is not None else {}
     return engine.generate([5, 9, 17, 33, 5, 9, 17, 40, 5, 9], method=method, sampling=GREEDY,
@@ -114,10 +167,11 @@ def generate(engine, method: str, spec: SpecConfig | None = None) -> list[int]:
     ("tokenswift", SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False)),
     ("tokenswift", SpecConfig(tree="1,3,3,3", ngram_topk=4, draft_mode="fused", adaptive=False)),
 ], ids=["ar", "tokenswift-paper", "tokenswift-fused"])
-def test_float32_tokens_on_cuda_equal_the_cpu_tokens(method, spec):
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_float32_tokens_on_cuda_equal_the_cpu_tokens(method, spec, attention):
     hf = tiny_hf_model("llama", "default", seed=5)
     cpu = longswift.load(hf, device="cpu", dtype="float32", heads="random")
-    gpu = longswift.load(hf, device="cuda", dtype="float32", heads="random")
+    gpu = longswift.load(hf, device="cuda", dtype="float32", heads="random", graph_attention=attention)
     assert generate(gpu, method, spec) == generate(cpu, method, spec)
 
 
@@ -127,11 +181,12 @@ SPECS = {"paper": SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False),
                                adaptive=False)}
 
 
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_generation_with_cuda_graphs_equals_without(dtype):
+def test_generation_with_cuda_graphs_equals_without(dtype, attention):
     hf = tiny_hf_model("llama", "default", seed=6)
-    on = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="on", heads="random")
-    off = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="off", heads="random")
+    on = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="on", heads="random", graph_attention=attention)
+    off = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="off", heads="random", graph_attention=attention)
     assert generate(on, "ar") == generate(off, "ar")
     for spec in SPECS.values():
         assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)

@@ -1,7 +1,8 @@
 """The CUDA step bodies (runtime.cuda_graphs: fixed shapes per bucket and node budget, slot and
-tree mask read from device buffers, verify passes padded) run eagerly on CPU: decode and padded
-tree forwards equal the model's own forward across bucket boundaries in float64; unwritten slots
-are never read; the generation loops through them stay AR's output; --cuda-graphs resolves as documented."""
+tree mask read from device buffers, verify passes padded) run eagerly on CPU, with both ways of
+attending (--graph-attention bucketed / length): decode and padded tree forwards equal the model's
+own forward across bucket and span boundaries in float64; unwritten slots are never read; the
+generation loops through them stay AR's output; --cuda-graphs resolves as documented."""
 
 from __future__ import annotations
 
@@ -16,18 +17,20 @@ from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.config import RuntimeConfig
 from longswift.errors import LongswiftError
 from longswift.runtime.cache import FullKVCache
-from longswift.runtime.cuda_graphs import StepGraphs, graphs_supported, padded_nodes, use_graphs
+from longswift.runtime.cuda_graphs import StepGraphs, graphs_supported, padded_nodes, span_for, use_graphs
 
 CPU = torch.device("cpu")
+ATTENTIONS = ["bucketed", "length"]
 
 
-def engine64(family: str = "llama", seed: int = 4, **kwargs):
+def engine64(family: str = "llama", seed: int = 4, graph_attention: str = "bucketed", **kwargs):
     return longswift.load(tiny_hf_model(family, "default", seed=seed, **kwargs), device="cpu", dtype="float64",
-                          heads="random")
+                          heads="random", graph_attention=graph_attention)
 
 
+@pytest.mark.parametrize("attention", ATTENTIONS)
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_decode_body_equals_the_eager_decode_across_buckets(family):
+def test_decode_body_equals_the_eager_decode_across_buckets(family, attention):
     engine = engine64(family)
     model, cfg = engine.model, engine.cfg
     g = torch.Generator().manual_seed(2)
@@ -36,7 +39,8 @@ def test_decode_body_equals_the_eager_decode_across_buckets(family):
     eager, bodies = FullKVCache(cfg, 64, torch.float64, CPU), FullKVCache(cfg, 64, torch.float64, CPU)
     model.prefill(prompt, eager, chunk=8)
     model.prefill(prompt, bodies, chunk=8)
-    body = StepGraphs(model, bodies, capture=False, bucket=8)  # 13..43: five bucket boundaries
+    body = StepGraphs(model, bodies, capture=False, bucket=8, attention=attention)  # 13..43: five bucket
+    # boundaries, or the spans 16, 32 and 64
     for i, token in enumerate(steps.tolist()):
         want, want_hidden = model.forward(torch.tensor([token]), torch.tensor([13 + i]), eager)
         got, got_hidden = body.decode(token, 13 + i)
@@ -46,8 +50,9 @@ def test_decode_body_equals_the_eager_decode_across_buckets(family):
     torch.testing.assert_close(bodies.k[:, :, :43], eager.k[:, :, :43], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("start", [5, 7, 8, 15, 22])
-def test_padded_tree_forward_equals_the_eager_tree_forward(start):
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("start", [5, 7, 8, 15, 16, 22])
+def test_padded_tree_forward_equals_the_eager_tree_forward(start, attention):
     """A 6-node trie padded to its node budget (8), at cache lengths on both sides of bucket edges."""
     engine = engine64()
     model, cfg = engine.model, engine.cfg
@@ -64,7 +69,8 @@ def test_padded_tree_forward_equals_the_eager_tree_forward(start):
     model.prefill(prompt, bodies, chunk=4)
     bodies.k[:, :, start:] = 1e3  # stale entries past the end must not matter
     _, want = model.forward(torch.tensor(tokens), positions, eager, tree_mask=mask)
-    logits, got = StepGraphs(model, bodies, capture=False, bucket=8).forward(tokens, positions, mask, logits=True)
+    body = StepGraphs(model, bodies, capture=False, bucket=8, attention=attention)
+    logits, got = body.forward(tokens, positions, mask, logits=True)
     assert padded_nodes(6) == 8 and got.shape[0] == 8 and logits.shape[0] == 8
     torch.testing.assert_close(got[:6], want, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(logits[:6], model.logits(want), rtol=1e-10, atol=1e-10)
@@ -93,7 +99,23 @@ def test_stats_count_each_capture_once_and_keep_a_resumed_runs_earlier_counts():
     assert (stats.graph_captures, stats.graph_capture_seconds) == (5, 1.5)
 
 
-def test_decode_body_never_attends_to_unwritten_slots():
+def test_a_length_span_doubles_from_one_bucket_to_the_capacity():
+    """--graph-attention length captures a graph per span (and node budget): six for 100K tokens
+    after a 4K prompt, where the buckets take about a hundred."""
+    assert [span_for(s, 1024, 200_000) for s in (0, 1, 1024, 1025, 3000, 5000, 100_000)] == [
+        1024, 1024, 1024, 2048, 4096, 8192, 131072]
+    assert span_for(100_000, 1024, 104_448) == 104_448  # never past the cache
+    assert len({span_for(s, 1024, 104_448) for s in range(4096, 104_096)}) == 6
+    assert len({s - s % 1024 for s in range(4096, 104_096)}) == 98  # the buckets' keys over the same run
+    with pytest.raises(LongswiftError, match="graph_attention must be one of bucketed, length"):
+        engine = engine64()
+        StepGraphs(engine.model, FullKVCache(engine.cfg, 8, torch.float64, CPU), capture=False, attention="paged")
+    with pytest.raises(LongswiftError, match="graph.attention must be one of bucketed, length; got 'paged'"):
+        RuntimeConfig(graph_attention="paged")
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_decode_body_never_attends_to_unwritten_slots(attention):
     engine = engine64()
     model, cfg = engine.model, engine.cfg
     clean, dirty = FullKVCache(cfg, 32, torch.float64, CPU), FullKVCache(cfg, 32, torch.float64, CPU)
@@ -101,18 +123,19 @@ def test_decode_body_never_attends_to_unwritten_slots():
         model.prefill(torch.arange(10), cache, chunk=4)
     dirty.k[:, :, 11:] = 1e4
     dirty.v[:, :, 11:] = -1e4
-    a, _ = StepGraphs(model, clean, capture=False, bucket=16).decode(3, 10)
-    b, _ = StepGraphs(model, dirty, capture=False, bucket=16).decode(3, 10)
+    a, _ = StepGraphs(model, clean, capture=False, bucket=16, attention=attention).decode(3, 10)
+    b, _ = StepGraphs(model, dirty, capture=False, bucket=16, attention=attention).decode(3, 10)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),
                                       SamplingConfig(seed=3, min_p=0.05, repetition_penalty=1.0)],
                          ids=["greedy-penalty", "sampled"])
-def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, monkeypatch):
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, attention, monkeypatch):
     """Route the CPU loops through the CUDA step bodies (eagerly): AR and both TokenSwift modes,
     on the full and the partial draft cache, emit the plain CPU AR tokens."""
-    engine = engine64(seed=9, vocab=32)
+    engine = engine64(seed=9, vocab=32, graph_attention=attention)
     prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
     gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
     want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids

@@ -261,6 +261,7 @@ PAPER_TREE, PAPER_NGRAM_TOPK = "1,3,3,3", 20
 CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
 DRAFT_CACHES = ("dynamic", "static", "full")  # SpecConfig.draft_cache
 WALKS = ("auto", "rows", "batched")  # SpecConfig.walk
+GRAPH_ATTENTIONS = ("bucketed", "length")  # RuntimeConfig.graph_attention (runtime.cuda_graphs)
 
 
 @dataclass
@@ -354,6 +355,12 @@ class RuntimeConfig:
         "AR reads sampled tokens back from the device N at a time, so the GPU never idles while the host "
         "waits on each token; the tokens are the same for every N, they stream in blocks of N. "
         "0 = auto: 1 on CPU, 16 on CUDA"))
+    graph_attention: str = field(default="bucketed", metadata=_help(
+        "how the CUDA step bodies attend over a cache that grows while their shapes stay fixed: bucketed "
+        "(flash over whole 1,024-slot buckets plus an explicit tail; a graph per bucket and node budget) or "
+        "length (flash reads the cached length from device memory; a graph per doubling of the context and "
+        "node budget); the same attention in other float sums. length is not yet measured on a GPU",
+        choices=GRAPH_ATTENTIONS))
     float32_logits: bool = field(default=False, metadata=_help(
         "compute the LM head's logits in float32 (float32 sums and output from a bfloat16/float16 model's "
         "inputs) instead of rounding them to the model's dtype; no effect in float32/float64. For measuring "
@@ -373,6 +380,9 @@ class RuntimeConfig:
             raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
         if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
             raise LongswiftError("--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
+        if self.graph_attention not in GRAPH_ATTENTIONS:
+            raise LongswiftError(f"--graph-attention must be one of {', '.join(GRAPH_ATTENTIONS)}; "
+                                 f"got '{self.graph_attention}'")
         if self.read_every < 0:
             raise LongswiftError(f"--read-every must be 0 (auto) or a positive number of tokens; got {self.read_every}")
         if self.rope_scaling is not None:

@@ -269,7 +269,8 @@ class Engine:
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
                              generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
-                             read_every=self.runtime.token_block(self.model.device))
+                             read_every=self.runtime.token_block(self.model.device),
+                             graph_attention=self.runtime.graph_attention)
         else:
             if self.heads is None:
                 raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
@@ -277,7 +278,8 @@ class Engine:
             steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
                                      self.eos_ids, r.generator, generated,
                                      cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
-                                     read_every=self.runtime.token_block(self.model.device))
+                                     read_every=self.runtime.token_block(self.model.device),
+                                     graph_attention=self.runtime.graph_attention)
         return GenerationStream(self, r, _inference(steps), stats, generated)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:

@@ -27,10 +27,12 @@ def ar_steps(
     generated: list[int] | None = None,
     cuda_graphs: bool = False,
     read_every: int = 1,
+    graph_attention: str = "bucketed",
 ) -> Iterator[list[int]]:
     """Plain autoregressive decoding: one forward and one draw per token. `generated`: tokens an
     earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them.
-    `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly).
+    `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly);
+    `graph_attention`: how those bodies attend (runtime.cuda_graphs).
 
     `read_every` N: sampled tokens stay on the device and are read back N at a time (a block), so a
     GPU is never left idle while the host waits for each token; the host queues the block's draws
@@ -54,7 +56,7 @@ def ar_steps(
     t0 = time.perf_counter()
     logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk)  # [V]
     stats.prefill_seconds += time.perf_counter() - t0
-    graphs = StepGraphs(model, cache, capture=cuda_graphs) if step_bodies(model) else None
+    graphs = StepGraphs(model, cache, capture=cuda_graphs, attention=graph_attention) if step_bodies(model) else None
     stop = frozenset() if gen.ignore_eos else eos_ids
     pick = None if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws, all ranks get it
     i = len(generated)

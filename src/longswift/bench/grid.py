@@ -196,7 +196,9 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             "prompt_file": None if cfg.prompt_file is None else str(cfg.prompt_file),
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
-            **({"float32_logits": True} if engine.model.float32_logits else {})}
+            **({"float32_logits": True} if engine.model.float32_logits else {}),
+            **({"graph_attention": engine.runtime.graph_attention} if engine.runtime.graph_attention != "bucketed"
+               else {})}
 
 
 def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None,

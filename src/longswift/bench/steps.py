@@ -253,7 +253,8 @@ class StepRig:
     """A TokenSwift state over random caches; `at(context)` sets the cache lengths, and each step
     method runs one step there and leaves the caches as they were."""
 
-    def __init__(self, model: Transformer, heads: DraftHeads, bench: StepBenchConfig, graphs: bool = False) -> None:
+    def __init__(self, model: Transformer, heads: DraftHeads, bench: StepBenchConfig, graphs: bool = False,
+                 graph_attention: str = "bucketed") -> None:
         self.model, self.bench = model, bench
         self.gen = torch.Generator().manual_seed(bench.seed)
         self.sampling = SamplingConfig()  # the paper's sampling: min-p 0.1, penalty 1.2 over 1024 tokens
@@ -261,7 +262,8 @@ class StepRig:
         prompt = torch.randint(model.cfg.vocab_size, (max_ctx + 1,), generator=self.gen).tolist()
         gen_cfg = GenerationConfig(max_new_tokens=max_nodes, ignore_eos=True, prefill_chunk=1)  # no prefill
         self.s = TokenSwiftState(model, heads, prompt, [], self.sampling, gen_cfg, bench.state_spec,
-                                 GenerationStats("tokenswift", len(prompt)), frozenset(), self.gen, graphs)
+                                 GenerationStats("tokenswift", len(prompt)), frozenset(), self.gen, graphs,
+                                 graph_attention=graph_attention)
         caches = [self.s.full] + ([self.s.partial] if self.s.partial is not None else [])
         for cache in caches:  # [L, Hkv, C, D] random keys and values
             cache.k.normal_()
@@ -354,7 +356,7 @@ def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, devic
     return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
             "dtype": str(dtype).removeprefix("torch."), "device": str(device), "device_name": name,
-            "packed_linears": packed, "cuda_graphs": runtime.cuda_graphs,
+            "packed_linears": packed, "cuda_graphs": runtime.cuda_graphs, "graph_attention": runtime.graph_attention,
             "float32_logits": runtime.float32_logits, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "heads": f"{gamma} random draft heads", "gamma": gamma, "context_limit": cfg.context_limit,
             "command": command or "longswift bench-steps (from the Python API)"}
@@ -383,7 +385,8 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     model = Transformer(cfg, state, pack=packed, float32_logits=runtime.float32_logits)
     costs = []
     with torch.inference_mode():
-        rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model))
+        rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model),
+                      graph_attention=runtime.graph_attention)
         gen = torch.Generator().manual_seed(bench.seed)
         tries = {n: random_trie(n, bench.depth, rig.root, gen) for n in bench.measured_nodes()}
         for c in bench.measured_contexts():

@@ -39,7 +39,8 @@ def render(r: StepBenchResult) -> str:
         f"- each cost is the median of {b.reps} repetitions after {b.warmup} warm-ups; caches hold random keys and "
         "values (no prefill); sampling is the paper's (min-p 0.1, penalty 1.2 over 1024 tokens)",
         f"- AR: one token's forward + LM head + sampling, as generation runs it (CUDA-graph replay where "
-        f"--cuda-graphs is on: {ident.get('cuda_graphs', 'off')}; AR eager: the same step without the graph, "
+        f"--cuda-graphs is on: {ident.get('cuda_graphs', 'off')}, --graph-attention "
+        f"{ident.get('graph_attention', 'bucketed')}; AR eager: the same step without the graph, "
         "where the graph was measured). Draft: the paper-mode draft pass (on a "
         f"{spec.draft_kv_budget}-entry partial cache past that context, its recent window half full) + "
         f"{ident['gamma']} random heads + the LM head on {ident['gamma'] + 1} rows. Refill: a draft step that "

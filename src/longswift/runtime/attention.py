@@ -100,6 +100,75 @@ def bucketed(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
     return cascade(qg, keys[:, :end], values[:, :end], start, visible, scale)
 
 
+# Keys per page when flash's variable-length kernel reads the cache as pages: only its paged form
+# splits the keys of a few query rows across thread blocks (split-KV) the way the fixed-length flash
+# kernel does (PyTorch's flash_api.cpp: mha_varlen_fwd plans splits only for a block table or a
+# single GQA decoding token); without splits a decoding step runs one thread block per KV head over
+# the whole context. The kernel needs pages of a multiple of 256 keys, so CUDA caches are allocated
+# in whole pages (runtime.memory.new_cache).
+FLASH_PAGE = 256
+
+
+@dataclass
+class KeySpan:
+    """The cached keys a step attends over when their count lives in device memory: slots [0, used)
+    of a fixed span of the cache (`used` [1] int32 on the device), with the index tensors flash's
+    variable-length kernel reads, built once per forward rather than per layer."""
+
+    used: torch.Tensor  # [1] int32
+    span: int  # cache slots passed to the kernel (>= used)
+    rows: int  # query rows per KV head
+    cu_q: torch.Tensor  # [2] int32: [0, rows], one sequence
+    cu_k: torch.Tensor  # [2] int32: [0, span]
+    table: torch.Tensor | None  # [1, span / FLASH_PAGE] int32: the pages in order (None: span not whole pages)
+
+
+def key_span(used: torch.Tensor, span: int, rows: int) -> KeySpan:
+    """used: [1] long or int32 on the device (the step's first cache slot)."""
+    dev = used.device
+    steps = torch.arange(2, dtype=torch.int32, device=dev)
+    table = None
+    if span % FLASH_PAGE == 0:
+        table = torch.arange(span // FLASH_PAGE, dtype=torch.int32, device=dev)[None]
+    return KeySpan(used.to(torch.int32), span, rows, steps * rows, steps * span, table)
+
+
+def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention of every row over the first `ks.used` keys, a count read from device
+    memory, so that one CUDA graph serves every cached length up to the span.
+    qg: [Hkv, R, D], keys/values: the cache's first span slots [Hkv, S, D] -> out [Hkv, R, D],
+    lse [Hkv, R] (-inf with out 0 for none used).
+    CUDA, float16/bfloat16: flash attention's variable-length kernel, which stops at `seqused_k`
+    (torch.nn.attention.varlen), reading the cache as pages where the span is whole pages; the R rows
+    go as R query tokens of Hkv heads (no GQA needed: a group's query heads are already rows).
+    Elsewhere: explicit products over the span, the slots from `used` on masked out (how the CPU
+    tests run the same bodies)."""
+    span = keys.shape[1]
+    if qg.device.type == "cuda" and qg.dtype in FLASH_DTYPES and qg.shape[-1] <= 256:
+        from torch.nn.attention.varlen import AuxRequest, varlen_attn
+
+        k, v = keys.transpose(0, 1), values.transpose(0, 1)  # [S, Hkv, D] views of the cache
+        if ks.table is not None:  # [S / page, page, Hkv, D], still views
+            k, v = k.unflatten(0, (span // FLASH_PAGE, FLASH_PAGE)), v.unflatten(0, (span // FLASH_PAGE, FLASH_PAGE))
+        out, lse = varlen_attn(qg.transpose(0, 1), k, v, ks.cu_q, ks.cu_k, ks.rows, span,
+                               return_aux=AuxRequest(lse=True), scale=scale, seqused_k=ks.used, block_table=ks.table)
+        return out.transpose(0, 1), lse  # [Hkv, R, D]; lse is the kernel's [heads, rows]
+    allowed = torch.arange(span, device=qg.device) < ks.used  # [S]: the slots in use
+    return explicit_with_lse(qg, keys, values, scale, allowed[None])
+
+
+def by_length(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
+              new_keys: torch.Tensor, new_values: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """The cascade with the cached length read from device memory: every row over the cache's first
+    `ks.used` slots (prefix_with_lse), and over the step's T new keys/values [Hkv, T, D] under
+    `allowed` [R, T] (explicit); merged. keys/values: the cache's first span slots [Hkv, S, D].
+    -> [Hkv, R, D] in q's dtype."""
+    out_p, lse_p = prefix_with_lse(qg, keys, values, ks, scale)
+    out_t, lse_t = explicit_with_lse(qg, new_keys, new_values, scale, allowed)
+    return merge(out_p, lse_p, out_t, lse_t).to(qg.dtype)
+
+
 @dataclass
 class Masks:
     """What one forward's attention needs besides the cache: T new tokens at slots [start, start + T),

@@ -2,17 +2,30 @@
 the tree-verify pass.
 
 A graph replays fixed shapes, but the cache grows every step. So a step of N new tokens (N padded
-to a fixed node budget) writes its keys/values at a slot read from device memory, and attention
-is split at a bucket boundary P = slot - slot % bucket: flash attention over the whole buckets
-[0, P), a shape fixed for the bucket, and explicit attention over the slots [P, P + bucket + N)
-under a visibility computed on the device (cached slots before the step's slot; among the N new
-ones, the tree mask), merged by their log-sum-exps (runtime.attention.bucketed). One graph per
-(bucket, N, logits or not), captured the first time it is needed; graphs share one memory pool.
-Token ids, positions, the tree mask and the slot are copied into device buffers before a replay,
-and nothing inside a step reads the host.
+to a fixed node budget) writes its keys/values at a slot read from device memory, and attends in
+one of two ways (--graph-attention):
+
+- bucketed (the default): attention is split at a bucket boundary P = slot - slot % bucket: flash
+  attention over the whole buckets [0, P), a shape fixed for the bucket, and explicit attention
+  over the slots [P, P + bucket + N) under a visibility computed on the device (cached slots before
+  the step's slot; among the N new ones, the tree mask), merged by their log-sum-exps
+  (runtime.attention.bucketed). One graph per (bucket, N, logits or not): a 100K-token run
+  captures about 100 per node budget in use.
+- length: flash attention's variable-length kernel reads the cached length itself from device
+  memory (seqused_k) over a span of the cache that doubles from one bucket, plus explicit
+  attention over the N new entries under the tree mask, merged (runtime.attention.by_length). One
+  graph per (span, N, logits): six per node budget for 100K tokens after a 4K prompt, and no
+  [N, bucket] tail.
+  The span bounds the kernel's split of the keys, which it plans from the span on the host: a
+  single span of the whole cache would plan every short-context step as a 100K one.
+
+Graphs are captured the first time they are needed and share one memory pool. Token ids,
+positions, the tree mask and the slot are copied into device buffers before a replay, and nothing
+inside a step reads the host.
 
 On CUDA the generation loops always run these bodies, captured (--cuda-graphs on/auto) or
-eagerly (off): a graph never changes results, replay equals the eager body exactly."""
+eagerly (off): a graph never changes results, replay equals the eager body exactly. The two ways of
+attending compute the same attention in different float sums (equal tokens in float32)."""
 
 from __future__ import annotations
 
@@ -21,8 +34,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..config import GRAPH_ATTENTIONS
 from ..errors import LongswiftError
-from .attention import bucketed
+from .attention import bucketed, by_length, key_span
 from .cache import FullKVCache
 from .model import Transformer
 
@@ -41,6 +55,15 @@ NODE_BUDGETS = (1, 8, 16, 32, 64, 128, 256, 512)
 def padded_nodes(nodes: int) -> int:
     """The node budget a trie of `nodes` nodes is padded to."""
     return next((b for b in NODE_BUDGETS if b >= nodes), nodes)
+
+
+def span_for(slot: int, bucket: int, capacity: int) -> int:
+    """--graph-attention length: the cache slots a step at `slot` attends over, `bucket` doubled
+    until it covers the slot, at most the cache's capacity."""
+    span = bucket
+    while span < slot:
+        span *= 2
+    return min(span, capacity)
 
 
 def use_graphs(setting: str, model: Transformer) -> bool:
@@ -72,14 +95,18 @@ class StepGraphs:
     forward(tokens, positions, mask, logits) for N tokens under a [N, N] mask. The returned tensors
     are the graph's static outputs: read them before the next call. `capture=False` runs the same
     bodies eagerly (any device: how the CPU tests check them). `evict`: a cache that only grows
-    (the full cache) frees the graphs of buckets it has left."""
+    (the full cache) frees the graphs of buckets (spans) it has left. `attention`: bucketed or
+    length (see the module's docstring)."""
 
     def __init__(self, model: Transformer, cache: FullKVCache, capture: bool = True, bucket: int = BUCKET,
-                 evict: bool = True) -> None:
+                 evict: bool = True, attention: str = "bucketed") -> None:
         why = graphs_supported(model)
         if capture and why is not None:
             raise LongswiftError(why + "; use cuda_graphs='off' (--cuda-graphs off)")
+        if attention not in GRAPH_ATTENTIONS:
+            raise LongswiftError(f"graph_attention must be one of {', '.join(GRAPH_ATTENTIONS)}; got '{attention}'")
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
+        self.attention = attention
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # N -> tokens, positions, mask
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -100,24 +127,38 @@ class StepGraphs:
                                torch.eye(n, dtype=torch.bool, device=dev))
         return self.buffers[n]
 
-    def body(self, start: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def body(self, first: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward of the N buffered tokens written from the buffered slot on, which lies in the
-        bucket starting at `start`; reads only device buffers."""
+        bucket starting at `first` (bucketed) or within the span of `first` slots (length); reads
+        only device buffers."""
         m, cache, g = self.model, self.cache, self.model.cfg.group_size
         tokens, positions, mask = self._buffers(n)
-        end = min(start + self.bucket + n, cache.capacity)
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
-        rel = torch.arange(start, end, device=m.device) - self.slot  # [tail]: slot offset from the step's first
-        new = (rel >= 0) & (rel < n)
-        visible = (rel < 0) | (new & mask[:, rel.clamp(0, n - 1)])  # [N, tail]
-        visible = visible.repeat(g, 1)  # [G*N, tail], rows g*N + t
         where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
+        if self.attention == "length":
+            ks = key_span(self.slot, first, g * n)  # the cached slots before the step's, counted on the device
+            allowed = mask.repeat(g, 1)  # [G*N, N], rows g*N + t
+
+            def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor) -> torch.Tensor:
+                return by_length(qg, keys[:, :first], values[:, :first], ks, k.transpose(0, 1), v.transpose(0, 1),
+                                 allowed, m.scale)
+        else:
+            end = min(first + self.bucket + n, cache.capacity)
+            rel = torch.arange(first, end, device=m.device) - self.slot  # [tail]: slot offset from the step's first
+            new = (rel >= 0) & (rel < n)
+            visible = (rel < 0) | (new & mask[:, rel.clamp(0, n - 1)])  # [N, tail]
+            visible = visible.repeat(g, 1)  # [G*N, tail], rows g*N + t
+
+            def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor) -> torch.Tensor:
+                return bucketed(qg, keys, values, first, end, visible, m.scale)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = cache.k[layer], cache.v[layer]  # [Hkv, C, D]
             keys.index_copy_(1, where, k.transpose(0, 1))  # [Hkv, N, D] at the step's slots
             values.index_copy_(1, where, v.transpose(0, 1))
-            return m.grouped(q, lambda qg: bucketed(qg, keys, values, start, end, visible, m.scale))
+            return m.grouped(q, lambda qg: attention(qg, keys, values, k, v))
 
         x = m.layers_forward(F.embedding(tokens, m.embed), cos, sin, attend)  # [N, hidden]
         return (m.logits(x) if logits else x[:0]), x
@@ -135,7 +176,7 @@ class StepGraphs:
         self.captures += 1
         torch.cuda.synchronize(self.model.device)
         self.capture_seconds += time.perf_counter() - t0
-        # Buckets a growing cache has left are never replayed again: free their graphs, now that the
+        # Buckets (spans) a growing cache has left are never replayed again: free their graphs, now that the
         # new one holds the shared pool (a pool whose last graph is freed is released with it).
         if self.evict:
             for old in [k for k in self.graphs if k[0] < key[0]]:
@@ -165,7 +206,11 @@ class StepGraphs:
     def _run(self, slot: int, budget: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (or run eagerly) the step of `budget` buffered rows written from `slot`, `n` of them real."""
         self.slot.fill_(slot)
-        key = (slot - slot % self.bucket, budget, logits)
+        if self.attention == "length":
+            first = span_for(slot, self.bucket, self.cache.capacity)
+        else:
+            first = slot - slot % self.bucket
+        key = (first, budget, logits)
         if self.capture:
             graph, out_logits, hidden = self.graphs.get(key) or self._capture(key)
             graph.replay()

@@ -75,7 +75,7 @@ class TokenSwiftState:
     def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
-                 read_every: int = 1) -> None:
+                 read_every: int = 1, graph_attention: str = "bucketed") -> None:
         spec = spec.for_device(model.device)
         levels = draft_levels(spec)
         if len(spec.levels) > heads.gamma + 1:
@@ -106,9 +106,10 @@ class TokenSwiftState:
                                           reduce_scores=model.tp.kv_score_reduce() if model.tp else None)
         self.graphs: dict[int, StepGraphs] = {}  # id(cache) -> its step bodies (full cache; partial cache)
         if bodies:
-            self.graphs[id(self.full)] = StepGraphs(model, self.full, capture=cuda_graphs)
+            self.graphs[id(self.full)] = StepGraphs(model, self.full, capture=cuda_graphs, attention=graph_attention)
             if self.partial is not None:  # its length goes down at every refill: keep every bucket's graphs
-                self.graphs[id(self.partial)] = StepGraphs(model, self.partial, capture=cuda_graphs, evict=False)
+                self.graphs[id(self.partial)] = StepGraphs(model, self.partial, capture=cuda_graphs, evict=False,
+                                                           attention=graph_attention)
         self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
         self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
         self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
@@ -410,16 +411,18 @@ def plain_block(s: TokenSwiftState, k: int) -> list[int]:
 def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
                      gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
                      generator: torch.Generator | None, generated: list[int] | None = None,
-                     cuda_graphs: bool = False, read_every: int = 1) -> Iterator[list[int]]:
+                     cuda_graphs: bool = False, read_every: int = 1,
+                     graph_attention: str = "bucketed") -> Iterator[list[int]]:
     """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
     `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
     prefill of everything before the last of them, which becomes the root. `read_every`: plain
-    steps run as token blocks of up to this many (see TokenSwiftState.plain_run), as AR's do."""
+    steps run as token blocks of up to this many (see TokenSwiftState.plain_run), as AR's do.
+    `graph_attention`: how the CUDA step bodies attend (runtime.cuda_graphs)."""
     generated = generated or []
     if done(generated, gen, eos_ids):
         return
     s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs,
-                        read_every)
+                        read_every, graph_attention)
     t0 = time.perf_counter()
     if generated:
         _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk)
