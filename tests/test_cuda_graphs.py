@@ -114,6 +114,20 @@ def test_a_length_span_doubles_from_one_bucket_to_the_capacity():
         RuntimeConfig(graph_attention="paged")
 
 
+def test_length_attention_is_refused_where_torch_lacks_seqused_k(monkeypatch):
+    """The GPU machine has had an older torch than this one: a flash kernel without `seqused_k`
+    cannot read the cached length from device memory, and the error says what to use instead."""
+    import longswift.runtime.attention as attention
+
+    assert "seqused_k" in attention.varlen_features()  # this torch (the pinned CPU build) has it
+    assert attention.length_unsupported(torch.device("cuda")) is None
+    monkeypatch.setattr(attention, "varlen_features", lambda: frozenset())
+    assert attention.length_unsupported(CPU) is None  # the CPU runs the masked explicit form
+    why = attention.length_unsupported(torch.device("cuda"))
+    assert why is not None and "lacks" in why and "use --graph-attention bucketed" in why
+    assert attention.key_span(torch.tensor([5]), 1024, 4).table is None  # no block table: read unpaged
+
+
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_decode_body_never_attends_to_unwritten_slots(attention):
     engine = engine64()

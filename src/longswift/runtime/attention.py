@@ -109,6 +109,22 @@ def bucketed(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
 FLASH_PAGE = 256
 
 
+def varlen_features() -> frozenset[str]:
+    """Which of flash's variable-length options this torch's `aten._flash_attention_forward` takes:
+    `seqused_k` (the cached length read from device memory) and `block_table` (paged keys), read
+    from the op's schema (the lent GPU machine has had an older torch than the CPU one here)."""
+    schema = torch.ops.aten._flash_attention_forward.default._schema
+    return frozenset(a.name for a in schema.arguments) & {"seqused_k", "block_table"}
+
+
+def length_unsupported(device: torch.device) -> str | None:
+    """Why --graph-attention length cannot run on this device with this torch, or None if it can."""
+    if device.type == "cuda" and "seqused_k" not in varlen_features():
+        return (f"--graph-attention length needs flash attention's seqused_k, which torch {torch.__version__} "
+                "lacks: use --graph-attention bucketed")
+    return None
+
+
 @dataclass
 class KeySpan:
     """The cached keys a step attends over when their count lives in device memory: slots [0, used)
@@ -120,15 +136,16 @@ class KeySpan:
     rows: int  # query rows per KV head
     cu_q: torch.Tensor  # [2] int32: [0, rows], one sequence
     cu_k: torch.Tensor  # [2] int32: [0, span]
-    table: torch.Tensor | None  # [1, span / FLASH_PAGE] int32: the pages in order (None: span not whole pages)
+    table: torch.Tensor | None  # [1, span / FLASH_PAGE] int32, the pages in order; None: read unpaged
 
 
 def key_span(used: torch.Tensor, span: int, rows: int) -> KeySpan:
-    """used: [1] long or int32 on the device (the step's first cache slot)."""
+    """used: [1] long or int32 on the device (the step's first cache slot). Paged where the span is
+    whole pages and this torch's kernel takes a block table."""
     dev = used.device
     steps = torch.arange(2, dtype=torch.int32, device=dev)
     table = None
-    if span % FLASH_PAGE == 0:
+    if span % FLASH_PAGE == 0 and "block_table" in varlen_features():
         table = torch.arange(span // FLASH_PAGE, dtype=torch.int32, device=dev)[None]
     return KeySpan(used.to(torch.int32), span, rows, steps * rows, steps * span, table)
 
@@ -139,20 +156,21 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     memory, so that one CUDA graph serves every cached length up to the span.
     qg: [Hkv, R, D], keys/values: the cache's first span slots [Hkv, S, D] -> out [Hkv, R, D],
     lse [Hkv, R] (-inf with out 0 for none used).
-    CUDA, float16/bfloat16: flash attention's variable-length kernel, which stops at `seqused_k`
-    (torch.nn.attention.varlen), reading the cache as pages where the span is whole pages; the R rows
-    go as R query tokens of Hkv heads (no GQA needed: a group's query heads are already rows).
-    Elsewhere: explicit products over the span, the slots from `used` on masked out (how the CPU
-    tests run the same bodies)."""
+    CUDA, float16/bfloat16: flash attention's variable-length kernel (`aten._flash_attention_forward`,
+    what torch.nn.attention.varlen wraps), which stops at `seqused_k`, reading the cache as pages
+    where it can (KeySpan.table); the R rows go as R query tokens of Hkv heads (no GQA needed: a
+    group's query heads are already rows). Elsewhere: explicit products over the span, the slots
+    from `used` on masked out (how the CPU tests run the same bodies)."""
     span = keys.shape[1]
     if qg.device.type == "cuda" and qg.dtype in FLASH_DTYPES and qg.shape[-1] <= 256:
-        from torch.nn.attention.varlen import AuxRequest, varlen_attn
-
         k, v = keys.transpose(0, 1), values.transpose(0, 1)  # [S, Hkv, D] views of the cache
+        paged = {}
         if ks.table is not None:  # [S / page, page, Hkv, D], still views
             k, v = k.unflatten(0, (span // FLASH_PAGE, FLASH_PAGE)), v.unflatten(0, (span // FLASH_PAGE, FLASH_PAGE))
-        out, lse = varlen_attn(qg.transpose(0, 1), k, v, ks.cu_q, ks.cu_k, ks.rows, span,
-                               return_aux=AuxRequest(lse=True), scale=scale, seqused_k=ks.used, block_table=ks.table)
+            paged = {"block_table": ks.table}
+        out, lse = torch.ops.aten._flash_attention_forward(
+            qg.transpose(0, 1), k, v, ks.cu_q, ks.cu_k, ks.rows, span, 0.0, False, False, scale=scale,
+            seqused_k=ks.used, **paged)[:2]
         return out.transpose(0, 1), lse  # [Hkv, R, D]; lse is the kernel's [heads, rows]
     allowed = torch.arange(span, device=qg.device) < ks.used  # [S]: the slots in use
     return explicit_with_lse(qg, keys, values, scale, allowed[None])

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..config import GRAPH_ATTENTIONS
 from ..errors import LongswiftError
-from .attention import bucketed, by_length, key_span
+from .attention import bucketed, by_length, key_span, length_unsupported
 from .cache import FullKVCache
 from .model import Transformer
 
@@ -105,6 +105,8 @@ class StepGraphs:
             raise LongswiftError(why + "; use cuda_graphs='off' (--cuda-graphs off)")
         if attention not in GRAPH_ATTENTIONS:
             raise LongswiftError(f"graph_attention must be one of {', '.join(GRAPH_ATTENTIONS)}; got '{attention}'")
+        if attention == "length" and (why := length_unsupported(model.device)) is not None:
+            raise LongswiftError(why)
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
         self.attention = attention
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # N -> tokens, positions, mask
