@@ -1,9 +1,12 @@
 """AR decode throughput of a real model shape with random weights (no download), without CUDA
-graphs, with them reading each token back (--read-every 1), and with them reading tokens back in
-blocks (--read-every 0: auto, 16 on CUDA), through the public Engine:
+graphs, with them reading each token back (--read-every 1), with them reading tokens back in
+blocks (--read-every 0: auto, 16 on CUDA), and in blocks with --graph-attention length (where this
+torch's flash kernel takes seqused_k), through the public Engine:
 `python docs/scripts/gpu_ar_throughput.py SHAPE PROMPT NEW [LAYERS [DTYPE]]` (e.g. smollm2-135m 2048
 1024). Random weights make the text meaningless but not the speed of AR: every step does the same
-work. Prints one line per run (each setting twice, interleaved) and checks every run emits the same tokens."""
+work. Prints one line per run (each setting twice, interleaved) and where each run's tokens first differ
+from the first run's (bucketed runs should never; length sums attention in another order, so in bf16
+it may, which is rounding, not an error)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch
 from longswift import GenerationConfig, RuntimeConfig, SamplingConfig
 from longswift.bench.shapes import random_state, shape_config
 from longswift.engine import Engine
+from longswift.runtime.attention import length_unsupported
 from longswift.runtime.loading import LoadedModel
 
 
@@ -25,19 +29,25 @@ def main() -> None:
     state = random_state(cfg, dtype, torch.device("cuda"))
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     tokens = {}
-    settings = [("off", 1), ("on", 1), ("on", 0)] * 2
-    for graphs, every in settings:
+    modes = [("off", 1, "bucketed"), ("on", 1, "bucketed"), ("on", 0, "bucketed")]
+    if length_unsupported(torch.device("cuda")) is None:
+        modes.append(("on", 0, "length"))
+    else:
+        print(length_unsupported(torch.device("cuda")), flush=True)
+    settings = modes * 2
+    for graphs, every, attention in settings:
         runtime = RuntimeConfig(device="cuda", dtype=str(dtype).removeprefix("torch."), cuda_graphs=graphs,
-                                read_every=every)
+                                read_every=every, graph_attention=attention)
         engine = Engine(LoadedModel(cfg, state, None, f"<random {shape}>"), pack_weights=False, runtime=runtime)
         result = engine.generate(prompt, method="ar", sampling=SamplingConfig(temperature=0, repetition_penalty=1.0),
                                  generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
         s = result.stats
         print(f"{shape} layers={cfg.num_layers} {runtime.dtype} prompt={prompt_len} new={new} cuda_graphs={graphs} "
-              f"read_every={runtime.token_block(torch.device('cuda'))}: "
+              f"read_every={runtime.token_block(torch.device('cuda'))} graph_attention={attention}: "
               f"decode {s.tokens_per_second:.1f} tok/s ({1e3 * s.decode_seconds / s.new_tokens:.2f} ms/token), "
-              f"prefill {s.prefill_seconds:.2f} s", flush=True)
-        tokens.setdefault((graphs, every), result.token_ids)
+              f"prefill {s.prefill_seconds:.2f} s, {s.graph_captures} graphs captured in "
+              f"{s.graph_capture_seconds:.2f} s", flush=True)
+        tokens.setdefault((graphs, every, attention), result.token_ids)
     base = tokens[settings[0]]
     for key, ids in tokens.items():
         first = next((i for i, (a, b) in enumerate(zip(ids, base)) if a != b), None)

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# What a session lent a GPU runs first for issue #16, in parts that each fit one call of the device
+# tool (10 minutes), from the project root, writing what it saw under $OUT (default ./gpu-out):
+#
+#   bash docs/scripts/gpu_session.sh tests   # the CUDA tests (tests/test_cuda.py and the CPU-side ones)
+#   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
+#   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / length
+#
+# Nothing is installed (the machine has no network): the package runs from src/ with the machine's
+# torch, and versions.txt records what was there. Every part writes versions.txt first.
+set -uo pipefail
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps|ar}
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+py=${PYTHON:-python3}
+
+$py - > "$out/versions.txt" 2>&1 <<'EOF'
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+print("torch", torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no CUDA)")
+for name in ("transformers", "gguf", "safetensors", "tqdm", "rich", "pytest", "hypothesis"):
+    try:
+        print(name, version(name))
+    except PackageNotFoundError:  # a missing package is worth a line, not a stop
+        print(name, "missing")
+from longswift.runtime.attention import length_unsupported, varlen_features
+
+print("flash variable-length options:", sorted(varlen_features()), "|",
+      length_unsupported(torch.device("cuda")) or "--graph-attention length can run")
+EOF
+cat "$out/versions.txt"
+
+case $part in
+  tests)
+    $py -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_attention.py tests/test_cuda_graphs.py \
+      > "$out/tests.txt" 2>&1
+    tail -30 "$out/tests.txt" ;;
+  steps)
+    for attention in bucketed length; do
+      $py -m longswift bench-steps --device cuda --shape llama-3.1-8b --contexts 4096,100000 \
+        --tree-nodes 1,8,32,41,64,121 --alpha 0.8 --graph-attention "$attention" \
+        --out "$out/steps-$attention.md" --json "$out/steps-$attention.json" > "$out/steps-$attention.log" 2>&1
+      tail -25 "$out/steps-$attention.log"
+    done ;;
+  ar)
+    $py docs/scripts/gpu_ar_throughput.py smollm2-135m 2048 1024 > "$out/ar-smollm2-135m.txt" 2>&1
+    cat "$out/ar-smollm2-135m.txt" ;;
+  *)
+    echo "unknown part '$part': use tests, steps or ar" >&2
+    exit 2 ;;
+esac
