@@ -178,5 +178,8 @@ def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():
     assert tail == 2 * 32 * 128 * (128 + 1024) * 4 + 4 * 32 * 128 * 128 * 4  # scores + probs, the merged parts
     activations = 128 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * 2
     assert plan.workspace == tail + sampling_bytes(cfg.vocab_size, 4, 2) + activations
+    # float32 on CUDA has no flash kernel: the cascade's cached part is explicit over every entry
+    f32 = plan_memory(cfg, torch.float32, torch.device("cuda"), 104_096, 1, False, 0, 121)
+    assert f32.workspace > 3 * 32 * 128 * 104_096 * 4
     cpu = plan_memory(cfg, torch.bfloat16, torch.device("cpu"), 104_096, 1, False, 0, 121)
     assert cpu.workspace < plan_memory(cfg, torch.bfloat16, torch.device("cpu"), 104_096, 1, False, 0, 128).workspace

@@ -105,6 +105,8 @@ def test_a_length_span_doubles_from_one_bucket_to_the_capacity():
     assert [span_for(s, 1024, 200_000) for s in (0, 1, 1024, 1025, 3000, 5000, 100_000)] == [
         1024, 1024, 1024, 2048, 4096, 8192, 131072]
     assert span_for(100_000, 1024, 104_448) == 104_448  # never past the cache
+    assert span_for(3000, 1024, 4097) == 4096  # a partial cache (budget + 1 slots): its whole pages
+    assert span_for(4097, 1024, 4097) == 4097  # unless the slot lies past them
     assert len({span_for(s, 1024, 104_448) for s in range(4096, 104_096)}) == 6
     assert len({s - s % 1024 for s in range(4096, 104_096)}) == 98  # the buckets' keys over the same run
     with pytest.raises(LongswiftError, match="graph_attention must be one of bucketed, length"):

@@ -162,7 +162,7 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     group's query heads are already rows). Elsewhere: explicit products over the span, the slots
     from `used` on masked out (how the CPU tests run the same bodies)."""
     span = keys.shape[1]
-    if qg.device.type == "cuda" and qg.dtype in FLASH_DTYPES and qg.shape[-1] <= 256:
+    if qg.device.type == "cuda" and qg.dtype in FLASH_DTYPES and qg.shape[-1] <= 256 and qg.shape[-1] % 8 == 0:
         k, v = keys.transpose(0, 1), values.transpose(0, 1)  # [S, Hkv, D] views of the cache
         paged = {}
         if ks.table is not None:  # [S / page, page, Hkv, D], still views
@@ -171,6 +171,9 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         out, lse = torch.ops.aten._flash_attention_forward(
             qg.transpose(0, 1), k, v, ks.cu_q, ks.cu_k, ks.rows, span, 0.0, False, False, scale=scale,
             seqused_k=ks.used, **paged)[:2]
+        # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which the merge
+        # would turn into NaN; explicit attention's convention is -inf (no weight).
+        lse = lse.masked_fill(lse == float("inf"), float("-inf"))
         return out.transpose(0, 1), lse  # [Hkv, R, D]; lse is the kernel's [heads, rows]
     allowed = torch.arange(span, device=qg.device) < ks.used  # [S]: the slots in use
     return explicit_with_lse(qg, keys, values, scale, allowed[None])

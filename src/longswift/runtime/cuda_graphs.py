@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..config import GRAPH_ATTENTIONS
 from ..errors import LongswiftError
-from .attention import bucketed, by_length, key_span, length_unsupported
+from .attention import FLASH_PAGE, bucketed, by_length, key_span, length_unsupported
 from .cache import FullKVCache
 from .model import Transformer
 
@@ -59,11 +59,13 @@ def padded_nodes(nodes: int) -> int:
 
 def span_for(slot: int, bucket: int, capacity: int) -> int:
     """--graph-attention length: the cache slots a step at `slot` attends over, `bucket` doubled
-    until it covers the slot, at most the cache's capacity."""
+    until it covers the slot, at most the cache's whole pages (FLASH_PAGE) where they cover the
+    slot (the partial cache holds budget + 1 slots), else its capacity."""
     span = bucket
     while span < slot:
         span *= 2
-    return min(span, capacity)
+    pages = capacity - capacity % FLASH_PAGE
+    return min(span, pages if pages >= slot else capacity)
 
 
 def use_graphs(setting: str, model: Transformer) -> bool:

@@ -9,7 +9,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import LongswiftError
-from .attention import FLASH_PAGE, SDPA_FROM_TOKENS
+from .attention import FLASH_DTYPES, FLASH_PAGE, SDPA_FROM_TOKENS
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
 from .model import Transformer
@@ -86,13 +86,18 @@ class MemoryPlan:
 
 
 def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False,
-                           tail: int = 0) -> int:
+                           tail: int = 0, flash: bool = True) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
     `capacity` cached entries. CPU kernels: the additive mask ([T, S] and its [G*T, S] copy, model
     dtype), and below the SDPA threshold also the explicit scores and softmax (float32, all heads).
     The cascade (CUDA): scores and softmax over the T new entries (and `tail` cached ones: the
-    bucketed step bodies' explicit part), and the float32 parts merged."""
+    bucketed step bodies' explicit part), and the float32 parts merged; without a flash kernel for
+    the dtype (float32, float64) its cached part is explicit too: scores, their masked copy and
+    softmax over every cached entry."""
     if cascade:
+        acc = max(elem, 4)
+        if not flash:
+            return 3 * cfg.num_heads * t * capacity * acc + 4 * cfg.num_heads * t * cfg.head_dim * acc
         return 2 * cfg.num_heads * t * (t + tail) * 4 + 4 * cfg.num_heads * t * cfg.head_dim * 4
     mask = (1 + cfg.group_size) * t * capacity * elem
     if t >= SDPA_FROM_TOKENS:  # the fused kernel works on blocks; no [G*T, S] scores exist
@@ -127,8 +132,9 @@ def plan_memory(
     # budget, and (bucketed) with an explicit part over up to a bucket of cached slots.
     verify_rows = padded_nodes(tree_nodes) if cuda and tree_nodes else tree_nodes
     rows = max(chunk, verify_rows)
-    scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda),
-                 masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0))
+    flash = dtype in FLASH_DTYPES
+    scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash),
+                 masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
     logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), 4 if float32_logits else elem)
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
