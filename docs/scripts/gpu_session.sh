@@ -4,12 +4,13 @@
 #
 #   bash docs/scripts/gpu_session.sh tests   # the CUDA tests (tests/test_cuda.py and the CPU-side ones)
 #   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
+#                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call)
 #   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / length
 #
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps|ar}
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length]|ar}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -39,7 +40,7 @@ case $part in
       > "$out/tests.txt" 2>&1
     tail -30 "$out/tests.txt" ;;
   steps)
-    for attention in bucketed length; do
+    for attention in ${2:-bucketed length}; do
       $py -m longswift bench-steps --device cuda --shape llama-3.1-8b --contexts 4096,100000 \
         --tree-nodes 1,8,32,41,64,121 --alpha 0.8 --graph-attention "$attention" \
         --out "$out/steps-$attention.md" --json "$out/steps-$attention.json" > "$out/steps-$attention.log" 2>&1
