@@ -18,6 +18,7 @@ token t), so each KV head's keys are read once and the query rows are independen
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -109,10 +110,12 @@ def bucketed(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
 FLASH_PAGE = 256
 
 
+@functools.cache
 def varlen_features() -> frozenset[str]:
     """Which of flash's variable-length options this torch's `aten._flash_attention_forward` takes:
     `seqused_k` (the cached length read from device memory) and `block_table` (paged keys), read
-    from the op's schema (the lent GPU machine has had an older torch than the CPU one here)."""
+    from the op's schema once per process (the lent GPU machine has had an older torch than the CPU
+    one here)."""
     schema = torch.ops.aten._flash_attention_forward.default._schema
     return frozenset(a.name for a in schema.arguments) & {"seqused_k", "block_table"}
 
