@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 from conftest import tiny_hf_model
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import longswift
 from longswift import GenerationConfig, LongswiftError, SamplingConfig
@@ -125,7 +126,7 @@ def test_tokenswift_plain_steps_in_blocks_still_emit_ar_output(sampling, bodies,
         sizes = [len(b) for b in stream]
         assert stream.result.token_ids == want, spec
         stats = stream.result.stats
-        assert "block" in stats.stage_seconds and max(sizes) == 8, sizes  # blocks ran
+        assert "plain" in stats.stage_seconds and max(sizes) == 8, sizes  # blocks ran
         assert stats.lookup_steps + (stats.steps - stats.plain_steps - stats.lookup_steps) >= 2  # and probes
 
 
@@ -156,3 +157,44 @@ def test_plain_blocks_keep_the_probe_schedule_of_single_steps():
     assert none == 0 and blocks > 50
     assert blocked == single
     assert sum(k != PLAIN for k in single) >= 8  # the schedule probes the other kinds
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the aten ops run under it: each is a kernel launch (or a view) on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+@pytest.mark.parametrize("bodies", [False, True], ids=["forward", "step-bodies"])
+def test_a_plain_step_runs_the_ops_of_an_ar_step(sampling, bodies, monkeypatch):
+    """A plain step is AR's step through AR's code: per token it runs no more aten ops than AR
+    does (a view of the root's slot aside), so where no draft pays TokenSwift's host cost per
+    token, and its kernel launches on a GPU, are AR's. Counted per extra token between two run
+    lengths, which leaves out each method's setup and prefill. Before plain steps went through
+    AR's code, a plain step ran the trie's verify, walk and compaction: 12-30 more ops a token."""
+    import longswift.generate as generate_mod
+    import longswift.spec.tokenswift as ts
+
+    if bodies:  # the CUDA path's step bodies and batched walk, run eagerly
+        monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
+        monkeypatch.setattr(ts, "step_bodies", lambda model: True)
+    monkeypatch.setattr(ts.TokenSwiftState, "choose", lambda self: self._run(ts.PLAIN))
+    engine = longswift.load(tiny_hf_model("llama", seed=21), device="cpu", dtype="float32", heads="random")
+
+    def ops(method: str, new: int) -> int:
+        spec = longswift.SpecConfig(walk="batched" if bodies else "rows") if method == "tokenswift" else None
+        with OpCount() as count:
+            result = engine.generate(PROMPT, method=method, sampling=sampling, spec=spec,
+                                     generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
+        assert len(result.token_ids) == new
+        return count.ops
+
+    per_token = {m: (ops(m, 41) - ops(m, 9)) / 32 for m in ("ar", "tokenswift")}
+    assert per_token["tokenswift"] <= per_token["ar"] + 1, per_token

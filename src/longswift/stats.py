@@ -26,7 +26,7 @@ class GenerationStats:
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
     lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
     plain_steps: int = 0  # adaptive steps that verified the root alone (an AR step: no draft paid for itself)
-    stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit; plain (plain steps, single or in blocks)
     graph_captures: int = 0  # CUDA graphs captured (one per step shape, cache bucket and node budget in use)
     graph_capture_seconds: float = 0.0  # their wall time, inside decode_seconds
     resumes: int = 0  # times this generation was continued from a checkpoint (each re-prefills the context)

@@ -220,11 +220,13 @@ class TokenSwiftState:
         """The root's penalty window, on the model's device."""
         return penalty_window(self.history_dev, self.n, self.sampling.penalty_window)
 
-    def emit(self, tokens: list[int], index: bool = True) -> None:
+    def emit(self, tokens: list[int], index: bool = True, drawn: bool = False) -> None:
         """Commit tokens to the output; `index=False` leaves the n-gram table and the partial cache
-        behind (a plain step: catch_up brings them up to date before a step that uses them)."""
-        self.history[self.n : self.n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        if self.history_dev is not self.history:
+        behind (a plain step: catch_up brings them up to date before a step that uses them).
+        `drawn`: the device copy of the history holds them already (sample_block wrote them there)."""
+        if not (drawn and self.history_dev is self.history):
+            self.history[self.n : self.n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        if self.history_dev is not self.history and not drawn:
             self.history_dev[self.n : self.n + len(tokens)].copy_(self.history[self.n : self.n + len(tokens)],
                                                                    non_blocking=True)
         self.tokens.extend(tokens)
@@ -381,14 +383,13 @@ def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
                          max_tokens=s.gen.max_new_tokens - s.produced, pick=s.pick)
 
 
-def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk, plain: bool = False) -> list[int]:
-    """Keep the KV entries of the root and the accepted path; record the emitted tokens (a plain
-    step leaves the n-gram table and the partial cache to catch_up: it needs neither)."""
+def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]:
+    """Keep the KV entries of the root and the accepted path; record the emitted tokens."""
     base = s.n - 1  # the root's slot
     s.full.compact(base, [base] + [base + node for node in walk.nodes])
     s.prev_hidden = v.hidden[walk.nodes[-1] if walk.nodes else 0]
     emitted = walk.tokens + [walk.next_root]
-    s.emit(emitted, index=not plain)
+    s.emit(emitted)
     s.stats.accepted_tokens += len(walk.tokens)
     s.stats.ngram_accepted += walk.ngram_only
     s.stats.draft_positions += max(trie.depths)  # the deepest drafted position (heads or n-grams)
@@ -396,15 +397,18 @@ def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk, plain: bool 
 
 
 def plain_block(s: TokenSwiftState, k: int) -> list[int]:
-    """k plain steps as one token block: the root's forward, then k draws, each forwarded but the
-    last (the new root), read back once (runtime/blocks.py). Emits what k plain steps emit, and
-    leaves the cache, the generator and the fused heads' hidden state where they leave them."""
+    """k plain steps (the root alone) as one token block, through AR's own code (runtime/blocks.py):
+    the root's forward, then k draws, each forwarded but the last (the new root), read back once.
+    Emits what k single steps of AR emit, and leaves the cache, the generator and the fused heads'
+    hidden state where they leave them. A single plain step is a block of one: no trie, walk or
+    cache compaction, so that where no draft pays, a step costs what AR's does."""
     graphs = s.graphs.get(id(s.full))
-    logits, hidden = decode(s.model, s.full, graphs, int(s.history[s.n - 1]), s.n - 1)
+    root = s.history_dev[s.n - 1 : s.n]  # [1] on the device: fed as AR feeds its drawn token, no host copy
+    logits, hidden = decode(s.model, s.full, graphs, root, s.n - 1)
     block = sample_block(s.model, s.full, graphs, logits, s.history_dev, s.n, k, s.sampling, s.generator,
-                         s.stop_ids, forward_last=False)
+                         s.stop_ids, forward_last=False, pick=None if s.model.tp is None else s.pick)
     s.prev_hidden = block.hidden if block.hidden is not None else hidden  # the state that predicted the new root
-    s.emit(block.tokens, index=False)
+    s.emit(block.tokens, index=False, drawn=True)
     return block.tokens
 
 
@@ -445,11 +449,17 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         kind = s.choose()
         if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
             kind = KINDS[model.tp.broadcast_int(KINDS.index(kind))]
-        block = s.plain_run() if kind == PLAIN else 1
-        if block > 1:  # plain steps lead: several of them as one token block, one device read
-            emitted = plain_block(s, block)
+        trie = None
+        if kind != PLAIN:
+            s.catch_up()
+            if kind == LOOKUP:
+                trie = lookup_tree(s)
+                if len(trie) == 1:  # no n-gram continues the root: a plain step, counted and timed as one
+                    kind = PLAIN
+        if kind == PLAIN:  # AR's step through AR's code: one, or a token block of them where plain steps lead
+            emitted = plain_block(s, s.plain_run() if trie is None else 1)
             s.skip(len(emitted) - 1)
-            t = _stage_done(s, "block", t0)
+            t = _stage_done(s, "plain", t0)
             stats.decode_seconds += t - t0
             seconds = None if s.captures() != captures else (t - t0) / len(emitted)
             for _ in emitted:  # timed as that many plain steps of the block's average cost
@@ -462,26 +472,18 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
             yield emitted
             continue
         t = t0
-        if kind != PLAIN:
-            s.catch_up()
         if kind == FULL:
             d = draft(s)
             t = _stage_done(s, "draft", t0)
             trie = build_tree(s, d)
-        elif kind == LOOKUP:
-            trie = lookup_tree(s)
-            if len(trie) == 1:  # no n-gram continues the root: a plain step, counted and timed as one
-                kind = PLAIN
-        else:
-            trie = Trie.with_root(int(s.history[s.n - 1]))
+        assert trie is not None
         stats.lookup_steps += kind == LOOKUP
-        stats.plain_steps += kind == PLAIN
         t = _stage_done(s, "tree", t)
         v = verify(s, trie)
         t = _stage_done(s, "verify", t)
         walk = accept(s, trie, v)
         t = _stage_done(s, "accept", t)
-        emitted = commit(s, trie, v, walk, plain=kind == PLAIN)
+        emitted = commit(s, trie, v, walk)
         t = _stage_done(s, "commit", t)
         stats.decode_seconds += t - t0
         s.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
