@@ -1,34 +1,52 @@
-"""AR vs TokenSwift decode cost per token, interleaved in one process, timed from the first yielded
-token (prefill excluded) in process CPU time and wall time (the shipped heads, 2K-token prose
-prompt, CPU defaults, the paper's sampling unless told). Run from the repo root:
+"""AR vs TokenSwift decode cost per token, interleaved in one process (the order reversed every
+other round), timed from the first yielded token (prefill excluded) in process CPU time and wall
+time; the paper's sampling (seed 1) unless told. Run from the repo root:
 
-python docs/scripts/plain_step_ab.py plain|adaptive [preset] [new_tokens] [rounds]
+python docs/scripts/plain_step_ab.py plain|adaptive [preset] [new_tokens] [rounds] [embedded|tiny]
 
 `plain` forces every TokenSwift step to be a plain step (the root alone: what adaptive steps fall
-back to when no draft pays), to compare its cost with an AR step; `adaptive` runs the real loop."""
+back to when no draft pays), to compare its cost with an AR step; `adaptive` runs the real loop.
+`embedded` (default): the shipped heads, a 2K-token prose prompt, CPU defaults. `tiny`: a random
+2-layer model (hidden 64, the embedded model's vocabulary of 49,152) and random heads on a 512-token
+prompt, whose forward costs little, so what shows is the host's cost per step (Python, sampling,
+bookkeeping), the part that grows in weight on a GPU where the forward is a few milliseconds."""
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 import longswift
 import longswift.spec.tokenswift as ts
 from longswift import GenerationConfig, SamplingConfig
 from longswift.bench.grid import PRESETS
 
-mode, preset, new, rounds = (sys.argv[1:] + ["plain", "paper", "64", "4"][len(sys.argv) - 1 :])[:4]
+args = sys.argv[1:] + ["plain", "paper", "64", "4", "embedded"][len(sys.argv) - 1 :]
+mode, preset, new, rounds, model = args[0], args[1], int(args[2]), int(args[3]), args[4]
 if mode == "plain":
-    ts.TokenSwiftState.choose = lambda self: ts.PLAIN
-e = longswift.load(heads="default")
-ids = e.encode(Path("docs/prompts/clockmaker.txt").read_text())[:2048]
+    ts.TokenSwiftState.choose = lambda self: self._run(ts.PLAIN)
+if model == "tiny":
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(1)  # steadier timings of a forward this small
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192)
+    e = longswift.load(LlamaForCausalLM(cfg).eval(), device="cpu", dtype="float32", heads="random")
+    ids = list(range(100, 612))
+else:
+    e = longswift.load(heads="default")
+    ids = e.encode(Path("docs/prompts/clockmaker.txt").read_text())[:2048]
 sampling = PRESETS[preset]
 if not sampling.greedy:
     sampling = SamplingConfig(**{**sampling.__dict__, "seed": 1})
-gen = GenerationConfig(max_new_tokens=int(new))
+gen = GenerationConfig(max_new_tokens=new, ignore_eos=model == "tiny")
 cpu: dict[str, list[float]] = {"ar": [], "tokenswift": []}
 wall: dict[str, list[float]] = {"ar": [], "tokenswift": []}
-for _ in range(int(rounds)):
-    for method in ("ar", "tokenswift"):
+out: dict[str, list[int]] = {}
+for r in range(rounds):
+    for method in ("ar", "tokenswift")[:: -1 if r % 2 else 1]:
         stream = e.stream(ids, sampling=sampling, generation=gen, method=method)
         steps = iter(stream)
         next(steps)
@@ -36,8 +54,11 @@ for _ in range(int(rounds)):
         n = sum(len(x) for x in steps)
         cpu[method].append((time.process_time() - c0) / n * 1000)
         wall[method].append((time.perf_counter() - w0) / n * 1000)
-        print(f"{method}: {cpu[method][-1]:.2f} cpu ms/token, {wall[method][-1]:.2f} wall ms/token, plain steps "
+        out[method] = stream.result.token_ids
+        print(f"{method}: {cpu[method][-1]:.3f} cpu ms/token, {wall[method][-1]:.3f} wall ms/token, plain steps "
               f"{stream.stats.plain_steps}, lookup steps {stream.stats.lookup_steps}", flush=True)
 for name, d in (("cpu", cpu), ("wall", wall)):
-    print(f"{name} ms/token medians:", {m: round(statistics.median(v), 2) for m, v in d.items()},
+    print(f"{name} ms/token medians:", {m: round(statistics.median(v), 3) for m, v in d.items()},
+          "TokenSwift - AR per round:", [round(t - a, 3) for t, a in zip(d["tokenswift"], d["ar"])],
           "TokenSwift/AR speed per round:", [round(a / t, 3) for t, a in zip(d["tokenswift"], d["ar"])])
+print("same tokens:", out["ar"] == out["tokenswift"])
