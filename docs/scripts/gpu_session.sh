@@ -6,11 +6,13 @@
 #   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
 #                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call)
 #   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / length
+#   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
+#                                            # embedded shape (every step forced plain, then the adaptive loop)
 #
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length]|ar}
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length]|ar|plain}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -49,7 +51,12 @@ case $part in
   ar)
     $py docs/scripts/gpu_ar_throughput.py smollm2-135m 2048 1024 > "$out/ar-smollm2-135m.txt" 2>&1
     cat "$out/ar-smollm2-135m.txt" ;;
+  plain)
+    for mode in plain adaptive; do
+      $py docs/scripts/plain_step_ab.py $mode paper 1024 4 shape > "$out/plain-$mode.txt" 2>&1
+      tail -3 "$out/plain-$mode.txt"
+    done ;;
   *)
-    echo "unknown part '$part': use tests, steps or ar" >&2
+    echo "unknown part '$part': use tests, steps, ar or plain" >&2
     exit 2 ;;
 esac

@@ -2,14 +2,17 @@
 other round), timed from the first yielded token (prefill excluded) in process CPU time and wall
 time; the paper's sampling (seed 1) unless told. Run from the repo root:
 
-python docs/scripts/plain_step_ab.py plain|adaptive [preset] [new_tokens] [rounds] [embedded|tiny]
+python docs/scripts/plain_step_ab.py plain|adaptive [preset] [new_tokens] [rounds] [embedded|tiny|shape]
 
 `plain` forces every TokenSwift step to be a plain step (the root alone: what adaptive steps fall
 back to when no draft pays), to compare its cost with an AR step; `adaptive` runs the real loop.
 `embedded` (default): the shipped heads, a 2K-token prose prompt, CPU defaults. `tiny`: a random
 2-layer model (hidden 64, the embedded model's vocabulary of 49,152) and random heads on a 512-token
 prompt, whose forward costs little, so what shows is the host's cost per step (Python, sampling,
-bookkeeping), the part that grows in weight on a GPU where the forward is a few milliseconds."""
+bookkeeping), the part that grows in weight on a GPU where the forward is a few milliseconds.
+`shape`: random weights of the embedded model's shape on CUDA if there is one (bfloat16, graphs on
+auto, tokens read back one at a time for both methods: --read-every 1), else on the CPU; for a GPU
+machine, which has no model file (docs/scripts/gpu_session.sh plain)."""
 import statistics
 import sys
 import time
@@ -35,13 +38,27 @@ if model == "tiny":
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192)
     e = longswift.load(LlamaForCausalLM(cfg).eval(), device="cpu", dtype="float32", heads="random")
     ids = list(range(100, 612))
+elif model == "shape":
+    from longswift import RuntimeConfig
+    from longswift.bench.shapes import random_state, shape_config
+    from longswift.engine import Engine
+    from longswift.runtime.loading import LoadedModel
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = shape_config("smollm2-135m", None)
+    runtime = RuntimeConfig(device=device.type, dtype=str(dtype).removeprefix("torch."), read_every=1)
+    e = Engine(LoadedModel(cfg, random_state(cfg, dtype, device), None, "<random smollm2-135m>"),
+               pack_weights=device.type == "cpu", runtime=runtime)
+    e.set_heads("random")
+    ids = torch.randint(0, cfg.vocab_size, (2048,), generator=torch.Generator().manual_seed(0)).tolist()
 else:
     e = longswift.load(heads="default")
     ids = e.encode(Path("docs/prompts/clockmaker.txt").read_text())[:2048]
 sampling = PRESETS[preset]
 if not sampling.greedy:
     sampling = SamplingConfig(**{**sampling.__dict__, "seed": 1})
-gen = GenerationConfig(max_new_tokens=new, ignore_eos=model == "tiny")
+gen = GenerationConfig(max_new_tokens=new, ignore_eos=model != "embedded")
 cpu: dict[str, list[float]] = {"ar": [], "tokenswift": []}
 wall: dict[str, list[float]] = {"ar": [], "tokenswift": []}
 out: dict[str, list[int]] = {}
