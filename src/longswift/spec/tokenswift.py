@@ -220,19 +220,20 @@ class TokenSwiftState:
         """The root's penalty window, on the model's device."""
         return penalty_window(self.history_dev, self.n, self.sampling.penalty_window)
 
-    def emit(self, tokens: list[int], index: bool = True, drawn: bool = False) -> None:
-        """Commit tokens to the output; `index=False` leaves the n-gram table and the partial cache
-        behind (a plain step: catch_up brings them up to date before a step that uses them).
-        `drawn`: the device copy of the history holds them already (sample_block wrote them there)."""
-        if not (drawn and self.history_dev is self.history):
+    def emit(self, tokens: list[int], plain: bool = False) -> None:
+        """Commit tokens to the output. `plain`: tokens of plain steps (plain_block), which
+        sample_block has already written to the device copy of the history, and which leave the
+        n-gram table and the partial cache behind (catch_up brings them up to date before a step
+        that uses them)."""
+        if not plain or self.history_dev is not self.history:
             self.history[self.n : self.n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        if self.history_dev is not self.history and not drawn:
+        if not plain and self.history_dev is not self.history:
             self.history_dev[self.n : self.n + len(tokens)].copy_(self.history[self.n : self.n + len(tokens)],
                                                                    non_blocking=True)
         self.tokens.extend(tokens)
         self.n += len(tokens)
         self.produced += len(tokens)
-        if index:
+        if not plain:
             self.catch_up()
 
     def catch_up(self) -> None:
@@ -408,7 +409,7 @@ def plain_block(s: TokenSwiftState, k: int) -> list[int]:
     block = sample_block(s.model, s.full, graphs, logits, s.history_dev, s.n, k, s.sampling, s.generator,
                          s.stop_ids, forward_last=False, pick=None if s.model.tp is None else s.pick)
     s.prev_hidden = block.hidden if block.hidden is not None else hidden  # the state that predicted the new root
-    s.emit(block.tokens, index=False, drawn=True)
+    s.emit(block.tokens, plain=True)
     return block.tokens
 
 
