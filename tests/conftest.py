@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -48,6 +49,18 @@ def tiny_hf_model(arch: str = "llama", rope: str = "default", tie: bool = False,
             else:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
     return model.eval()
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the aten ops run under it: each is a kernel launch (or a view) on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import tiny_hf_model
-from torch.utils._python_dispatch import TorchDispatchMode
+from conftest import OpCount, tiny_hf_model
 
 import longswift
 from longswift import GenerationConfig, LongswiftError, SamplingConfig
@@ -157,18 +156,6 @@ def test_plain_blocks_keep_the_probe_schedule_of_single_steps():
     assert none == 0 and blocks > 50
     assert blocked == single
     assert sum(k != PLAIN for k in single) >= 8  # the schedule probes the other kinds
-
-
-class OpCount(TorchDispatchMode):
-    """Counts the aten ops run under it: each is a kernel launch (or a view) on a GPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)

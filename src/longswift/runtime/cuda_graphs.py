@@ -111,7 +111,7 @@ class StepGraphs:
             raise LongswiftError(why)
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
         self.attention = attention
-        self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # N -> tokens, positions, mask
+        self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # N -> [tokens; positions], mask
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
@@ -124,11 +124,11 @@ class StepGraphs:
         taken, self._taken = self._taken, (self.captures, self.capture_seconds)
         return self.captures - taken[0], self.capture_seconds - taken[1]
 
-    def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[2, N] long (token ids; positions) and [N, N] bool (the tree mask): what a step of N reads."""
         if n not in self.buffers:
             dev = self.model.device
-            self.buffers[n] = (torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, dtype=torch.long, device=dev),
-                               torch.eye(n, dtype=torch.bool, device=dev))
+            self.buffers[n] = (torch.zeros(2, n, dtype=torch.long, device=dev), torch.eye(n, dtype=torch.bool, device=dev))
         return self.buffers[n]
 
     def body(self, first: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +136,7 @@ class StepGraphs:
         bucket starting at `first` (bucketed) or within the span of `first` slots (length); reads
         only device buffers."""
         m, cache, g = self.model, self.cache, self.model.cfg.group_size
-        tokens, positions, mask = self._buffers(n)
+        (tokens, positions), mask = self._buffers(n)
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
         where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
         if self.attention == "length":
@@ -196,15 +196,16 @@ class StepGraphs:
         n = len(tokens)
         budget = budget or padded_nodes(n)
         slot = self.cache.reserve(budget)
-        buf_tokens, buf_positions, buf_mask = self._buffers(budget)
-        buf_tokens[:n].copy_(torch.tensor(tokens), non_blocking=True)
-        buf_positions[:n].copy_(positions, non_blocking=True)
-        if budget > n:  # padding: repeats of the last token, each seeing only itself
-            buf_tokens[n:].fill_(tokens[-1])
-            buf_positions[n:].fill_(int(positions[-1]))
+        ids, buf_mask = self._buffers(budget)
+        # Padded on the host (rows past n repeat the last token, each seeing only itself): one copy
+        # to the device for the ids and positions, one for the mask.
+        pad = budget - n
+        where = positions.tolist()
+        ids.copy_(torch.tensor([list(tokens) + tokens[-1:] * pad, where + where[-1:] * pad]), non_blocking=True)
         if mask is not None:
-            buf_mask.copy_(torch.eye(budget, dtype=torch.bool), non_blocking=True)
-            buf_mask[:n, :n].copy_(mask, non_blocking=True)
+            padded = torch.eye(budget, dtype=torch.bool)
+            padded[:n, :n] = mask
+            buf_mask.copy_(padded, non_blocking=True)
         return self._run(slot, budget, n, logits)
 
     def _run(self, slot: int, budget: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,11 +228,11 @@ class StepGraphs:
         """One token at the cache's end -> (logits [V] (empty if not `logits`), hidden [hidden]). `token`:
         an id, or a [1] long tensor on the device (copied there, never read by the host)."""
         slot = self.cache.reserve(1)
-        buf_tokens, buf_positions, _ = self._buffers(1)
+        (buf_token, buf_position), _ = self._buffers(1)
         if isinstance(token, torch.Tensor):
-            buf_tokens.copy_(token)
+            buf_token.copy_(token)
         else:
-            buf_tokens.fill_(token)
-        buf_positions.fill_(position)  # a kernel argument: no host-to-device copy
+            buf_token.fill_(token)
+        buf_position.fill_(position)  # a kernel argument: no host-to-device copy
         out, hidden = self._run(slot, 1, 1, logits)
         return (out[0] if logits else out), hidden[0]
