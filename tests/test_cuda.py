@@ -2,7 +2,8 @@
 project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 
 - CUDA-graph replay equals the eager body, and the eager CUDA decode, exactly, with both ways of
-  attending (--graph-attention bucketed, and length: one graph per doubling span);
+  attending (--graph-attention bucketed, and length: one graph per doubling span); so does the draft
+  pass's graph, which captures the heads and the LM head with the forward;
 - the CUDA kernels (flash decode by buckets, the cascade for masked forwards, flash's variable-length
   kernel reading the cached length from device memory) equal explicit float32 attention to rounding,
   on a tiny model and on the Llama-3.1-8B shape with 2 layers;
@@ -17,6 +18,7 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -37,6 +39,7 @@ from longswift.runtime.attention import (
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs
 from longswift.runtime.model import Transformer
+from longswift.spec.tokenswift import draft_logits
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -106,6 +109,31 @@ def test_length_graphs_replay_equals_their_eager_body_and_capture_once_per_span(
         assert torch.equal(a, b)
         if dtype == torch.float32:  # the eager forward splits attention elsewhere: equal up to rounding
             torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_draft_graph_replay_equals_its_eager_body(dtype):
+    """The draft pass replays the forward, the heads and the LM head as one graph per bucket."""
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=3), device="cuda",
+                            dtype=str(dtype).removeprefix("torch."), heads="random")
+    model, heads = engine.model, engine.heads
+    out = partial(draft_logits, model, heads, heads.gamma + 1)
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(0)).to(CUDA)
+    steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    caches = [FullKVCache(model.cfg, 160, model.dtype, CUDA) for _ in range(2)]
+    for c in caches:
+        model.prefill(prompt, c, chunk=64)
+    graph = StepGraphs(model, caches[0], capture=True, bucket=16, draft=out)
+    body = StepGraphs(model, caches[1], capture=False, bucket=16, draft=out)
+    for i, token in enumerate(steps):
+        replayed = graph.draft(token, 37 + i)[0].clone()
+        eager = body.draft(token, 37 + i)[0]
+        assert replayed.shape == (heads.gamma + 1, 128) and torch.equal(replayed, eager)
+        for c in caches:
+            c.truncate(37 + i)
+        graph.decode(token, 37 + i)
+        body.decode(token, 37 + i)
+    assert graph.captures >= 6  # draft and decode graphs for each of the buckets 32, 48, 64
 
 
 @pytest.mark.parametrize("attention", ["bucketed", "length"])

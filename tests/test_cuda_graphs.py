@@ -7,6 +7,7 @@ generation loops through them stay AR's output; --cuda-graphs resolves as docume
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from longswift.config import RuntimeConfig
 from longswift.errors import LongswiftError
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs, graphs_supported, padded_nodes, span_for, use_graphs
+from longswift.spec.tokenswift import draft_logits
 
 CPU = torch.device("cpu")
 ATTENTIONS = ["bucketed", "length"]
@@ -48,6 +50,69 @@ def test_decode_body_equals_the_eager_decode_across_buckets(family, attention):
         torch.testing.assert_close(got_hidden, want_hidden[0], rtol=1e-10, atol=1e-10)
     assert bodies.length == eager.length == 43
     torch.testing.assert_close(bodies.k[:, :, :43], eager.k[:, :, :43], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_draft_body_equals_the_eager_draft_pass(attention):
+    """The draft step body runs the heads and the LM head with the forward (one graph on CUDA): its
+    depth logits are the eager forward's root state through draft_logits, across bucket boundaries."""
+    engine = engine64()
+    model, cfg, heads = engine.model, engine.cfg, engine.heads
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 128, (13,), generator=g)
+    steps = torch.randint(0, 128, (20,), generator=g).tolist()
+    eager, bodies = FullKVCache(cfg, 64, torch.float64, CPU), FullKVCache(cfg, 64, torch.float64, CPU)
+    model.prefill(prompt, eager, chunk=8)
+    model.prefill(prompt, bodies, chunk=8)
+    depths = heads.gamma + 1  # the base model's next token, then each head's
+    body = StepGraphs(model, bodies, capture=False, bucket=8, attention=attention,
+                      draft=partial(draft_logits, model, heads, depths))
+    for i, token in enumerate(steps):
+        where = (torch.tensor([token]), torch.tensor([13 + i]))
+        got, got_hidden = body.draft(token, 13 + i)
+        bodies.truncate(13 + i)  # a draft pass leaves nothing in the cache (tokenswift.draft truncates)
+        _, h = model.forward(*where, eager, logits_rows=slice(0, 0))
+        eager.truncate(13 + i)
+        assert got.shape == (depths, cfg.vocab_size)
+        torch.testing.assert_close(got, draft_logits(model, heads, depths, h), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got_hidden, h[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got[0], model.logits(h)[0], rtol=1e-10, atol=1e-10)  # depth 1 is the model's own
+        body.decode(token, 13 + i)  # then the root is committed: the next step drafts one slot further
+        model.forward(*where, eager)
+
+
+def test_the_draft_pass_runs_its_heads_inside_the_step_body(monkeypatch):
+    """Where the loop runs step bodies (CUDA), a paper-mode draft pass computes the heads and the LM
+    head inside the body that a graph captures, not as 54 eager ops after it; fused mode has no
+    draft forward, so its heads run eagerly on the verify pass's state."""
+    import longswift.generate as generate_mod
+    import longswift.spec.tokenswift as ts
+
+    monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
+    monkeypatch.setattr(ts, "step_bodies", lambda model: True)
+    engine = engine64()
+    depth, inside = [0], []
+    body, heads_forward = StepGraphs.body, type(engine.heads).forward
+
+    def spy_body(self, *args):
+        depth[0] += 1
+        try:
+            return body(self, *args)
+        finally:
+            depth[0] -= 1
+
+    def spy_heads(self, h):
+        inside.append(depth[0] > 0)
+        return heads_forward(self, h)
+
+    monkeypatch.setattr(StepGraphs, "body", spy_body)
+    monkeypatch.setattr(type(engine.heads), "forward", spy_heads)
+    for mode, where in (("paper", True), ("fused", False)):
+        inside.clear()
+        engine.generate([5, 9, 17, 33, 5, 9], method="tokenswift", sampling=SamplingConfig(temperature=0),
+                        spec=SpecConfig(tree="1,3,3,3", ngram_topk=2, draft_mode=mode, adaptive=False),
+                        generation=GenerationConfig(max_new_tokens=16, ignore_eos=True))
+        assert inside and all(x == where for x in inside), (mode, inside)
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)

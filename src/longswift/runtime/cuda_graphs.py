@@ -9,19 +9,23 @@ one of two ways (--graph-attention):
   attention over the whole buckets [0, P), a shape fixed for the bucket, and explicit attention
   over the slots [P, P + bucket + N) under a visibility computed on the device (cached slots before
   the step's slot; among the N new ones, the tree mask), merged by their log-sum-exps
-  (runtime.attention.bucketed). One graph per (bucket, N, logits or not): a 100K-token run
+  (runtime.attention.bucketed). One graph per (bucket, N, output): a 100K-token run
   captures about 100 per node budget in use.
 - length: flash attention's variable-length kernel reads the cached length itself from device
   memory (seqused_k) over a span of the cache that doubles from one bucket, plus explicit
   attention over the N new entries under the tree mask, merged (runtime.attention.by_length). One
-  graph per (span, N, logits): six per node budget for 100K tokens after a 4K prompt, and no
+  graph per (span, N, output): six per node budget for 100K tokens after a 4K prompt, and no
   [N, bucket] tail.
   The span bounds the kernel's split of the keys, which it plans from the span on the host: a
   single span of the whole cache would plan every short-context step as a 100K one.
 
 Graphs are captured the first time they are needed and share one memory pool. Token ids,
 positions, the tree mask and the slot are copied into device buffers before a replay, and nothing
-inside a step reads the host.
+inside a step reads the host. A body returns the last layer's hidden states and one output: every
+row's logits (decoding, a verify pass whose walk draws from all rows), none (a verify pass whose
+walk computes the rows it visits), or the draft pass's depth logits (the draft heads and the LM
+head, captured with the forward: 54 of a draft pass's aten ops on the tiny test model, views
+included, that ran eagerly after the replay).
 
 On CUDA the generation loops always run these bodies, captured (--cuda-graphs on/auto) or
 eagerly (off): a graph never changes results, replay equals the eager body exactly. The two ways of
@@ -30,6 +34,7 @@ attending compute the same attention in different float sums (equal tokens in fl
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +55,9 @@ BUCKET = 1024
 # only) or 80-100 (with n-grams), and fused mode's up to 280 (docs/scripts/trie_sizes.py), so the
 # budgets double from 8: a larger trie is padded by less than 2x, one graph per budget in use per bucket.
 NODE_BUDGETS = (1, 8, 16, 32, 64, 128, 256, 512)
+# What a step body returns besides the last layer's hidden states: every row's logits, nothing, or the
+# draft pass's output (StepGraphs' `draft` function of the hidden state: the heads' depth logits).
+LOGITS, HIDDEN, DRAFT = "logits", "hidden", "draft"
 
 
 def padded_nodes(nodes: int) -> int:
@@ -94,14 +102,16 @@ def graphs_supported(model: Transformer) -> str | None:
 
 class StepGraphs:
     """Fixed-shape forwards at a cache's end: decode(token, position) -> (logits [V], hidden),
-    forward(tokens, positions, mask, logits) for N tokens under a [N, N] mask. The returned tensors
-    are the graph's static outputs: read them before the next call. `capture=False` runs the same
-    bodies eagerly (any device: how the CPU tests check them). `evict`: a cache that only grows
-    (the full cache) frees the graphs of buckets (spans) it has left. `attention`: bucketed or
-    length (see the module's docstring)."""
+    forward(tokens, positions, mask, logits) for N tokens under a [N, N] mask, and draft(token,
+    position) -> (draft(hidden [1, hidden]), hidden): the draft pass, heads and LM head captured
+    with the forward. The returned tensors are the graph's static outputs: read them before the
+    next call. `capture=False` runs the same bodies eagerly (any device: how the CPU tests check
+    them). `evict`: a cache that only grows (the full cache) frees the graphs of buckets (spans) it
+    has left. `attention`: bucketed or length (see the module's docstring)."""
 
     def __init__(self, model: Transformer, cache: FullKVCache, capture: bool = True, bucket: int = BUCKET,
-                 evict: bool = True, attention: str = "bucketed") -> None:
+                 evict: bool = True, attention: str = "bucketed",
+                 draft: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         why = graphs_supported(model)
         if capture and why is not None:
             raise LongswiftError(why + "; use cuda_graphs='off' (--cuda-graphs off)")
@@ -110,10 +120,10 @@ class StepGraphs:
         if attention == "length" and (why := length_unsupported(model.device)) is not None:
             raise LongswiftError(why)
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
-        self.attention = attention
+        self.attention, self.draft_out = attention, draft
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # N -> [tokens; positions], mask
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
-        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0
         self.capture_seconds = 0.0  # wall time of the captures (warm-up run included), a one-off cost per graph
@@ -131,10 +141,11 @@ class StepGraphs:
             self.buffers[n] = (torch.zeros(2, n, dtype=torch.long, device=dev), torch.eye(n, dtype=torch.bool, device=dev))
         return self.buffers[n]
 
-    def body(self, first: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def body(self, first: int, n: int, out: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward of the N buffered tokens written from the buffered slot on, which lies in the
-        bucket starting at `first` (bucketed) or within the span of `first` slots (length); reads
-        only device buffers."""
+        bucket starting at `first` (bucketed) or within the span of `first` slots (length), and its
+        `out` (LOGITS [N, V], HIDDEN: [0, hidden], DRAFT: the draft function's); reads only device
+        buffers."""
         m, cache, g = self.model, self.cache, self.model.cfg.group_size
         (tokens, positions), mask = self._buffers(n)
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
@@ -165,9 +176,12 @@ class StepGraphs:
             return m.grouped(q, lambda qg: attention(qg, keys, values, k, v))
 
         x = m.layers_forward(F.embedding(tokens, m.embed), cos, sin, attend)  # [N, hidden]
-        return (m.logits(x) if logits else x[:0]), x
+        if out == DRAFT:
+            assert self.draft_out is not None
+            return self.draft_out(x), x
+        return (m.logits(x) if out == LOGITS else x[:0]), x
 
-    def _capture(self, key: tuple[int, int, bool]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(self, key: tuple[int, int, str]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
         side = torch.cuda.Stream(self.model.device)
         side.wait_stream(torch.cuda.current_stream(self.model.device))
@@ -206,16 +220,16 @@ class StepGraphs:
             padded = torch.eye(budget, dtype=torch.bool)
             padded[:n, :n] = mask
             buf_mask.copy_(padded, non_blocking=True)
-        return self._run(slot, budget, n, logits)
+        return self._run(slot, budget, n, LOGITS if logits else HIDDEN)
 
-    def _run(self, slot: int, budget: int, n: int, logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, slot: int, budget: int, n: int, out: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (or run eagerly) the step of `budget` buffered rows written from `slot`, `n` of them real."""
         self.slot.fill_(slot)
         if self.attention == "length":
             first = span_for(slot, self.bucket, self.cache.capacity)
         else:
             first = slot - slot % self.bucket
-        key = (first, budget, logits)
+        key = (first, budget, out)
         if self.capture:
             graph, out_logits, hidden = self.graphs.get(key) or self._capture(key)
             graph.replay()
@@ -224,9 +238,20 @@ class StepGraphs:
         self.cache.length = slot + n
         return out_logits, hidden
 
-    def decode(self, token: int | torch.Tensor, position: int, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token at the cache's end -> (logits [V] (empty if not `logits`), hidden [hidden]). `token`:
-        an id, or a [1] long tensor on the device (copied there, never read by the host)."""
+    def decode(self, token: int | torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token at the cache's end -> (logits [V], hidden [hidden]). `token`: an id, or a [1]
+        long tensor on the device (copied there, never read by the host)."""
+        out, hidden = self._one(token, position, LOGITS)
+        return out[0], hidden
+
+    def draft(self, token: int | torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft pass of one token at the cache's end -> (the draft function's output for its
+        hidden state, hidden [hidden]); the caller truncates the cache back."""
+        if self.draft_out is None:
+            raise ValueError("StepGraphs.draft needs a draft function (StepGraphs(..., draft=...))")
+        return self._one(token, position, DRAFT)
+
+    def _one(self, token: int | torch.Tensor, position: int, out: str) -> tuple[torch.Tensor, torch.Tensor]:
         slot = self.cache.reserve(1)
         (buf_token, buf_position), _ = self._buffers(1)
         if isinstance(token, torch.Tensor):
@@ -234,5 +259,5 @@ class StepGraphs:
         else:
             buf_token.fill_(token)
         buf_position.fill_(position)  # a kernel argument: no host-to-device copy
-        out, hidden = self._run(slot, 1, 1, logits)
-        return (out[0] if logits else out), hidden[0]
+        result, hidden = self._run(slot, 1, 1, out)
+        return result, hidden[0]

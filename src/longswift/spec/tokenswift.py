@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -105,11 +106,13 @@ class TokenSwiftState:
                                           model.dtype, model.device,
                                           reduce_scores=model.tp.kv_score_reduce() if model.tp else None)
         self.graphs: dict[int, StepGraphs] = {}  # id(cache) -> its step bodies (full cache; partial cache)
-        if bodies:
-            self.graphs[id(self.full)] = StepGraphs(model, self.full, capture=cuda_graphs, attention=graph_attention)
+        if bodies:  # the paper draft mode's pass captures the heads and LM head with the forward
+            heads_out = partial(draft_logits, model, heads, len(levels)) if spec.draft_mode == "paper" else None
+            self.graphs[id(self.full)] = StepGraphs(model, self.full, capture=cuda_graphs, attention=graph_attention,
+                                                    draft=heads_out)
             if self.partial is not None:  # its length goes down at every refill: keep every bucket's graphs
                 self.graphs[id(self.partial)] = StepGraphs(model, self.partial, capture=cuda_graphs, evict=False,
-                                                           attention=graph_attention)
+                                                           attention=graph_attention, draft=heads_out)
         self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
         self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
         self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
@@ -290,12 +293,22 @@ def _stage_done(s: TokenSwiftState, stage: str, t0: float) -> float:
     return t1
 
 
+def draft_logits(model: Transformer, heads: DraftHeads, depths: int, h: torch.Tensor,
+                 base: bool = True) -> torch.Tensor:
+    """The draft pass's logits [depths, V] (accumulation dtype) from the last layer's pre-norm state
+    h [1, hidden] of the root: with `base` (paper mode) the base model's own next token first, then
+    each head's, in one LM-head pass. A function of h alone, so the draft step body captures it."""
+    states = heads(h)[:, 0]  # [gamma, hidden], already through each head's output norm
+    if base:
+        states = torch.cat([model.norm(h, model.final_norm), states])
+    return model.lm_head(states[:depths]).to(model.acc_dtype)
+
+
 def draft(s: TokenSwiftState) -> Draft:
     """Depth logits from the draft heads, transformed like the target, top-k per depth."""
     model, root = s.model, int(s.history[s.n - 1])
-    if s.spec.draft_mode == "fused":
-        h = s.prev_hidden
-        base = None
+    if s.spec.draft_mode == "fused":  # the heads on the state that predicted the root: no forward
+        depth_logits = draft_logits(model, s.heads, len(s.levels), s.prev_hidden[None], base=False)
     else:
         cache: FullKVCache = s.full
         queries: list[torch.Tensor] | None = None
@@ -311,20 +324,16 @@ def draft(s: TokenSwiftState) -> Draft:
         start = cache.length
         graphs = s.graphs.get(id(cache))
         if graphs is not None and queries is None:
-            h = graphs.decode(root, s.n - 1, logits=False)[1]
+            depth_logits = graphs.draft(root, s.n - 1)[0]  # forward, heads and LM head in one replay
         else:
             tokens = torch.tensor([root], device=model.device)
             pos = torch.tensor([s.n - 1], device=model.device)
             h = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)[1][-1]
+            depth_logits = draft_logits(model, s.heads, len(s.levels), h[None])
         cache.truncate(start)
         if queries is not None:
             s.partial.select(s.full, queries)
             s.partial_from = s.full.length
-        base = model.norm(h[None], model.final_norm)  # [1, hidden]
-    states = s.heads(h[None])[:, 0]  # [gamma, hidden], already through each head's output norm
-    if base is not None:
-        states = torch.cat([base, states])
-    depth_logits = model.lm_head(states[: len(s.levels)]).to(model.acc_dtype)  # [depths, V], one LM-head pass
     window = s.window()
     x = transform(depth_logits, window.expand(depth_logits.shape[0], -1), s.sampling)  # every depth sees the root's window
     top = torch.topk(x, min(max(s.levels), x.shape[-1]), dim=-1)  # [depths, k]: the widest depth's count
