@@ -83,7 +83,7 @@ def test_draft_body_equals_the_eager_draft_pass(attention):
 
 def test_the_draft_pass_runs_its_heads_inside_the_step_body(monkeypatch):
     """Where the loop runs step bodies (CUDA), a paper-mode draft pass computes the heads and the LM
-    head inside the body that a graph captures, not as 54 eager ops after it; fused mode has no
+    head inside the body that a graph captures, not as 52 eager ops after it; fused mode has no
     draft forward, so its heads run eagerly on the verify pass's state."""
     import longswift.generate as generate_mod
     import longswift.spec.tokenswift as ts

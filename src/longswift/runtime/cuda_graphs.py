@@ -24,7 +24,7 @@ positions, the tree mask and the slot are copied into device buffers before a re
 inside a step reads the host. A body returns the last layer's hidden states and one output: every
 row's logits (decoding, a verify pass whose walk draws from all rows), none (a verify pass whose
 walk computes the rows it visits), or the draft pass's depth logits (the draft heads and the LM
-head, captured with the forward: 54 of a draft pass's aten ops on the tiny test model, views
+head, captured with the forward: 52 of a draft pass's aten ops on the tiny test model, views
 included, that ran eagerly after the replay).
 
 On CUDA the generation loops always run these bodies, captured (--cuda-graphs on/auto) or
