@@ -57,9 +57,12 @@ class OpCount(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops = 0
+        self.names: dict[str, int] = {}  # per op name, e.g. "aten.linear"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
+        name = str(func.overloadpacket)
+        self.names[name] = self.names.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
 
 

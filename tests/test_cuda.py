@@ -13,6 +13,8 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - AR reading tokens back in blocks (--read-every, auto 16 on CUDA) emits what reading each token does,
   and so does TokenSwift running its plain steps as such blocks;
 - --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it;
+- colocated q/k/v and gate/up weights (pack_weights on CUDA) give the separate weights' float32 tokens,
+  and graphs on == off with them;
 - the batched walk's device memory stays within the bytes per logit the memory plan counts."""
 
 from __future__ import annotations
@@ -241,6 +243,27 @@ def test_generation_with_cuda_graphs_equals_without(dtype, attention):
     assert generate(on, "ar") == generate(off, "ar")
     for spec in SPECS.values():
         assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_colocated_linears_on_cuda(dtype):
+    """pack_weights on CUDA (the default for a model loaded from a file) colocates q/k/v and gate/up:
+    in float32 its tokens are the separate weights' tokens, and TokenSwift's are AR's; in both
+    precisions graphs on == off with them."""
+    hf = tiny_hf_model("llama", "default", seed=6)
+    engines = {(pack, graphs): longswift.load(hf, device="cuda", dtype=dtype, heads="random", pack_weights=pack,
+                                              cuda_graphs=graphs)
+               for pack in (False, True) for graphs in ("on", "off")}
+    assert all(e.model.colocated == pack for (pack, _), e in engines.items())
+    colocated = engines[True, "on"]
+    assert generate(colocated, "ar") == generate(engines[True, "off"], "ar")
+    for spec in SPECS.values():
+        assert generate(colocated, "tokenswift", spec) == generate(engines[True, "off"], "tokenswift", spec)
+    if dtype == "float32":
+        want = generate(engines[False, "on"], "ar")
+        assert generate(colocated, "ar") == want
+        for spec in SPECS.values():
+            assert generate(colocated, "tokenswift", spec) == want
 
 
 def test_a_generation_counts_its_graph_captures():

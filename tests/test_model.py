@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import OpCount, tiny_hf_model
 
 import longswift
 from longswift.runtime.cache import FullKVCache
+from longswift.runtime.linear import colocate, row_blocks
 
 CASES = [
     ("llama", "default", False),
@@ -108,3 +109,54 @@ def test_onednn_attention_path_matches_transformers(arch):
             logits, _ = engine.model.forward(ids[p : p + 1], torch.tensor([p]), cache)
             steps.append(logits[0])
     assert rel_err(torch.stack(steps), ref[49 : SEQ - 1]) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: q/k/v biases
+def test_colocated_linears_match_transformers_with_fewer_ops_and_no_copy(arch):
+    """Where oneDNN packing does not exist (CUDA; here float64 on CPU), pack_weights stores each
+    layer's q/k/v and gate/up weights as row blocks of one matrix: one product each instead of
+    three and two plus a concatenation (5 kernels a layer fewer on a GPU), the same logits,
+    and the state's weights are views of those matrices, so no second copy is kept."""
+    hf = tiny_hf_model(arch, "default", max_position_embeddings=CTX, dtype=torch.float64)
+    ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+    ops, logits = {}, {}
+    for pack in (False, True):
+        model = longswift.load(hf, dtype="float64", pack_weights=pack).model
+        assert model.colocated == pack and not model.packed
+        cache = FullKVCache(model.cfg, SEQ, torch.float64, torch.device("cpu"))
+        with OpCount() as count:
+            logits[pack], _ = model.forward(ids, torch.arange(SEQ), cache)
+        assert rel_err(logits[pack], ref) < 1e-6, pack  # rope tables are float32 in both implementations
+        ops[pack] = count
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-12, atol=1e-12)
+    layers = hf.config.num_hidden_layers
+
+    def products(count: OpCount) -> int:  # F.linear dispatches as mm (addmm with a bias) after a view
+        return count.names.get("aten.mm", 0) + count.names.get("aten.addmm", 0)
+
+    assert products(ops[False]) - products(ops[True]) == 3 * layers  # 5 products a layer -> 2
+    assert ops[False].names["aten.cat"] - ops[True].names.get("aten.cat", 0) == 2 * layers
+    state = model.state
+    for n in range(layers):
+        for group in (["q", "k", "v"], ["gate", "up"]):
+            where = "self_attn" if group[0] == "q" else "mlp"
+            names = [f"model.layers.{n}.{where}.{x}_proj.weight" for x in group]
+            whole = row_blocks([state[name] for name in names])
+            assert whole is not None and whole.shape[0] == sum(state[name].shape[0] for name in names)
+            hf_weights = [hf.get_parameter(name) for name in names]
+            assert torch.equal(whole, torch.cat(hf_weights))
+            before = [state[name].data_ptr() for name in names]
+            colocate(state, names)  # already colocated: left as it is
+            assert [state[name].data_ptr() for name in names] == before
+
+
+def test_colocate_leaves_separate_weights_alone_until_asked():
+    a, b = torch.randn(3, 4), torch.randn(2, 4)
+    assert row_blocks([a, b]) is None
+    state = {"a": a, "b": b}
+    colocate(state, ["a", "b"])
+    whole = row_blocks([state["a"], state["b"]])
+    assert whole is not None and torch.equal(whole, torch.cat([a, b]))
+    assert row_blocks([state["b"], state["a"]]) is None  # blocks out of order are not one matrix

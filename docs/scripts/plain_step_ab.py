@@ -49,7 +49,7 @@ elif model == "shape":
     cfg = shape_config("smollm2-135m", None)
     runtime = RuntimeConfig(device=device.type, dtype=str(dtype).removeprefix("torch."), read_every=1)
     e = Engine(LoadedModel(cfg, random_state(cfg, dtype, device), None, "<random smollm2-135m>"),
-               pack_weights=device.type == "cpu", runtime=runtime)
+               pack_weights=True, runtime=runtime)  # as a loaded file: packed on CPU, colocated on CUDA
     e.set_heads("random")
     ids = torch.randint(0, cfg.vocab_size, (2048,), generator=torch.Generator().manual_seed(0)).tolist()
 else:

@@ -188,7 +188,8 @@ def machine_lines(identity: dict[str, Any]) -> list[str]:
         "- versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items())
         + (f" (commit {commit})" if commit else ""),
         f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
-        f"{identity['packed_linears']}{', float32 logits' if identity.get('float32_logits') else ''}"
+        f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
+        f"{', float32 logits' if identity.get('float32_logits') else ''}"
         f"{', graph attention ' + identity['graph_attention'] if identity.get('graph_attention') else ''}; "
         f"heads: {identity['heads']}",
     ]

@@ -349,14 +349,15 @@ class StepRig:
                             ar_eager if self.graphs is not None else None, walk_batched)
 
 
-def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, packed: bool,
-             gamma: int, command: str | None, runtime: RuntimeConfig) -> dict:
+def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+             linears: dict[str, bool], gamma: int, command: str | None, runtime: RuntimeConfig) -> dict:
     full_layers = SHAPES[bench.shape]["num_hidden_layers"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
             "dtype": str(dtype).removeprefix("torch."), "device": str(device), "device_name": name,
-            "packed_linears": packed, "cuda_graphs": runtime.cuda_graphs, "graph_attention": runtime.graph_attention,
+            **linears, "cuda_graphs": runtime.cuda_graphs,
+            "graph_attention": runtime.graph_attention,
             "float32_logits": runtime.float32_logits, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "heads": f"{gamma} random draft heads", "gamma": gamma, "context_limit": cfg.context_limit,
             "command": command or "longswift bench-steps (from the Python API)"}
@@ -382,7 +383,9 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     with torch.no_grad():
         state = random_state(cfg, dtype, device, bench.seed)
         heads = new_heads(cfg, state, gamma).randomize(bench.seed)
-    model = Transformer(cfg, state, pack=packed, float32_logits=runtime.float32_logits)
+    # pack: oneDNN-packed copies where they exist, else (CUDA) q/k/v and gate/up colocated, as for a loaded file
+    model = Transformer(cfg, state, pack=runtime.pack_weights is not False, float32_logits=runtime.float32_logits)
+    linears = {"packed_linears": model.packed, "colocated_linears": model.colocated}
     costs = []
     with torch.inference_mode():
         rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model),
@@ -401,7 +404,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                            bench.prefix,
                            bench.new_tokens, a, bench.depth, bench.spec.draft_kv_budget, bench.spec.draft_window)
                    for a in bench.alphas]
-    return StepBenchResult(identity(bench, cfg, dtype, device, packed, gamma, command, runtime), bandwidth, buffer,
+    return StepBenchResult(identity(bench, cfg, dtype, device, linears, gamma, command, runtime), bandwidth, buffer,
                            weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 
 

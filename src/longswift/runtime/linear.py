@@ -2,7 +2,12 @@
 copies on CPU (2-3x faster for the 1-40 row products of decoding and verification).
 
 Packing wraps the model code rather than forking it: the state dict is untouched, and a packed
-layer computes the same product (to float rounding) as `F.linear` on the original weights."""
+layer computes the same product (to float rounding) as `F.linear` on the original weights.
+
+Where packing does not exist (CUDA), a layer's q/k/v weights and its gate/up weights can instead
+be stored as row blocks of one matrix each (`colocate`: a model the runner loaded itself, no extra
+memory): `make_linear` then runs them as one product over a view of that matrix, one kernel where
+there were three (or two) and a concatenation."""
 
 from __future__ import annotations
 
@@ -48,8 +53,41 @@ def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor |
     if len(weights) == 1:
         w0, b0 = weights[0], biases[0]
         return lambda x: F.linear(x, w0, b0)
+    whole = row_blocks(weights)
+    if whole is not None:  # colocated: one product over the matrix they are blocks of (no copy)
+        bias = None
+        if any(b is not None for b in biases):  # the biases are small: concatenated once
+            bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        return lambda x: F.linear(x, whole, bias)
     pairs = list(zip(weights, biases))
     return lambda x: torch.cat([F.linear(x, w, b) for w, b in pairs], dim=-1)
+
+
+def row_blocks(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The [out_i, in] weights as one [sum out_i, in] matrix without a copy, when they are
+    consecutive row blocks of one storage (as `colocate` leaves them); else None."""
+    first = weights[0]
+    offset = first.storage_offset()
+    for w in weights:
+        if (w.dim() != 2 or not w.is_contiguous() or w.shape[1] != first.shape[1] or w.dtype != first.dtype
+                or w.untyped_storage().data_ptr() != first.untyped_storage().data_ptr() or w.storage_offset() != offset):
+            return None
+        offset += w.numel()
+    return first.as_strided((sum(w.shape[0] for w in weights), first.shape[1]), (first.shape[1], 1))
+
+
+def colocate(state: dict[str, torch.Tensor], names: Sequence[str]) -> None:
+    """Store the named [out_i, in] weights as consecutive row blocks of one new matrix and point
+    the state's entries at them (views: the old tensors are freed once nothing else holds them, so
+    a loaded model's weights take no more memory than before). Already colocated: nothing to do."""
+    parts = [state[name] for name in names]
+    if row_blocks(parts) is not None:
+        return
+    whole = torch.cat(parts)  # [sum out_i, in]
+    start = 0
+    for name, part in zip(names, parts):
+        state[name] = whole[start : start + part.shape[0]]
+        start += part.shape[0]
 
 
 def float32_head(weight: torch.Tensor, pack: bool) -> LinearFn:

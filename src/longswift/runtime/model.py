@@ -13,7 +13,7 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from .attention import Attention
 from .cache import FullKVCache
-from .linear import LinearFn, float32_head, make_linear, packing_supported
+from .linear import LinearFn, colocate, float32_head, make_linear, packing_supported
 from .rope import Rope, apply_rope
 
 if TYPE_CHECKING:
@@ -90,7 +90,9 @@ class Transformer:
     """forward(tokens, positions, cache, tree_mask) -> (logits, hidden); one sequence at a time.
 
     `pack=True` runs the linears on oneDNN-packed copies of the weights (CPU, float32/bfloat16),
-    the state dict itself stays untouched; otherwise they read the state dict's tensors in place.
+    the state dict itself stays untouched; where packing does not exist (CUDA, other dtypes) it
+    instead colocates each layer's q/k/v and gate/up weights in the state dict (runtime.linear:
+    one product each, no extra memory). Otherwise the linears read the state dict's tensors in place.
     With `tp`, cfg and state are this rank's shard (parallel.shard_config/shard_state): o_proj and
     down_proj all_reduce their partial sums and the LM head gathers the vocabulary; the forward
     itself is the same code."""
@@ -119,6 +121,12 @@ class Transformer:
             self.lm_head = tp.vocab_parallel(lm_head, self.packed)  # [T, hidden] -> gathered [T, V]
             # (an untied head is already this rank's block; a tied one is the whole embedding)
         self.final_norm = state["model.norm.weight"]
+        self.colocated = pack and not self.packed  # q/k/v and gate/up as one matrix each (runtime.linear)
+        if self.colocated:
+            for n in range(cfg.num_layers):
+                p = f"model.layers.{n}."
+                colocate(state, [p + f"self_attn.{x}_proj.weight" for x in "qkv"])
+                colocate(state, [p + f"mlp.{x}_proj.weight" for x in ("gate", "up")])
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]
         self.rope = Rope(cfg, self.device)
         self.scale = cfg.head_dim**-0.5
