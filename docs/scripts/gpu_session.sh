@@ -4,7 +4,8 @@
 #
 #   bash docs/scripts/gpu_session.sh tests   # the CUDA tests (tests/test_cuda.py and the CPU-side ones)
 #   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
-#                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call)
+#                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call;
+#                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated)
 #   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / length
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
@@ -12,7 +13,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length]|ar|plain}
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate]|ar|plain}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -42,11 +43,15 @@ case $part in
       > "$out/tests.txt" 2>&1
     tail -30 "$out/tests.txt" ;;
   steps)
-    for attention in ${2:-bucketed length}; do
+    for variant in ${2:-bucketed length}; do
+      case $variant in
+        separate) flags=(--graph-attention bucketed --no-pack-weights) ;;
+        *) flags=(--graph-attention "$variant") ;;
+      esac
       $py -m longswift bench-steps --device cuda --shape llama-3.1-8b --contexts 4096,100000 \
-        --tree-nodes 1,8,32,41,64,121 --alpha 0.8 --graph-attention "$attention" \
-        --out "$out/steps-$attention.md" --json "$out/steps-$attention.json" > "$out/steps-$attention.log" 2>&1
-      tail -25 "$out/steps-$attention.log"
+        --tree-nodes 1,8,32,41,64,121 --alpha 0.8 "${flags[@]}" \
+        --out "$out/steps-$variant.md" --json "$out/steps-$variant.json" > "$out/steps-$variant.log" 2>&1
+      tail -25 "$out/steps-$variant.log"
     done ;;
   ar)
     $py docs/scripts/gpu_ar_throughput.py smollm2-135m 2048 1024 > "$out/ar-smollm2-135m.txt" 2>&1
