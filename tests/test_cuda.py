@@ -106,7 +106,8 @@ def test_length_graphs_replay_equals_their_eager_body_and_capture_once_per_span(
     steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     (replay, body, eager), graph = replay_and_body(engine.model, prompt, steps, bucket=16, capacity=160, tree=6,
                                                    attention="length")
-    assert graph.captures == 3  # decoding at slots 37..64 (span 64) and 65..76 (span 128); the tree at span 128
+    assert graph.captures == 3  # decoding at slots 37..63 (span 64: its own slot included) and 64..76 (span
+    # 128); the tree at span 128
     for a, b, c in zip(replay, body, eager):
         assert torch.equal(a, b)
         if dtype == torch.float32:  # the eager forward splits attention elsewhere: equal up to rounding

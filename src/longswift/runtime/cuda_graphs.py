@@ -13,9 +13,10 @@ one of two ways (--graph-attention):
   captures about 100 per node budget in use.
 - length: flash attention's variable-length kernel reads the cached length itself from device
   memory (seqused_k) over a span of the cache that doubles from one bucket, plus explicit
-  attention over the N new entries under the tree mask, merged (runtime.attention.by_length). One
-  graph per (span, N, output): six per node budget for 100K tokens after a 4K prompt, and no
-  [N, bucket] tail.
+  attention over the N new entries under the tree mask, merged (runtime.attention.by_length); a
+  single token (decoding, a draft pass), whose key is written before it attends, is one flash call
+  over the slots up to its own, with no explicit part or merge. One graph per (span, N, output):
+  six per node budget for 100K tokens after a 4K prompt, and no [N, bucket] tail.
   The span bounds the kernel's split of the keys, which it plans from the span on the host: a
   single span of the whole cache would plan every short-context step as a 100K one.
 
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 
 from ..config import GRAPH_ATTENTIONS
 from ..errors import LongswiftError
-from .attention import FLASH_PAGE, bucketed, by_length, key_span, length_unsupported
+from .attention import FLASH_PAGE, bucketed, by_length, key_span, length_unsupported, prefix_with_lse
 from .cache import FullKVCache
 from .model import Transformer
 
@@ -150,7 +151,13 @@ class StepGraphs:
         (tokens, positions), mask = self._buffers(n)
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
         where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
-        if self.attention == "length":
+        if self.attention == "length" and n == 1:  # one token (decoding, a draft pass): its key is in the
+            ks = key_span(self.slot + 1, first, g)  # cache before it attends: one flash call, no merge
+
+            def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor) -> torch.Tensor:
+                return prefix_with_lse(qg, keys[:, :first], values[:, :first], ks, m.scale)[0].to(qg.dtype)
+        elif self.attention == "length":
             ks = key_span(self.slot, first, g * n)  # the cached slots before the step's, counted on the device
             allowed = mask.repeat(g, 1)  # [G*N, N], rows g*N + t
 
@@ -225,8 +232,8 @@ class StepGraphs:
     def _run(self, slot: int, budget: int, n: int, out: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (or run eagerly) the step of `budget` buffered rows written from `slot`, `n` of them real."""
         self.slot.fill_(slot)
-        if self.attention == "length":
-            first = span_for(slot, self.bucket, self.cache.capacity)
+        if self.attention == "length":  # a single token's span covers its own slot too
+            first = span_for(slot + (budget == 1), self.bucket, self.cache.capacity)
         else:
             first = slot - slot % self.bucket
         key = (first, budget, out)
