@@ -143,8 +143,9 @@ class KeySpan:
 
 
 def key_span(used: torch.Tensor, span: int, rows: int) -> KeySpan:
-    """used: [1] long or int32 on the device (the step's first cache slot). Paged where the span is
-    whole pages and this torch's kernel takes a block table."""
+    """used: [1] long or int32 on the device, the cache slots to read (the step's first slot; for a
+    single token, whose key is written first, one more). Paged where the span is whole pages and
+    this torch's kernel takes a block table."""
     dev = used.device
     steps = torch.arange(2, dtype=torch.int32, device=dev)
     table = None
