@@ -122,30 +122,33 @@ class Transformer:
             # (an untied head is already this rank's block; a tied one is the whole embedding)
         self.final_norm = state["model.norm.weight"]
         self.colocated = pack and not self.packed  # q/k/v and gate/up as one matrix each (runtime.linear)
-        if self.colocated:
-            for n in range(cfg.num_layers):
-                p = f"model.layers.{n}."
-                colocate(state, [p + f"self_attn.{x}_proj.weight" for x in "qkv"])
-                colocate(state, [p + f"mlp.{x}_proj.weight" for x in ("gate", "up")])
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]
         self.rope = Rope(cfg, self.device)
         self.scale = cfg.head_dim**-0.5
         self.attention = Attention(self.device, self.dtype, self.scale, self.packed)
 
     def _layer(self, n: int) -> Layer:
-        p, s, pack = f"model.layers.{n}.", self.state, self.packed
+        p, s = f"model.layers.{n}.", self.state
         a, m = p + "self_attn.", p + "mlp."
         return Layer(
             attn_norm=s[p + "input_layernorm.weight"],
-            qkv=make_linear([s[a + "q_proj.weight"], s[a + "k_proj.weight"], s[a + "v_proj.weight"]],
-                            [s.get(a + "q_proj.bias"), s.get(a + "k_proj.bias"), s.get(a + "v_proj.bias")], pack),
+            qkv=self._column_linear(a, ("q", "k", "v")),
             o=self._row_linear(s[a + "o_proj.weight"], s.get(a + "o_proj.bias")),
             q_norm=s.get(a + "q_norm.weight"), k_norm=s.get(a + "k_norm.weight"),
             mlp_norm=s[p + "post_attention_layernorm.weight"],
-            gate_up=make_linear([s[m + "gate_proj.weight"], s[m + "up_proj.weight"]],
-                                [s.get(m + "gate_proj.bias"), s.get(m + "up_proj.bias")], pack),
+            gate_up=self._column_linear(m, ("gate", "up")),
             down=self._row_linear(s[m + "down_proj.weight"], s.get(m + "down_proj.bias")),
         )
+
+    def _column_linear(self, prefix: str, projections: tuple[str, ...]) -> LinearFn:
+        """q/k/v or gate/up as one map, their outputs concatenated; the weights colocated into one
+        matrix first where asked (self.colocated)."""
+        names = [f"{prefix}{x}_proj.weight" for x in projections]
+        if self.colocated:
+            colocate(self.state, names)
+        s = self.state
+        return make_linear([s[name] for name in names], [s.get(f"{prefix}{x}_proj.bias") for x in projections],
+                           self.packed)
 
     def _row_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn:
         """o_proj / down_proj: plain, or (tensor parallel) this rank's input slice + all_reduce."""
