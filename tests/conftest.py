@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -64,6 +65,27 @@ class OpCount(TorchDispatchMode):
         name = str(func.overloadpacket)
         self.names[name] = self.names.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
+
+
+class Calls(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called under it, the level at which the
+    model's code calls ops (each a kernel on CUDA; on the CPU some decompose further)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name != "__get__":  # attribute reads (shape, dtype), not ops
+            self.names[name] = self.names.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| in units in the last place of the larger of the two (a reduced dtype)."""
+    big = torch.maximum(a.float().abs(), b.float().abs()).clamp_min(torch.finfo(a.dtype).tiny)
+    return (a.float() - b.float()).abs() / (torch.finfo(a.dtype).eps * torch.exp2(torch.floor(torch.log2(big))))
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it;
 - colocated q/k/v and gate/up weights (pack_weights on CUDA) give the separate weights' float32 tokens,
   and graphs on == off with them;
+- a bfloat16 RMSNorm is one kernel (fused_norm), within one unit in the last place of transformers' order;
 - the batched walk's device memory stays within the bytes per logit the memory plan counts."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import tiny_hf_model, ulps
 
 import longswift
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
@@ -265,6 +266,37 @@ def test_colocated_linears_on_cuda(dtype):
         assert generate(colocated, "ar") == want
         for spec in SPECS.values():
             assert generate(colocated, "tokenswift", spec) == want
+
+
+def cuda_kernels(fn) -> int:
+    """How many CUDA kernels (and device copies) fn() runs, by the profiler."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def test_the_bfloat16_norm_is_one_kernel_on_cuda():
+    """On CUDA a bfloat16 RMSNorm is aten's fused kernel with the weight (fused_norm, the default
+    there) instead of four kernels, within one unit in the last place of transformers' op order; in
+    bfloat16 graphs on == off with it."""
+    cfg = shape_config("llama-3.1-8b", layers=1)
+    model = Transformer(cfg, random_state(cfg, torch.bfloat16, CUDA))
+    assert model.fused_norm
+    x = 3 * torch.randn(8, cfg.hidden_size, device=CUDA, generator=torch.Generator(device="cuda").manual_seed(0))
+    x = x.to(torch.bfloat16)
+    w = (1 + 0.2 * torch.randn(cfg.hidden_size, device=CUDA)).to(torch.bfloat16)
+    assert cuda_kernels(lambda: model.norm(x, w)) == 1
+    once = model.norm(x, w)
+    model.fused_norm = False
+    assert cuda_kernels(lambda: model.norm(x, w)) == 4
+    assert (ulps(once, model.norm(x, w)) <= 1).all()
+    hf = tiny_hf_model("llama", "default", seed=7)
+    engines = [longswift.load(hf, device="cuda", dtype="bfloat16", heads="random", cuda_graphs=g) for g in ("on", "off")]
+    assert all(e.model.fused_norm for e in engines)
+    assert generate(engines[0], "ar") == generate(engines[1], "ar")
 
 
 def test_a_generation_counts_its_graph_captures():

@@ -75,6 +75,26 @@ def test_tokenswift_equals_ar_in_float64(tiny64, spec, sampling):
     assert accepted > 0  # acceptance was exercised
 
 
+@pytest.mark.parametrize("sampling", [SAMPLINGS["greedy-penalty"], SAMPLINGS["sampled-filters"]],
+                         ids=["greedy-penalty", "sampled-filters"])
+def test_bfloat16_tokenswift_with_one_op_norms_equals_ar(sampling):
+    """The CUDA default for a reduced dtype, run on the CPU: every RMSNorm of the model and the heads
+    in one op (fused_norm). AR and verification run the same norms, so the tokens stay equal."""
+    hf = tiny_hf_model("qwen3", "default", seed=33, dtype=torch.bfloat16, vocab=24)  # qwen3: q/k norms too
+    e = longswift.load(hf, dtype="bfloat16", heads="random")
+    e.model.fused_norm = e.heads.fused_norm = True
+    gen = GenerationConfig(max_new_tokens=60, ignore_eos=True)
+    accepted = 0
+    for seed in range(2):
+        prompt = repetitive_prompt(seed, 24)
+        ar = e.generate(prompt, sampling=sampling, generation=gen, method="ar").token_ids
+        for name in ("paper", "fused-partial-batched"):
+            ts = e.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=SPECS[name])
+            assert ts.token_ids == ar, (seed, name)
+            accepted += ts.stats.accepted_tokens
+    assert accepted > 0
+
+
 def test_tokenswift_stops_at_eos_like_ar(tiny64):
     prompt = repetitive_prompt(5, 24)
     greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)

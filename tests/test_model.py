@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import OpCount, tiny_hf_model
+from conftest import Calls, OpCount, tiny_hf_model, ulps
 
 import longswift
 from longswift.runtime.cache import FullKVCache
@@ -160,3 +160,51 @@ def test_colocate_leaves_separate_weights_alone_until_asked():
     whole = row_blocks([state["a"], state["b"]])
     assert whole is not None and torch.equal(whole, torch.cat([a, b]))
     assert row_blocks([state["b"], state["a"]]) is None  # blocks out of order are not one matrix
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_fused_norm_rounds_once_within_one_ulp_of_transformers(dtype):
+    """fused_norm (the default on CUDA): RMSNorm in a reduced dtype as one op that scales by the
+    weight in float32 and rounds once, where transformers rounds the normalised x and then scales
+    in the reduced dtype: the first is within half a unit in the last place of the float32 product,
+    the second within one and a half, so they differ by at most one unit."""
+    hf = tiny_hf_model("llama", "default", dtype=dtype)
+    model = longswift.load(hf, dtype=str(dtype).removeprefix("torch."), pack_weights=False).model
+    assert not model.fused_norm  # the CPU default keeps transformers' rounding
+    x = 3 * torch.randn(64, hf.config.hidden_size, generator=torch.Generator().manual_seed(0)).to(dtype)
+    w = model.layers[0].attn_norm
+    eps = hf.config.rms_norm_eps
+    twice = model.norm(x, w)
+    ref = hf.model.layers[0].input_layernorm(x)
+    assert torch.equal(twice, ref)  # transformers' own op order, bit for bit
+    model.fused_norm = True
+    once = model.norm(x, w)
+    assert once.dtype == dtype
+    assert torch.equal(once, (torch.nn.functional.rms_norm(x.float(), (x.shape[-1],), eps=eps) * w.float()).to(dtype))
+    assert (ulps(once, ref) <= 1).all()
+    assert not torch.equal(once, ref)  # the test sees the difference it bounds
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])  # qwen3: q and k norms too
+def test_a_fused_norm_is_one_call_and_keeps_the_logits(arch):
+    """Each RMSNorm of a bfloat16 forward is one call with the weight (on CUDA one kernel: aten's
+    fused RMSNorm) instead of four (up-cast, norm, down-cast, scale): 6 calls fewer per layer (12 with
+    q/k norms) and 3 for the final norm; the logits stay as close to a float64 run as transformers' are."""
+    import copy
+
+    hf = tiny_hf_model(arch, "default", dtype=torch.bfloat16, max_position_embeddings=CTX)
+    ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = copy.deepcopy(hf).double()(ids[None]).logits[0]
+    model = longswift.load(hf, dtype="bfloat16", pack_weights=False).model
+    calls, logits = {}, {}
+    for fused in (False, True):
+        model.fused_norm = fused
+        with torch.inference_mode(), Calls() as count:
+            logits[fused], _ = model.forward(ids, torch.arange(SEQ), None)
+        calls[fused] = count.names
+        assert rel_err(logits[fused].double(), exact) < 0.05, fused  # bfloat16's rounding, not an error
+    norms = hf.config.num_hidden_layers * (4 if arch == "qwen3" else 2) + 1
+    assert calls[True]["rms_norm"] == calls[False]["rms_norm"] == norms
+    assert sum(calls[False].values()) - sum(calls[True].values()) == 3 * norms
+    assert not torch.equal(logits[True], logits[False])

@@ -385,7 +385,8 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
         heads = new_heads(cfg, state, gamma).randomize(bench.seed)
     # pack: oneDNN-packed copies where they exist, else (CUDA) q/k/v and gate/up colocated, as for a loaded file
     model = Transformer(cfg, state, pack=runtime.pack_weights is not False, float32_logits=runtime.float32_logits)
-    linears = {"packed_linears": model.packed, "colocated_linears": model.colocated}
+    linears = {"packed_linears": model.packed, "colocated_linears": model.colocated,
+               **({"fused_norm": True} if model.fused_norm else {})}
     costs = []
     with torch.inference_mode():
         rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model),

@@ -44,9 +44,15 @@ class DraftHeads(nn.Module):
         self.weights = nn.Parameter(torch.zeros(gamma, hidden_size, hidden_size))  # W_i, zero: h_i = h_0
         out = final_norm.detach().float().expand(gamma, -1).clone() if final_norm is not None else torch.ones(gamma, hidden_size)
         self.out_norms = nn.Parameter(out)  # RMSNorm'_i, initialised to the base model's final norm
+        # A reduced dtype's norms in one op, scaled in float32 and rounded once (Transformer.norm): None =
+        # on CUDA, where each op is a kernel; off elsewhere, the reference's LlamaRMSNorm rounding.
+        self.fused_norm: bool | None = None
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         acc = torch.promote_types(x.dtype, torch.float32)
+        fused = x.device.type == "cuda" if self.fused_norm is None else self.fused_norm
+        if x.dtype == acc or fused:
+            return F.rms_norm(x, (x.shape[-1],), w, eps=self.eps)
         return w * F.rms_norm(x.to(acc), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def forward(self, h0: torch.Tensor) -> torch.Tensor:
