@@ -15,7 +15,8 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it;
 - colocated q/k/v and gate/up weights (pack_weights on CUDA) give the separate weights' float32 tokens,
   and graphs on == off with them;
-- a bfloat16 RMSNorm is one kernel (fused_norm), within one unit in the last place of transformers' order;
+- a bfloat16 RMSNorm is one kernel (fused_norm), within one unit in the last place of transformers' order,
+  and o_proj/down_proj add the residual in their product (fused_residual) in fewer kernels;
 - the batched walk's device memory stays within the bytes per logit the memory plan counts."""
 
 from __future__ import annotations
@@ -278,25 +279,35 @@ def cuda_kernels(fn) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def test_the_bfloat16_norm_is_one_kernel_on_cuda():
+def test_the_fused_kernels_on_cuda():
     """On CUDA a bfloat16 RMSNorm is aten's fused kernel with the weight (fused_norm, the default
-    there) instead of four kernels, within one unit in the last place of transformers' op order; in
-    bfloat16 graphs on == off with it."""
+    there) instead of four kernels, within one unit in the last place of transformers' op order;
+    o_proj and down_proj add the residual inside their product (fused_residual) in fewer kernels
+    than a product and an add, to bfloat16 rounding; in bfloat16 graphs on == off with both."""
     cfg = shape_config("llama-3.1-8b", layers=1)
-    model = Transformer(cfg, random_state(cfg, torch.bfloat16, CUDA))
-    assert model.fused_norm
-    x = 3 * torch.randn(8, cfg.hidden_size, device=CUDA, generator=torch.Generator(device="cuda").manual_seed(0))
-    x = x.to(torch.bfloat16)
-    w = (1 + 0.2 * torch.randn(cfg.hidden_size, device=CUDA)).to(torch.bfloat16)
+    state = random_state(cfg, torch.bfloat16, CUDA)
+    model = Transformer(cfg, state)
+    assert model.fused_norm and model.fused_residual
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (3 * torch.randn(8, cfg.hidden_size, device=CUDA, generator=g)).to(torch.bfloat16)
+    w = (1 + 0.2 * torch.randn(cfg.hidden_size, device=CUDA, generator=g)).to(torch.bfloat16)
     assert cuda_kernels(lambda: model.norm(x, w)) == 1
     once = model.norm(x, w)
     model.fused_norm = False
     assert cuda_kernels(lambda: model.norm(x, w)) == 4
     assert (ulps(once, model.norm(x, w)) <= 1).all()
+    a = torch.randn(8, cfg.num_heads * cfg.head_dim, device=CUDA, generator=g).to(torch.bfloat16)
+    separate = Transformer(cfg, state, fused_residual=False)
+    fused_o, separate_o = model.layers[0].o, separate.layers[0].o
+    assert cuda_kernels(lambda: fused_o(a, x)) < cuda_kernels(lambda: separate_o(a, x))
+    torch.testing.assert_close(fused_o(a, x).float(), separate_o(a, x).float(), rtol=2e-2, atol=2e-2)
     hf = tiny_hf_model("llama", "default", seed=7)
-    engines = [longswift.load(hf, device="cuda", dtype="bfloat16", heads="random", cuda_graphs=g) for g in ("on", "off")]
-    assert all(e.model.fused_norm for e in engines)
+    engines = [longswift.load(hf, device="cuda", dtype="bfloat16", heads="random", cuda_graphs=graphs)
+               for graphs in ("on", "off")]
+    assert all(e.model.fused_norm and e.model.fused_residual for e in engines)
     assert generate(engines[0], "ar") == generate(engines[1], "ar")
+    for spec in SPECS.values():
+        assert generate(engines[0], "tokenswift", spec) == generate(engines[1], "tokenswift", spec)
 
 
 def test_a_generation_counts_its_graph_captures():

@@ -1,15 +1,16 @@
 """AR decode throughput of a real model shape with random weights (no download), without CUDA
 graphs, with them reading each token back (--read-every 1), with them reading tokens back in
 blocks (--read-every 0: auto, 16 on CUDA), in blocks with q/k/v and gate/up colocated (as a model
-loaded from a file runs: pack_weights), colocated with each reduced-dtype RMSNorm as four kernels
-instead of one (fused_norm off: transformers' rounding), and in blocks with --graph-attention length
+loaded from a file runs: pack_weights), colocated without the fused kernels (each reduced-dtype
+RMSNorm as transformers' four ops instead of one, o_proj/down_proj as a product and an add instead of
+one addmm: fused_norm and fused_residual off), and in blocks with --graph-attention length
 (where this torch's flash kernel takes seqused_k), through the public Engine:
 `python docs/scripts/gpu_ar_throughput.py SHAPE PROMPT NEW [LAYERS [DTYPE]]` (e.g. smollm2-135m 2048
 1024). Random weights make the text meaningless but not the speed of AR: every step does the same
 work. Prints one line per run (each setting twice, interleaved) and where each run's tokens first differ
 from the first run's (bucketed runs with separate weights should never; length sums attention in
-another order, a colocated product may split its sums otherwise, and a one-op norm rounds once
-where transformers' rounds twice, so in bf16 they may, which is rounding, not an error)."""
+another order, a colocated product may split its sums otherwise, and the fused kernels round once
+where the separate ops round twice, so in bf16 they may, which is rounding, not an error)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from longswift.bench.shapes import random_state, shape_config
 from longswift.engine import Engine
 from longswift.runtime.attention import length_unsupported
 from longswift.runtime.loading import LoadedModel
+from longswift.runtime.model import Transformer
 
 
 def main() -> None:
@@ -32,7 +34,7 @@ def main() -> None:
     state = random_state(cfg, dtype, torch.device("cuda"))
     prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
     tokens = {}
-    # (cuda graphs, read every, graph attention, colocated, fused norm)
+    # (cuda graphs, read every, graph attention, colocated, fused kernels)
     modes = [("off", 1, "bucketed", False, True), ("on", 1, "bucketed", False, True),
              ("on", 0, "bucketed", False, True), ("on", 0, "bucketed", True, True), ("on", 0, "bucketed", True, False)]
     if length_unsupported(torch.device("cuda")) is None:
@@ -46,13 +48,15 @@ def main() -> None:
         # colocating rewrites the state's entries: on a copy of the dict, so the other runs keep separate weights
         weights = dict(state) if colocated else state
         engine = Engine(LoadedModel(cfg, weights, None, f"<random {shape}>"), pack_weights=colocated, runtime=runtime)
-        engine.model.fused_norm = fused and engine.model.fused_norm  # (never on where it is off: float32)
+        if not fused:
+            engine.model = Transformer(cfg, engine.model.state, pack=colocated, fused_norm=False, fused_residual=False)
         result = engine.generate(prompt, method="ar", sampling=SamplingConfig(temperature=0, repetition_penalty=1.0),
                                  generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
         s = result.stats
         print(f"{shape} layers={cfg.num_layers} {runtime.dtype} prompt={prompt_len} new={new} cuda_graphs={graphs} "
               f"read_every={runtime.token_block(torch.device('cuda'))} graph_attention={attention} "
-              f"colocated={engine.model.colocated} fused_norm={engine.model.fused_norm}: "
+              f"colocated={engine.model.colocated} fused_norm={engine.model.fused_norm} "
+              f"fused_residual={engine.model.fused_residual}: "
               f"decode {s.tokens_per_second:.1f} tok/s ({1e3 * s.decode_seconds / s.new_tokens:.2f} ms/token), "
               f"prefill {s.prefill_seconds:.2f} s, {s.graph_captures} graphs captured in "
               f"{s.graph_capture_seconds:.2f} s", flush=True)

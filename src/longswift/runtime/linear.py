@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 LinearFn = Callable[[torch.Tensor], torch.Tensor]
+ResidualFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, residual) -> residual + linear(x)
 
 
 def packing_supported(dtype: torch.dtype, device: torch.device) -> bool:
@@ -61,6 +62,16 @@ def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor |
         return lambda x: F.linear(x, whole, bias)
     pairs = list(zip(weights, biases))
     return lambda x: torch.cat([F.linear(x, w, b) for w, b in pairs], dim=-1)
+
+
+def add_to_residual(linear: LinearFn, weight: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> ResidualFn:
+    """(x [T, in], residual [T, out]) -> residual + x @ weight.T (+ bias). `fused` (and no bias): one
+    product whose epilogue adds the residual (`addmm`: one kernel instead of two on CUDA, the sum
+    rounded once instead of twice); else `linear` and an add."""
+    if fused and bias is None:
+        wt = weight.t()
+        return lambda x, residual: torch.addmm(residual, x, wt)
+    return lambda x, residual: residual + linear(x)
 
 
 def row_blocks(weights: Sequence[torch.Tensor]) -> torch.Tensor | None:

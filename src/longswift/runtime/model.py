@@ -13,7 +13,7 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from .attention import Attention
 from .cache import FullKVCache
-from .linear import LinearFn, colocate, float32_head, make_linear, packing_supported
+from .linear import LinearFn, ResidualFn, add_to_residual, colocate, float32_head, make_linear, packing_supported
 from .rope import Rope, apply_rope
 
 if TYPE_CHECKING:
@@ -78,12 +78,12 @@ class Layer:
 
     attn_norm: torch.Tensor
     qkv: LinearFn  # [T, hidden] -> [T, (H + 2 Hkv) D]
-    o: LinearFn
+    o: ResidualFn  # (attention [T, H*D], residual [T, hidden]) -> residual + o_proj(attention)
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     mlp_norm: torch.Tensor
     gate_up: LinearFn  # [T, hidden] -> [T, 2 I]
-    down: LinearFn
+    down: ResidualFn  # (activation [T, I], residual [T, hidden]) -> residual + down_proj(activation)
 
 
 class Transformer:
@@ -99,7 +99,7 @@ class Transformer:
 
     def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False,
                  tp: TensorParallel | None = None, float32_logits: bool = False,
-                 fused_norm: bool | None = None) -> None:
+                 fused_norm: bool | None = None, fused_residual: bool | None = None) -> None:
         check_state_dict(cfg, state, tp.plan.vocab_per_rank if tp is not None else None)
         self.cfg = cfg
         self.state = state
@@ -111,6 +111,10 @@ class Transformer:
         fused = self.device.type == "cuda" if fused_norm is None else fused_norm
         self.fused_norm = fused and self.dtype != self.acc_dtype
         self.packed = pack and packing_supported(self.dtype, self.device)
+        # o_proj and down_proj add their residual in the product's epilogue (see add_to_residual): by
+        # default on CUDA; never packed (oneDNN) or tensor parallel (the add follows the all_reduce).
+        fused = self.device.type == "cuda" if fused_residual is None else fused_residual
+        self.fused_residual = fused and tp is None and not self.packed
         self.embed = embed
         lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
         # Logits kept in float32 rather than rounded to a reduced dtype (a no-op for float32/float64 models).
@@ -154,11 +158,14 @@ class Transformer:
         return make_linear([s[name] for name in names], [s.get(f"{prefix}{x}_proj.bias") for x in projections],
                            self.packed)
 
-    def _row_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> LinearFn:
-        """o_proj / down_proj: plain, or (tensor parallel) this rank's input slice + all_reduce."""
+    def _row_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> ResidualFn:
+        """o_proj / down_proj added to the residual: plain, or (tensor parallel) this rank's input
+        slice + all_reduce."""
         if self.tp is None:
-            return make_linear([weight], [bias], self.packed)
-        return self.tp.row_parallel(weight, bias, self.packed)
+            linear = make_linear([weight], [bias], self.packed)
+        else:
+            linear = self.tp.row_parallel(weight, bias, self.packed)
+        return add_to_residual(linear, weight, bias, self.fused_residual)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm of x [..., hidden], normalised in (at least) float32. In float32 and float64 one op,
@@ -235,9 +242,9 @@ class Transformer:
             q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
             if queries is not None:
                 queries.append(q[-1])
-            x = x + w.o(attend(n, q, k, v))
+            x = w.o(attend(n, q, k, v), x)
             gate, up = w.gate_up(self.norm(x, w.mlp_norm)).chunk(2, dim=-1)  # [T, I] each
-            x = x + w.down(F.silu(gate) * up)
+            x = w.down(F.silu(gate) * up, x)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
