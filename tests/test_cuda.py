@@ -367,7 +367,7 @@ def test_tokenswift_plain_blocks_on_cuda_equal_ar_in_float32(monkeypatch):
     import longswift.spec.tokenswift as ts
 
     monkeypatch.setattr(ts.TokenSwiftState, "rate",
-                        lambda self, kind: {ts.FULL: 1.0, ts.LOOKUP: 2.0, ts.PLAIN: 3.0}[kind])
+                        lambda self, kind: {ts.FULL: 1.0, ts.NARROW: 1.5, ts.LOOKUP: 2.0, ts.PLAIN: 3.0}[kind])
     engine = longswift.load(tiny_hf_model("llama", "default", seed=9), device="cuda", dtype="float32",
                             heads="random")
     sampling = SamplingConfig(seed=4, top_p=0.9, repetition_penalty=1.2, penalty_window=16)

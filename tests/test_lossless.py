@@ -307,6 +307,99 @@ def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, partial, monkeypa
     assert ts.stats.lookup_steps + ts.stats.plain_steps >= (ts.stats.steps - 1) // 6 * 5 - 3
 
 
+@pytest.mark.parametrize("sampling", [SAMPLINGS["greedy-penalty"], SAMPLINGS["sampled-filters"]],
+                         ids=["greedy-penalty", "sampled-filters"])
+@pytest.mark.parametrize("mode", ["paper", "fused"])
+def test_narrow_steps_stay_lossless(tiny64, sampling, mode, monkeypatch):
+    """Where --tree or --ngram-topk is wide, adaptive steps may also run a full step on a narrow trie
+    (the draft's first candidate per depth, one n-gram path): mixed with the other kinds in a fixed
+    pattern, still AR's tokens, and the narrow tries are that small."""
+    from longswift.spec import tokenswift
+
+    pattern = iter([tokenswift.FULL, tokenswift.NARROW, tokenswift.NARROW, tokenswift.LOOKUP,
+                    tokenswift.PLAIN] * 100)
+    monkeypatch.setattr(tokenswift.TokenSwiftState, "choose", lambda self: next(pattern))
+    sizes: dict[bool, list[int]] = {False: [], True: []}
+    build = tokenswift.build_tree
+
+    def spy(s, d, narrow=False):
+        trie = build(s, d, narrow)
+        sizes[narrow].append(len(trie))
+        return trie
+
+    monkeypatch.setattr(tokenswift, "build_tree", spy)
+    spec = SpecConfig(tree="1,3,2,2", ngram_topk=3, draft_mode=mode)
+    gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
+    prompt = repetitive_prompt(2, 24)
+    ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
+    ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+    assert ts.token_ids == ar.token_ids
+    assert ts.stats.narrow_steps == len(sizes[True]) > 0
+    depths = 4 if mode == "paper" else 3
+    assert max(sizes[True]) <= 1 + depths + tokenswift.NGRAM_N - 1  # a chain and one n-gram path
+    assert max(sizes[False]) > max(sizes[True])
+
+
+def test_a_costly_probe_waits_until_it_costs_at_most_the_probe_budget():
+    """A kind whose probe costs much more than the leader's steps for the same tokens (a full step on
+    a wide trie on a CPU: several plain steps' time for about one token) is probed only as often as
+    keeps that extra within PROBE_BUDGET of the time between probes, up to MAX_PROBE_EVERY; cheap
+    probes keep the doubling schedule."""
+    from longswift.spec.tokenswift import (
+        FULL,
+        KINDS,
+        LOOKUP,
+        MAX_PROBE_EVERY,
+        PLAIN,
+        PROBE_BUDGET,
+        PROBE_EVERY,
+        TokenSwiftState,
+    )
+
+    s = TokenSwiftState.__new__(TokenSwiftState)
+    s.spec, s.tokens_per_step = SpecConfig(), 1.0
+    s.step_tokens, s.step_seconds = {FULL: 1.2, LOOKUP: 1.0, PLAIN: 1.0}, {FULL: 0.13, LOOKUP: 0.0505, PLAIN: 0.05}
+    s.since, s.probe_every = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, PROBE_EVERY)
+    s.best, s.follow = None, None
+    assert s.choose() == PLAIN  # 20 tok/s leads
+    extra = 0.13 - 1.2 / 20  # a full probe: 0.13 s where plain steps take 0.06 s for its 1.2 tokens
+    assert s.interval(FULL) == math.ceil(extra / (PROBE_BUDGET * 0.05)) == 140
+    assert s.interval(LOOKUP) == PROBE_EVERY  # 0.5 ms over a plain step: the doubling schedule
+    picks = [s.choose() for _ in range(1000)]
+    full = [i for i, k in enumerate(picks) if k == FULL]
+    assert full[0] == 139  # 140 steps after the start (the first choice above was one)
+    # 140 steps apart while the doubling interval (32, 64, 128) is shorter, then the doubled 256
+    assert [j - i for i, j in zip(full, full[1:])][:4] == [141, 141, 141, 257]
+    assert s.probe_every[FULL] == MAX_PROBE_EVERY
+    assert sum(k == LOOKUP for k in picks) > len(full)
+
+
+def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
+    from longswift.spec.tokenswift import KINDS, NARROW, WIDE_KINDS, TokenSwiftState
+
+    hf = tiny_hf_model("llama", seed=5, vocab=24)
+    e = longswift.load(hf, dtype="float32", heads="random")
+    gen = GenerationConfig(max_new_tokens=8, ignore_eos=True)
+
+    def kinds(spec: SpecConfig) -> tuple[str, ...]:
+        s = TokenSwiftState(e.model, e.heads, [3, 4, 5], [], SamplingConfig(temperature=0), gen, spec,
+                            GenerationStats("tokenswift", 3), frozenset(), None)
+        return s.kinds
+
+    assert kinds(SpecConfig()) == KINDS  # the CPU default (1,1,1, one n-gram path) is narrow already
+    assert kinds(SpecConfig(tree="1,1,1,1", ngram_topk=0)) == KINDS
+    assert kinds(SpecConfig(tree="1,2,2", draft_mode="fused", ngram_topk=1)) == WIDE_KINDS
+    assert kinds(SpecConfig(tree="2,1,1", draft_mode="fused", ngram_topk=1)) == KINDS  # fused drops depth 1
+    assert kinds(SpecConfig(tree="1,1,1", ngram_topk=4)) == WIDE_KINDS
+    wide = TokenSwiftState.__new__(TokenSwiftState)
+    wide.kinds, wide.spec, wide.tokens_per_step = WIDE_KINDS, SpecConfig(), 1.0
+    wide.step_tokens, wide.step_seconds = dict.fromkeys(WIDE_KINDS, 1.0), dict.fromkeys(WIDE_KINDS, 0.02)
+    wide.since, wide.probe_every = dict.fromkeys(WIDE_KINDS, 0), dict.fromkeys(WIDE_KINDS, 16)
+    wide.best, wide.follow = None, None
+    wide.step_seconds[NARROW] = 0.01  # twice the others' tokens/s: it leads
+    assert wide.choose() == NARROW and wide.best == NARROW
+
+
 def test_adaptive_choice_follows_measured_rates():
     from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, MAX_PROBE_EVERY, PLAIN, PROBE_EVERY, TokenSwiftState
 
@@ -320,7 +413,7 @@ def test_adaptive_choice_follows_measured_rates():
         s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step
 
     assert s.choose() == FULL
-    s.record(FULL, 4, 0.1)  # 40 tok/s
+    s.record(FULL, 4, 0.085)  # 47 tok/s (a probe costs 5 ms more than the leader's time for its 4 tokens)
     assert s.tokens_per_step == pytest.approx(1.75)  # the EMA that decides one-pass LM heads: 0.75 * 1 + 0.25 * 4
     assert s.choose() == LOOKUP
     s.record(LOOKUP, 1, 0.02)  # 50 tok/s
@@ -342,7 +435,7 @@ def test_adaptive_choice_follows_measured_rates():
     s.record(FULL, 5, None)  # a step that captured a graph or refilled the partial cache: tokens count, time not
     assert (s.step_tokens, s.step_seconds) == before and s.tokens_per_step == pytest.approx(0.75 * tps + 0.25 * 5)
     for _ in range(10):  # the interval stops doubling at its cap
-        s.since[FULL] = s.probe_every[FULL]
+        s.since[FULL] = s.interval(FULL)
         assert s.choose() == FULL
     assert s.probe_every[FULL] == MAX_PROBE_EVERY
     s.probe_every = dict.fromkeys(KINDS, 10**6)

@@ -96,7 +96,7 @@ def test_the_engine_resolves_read_every_per_device_and_streams_blocks(engine):
     assert stream.result.token_ids == want
 
 
-FIXED_RATES = {"full": 1.0, "lookup": 2.0, "plain": 3.0}  # plain steps lead; the others are probed on schedule
+FIXED_RATES = {"full": 1.0, "narrow": 1.5, "lookup": 2.0, "plain": 3.0}  # plain steps lead; the others are probed on schedule
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)

@@ -25,6 +25,7 @@ class GenerationStats:
     draft_positions: int = 0  # deepest drafted position per step, summed (alpha's denominator; 4 for 1,3,3,3)
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
     lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
+    narrow_steps: int = 0  # adaptive full steps on a narrow trie (first candidate per depth, one n-gram path)
     plain_steps: int = 0  # adaptive steps that ran the root alone (an AR step: no draft paid for itself)
     stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit / plain
     graph_captures: int = 0  # CUDA graphs captured (one per step shape, cache bucket and node budget in use)

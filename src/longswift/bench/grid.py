@@ -318,6 +318,7 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "ngram_alpha": (stats.ngram_accepted / stats.draft_positions if stats.draft_positions else 0.0) if spec else None,
         "tokens_per_step": stats.tokens_per_step if spec else None,
         "lookup_steps": stats.lookup_steps if spec else None,
+        "narrow_steps": stats.narrow_steps if spec else None,
         "plain_steps": stats.plain_steps if spec else None,
         "stage_seconds": dict(stats.stage_seconds) if spec else None,
         "graph_captures": stats.graph_captures if stats is not None else None,  # None: a peer

@@ -5,6 +5,7 @@ State between steps: the full KV cache holds the committed context `history[:n-1
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,10 +28,15 @@ from .tree import NGRAM, Trie
 from .verify import Walk, batched_walk, lossless_walk
 
 NGRAM_N = 4
-FULL, LOOKUP, PLAIN = "full", "lookup", "plain"
+FULL, NARROW, LOOKUP, PLAIN = "full", "narrow", "lookup", "plain"
 KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
+# ... and, where --tree or --ngram-topk is wider than this, a full step on a narrow trie: the draft's
+# first candidate at each depth plus one n-gram continuation (the trie the CPU measured best, docs/benchmarks.md)
+WIDE_KINDS = (FULL, NARROW, LOOKUP, PLAIN)
+NARROW_NGRAM_TOPK = 1
 PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
 MAX_PROBE_EVERY = 256  # ... doubling (per kind) while its probes do not win it the lead
+PROBE_BUDGET = 0.01  # ... and never more often than keeps what a kind's probes cost over the leader's steps within this share
 LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
 RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per step
 EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
@@ -73,6 +79,8 @@ class Verified:
 class TokenSwiftState:
     """Everything one generation carries from step to step."""
 
+    kinds: tuple[str, ...] = KINDS  # the kinds of step adaptive steps choose from (WIDE_KINDS for a wide trie)
+
     def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
@@ -93,6 +101,8 @@ class TokenSwiftState:
         self.sync = model.device.type == "cuda"  # stage timers wait for the device (adaptive steps read them)
         self.read_every = read_every if model.tp is None else 1  # plain steps run as token blocks of up to this
         self.levels = levels
+        if any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK:
+            self.kinds = WIDE_KINDS
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
@@ -126,10 +136,10 @@ class TokenSwiftState:
             self.ngrams.update(self.tokens, self.n)
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
         # Adaptive steps: each kind's tokens and seconds per step (EMAs); their ratio is its tokens/s.
-        self.step_tokens: dict[str, float | None] = dict.fromkeys(KINDS)
-        self.step_seconds: dict[str, float] = dict.fromkeys(KINDS, 0.0)
-        self.since: dict[str, int] = dict.fromkeys(KINDS, 0)  # steps since each kind last ran
-        self.probe_every: dict[str, int] = dict.fromkeys(KINDS, PROBE_EVERY)  # each kind's probe interval
+        self.step_tokens: dict[str, float | None] = dict.fromkeys(self.kinds)
+        self.step_seconds: dict[str, float] = dict.fromkeys(self.kinds, 0.0)
+        self.since: dict[str, int] = dict.fromkeys(self.kinds, 0)  # steps since each kind last ran
+        self.probe_every: dict[str, int] = dict.fromkeys(self.kinds, PROBE_EVERY)  # each kind's probe interval
         self.best: str | None = None
         self.follow: str | None = None  # a probed kind whose step beat the leader: run it again next step
         self.one_off = False  # this step paid a one-off cost (a partial-cache refill): not timed for `rate`
@@ -143,20 +153,22 @@ class TokenSwiftState:
         return None if tokens is None else tokens / max(self.step_seconds[kind], 1e-9)
 
     def choose(self) -> str:
-        """FULL (draft pass + heads' tree), LOOKUP (n-gram continuations of the root only, no draft
-        pass) or PLAIN (the root alone: an AR step, for text where no draft pays for itself):
-        whichever has been fastest, probing each other kind every `probe_every[kind]` steps; probes
+        """FULL (draft pass + heads' tree), NARROW (the same draft pass, a narrow trie: where the
+        configured one is wide, its verify pass may cost more than its extra tokens are worth, as at
+        long contexts on a GPU), LOOKUP (n-gram continuations of the root only, no draft pass) or
+        PLAIN (the root alone: an AR step, for text where no draft pays for itself): whichever has
+        been fastest, probing each other kind every `interval(kind)` steps; probes
         cost time, so a kind's interval doubles (up to MAX_PROBE_EVERY) at each probe and starts
         over only when that kind wins the lead (two others swapping the lead do not make it probed
-        more often). A probe whose step beat the leader is followed up at once (text that has turned
+        more often), and a costly probe waits longer (see interval). A probe whose step beat the leader is followed up at once (text that has turned
         repetitive should not wait a long probe interval per sample), while its steps keep beating it."""
         if not self.spec.adaptive:
             return FULL
-        rates = {kind: self.rate(kind) for kind in KINDS}
-        for kind in KINDS:
+        rates = {kind: self.rate(kind) for kind in self.kinds}
+        for kind in self.kinds:
             if rates[kind] is None:
                 return self._run(kind)
-        fastest = max(KINDS, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
+        fastest = max(self.kinds, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
         # A drafting kind takes the lead only for a clear margin: two kinds that do the same work (a
         # lookup step that found no n-gram is a plain step) would otherwise swap on noise, and a
         # drafting kind that leads on a lucky streak costs more than the plain step it displaced.
@@ -170,12 +182,26 @@ class TokenSwiftState:
         follow, self.follow = self.follow, None
         if follow is not None and follow != best:
             return self._run(follow)
-        due = [k for k in KINDS if k != best and self.since[k] >= self.probe_every[k]]
+        due = [k for k in self.kinds if k != best and self.since[k] >= self.interval(k)]
         if due:
-            kind = max(due, key=lambda k: self.since[k] - self.probe_every[k])  # the most overdue
+            kind = max(due, key=lambda k: self.since[k] - self.interval(k))  # the most overdue
             self.probe_every[kind] = min(2 * self.probe_every[kind], MAX_PROBE_EVERY)
             return self._run(kind)
         return self._run(best)
+
+    def interval(self, kind: str) -> int:
+        """Steps between probes of `kind` while another leads: its doubling `probe_every`, but at
+        least enough that what a probe costs beyond the leader's work (its seconds minus its tokens'
+        time at the leader's rate) stays within PROBE_BUDGET of the leader's time between probes (a
+        full step on a wide trie can cost several plain steps for one token: probed every 16 steps, it
+        would cost more than its rare wins gain); at most MAX_PROBE_EVERY."""
+        tokens, best = self.step_tokens[kind], self.best
+        leader = self.rate(best) if best is not None else None
+        if tokens is None or not leader:
+            return self.probe_every[kind]
+        extra = self.step_seconds[kind] - tokens / leader  # [s] per probe, beyond the leader's time for its tokens
+        floor = extra / (PROBE_BUDGET * max(self.step_seconds[best], 1e-9))  # type: ignore[index]
+        return min(max(self.probe_every[kind], math.ceil(floor)), MAX_PROBE_EVERY)
 
     def plain_run(self) -> int:
         """How many plain steps may run now as one token block (runtime/blocks): 1 unless plain steps
@@ -184,17 +210,17 @@ class TokenSwiftState:
         probe schedule of single steps. Call after choose() returned PLAIN."""
         if self.read_every <= 1 or self.best != PLAIN or self.follow is not None:
             return 1
-        room = min(self.probe_every[k] - self.since[k] for k in KINDS if k != PLAIN)
+        room = min(self.interval(k) - self.since[k] for k in self.kinds if k != PLAIN)
         return max(1, min(self.read_every, 1 + room, self.gen.max_new_tokens - self.produced))
 
     def skip(self, steps: int) -> None:
         """Count `steps` more plain steps (the rest of a token block) on the probe schedule."""
-        for k in KINDS:
+        for k in self.kinds:
             if k != PLAIN:
                 self.since[k] += steps
 
     def _run(self, kind: str) -> str:
-        for k in KINDS:
+        for k in self.kinds:
             self.since[k] += 1
         self.since[kind] = 0
         return kind
@@ -342,13 +368,16 @@ def draft(s: TokenSwiftState) -> Draft:
     return Draft(levels)
 
 
-def build_tree(s: TokenSwiftState, d: Draft) -> Trie:
-    """The heads' cartesian tree plus n-gram paths for each depth-1 token, merged as a trie."""
+def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False) -> Trie:
+    """The heads' cartesian tree plus n-gram paths for each depth-1 token, merged as a trie;
+    `narrow`: the first candidate of each depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
+    levels = [level[:1] for level in d.levels] if narrow else d.levels
+    topk = min(s.spec.ngram_topk, NARROW_NGRAM_TOPK) if narrow else s.spec.ngram_topk
     trie = Trie.with_root(int(s.history[s.n - 1]))
-    trie.add_levels(d.levels)
-    if s.ngrams is not None and d.levels:
-        for first in d.levels[0]:
-            for cont, _count in s.ngrams.table.top(first, s.spec.ngram_topk):
+    trie.add_levels(levels)
+    if s.ngrams is not None and levels:
+        for first in levels[0]:
+            for cont, _count in s.ngrams.table.top(first, topk):
                 trie.add_path((first, *cont), NGRAM)
     return trie
 
@@ -458,7 +487,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         captures, s.one_off = s.captures(), False
         kind = s.choose()
         if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
-            kind = KINDS[model.tp.broadcast_int(KINDS.index(kind))]
+            kind = s.kinds[model.tp.broadcast_int(s.kinds.index(kind))]
         trie = None
         if kind != PLAIN:
             s.catch_up()
@@ -482,12 +511,13 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
             yield emitted
             continue
         t = t0
-        if kind == FULL:
+        if kind in (FULL, NARROW):
             d = draft(s)
             t = _stage_done(s, "draft", t0)
-            trie = build_tree(s, d)
+            trie = build_tree(s, d, narrow=kind == NARROW)
         assert trie is not None
         stats.lookup_steps += kind == LOOKUP
+        stats.narrow_steps += kind == NARROW
         t = _stage_done(s, "tree", t)
         v = verify(s, trie)
         t = _stage_done(s, "verify", t)
