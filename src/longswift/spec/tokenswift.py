@@ -157,11 +157,12 @@ class TokenSwiftState:
         configured one is wide, its verify pass may cost more than its extra tokens are worth, as at
         long contexts on a GPU), LOOKUP (n-gram continuations of the root only, no draft pass) or
         PLAIN (the root alone: an AR step, for text where no draft pays for itself): whichever has
-        been fastest, probing each other kind every `interval(kind)` steps; probes
-        cost time, so a kind's interval doubles (up to MAX_PROBE_EVERY) at each probe and starts
-        over only when that kind wins the lead (two others swapping the lead do not make it probed
-        more often), and a costly probe waits longer (see interval). A probe whose step beat the leader is followed up at once (text that has turned
-        repetitive should not wait a long probe interval per sample), while its steps keep beating it."""
+        been fastest, probing each other kind every `interval(kind)` steps; probes cost time, so a
+        kind's interval doubles (up to MAX_PROBE_EVERY) at each probe and starts over only when that
+        kind wins the lead (two others swapping the lead do not make it probed more often), and a
+        costly probe waits longer (see interval). A probe whose step beat the leader is followed up
+        at once (text that has turned repetitive should not wait a long probe interval per sample),
+        while its steps keep beating it."""
         if not self.spec.adaptive:
             return FULL
         rates = {kind: self.rate(kind) for kind in self.kinds}
