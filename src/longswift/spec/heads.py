@@ -51,7 +51,7 @@ class DraftHeads(nn.Module):
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         acc = torch.promote_types(x.dtype, torch.float32)
         fused = x.device.type == "cuda" if self.fused_norm is None else self.fused_norm
-        if x.dtype == acc or fused:
+        if w.dtype == x.dtype and (x.dtype == acc or fused):  # (one op takes a weight of x's dtype)
             return F.rms_norm(x, (x.shape[-1],), w, eps=self.eps)
         return w * F.rms_norm(x.to(acc), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
