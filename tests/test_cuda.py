@@ -16,7 +16,8 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - colocated q/k/v and gate/up weights (pack_weights on CUDA) give the separate weights' float32 tokens,
   and graphs on == off with them;
 - a bfloat16 RMSNorm is one kernel (fused_norm), within one unit in the last place of transformers' order,
-  and o_proj/down_proj add the residual in their product (fused_residual) in fewer kernels;
+  o_proj/down_proj add the residual in their product (fused_residual) in fewer kernels, and rope
+  fuses its sum (fused_rope); float32 keeps the CPU's ops;
 - the batched walk's device memory stays within the bytes per logit the memory plan counts."""
 
 from __future__ import annotations
@@ -283,7 +284,8 @@ def test_the_fused_kernels_on_cuda():
     """On CUDA a bfloat16 RMSNorm is aten's fused kernel with the weight (fused_norm, the default
     there) instead of four kernels, within one unit in the last place of transformers' op order;
     o_proj and down_proj add the residual inside their product (fused_residual) in fewer kernels
-    than a product and an add, to bfloat16 rounding; in bfloat16 graphs on == off with both."""
+    than a product and an add, to bfloat16 rounding; rope runs an addcmul (fused_rope); in bfloat16
+    graphs on == off with them all, and float32 keeps the CPU's ops."""
     cfg = shape_config("llama-3.1-8b", layers=1)
     state = random_state(cfg, torch.bfloat16, CUDA)
     model = Transformer(cfg, state)
@@ -304,7 +306,9 @@ def test_the_fused_kernels_on_cuda():
     hf = tiny_hf_model("llama", "default", seed=7)
     engines = [longswift.load(hf, device="cuda", dtype="bfloat16", heads="random", cuda_graphs=graphs)
                for graphs in ("on", "off")]
-    assert all(e.model.fused_norm and e.model.fused_residual for e in engines)
+    assert all(e.model.fused_norm and e.model.fused_residual and e.model.fused_rope for e in engines)
+    f32 = longswift.load(hf, device="cuda", dtype="float32", heads="random").model
+    assert not (f32.fused_norm or f32.fused_residual or f32.fused_rope)  # float32 keeps the CPU's ops
     assert generate(engines[0], "ar") == generate(engines[1], "ar")
     for spec in SPECS.values():
         assert generate(engines[0], "tokenswift", spec) == generate(engines[1], "tokenswift", spec)

@@ -79,13 +79,14 @@ def test_tokenswift_equals_ar_in_float64(tiny64, spec, sampling):
                          ids=["greedy-penalty", "sampled-filters"])
 def test_bfloat16_tokenswift_with_fused_kernels_equals_ar(sampling):
     """The CUDA defaults for a reduced dtype, run on the CPU: every RMSNorm of the model and the heads
-    in one op (fused_norm), and o_proj/down_proj adding the residual in their product (fused_residual).
-    AR and verification run the same code, so the tokens stay equal."""
+    in one op (fused_norm), o_proj/down_proj adding the residual in their product (fused_residual) and
+    rope's second product in its sum (fused_rope). AR and verification run the same code, so the
+    tokens stay equal."""
     from longswift.runtime.model import Transformer
 
     hf = tiny_hf_model("qwen3", "default", seed=33, dtype=torch.bfloat16, vocab=24)  # qwen3: q/k norms too
     e = longswift.load(hf, dtype="bfloat16", heads="random", pack_weights=False)
-    e.model = Transformer(e.model.cfg, e.model.state, fused_norm=True, fused_residual=True)
+    e.model = Transformer(e.model.cfg, e.model.state, fused_norm=True, fused_residual=True, fused_rope=True)
     e.heads.fused_norm = True
     gen = GenerationConfig(max_new_tokens=60, ignore_eos=True)
     accepted = 0

@@ -3,7 +3,8 @@ graphs, with them reading each token back (--read-every 1), with them reading to
 blocks (--read-every 0: auto, 16 on CUDA), in blocks with q/k/v and gate/up colocated (as a model
 loaded from a file runs: pack_weights), colocated without the fused kernels (each reduced-dtype
 RMSNorm as transformers' four ops instead of one, o_proj/down_proj as a product and an add instead of
-one addmm: fused_norm and fused_residual off), and in blocks with --graph-attention length
+one addmm, rope's sum of products as two products and an add instead of a product and an addcmul:
+fused_norm, fused_residual and fused_rope off), and in blocks with --graph-attention length
 (where this torch's flash kernel takes seqused_k), through the public Engine:
 `python docs/scripts/gpu_ar_throughput.py SHAPE PROMPT NEW [LAYERS [DTYPE]]` (e.g. smollm2-135m 2048
 1024). Random weights make the text meaningless but not the speed of AR: every step does the same
@@ -49,14 +50,15 @@ def main() -> None:
         weights = dict(state) if colocated else state
         engine = Engine(LoadedModel(cfg, weights, None, f"<random {shape}>"), pack_weights=colocated, runtime=runtime)
         if not fused:
-            engine.model = Transformer(cfg, engine.model.state, pack=colocated, fused_norm=False, fused_residual=False)
+            engine.model = Transformer(cfg, engine.model.state, pack=colocated, fused_norm=False, fused_residual=False,
+                                       fused_rope=False)
         result = engine.generate(prompt, method="ar", sampling=SamplingConfig(temperature=0, repetition_penalty=1.0),
                                  generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
         s = result.stats
         print(f"{shape} layers={cfg.num_layers} {runtime.dtype} prompt={prompt_len} new={new} cuda_graphs={graphs} "
               f"read_every={runtime.token_block(torch.device('cuda'))} graph_attention={attention} "
               f"colocated={engine.model.colocated} fused_norm={engine.model.fused_norm} "
-              f"fused_residual={engine.model.fused_residual}: "
+              f"fused_residual={engine.model.fused_residual} fused_rope={engine.model.fused_rope}: "
               f"decode {s.tokens_per_second:.1f} tok/s ({1e3 * s.decode_seconds / s.new_tokens:.2f} ms/token), "
               f"prefill {s.prefill_seconds:.2f} s, {s.graph_captures} graphs captured in "
               f"{s.graph_capture_seconds:.2f} s", flush=True)

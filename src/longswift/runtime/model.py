@@ -99,7 +99,8 @@ class Transformer:
 
     def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False,
                  tp: TensorParallel | None = None, float32_logits: bool = False,
-                 fused_norm: bool | None = None, fused_residual: bool | None = None) -> None:
+                 fused_norm: bool | None = None, fused_residual: bool | None = None,
+                 fused_rope: bool | None = None) -> None:
         check_state_dict(cfg, state, tp.plan.vocab_per_rank if tp is not None else None)
         self.cfg = cfg
         self.state = state
@@ -107,14 +108,16 @@ class Transformer:
         embed = state["model.embed_tokens.weight"]
         self.dtype, self.device = embed.dtype, embed.device
         self.acc_dtype = torch.promote_types(self.dtype, torch.float32)  # norms, softmax, logits
-        # A reduced dtype's RMSNorm in one op (see norm); by default where each op is a kernel: CUDA.
-        fused = self.device.type == "cuda" if fused_norm is None else fused_norm
-        self.fused_norm = fused and self.dtype != self.acc_dtype
+        # Fused kernels that round once where transformers' ops round twice: by default in a reduced dtype
+        # on CUDA, where each op is a kernel (float32 there stays the CPU's ops, token-identical to it).
+        reduced = self.dtype != self.acc_dtype
+        fusing = self.device.type == "cuda" and reduced
+        self.fused_norm = (fusing if fused_norm is None else fused_norm) and reduced  # RMSNorm in one op (norm)
         self.packed = pack and packing_supported(self.dtype, self.device)
-        # o_proj and down_proj add their residual in the product's epilogue (see add_to_residual): by
-        # default on CUDA; never packed (oneDNN) or tensor parallel (the add follows the all_reduce).
-        fused = self.device.type == "cuda" if fused_residual is None else fused_residual
-        self.fused_residual = fused and tp is None and not self.packed
+        # o_proj and down_proj add their residual in the product's epilogue (see add_to_residual); never
+        # packed (oneDNN) or tensor parallel (the add follows the all_reduce).
+        self.fused_residual = (fusing if fused_residual is None else fused_residual) and tp is None and not self.packed
+        self.fused_rope = fusing if fused_rope is None else fused_rope  # rope's second product in its add (apply_rope)
         self.embed = embed
         lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
         # Logits kept in float32 rather than rounded to a reduced dtype (a no-op for float32/float64 models).
@@ -238,7 +241,7 @@ class Transformer:
             v = qkv[:, (h + hkv) * d :].view(t, hkv, d)  # [T, Hkv, D]
             if w.q_norm is not None:
                 qk = torch.cat([self.norm(qk[:, :h], w.q_norm), self.norm(qk[:, h:], w.k_norm)], dim=1)
-            qk = apply_rope(qk, cos, sin)  # queries and keys rotated together
+            qk = apply_rope(qk, cos, sin, self.fused_rope)  # queries and keys rotated together
             q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
             if queries is not None:
                 queries.append(q[-1])

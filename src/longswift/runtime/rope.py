@@ -55,7 +55,12 @@ class Rope:
         return cos[:, None, :], sin[:, None, :]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, fused: bool = False) -> torch.Tensor:
     """x: [T, H, D]; rotates pairs (i, i + D/2), the layout of HF checkpoints:
-    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), with the sign folded into `signed_sin`."""
-    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
+    (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), with the sign folded into `signed_sin`.
+    transformers' order: two products and their sum, each rounded (4 kernels on CUDA, the roll
+    included). `fused`: the second product inside the sum (`addcmul`, rounded once; 3 kernels)."""
+    rolled = torch.roll(x, x.shape[-1] // 2, dims=-1)
+    if fused:
+        return torch.addcmul(x * cos, rolled, signed_sin)
+    return x * cos + rolled * signed_sin
