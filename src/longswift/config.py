@@ -291,8 +291,10 @@ class SpecConfig:
         "computing only those rows' logits) or batched (every row at once, one device-to-host read per "
         "step); the same tokens either way; auto: rows on CPU, batched on GPU", choices=WALKS))
     adaptive: bool = field(default=True, metadata=_help(
-        "per step, use whichever has been faster: full steps (draft pass + tree) or lookup steps "
-        "(n-gram continuations of the root, no draft pass); output is the same either way"))
+        "per step, use whichever kind of step has been faster: full steps (draft pass + tree), narrow "
+        "steps (the same draft, a narrow tree; only with a wide --tree or --ngram-topk), lookup steps "
+        "(n-gram continuations of the root, no draft pass) or plain steps (the root alone, an AR step); "
+        "output is the same either way"))
 
     @_validated
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from ..engine import Engine, load
 from ..errors import LongswiftError
 from ..runtime.loading import resolve_path
 from ..runtime.memory import rope_factor_for
+from ..runtime.model import fused_kernels
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest
@@ -194,7 +195,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
             # only where true, so that the identities of result directories made before it still match
             **({"colocated_linears": True} if engine.model.colocated else {}),
-            **({"fused_norm": True} if engine.model.fused_norm else {}),
+            **({"fused_kernels": True} if fused_kernels(engine.model) else {}),
             "threads": torch.get_num_threads(), "heads": str(heads),
             "prompt_file": None if cfg.prompt_file is None else str(cfg.prompt_file),
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,

@@ -189,7 +189,7 @@ def machine_lines(identity: dict[str, Any]) -> list[str]:
         + (f" (commit {commit})" if commit else ""),
         f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
         f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
-        f"{', RMSNorm in one op (fused_norm)' if identity.get('fused_norm') else ''}"
+        f"{', fused kernels (RMSNorm, residual adds, rope)' if identity.get('fused_kernels') else ''}"
         f"{', float32 logits' if identity.get('float32_logits') else ''}"
         f"{', graph attention ' + identity['graph_attention'] if identity.get('graph_attention') else ''}; "
         f"heads: {identity['heads']}",

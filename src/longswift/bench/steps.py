@@ -21,7 +21,7 @@ from ..errors import LongswiftError
 from ..runtime.cuda_graphs import use_graphs
 from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
-from ..runtime.model import Transformer
+from ..runtime.model import Transformer, fused_kernels
 from ..sampling import draw, penalty_window, transform
 from ..spec.heads import DraftHeads, new_heads
 from ..spec.tokenswift import (
@@ -386,7 +386,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     # pack: oneDNN-packed copies where they exist, else (CUDA) q/k/v and gate/up colocated, as for a loaded file
     model = Transformer(cfg, state, pack=runtime.pack_weights is not False, float32_logits=runtime.float32_logits)
     linears = {"packed_linears": model.packed, "colocated_linears": model.colocated,
-               **({"fused_norm": True} if model.fused_norm else {})}
+               **({"fused_kernels": True} if fused_kernels(model) else {})}
     costs = []
     with torch.inference_mode():
         rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model),

@@ -66,11 +66,12 @@ def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor |
 
 def add_to_residual(linear: LinearFn, weight: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> ResidualFn:
     """(x [T, in], residual [T, out]) -> residual + x @ weight.T (+ bias). `fused` (and no bias): one
-    product whose epilogue adds the residual (`addmm`: one kernel instead of two on CUDA, the sum
-    rounded once instead of twice); else `linear` and an add."""
+    product whose epilogue adds into the residual in place (`addmm_`: one GEMM with beta 1 on CUDA
+    instead of a GEMM and an add, the sum rounded once; out of place, addmm would first copy the
+    residual), so the residual must be the caller's own tensor; else `linear` and an add."""
     if fused and bias is None:
         wt = weight.t()
-        return lambda x, residual: torch.addmm(residual, x, wt)
+        return lambda x, residual: residual.addmm_(x, wt)
     return lambda x, residual: residual + linear(x)
 
 

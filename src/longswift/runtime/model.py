@@ -72,6 +72,18 @@ def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], lm_head_r
         raise LongswiftError(f"checkpoint does not match its config: unexpected tensor '{extra[0]}'")
 
 
+def fused_rms_norm_available() -> bool:
+    """Whether this torch has aten's fused RMSNorm (one kernel on CUDA that scales by the weight in
+    float32 and rounds once); older ones compose F.rms_norm from several ops, rounding as transformers."""
+    return hasattr(torch.ops.aten, "_fused_rms_norm")
+
+
+def fused_kernels(model: Transformer) -> bool:
+    """Whether any of the model's fused kernels (fused_norm, fused_residual, fused_rope) is on, which
+    changes its rounding (bench identities record it)."""
+    return model.fused_norm or model.fused_residual or model.fused_rope
+
+
 @dataclass
 class Layer:
     """One decoder layer: its norms (views into the state dict) and its linear maps."""
@@ -112,7 +124,8 @@ class Transformer:
         # on CUDA, where each op is a kernel (float32 there stays the CPU's ops, token-identical to it).
         reduced = self.dtype != self.acc_dtype
         fusing = self.device.type == "cuda" and reduced
-        self.fused_norm = (fusing if fused_norm is None else fused_norm) and reduced  # RMSNorm in one op (norm)
+        # RMSNorm in one op (norm), by default only where aten has its fused kernel
+        self.fused_norm = (fusing and fused_rms_norm_available() if fused_norm is None else fused_norm) and reduced
         self.packed = pack and packing_supported(self.dtype, self.device)
         # o_proj and down_proj add their residual in the product's epilogue (see add_to_residual); never
         # packed (oneDNN) or tensor parallel (the add follows the all_reduce).
@@ -245,7 +258,7 @@ class Transformer:
             q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
             if queries is not None:
                 queries.append(q[-1])
-            x = w.o(attend(n, q, k, v), x)
+            x = w.o(attend(n, q, k, v), x)  # (x is this forward's own tensor: a fused add writes into it)
             gate, up = w.gate_up(self.norm(x, w.mlp_norm)).chunk(2, dim=-1)  # [T, I] each
             x = w.down(F.silu(gate) * up, x)
         return x

@@ -16,6 +16,7 @@ from torch import nn
 from ..atomic import replace_atomically
 from ..config import ModelConfig
 from ..errors import LongswiftError
+from ..runtime.model import fused_rms_norm_available
 
 FORMAT = "longswift-heads"
 HEADS_FILE = "heads.safetensors"  # the file name train-heads writes and --heads DIR looks for
@@ -50,7 +51,7 @@ class DraftHeads(nn.Module):
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         acc = torch.promote_types(x.dtype, torch.float32)
-        fused = x.device.type == "cuda" if self.fused_norm is None else self.fused_norm
+        fused = x.device.type == "cuda" and fused_rms_norm_available() if self.fused_norm is None else self.fused_norm
         if w.dtype == x.dtype and (x.dtype == acc or fused):  # (one op takes a weight of x's dtype)
             return F.rms_norm(x, (x.shape[-1],), w, eps=self.eps)
         return w * F.rms_norm(x.to(acc), (x.shape[-1],), eps=self.eps).to(x.dtype)
