@@ -221,6 +221,30 @@ def test_a_fused_norm_is_one_call_and_keeps_the_logits(arch):
     assert not torch.equal(logits[True], logits[False])
 
 
+def unfused_case(dtype: torch.dtype, **overrides):
+    """A tiny llama in `dtype`, SEQ random ids, the float64 logits of the same weights, and our model
+    of it with the CPU defaults (no fused kernels) -> (hf, ids, exact logits, model)."""
+    import copy
+
+    hf = tiny_hf_model("llama", "default", dtype=dtype, max_position_embeddings=CTX, **overrides)
+    ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        exact = copy.deepcopy(hf).double()(ids[None]).logits[0]
+    model = longswift.load(hf, dtype=str(dtype).removeprefix("torch."), pack_weights=False).model
+    assert not (model.fused_norm or model.fused_residual or model.fused_rope)  # the CPU defaults
+    return hf, ids, exact, model
+
+
+def forward_calls(models: dict, ids: torch.Tensor) -> tuple[dict, dict]:
+    """Each named model's forward of ids without a cache -> (its torch calls by name, its logits)."""
+    calls, logits = {}, {}
+    for name, model in models.items():
+        with torch.inference_mode(), Calls() as count:
+            logits[name], _ = model.forward(ids, torch.arange(len(ids)), None)
+        calls[name] = count.names
+    return calls, logits
+
+
 @pytest.mark.parametrize("arch,dtype", [("llama", torch.float64), ("llama", torch.bfloat16), ("biased", torch.float64)])
 def test_a_residual_added_in_the_product_keeps_the_logits_in_fewer_calls(arch, dtype):
     """fused_residual (the default on CUDA in a reduced dtype): o_proj and down_proj add into the
@@ -228,23 +252,12 @@ def test_a_residual_added_in_the_product_keeps_the_logits_in_fewer_calls(arch, d
     add): 2 calls fewer a
     layer, 1 where o_proj has a bias (which stays a product and an add); the same logits in float64,
     bfloat16's rounding otherwise."""
-    import copy
-
     from longswift.runtime.model import Transformer
 
-    hf = tiny_hf_model("llama", "default", dtype=dtype, attention_bias=arch == "biased", max_position_embeddings=CTX)
-    ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        exact = copy.deepcopy(hf).double()(ids[None]).logits[0]
-    base = longswift.load(hf, dtype=str(dtype).removeprefix("torch."), pack_weights=False).model
-    assert not base.fused_residual  # the CPU default
+    hf, ids, exact, base = unfused_case(dtype, attention_bias=arch == "biased")
     fused = Transformer(base.cfg, base.state, fused_residual=True)
     assert fused.fused_residual
-    calls, logits = {}, {}
-    for name, model in (("base", base), ("fused", fused)):
-        with torch.inference_mode(), Calls() as count:
-            logits[name], _ = model.forward(ids, torch.arange(SEQ), None)
-        calls[name] = count.names
+    calls, logits = forward_calls({"base": base, "fused": fused}, ids)
     layers = hf.config.num_hidden_layers
     saved = layers * (1 if arch == "biased" else 2)
     assert calls["fused"].get("addmm_", 0) == saved  # in place: out of place, addmm would copy the residual first
@@ -263,23 +276,11 @@ def test_rope_with_its_second_product_in_the_sum_keeps_the_logits_in_fewer_calls
     """fused_rope (the default on CUDA in a reduced dtype): rope's x * cos + roll(x) * sin as a product
     and one addcmul (3 kernels on CUDA instead of 4, the sum rounded once): one call fewer a layer,
     the same logits in float64, bfloat16's rounding otherwise; the defaults on the CPU stay off."""
-    import copy
-
     from longswift.runtime.model import Transformer
     from longswift.runtime.rope import apply_rope
 
-    hf = tiny_hf_model("llama", "default", dtype=dtype, max_position_embeddings=CTX)
-    ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        exact = copy.deepcopy(hf).double()(ids[None]).logits[0]
-    base = longswift.load(hf, dtype=str(dtype).removeprefix("torch."), pack_weights=False).model
-    assert not (base.fused_rope or base.fused_norm or base.fused_residual)  # CPU defaults
-    fused = Transformer(base.cfg, base.state, fused_rope=True)
-    calls, logits = {}, {}
-    for name, model in (("base", base), ("fused", fused)):
-        with torch.inference_mode(), Calls() as count:
-            logits[name], _ = model.forward(ids, torch.arange(SEQ), None)
-        calls[name] = count.names
+    hf, ids, exact, base = unfused_case(dtype)
+    calls, logits = forward_calls({"base": base, "fused": Transformer(base.cfg, base.state, fused_rope=True)}, ids)
     layers = hf.config.num_hidden_layers
     assert calls["fused"].get("addcmul", 0) == layers and "addcmul" not in calls["base"]
     assert sum(calls["base"].values()) - sum(calls["fused"].values()) == layers
