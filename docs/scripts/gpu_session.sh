@@ -6,14 +6,15 @@
 #   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
 #                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call;
 #                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated)
-#   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / length
+#   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / colocated /
+#                                            # fused kernels off / length (`ar 8b`: the Llama-3.1-8B shape, 256 tokens)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
 #
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate]|ar|plain}
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate]|ar [8b]|plain}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -54,8 +55,12 @@ case $part in
       tail -25 "$out/steps-$variant.log"
     done ;;
   ar)
-    $py docs/scripts/gpu_ar_throughput.py smollm2-135m 2048 1024 > "$out/ar-smollm2-135m.txt" 2>&1
-    cat "$out/ar-smollm2-135m.txt" ;;
+    case ${2:-smollm2} in
+      8b) args=(llama-3.1-8b 4096 256) ;;
+      *) args=(smollm2-135m 2048 1024) ;;
+    esac
+    $py docs/scripts/gpu_ar_throughput.py "${args[@]}" > "$out/ar-${args[0]}.txt" 2>&1
+    cat "$out/ar-${args[0]}.txt" ;;
   plain)
     for mode in plain adaptive; do
       $py docs/scripts/plain_step_ab.py $mode paper 1024 4 shape > "$out/plain-$mode.txt" 2>&1
