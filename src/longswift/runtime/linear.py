@@ -42,9 +42,7 @@ def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor |
     if pack:
         w = weights[0] if len(weights) == 1 else torch.cat(list(weights), dim=0)
         packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
-        bias = None
-        if any(b is not None for b in biases):
-            bias = torch.cat([b if b is not None else w.new_zeros(wi.shape[0]) for wi, b in zip(weights, biases)])
+        bias = joined_bias(weights, biases)
         op = torch.ops.mkldnn._linear_pointwise
 
         def packed_linear(x: torch.Tensor) -> torch.Tensor:
@@ -56,12 +54,18 @@ def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor |
         return lambda x: F.linear(x, w0, b0)
     whole = row_blocks(weights)
     if whole is not None:  # colocated: one product over the matrix they are blocks of (no copy)
-        bias = None
-        if any(b is not None for b in biases):  # the biases are small: concatenated once
-            bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        bias = joined_bias(weights, biases)
         return lambda x: F.linear(x, whole, bias)
     pairs = list(zip(weights, biases))
     return lambda x: torch.cat([F.linear(x, w, b) for w, b in pairs], dim=-1)
+
+
+def joined_bias(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    """The biases of one map over concatenated weights, zeros where a weight has none (None if none
+    has one); small, so concatenated once."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
 
 
 def add_to_residual(linear: LinearFn, weight: torch.Tensor, bias: torch.Tensor | None, fused: bool) -> ResidualFn:

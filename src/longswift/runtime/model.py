@@ -78,6 +78,19 @@ def fused_rms_norm_available() -> bool:
     return hasattr(torch.ops.aten, "_fused_rms_norm")
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
+    """RMSNorm of x [..., hidden], normalised in (at least) float32. In float32 and float64 one op,
+    the same products as transformers'. In a reduced dtype transformers rounds the normalised x to
+    it and then scales by the weight there: four ops (up-cast, norm, down-cast, scale), each a kernel
+    on CUDA. `fused` makes it one op, aten's fused RMSNorm, which scales in float32 and rounds once:
+    at most a last-bit difference per element from transformers' double rounding. The one op takes
+    a weight of x's dtype only; another weight dtype gets the two steps, promoting as they do."""
+    acc = torch.promote_types(x.dtype, torch.float32)
+    if weight.dtype == x.dtype and (x.dtype == acc or fused):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
+    return weight * F.rms_norm(x.to(acc), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
 def fused_kernels(model: Transformer) -> bool:
     """Whether any of the model's fused kernels (fused_norm, fused_residual, fused_rope) is on, which
     changes its rounding (bench identities record it)."""
@@ -184,15 +197,9 @@ class Transformer:
         return add_to_residual(linear, weight, bias, self.fused_residual)
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm of x [..., hidden], normalised in (at least) float32. In float32 and float64 one op,
-        the same products as transformers'. In a reduced dtype transformers rounds the normalised x to
-        it and then scales by the weight there: four ops (up-cast, norm, down-cast, scale), each a
-        kernel on CUDA. `fused_norm` (the default on CUDA) makes it one op, aten's fused RMSNorm, which
-        scales in float32 and rounds once: at most a last-bit difference per element from
-        transformers' double rounding, and 6 kernels fewer per layer."""
-        if x.dtype == self.acc_dtype or self.fused_norm:
-            return F.rms_norm(x, (x.shape[-1],), weight, eps=self.cfg.rms_norm_eps)
-        return weight * F.rms_norm(x.to(self.acc_dtype), (x.shape[-1],), eps=self.cfg.rms_norm_eps).to(x.dtype)
+        """RMSNorm (see rms_norm): in one op where `fused_norm` (the default in a reduced dtype on
+        CUDA: 6 kernels fewer per layer)."""
+        return rms_norm(x, weight, self.cfg.rms_norm_eps, self.fused_norm)
 
     def forward(
         self,

@@ -16,7 +16,7 @@ from torch import nn
 from ..atomic import replace_atomically
 from ..config import ModelConfig
 from ..errors import LongswiftError
-from ..runtime.model import fused_rms_norm_available
+from ..runtime.model import fused_rms_norm_available, rms_norm
 
 FORMAT = "longswift-heads"
 HEADS_FILE = "heads.safetensors"  # the file name train-heads writes and --heads DIR looks for
@@ -50,11 +50,8 @@ class DraftHeads(nn.Module):
         self.fused_norm: bool | None = None
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        acc = torch.promote_types(x.dtype, torch.float32)
         fused = x.device.type == "cuda" and fused_rms_norm_available() if self.fused_norm is None else self.fused_norm
-        if w.dtype == x.dtype and (x.dtype == acc or fused):  # (one op takes a weight of x's dtype)
-            return F.rms_norm(x, (x.shape[-1],), w, eps=self.eps)
-        return w * F.rms_norm(x.to(acc), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return rms_norm(x, w, self.eps, fused)
 
     def forward(self, h0: torch.Tensor) -> torch.Tensor:
         h, outs = h0, []
