@@ -88,6 +88,23 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() - b.float()).abs() / (torch.finfo(a.dtype).eps * torch.exp2(torch.floor(torch.log2(big))))
 
 
+def adaptive_state(kinds: tuple[str, ...] | None = None, step_tokens: dict | None = None,
+                   step_seconds: dict | None = None):
+    """A TokenSwiftState with only what adaptive steps read (no model): `kinds` (default KINDS), each
+    unmeasured unless given, none leading, each first probed after PROBE_EVERY steps."""
+    from longswift.config import SpecConfig
+    from longswift.spec.tokenswift import KINDS, PROBE_EVERY, TokenSwiftState
+
+    s = TokenSwiftState.__new__(TokenSwiftState)
+    s.kinds = kinds or KINDS
+    s.spec, s.tokens_per_step = SpecConfig(), 1.0
+    s.step_tokens = dict(step_tokens) if step_tokens else dict.fromkeys(s.kinds)
+    s.step_seconds = dict(step_seconds) if step_seconds else dict.fromkeys(s.kinds, 0.0)
+    s.since, s.probe_every = dict.fromkeys(s.kinds, 0), dict.fromkeys(s.kinds, PROBE_EVERY)
+    s.best, s.follow = None, None
+    return s
+
+
 @pytest.fixture(scope="session")
 def embedded():
     """Our engine on the embedded default model (float32, packed linears)."""

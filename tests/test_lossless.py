@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import adaptive_state, tiny_hf_model
 
 import longswift
 import longswift.spec.verify as verify_mod
@@ -348,20 +348,15 @@ def test_a_costly_probe_waits_until_it_costs_at_most_the_probe_budget():
     probes keep the doubling schedule."""
     from longswift.spec.tokenswift import (
         FULL,
-        KINDS,
         LOOKUP,
         MAX_PROBE_EVERY,
         PLAIN,
         PROBE_BUDGET,
         PROBE_EVERY,
-        TokenSwiftState,
     )
 
-    s = TokenSwiftState.__new__(TokenSwiftState)
-    s.spec, s.tokens_per_step = SpecConfig(), 1.0
-    s.step_tokens, s.step_seconds = {FULL: 1.2, LOOKUP: 1.0, PLAIN: 1.0}, {FULL: 0.13, LOOKUP: 0.0505, PLAIN: 0.05}
-    s.since, s.probe_every = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, PROBE_EVERY)
-    s.best, s.follow = None, None
+    s = adaptive_state(step_tokens={FULL: 1.2, LOOKUP: 1.0, PLAIN: 1.0},
+                       step_seconds={FULL: 0.13, LOOKUP: 0.0505, PLAIN: 0.05})
     assert s.choose() == PLAIN  # 20 tok/s leads
     extra = 0.13 - 1.2 / 20  # a full probe: 0.13 s where plain steps take 0.06 s for its 1.2 tokens
     assert s.interval(FULL) == math.ceil(extra / (PROBE_BUDGET * 0.05)) == 140
@@ -392,23 +387,15 @@ def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
     assert kinds(SpecConfig(tree="1,2,2", draft_mode="fused", ngram_topk=1)) == WIDE_KINDS
     assert kinds(SpecConfig(tree="2,1,1", draft_mode="fused", ngram_topk=1)) == KINDS  # fused drops depth 1
     assert kinds(SpecConfig(tree="1,1,1", ngram_topk=4)) == WIDE_KINDS
-    wide = TokenSwiftState.__new__(TokenSwiftState)
-    wide.kinds, wide.spec, wide.tokens_per_step = WIDE_KINDS, SpecConfig(), 1.0
-    wide.step_tokens, wide.step_seconds = dict.fromkeys(WIDE_KINDS, 1.0), dict.fromkeys(WIDE_KINDS, 0.02)
-    wide.since, wide.probe_every = dict.fromkeys(WIDE_KINDS, 0), dict.fromkeys(WIDE_KINDS, 16)
-    wide.best, wide.follow = None, None
+    wide = adaptive_state(WIDE_KINDS, dict.fromkeys(WIDE_KINDS, 1.0), dict.fromkeys(WIDE_KINDS, 0.02))
     wide.step_seconds[NARROW] = 0.01  # twice the others' tokens/s: it leads
     assert wide.choose() == NARROW and wide.best == NARROW
 
 
 def test_adaptive_choice_follows_measured_rates():
-    from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, MAX_PROBE_EVERY, PLAIN, PROBE_EVERY, TokenSwiftState
+    from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, MAX_PROBE_EVERY, PLAIN, PROBE_EVERY
 
-    s = TokenSwiftState.__new__(TokenSwiftState)
-    s.spec, s.tokens_per_step = SpecConfig(), 1.0
-    s.step_tokens, s.step_seconds = dict.fromkeys(KINDS), dict.fromkeys(KINDS, 0.0)
-    s.since, s.probe_every = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, PROBE_EVERY)
-    s.best, s.follow = None, None
+    s = adaptive_state()
 
     def set_rate(kind: str, tokens_per_second: float) -> None:
         s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import OpCount, tiny_hf_model
+from conftest import OpCount, adaptive_state, tiny_hf_model
 
 import longswift
 from longswift import GenerationConfig, LongswiftError, SamplingConfig
@@ -130,16 +130,12 @@ def test_tokenswift_plain_steps_in_blocks_still_emit_ar_output(sampling, bodies,
 
 
 def test_plain_blocks_keep_the_probe_schedule_of_single_steps():
-    from longswift.spec.tokenswift import KINDS, PLAIN, PROBE_EVERY, TokenSwiftState
+    from longswift.spec.tokenswift import KINDS, PLAIN
 
     def schedule(read_every: int, steps: int = 1500) -> tuple[list[str], int]:
-        s = TokenSwiftState.__new__(TokenSwiftState)
-        s.spec, s.tokens_per_step, s.read_every = longswift.SpecConfig(), 1.0, read_every
-        s.gen, s.produced = GenerationConfig(max_new_tokens=10**6), 0
-        s.step_tokens = dict.fromkeys(KINDS, 1.0)
-        s.step_seconds = {k: 1 / r for k, r in FIXED_RATES.items()}
-        s.since, s.probe_every = dict.fromkeys(KINDS, 0), dict.fromkeys(KINDS, PROBE_EVERY)
-        s.best, s.follow = None, None
+        s = adaptive_state(step_tokens=dict.fromkeys(KINDS, 1.0),
+                           step_seconds={k: 1 / r for k, r in FIXED_RATES.items()})
+        s.read_every, s.gen, s.produced = read_every, GenerationConfig(max_new_tokens=10**6), 0
         kinds, blocks = [], 0
         while len(kinds) < steps:
             kind = s.choose()
