@@ -12,6 +12,7 @@ project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
 - a whole generation with --cuda-graphs on equals --cuda-graphs off, and its stats count the captures;
 - AR reading tokens back in blocks (--read-every, auto 16 on CUDA) emits what reading each token does,
   and so does TokenSwift running its plain steps as such blocks;
+- narrow full steps (a wide trie's chain and one n-gram path) keep float32 tokens AR's, graphs on == off;
 - --float32-logits in bfloat16 gives the float32 product of the bf16 inputs, and graphs on == off with it;
 - colocated q/k/v and gate/up weights (pack_weights on CUDA) give the separate weights' float32 tokens,
   and graphs on == off with them;
@@ -387,6 +388,38 @@ def test_tokenswift_plain_blocks_on_cuda_equal_ar_in_float32(monkeypatch):
         sizes = [len(b) for b in stream]
         assert stream.result.token_ids == want, spec
         assert max(sizes) > 1, (spec, sizes)  # blocks ran
+
+
+@pytest.mark.parametrize("mode", ["paper", "fused"])
+def test_narrow_steps_on_cuda_equal_ar_in_float32_and_replay_equals_eager(mode, monkeypatch):
+    """Adaptive steps on the GPU's wide default trie may run a full step on a narrow trie (a chain and
+    one n-gram path, padded to the smallest node budget): mixed with the other kinds in a fixed
+    pattern, greedy and seeded-sampled tokens are AR's in float32, and graphs on == off in bfloat16."""
+    import longswift.spec.tokenswift as ts
+
+    def pattern_choose():
+        kinds = iter([ts.FULL, ts.NARROW, ts.NARROW, ts.LOOKUP, ts.PLAIN] * 100)
+        monkeypatch.setattr(ts.TokenSwiftState, "choose", lambda self: next(kinds))
+
+    hf = tiny_hf_model("llama", "default", seed=9)
+    spec = SpecConfig(tree="1,3,3,3", ngram_topk=4, draft_mode=mode)
+    gen = GenerationConfig(max_new_tokens=60, ignore_eos=True)
+    prompt = [5, 9, 17, 33, 5, 9, 17, 40, 5, 9]
+    sampled = SamplingConfig(seed=4, top_p=0.9, repetition_penalty=1.2, penalty_window=16)
+    f32 = longswift.load(hf, device="cuda", dtype="float32", heads="random")
+    for sampling in (GREEDY, sampled):
+        want = f32.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
+        pattern_choose()
+        got = f32.generate(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec)
+        assert got.token_ids == want, sampling
+        assert got.stats.narrow_steps > 0
+    out = []
+    for graphs in ("on", "off"):
+        pattern_choose()
+        engine = longswift.load(hf, device="cuda", dtype="bfloat16", heads="random", cuda_graphs=graphs)
+        out.append(engine.generate(prompt, method="tokenswift", sampling=sampled, generation=gen,
+                                   spec=spec).token_ids)
+    assert out[0] == out[1]
 
 
 def test_float32_logits_on_cuda_are_the_float32_product_and_replay_equals_eager():
