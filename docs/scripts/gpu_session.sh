@@ -10,11 +10,13 @@
 #                                            # fused kernels off / length (`ar 8b`: the Llama-3.1-8B shape, 256 tokens)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
+#   bash docs/scripts/gpu_session.sh profile # where a decode step's GPU time goes: kernels by class, replayed and
+#                                            # eager, Llama-3.1-8B shape at 4K and 100K (`profile small`: embedded shape)
 #
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate]|ar [8b]|plain}
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate]|ar [8b]|plain|profile [small]}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -66,7 +68,16 @@ case $part in
       $py docs/scripts/plain_step_ab.py $mode paper 1024 4 shape > "$out/plain-$mode.txt" 2>&1
       tail -3 "$out/plain-$mode.txt"
     done ;;
+  profile)
+    case ${2:-8b} in
+      small) args=(smollm2-135m 2048) ;;
+      *) args=(llama-3.1-8b 4096,100000) ;;
+    esac
+    for attention in bucketed length; do
+      $py docs/scripts/gpu_step_profile.py "${args[@]}" "" $attention > "$out/profile-${args[0]}-$attention.txt" 2>&1
+      cat "$out/profile-${args[0]}-$attention.txt"
+    done ;;
   *)
-    echo "unknown part '$part': use tests, steps, ar or plain" >&2
+    echo "unknown part '$part': use tests, steps, ar, plain or profile" >&2
     exit 2 ;;
 esac
