@@ -87,6 +87,8 @@ def test_projection_matches_a_hand_computation():
     # per token / 3 = 20 s; refills past 2000: (reselect - draft) = 0.02 .. 0.03 s, integral 25, one per 100 tokens
     assert p.tokenswift_seconds == pytest.approx(20.0 + 0.25)
     assert p.speedup == pytest.approx(40.0 / 20.25)
+    unrefilled = project(costs, prefix=1000, new_tokens=2000, alpha=0.5, depth=4, draft_budget=None, window=100)
+    assert unrefilled.tokenswift_seconds == pytest.approx(20.0)  # no partial cache (fused mode): no refills
     below = project(costs, prefix=1000, new_tokens=1000, alpha=0.0, depth=4, draft_budget=5000, window=100)
     assert below.tokenswift_seconds == pytest.approx(1000 * (0.018 + 0.028) / 2)  # tau 1, no refills
     with pytest.raises(LongswiftError, match="does not extrapolate"):
@@ -161,6 +163,26 @@ def test_batched_walk_is_measured_and_projected(tiny, tmp_path, capsys):
     assert "Batched walk" in out and "a step costs draft + verify + the batched walk" in out
 
 
+@pytest.mark.parametrize("mode", ["fused", "full-draft-cache"])
+def test_runs_without_a_partial_cache_are_measured_and_projected_without_refills(tiny, tmp_path, capsys, mode):
+    """The fused draft mode (no draft forward: the heads on the state that predicted the root, its
+    tree without --tree's first depth) and --draft-cache full draft without a partial cache: no
+    refill is measured, none is projected, and the budget is no context of its own."""
+    js = tmp_path / "steps.json"
+    flags = ("--draft-mode", "fused", "--tree", "1,2,2") if mode == "fused" else ("--draft-cache", "full")
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, *flags, "--contexts", "64,256", "--alpha", "0.5",
+                             "--prefix", "100", "--new-tokens", "150", "--json", str(js))
+    assert code == 0, err
+    data = json.loads(js.read_text())
+    assert [c["context"] for c in data["contexts"]] == [64, 100, 250, 256]  # no 128: nothing refills there
+    assert all(c["reselect"] is None and c["draft"] > 0 for c in data["contexts"])
+    assert "no partial cache, so no refills" in out and data["projection"]["depth"] == 4  # an n-gram path's
+    if mode == "fused":
+        assert data["settings"]["draft_mode"] == "fused" and "(fused draft mode)" in out
+        assert "Draft: the fused mode's, with no forward" in out
+        assert data["projection"]["tree_nodes"] == 1 + 2 + 4 + 1 * 2 * 4  # tree 2,2 + one n-gram path per depth-1 token
+
+
 def test_layers_override_is_reported(tiny, capsys, tmp_path):
     js = tmp_path / "s.json"
     code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "32", "--layers", "1", "--json", str(js))
@@ -176,7 +198,6 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
     (("--contexts", "64", "--alpha", "1.5"), "--alpha must be in [0, 1]"),
     (("--contexts", "64", "--layers", "0"), "--layers must be positive"),
     (("--contexts", "64", "--tree-nodes", "0"), "--tree-nodes must be positive"),
-    (("--contexts", "64", "--draft-mode", "fused"), "measures the paper draft mode"),
     (("--contexts", "64", "--alpha", "0.5", "--prefix", "64"), "--prefix 64 is not below the largest context"),
 ])
 def test_bad_inputs_are_one_line_errors(tiny, capsys, argv, match):

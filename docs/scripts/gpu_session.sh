@@ -5,7 +5,9 @@
 #   bash docs/scripts/gpu_session.sh tests   # the CUDA tests (tests/test_cuda.py and the CPU-side ones)
 #   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
 #                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call;
-#                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated)
+#                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated;
+#                                            # `steps fused`: the fused draft mode's projection, no draft forward,
+#                                            # tree 1,3,3,3 + 6 n-gram paths = 112 nodes like the paper's 121)
 #   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / colocated /
 #                                            # fused kernels off / length (`ar 8b`: the Llama-3.1-8B shape, 256 tokens)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
@@ -16,7 +18,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate]|ar [8b]|plain|profile [small]}
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate|fused]|ar [8b]|plain|profile [small]}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -49,6 +51,7 @@ case $part in
     for variant in ${2:-bucketed length}; do
       case $variant in
         separate) flags=(--graph-attention bucketed --no-pack-weights) ;;
+        fused) flags=(--graph-attention bucketed --draft-mode fused --tree 1,3,3,3 --ngram-topk 6) ;;
         *) flags=(--graph-attention "$variant") ;;
       esac
       $py -m longswift bench-steps --device cuda --shape llama-3.1-8b --contexts 4096,100000 \

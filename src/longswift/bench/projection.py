@@ -87,12 +87,12 @@ class Projection:
 
 
 def project(costs: StepCosts, prefix: int, new_tokens: int, alpha: float, depth: int,
-            draft_budget: int, window: int) -> Projection:
+            draft_budget: int | None, window: int) -> Projection:
     """AR: one step per token, so time = integral of ar(c) over c in [prefix, prefix + N].
     TokenSwift: a step at context c costs draft(c) + verify(c) + tau * walk_row(c) and advances the
     context by tau = 1 + depth * alpha, so time = integral of that / tau; past the draft budget one
     step in every `window` committed tokens also refills the partial cache, adding
-    (reselect(c) - draft(c)) / window per token."""
+    (reselect(c) - draft(c)) / window per token (`draft_budget` None: no partial cache, no refills)."""
     if prefix <= 0 or new_tokens <= 0:
         raise LongswiftError(f"the projection needs a positive prefix and token count; got {prefix} and {new_tokens}")
     if window <= 0:
@@ -102,7 +102,7 @@ def project(costs: StepCosts, prefix: int, new_tokens: int, alpha: float, depth:
     ar = integrate(xs, costs.ar, a, b)
     step = [d + v + tau * r for d, v, r in zip(costs.draft, costs.verify, costs.walk_row)]
     ts = integrate(xs, step, a, b) / tau
-    lo = max(a, draft_budget)
+    lo = max(a, draft_budget if draft_budget is not None else b)
     if lo < b:
         past = [i for i, c in enumerate(xs) if c >= draft_budget]
         if any(costs.reselect[i] is None for i in past):

@@ -32,6 +32,7 @@ from ..spec.tokenswift import (
     Verified,
     draft,
     draft_cache_tokens,
+    draft_levels,
     tree_budget,
     verify,
     walk_rows,
@@ -78,9 +79,6 @@ class StepBenchConfig:
             check_alpha(a)
         if self.prefix <= 0 or (self.new_tokens is not None and self.new_tokens <= 0):
             raise LongswiftError("--prefix and --new-tokens must be positive")
-        if self.spec.draft_mode != "paper":
-            raise LongswiftError("bench-steps measures the paper draft mode (a draft pass on the partial cache); "
-                                 "drop --draft-mode fused")
         if self.bandwidth_mib is not None and self.bandwidth_mib <= 0:
             raise LongswiftError("--bandwidth-mib must be positive")
 
@@ -104,8 +102,17 @@ class StepBenchConfig:
 
     @property
     def depth(self) -> int:
-        """Draft positions per step (alpha's denominator): the tree's depth, or an n-gram path's if deeper."""
-        return max(len(self.spec.levels), NGRAM_N if self.spec.ngram_topk else 0)
+        """Draft positions per step (alpha's denominator): the drafted tree's depth (the fused mode drops
+        --tree's first), or an n-gram path's if deeper."""
+        return max(len(draft_levels(self.spec)), NGRAM_N if self.spec.ngram_topk else 0)
+
+    @property
+    def refill_budget(self) -> int | None:
+        """The context past which the projected run drafts on the partial cache and refills it every
+        --draft-window tokens; None where it has none (fused mode, --draft-cache full, a run within the
+        budget)."""
+        total = self.prefix + (self.new_tokens or 0)
+        return self.spec.draft_kv_budget if draft_cache_tokens(self.spec, total) else None
 
     def measured_contexts(self) -> tuple[int, ...]:
         """The contexts asked for, plus (when projecting) the projection's ends and the draft budget
@@ -113,7 +120,8 @@ class StepBenchConfig:
         extra: set[int] = set()
         if self.alphas:
             lo, hi = self.prefix, self.prefix + self.new_tokens  # type: ignore[operator]
-            extra = {lo, hi} | ({self.spec.draft_kv_budget} if lo < self.spec.draft_kv_budget < hi else set())
+            budget = self.refill_budget
+            extra = {lo, hi} | ({budget} if budget is not None and lo < budget < hi else set())
         return tuple(sorted(set(self.contexts or ()) | extra))
 
     @property
@@ -269,6 +277,7 @@ class StepRig:
             cache.k.normal_()
             cache.v.normal_()
         self.hidden = torch.randn(1, model.cfg.hidden_size, generator=self.gen).to(model.device, model.dtype)
+        self.s.prev_hidden = self.hidden[0]  # the fused mode drafts from the state that predicted the root
         self.root = prompt[-1]
         self.context = 0
         self.graphs = self.s.graphs.get(id(self.s.full))  # CUDA: the state's step bodies on the full cache
@@ -403,7 +412,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
     projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth), bench.spec.walk),
                            bench.prefix,
-                           bench.new_tokens, a, bench.depth, bench.spec.draft_kv_budget, bench.spec.draft_window)
+                           bench.new_tokens, a, bench.depth, bench.refill_budget, bench.spec.draft_window)
                    for a in bench.alphas]
     return StepBenchResult(identity(bench, cfg, dtype, device, linears, gamma, command, runtime), bandwidth, buffer,
                            weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
+from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, draft_levels
 from .report import machine_lines
 from .steps import StepBenchResult
 
@@ -16,6 +16,19 @@ def _ms(seconds: float | None) -> str:
 
 def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _draft_text(r: StepBenchResult) -> str:
+    """What the draft and refill columns time, in the spec's draft mode."""
+    spec, gamma = r.config.spec, r.identity["gamma"]
+    if spec.draft_mode == "fused":
+        return (f"Draft: the fused mode's, with no forward: {gamma} random heads on the hidden state that predicted "
+                f"the root, then the LM head on {len(draft_levels(spec))} rows (the rest of its step is the verify "
+                "pass). Refill: none (the fused mode has no partial cache).")
+    return (f"Draft: the paper-mode draft pass (on a {spec.draft_kv_budget}-entry partial cache past that context, "
+            f"its recent window half full) + {gamma} random heads + the LM head on {len(draft_levels(spec))} rows "
+            "(the base model's and the heads' next tokens, one per drafted depth). Refill: a draft "
+            "step that drafts on the full cache and reselects the partial cache.")
 
 
 def render(r: StepBenchResult) -> str:
@@ -41,10 +54,7 @@ def render(r: StepBenchResult) -> str:
         f"- AR: one token's forward + LM head + sampling, as generation runs it (CUDA-graph replay where "
         f"--cuda-graphs is on: {ident.get('cuda_graphs', 'off')}, --graph-attention "
         f"{ident.get('graph_attention', 'bucketed')}; AR eager: the same step without the graph, "
-        "where the graph was measured). Draft: the paper-mode draft pass (on a "
-        f"{spec.draft_kv_budget}-entry partial cache past that context, its recent window half full) + "
-        f"{ident['gamma']} random heads + the LM head on {ident['gamma'] + 1} rows. Refill: a draft step that "
-        "drafts on the full cache and reselects the partial cache. Walk row: one row the lossless walk visits: "
+        "where the graph was measured). " + _draft_text(r) + " Walk row: one row the lossless walk visits: "
         "LM head + sampling, or sampling only (cached) where the LM head of all the trie's rows ran in one pass. "
         "Verify: the tree's forward on the full cache (no LM head), random trie of that many nodes (root "
         f"included); generation adds the LM head of all rows in one pass for tries of at most "
@@ -57,8 +67,9 @@ def render(r: StepBenchResult) -> str:
     ]
     for c in r.costs:
         floor = r.floor(c.context)
+        entries = f" ({c.draft_cache})" if spec.draft_mode == "paper" else ""
         lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(c.ar_eager)} | {_ms(floor)} | {floor / c.ar:.0%} "
-                     f"| {_ms(c.draft)} ({c.draft_cache}) | {_ms(c.reselect)} | {_ms(c.walk_row)} "
+                     f"| {_ms(c.draft)}{entries} | {_ms(c.reselect)} | {_ms(c.walk_row)} "
                      f"| {_ms(c.walk_row_cached)} |")
     nodes = sorted(r.costs[0].verify)
     lines += ["", "Verify ms by tree nodes (x the AR step in parentheses):", "",
@@ -83,13 +94,15 @@ def render(r: StepBenchResult) -> str:
         lines += ["", "### Projection (computed from the costs above, not measured)", "",
                   f"Decode time of {b.new_tokens} new tokens after a {b.prefix}-token prefix (prefill excluded: both "
                   "methods share it). AR: each cost interpolated linearly in context between the measured contexts "
-                  "and summed over every token. TokenSwift: tree "
+                  f"and summed over every token. TokenSwift ({spec.draft_mode} draft mode): tree "
                   f"{spec.tree} + {spec.ngram_topk} n-gram continuations per depth-1 token, verified at its budget of "
                   f"{b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
                   + ("the batched walk" if spec.walk == "batched" else "tau x walk row") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
-                  f"{b.depth} draft positions per step); past {spec.draft_kv_budget} cached entries one step per "
-                  f"{spec.draft_window} tokens is a refill. Not included: trie building, cache compaction, n-gram "
+                  f"{b.depth} draft positions per step)" + (
+                      f"; past {b.refill_budget} cached entries one step per {spec.draft_window} tokens is a refill"
+                      if b.refill_budget is not None else "; no partial cache, so no refills")
+                  + ". Not included: trie building, cache compaction, n-gram "
                   "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
                   "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
                   "|---|---|---|---|---|---|---|"]
@@ -106,7 +119,8 @@ def to_json(r: StepBenchResult) -> dict[str, Any]:
         "identity": r.identity, "bandwidth_bytes_per_s": r.bandwidth,
         "bandwidth_buffer_bytes": r.bandwidth_buffer, "weight_bytes_per_step": r.weight_bytes,
         "kv_bytes_per_token": r.kv_bytes_per_token,
-        "settings": {"reps": b.reps, "warmup": b.warmup, "tree": b.spec.tree, "ngram_topk": b.spec.ngram_topk,
+        "settings": {"reps": b.reps, "warmup": b.warmup, "draft_mode": b.spec.draft_mode, "tree": b.spec.tree,
+                     "ngram_topk": b.spec.ngram_topk,
                      "walk": b.spec.walk,
                      "draft_kv_budget": b.spec.draft_kv_budget, "draft_window": b.spec.draft_window,
                      "attention_sinks": b.spec.attention_sinks, "seed": b.seed},
