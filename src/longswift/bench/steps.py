@@ -109,10 +109,12 @@ class StepBenchConfig:
     @property
     def refill_budget(self) -> int | None:
         """The context past which the projected run drafts on the partial cache and refills it every
-        --draft-window tokens; None where it has none (fused mode, --draft-cache full, a run within the
-        budget)."""
+        --draft-window tokens; None where it never refills (fused mode and --draft-cache full draft
+        without a partial cache, a run within the budget does not outgrow it, and a static one is
+        selected once, a one-off the projection leaves out, and only restarts its window after that)."""
         total = self.prefix + (self.new_tokens or 0)
-        return self.spec.draft_kv_budget if draft_cache_tokens(self.spec, total) else None
+        dynamic = self.spec.draft_cache == "dynamic"
+        return self.spec.draft_kv_budget if dynamic and draft_cache_tokens(self.spec, total) else None
 
     def measured_contexts(self) -> tuple[int, ...]:
         """The contexts asked for, plus (when projecting) the projection's ends and the draft budget

@@ -20,15 +20,19 @@ def _duration(seconds: float) -> str:
 
 def _draft_text(r: StepBenchResult) -> str:
     """What the draft and refill columns time, in the spec's draft mode."""
-    spec, gamma = r.config.spec, r.identity["gamma"]
+    spec, gamma, depths = r.config.spec, r.identity["gamma"], len(draft_levels(r.config.spec))
     if spec.draft_mode == "fused":
         return (f"Draft: the fused mode's, with no forward: {gamma} random heads on the hidden state that predicted "
-                f"the root, then the LM head on {len(draft_levels(spec))} rows (the rest of its step is the verify "
-                "pass). Refill: none (the fused mode has no partial cache).")
+                f"the root, then the LM head on {depths} rows (the rest of its step is the verify pass). Refill: "
+                "none (the fused mode has no partial cache).")
+    rows = (f" + {gamma} random heads + the LM head on {depths} rows (the base model's and the heads' next tokens, "
+            "one per drafted depth)")
+    if not any(c.reselect is not None for c in r.costs):
+        return f"Draft: the paper-mode draft pass on the full cache{rows}. Refill: none (no partial cache in use)."
     return (f"Draft: the paper-mode draft pass (on a {spec.draft_kv_budget}-entry partial cache past that context, "
-            f"its recent window half full) + {gamma} random heads + the LM head on {len(draft_levels(spec))} rows "
-            "(the base model's and the heads' next tokens, one per drafted depth). Refill: a draft "
-            "step that drafts on the full cache and reselects the partial cache.")
+            f"its recent window half full){rows}. Refill: a draft step that drafts on the full cache and reselects "
+            "the partial cache" + (" (--draft-cache static: once, at the budget)." if spec.draft_cache == "static"
+                                   else "."))
 
 
 def render(r: StepBenchResult) -> str:
@@ -61,7 +65,8 @@ def render(r: StepBenchResult) -> str:
         f"{BATCHED_LOGITS_NODES} nodes when its steps emit at least {BATCH_FROM_TOKENS} tokens on average "
         "(the LM-head table below), else one LM head per walk row",
         "",
-        "| context | AR ms | AR eager ms | floor ms | floor / AR | draft ms (entries) | refill ms | walk row ms "
+        "| context | AR ms | AR eager ms | floor ms | floor / AR | "
+        + ("draft ms (entries)" if spec.draft_mode == "paper" else "draft ms") + " | refill ms | walk row ms "
         "| cached ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -95,7 +100,9 @@ def render(r: StepBenchResult) -> str:
                   f"Decode time of {b.new_tokens} new tokens after a {b.prefix}-token prefix (prefill excluded: both "
                   "methods share it). AR: each cost interpolated linearly in context between the measured contexts "
                   f"and summed over every token. TokenSwift ({spec.draft_mode} draft mode): tree "
-                  f"{spec.tree} + {spec.ngram_topk} n-gram continuations per depth-1 token, verified at its budget of "
+                  f"{spec.tree}" + (f" (drafted depths {','.join(map(str, draft_levels(spec)))})"
+                                    if spec.draft_mode == "fused" else "")
+                  + f" + {spec.ngram_topk} n-gram continuations per depth-1 token, verified at its budget of "
                   f"{b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
                   + ("the batched walk" if spec.walk == "batched" else "tau x walk row") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
