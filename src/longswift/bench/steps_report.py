@@ -108,7 +108,9 @@ def render(r: StepBenchResult) -> str:
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
                   f"{b.depth} draft positions per step)" + (
                       f"; past {b.refill_budget} cached entries one step per {spec.draft_window} tokens is a refill"
-                      if b.refill_budget is not None else "; no partial cache, so no refills")
+                      if b.refill_budget is not None else
+                      "; its static partial cache is selected once at the budget (a one-off, left out) and never "
+                      "refilled" if any(c.reselect is not None for c in r.costs) else "; no partial cache, so no refills")
                   + ". Not included: trie building, cache compaction, n-gram "
                   "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
                   "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
