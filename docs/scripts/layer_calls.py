@@ -17,7 +17,8 @@ from longswift.runtime.model import Transformer
 
 
 class Calls(TorchFunctionMode):
-    """Counts torch functions and tensor methods by name (attribute reads left out)."""
+    """Counts torch functions and tensor methods by name (attribute reads and dtype arithmetic, which
+    launch nothing, left out)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -25,7 +26,7 @@ class Calls(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", str(func))
-        if name != "__get__":
+        if name not in ("__get__", "promote_types"):
             self.names[name] = self.names.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
 
