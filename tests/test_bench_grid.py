@@ -139,6 +139,7 @@ def test_suite_writes_files_and_resumes(tmp_path, tiny_dir, capsys):
     assert "llamacpp: skipped (" in md and "--lengths 8,6" in md and "torch " in md
     assert md.count("### random-ids-seed0: 12-token prompt") == 4
     assert "tokenswift identical; hf identical" in md
+    assert "tokenswift outputs equal ar's token for token in float64; in float32 the verify pass's" in md
     png = sorted(p.name for p in out_dir.glob("*.png"))
     if importlib.util.find_spec("matplotlib"):
         assert png == ["alpha_vs_length.png", "speedup_vs_length.png", "time_to_n_tokens.png"]
