@@ -16,9 +16,7 @@ instead of kernels: a check that the script runs, not a measurement of anything 
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from longswift.bench.shapes import random_state, shape_config, weight_bytes_read
-from longswift.bench.steps import measure_bandwidth
+from longswift.bench.steps import measure_bandwidth, median_seconds, synchronizer
 from longswift.runtime.attention import length_unsupported
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs
@@ -91,19 +89,6 @@ def profiled(step: Callable[[], object], cuda: bool) -> Profile:
     return result
 
 
-def median_ms(step: Callable[[], object], sync: Callable[[], None]) -> float:
-    for _ in range(3):
-        step()
-    sync()
-    times = []
-    for _ in range(REPS):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
-
-
 def report(label: str, ms: float, floor_ms: float, p: Profile, cuda: bool) -> None:
     n, us = p.total()
     what = "kernels" if cuda else "torch ops (own CPU time)"
@@ -129,7 +114,7 @@ def main() -> None:
         print(f"--graph-attention length: {why}")
         return
     dtype = torch.bfloat16 if cuda else torch.float32
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    sync = synchronizer(device)
     cfg = shape_config(shape, layers)
     model = Transformer(cfg, random_state(cfg, dtype, device), pack=True)
     bandwidth = measure_bandwidth(device, 2**30)
@@ -154,7 +139,7 @@ def main() -> None:
                 cache.length = context
                 g.decode(5, context)
 
-            ms = median_ms(step, sync)
+            ms = 1e3 * median_seconds(step, REPS, 3, sync)
             report(label, ms, floor_ms, profiled(step, cuda), cuda)
             sys.stdout.flush()
 
