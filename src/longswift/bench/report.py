@@ -222,7 +222,7 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
                      f"{ctx.spec.draft_kv_budget} ({ctx.spec.draft_cache}), adaptive steps {'on' if ctx.spec.adaptive else 'off'}")
         if ident["dtype"] != "float64":
             lines.append(f"- tokenswift outputs equal ar's token for token in float64; in {ident['dtype']} the verify "
-                         "pass's multi-token sums round differently in the last bits from the decode step's, so a "
+                         "pass's multi-token sums round differently (~1e-6 relative) from the decode step's, so a "
                          "draw within that rounding of a boundary between two tokens can go the other way (the "
                          "'first differs' lines below; rare in float32, common in bfloat16)")
     if any(m.startswith("llamacpp") for m in ctx.methods):
