@@ -108,10 +108,10 @@ class StepBenchConfig:
 
     @property
     def refill_budget(self) -> int | None:
-        """The context past which the projected run drafts on the partial cache and refills it every
-        --draft-window tokens; None where it never refills (fused mode and --draft-cache full draft
-        without a partial cache, a run within the budget does not outgrow it, and a static one is
-        selected once, a one-off the projection leaves out, and only restarts its window after that)."""
+        """The context past which the projected run refills its partial cache every --draft-window
+        tokens; None where it never does: the fused mode and --draft-cache full have no partial cache,
+        a run that stays within the budget never drafts on one, and a static one is selected once (a
+        one-off the projection leaves out) and after that only restarts its window."""
         total = self.prefix + (self.new_tokens or 0)
         dynamic = self.spec.draft_cache == "dynamic"
         return self.spec.draft_kv_budget if dynamic and draft_cache_tokens(self.spec, total) else None
