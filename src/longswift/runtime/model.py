@@ -78,6 +78,12 @@ def fused_rms_norm_available() -> bool:
     return hasattr(torch.ops.aten, "_fused_rms_norm")
 
 
+def fused_norm_default(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether RMSNorm runs as one op by default (rms_norm's `fused`): in a reduced dtype on CUDA,
+    where each op is a kernel, and only where aten has its fused kernel."""
+    return device.type == "cuda" and dtype not in (torch.float32, torch.float64) and fused_rms_norm_available()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
     """RMSNorm of x [..., hidden], normalised in (at least) float32. In float32 and float64 one op,
     the same products as transformers'. In a reduced dtype transformers rounds the normalised x to
@@ -85,10 +91,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> 
     on CUDA. `fused` makes it one op, aten's fused RMSNorm, which scales in float32 and rounds once:
     at most a last-bit difference per element from transformers' double rounding. The one op takes
     a weight of x's dtype only; another weight dtype gets the two steps, promoting as they do."""
-    acc = torch.promote_types(x.dtype, torch.float32)
-    if weight.dtype == x.dtype and (x.dtype == acc or fused):
+    wide = x.dtype in (torch.float32, torch.float64)  # (torch.promote_types(x.dtype, float32) == x.dtype, without
+    if weight.dtype == x.dtype and (wide or fused):  # a dtype computation per norm on the hot path)
         return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
-    return weight * F.rms_norm(x.to(acc), (x.shape[-1],), eps=eps).to(x.dtype)
+    return weight * F.rms_norm(x.to(x.dtype if wide else torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 def fused_kernels(model: Transformer) -> bool:
@@ -138,7 +144,7 @@ class Transformer:
         reduced = self.dtype != self.acc_dtype
         fusing = self.device.type == "cuda" and reduced
         # RMSNorm in one op (norm), by default only where aten has its fused kernel
-        self.fused_norm = (fusing and fused_rms_norm_available() if fused_norm is None else fused_norm) and reduced
+        self.fused_norm = (fused_norm_default(self.device, self.dtype) if fused_norm is None else fused_norm) and reduced
         self.packed = pack and packing_supported(self.dtype, self.device)
         # o_proj and down_proj add their residual in the product's epilogue (see add_to_residual); never
         # packed (oneDNN) or tensor parallel (the add follows the all_reduce).

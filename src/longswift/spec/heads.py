@@ -16,7 +16,7 @@ from torch import nn
 from ..atomic import replace_atomically
 from ..config import ModelConfig
 from ..errors import LongswiftError
-from ..runtime.model import fused_rms_norm_available, rms_norm
+from ..runtime.model import fused_norm_default, rms_norm
 
 FORMAT = "longswift-heads"
 HEADS_FILE = "heads.safetensors"  # the file name train-heads writes and --heads DIR looks for
@@ -50,7 +50,7 @@ class DraftHeads(nn.Module):
         self.fused_norm: bool | None = None
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        fused = x.device.type == "cuda" and fused_rms_norm_available() if self.fused_norm is None else self.fused_norm
+        fused = fused_norm_default(x.device, x.dtype) if self.fused_norm is None else self.fused_norm
         return rms_norm(x, w, self.eps, fused)
 
     def forward(self, h0: torch.Tensor) -> torch.Tensor:
