@@ -183,9 +183,10 @@ class TokenSwiftState:
         follow, self.follow = self.follow, None
         if follow is not None and follow != best:
             return self._run(follow)
-        due = [k for k in self.kinds if k != best and self.since[k] >= self.interval(k)]
+        overdue = {k: self.since[k] - self.interval(k) for k in self.kinds if k != best}  # >= 0: due
+        due = [k for k, late in overdue.items() if late >= 0]
         if due:
-            kind = max(due, key=lambda k: self.since[k] - self.interval(k))  # the most overdue
+            kind = max(due, key=overdue.__getitem__)  # the most overdue
             self.probe_every[kind] = min(2 * self.probe_every[kind], MAX_PROBE_EVERY)
             return self._run(kind)
         return self._run(best)
