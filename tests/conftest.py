@@ -88,6 +88,15 @@ def ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() - b.float()).abs() / (torch.finfo(a.dtype).eps * torch.exp2(torch.floor(torch.log2(big))))
 
 
+def needs_fused_rms_norm() -> None:
+    """Torch before aten's fused RMSNorm composes F.rms_norm from several ops, rounding as transformers:
+    fused_norm then changes nothing, and stays off by default (runtime.model.fused_rms_norm_available)."""
+    from longswift.runtime.model import fused_rms_norm_available
+
+    if not fused_rms_norm_available():
+        pytest.skip("this torch has no fused RMSNorm (aten._fused_rms_norm)")
+
+
 def adaptive_state(kinds: tuple[str, ...] | None = None, step_tokens: dict | None = None,
                    step_seconds: dict | None = None):
     """A TokenSwiftState with only what adaptive steps read (no model): `kinds` (default KINDS), each

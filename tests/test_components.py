@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import Calls, OpCount, tiny_hf_model, ulps
+from conftest import Calls, OpCount, needs_fused_rms_norm, tiny_hf_model, ulps
 
 import longswift
 from longswift import GenerationConfig, SamplingConfig
@@ -236,8 +236,6 @@ def test_bfloat16_heads_norm_in_one_op_where_fused():
     """Draft heads in a reduced dtype: with fused_norm (the default on CUDA) each of a head's two
     norms is one call with the weight, 3 calls fewer per norm (3 kernels on CUDA), and its output
     moves by rounding only (draft numerics never touch losslessness: verification decides)."""
-    from test_model import needs_fused_rms_norm
-
     needs_fused_rms_norm()
     engine = longswift.load(tiny_hf_model("llama", seed=75), dtype="bfloat16")
     heads = new_heads(engine.cfg, engine.model.state).randomize(3)

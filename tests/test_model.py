@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import Calls, OpCount, tiny_hf_model, ulps
+from conftest import Calls, OpCount, needs_fused_rms_norm, tiny_hf_model, ulps
 
 import longswift
 from longswift.runtime.cache import FullKVCache
@@ -25,15 +25,6 @@ CASES = [
 ]
 CTX = 32  # the trained context these tests give the tiny models
 SEQ = 80  # past it
-
-
-def needs_fused_rms_norm() -> None:
-    """Torch before aten's fused RMSNorm composes F.rms_norm from several ops, rounding as transformers:
-    fused_norm then changes nothing, and stays off by default (runtime.model.fused_rms_norm_available)."""
-    from longswift.runtime.model import fused_rms_norm_available
-
-    if not fused_rms_norm_available():
-        pytest.skip("this torch has no fused RMSNorm (aten._fused_rms_norm)")
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
