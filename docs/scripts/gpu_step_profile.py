@@ -60,8 +60,9 @@ class Profile:
     def classes(self) -> dict[str, tuple[float, float]]:
         out: dict[str, tuple[float, float]] = {}
         for name, (n, us) in self.kernels.items():
-            c = out.get(kind(name), (0.0, 0.0))
-            out[kind(name)] = (c[0] + n, c[1] + us)
+            c = kind(name)
+            count, total = out.get(c, (0.0, 0.0))
+            out[c] = (count + n, total + us)
         return dict(sorted(out.items(), key=lambda kv: -kv[1][1]))
 
     def total(self) -> tuple[float, float]:
