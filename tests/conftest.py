@@ -114,6 +114,14 @@ def adaptive_state(kinds: tuple[str, ...] | None = None, step_tokens: dict | Non
     return s
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_dir(tmp_path_factory):
+    """The session's converted tokenizers go to a cache of its own, not the user's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path_factory.mktemp("longswift-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def embedded():
     """Our engine on the embedded default model (float32, packed linears)."""

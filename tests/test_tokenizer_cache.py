@@ -1,0 +1,144 @@
+"""The GGUF reader and tokenizer shortcuts that make loading fast: the plain-array reader parses
+exactly what gguf's own reader parses, and a tokenizer read from the cache behaves as the one
+transformers converts from the file, whatever state the cache is in."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from longswift.runtime import tokenizer_cache
+from longswift.runtime.gguf import open_gguf
+from longswift.runtime.loading import default_model_path, load_model
+from longswift.runtime.tokenizer_cache import MARKER, cache_root, gguf_tokenizer, metadata_key
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "Write a story about a lighthouse keeper.",
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    "  leading spaces, trailing tabs\t\t\nand ünïcödé: 東京, emoji 🙂, digits 1234567890",
+    "def f(x):\n    return x ** 2  # code\n\n\n",
+    "",
+]
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a lighthouse?"},
+        {"role": "assistant", "content": "A tower with a light."}, {"role": "user", "content": "Why?"}]
+
+
+@pytest.fixture(scope="module")
+def path():
+    return default_model_path()
+
+
+@pytest.fixture(scope="module")
+def reader(path):
+    return open_gguf(path)
+
+
+@pytest.fixture(scope="module")
+def converted(path):
+    return tokenizer_cache._convert(path)
+
+
+def assert_same_tokenizer(ours, theirs) -> None:
+    assert len(ours) == len(theirs)
+    ids = list(range(len(theirs)))
+    assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids)
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "all_special_ids", "chat_template"):
+        assert getattr(ours, attr) == getattr(theirs, attr), attr
+    for text in TEXTS:
+        assert ours(text).input_ids == theirs(text).input_ids, text
+        assert ours.encode(text, add_special_tokens=False) == theirs.encode(text, add_special_tokens=False)
+    rows = np.random.default_rng(0).integers(0, len(theirs), size=(8, 40)).tolist()
+    rows.append(theirs.all_special_ids + theirs.encode(TEXTS[2]))
+    for row in rows:
+        for skip in (False, True):
+            assert ours.decode(row, skip_special_tokens=skip) == theirs.decode(row, skip_special_tokens=skip)
+    for prompt in (False, True):
+        assert (ours.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=prompt)
+                == theirs.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=prompt))
+
+
+def test_plain_array_reader_parses_what_gguf_parses(path, reader):
+    theirs = gguf.GGUFReader(str(path))
+    assert type(reader.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert reader.data_offset == theirs.data_offset and reader.alignment == theirs.alignment
+    assert list(reader.fields) == list(theirs.fields)
+    for key in reader.fields:
+        assert reader.fields[key].contents() == theirs.fields[key].contents(), key
+    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in reader.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in theirs.tensors]
+    for ours, t in zip(reader.tensors, theirs.tensors):
+        assert np.array_equal(ours.data, t.data), t.name
+
+
+def test_second_load_reads_the_cache_and_behaves_the_same(tmp_path, monkeypatch, path, reader, converted):
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path))
+    first = gguf_tokenizer(path, reader)  # converts and writes the entry
+    entry = tmp_path / "tokenizers" / metadata_key(reader)
+    assert json.loads((entry / MARKER).read_text())["tokens"] == len(converted)
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no temporary folder left behind
+
+    def no_conversion(path):
+        raise AssertionError("converted again although the cache holds this tokenizer")
+
+    monkeypatch.setattr(tokenizer_cache, "_convert", no_conversion)
+    second = gguf_tokenizer(path, reader)
+    assert_same_tokenizer(first, converted)
+    assert_same_tokenizer(second, converted)
+    assert load_model(None, torch.float32, torch.device("cpu")).tokenizer.name_or_path == str(entry)  # the loader uses it
+
+
+@pytest.mark.parametrize("damage", ["truncated json", "no marker", "marker of another size"])
+def test_damaged_entry_is_rebuilt(tmp_path, monkeypatch, path, reader, converted, damage):
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path))
+    gguf_tokenizer(path, reader)
+    entry = tmp_path / "tokenizers" / metadata_key(reader)
+    if damage == "truncated json":
+        data = (entry / "tokenizer.json").read_bytes()
+        (entry / "tokenizer.json").write_bytes(data[: len(data) // 2])
+    elif damage == "no marker":
+        (entry / MARKER).unlink()
+    else:
+        (entry / MARKER).write_text(json.dumps({"format": tokenizer_cache.FORMAT, "tokens": 7}))
+    calls = []
+    real = tokenizer_cache._convert
+    monkeypatch.setattr(tokenizer_cache, "_convert", lambda p: calls.append(p) or real(p))
+    assert_same_tokenizer(gguf_tokenizer(path, reader), converted)
+    assert calls == [path]
+    assert tokenizer_cache._read(entry) is not None  # rewritten whole
+
+
+def test_cache_that_cannot_be_written_or_is_off_still_loads(tmp_path, monkeypatch, path, reader, converted):
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(blocker))
+    assert_same_tokenizer(gguf_tokenizer(path, reader), converted)
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", "")
+    assert cache_root() is None
+    assert len(gguf_tokenizer(path, reader)) == len(converted)
+    monkeypatch.delenv("LONGSWIFT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "longswift"
+
+
+def test_key_follows_the_metadata_and_the_converting_libraries(tmp_path, monkeypatch, path, reader):
+    copy = tmp_path / "renamed.gguf"
+    shutil.copy(path, copy)
+    assert metadata_key(open_gguf(copy)) == metadata_key(reader)  # copies share an entry
+    edited = tmp_path / "edited.gguf"
+    data = bytearray(path.read_bytes())
+    at = data.index(b"<|im_end|>")  # inside the vocabulary
+    data[at + 2 : at + 4] = b"IM"
+    edited.write_bytes(bytes(data))
+    assert metadata_key(open_gguf(edited)) != metadata_key(reader)
+    import transformers
+
+    key = metadata_key(reader)
+    monkeypatch.setattr(transformers, "__version__", transformers.__version__ + ".post9")
+    assert metadata_key(reader) != key
