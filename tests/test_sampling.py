@@ -16,6 +16,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from longswift import sampling
 from longswift.config import SamplingConfig
 from longswift.errors import LongswiftError
 from longswift.sampling import apply_penalty, draw, penalty_window, probabilities, transform
@@ -82,6 +83,53 @@ def test_top_p_matches_reference_and_transformers(p):
             if mass >= p:
                 break
         assert {i for i in range(V) if kept(ours)[row, i]} == keep
+
+
+def top_p_by_order(x: torch.Tensor, p: float) -> torch.Tensor:
+    """The stable-sort top-p (the GPU path, and the CPU's before session 16): dropped tokens [N, V]."""
+    sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    return sampling._to_tokens(sampling._dropped_positions(sorted_x, p), order)
+
+
+def top_p_cases():
+    g = torch.Generator().manual_seed(5)
+    for case in range(120):
+        v, n, dtype = (7, 64, 1000, 49152)[case % 4], (1, 3, 8)[case % 3], (torch.float32, torch.float64)[case % 2]
+        x = torch.randn(n, v, generator=g, dtype=dtype) * 3
+        if case % 5 == 0:
+            x = torch.round(x * 2) / 2  # many ties, some at the cut
+        if case % 7 == 0:
+            x[:, ::3] = -math.inf  # banned or filtered before top-p
+        if case % 11 == 0:
+            x[:, : v // 2] = 1.0  # half the row tied
+        if case % 13 == 0:
+            x[0] = x[0, 0]  # a whole row tied
+        yield x
+
+
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999, 0.9999999])
+def test_top_p_without_an_index_sort_drops_what_the_stable_order_drops(p):
+    cases = 0
+    for x in top_p_cases():
+        assert torch.equal(sampling._top_p_drop_cpu(x, p), top_p_by_order(x, p))
+        cases += 1
+    assert cases == 120
+
+
+def test_top_p_maps_a_non_suffix_through_the_stable_order(monkeypatch):
+    """A one-ulp dip in the cumulative mass could make the dropped positions no suffix; then the
+    value cut cannot say which tokens, and the stable order does."""
+    x = torch.round(torch.randn(4, 300, generator=torch.Generator().manual_seed(3)) * 2) / 2
+
+    def holes(sorted_x, p):
+        drop = torch.zeros_like(sorted_x, dtype=torch.bool)
+        drop[:, 5::2] = True  # dropped, kept, dropped...
+        return drop
+
+    monkeypatch.setattr(sampling, "_dropped_positions", holes)
+    ours = sampling._top_p_drop_cpu(x, 0.5)
+    assert torch.equal(ours, top_p_by_order(x, 0.5))
+    assert (ours.sum(-1) == 148).all()
 
 
 @pytest.mark.parametrize("m", [0.01, 0.1, 0.5])
