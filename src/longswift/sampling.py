@@ -69,7 +69,8 @@ def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
     order of descending logits, ties in vocabulary order (stable, so a row's result never depends
     on the other rows of the batch: the walk transforms one row or all of a trie's rows at once),
     a token is dropped when the probability mass of the tokens before it reaches top_p."""
-    if x.device.type != "cpu" or x.requires_grad:  # on a GPU: one sort, no host read
+    if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32, torch.float64):
+        # one stable sort with indices maps positions to tokens, with no host read (GPU)
         sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
         return x.masked_fill(_to_tokens(_dropped_positions(sorted_x, top_p), order), -math.inf)
     return x.masked_fill(_top_p_drop_cpu(x, top_p), -math.inf)
@@ -97,7 +98,7 @@ def _top_p_drop_cpu(x: torch.Tensor, top_p: float) -> torch.Tensor:
     positions are a suffix (always, short of a one-ulp dip in the cumulative mass), the kept tokens
     are those above the last kept value and, of the tokens equal to it, as many as the count asks
     in vocabulary order: what the stable order keeps. Otherwise the stable order maps positions to
-    tokens. Bit for bit the GPU path's result (tests/test_sampling.py)."""
+    tokens. The same bits as mapping through the stable order always (tests/test_sampling.py)."""
     sorted_x = -torch.from_numpy(np.sort((-x).numpy(), axis=-1))  # [N, V] descending; negation is exact
     drop_sorted = _dropped_positions(sorted_x, top_p)
     if bool((drop_sorted[:, :-1] & ~drop_sorted[:, 1:]).any()) or bool(torch.isnan(sorted_x).any()):
