@@ -142,3 +142,12 @@ def test_key_follows_the_metadata_and_the_converting_libraries(tmp_path, monkeyp
     key = metadata_key(reader)
     monkeypatch.setattr(transformers, "__version__", transformers.__version__ + ".post9")
     assert metadata_key(reader) != key
+
+
+def test_an_entry_another_process_wrote_meanwhile_stays(tmp_path, converted):
+    entry = tmp_path / "tokenizers" / "0123"
+    tokenizer_cache._write(converted, entry, replace=False)
+    (entry / "theirs").write_text("written by the process that renamed first")
+    tokenizer_cache._write(converted, entry, replace=False)  # our rename fails; nothing of theirs is removed
+    assert (entry / "theirs").exists() and tokenizer_cache._read(entry) is not None
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]

@@ -53,13 +53,15 @@ def gguf_tokenizer(path: Path, reader: Any) -> Any:
     header), from the cache when an entry for its metadata is there."""
     root = cache_root()
     entry = root / "tokenizers" / metadata_key(reader) if root is not None else None
+    damaged = False
     if entry is not None and entry.is_dir():
         cached = _read(entry)
         if cached is not None:
             return cached
+        damaged = True
     tokenizer = _convert(path)
     if entry is not None:
-        _write(tokenizer, entry)
+        _write(tokenizer, entry, replace=damaged)
     return tokenizer
 
 
@@ -86,15 +88,15 @@ def _read(entry: Path) -> Any | None:
     return tokenizer
 
 
-def _write(tokenizer: Any, entry: Path) -> None:
-    """Save `tokenizer` as `entry`, whole or not at all; never fails the load."""
+def _write(tokenizer: Any, entry: Path, replace: bool) -> None:
+    """Save `tokenizer` as `entry`, whole or not at all, replacing a damaged one; never fails the load."""
     tmp: Path | None = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
         tokenizer.save_pretrained(str(tmp))
         (tmp / MARKER).write_text(json.dumps({"format": FORMAT, "tokens": len(tokenizer)}))
-        if entry.exists():  # a damaged entry (_read refused it)
+        if replace:  # _read refused it (a sound entry is never removed: a reader may be using it)
             shutil.rmtree(entry, ignore_errors=True)
         os.rename(tmp, entry)  # fails if another process renamed its copy first: theirs stays
         tmp = None
