@@ -104,16 +104,26 @@ def top_p_cases():
             x[:, : v // 2] = 1.0  # half the row tied
         if case % 13 == 0:
             x[0] = x[0, 0]  # a whole row tied
-        yield x
+        if case % 17 == 0:
+            x[:, 1::4] = torch.where(torch.rand(n, len(range(1, v, 4)), generator=g) < 0.5, 0.0, -0.0).to(dtype)
+            x[:, 0] = 0.0  # signed zeros, tied with each other, at the top
+        if case % 19 == 0 and n > 1:
+            x[1, v // 3] = math.nan  # a row the softmax cannot make sense of
+            x[-1, v // 2] = math.inf
+        yield x if case % 23 else x.t().contiguous().t()  # and a non-contiguous layout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999, 0.9999999])
 def test_top_p_without_an_index_sort_drops_what_the_stable_order_drops(p):
-    cases = 0
+    split_ties = 0  # rows whose cut falls inside a run of equal logits: the vocabulary order decides
     for x in top_p_cases():
-        assert torch.equal(sampling._top_p_drop_cpu(x, p), top_p_by_order(x, p))
-        cases += 1
-    assert cases == 120
+        ours = sampling._top_p_drop_cpu(x, p)
+        assert torch.equal(ours, top_p_by_order(x, p))
+        for row, drop in zip(x, ours):
+            if not drop.all() and not torch.isnan(row).any():
+                last = row[~drop].min()
+                split_ties += bool(((row == last) & drop).any())
+    assert split_ties >= 20  # the tie rule was exercised (26 to 74 rows per p)
 
 
 def test_top_p_maps_a_non_suffix_through_the_stable_order(monkeypatch):

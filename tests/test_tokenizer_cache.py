@@ -5,7 +5,9 @@ transformers converts from the file, whatever state the cache is in."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 
 import gguf
 import numpy as np
@@ -94,24 +96,33 @@ def test_second_load_reads_the_cache_and_behaves_the_same(tmp_path, monkeypatch,
     assert load_model(None, torch.float32, torch.device("cpu")).tokenizer.name_or_path == str(entry)  # the loader uses it
 
 
-@pytest.mark.parametrize("damage", ["truncated json", "no marker", "marker of another size"])
+@pytest.mark.parametrize("damage", ["truncated json", "no marker", "a file missing", "marker of another vocabulary",
+                                    "marker of another format"])
 def test_damaged_entry_is_rebuilt(tmp_path, monkeypatch, path, reader, converted, damage):
     monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path))
     gguf_tokenizer(path, reader)
     entry = tmp_path / "tokenizers" / metadata_key(reader)
+    marker = json.loads((entry / MARKER).read_text())
+    assert set(marker["files"]) >= {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
     if damage == "truncated json":
         data = (entry / "tokenizer.json").read_bytes()
         (entry / "tokenizer.json").write_bytes(data[: len(data) // 2])
     elif damage == "no marker":
         (entry / MARKER).unlink()
+    elif damage == "a file missing":
+        (entry / "chat_template.jinja").unlink()  # would load, without its chat template
+    elif damage == "marker of another vocabulary":
+        (entry / MARKER).write_text(json.dumps(marker | {"tokens": 7}))
     else:
-        (entry / MARKER).write_text(json.dumps({"format": tokenizer_cache.FORMAT, "tokens": 7}))
+        (entry / MARKER).write_text(json.dumps(marker | {"format": tokenizer_cache.FORMAT + 1}))
+    assert tokenizer_cache._read(entry) is None
     calls = []
     real = tokenizer_cache._convert
     monkeypatch.setattr(tokenizer_cache, "_convert", lambda p: calls.append(p) or real(p))
     assert_same_tokenizer(gguf_tokenizer(path, reader), converted)
     assert calls == [path]
-    assert tokenizer_cache._read(entry) is not None  # rewritten whole
+    assert_same_tokenizer(tokenizer_cache._read(entry), converted)  # rewritten whole
+    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # the damaged one is gone, no leftovers
 
 
 def test_cache_that_cannot_be_written_or_is_off_still_loads(tmp_path, monkeypatch, path, reader, converted):
@@ -137,11 +148,31 @@ def test_key_follows_the_metadata_and_the_converting_libraries(tmp_path, monkeyp
     data[at + 2 : at + 4] = b"IM"
     edited.write_bytes(bytes(data))
     assert metadata_key(open_gguf(edited)) != metadata_key(reader)
-    import transformers
-
     key = metadata_key(reader)
-    monkeypatch.setattr(transformers, "__version__", transformers.__version__ + ".post9")
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: real(name) + (".post9" if name == "transformers" else ""))
     assert metadata_key(reader) != key
+
+
+def test_a_repair_keeps_an_entry_another_process_repaired_first(tmp_path, converted):
+    entry = tmp_path / "tokenizers" / "4567"
+    tokenizer_cache._write(converted, entry, replace=False)
+    (entry / "theirs").write_text("a sound entry, renamed into place while we converted")
+    tokenizer_cache._write(converted, entry, replace=True)  # we found it damaged before; it is sound now
+    assert (entry / "theirs").exists() and tokenizer_cache._read(entry) is not None
+
+
+def test_entries_are_readable_by_others_and_leftovers_are_swept(tmp_path, converted):
+    entry = tmp_path / "tokenizers" / "89ab"
+    entry.parent.mkdir(parents=True)
+    old, recent = entry.parent / ".89ab.killed", entry.parent / ".89ab.writing"
+    old.mkdir(), recent.mkdir()
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    tokenizer_cache._write(converted, entry, replace=False)
+    assert entry.stat().st_mode & 0o055 == 0o055  # group and others may read and enter
+    assert not old.exists() and recent.exists()  # another process may still be writing that one
 
 
 def test_an_entry_another_process_wrote_meanwhile_stays(tmp_path, converted):

@@ -160,8 +160,8 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
             array = _unpermute(array, hf_config.num_attention_heads)
         elif llama and rest_is(t.name, "attn_k"):
             array = _unpermute(array, hf_config.num_key_value_heads)
-        if not (array.flags.writeable and array.flags.c_contiguous):
-            # Unquantized tensors are views of the read-only map; torch wants a writable buffer of its own.
+        if np.may_share_memory(array, reader.data) or not array.flags.c_contiguous:
+            # Unquantized tensors are views of the map; the weights get a buffer of their own.
             array = np.array(array, copy=True, order="C")
         state[name] = torch.from_numpy(array).to(device=device, dtype=dtype)
     return state

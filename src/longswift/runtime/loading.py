@@ -167,6 +167,8 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
     state = gguf_state_dict(reader, hf_config, dtype, device)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
+    # The weights are copies now: let the map go, or the file's pages stay in the process (its size).
+    _gguf_header.cache_clear()
     return LoadedModel(cfg, state, tokenizer, str(path))
 
 

@@ -6,12 +6,14 @@ itself loads in less). The converted tokenizer is saved with `save_pretrained` u
 directory and loaded from there (0.1 s) by every later run on a file with the same metadata.
 
 - Key: SHA-256 of the file's metadata section (header, key-value pairs, tensor infos: everything
-  before the tensor data), with the transformers and tokenizers versions, which decide the
+  before the tensor data), with the transformers, tokenizers and gguf versions, which decide the
   conversion. Copies and renames of a file share an entry; any edit to its vocabulary does not.
 - Where: `$LONGSWIFT_CACHE_DIR/tokenizers/<key>`, by default `$XDG_CACHE_HOME/longswift` or
   `~/.cache/longswift`. An empty `LONGSWIFT_CACHE_DIR` turns the cache off.
 - Entries are written to a temporary folder and renamed into place, so a reader never sees half
-  of one. A cache that cannot be written is skipped; an entry that cannot be read is rebuilt.
+  of one; a marker lists its files and their sizes. A cache that cannot be written is skipped; an
+  entry that cannot be read, or whose files are not those listed, is rebuilt. Entries of other
+  library versions are not removed (about 3.5 MB each for the embedded model).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +43,15 @@ def cache_root() -> Path | None:
 
 def metadata_key(reader: Any) -> str:
     """What identifies a GGUF's tokenizer: its metadata bytes and the converting libraries' versions."""
-    import tokenizers
-    import transformers
-
-    digest = hashlib.sha256(f"{FORMAT}|{transformers.__version__}|{tokenizers.__version__}|".encode())
+    digest = hashlib.sha256(f"{FORMAT}|{_versions()}|".encode())
     digest.update(memoryview(reader.data[: reader.data_offset]))  # [data_offset] uint8 view of the memmap
     return digest.hexdigest()[:32]
+
+
+def _versions() -> str:
+    from importlib import metadata
+
+    return "|".join(f"{name} {metadata.version(name)}" for name in ("transformers", "tokenizers", "gguf"))
 
 
 def gguf_tokenizer(path: Path, reader: Any) -> Any:
@@ -75,17 +81,20 @@ def _convert(path: Path) -> Any:
 
 
 def _read(entry: Path) -> Any | None:
-    """The entry's tokenizer, or None if it is damaged (then the caller converts and rewrites)."""
+    """The entry's tokenizer, or None if it is damaged: a file the marker lists is missing or of
+    another size, or what loads has another vocabulary size (then the caller converts and rewrites)."""
     from transformers import AutoTokenizer
 
     try:
         marker = json.loads((entry / MARKER).read_text())
+        if marker.get("format") != FORMAT:
+            return None
+        if any((entry / name).stat().st_size != size for name, size in marker["files"].items()):
+            return None
         tokenizer = AutoTokenizer.from_pretrained(str(entry), local_files_only=True)
     except Exception:
         return None
-    if marker.get("format") != FORMAT or marker.get("tokens") != len(tokenizer):
-        return None
-    return tokenizer
+    return tokenizer if marker.get("tokens") == len(tokenizer) else None
 
 
 def _write(tokenizer: Any, entry: Path, replace: bool) -> None:
@@ -93,11 +102,16 @@ def _write(tokenizer: Any, entry: Path, replace: bool) -> None:
     tmp: Path | None = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(entry.parent)
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would shut other users of a shared cache out
         tokenizer.save_pretrained(str(tmp))
-        (tmp / MARKER).write_text(json.dumps({"format": FORMAT, "tokens": len(tokenizer)}))
-        if replace:  # _read refused it (a sound entry is never removed: a reader may be using it)
-            shutil.rmtree(entry, ignore_errors=True)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir()}
+        (tmp / MARKER).write_text(json.dumps({"format": FORMAT, "tokens": len(tokenizer), "files": files}))
+        if replace and _read(entry) is None:  # still damaged: no other process has repaired it meanwhile
+            aside = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+            os.replace(entry, aside)  # out of the way in one step; removed below with the other leftovers
+            shutil.rmtree(aside, ignore_errors=True)
         os.rename(tmp, entry)  # fails if another process renamed its copy first: theirs stays
         tmp = None
     except Exception:  # read-only home, full disk, a race: the next run converts again
@@ -105,3 +119,14 @@ def _write(tokenizer: Any, entry: Path, replace: bool) -> None:
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sweep(folder: Path, older_than_s: float = 3600.0) -> None:
+    """Remove temporary folders that a process killed while writing left behind (an hour old)."""
+    now = time.time()
+    for leftover in folder.glob(".*.*"):
+        try:
+            if leftover.is_dir() and now - leftover.stat().st_mtime > older_than_s:
+                shutil.rmtree(leftover, ignore_errors=True)
+        except OSError:
+            pass
