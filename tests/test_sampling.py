@@ -85,12 +85,6 @@ def test_top_p_matches_reference_and_transformers(p):
         assert {i for i in range(V) if kept(ours)[row, i]} == keep
 
 
-def top_p_by_order(x: torch.Tensor, p: float) -> torch.Tensor:
-    """The stable-sort top-p (the GPU path, and the CPU's before session 16): dropped tokens [N, V]."""
-    sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
-    return sampling._to_tokens(sampling._dropped_positions(sorted_x, p), order)
-
-
 def top_p_cases():
     g = torch.Generator().manual_seed(5)
     for case in range(120):
@@ -118,7 +112,7 @@ def test_top_p_without_an_index_sort_drops_what_the_stable_order_drops(p):
     split_ties = 0  # rows whose cut falls inside a run of equal logits: the vocabulary order decides
     for x in top_p_cases():
         ours = sampling._top_p_drop_cpu(x, p)
-        assert torch.equal(ours, top_p_by_order(x, p))
+        assert torch.equal(ours, sampling._top_p_drop_by_order(x, p))
         for row, drop in zip(x, ours):
             if not drop.all() and not torch.isnan(row).any():
                 last = row[~drop].min()
@@ -138,8 +132,10 @@ def test_top_p_maps_a_non_suffix_through_the_stable_order(monkeypatch):
 
     monkeypatch.setattr(sampling, "_dropped_positions", holes)
     ours = sampling._top_p_drop_cpu(x, 0.5)
-    assert torch.equal(ours, top_p_by_order(x, 0.5))
     assert (ours.sum(-1) == 148).all()
+    for row, drop in zip(x.tolist(), ours):  # the stable order, written out: descending, ties by index
+        order = sorted(range(len(row)), key=lambda i: (-row[i], i))
+        assert sorted(order[5::2]) == drop.nonzero().flatten().tolist()
 
 
 @pytest.mark.parametrize("m", [0.01, 0.1, 0.5])

@@ -70,9 +70,7 @@ def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
     on the other rows of the batch: the walk transforms one row or all of a trie's rows at once),
     a token is dropped when the probability mass of the tokens before it reaches top_p."""
     if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32, torch.float64):
-        # one stable sort with indices maps positions to tokens, with no host read (GPU)
-        sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
-        return x.masked_fill(_to_tokens(_dropped_positions(sorted_x, top_p), order), -math.inf)
+        return x.masked_fill(_top_p_drop_by_order(x, top_p), -math.inf)  # the GPU's way: no host read
     return x.masked_fill(_top_p_drop_cpu(x, top_p), -math.inf)
 
 
@@ -85,8 +83,11 @@ def _dropped_positions(sorted_x: torch.Tensor, top_p: float) -> torch.Tensor:
     return drop
 
 
-def _to_tokens(drop_sorted: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """Positions in the sorted rows [N, V] -> the tokens at them, through the sort's order [N, V]."""
+def _top_p_drop_by_order(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    """`_top_p`'s dropped tokens [N, V] through one stable sort with indices, which maps each sorted
+    position to its token."""
+    sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    drop_sorted = _dropped_positions(sorted_x, top_p)
     return torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
 
 
@@ -98,11 +99,11 @@ def _top_p_drop_cpu(x: torch.Tensor, top_p: float) -> torch.Tensor:
     positions are a suffix (always, short of a one-ulp dip in the cumulative mass), the kept tokens
     are those above the last kept value and, of the tokens equal to it, as many as the count asks
     in vocabulary order: what the stable order keeps. Otherwise the stable order maps positions to
-    tokens. The same bits as mapping through the stable order always (tests/test_sampling.py)."""
+    tokens (`_top_p_drop_by_order`, whose bits this path gives in every case: tests/test_sampling.py)."""
     sorted_x = -torch.from_numpy(np.sort((-x).numpy(), axis=-1))  # [N, V] descending; negation is exact
     drop_sorted = _dropped_positions(sorted_x, top_p)
     if bool((drop_sorted[:, :-1] & ~drop_sorted[:, 1:]).any()) or bool(torch.isnan(sorted_x).any()):
-        return _to_tokens(drop_sorted, torch.sort(x, dim=-1, descending=True, stable=True).indices)
+        return _top_p_drop_by_order(x, top_p)
     count = (~drop_sorted).sum(dim=-1, keepdim=True)  # [N, 1] tokens kept, >= 1
     last = sorted_x.gather(-1, count - 1)  # [N, 1] the smallest kept logit
     above = x > last
