@@ -96,8 +96,9 @@ def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _gguf_header(path: Path, identity: tuple[int, int, int]) -> tuple[Any, Any]:
-    """A GGUF reader and its transformers config, kept for the next look at the same file (parsing
-    a tokenizer's metadata takes seconds; `info` reads config, head names and embedding)."""
+    """A GGUF reader and its transformers config, kept for the next look at the same file (the
+    CLI's memory plan reads the config, then the loader the weights; `info` reads config, head
+    names and embedding). Loading the weights drops it (_from_gguf)."""
     reader = open_gguf(path)
     return reader, gguf_hf_config(reader, path)
 
@@ -162,7 +163,7 @@ def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: 
 
 
 def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
-    reader, hf_config = gguf_header(path)  # parsed once per file and process (the CLI read the config first)
+    reader, hf_config = gguf_header(path)  # the parse the CLI's memory plan made, if it made one
     cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
     state = gguf_state_dict(reader, hf_config, dtype, device)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
