@@ -139,6 +139,6 @@ def test_flipped_weights_really_change_the_model(tmp_path):
     bad_dir = tmp_path / "bad"
     shutil.copytree(good_dir, bad_dir)
     (bad_dir / "model.safetensors").write_bytes(bytes(data))
-    a = longswift.load(str(good_dir), dtype="float32").model.state
-    b = longswift.load(str(bad_dir), dtype="float32").model.state
+    a = longswift.load(str(good_dir), dtype="float32").model.full_state()
+    b = longswift.load(str(bad_dir), dtype="float32").model.full_state()
     assert any(not torch.equal(a[k], b[k]) for k in a)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import Calls, OpCount, needs_fused_rms_norm, tiny_hf_model, ulps
 
 import longswift
 from longswift.runtime.cache import FullKVCache
-from longswift.runtime.linear import colocate, row_blocks
+from longswift.runtime.linear import PackedLinear, colocate, make_linear, packing_supported, row_blocks
+from longswift.runtime.memory import plan_memory
+from longswift.runtime.model import Transformer
+
+CPU = torch.device("cpu")
 
 CASES = [
     ("llama", "default", False),
@@ -288,3 +296,69 @@ def test_rope_with_its_second_product_in_the_sum_keeps_the_logits_in_fewer_calls
         bound = 2 * torch.finfo(dtype).eps * float(x.double().abs().max())  # two roundings of terms this size
         assert float((once.double() - exact_rope).abs().max()) <= bound
         assert float((twice.double() - exact_rope).abs().max()) <= bound
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_linear_gives_back_its_weights_bit_for_bit(dtype):
+    """Packing reorders a weight's values into oneDNN's blocked layout and computes nothing, so the
+    weights it was made from come back exactly; that is what lets a packed model drop them."""
+    if not packing_supported(dtype, CPU):
+        pytest.skip(f"this torch build has no oneDNN packing for {dtype}")
+    g = torch.Generator().manual_seed(5)
+    weights = [torch.randn(rows, 40, generator=g).to(dtype) for rows in (24, 8, 8)]  # q/k/v-like blocks
+    linear = make_linear(weights, [None, None, None], pack=True)
+    assert isinstance(linear, PackedLinear) and linear.weight.is_mkldnn and linear.rows == (24, 8, 8)
+    back = linear.unpacked()
+    assert len(back) == 3
+    for w, b in zip(weights, back):
+        assert b.layout == torch.strided and b.dtype == dtype and torch.equal(b, w)
+    x = torch.randn(3, 40, generator=g).to(dtype)
+    torch.testing.assert_close(linear(x), torch.cat([F.linear(x, w) for w in weights], dim=-1))
+
+
+@pytest.mark.parametrize("arch,tie", [("llama", False), ("llama", True), ("qwen2", False)],
+                         ids=["untied", "tied", "qwen2-biases"])
+def test_a_packed_model_lets_the_original_weights_go_and_gives_them_back(arch, tie):
+    """Packed, each linear weight lives once, in its packed copy: the state dict's tensor is freed,
+    `full_state()` gives back the loaded state bit for bit, and a model built from that state
+    computes the same logits."""
+    hf = tiny_hf_model(arch, "default", tie, seed=41, max_position_embeddings=CTX)
+    plain = longswift.load(hf, dtype="float32", pack_weights=False).model
+    state = {k: v.clone() for k, v in plain.state.items()}
+    down = weakref.ref(state["model.layers.0.mlp.down_proj.weight"])
+    model = Transformer(plain.cfg, state, pack=True)
+    assert model.packed
+    linears = {k for k in plain.state if k.endswith("_proj.weight")} | ({"lm_head.weight"} if not tie else set())
+    assert set(model.unpacked) == linears
+    assert not linears & set(model.state)  # the embedding, norms and biases stay
+    assert "model.embed_tokens.weight" in model.state
+    gc.collect()
+    assert down() is None  # nothing holds the original any more
+    full = model.full_state()
+    assert set(full) == set(plain.state)
+    for name, tensor in plain.state.items():
+        assert torch.equal(full[name], tensor), name
+        assert torch.equal(model.state_tensor(name), tensor), name
+    ids = torch.randint(0, plain.cfg.vocab_size, (12,), generator=torch.Generator().manual_seed(3))
+    again = Transformer(plain.cfg, full, pack=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(again.forward(ids, torch.arange(12), None)[0],
+                                   model.forward(ids, torch.arange(12), None)[0], rtol=0, atol=0)
+        torch.testing.assert_close(model.forward(ids, torch.arange(12), None)[0],
+                                   plain.forward(ids, torch.arange(12), None)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_the_memory_plan_counts_what_a_packed_model_holds(tie):
+    """The plan's weights and weight copies are the bytes a packed model keeps: its state dict's
+    storages and its packed weights (the tied LM head's packed copy being the one extra)."""
+    hf = tiny_hf_model("llama", "default", tie, seed=42, max_position_embeddings=CTX)
+    model = longswift.load(hf, dtype="float32", pack_weights=True).model
+    assert model.packed
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state.values()}
+    packed = {id(linear): linear.weight for linear, _ in model.unpacked.values()}
+    packed[id(model.lm_head)] = model.lm_head.weight  # the tied head's copy is in no entry of `unpacked`
+    held = sum(storages.values()) + sum(w.numel() * w.element_size() for w in packed.values())
+    plan = plan_memory(model.cfg, torch.float32, CPU, 64, 16, packed=True)
+    assert held == plan.weights + plan.packed_weights
+    assert plan.packed_weights == (model.cfg.vocab_size * model.cfg.hidden_size * 4 if tie else 0)

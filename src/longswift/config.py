@@ -347,7 +347,8 @@ class RuntimeConfig:
         "extend the model's context on purpose: TYPE:FACTOR with TYPE yarn, linear or dynamic (e.g. yarn:4)"))
     pack_weights: bool | None = field(
         default=None,
-        metadata=_help("run CPU linears on oneDNN-packed weight copies (faster; doubles weight memory); where "
+        metadata=_help("run CPU linears on oneDNN-packed weight copies (faster; each replaces its weight, a tied "
+                       "LM head's copy is the one extra); where "
                        "packing does not exist (CUDA) store each layer's q/k/v and gate/up weights as one matrix "
                        "each instead (one product for each, no extra memory); default: on for checkpoint files, "
                        "off for a transformers model passed in (no copy)"),

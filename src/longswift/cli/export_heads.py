@@ -43,7 +43,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
         raise LongswiftError("there are no draft heads to export for this model: pass --heads FILE_OR_DIR "
                              "(train some with `longswift train-heads`)")
     if args.format == "tokenswift":
-        out = export_tokenswift(args.out, engine.cfg, engine.model.state, engine.heads, engine.tokenizer,
+        out = export_tokenswift(args.out, engine.cfg, engine.model.full_state(), engine.heads, engine.tokenizer,
                                 engine.model.dtype)
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)

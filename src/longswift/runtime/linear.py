@@ -1,8 +1,9 @@
 """Linear layers for the runner: plain `F.linear` on the state dict's tensors, or oneDNN-packed
 copies on CPU (2-3x faster for the 1-40 row products of decoding and verification).
 
-Packing wraps the model code rather than forking it: the state dict is untouched, and a packed
-layer computes the same product (to float rounding) as `F.linear` on the original weights.
+Packing wraps the model code rather than forking it: a packed layer computes the same product (to
+float rounding) as `F.linear` on the original weights, and gives those weights back exactly
+(`PackedLinear.unpacked`: packing only reorders the values), so the model need not keep them.
 
 Where packing does not exist (CUDA), a layer's q/k/v weights and its gate/up weights can instead
 be stored as row blocks of one matrix each (`colocate`: a model the runner loaded itself, no extra
@@ -12,6 +13,7 @@ there were three (or two) and a concatenation."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -34,21 +36,33 @@ def packing_supported(dtype: torch.dtype, device: torch.device) -> bool:
     return True
 
 
+@dataclass(frozen=True, eq=False)
+class PackedLinear:
+    """x [T, in] -> x @ W.T + b [T, sum out_i] on a oneDNN-packed W, the weights stacked by rows."""
+
+    weight: torch.Tensor  # [sum out_i, in], oneDNN's blocked layout (torch._mkldnn)
+    bias: torch.Tensor | None  # [sum out_i]
+    rows: tuple[int, ...]  # out_i of each weight it was made from
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
+
+    def unpacked(self) -> tuple[torch.Tensor, ...]:
+        """The weights it was made from, as new plain [out_i, in] tensors: the same values, bit for
+        bit (the layout is reordered back; nothing is computed)."""
+        return self.weight.to_dense().split(self.rows)
+
+
 def make_linear(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None], pack: bool) -> LinearFn:
     """One linear map whose output is the concatenation of `x @ w.T + b` over the given weights.
 
-    Packed: the weights are concatenated and packed once (a copy). Unpacked: one `F.linear` per
-    weight on the tensors themselves (no copy), concatenated only if there are several."""
+    Packed: a PackedLinear over the weights concatenated and packed once (a copy, which also holds
+    their values: the caller may let the originals go). Unpacked: one `F.linear` per weight on the
+    tensors themselves (no copy), concatenated only if there are several."""
     if pack:
         w = weights[0] if len(weights) == 1 else torch.cat(list(weights), dim=0)
         packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
-        bias = joined_bias(weights, biases)
-        op = torch.ops.mkldnn._linear_pointwise
-
-        def packed_linear(x: torch.Tensor) -> torch.Tensor:
-            return op(x.contiguous(), packed, bias, "none", [], "")
-
-        return packed_linear
+        return PackedLinear(packed, joined_bias(weights, biases), tuple(int(x.shape[0]) for x in weights))
     if len(weights) == 1:
         w0, b0 = weights[0], biases[0]
         return lambda x: F.linear(x, w0, b0)

@@ -117,12 +117,13 @@ def plan_memory(
     trie; otherwise one row, and the draft stage's depth rows, counted as at least 4)."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
-    # Packed copies cover every linear weight and the LM head, but not the embedding table.
+    # Packing replaces each weight by its packed copy (the model lets the original go), but for the
+    # embedding table: a tied LM head's packed copy is the one extra.
     embed = cfg.vocab_size * cfg.hidden_size
-    packed_weights = (cfg.parameter_count() - (0 if cfg.tie_word_embeddings else embed)) * elem if packed else 0
+    packed_weights = embed * elem if packed and cfg.tie_word_embeddings else 0
     float32_logits = float32_logits and dtype in (torch.bfloat16, torch.float16)  # a no-op in float32/float64
     if float32_logits and torch.device(device).type != "cuda":
-        packed_weights += embed * 4 - (embed * elem if packed else 0)  # the float32 head replaces its packed copy
+        packed_weights = embed * 4  # the head's float32 copy, in place of its packed one; the original stays
     kv = capacity * cfg.kv_bytes_per_token(dtype)
     # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
     # of `tree_nodes`) against the whole cache, plus the logits with their transform and draw, and

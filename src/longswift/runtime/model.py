@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,7 +13,8 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from .attention import Attention
 from .cache import FullKVCache
-from .linear import LinearFn, ResidualFn, add_to_residual, colocate, float32_head, make_linear, packing_supported
+from .linear import (LinearFn, PackedLinear, ResidualFn, add_to_residual, colocate, float32_head, make_linear,
+                     packing_supported)
 from .rope import Rope, apply_rope
 
 if TYPE_CHECKING:
@@ -120,8 +121,10 @@ class Layer:
 class Transformer:
     """forward(tokens, positions, cache, tree_mask) -> (logits, hidden); one sequence at a time.
 
-    `pack=True` runs the linears on oneDNN-packed copies of the weights (CPU, float32/bfloat16),
-    the state dict itself stays untouched; where packing does not exist (CUDA, other dtypes) it
+    `pack=True` runs the linears on oneDNN-packed copies of the weights (CPU, float32/bfloat16)
+    and takes the originals out of the state dict (`unpacked`: the copy holds the same values, so a
+    model takes no more memory than its weights; full_state() gives them back), all but the
+    embedding, which a tied LM head shares; where packing does not exist (CUDA, other dtypes) it
     instead colocates each layer's q/k/v and gate/up weights in the state dict (runtime.linear:
     one product each, no extra memory). Otherwise the linears read the state dict's tensors in place.
     With `tp`, cfg and state are this rank's shard (parallel.shard_config/shard_state): o_proj and
@@ -151,18 +154,23 @@ class Transformer:
         self.fused_residual = (fusing if fused_residual is None else fused_residual) and tp is None and not self.packed
         self.fused_rope = fusing if fused_rope is None else fused_rope  # rope's second product in its add (apply_rope)
         self.embed = embed
-        lm_head = embed if cfg.tie_word_embeddings else state["lm_head.weight"]
+        # Weights taken out of the state dict because a packed linear holds them: name -> (linear, part)
+        self.unpacked: dict[str, tuple[PackedLinear, int]] = {}
+        head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+        lm_head = state[head_name]
         # Logits kept in float32 rather than rounded to a reduced dtype (a no-op for float32/float64 models).
         self.float32_logits = float32_logits and self.dtype in (torch.bfloat16, torch.float16)
         if tp is not None and self.float32_logits:
             raise LongswiftError("--float32-logits is not supported with tensor parallelism: leave it off")
+        # The embedding stays (the tied head's packed copy is the one extra copy of a weight).
+        head_names = () if cfg.tie_word_embeddings else (head_name,)
         if self.float32_logits:
             self.lm_head = float32_head(lm_head, pack)  # [T, hidden] -> [T, V] float32
         elif tp is None:
-            self.lm_head = make_linear([lm_head], [None], self.packed)
-        else:
-            self.lm_head = tp.vocab_parallel(lm_head, self.packed)  # [T, hidden] -> gathered [T, V]
-            # (an untied head is already this rank's block; a tied one is the whole embedding)
+            self.lm_head = self._linear(head_names, [lm_head], [None])
+        else:  # an untied head is already this rank's block; a tied one is the whole embedding
+            self.lm_head = tp.vocab_parallel(self._linear(head_names, [tp.vocab_rows(lm_head)], [None]))
+            # [T, hidden] -> gathered [T, V]
         self.final_norm = state["model.norm.weight"]
         self.colocated = pack and not self.packed  # q/k/v and gate/up as one matrix each (runtime.linear)
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]
@@ -176,11 +184,11 @@ class Transformer:
         return Layer(
             attn_norm=s[p + "input_layernorm.weight"],
             qkv=self._column_linear(a, ("q", "k", "v")),
-            o=self._row_linear(s[a + "o_proj.weight"], s.get(a + "o_proj.bias")),
+            o=self._row_linear(a + "o_proj.weight", s.get(a + "o_proj.bias")),
             q_norm=s.get(a + "q_norm.weight"), k_norm=s.get(a + "k_norm.weight"),
             mlp_norm=s[p + "post_attention_layernorm.weight"],
             gate_up=self._column_linear(m, ("gate", "up")),
-            down=self._row_linear(s[m + "down_proj.weight"], s.get(m + "down_proj.bias")),
+            down=self._row_linear(m + "down_proj.weight", s.get(m + "down_proj.bias")),
         )
 
     def _column_linear(self, prefix: str, projections: tuple[str, ...]) -> LinearFn:
@@ -190,17 +198,45 @@ class Transformer:
         if self.colocated:
             colocate(self.state, names)
         s = self.state
-        return make_linear([s[name] for name in names], [s.get(f"{prefix}{x}_proj.bias") for x in projections],
-                           self.packed)
+        return self._linear(names, [s[name] for name in names], [s.get(f"{prefix}{x}_proj.bias") for x in projections])
 
-    def _row_linear(self, weight: torch.Tensor, bias: torch.Tensor | None) -> ResidualFn:
-        """o_proj / down_proj added to the residual: plain, or (tensor parallel) this rank's input
-        slice + all_reduce."""
+    def _row_linear(self, name: str, bias: torch.Tensor | None) -> ResidualFn:
+        """o_proj / down_proj (the state's `name`) added to the residual: plain, or (tensor parallel)
+        this rank's input slice + all_reduce."""
+        weight = self.state[name]
         if self.tp is None:
-            linear = make_linear([weight], [bias], self.packed)
+            linear = self._linear([name], [weight], [bias])
         else:
-            linear = self.tp.row_parallel(weight, bias, self.packed)
+            linear = self.tp.row_parallel(self._linear([name], [weight], [None]), bias)
         return add_to_residual(linear, weight, bias, self.fused_residual)
+
+    def _linear(self, names: Sequence[str], weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> LinearFn:
+        """make_linear over `weights`; packed, the state's tensors `names` (those weights) leave the
+        state dict for `unpacked`, freed once nothing else holds them."""
+        linear = make_linear(weights, biases, self.packed)
+        if isinstance(linear, PackedLinear):
+            for part, name in enumerate(names):
+                del self.state[name]
+                self.unpacked[name] = (linear, part)
+        return linear
+
+    def state_tensor(self, name: str) -> torch.Tensor:
+        """One tensor of the whole state dict: the state's own, or a packed weight unpacked into a new one."""
+        if name in self.state:
+            return self.state[name]
+        linear, part = self.unpacked[name]
+        return linear.unpacked()[part]
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """The whole state dict: the state's own tensors, and the packed weights unpacked into new
+        plain tensors (bit for bit the loaded values; a copy of each while it is held)."""
+        state = dict(self.state)
+        parts: dict[int, tuple[torch.Tensor, ...]] = {}
+        for name, (linear, part) in self.unpacked.items():
+            if id(linear) not in parts:
+                parts[id(linear)] = linear.unpacked()
+            state[name] = parts[id(linear)][part]
+        return state
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm (see rms_norm): in one op where `fused_norm` (the default in a reduced dtype on

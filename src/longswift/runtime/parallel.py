@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ..config import ModelConfig, RuntimeConfig, SamplingConfig
 from ..errors import LongswiftError
 from ..sampling import draw
-from .linear import LinearFn, make_linear
+from .linear import LinearFn
 
 
 @dataclass(frozen=True)
@@ -156,9 +156,9 @@ class TensorParallel:
     def world(self) -> int:
         return self.plan.world
 
-    def row_parallel(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> LinearFn:
-        """A linear whose input features are split across ranks: local product, all_reduce, bias once."""
-        local = make_linear([weight], [None], pack)
+    def row_parallel(self, local: LinearFn, bias: torch.Tensor | None) -> LinearFn:
+        """A linear whose input features are split across ranks: `local` (this rank's product, no
+        bias), all_reduce, bias once."""
         group = self.group
 
         def reduced(x: torch.Tensor) -> torch.Tensor:
@@ -168,12 +168,14 @@ class TensorParallel:
 
         return reduced
 
-    def vocab_parallel(self, weight: torch.Tensor, pack: bool) -> LinearFn:
-        """The LM head on this rank's vocabulary rows; returns the gathered logits [T, V] on every rank.
-        `weight`: the whole head [V, hidden] (tied: the embedding) or already this rank's block."""
-        whole = weight.shape[0] == self.vocab_size
-        block = vocab_block(weight, self.plan) if whole else weight  # [vocab_per_rank, hidden]
-        local = make_linear([block], [None], pack)
+    def vocab_rows(self, weight: torch.Tensor) -> torch.Tensor:
+        """This rank's block [vocab_per_rank, hidden] of an LM head: `weight` is the whole head
+        [V, hidden] (tied: the embedding) or already this rank's block (returned as it is)."""
+        return vocab_block(weight, self.plan) if weight.shape[0] == self.vocab_size else weight
+
+    def vocab_parallel(self, local: LinearFn) -> LinearFn:
+        """The LM head from `local`, its product on this rank's vocabulary rows (vocab_rows); returns
+        the gathered logits [T, V] on every rank."""
         group, world, vocab = self.group, self.world, self.vocab_size
 
         def gathered(x: torch.Tensor) -> torch.Tensor:

@@ -7,13 +7,14 @@ from typing import Any
 
 
 def hf_twin(engine: Any) -> Any:
-    """A transformers causal LM built from the engine's config around its weight tensors (no copy)."""
+    """A transformers causal LM built from the engine's config around its weight tensors (no copy, but
+    of the weights that only a packed linear holds)."""
     from transformers import AutoModelForCausalLM
 
     # Built on the real device (not meta) so that non-persistent buffers such as rope
     # frequencies are computed; the random initial weights are then replaced by ours.
     model = AutoModelForCausalLM.from_config(engine.cfg.hf_config, dtype=engine.model.dtype).to(engine.model.device)
-    state = dict(engine.model.state)
+    state = engine.model.full_state()  # packed weights come back as plain copies (runtime.linear)
     if engine.cfg.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, assign=True, strict=True)

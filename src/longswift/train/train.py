@@ -124,9 +124,9 @@ class HeadTrainer:
         self.engine, self.cfg = engine, cfg
         self.windows, self.hidden = windows, hidden  # [N, L], [N, L, hidden]
         self.targets = head_targets(windows, cfg.gamma)  # [gamma, N, L]
-        state = engine.model.state
-        self.lm_head = state["model.embed_tokens.weight"] if engine.cfg.tie_word_embeddings else state["lm_head.weight"]
-        heads = new_heads(engine.cfg, state, cfg.gamma)
+        model = engine.model
+        self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
+        heads = new_heads(engine.cfg, model.state, cfg.gamma)
         fingerprint = heads.base_fingerprint  # type: ignore[attr-defined]
         self.heads = heads.to(torch.promote_types(engine.model.dtype, torch.float32)).requires_grad_(True)
         self.heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
