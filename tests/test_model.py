@@ -12,7 +12,7 @@ from conftest import Calls, OpCount, needs_fused_rms_norm, tiny_hf_model, ulps
 
 import longswift
 from longswift.runtime.cache import FullKVCache
-from longswift.runtime.linear import PackedLinear, colocate, make_linear, packing_supported, row_blocks
+from longswift.runtime.linear import colocate, make_linear, packed_linear, packing_supported, row_blocks
 from longswift.runtime.memory import plan_memory
 from longswift.runtime.model import Transformer
 
@@ -306,9 +306,9 @@ def test_a_packed_linear_gives_back_its_weights_bit_for_bit(dtype):
         pytest.skip(f"this torch build has no oneDNN packing for {dtype}")
     g = torch.Generator().manual_seed(5)
     weights = [torch.randn(rows, 40, generator=g).to(dtype) for rows in (24, 8, 8)]  # q/k/v-like blocks
-    linear = make_linear(weights, [None, None, None], pack=True)
-    assert isinstance(linear, PackedLinear) and linear.weight.is_mkldnn and linear.rows == (24, 8, 8)
-    back = linear.unpacked()
+    linear, packed = packed_linear(weights, [None, None, None])
+    assert packed.weight.is_mkldnn and packed.rows == (24, 8, 8)
+    back = packed.unpacked()
     assert len(back) == 3
     for w, b in zip(weights, back):
         assert b.layout == torch.strided and b.dtype == dtype and torch.equal(b, w)
@@ -356,9 +356,10 @@ def test_the_memory_plan_counts_what_a_packed_model_holds(tie):
     model = longswift.load(hf, dtype="float32", pack_weights=True).model
     assert model.packed
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state.values()}
-    packed = {id(linear): linear.weight for linear, _ in model.unpacked.values()}
-    packed[id(model.lm_head)] = model.lm_head.weight  # the tied head's copy is in no entry of `unpacked`
-    held = sum(storages.values()) + sum(w.numel() * w.element_size() for w in packed.values())
+    assert len(model.packed_copies) == 4 * model.cfg.num_layers + 1  # q/k/v, o, gate/up, down; the head
+    dropped = {id(p) for p, _ in model.unpacked.values()}  # every copy but a tied head's replaced its weight
+    assert dropped <= {id(p) for p in model.packed_copies} and len(dropped) == len(model.packed_copies) - tie
+    held = sum(storages.values()) + sum(p.weight.numel() * p.weight.element_size() for p in model.packed_copies)
     plan = plan_memory(model.cfg, torch.float32, CPU, 64, 16, packed=True)
     assert held == plan.weights + plan.packed_weights
     assert plan.packed_weights == (model.cfg.vocab_size * model.cfg.hidden_size * 4 if tie else 0)

@@ -13,8 +13,8 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from .attention import Attention
 from .cache import FullKVCache
-from .linear import (LinearFn, PackedLinear, ResidualFn, add_to_residual, colocate, float32_head, make_linear,
-                     packing_supported)
+from .linear import (LinearFn, PackedWeights, ResidualFn, add_to_residual, colocate, float32_head, make_linear,
+                     packed_linear, packing_supported)
 from .rope import Rope, apply_rope
 
 if TYPE_CHECKING:
@@ -154,8 +154,9 @@ class Transformer:
         self.fused_residual = (fusing if fused_residual is None else fused_residual) and tp is None and not self.packed
         self.fused_rope = fusing if fused_rope is None else fused_rope  # rope's second product in its add (apply_rope)
         self.embed = embed
-        # Weights taken out of the state dict because a packed linear holds them: name -> (linear, part)
-        self.unpacked: dict[str, tuple[PackedLinear, int]] = {}
+        self.packed_copies: list[PackedWeights] = []  # every packed copy the linears read
+        # Weights taken out of the state dict because a packed copy holds them: name -> (copy, part)
+        self.unpacked: dict[str, tuple[PackedWeights, int]] = {}
         head_name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
         lm_head = state[head_name]
         # Logits kept in float32 rather than rounded to a reduced dtype (a no-op for float32/float64 models).
@@ -213,29 +214,31 @@ class Transformer:
     def _linear(self, names: Sequence[str], weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> LinearFn:
         """make_linear over `weights`; packed, the state's tensors `names` (those weights) leave the
         state dict for `unpacked`, freed once nothing else holds them."""
-        linear = make_linear(weights, biases, self.packed)
-        if isinstance(linear, PackedLinear):
-            for part, name in enumerate(names):
-                del self.state[name]
-                self.unpacked[name] = (linear, part)
+        if not self.packed:
+            return make_linear(weights, biases, False)
+        linear, packed = packed_linear(weights, biases)
+        self.packed_copies.append(packed)
+        for part, name in enumerate(names):
+            del self.state[name]
+            self.unpacked[name] = (packed, part)
         return linear
 
     def state_tensor(self, name: str) -> torch.Tensor:
         """One tensor of the whole state dict: the state's own, or a packed weight unpacked into a new one."""
         if name in self.state:
             return self.state[name]
-        linear, part = self.unpacked[name]
-        return linear.unpacked()[part]
+        packed, part = self.unpacked[name]
+        return packed.unpacked()[part]
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """The whole state dict: the state's own tensors, and the packed weights unpacked into new
         plain tensors (bit for bit the loaded values; a copy of each while it is held)."""
         state = dict(self.state)
         parts: dict[int, tuple[torch.Tensor, ...]] = {}
-        for name, (linear, part) in self.unpacked.items():
-            if id(linear) not in parts:
-                parts[id(linear)] = linear.unpacked()
-            state[name] = parts[id(linear)][part]
+        for name, (packed, part) in self.unpacked.items():
+            if id(packed) not in parts:
+                parts[id(packed)] = packed.unpacked()
+            state[name] = parts[id(packed)][part]
         return state
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
