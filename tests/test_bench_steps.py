@@ -11,10 +11,11 @@ from conftest import assert_one_line_error, run_cli
 
 from longswift.bench.projection import StepCosts, floor_seconds, integrate, project, tokens_per_step
 from longswift.bench.shapes import SHAPES, random_state, shape_config, weight_bytes_read
-from longswift.bench.steps import StepBenchConfig, random_trie
+from longswift.bench.steps import StepBenchConfig, plan_steps, random_trie
 from longswift.cli import main
 from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
+from longswift.runtime.linear import packing_supported
 from longswift.runtime.model import Transformer, expected_shapes
 
 TINY = {"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
@@ -23,6 +24,9 @@ TINY = {"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermedia
 # A run small enough for seconds: draft budget 128 (sinks 4 + window 32 + 92 retrieved).
 TINY_RUN = ("--shape", "tiny", "--tree-nodes", "1,4", "--reps", "2", "--warmup", "1", "--draft-kv-budget", "128",
             "--draft-window", "32", "--attention-sinks", "4", "--bandwidth-mib", "8", "--device", "cpu", "--threads", "1")
+
+
+CPU = torch.device("cpu")
 
 
 @pytest.fixture
@@ -57,6 +61,27 @@ def test_random_state_has_every_tensor_and_shares_the_untied_head():
     assert weight_bytes_read(cfg, torch.float32) == (cfg.parameter_count() - 128 * 64) * elem
     tied = shape_config(TINY | {"tie_word_embeddings": True})
     assert weight_bytes_read(tied, torch.float32) == tied.parameter_count() * elem
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_the_step_plan_counts_what_a_packed_random_model_holds(tiny, tie):
+    """The random state's untied head is the embedding itself, so its packed copy frees nothing and
+    is an extra table, as a tied head's is: the plan's weights and copies are the bytes the model keeps."""
+    if not packing_supported(torch.float32, CPU):
+        pytest.skip("this torch build has no oneDNN packing for float32")
+    cfg = shape_config(TINY | {"model_type": "llama", "tie_word_embeddings": tie})  # no q/k/v biases,
+    # which the parameter count leaves out
+    model = Transformer(cfg, random_state(cfg, torch.float32, CPU, seed=2), pack=True)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.state.values()}
+    held = sum(storages.values()) + sum(p.weight.numel() * p.weight.element_size() for p in model.packed_copies)
+    bench = StepBenchConfig(shape="tiny", contexts=(64,), tree_nodes=(1, 4)).for_device(CPU)
+    gamma = 3
+    plan = plan_steps(cfg, bench, torch.float32, CPU, True, gamma)
+    heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * 4
+    assert held == plan.weights - heads + plan.packed_weights
+    assert plan.packed_weights == cfg.vocab_size * cfg.hidden_size * 4  # one extra table, tied or not
+    unpacked = plan_steps(cfg, bench, torch.float32, CPU, False, gamma)
+    assert unpacked.packed_weights == 0 and unpacked.weights == plan.weights
 
 
 def test_floor_and_tokens_per_step_by_hand():

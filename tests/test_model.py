@@ -326,6 +326,7 @@ def test_a_packed_model_lets_the_original_weights_go_and_gives_them_back(arch, t
     plain = longswift.load(hf, dtype="float32", pack_weights=False).model
     state = {k: v.clone() for k, v in plain.state.items()}
     down = weakref.ref(state["model.layers.0.mlp.down_proj.weight"])
+    head = weakref.ref(state["lm_head.weight"]) if not tie else None
     model = Transformer(plain.cfg, state, pack=True)
     assert model.packed
     linears = {k for k in plain.state if k.endswith("_proj.weight")} | ({"lm_head.weight"} if not tie else set())
@@ -334,6 +335,7 @@ def test_a_packed_model_lets_the_original_weights_go_and_gives_them_back(arch, t
     assert "model.embed_tokens.weight" in model.state
     gc.collect()
     assert down() is None  # nothing holds the original any more
+    assert head is None or head() is None  # nor an untied LM head's
     full = model.full_state()
     assert set(full) == set(plain.state)
     for name, tensor in plain.state.items():
@@ -346,6 +348,17 @@ def test_a_packed_model_lets_the_original_weights_go_and_gives_them_back(arch, t
                                    model.forward(ids, torch.arange(12), None)[0], rtol=0, atol=0)
         torch.testing.assert_close(model.forward(ids, torch.arange(12), None)[0],
                                    plain.forward(ids, torch.arange(12), None)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_packed_model_loaded_from_safetensors_keeps_no_file_sized_storage(tmp_path):
+    """The tensors a packed model keeps (embedding, norms) must own storages of their own size: were
+    they views of one file-sized buffer (a safetensors load that slices a mapping), that buffer, and
+    with it every weight the packed copies replaced, would stay resident."""
+    tiny_hf_model("llama", "default", False, seed=43, max_position_embeddings=CTX).save_pretrained(tmp_path)
+    model = longswift.load(str(tmp_path), dtype="float32", pack_weights=True).model
+    assert model.packed and model.unpacked
+    for name, tensor in model.state.items():
+        assert tensor.untyped_storage().nbytes() == tensor.nbytes, name
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])

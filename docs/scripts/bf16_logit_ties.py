@@ -31,7 +31,7 @@ VARIANTS = {"explicit attention, packed linears": ("explicit", True),
 def greedy(kernel: str, pack: bool, head: str) -> tuple[list[int], int]:
     m = models[pack].model
     m.attention.kernel = kernel
-    weight = m.embed if m.cfg.tie_word_embeddings else m.state["lm_head.weight"]  # [V, hidden] bf16
+    weight = m.embed if m.cfg.tie_word_embeddings else m.state_tensor("lm_head.weight")  # [V, hidden] bf16
     if head == "float32":
         w32 = weight.float()
         m.logits = lambda h: m.norm(h, m.final_norm).float() @ w32.T  # [T, V] float32

@@ -38,7 +38,7 @@ def per_layer(fused: bool, attention: str) -> dict[str, int]:
         cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192)
         loaded = longswift.load(LlamaForCausalLM(cfg).eval(), device="cpu", dtype="float16", pack_weights=True).model
-        model = Transformer(loaded.cfg, loaded.state, pack=True, fused_norm=fused, fused_residual=fused,
+        model = Transformer(loaded.cfg, loaded.full_state(), pack=True, fused_norm=fused, fused_residual=fused,
                             fused_rope=fused)
         body = StepGraphs(model, new_cache(model, 4096, 512, 0, 8, 1), capture=False, attention=attention)
         body.decode(5, 0)

@@ -171,8 +171,9 @@ class StepBenchResult:
 
 def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, device: torch.device,
                packed: bool, gamma: int, float32_logits: bool = False) -> MemoryPlan:
-    """Memory of the run as StepRig allocates it: weights (the untied LM head shares the embedding),
-    heads, the full cache at the largest context + the largest tree, the partial cache, transients."""
+    """Memory of the run as StepRig allocates it: weights (the untied LM head shares the embedding,
+    so packed, its packed copy is an extra table, as a tied head's is), heads, the full cache at the
+    largest context + the largest tree, the partial cache, transients."""
     max_ctx, max_nodes = max(bench.measured_contexts()), max(bench.measured_nodes())
     state_spec = bench.state_spec
     total = max_ctx + 1 + max_nodes  # TokenSwiftState's prompt + new tokens
@@ -183,7 +184,12 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     elem = torch.empty((), dtype=dtype).element_size()
     shared = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * elem
     heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * elem
-    return dataclasses.replace(plan, weights=plan.weights - shared + heads)
+    # The float32 head off CUDA is already counted as a copy whose original stays; otherwise packing
+    # the shared head cannot free its original (the embedding holds it).
+    float32_head = float32_logits and dtype in (torch.bfloat16, torch.float16) and device.type != "cuda"
+    head_copy = shared if packed and not float32_head else 0
+    return dataclasses.replace(plan, weights=plan.weights - shared + heads,
+                               packed_weights=plan.packed_weights + head_copy)
 
 
 def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:

@@ -172,6 +172,7 @@ class Transformer:
         else:  # an untied head is already this rank's block; a tied one is the whole embedding
             self.lm_head = tp.vocab_parallel(self._linear(head_names, [tp.vocab_rows(lm_head)], [None]))
             # [T, hidden] -> gathered [T, V]
+        del lm_head  # packed, an untied head's original is freed here, not after the layers are built
         self.final_norm = state["model.norm.weight"]
         self.colocated = pack and not self.packed  # q/k/v and gate/up as one matrix each (runtime.linear)
         self.layers = [self._layer(n) for n in range(cfg.num_layers)]

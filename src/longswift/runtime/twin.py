@@ -1,5 +1,6 @@
-"""A transformers model sharing a loaded engine's weight tensors: the benchmark's "hf" baseline and
-the batched sampler of self-distillation."""
+"""A transformers model built on a loaded engine's weights: the benchmark's "hf" baseline and the
+batched sampler of self-distillation. It shares the tensors the engine's state dict holds; the ones
+only a packed linear holds (on CPU, every linear weight) it gets as unpacked copies."""
 
 from __future__ import annotations
 
