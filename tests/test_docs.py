@@ -35,3 +35,24 @@ def test_readme_flags_exist():
     usage = readme.split("## Command line", 1)[1].split("```", 2)[1]
     for flag in re.findall(r"--[a-z][a-z-]+", usage.split("longswift info")[0]):
         assert flag in help_text, flag
+
+
+def test_doc_scripts_import_what_the_package_has():
+    """docs/scripts run on a lent GPU, where a name lost in a refactor would cost a device call:
+    every `from longswift... import` in them must resolve."""
+    import ast
+    import importlib
+
+    scripts = sorted((ROOT / "docs" / "scripts").glob("*.py"))
+    assert scripts
+    for script in scripts:
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "longswift":
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), (
+                        f"{script.name}: {node.module} has no {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "longswift":
+                        importlib.import_module(alias.name)

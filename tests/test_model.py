@@ -12,7 +12,7 @@ from conftest import Calls, OpCount, needs_fused_rms_norm, tiny_hf_model, ulps
 
 import longswift
 from longswift.runtime.cache import FullKVCache
-from longswift.runtime.linear import colocate, make_linear, packed_linear, packing_supported, row_blocks
+from longswift.runtime.linear import colocate, packed_linear, packing_supported, row_blocks
 from longswift.runtime.memory import plan_memory
 from longswift.runtime.model import Transformer
 
