@@ -138,3 +138,18 @@ def test_a_root_alone_walks_like_a_plain_step():
         assert walk.nodes == [] and walk.tokens == []
         assert walk.next_root == lossless_walk(trie, lambda i: logits[i], history, 10, sampling, b).next_root
         assert torch.equal(a.get_state(), b.get_state())
+
+
+@pytest.mark.parametrize("penalty", [1.3, 1.0])
+def test_the_batched_walk_refuses_logits_that_are_not_a_row_per_node(penalty):
+    """Fewer rows than nodes used to fail deep in the penalty's scatter (or, without a penalty, walk
+    off the rows); more rows than nodes would be a budget's padding left unsliced."""
+    trie, history = Trie.with_root(3), torch.arange(10)
+    trie.add_levels([[1, 2], [4]])
+    sampling = SamplingConfig(repetition_penalty=penalty, penalty_window=4)
+    for rows in (len(trie) - 1, len(trie) + 1):
+        logits = torch.randn(rows, 20, dtype=torch.float64)
+        with pytest.raises(ValueError, match=f"a row of logits per trie node: got {rows} rows for {len(trie)} nodes"):
+            batched_walk(trie, logits, history, 10, sampling, torch.Generator().manual_seed(0))
+    assert batched_walk(trie, torch.randn(len(trie), 20, dtype=torch.float64), history, 10, sampling,
+                        torch.Generator().manual_seed(0)).next_root is not None

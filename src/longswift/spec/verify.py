@@ -112,6 +112,9 @@ def batched_walk(
     per node (node i uses the uniform of its depth), one device read; then the path is followed on
     the host. history[:length] (on the logits' device) is the committed sequence ending with the
     root. The generator ends where the row-by-row walk leaves it: advanced by the tokens emitted."""
+    if logits.shape[0] != len(trie):  # a shape, no device read; padded rows are the caller's to slice off
+        raise ValueError(f"batched_walk takes a row of logits per trie node: got {logits.shape[0]} rows for "
+                         f"{len(trie)} nodes")
     w = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
     windows = node_windows(trie, history, length, w) if w > 0 else logits.new_empty(len(trie), 0, dtype=torch.long)
     x = transform(logits, windows, sampling)  # [N, V]
