@@ -264,3 +264,19 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
 def test_bad_prompt_ids(capsys, args, match):
     code, _, err = run_cli(capsys, "generate", *args)
     assert_one_line_error(code, err, match)
+
+
+def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
+    """`--heads none`, or `auto` on a model that has none, leaves nothing to evaluate: say so and how."""
+    from conftest import tiny_hf_model
+
+    model = tmp_path / "tiny"
+    tiny_hf_model("llama", seed=5).save_pretrained(model)
+    data = tmp_path / "d.txt"
+    data.write_text(LOREM)
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "none", "--data", str(data))
+    assert_one_line_error(code, err, "eval-heads needs draft heads")
+    code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "auto", "--data", str(data),
+                           "--device", "cpu")
+    assert_one_line_error(code, err, "--heads auto found no draft heads for this model")

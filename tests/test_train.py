@@ -202,6 +202,27 @@ def test_self_distill_greedy_matches_our_ar(tiny, tmp_path):
     assert again == docs
 
 
+def test_self_distill_caches_where_the_tokenizer_cache_does(tiny, tmp_path, monkeypatch):
+    """The default cache is `$LONGSWIFT_CACHE_DIR/distill` (the tokenizer cache's root); an empty
+    LONGSWIFT_CACHE_DIR turns it off, and a cache that cannot be written is skipped, not an error."""
+    sampling = SamplingConfig(temperature=0, seed=0)
+    prompts = [[5, 9, 11, 4]]
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path / "root"))
+    first = self_distill(tiny, 8, new_tokens=8, batch_size=1, sampling=sampling, progress=False, prompts=prompts)
+    assert len(list((tmp_path / "root" / "distill").glob("*.json"))) == 1
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", "")
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg"))
+    assert self_distill(tiny, 8, new_tokens=8, batch_size=1, sampling=sampling, progress=False,
+                        prompts=prompts) == first
+    assert not home.exists()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    assert self_distill(tiny, 8, new_tokens=8, batch_size=1, sampling=sampling, progress=False, prompts=prompts,
+                        cache_dir=blocked / "distill") == first
+
+
 def test_self_distill_sampled_rows_follow_the_transform(tiny, tmp_path):
     """Sampled self-distill draws only tokens the transform keeps (min-p here), and is seeded."""
     sampling = SamplingConfig(temperature=1.0, min_p=0.3, repetition_penalty=1.0, seed=4)

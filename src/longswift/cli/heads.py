@@ -112,8 +112,12 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
         check_writable(args.json)
     if args.alpha_tokens < 0:
         raise LongswiftError("--alpha-tokens must be >= 0")
+    if args.heads == "none":
+        raise LongswiftError("eval-heads needs draft heads: pass --heads with a heads file, 'default' or 'auto'")
     engine = load(args.model, runtime, heads=args.heads)
-    assert engine.heads is not None
+    if engine.heads is None:
+        raise LongswiftError(f"--heads {args.heads} found no draft heads for this model: pass a heads file "
+                             "(train one with `longswift train-heads`)")
     windows, info = prepare_windows(engine, args, args.seq_len, args.seed)
     acc = head_accuracy(engine, engine.heads, windows, progress=not args.no_progress)
     print(f"held-out accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")

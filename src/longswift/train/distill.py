@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 from ..atomic import write_atomic
 from ..config import SamplingConfig
 from ..errors import LongswiftError
+from ..runtime.tokenizer_cache import cache_root
 from ..runtime.twin import hf_twin
 from ..sampling import transform
 
@@ -93,8 +93,11 @@ def _cache_key(engine: Any, n_tokens: int, new_tokens: int, batch: int, sampling
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("LONGSWIFT_CACHE", Path.home() / ".cache" / "longswift")) / "distill"
+def default_cache_dir() -> Path | None:
+    """`<cache root>/distill`: the cache root the tokenizer cache uses (`LONGSWIFT_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/longswift` or `~/.cache/longswift`); None when `LONGSWIFT_CACHE_DIR` is empty (off)."""
+    root = cache_root()
+    return None if root is None else root / "distill"
 
 
 def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: int = 32,
@@ -109,15 +112,15 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     if sampling.seed is None:
         sampling = replace(sampling, seed=0)
     sampling = engine.ban_eos(sampling)  # as long generation with --ignore-eos: no EOS inside the text
-    cache_dir = cache_dir or default_cache_dir()
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if prompts is None:
         if engine.tokenizer is None:
             raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: pass --data")
         chat = bool(getattr(engine.tokenizer, "chat_template", None))
         prompts = [engine.encode(p, chat=chat) for p in PROMPTS]
     key = _cache_key(engine, n_tokens, new_tokens, batch_size, sampling, prompts)
-    path = cache_dir / f"{key}.json"
-    if path.is_file():
+    path = None if cache_dir is None else cache_dir / f"{key}.json"
+    if path is not None and path.is_file():
         try:
             return json.loads(path.read_text())["documents"]
         except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
@@ -147,8 +150,12 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
         for row, p in zip(out.tolist(), group):
             documents.append(row[width - len(p) :])
     bar.close()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({"documents": documents}))
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps({"documents": documents}))
+        except (OSError, LongswiftError):
+            pass  # a cache that cannot be written is skipped, as the tokenizer cache does
     return documents
 
 
