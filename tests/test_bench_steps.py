@@ -222,6 +222,7 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
     (("--contexts", "1000000000"), "not enough memory for these step costs"),
     (("--contexts", "64", "--alpha", "1.5"), "--alpha must be in [0, 1]"),
     (("--contexts", "64", "--layers", "0"), "--layers must be positive"),
+    (("--contexts", "64", "--layers", "3"), "--layers 3 is deeper than the shape's 2 layers: give at most 2"),
     (("--contexts", "64", "--tree-nodes", "0"), "--tree-nodes must be positive"),
     (("--contexts", "64", "--alpha", "0.5", "--prefix", "64"), "--prefix 64 is not below the largest context"),
 ])

@@ -128,7 +128,7 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
      "= 100001 exceeds this model's context of 8192 tokens: lower --max-new-tokens, or extend the context on purpose "
      "with --rope-scaling yarn:13"),
     (["--prompt", "hi", "--max-new-tokens", "1000000000000"], "exceeds this model's context"),
-    (["--prompt", "hi", "--max-new-tokens", "50000000", "--rope-scaling", "yarn:8000"], "not enough memory"),
+    (["--prompt", "hi", "--max-new-tokens", "8000000", "--rope-scaling", "yarn:1024"], "not enough memory"),
     (["--prompt", "hi", "--rope-scaling", "ntk:2"], "--rope-scaling must be TYPE:FACTOR"),
     (["--prompt", "hi", "--rope-scaling", "yarn:0.5"], "--rope-scaling must be TYPE:FACTOR"),
     (["--prompt", "hi", "--checkpoint-every", "0"], "--checkpoint-every must be a positive"),

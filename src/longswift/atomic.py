@@ -4,6 +4,7 @@ writer uses, fsync, rename. `OutputLock` keeps two runs from writing the same fi
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,25 +24,82 @@ def check_writable(path: str | os.PathLike) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise LongswiftError(f"output path '{p}' is a directory: give a file name")
+    if p.exists() and not p.is_file():
+        # Written by renaming a new file over it, a device or pipe would be replaced, not written to.
+        raise LongswiftError(f"output path '{p}' is not a regular file (a device, pipe or socket): give a file name")
     if not parent.is_dir():
         raise LongswiftError(f"cannot write '{p}': directory '{parent}' does not exist")
     if not os.access(parent, os.W_OK):
         raise LongswiftError(f"cannot write '{p}': directory '{parent}' is not writable")
+    try:  # what access() cannot see: a read-only or special file system, or root's view of one
+        fd, probe = tempfile.mkstemp(prefix=p.name + ".", suffix=".probe", dir=parent)
+    except OSError as exc:
+        raise LongswiftError(f"cannot write '{p}': cannot create a file in '{parent}' ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
     return p
+
+
+def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Fail early if `path` cannot become a new directory: it must be absent or empty, and its
+    nearest existing ancestor a directory this process can create entries in."""
+    p = Path(path).expanduser()
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        raise LongswiftError(f"'{p}' exists and is not an empty directory: choose a new {flag}")
+    ancestor = p.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise LongswiftError(f"cannot create '{p}': '{ancestor}' is not a directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=".longswift-", suffix=".probe", dir=ancestor)
+    except OSError as exc:
+        raise LongswiftError(f"cannot create '{p}': cannot create a directory in '{ancestor}' ({exc.strerror})") from None
+    os.rmdir(probe)
+    return p
+
+
+def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Have `write` fill a temporary sibling directory, then rename it to `path` (absent or empty):
+    the directory appears whole or not at all."""
+    p = check_new_dir(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        write(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                os.chmod(f, 0o666 & ~_umask())  # as open() makes them (safetensors makes its files 0600)
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        os.replace(tmp, p)  # an empty directory at `p` is replaced too
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return p
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _new_temp(path: Path) -> tuple[int, Path]:
     """A new, uniquely named file next to `path` (`<name>.<random>.partial`), with the mode a plain
     `open()` would give `path` (its current mode if it exists), so two writers never share a temp file."""
     fd, name = tempfile.mkstemp(prefix=path.name + ".", suffix=".partial", dir=path.parent)
-    try:
-        mode = path.stat().st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    os.fchmod(fd, mode)
+    os.fchmod(fd, _open_mode(path))
     return fd, Path(name)
+
+
+def _open_mode(path: Path) -> int:
+    """The permissions a plain `open(path, 'w')` leaves: the file's own if it exists, else 0666 less the umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
 
 
 class AtomicFile:
@@ -64,8 +122,10 @@ class AtomicFile:
         os.replace(self.tmp, self.path)
 
     def discard(self) -> None:
-        if not self.file.closed:
-            self.file.close()
+        try:
+            self.file.close()  # flushes what is buffered: on a full disk that raises, and is moot here
+        except OSError:
+            pass
         self.tmp.unlink(missing_ok=True)
 
 
@@ -94,6 +154,7 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, _open_mode(path))  # writers that recreate the file (safetensors) leave it 0600
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -17,6 +17,23 @@ from .errors import ConfigError, ConfigTypeError, LongswiftError
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
+# Seeds torch.Generator.manual_seed takes (it reads a negative seed as seed + 2^64). Seeds derived
+# from a user's seed (distill's per batch, training's per epoch) go through torch_seed, so they wrap
+# the same way instead of overflowing at the edges of the range.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+def seed_problem(seed: int | None, flag: str = "--seed") -> str | None:
+    """Why `seed` cannot seed a generator, in a line naming `flag`; None when it can."""
+    if seed is None or SEED_MIN <= seed <= SEED_MAX:
+        return None
+    return f"{flag} must be between {SEED_MIN} and {SEED_MAX}; got {seed}"
+
+
+def torch_seed(value: int) -> int:
+    """A derived seed as manual_seed reads it: the same generator as `value` for every value it takes."""
+    return value % 2**64
+
 
 def _help(text: str, **extra: Any) -> dict[str, Any]:
     return {"help": text, **extra}
@@ -100,14 +117,15 @@ class ModelConfig:
                 f"unsupported architecture '{self.architecture}': longswift runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}; convert or pick a model of one of these families"
             )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise LongswiftError(f"config field {name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
             raise LongswiftError(
                 f"config has {self.num_heads} attention heads but {self.num_kv_heads} KV heads; "
                 "the first must be a multiple of the second"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "head_dim"):
-            if getattr(self, name) <= 0:
-                raise LongswiftError(f"config field {name} must be positive, got {getattr(self, name)}")
 
     @property
     def group_size(self) -> int:
@@ -230,6 +248,8 @@ class SamplingConfig:
         for ok, message in checks:
             if not ok:
                 raise LongswiftError(message)
+        if seed_problem(self.seed) is not None:
+            raise LongswiftError(seed_problem(self.seed))
 
     @property
     def greedy(self) -> bool:
@@ -256,6 +276,9 @@ class GenerationConfig:
             raise LongswiftError("--prefill-chunk must be positive")
 
 
+# More CPU threads than any machine has cores: refused, since past the OS's thread limit OpenMP fails
+# to start them and the process crashes (100000 segfaults here) instead of raising.
+MAX_THREADS = 1024
 READ_EVERY_CUDA = 16  # RuntimeConfig.read_every's auto on CUDA: ~50 ms of tokens per block at 300 tok/s
 PAPER_TREE, PAPER_NGRAM_TOPK = "1,3,3,3", 20
 CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
@@ -379,8 +402,8 @@ class RuntimeConfig:
             raise LongswiftError(f"--device must be cpu, cuda, cuda:N or auto; got '{self.device}'")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise LongswiftError(f"--device {self.device} requested but no CUDA device is available; use --device cpu")
-        if self.threads is not None and self.threads <= 0:
-            raise LongswiftError("--threads must be positive")
+        if self.threads is not None and not 0 < self.threads <= MAX_THREADS:
+            raise LongswiftError(f"--threads must be between 1 and {MAX_THREADS}; got {self.threads}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
         if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
@@ -409,6 +432,7 @@ class RuntimeConfig:
 
 
 ROPE_SCALINGS = ("yarn", "linear", "dynamic")
+MAX_ROPE_FACTOR = 1024  # far past any published extension; larger factors overflow the context arithmetic
 
 
 def parse_number_list(text: str, flag: str, kind: type = int) -> tuple:
@@ -431,9 +455,9 @@ def parse_rope_scaling(text: str) -> tuple[str, float]:
         value = float(factor)
     except ValueError:
         value = float("nan")
-    if kind not in ROPE_SCALINGS or not (math.isfinite(value) and value > 1):
+    if kind not in ROPE_SCALINGS or not 1 < value <= MAX_ROPE_FACTOR:  # also refuses nan
         raise LongswiftError(f"--rope-scaling must be TYPE:FACTOR with TYPE one of {', '.join(ROPE_SCALINGS)} "
-                             f"and FACTOR > 1 (e.g. yarn:4); got '{text}'")
+                             f"and FACTOR in (1, {MAX_ROPE_FACTOR}] (e.g. yarn:4); got '{text}'")
     return kind, value
 
 

@@ -240,6 +240,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             log(f"{m}: skipped ({why})")
         else:
             runnable.append(m)
+    if not runnable:
+        raise LongswiftError("none of the methods can run here: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
     identity = suite_identity(engine, cfg, heads)
     store = ResultStore(out_dir, identity, fresh) if out_dir is not None else MemoryStore(identity)
     if store.records:

@@ -41,11 +41,15 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 def check_shape(shape: str | dict[str, Any], layers: int | None) -> None:
-    """A one-line error for an unknown built-in shape's name or a non-positive --layers."""
+    """A one-line error for an unknown built-in shape's name, or a --layers that is not positive or
+    deeper than the shape (--layers is for fitting a smaller machine, not for another model)."""
     if isinstance(shape, str) and shape not in SHAPES:
         raise LongswiftError(f"unknown shape '{shape}': choose one of {', '.join(SHAPES)}")
     if layers is not None and layers <= 0:
         raise LongswiftError(f"--layers must be positive, got {layers}")
+    depth = (SHAPES[shape] if isinstance(shape, str) else shape).get("num_hidden_layers")
+    if layers is not None and depth is not None and layers > depth:
+        raise LongswiftError(f"--layers {layers} is deeper than the shape's {depth} layers: give at most {depth}")
 
 
 def shape_config(shape: str | dict[str, Any], layers: int | None = None, rope_scaling: str | None = None) -> ModelConfig:

@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         # Config errors name API fields (SamplingConfig.top_k); on the command line, the flag (--top-k).
         print(f"{_prefix()}: error: {getattr(exc, 'cli_message', None) or exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a disk that fills, a file system that refuses: the system's reason, on one line
+        if args.debug:
+            raise
+        print(f"{_prefix()}: error: {exc} (--debug shows where)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("longswift: interrupted", file=sys.stderr)
         return 130

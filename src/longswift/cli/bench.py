@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
-from .flags import add_config_flags, config_from_args
+from .flags import add_config_flags, config_from_args, seed_number
 
 
 def add_parser(sub: Any) -> None:
@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
                             "chat message); a .jsonl file holds one {\"id\", \"prompt\"} a line, each a grid cell "
                             "(docs/prompts/ has a public set). Default: seeded random token ids")
     bench.add_argument("--chat", action="store_true", help="send the prompt(s) through the model's chat template")
-    bench.add_argument("--seed", type=int, default=0, help="seed of the sampled presets and of random prompts")
+    bench.add_argument("--seed", type=seed_number, default=0, help="seed of the sampled presets and of random prompts")
     bench.add_argument("--pld-tokens", type=int, default=10, help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)")
     bench.add_argument("--out-dir", type=Path,
                        help="write results.jsonl (a line per finished run), results.csv, PNG plots and report.md here; "

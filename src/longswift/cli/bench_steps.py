@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
-from .flags import add_config_flags, config_from_args
+from .flags import add_config_flags, config_from_args, seed_number
 
 
 def _default(name: str) -> Any:
@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
                    f"{GPU_NEW_TOKENS} on CUDA; on CPU up to the largest context)")
     p.add_argument("--bandwidth-mib", type=int, default=None,
                    help="buffer summed to measure read bandwidth (default: max(1 GiB, 4x the last-level cache))")
-    p.add_argument("--seed", type=int, default=_default("seed"), help="seed of the random weights, caches and tries")
+    p.add_argument("--seed", type=seed_number, default=_default("seed"), help="seed of the random weights, caches and tries")
     p.add_argument("--out", type=Path, help="also append the markdown report to this file")
     p.add_argument("--json", type=Path, help="also write the measurements and projections to this JSON file")
     add_config_flags(p, SpecConfig)

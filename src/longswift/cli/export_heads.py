@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..atomic import check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError
 from .flags import add_config_flags, config_from_args
@@ -36,6 +37,12 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..spec.released import export_tokenswift
 
     runtime = config_from_args(RuntimeConfig, args)
+    if args.format == "tokenswift":  # before loading: a bad --out costs a second, not a load
+        check_new_dir(args.out)
+    elif args.out.suffix != ".safetensors":
+        raise LongswiftError(f"--out '{args.out}' must end in .safetensors for --format longswift")
+    else:
+        check_writable(args.out)
     if runtime.pack_weights is None:
         runtime.pack_weights = False  # the exported weights are the state dict's; no packed copies needed
     engine = load(args.model, runtime, heads=args.heads)
@@ -48,8 +55,6 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
-        if args.out.suffix != ".safetensors":
-            raise LongswiftError(f"--out '{args.out}' must end in .safetensors for --format longswift")
         save_heads(engine.heads, engine.cfg, model_fingerprint(engine.cfg, engine.model.embed), args.out,
                    {"exported_from": engine.heads_origin})
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)

@@ -7,6 +7,8 @@ import dataclasses
 import typing
 from typing import Any
 
+from ..config import seed_problem
+
 # Help group titles: what a user looks for, not the class names.
 TITLES = {
     "SamplingConfig": "sampling",
@@ -23,6 +25,15 @@ def whole_number(text: str) -> int:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+
+
+def seed_number(text: str) -> int:
+    """argparse type: a seed torch's generators take, refused at parse time rather than after loading."""
+    value = whole_number(text)
+    problem = seed_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem.removeprefix("--seed "))
+    return value
 
 
 def number(text: str) -> float:
@@ -51,7 +62,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=text)
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-        parse = {int: whole_number, float: number}.get(base, base)
+        parse = seed_number if f.name == "seed" else {int: whole_number, float: number}.get(base, base)
         metavar = "{" + ",".join(choices) + "}" if choices else {int: "N", float: "X"}.get(base, f.name.upper())
         group.add_argument(flag, dest=f.name, type=parse, default=f.default, metavar=metavar, help=text)
 

@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -144,6 +144,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.resume is not None:
         return _resume(args)
     if args.greedy:
+        given = args.temperature != SamplingConfig.temperature or "--temperature" in [a.split("=")[0] for a in args.argv]
+        if given and args.temperature != 0:
+            raise LongswiftError(f"--greedy means --temperature 0, but --temperature {args.temperature} was given: "
+                                 "drop one of them")
         args.temperature = 0.0
     sampling = config_from_args(SamplingConfig, args)
     generation = config_from_args(GenerationConfig, args)
@@ -245,8 +249,8 @@ def _resume(args: argparse.Namespace) -> int:
         gen = GenerationConfig(**ckpt.generation)
     except (TypeError, LongswiftError) as exc:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
-    if args.threads is not None:
-        runtime.threads = args.threads
+    if args.threads is not None:  # checked as the first run's was, before the checkpoint can record it
+        runtime = replace(runtime, threads=args.threads)
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")

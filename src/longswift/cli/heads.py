@@ -14,7 +14,7 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, config_from_args
+from .flags import add_config_flags, config_from_args, seed_number
 
 
 def add_parsers(sub: Any) -> None:
@@ -34,7 +34,7 @@ def add_parsers(sub: Any) -> None:
     ev.add_argument("--heads", required=True, help="heads file ('default' = the heads shipped for the embedded model)")
     _add_data_flags(ev)
     ev.add_argument("--seq-len", type=int, default=1024, help="tokens per evaluation window")
-    ev.add_argument("--seed", type=int, default=1, help="sampling seed of --self-distill data (training uses its own --seed, 0 by default)")
+    ev.add_argument("--seed", type=seed_number, default=1, help="sampling seed of --self-distill data (training uses its own --seed, 0 by default)")
     ev.add_argument("--alpha-tokens", type=int, default=1024,
                     help="tokens of held-out TokenSwift generation for alpha (paper sampling; 0 skips)")
     ev.add_argument("--json", type=Path, help="write the results here (atomically)")
@@ -83,10 +83,11 @@ def prepare_windows(engine: Any, args: argparse.Namespace, seq_len: int, seed: i
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..engine import load
-    from ..train.train import HEADS_FILE, TrainConfig, train_heads
+    from ..train.train import HEADS_FILE, TrainConfig, check_out_dir, train_heads
 
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
+    check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
     engine = load(args.model, runtime, heads=None)
     t0 = time.perf_counter()
     windows, info = prepare_windows(engine, args, cfg.seq_len, cfg.seed)
@@ -104,7 +105,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_writable, write_atomic
     from ..engine import load
-    from ..train.eval import head_accuracy, held_out_alpha
+    from ..train.eval import check_alpha_fits, head_accuracy, held_out_alpha
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
@@ -118,6 +119,8 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if engine.heads is None:
         raise LongswiftError(f"--heads {args.heads} found no draft heads for this model: pass a heads file "
                              "(train one with `longswift train-heads`)")
+    if args.alpha_tokens:
+        check_alpha_fits(engine, args.alpha_tokens)  # before the windows, which may distill for minutes
     windows, info = prepare_windows(engine, args, args.seq_len, args.seed)
     acc = head_accuracy(engine, engine.heads, windows, progress=not args.no_progress)
     print(f"held-out accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, config_from_args
+from .flags import add_config_flags, config_from_args, whole_number
 
 
 def add_parser(sub: Any) -> None:
@@ -16,7 +16,7 @@ def add_parser(sub: Any) -> None:
     info.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
                                       "(default: embedded model)")
     info.add_argument("--heads", default="auto", help="which draft heads to report (as generate's --heads; default: auto)")
-    info.add_argument("--tokens", type=int, default=None,
+    info.add_argument("--tokens", type=whole_number, default=None,
                       help="plan for this many tokens, prompt + new (default: the model's context)")
     add_config_flags(info, SpecConfig)
     add_config_flags(info, RuntimeConfig)
@@ -31,10 +31,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
+    if args.tokens is not None and args.tokens <= 0:
+        raise LongswiftError(f"--tokens must be a positive number of tokens, got {args.tokens}")
     cfg = load_config(args.model, runtime.rope_scaling)
-    tokens = args.tokens or cfg.context_limit
-    if tokens <= 0:
-        raise LongswiftError("--tokens must be positive")
+    tokens = cfg.context_limit if args.tokens is None else args.tokens
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     spec = spec.for_device(device)

@@ -179,9 +179,13 @@ def _hf_dir_config(path: Path) -> Any:
     if not (path / "config.json").is_file():
         raise LongswiftError(f"'{path}' has no config.json: pass an HF model directory or a .gguf file")
     try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+        raw = json.loads((path / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise LongswiftError(f"'{path / 'config.json'}' is not valid JSON ({exc}); fix or re-download it") from None
+    if not isinstance(raw, dict):
+        raise LongswiftError(f"'{path / 'config.json'}' holds a JSON {type(raw).__name__}, not the object of a model "
+                             "config; fix or re-download it")
+    model_type = raw.get("model_type")
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise LongswiftError(
             f"unsupported architecture '{model_type}' in '{path}': longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}"

@@ -209,13 +209,26 @@ class TensorParallel:
         return self.broadcast_int(draw(transformed, cfg, generator) if self.rank == 0 else 0)
 
 
+def _env_int(name: str, default: int, least: int) -> int:
+    """A whole number torchrun sets in the environment, or a one-line error naming the variable."""
+    text = os.environ.get(name, str(default))
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise LongswiftError(f"environment variable {name}='{text}' must be a whole number >= {least}: "
+                             "unset it, or launch with torchrun, which sets it")
+    return value
+
+
 def env_world_size() -> int:
     """The world size torchrun gave this process (1 outside torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return _env_int("WORLD_SIZE", 1, 1)
 
 
 def env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    return _env_int("RANK", 0, 0)
 
 
 def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:
@@ -223,7 +236,7 @@ def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:
     runtime config with this rank's device (cuda:LOCAL_RANK on CUDA)."""
     device = runtime.torch_device()
     if device.type == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
+        local = _env_int("LOCAL_RANK", 0, 0)
         if local >= torch.cuda.device_count():
             raise LongswiftError(f"rank {env_rank()} wants cuda:{local} but only {torch.cuda.device_count()} "
                                  "CUDA devices are visible: use --nproc-per-node <= the GPU count")

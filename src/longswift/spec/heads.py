@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -118,6 +119,29 @@ def shipped_heads(cfg: ModelConfig, embed: torch.Tensor) -> Path | None:
     return None
 
 
+def _read_meta(path: Path, raw: str) -> dict:
+    """The heads file's metadata, or a one-line error naming the file when it is not what save_heads writes."""
+
+    def damaged(what: str) -> LongswiftError:
+        return LongswiftError(f"heads file '{path}' has damaged '{FORMAT}' metadata ({what}): "
+                              "re-export or retrain the heads")
+
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise damaged(f"not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise damaged("not a JSON object")
+    gamma, eps, base = meta.get("gamma"), meta.get("eps", 1e-5), meta.get("base", {})
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma <= 0:
+        raise damaged(f"gamma must be a positive whole number, got {gamma!r}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps < 0:
+        raise damaged(f"eps must be a number >= 0, got {eps!r}")
+    if not isinstance(base, dict):
+        raise damaged(f"base must be an object, got {base!r}")
+    return {**meta, "base": base}
+
+
 def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
     """Load heads for this base model, refusing files made for another model."""
     from safetensors import SafetensorError, safe_open
@@ -133,14 +157,14 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
         raise LongswiftError(f"cannot read heads file '{path}': {exc}; it is truncated or not a heads file") from None
     if raw is None:
         raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
-    meta = json.loads(raw)
-    base = meta.get("base", {})
+    meta = _read_meta(path, raw)
+    base = meta["base"]
     fingerprint = model_fingerprint(cfg, embed)
     mismatch = [k for k in ("architecture", "hidden_size", "vocab_size", "num_layers") if base.get(k) != getattr(cfg, k)]
     if mismatch or base.get("fingerprint") != fingerprint:
         what = f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}" if mismatch else "embedding weights differ"
         raise LongswiftError(f"heads '{path}' were made for another model ({what}): train heads for this model")
-    heads = DraftHeads(cfg.hidden_size, int(meta["gamma"]), float(meta.get("eps", cfg.rms_norm_eps)))
+    heads = DraftHeads(cfg.hidden_size, meta["gamma"], float(meta.get("eps", cfg.rms_norm_eps)))
     try:
         heads.load_state_dict(tensors)
     except RuntimeError as exc:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..atomic import replace_atomically
+from ..atomic import check_new_dir, write_dir_atomically
 from ..config import ModelConfig
 from ..errors import LongswiftError
 from ..runtime.hub import parse_hub_id, resolve_hub_id
@@ -74,10 +74,7 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
     from safetensors.torch import save_file
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    out = Path(out).expanduser()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise LongswiftError(f"'{out}' exists and is not an empty directory: choose a new --out")
-    out.mkdir(parents=True, exist_ok=True)
+    check_new_dir(out)
     hf = cfg.hf_config.to_dict()
     hf["medusa_heads"] = heads.gamma
     hf["architectures"] = hf.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.architecture]]
@@ -89,12 +86,14 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
         hf.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
     tensors |= tensors_from_heads(heads, dtype)
-    replace_atomically(out / "model.safetensors",
-                       lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(out))
-    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    return out
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp))
+        (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+
+    return write_dir_atomically(out, write)
 
 
 def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> str:
@@ -117,6 +116,9 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> str:
                 return f"heads shipped with longswift for this model: {shipped}"
         return "none: AR (the checkpoint has no heads and none are shipped for this model)"
     path = heads_location(heads)
+    if not path.exists():
+        raise LongswiftError(f"heads '{path}' do not exist: pass a heads file, a directory holding one, or a "
+                             "released checkpoint")
     if path.is_dir() and not (path / HEADS_FILE).is_file():
         return f"from the released checkpoint {path} (TokenSwift layout; checked against the model when loaded)"
     return f"from the heads file {path / HEADS_FILE if path.is_dir() else path} (checked against the model when loaded)"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..atomic import write_atomic
-from ..config import SamplingConfig
+from ..config import SamplingConfig, torch_seed
 from ..errors import LongswiftError
 from ..runtime.tokenizer_cache import cache_root
 from ..runtime.twin import hf_twin
@@ -118,6 +118,10 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
             raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: pass --data")
         chat = bool(getattr(engine.tokenizer, "chat_template", None))
         prompts = [engine.encode(p, chat=chat) for p in PROMPTS]
+    longest, limit = max((len(p) for p in prompts), default=0), engine.cfg.context_limit
+    if longest + new_tokens > limit:
+        raise LongswiftError(f"--distill-new-tokens {new_tokens} + the longest prompt's {longest} tokens exceed this "
+                             f"model's context of {limit}: lower --distill-new-tokens")
     key = _cache_key(engine, n_tokens, new_tokens, batch_size, sampling, prompts)
     path = None if cache_dir is None else cache_dir / f"{key}.json"
     if path is not None and path.is_file():
@@ -142,7 +146,7 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
         pad_lengths = torch.tensor([width - len(p) for p in group])
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in group], device=engine.model.device)
         mask = (torch.arange(width)[None, :] >= pad_lengths[:, None]).long().to(ids.device)
-        torch.manual_seed(sampling.seed + lo)
+        torch.manual_seed(torch_seed(sampling.seed + lo))
         streamer = _Progress(bar, len(group))
         with torch.no_grad():
             out = twin.generate(ids, attention_mask=mask, generation_config=hf_cfg, streamer=streamer,

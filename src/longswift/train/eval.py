@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..errors import LongswiftError
 from ..spec.heads import DraftHeads
 from .train import base_hidden, head_targets
 
@@ -47,6 +48,15 @@ def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: 
             count += valid.sum(dim=1).cpu()
     c = count.clamp(min=1).double()
     return HeadAccuracy(int(count[0]), (top1 / c).tolist(), (top3 / c).tolist())
+
+
+def check_alpha_fits(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT) -> None:
+    """Refuse, naming --alpha-tokens, a held-out generation longer than the model's context."""
+    chat = bool(getattr(engine.tokenizer, "chat_template", None))
+    total, limit = len(engine.encode(prompt, chat=chat)) + new_tokens, engine.cfg.context_limit
+    if total > limit:
+        raise LongswiftError(f"--alpha-tokens {new_tokens} + the held-out prompt's {total - new_tokens} tokens exceed "
+                             f"this model's context of {limit}: lower --alpha-tokens (0 skips the alpha run)")
 
 
 def held_out_alpha(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT,

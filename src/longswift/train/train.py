@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..atomic import replace_atomically, write_atomic
-from ..config import _help
+from ..config import _help, seed_problem, torch_seed
 from ..errors import LongswiftError
 from ..spec.heads import HEADS_FILE, DraftHeads, new_heads, save_heads
 
@@ -55,6 +55,8 @@ class TrainConfig:
             raise LongswiftError(f"--lr must be a positive number, got {self.lr}")
         if self.weight_decay < 0:
             raise LongswiftError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if seed_problem(self.seed) is not None:
+            raise LongswiftError(seed_problem(self.seed))
         if self.seq_len < self.gamma + 2:
             raise LongswiftError(f"--seq-len must be at least gamma + 2 = {self.gamma + 2}")
 
@@ -143,7 +145,7 @@ class HeadTrainer:
         idx = []
         for k in range(start, start + self.cfg.batch_size):
             epoch, offset = divmod(k, n)
-            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+            g = torch.Generator().manual_seed(torch_seed(self.cfg.seed * 1_000_003 + epoch))
             idx.append(int(torch.randperm(n, generator=g)[offset]))
         return torch.tensor(idx)
 
@@ -211,12 +213,26 @@ class HeadTrainer:
         self.step, self.log = int(ck["step"]), list(ck["log"])
 
 
+def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
+    """Refuse an --out that cannot be trained into, creating nothing (train-heads calls this before
+    loading the model and distilling): a checkpoint there without --resume, or none with it."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise LongswiftError(f"--out '{out}' is a file: train-heads writes a directory")
+    checkpoint = out / CHECKPOINT
+    if checkpoint.exists() and not resume:
+        raise LongswiftError(f"'{checkpoint}' exists: pass --resume to continue it, or choose another --out")
+    if resume and not checkpoint.exists():
+        raise LongswiftError(f"nothing to resume: '{checkpoint}' does not exist")
+    return out
+
+
 def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
                 resume: bool = False, progress: bool = True, extra_meta: dict | None = None) -> HeadTrainer:
     """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir."""
     from tqdm import tqdm
 
-    out = Path(out_dir).expanduser()
+    out = check_out_dir(out_dir, resume)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -224,10 +240,6 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     if not os.access(out, os.W_OK):
         raise LongswiftError(f"output directory '{out}' is not writable: choose another --out")
     checkpoint = out / CHECKPOINT
-    if checkpoint.exists() and not resume:
-        raise LongswiftError(f"'{checkpoint}' exists: pass --resume to continue it, or choose another --out")
-    if resume and not checkpoint.exists():
-        raise LongswiftError(f"nothing to resume: '{checkpoint}' does not exist")
     windows = windows.to(engine.model.device)
     hidden = base_hidden(engine.model, windows, progress)
     trainer = HeadTrainer(engine, windows, hidden, cfg)

@@ -1,0 +1,273 @@
+"""Bad input that a sweep of every command found ending in a traceback, a crash or a silently
+replaced file: each is now refused in one line, before the model loads where it can be, and
+nothing is left half-written."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import sys
+
+import pytest
+import torch
+from conftest import assert_one_line_error, run_cli, tiny_hf_model
+
+import longswift
+from longswift import LongswiftError, SamplingConfig
+from longswift.atomic import AtomicFile, check_writable, write_dir_atomically
+from longswift.checkpoint import Checkpoint
+from longswift.config import SEED_MAX, SEED_MIN, RuntimeConfig, parse_rope_scaling
+from longswift.spec.heads import FORMAT, load_heads, new_heads, save_heads
+from longswift.train.train import HeadTrainer, TrainConfig, base_hidden
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if the model's weights are read: these mistakes must be caught before that."""
+    def loader(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("longswift.engine.load_model", loader)
+    monkeypatch.setattr("longswift.runtime.loading.load_model", loader)
+
+
+# ---- seeds, threads, rope factors: numbers torch or the context arithmetic cannot take -------------
+
+@pytest.mark.parametrize("seed", [SEED_MAX + 1, SEED_MIN - 1, 10**30])
+def test_seeds_a_generator_cannot_take_are_refused(seed, capsys, no_loading):
+    with pytest.raises(LongswiftError, match="SamplingConfig.seed must be between"):
+        SamplingConfig(seed=seed)
+    with pytest.raises(LongswiftError, match="--seed must be between"):
+        TrainConfig(seed=seed)
+    for command in ("generate", "bench", "bench-steps", "eval-heads", "train-heads"):  # refused as it is parsed
+        code, _, err = run_cli(capsys, command, "--seed", str(seed))
+        assert_one_line_error(code, err, "argument --seed: must be between")
+
+
+@pytest.mark.parametrize("seed", [SEED_MIN, -1, SEED_MAX])
+def test_seeds_at_the_edges_of_the_range_run(seed):
+    """A negative seed is the generator of seed + 2^64; derived seeds (training's per epoch) wrap
+    the same way instead of overflowing."""
+    assert SamplingConfig(seed=seed).seed == seed
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+    windows = torch.randint(3, 100, (6, 12))
+    cfg = TrainConfig(seed=seed, seq_len=12, batch_size=4, steps=1, warmup=0, chunk=16)
+    trainer = HeadTrainer(engine, windows, base_hidden(engine.model, windows), cfg)
+    picked = [trainer.batch_windows(0, 0), trainer.batch_windows(1, 0)]  # the second crosses into epoch 1
+    assert all(len(i) == 4 and 0 <= i.min() and i.max() < 6 for i in picked)
+
+
+def test_thread_counts_past_any_machine_are_refused_before_loading(capsys, no_loading):
+    with pytest.raises(LongswiftError, match="RuntimeConfig.threads must be between 1 and 1024"):
+        RuntimeConfig(threads=100000)
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--threads", "100000")
+    assert_one_line_error(code, err, "--threads must be between 1 and 1024; got 100000")
+
+
+def test_resume_checks_a_new_thread_count_before_the_checkpoint_records_it(tmp_path, capsys, no_loading):
+    path = tmp_path / "c.json"
+    Checkpoint(model_source="<embedded>", model_fingerprint="0" * 32, runtime={}, heads_source=None,
+               heads_fingerprint=None, method="ar", sampling={}, generation={"max_new_tokens": 8}, spec={},
+               prompt_ids=[1, 2, 3], token_ids=[4, 5], rng_state=None, stats={}).save(path)
+    before = path.read_bytes()
+    code, _, err = run_cli(capsys, "generate", "--resume", str(path), "--threads", "0")
+    assert_one_line_error(code, err, "--threads must be between 1 and 1024; got 0")
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("text", ["yarn:1e308", "linear:inf", "dynamic:nan", "yarn:1"])
+def test_rope_factors_that_overflow_the_context_are_refused(text, capsys, no_loading):
+    with pytest.raises(LongswiftError, match=r"FACTOR in \(1, 1024\]"):
+        parse_rope_scaling(text)
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--rope-scaling", text)
+    assert_one_line_error(code, err, "--rope-scaling must be TYPE:FACTOR")
+
+
+def test_a_torchrun_variable_that_is_not_a_number_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    code, _, err = run_cli(capsys, "info")
+    assert_one_line_error(code, err, "environment variable WORLD_SIZE='abc' must be a whole number >= 1")
+
+
+# ---- model configs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda c: [c], "holds a JSON list, not the object of a model config"),
+    (lambda c: {**c, "max_position_embeddings": 0}, "config field max_position_embeddings must be positive"),
+])
+def test_a_config_json_of_the_wrong_shape_is_one_line(tmp_path, edit, match):
+    tiny_hf_model("llama", seed=6).save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    with pytest.raises(LongswiftError, match=match):
+        longswift.load(str(tmp_path), dtype="float32", heads=None)
+
+
+# ---- heads files -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("meta,match", [
+    ("{not json", "not JSON"),
+    ("[3]", "not a JSON object"),
+    ('{"base": {}}', "gamma must be a positive whole number, got None"),
+    ('{"gamma": "3", "base": {}}', "gamma must be a positive whole number, got '3'"),
+    ('{"gamma": 0, "base": {}}', "gamma must be a positive whole number, got 0"),
+    ('{"gamma": 3, "eps": "x", "base": {}}', "eps must be a number >= 0"),
+    ('{"gamma": 3, "base": [1]}', "base must be an object"),
+])
+def test_heads_with_damaged_metadata_are_one_line(tmp_path, meta, match):
+    from safetensors.torch import save_file
+
+    engine = longswift.load(tiny_hf_model("llama", seed=7), dtype="float32", heads=None)
+    path = tmp_path / "heads.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path), metadata={FORMAT: meta})
+    with pytest.raises(LongswiftError, match=f"heads file '{path}' has damaged '{FORMAT}' metadata") as info:
+        load_heads(path, engine.cfg, engine.model.embed)
+    assert match in str(info.value)
+
+
+def test_heads_files_get_the_permissions_open_would_give(tmp_path):
+    """safetensors creates its files 0600; an exported heads file is meant to be shared."""
+    engine = longswift.load(tiny_hf_model("llama", seed=8), dtype="float32", heads=None)
+    heads = new_heads(engine.cfg, engine.model.state)
+    old = os.umask(0o022)
+    try:
+        save_heads(heads, engine.cfg, heads.base_fingerprint, tmp_path / "h.safetensors")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "h.safetensors").stat().st_mode) == 0o644
+
+
+# ---- outputs ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--output", "--json"])
+def test_an_output_on_a_device_or_pipe_is_refused_not_replaced(tmp_path, capsys, no_loading, flag):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for target in (fifo, "/dev/null"):
+        code, _, err = run_cli(capsys, "generate", "--prompt", "hi", flag, str(target))
+        assert_one_line_error(code, err, f"output path '{target}' is not a regular file")
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys, no_loading):
+    """/proc says it is writable to root: the check creates a file to find out."""
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--output", "/proc/version")
+    assert_one_line_error(code, err, "cannot write '/proc/version'")
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--format", "longswift", "--out", "/nonexistent-dir/h.safetensors"], "directory '/nonexistent-dir' does not exist"),
+    (["--format", "longswift", "--out", "/proc/h.safetensors"], "cannot write '/proc/h.safetensors'"),
+    (["--format", "longswift", "--out", "h.bin"], "must end in .safetensors"),
+    (["--format", "tokenswift", "--out", "/proc/released"], "cannot create '/proc/released'"),
+    (["--format", "tokenswift", "--out", "/etc/hostname"], "exists and is not an empty directory"),
+])
+def test_export_heads_checks_its_output_before_loading(capsys, no_loading, args, match):
+    code, _, err = run_cli(capsys, "export-heads", *args)
+    assert_one_line_error(code, err, match)
+
+
+def test_an_exported_directory_appears_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "nested" / "released"
+
+    def write(tmp):
+        (tmp / "model.safetensors").write_bytes(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_dir_atomically(out, write)
+    assert not out.exists() and list((tmp_path / "nested").iterdir()) == []
+    out.mkdir()  # an empty directory is replaced by the whole one
+    write_dir_atomically(out, lambda tmp: (tmp / "config.json").write_text("{}"))
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    with pytest.raises(LongswiftError, match="exists and is not an empty directory"):
+        write_dir_atomically(out, lambda tmp: None)
+
+
+def test_discarding_a_temp_file_on_a_full_disk_still_removes_it(tmp_path):
+    f = AtomicFile(tmp_path / "out.txt")
+    f.write("some text")
+    real = f.file
+
+    class FullDisk:
+        closed = False
+
+        def close(self):
+            real.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    f.file = FullDisk()
+    f.discard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_system_error_while_running_is_one_line_with_its_reason(capsys, monkeypatch):
+    def full(args):
+        raise OSError(errno.ENOSPC, "No space left on device", "/data/story.txt")
+
+    monkeypatch.setattr("longswift.cli.info.cmd_info", full)
+    code, _, err = run_cli(capsys, "info")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == ("longswift: error: [Errno 28] No space left on device: '/data/story.txt' "
+                        "(--debug shows where)")
+
+
+def test_check_writable_creates_nothing(tmp_path):
+    check_writable(tmp_path / "a.txt")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- contradictions and refusals that came late or not at all ----------------------------------------
+
+def test_greedy_with_a_sampling_temperature_is_a_contradiction(capsys, no_loading):
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--greedy", "--temperature", "0.7")
+    assert_one_line_error(code, err, "--greedy means --temperature 0, but --temperature 0.7 was given")
+
+
+def test_info_refuses_zero_tokens_and_missing_heads(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "info", "--tokens", "0")
+    assert_one_line_error(code, err, "--tokens must be a positive number of tokens, got 0")
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    missing = tmp_path / "nothing.safetensors"
+    code, _, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(missing))
+    assert_one_line_error(code, err, f"heads '{missing}' do not exist")
+
+
+def test_a_bench_where_no_method_can_run_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # not installed
+    tiny_hf_model("llama", seed=10).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "bench", "--model", str(tmp_path / "m"), "--methods", "llamacpp,llamacpp-pld",
+                           "--lengths", "4", "--prefix", "8", "--presets", "greedy")
+    assert code == 2 and err.strip().splitlines()[-1].startswith("longswift: error: none of the methods can run here: "
+                                                                  "llamacpp: "), err
+
+
+@pytest.mark.parametrize("resume", [True, False])
+def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, tmp_path, no_loading, resume):
+    out = tmp_path / "heads"
+    if not resume:
+        out.write_text("a file")
+    code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(tmp_path),
+                           *(["--resume"] if resume else []))
+    assert_one_line_error(code, err, "nothing to resume" if resume else "is a file: train-heads writes a directory")
+    assert out.exists() != resume
+
+
+@pytest.mark.slow
+def test_held_out_runs_longer_than_the_context_are_refused_naming_their_flag(embedded):
+    from longswift.train.distill import self_distill
+    from longswift.train.eval import check_alpha_fits
+
+    limit = embedded.cfg.context_limit
+    check_alpha_fits(embedded, 1024)
+    with pytest.raises(LongswiftError, match=f"--alpha-tokens {limit} \\+ the held-out prompt's .* exceed this "
+                                             f"model's context of {limit}: lower --alpha-tokens"):
+        check_alpha_fits(embedded, limit)
+    with pytest.raises(LongswiftError, match=f"--distill-new-tokens {limit} \\+ the longest prompt's .* tokens "
+                                             f"exceed this model's context of {limit}"):
+        self_distill(embedded, 10, new_tokens=limit, cache_dir=None, progress=False)
