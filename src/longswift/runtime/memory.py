@@ -17,8 +17,9 @@ from .model import Transformer
 GiB = 1024**3
 # Transient bytes per logit when a block of rows [R, V] is transformed and drawn (sampling.transform,
 # draw_rows), beyond the logits themselves: the float32 copy and masks, top-p's sorted values and
-# int64 order, the draw's float64 softmax and cdf. Live bytes peak at 30 under top-p and 20 under the
-# paper's sampling on the CPU (tests/test_walk_memory.py); the margin is for the GPU's sort workspace
+# int64 order, the draw's float64 softmax and cdf. Live bytes peak at about 20 on the CPU under the
+# paper's sampling, top-p and eta alike (top-p sorts values only there; tests/test_walk_memory.py,
+# measured 20.2 in session 21); the margin is for the GPU's full sort with its int64 order, its workspace
 # and allocator rounding (tests/test_cuda.py checks the CUDA allocator's peak against it).
 SAMPLING_BYTES_PER_LOGIT = 64
 
