@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from conftest import assert_one_line_error, run_cli, tiny_hf_model
 
 import longswift
 from longswift import LongswiftError, SamplingConfig
-from longswift.atomic import AtomicFile, check_writable, write_dir_atomically
+from longswift.atomic import AtomicFile, check_writable, replace_atomically, write_dir_atomically
 from longswift.checkpoint import Checkpoint
 from longswift.config import SEED_MAX, SEED_MIN, RuntimeConfig, parse_rope_scaling
 from longswift.spec.heads import FORMAT, load_heads, new_heads, save_heads
@@ -87,8 +88,12 @@ def test_rope_factors_that_overflow_the_context_are_refused(text, capsys, no_loa
 
 def test_a_torchrun_variable_that_is_not_a_number_is_one_line(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "abc")
-    code, _, err = run_cli(capsys, "info")
+    code, _, err = run_cli(capsys, "info", "--tokens", "0")
     assert_one_line_error(code, err, "environment variable WORLD_SIZE='abc' must be a whole number >= 1")
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("RANK", "abc")  # read only to label an error's line, which must still print as one
+    code, _, err = run_cli(capsys, "info", "--tokens", "0")
+    assert_one_line_error(code, err, "--tokens must be a positive number of tokens, got 0")
 
 
 # ---- model configs ---------------------------------------------------------------------------------
@@ -127,6 +132,22 @@ def test_heads_with_damaged_metadata_are_one_line(tmp_path, meta, match):
     assert match in str(info.value)
 
 
+def test_a_heads_count_the_tensors_do_not_hold_is_refused_before_allocating_it(tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    engine = longswift.load(tiny_hf_model("llama", seed=7), dtype="float32", heads=None)
+    heads = new_heads(engine.cfg, engine.model.state)
+    path = tmp_path / "heads.safetensors"
+    save_heads(heads, engine.cfg, heads.base_fingerprint, path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()[FORMAT])
+    save_file(load_file(str(path)), str(path), metadata={FORMAT: json.dumps({**meta, "gamma": 10**12})})
+    with pytest.raises(LongswiftError, match=r"its metadata says 1000000000000 heads, its 'weights' tensor has "
+                                             r"shape \[3, 64, 64\]"):
+        load_heads(path, engine.cfg, engine.model.embed)
+
+
 def test_heads_files_get_the_permissions_open_would_give(tmp_path):
     """safetensors creates its files 0600; an exported heads file is meant to be shared."""
     engine = longswift.load(tiny_hf_model("llama", seed=8), dtype="float32", heads=None)
@@ -161,11 +182,12 @@ def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys
     (["--format", "longswift", "--out", "/nonexistent-dir/h.safetensors"], "directory '/nonexistent-dir' does not exist"),
     (["--format", "longswift", "--out", "/proc/h.safetensors"], "cannot write '/proc/h.safetensors'"),
     (["--format", "longswift", "--out", "h.bin"], "must end in .safetensors"),
-    (["--format", "tokenswift", "--out", "/proc/released"], "cannot create '/proc/released'"),
-    (["--format", "tokenswift", "--out", "/etc/hostname"], "exists and is not an empty directory"),
+    (["--format", "tokenswift", "--out", "/proc/released"], "cannot write --out '/proc/released'"),
+    (["--format", "tokenswift", "--out", "FILE"], "exists and is not an empty directory"),
 ])
-def test_export_heads_checks_its_output_before_loading(capsys, no_loading, args, match):
-    code, _, err = run_cli(capsys, "export-heads", *args)
+def test_export_heads_checks_its_output_before_loading(capsys, tmp_path, no_loading, args, match):
+    (tmp_path / "file").write_text("")
+    code, _, err = run_cli(capsys, "export-heads", *[str(tmp_path / "file") if a == "FILE" else a for a in args])
     assert_one_line_error(code, err, match)
 
 
@@ -178,12 +200,53 @@ def test_an_exported_directory_appears_whole_or_not_at_all(tmp_path):
 
     with pytest.raises(OSError, match="No space left"):
         write_dir_atomically(out, write)
-    assert not out.exists() and list((tmp_path / "nested").iterdir()) == []
-    out.mkdir()  # an empty directory is replaced by the whole one
+    assert list(tmp_path.iterdir()) == []  # nor the parent made for it
     write_dir_atomically(out, lambda tmp: (tmp / "config.json").write_text("{}"))
     assert [p.name for p in out.iterdir()] == ["config.json"]
     with pytest.raises(LongswiftError, match="exists and is not an empty directory"):
         write_dir_atomically(out, lambda tmp: None)
+
+
+def test_an_export_into_an_existing_empty_directory_keeps_that_directory(tmp_path, monkeypatch):
+    """The working directory, a symlink to a directory or a mount point cannot be renamed over:
+    their files are moved in one by one, and taken back if a later step fails."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+
+    def two_files(tmp):
+        (tmp / "config.json").write_text("{}")
+        (tmp / "tokenizer").mkdir()
+        (tmp / "tokenizer" / "vocab.txt").write_text("a")
+
+    write_dir_atomically(tmp_path / "link", two_files)
+    assert (tmp_path / "link").is_symlink() and sorted(p.name for p in target.iterdir()) == ["config.json", "tokenizer"]
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = here.stat().st_ino
+    real_replace = os.replace
+
+    def fail_on_second(src, dst):
+        if Path(dst).name == "tokenizer":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_second)
+    with pytest.raises(OSError, match="No space left"):
+        write_dir_atomically(".", two_files)
+    assert list(here.iterdir()) == []  # config.json, moved first, is taken back
+    monkeypatch.setattr(os, "replace", real_replace)
+    write_dir_atomically(".", two_files)
+    assert here.stat().st_ino == inode and sorted(p.name for p in here.iterdir()) == ["config.json", "tokenizer"]
+
+
+def test_files_written_through_the_api_never_replace_a_device_or_pipe(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(LongswiftError, match="is not a regular file"):
+        replace_atomically(fifo, lambda tmp: tmp.write_text("x"))
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and [p.name for p in tmp_path.iterdir()] == ["pipe"]
 
 
 def test_discarding_a_temp_file_on_a_full_disk_still_removes_it(tmp_path):
@@ -222,9 +285,10 @@ def test_check_writable_creates_nothing(tmp_path):
 
 # ---- contradictions and refusals that came late or not at all ----------------------------------------
 
-def test_greedy_with_a_sampling_temperature_is_a_contradiction(capsys, no_loading):
-    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--greedy", "--temperature", "0.7")
-    assert_one_line_error(code, err, "--greedy means --temperature 0, but --temperature 0.7 was given")
+@pytest.mark.parametrize("flags,value", [(["--temperature", "0.7"], "0.7"), (["--temp=1"], "1.0")])
+def test_greedy_with_a_sampling_temperature_is_a_contradiction(capsys, no_loading, flags, value):
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--greedy", *flags)
+    assert_one_line_error(code, err, f"--greedy means --temperature 0, but --temperature {value} was given")
 
 
 def test_info_refuses_zero_tokens_and_missing_heads(capsys, tmp_path):
@@ -247,15 +311,47 @@ def test_a_bench_where_no_method_can_run_is_refused(capsys, tmp_path, monkeypatc
                                                                   "llamacpp: "), err
 
 
-@pytest.mark.parametrize("resume", [True, False])
-def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, tmp_path, no_loading, resume):
-    out = tmp_path / "heads"
-    if not resume:
+@pytest.mark.parametrize("case", ["resume", "file", "unwritable"])
+def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, tmp_path, no_loading, case):
+    out = Path("/proc/longswift-heads") if case == "unwritable" else tmp_path / "heads"
+    if case == "file":
         out.write_text("a file")
     code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(tmp_path),
-                           *(["--resume"] if resume else []))
-    assert_one_line_error(code, err, "nothing to resume" if resume else "is a file: train-heads writes a directory")
-    assert out.exists() != resume
+                           *(["--resume"] if case == "resume" else []))
+    match = {"resume": "nothing to resume", "file": f"--out '{out}' is a file: give a directory",
+             "unwritable": f"cannot write --out '{out}': cannot create entries in '/proc'"}[case]
+    assert_one_line_error(code, err, match)
+    assert out.exists() == (case == "file")
+
+
+def test_bench_checks_its_out_dir_before_loading(capsys, no_loading):
+    code, _, err = run_cli(capsys, "bench", "--out-dir", "/proc/longswift-bench", "--methods", "ar")
+    assert_one_line_error(code, err, "cannot write --out-dir '/proc/longswift-bench'")
+
+
+def test_bench_configs_refuse_seeds_through_the_api_too():
+    from longswift.bench.grid import BenchConfig
+    from longswift.bench.steps import StepBenchConfig
+
+    with pytest.raises(LongswiftError, match="--seed must be between"):
+        BenchConfig(seed=SEED_MAX + 1)
+    with pytest.raises(LongswiftError, match="--seed must be between"):
+        StepBenchConfig(shape="tiny", seed=SEED_MIN - 1)
+
+
+def test_a_training_checkpoint_on_a_full_disk_is_a_system_error_and_leaves_nothing(tmp_path, monkeypatch):
+    engine = longswift.load(tiny_hf_model("llama", seed=11), dtype="float32", heads=None)
+    windows = torch.randint(3, 100, (4, 12))
+    cfg = TrainConfig(seq_len=12, batch_size=2, steps=1, warmup=0, chunk=16)
+    trainer = HeadTrainer(engine, windows, base_hidden(engine.model, windows), cfg)
+
+    def full(obj, f):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0\nmore")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match="cannot write the checkpoint .*: \\[enforce fail"):
+        trainer.save_checkpoint(tmp_path / "checkpoint.pt")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ writer uses, fsync, rename. `OutputLock` keeps two runs from writing the same fi
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -34,37 +35,52 @@ def check_writable(path: str | os.PathLike) -> Path:
     try:  # what access() cannot see: a read-only or special file system, or root's view of one
         fd, probe = tempfile.mkstemp(prefix=p.name + ".", suffix=".probe", dir=parent)
     except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise LongswiftError(f"cannot write '{p}': its name is too long for this file system once a temporary "
+                                 "suffix is added ('.<random>.partial' while writing): choose a shorter name") from None
         raise LongswiftError(f"cannot write '{p}': cannot create a file in '{parent}' ({exc.strerror})") from None
     os.close(fd)
     os.unlink(probe)
     return p
 
 
-def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """Fail early if `path` cannot become a new directory: it must be absent or empty, and its
-    nearest existing ancestor a directory this process can create entries in."""
+def check_dir_writable(path: str | os.PathLike, flag: str) -> Path:
+    """Fail early if `path` cannot be a directory that takes new entries: an existing directory is
+    probed itself, an absent one where it would be created (its nearest existing ancestor)."""
     p = Path(path).expanduser()
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
-        raise LongswiftError(f"'{p}' exists and is not an empty directory: choose a new {flag}")
-    ancestor = p.absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise LongswiftError(f"cannot create '{p}': '{ancestor}' is not a directory")
-    try:
-        probe = tempfile.mkdtemp(prefix=".longswift-", suffix=".probe", dir=ancestor)
+    if p.exists() and not p.is_dir():
+        raise LongswiftError(f"{flag} '{p}' is a file: give a directory")
+    where = p if p.exists() else next(a for a in p.absolute().parents if a.exists())
+    if not where.is_dir():
+        raise LongswiftError(f"cannot create {flag} '{p}': '{where}' is not a directory")
+    try:  # access() is not enough: a read-only or special file system, or root's view of one
+        probe = tempfile.mkdtemp(prefix=".longswift-", suffix=".probe", dir=where)
     except OSError as exc:
-        raise LongswiftError(f"cannot create '{p}': cannot create a directory in '{ancestor}' ({exc.strerror})") from None
+        raise LongswiftError(f"cannot write {flag} '{p}': cannot create entries in '{where}' ({exc.strerror})") from None
     os.rmdir(probe)
     return p
 
 
+def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Fail early if `path` cannot become a new directory: absent, or an empty directory, that takes entries."""
+    p = Path(path).expanduser()
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        raise LongswiftError(f"'{p}' exists and is not an empty directory: choose a new {flag}")
+    return check_dir_writable(p, flag)
+
+
 def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Have `write` fill a temporary sibling directory, then rename it to `path` (absent or empty):
-    the directory appears whole or not at all."""
+    """Have `write` fill a temporary directory, then move it into place. An absent `path` is the
+    temporary sibling renamed: it appears whole or not at all, and parents made for it go on failure.
+    An existing empty directory (the working directory, a mount point, a symlink's target) keeps its
+    identity and gets each complete file by one rename; a failure takes back those already moved."""
     p = check_new_dir(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".partial", dir=p.parent))
+    existing = p.exists()
+    made = [a for a in p.absolute().parents if not a.exists()]  # nearest first
+    if not existing:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".longswift-", suffix=".partial", dir=p if existing else p.parent))
+    moved: list[Path] = []
     try:
         os.chmod(tmp, 0o777 & ~_umask())
         write(tmp)
@@ -73,9 +89,25 @@ def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None])
                 os.chmod(f, 0o666 & ~_umask())  # as open() makes them (safetensors makes its files 0600)
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-        os.replace(tmp, p)  # an empty directory at `p` is replaced too
+        if existing:
+            for entry in sorted(tmp.iterdir()):
+                os.replace(entry, p / entry.name)
+                moved.append(p / entry.name)
+            tmp.rmdir()
+        else:
+            os.replace(tmp, p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for entry in moved:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        for parent in made:  # nearest first: each is empty once the one below it is gone
+            try:
+                parent.rmdir()
+            except OSError:
+                break
         raise
     return p
 
@@ -150,6 +182,8 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -
     """Have `write` create a file at a temporary sibling path, fsync it and rename it over `path`
     (for writers that want a path, such as safetensors and torch.save); nothing is left on failure."""
     path = Path(path)
+    if path.exists() and not path.is_file():  # renaming over it would replace a device, not write to it
+        raise LongswiftError(f"'{path}' is not a regular file (a directory, device, pipe or socket): give a file name")
     fd, tmp = _new_temp(path)
     os.close(fd)
     try:

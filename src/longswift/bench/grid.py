@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..engine import Engine, load
 from ..errors import LongswiftError
 from ..runtime.loading import resolve_path
@@ -59,6 +59,8 @@ class BenchConfig:
     warmup: bool = True
 
     def __post_init__(self) -> None:
+        if seed_problem(self.seed) is not None:
+            raise LongswiftError(seed_problem(self.seed))
         if self.methods is not None:
             unknown = [m for m in self.methods if m not in KNOWN_METHODS]
             if unknown or not self.methods:
@@ -210,11 +212,13 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
               fresh: bool = False, command: str | None = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
     """Run the grid; return every run's record (those resumed from `out_dir` included)."""
-    from ..atomic import check_writable
+    from ..atomic import check_dir_writable, check_writable
 
     for p in (out, json_path):
         if p is not None:
             check_writable(p)
+    if out_dir is not None:
+        check_dir_writable(out_dir, "--out-dir")
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)

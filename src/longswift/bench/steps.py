@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import use_graphs
 from ..runtime.linear import packing_supported
@@ -68,6 +68,8 @@ class StepBenchConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if seed_problem(self.seed) is not None:
+            raise LongswiftError(seed_problem(self.seed))
         check_shape(self.shape, self.layers)
         if self.contexts is not None and (not self.contexts or min(self.contexts) <= 0):
             raise LongswiftError(f"--contexts must be positive token counts, got {list(self.contexts)}")

@@ -15,7 +15,11 @@ def _prefix() -> str:
     from ..runtime.parallel import env_rank
 
     # Under torchrun every rank prints its own errors; ranks other than 0 say which they are.
-    return "longswift" if env_rank() == 0 else f"longswift (rank {env_rank()})"
+    try:
+        rank = env_rank()
+    except LongswiftError:  # a RANK that is not a number: the error being printed may be that one
+        return "longswift"
+    return "longswift" if rank == 0 else f"longswift (rank {rank})"
 
 
 class Parser(argparse.ArgumentParser):

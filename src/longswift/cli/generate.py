@@ -144,7 +144,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.resume is not None:
         return _resume(args)
     if args.greedy:
-        given = args.temperature != SamplingConfig.temperature or "--temperature" in [a.split("=")[0] for a in args.argv]
+        typed = [a.split("=")[0] for a in args.argv if a.startswith("--te")]  # argparse takes --temp for --temperature
+        given = args.temperature != SamplingConfig.temperature or any("--temperature".startswith(a) for a in typed)
         if given and args.temperature != 0:
             raise LongswiftError(f"--greedy means --temperature 0, but --temperature {args.temperature} was given: "
                                  "drop one of them")

@@ -164,6 +164,12 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
     if mismatch or base.get("fingerprint") != fingerprint:
         what = f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}" if mismatch else "embedding weights differ"
         raise LongswiftError(f"heads '{path}' were made for another model ({what}): train heads for this model")
+    weights = tensors.get("weights")
+    if weights is None or weights.dim() != 3 or weights.shape[0] != meta["gamma"]:
+        # before DraftHeads allocates gamma [hidden, hidden] matrices for a gamma the file does not hold
+        shape = None if weights is None else list(weights.shape)
+        raise LongswiftError(f"heads file '{path}' is damaged: its metadata says {meta['gamma']} heads, its "
+                             f"'weights' tensor has shape {shape}; re-export or retrain the heads")
     heads = DraftHeads(cfg.hidden_size, meta["gamma"], float(meta.get("eps", cfg.rms_norm_eps)))
     try:
         heads.load_state_dict(tensors)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..atomic import replace_atomically, write_atomic
+from ..atomic import check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, seed_problem, torch_seed
 from ..errors import LongswiftError
 from ..spec.heads import HEADS_FILE, DraftHeads, new_heads, save_heads
@@ -188,7 +188,10 @@ class HeadTrainer:
 
     def save_checkpoint(self, path: Path) -> None:
         state = self.checkpoint_state()
-        replace_atomically(path, lambda tmp: torch.save(state, tmp))
+        try:
+            replace_atomically(path, lambda tmp: torch.save(state, tmp))
+        except RuntimeError as exc:  # torch.save reports a failed write (a full disk) as a RuntimeError
+            raise OSError(f"cannot write the checkpoint '{path}': {str(exc).splitlines()[0]}") from exc
 
     def load_checkpoint(self, path: Path) -> None:
         try:
@@ -216,9 +219,7 @@ class HeadTrainer:
 def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     """Refuse an --out that cannot be trained into, creating nothing (train-heads calls this before
     loading the model and distilling): a checkpoint there without --resume, or none with it."""
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise LongswiftError(f"--out '{out}' is a file: train-heads writes a directory")
+    out = check_dir_writable(out_dir, "--out")
     checkpoint = out / CHECKPOINT
     if checkpoint.exists() and not resume:
         raise LongswiftError(f"'{checkpoint}' exists: pass --resume to continue it, or choose another --out")
