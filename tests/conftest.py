@@ -141,6 +141,16 @@ def embedded_hf():
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
 
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Fail the test if the model's weights are read: mistakes must be caught before that."""
+    def loader(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("longswift.engine.load_model", loader)
+    monkeypatch.setattr("longswift.runtime.loading.load_model", loader)
+
+
 def run_cli(capsys, *argv):
     """`longswift ARGV...` in this process -> (exit code, stdout, stderr)."""
     from longswift.cli import main

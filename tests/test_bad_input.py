@@ -24,16 +24,6 @@ from longswift.spec.heads import FORMAT, load_heads, new_heads, save_heads
 from longswift.train.train import HeadTrainer, TrainConfig, base_hidden
 
 
-@pytest.fixture
-def no_loading(monkeypatch):
-    """Fail the test if the model's weights are read: these mistakes must be caught before that."""
-    def loader(*args, **kwargs):
-        raise AssertionError("the model was loaded before the arguments were checked")
-
-    monkeypatch.setattr("longswift.engine.load_model", loader)
-    monkeypatch.setattr("longswift.runtime.loading.load_model", loader)
-
-
 # ---- seeds, threads, rope factors: numbers torch or the context arithmetic cannot take -------------
 
 @pytest.mark.parametrize("seed", [SEED_MAX + 1, SEED_MIN - 1, 10**30])

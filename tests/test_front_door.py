@@ -22,16 +22,6 @@ from longswift.atomic import AtomicFile, OutputLock
 from longswift.checkpoint import Checkpoint, read_checkpoint
 
 
-@pytest.fixture
-def no_loading(monkeypatch):
-    """Fail the test if the model's weights are read: mistakes must be caught before that."""
-    def loader(*args, **kwargs):
-        raise AssertionError("the model was loaded before the arguments were checked")
-
-    monkeypatch.setattr("longswift.engine.load_model", loader)
-    monkeypatch.setattr("longswift.runtime.loading.load_model", loader)
-
-
 # ---- 2. distinct outputs ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags", [("--output", "--json"), ("--output", "--checkpoint"), ("--json", "--checkpoint")])
