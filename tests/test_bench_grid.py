@@ -231,3 +231,16 @@ def test_spec_label_names_the_walk_only_against_the_device_default():
     batched = dataclasses.replace(cpu, walk="batched")
     assert spec_label(batched, "tokenswift", "rows").endswith(", batched walk, paper draft, adaptive on")
     assert "walk" not in spec_label(batched, "tokenswift", "batched")  # the GPU default
+
+
+def test_spec_label_names_the_node_budget_only_where_it_cuts_the_trie():
+    import torch
+
+    from longswift import SpecConfig
+    from longswift.bench.grid import spec_label
+
+    cpu = SpecConfig().for_device(torch.device("cpu"))  # no budget: CPU results keep their keys
+    assert "nodes" not in spec_label(cpu, "tokenswift", "rows")
+    assert "nodes" not in spec_label(SpecConfig(max_nodes=8).for_device(torch.device("cpu")), "tokenswift", "rows")
+    gpu = SpecConfig().for_device(torch.device("cuda"))  # the paper's trie (up to 121 nodes) cut to 32
+    assert ", at most 32 nodes" in spec_label(gpu, "tokenswift", "batched")

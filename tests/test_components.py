@@ -4,6 +4,7 @@ partial KV cache; draft heads (save/load, identity checks)."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections import Counter
 
@@ -17,7 +18,7 @@ from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
 from longswift.runtime.cache import FullKVCache, PartialKVCache
 from longswift.spec.heads import load_heads, new_heads, save_heads
-from longswift.spec.ngram import NGramTable, NGramTracker
+from longswift.spec.ngram import NGramTable, NGramTracker, path_scores
 from longswift.spec.tokenswift import TokenSwiftState, draft
 from longswift.spec.tree import HEADS, NGRAM, Trie
 from longswift.stats import GenerationStats
@@ -48,6 +49,61 @@ def test_trie_matches_brute_force(seed):
     for i in range(1, len(trie)):
         assert bool(trie.sources[i] & HEADS) == (paths[i] in head_paths)
         assert bool(trie.sources[i] & NGRAM) == (paths[i] in gram_paths)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_pruned_trie_keeps_its_highest_scoring_nodes(seed):
+    """Scored like the loop scores (heads: summed log-probabilities; n-grams: log shares of
+    counts, so no child outscores its parent), the pruned trie is exactly the `max_nodes`
+    highest-scoring nodes, ties to the shallower and earlier, with every path, source and score kept."""
+    r = random.Random(seed)
+    levels = [list(dict.fromkeys(r.randrange(8) for _ in range(r.randrange(1, 4)))) for _ in range(r.randrange(1, 4))]
+    logprobs = [[math.log(r.random()) if r.random() < 0.8 else -1.0 for _ in level] for level in levels]
+    trie = Trie.with_root(9)
+    trie.add_levels(levels, logprobs)
+    for _ in range(r.randrange(0, 5)):
+        first = r.randrange(len(levels[0]))
+        share = [math.log(r.random()) for _ in range(3)]
+        scores = [logprobs[0][first]] + [logprobs[0][first] + min(share[: j + 1]) for j in range(3)]
+        trie.add_path([levels[0][first]] + [r.randrange(8) for _ in range(3)], NGRAM, scores)
+    paths = [tuple(trie.tokens[j] for j in trie.path(i)) for i in range(len(trie))]
+    for i in range(1, len(trie)):  # the heads' score of a path is the sum of its tokens' log-probabilities
+        if trie.sources[i] == HEADS:
+            assert trie.scores[i] == pytest.approx(sum(logprobs[d][levels[d].index(t)] for d, t in enumerate(paths[i])))
+        assert trie.scores[i] <= trie.scores[trie.parents[i]] + 1e-12
+    for budget in range(2, len(trie) + 2):
+        pruned = trie.pruned(budget)
+        best = sorted(range(1, len(trie)), key=lambda i: (-trie.scores[i], trie.depths[i], i))[: budget - 1]
+        kept = [tuple(pruned.tokens[j] for j in pruned.path(i)) for i in range(len(pruned))]
+        assert len(pruned) == min(budget, len(trie)) and pruned.tokens[0] == 9
+        assert set(kept[1:]) == {paths[i] for i in best}
+        for i in range(1, len(pruned)):
+            old = paths.index(kept[i])
+            assert (pruned.sources[i], pruned.scores[i], pruned.depths[i]) == (
+                trie.sources[old], trie.scores[old], trie.depths[old])
+    assert trie.pruned(len(trie)) is trie
+
+
+def test_pruning_keeps_ancestors_even_where_a_child_outscores_its_parent():
+    trie = Trie.with_root(0)
+    trie.add_path([1, 2, 3], NGRAM, [-5.0, -0.1, -0.1])
+    trie.add_path([4], NGRAM, [-1.0])
+    pruned = trie.pruned(3)
+    assert [tuple(pruned.tokens[j] for j in pruned.path(i)) for i in range(1, len(pruned))] == [(1,), (4,)]
+    assert all(p < i for i, p in enumerate(pruned.parents) if i)
+
+
+def test_ngram_path_scores_are_log_shares_of_prefixes():
+    table = NGramTable(4)
+    for g in [(1, 2, 3, 4)] * 3 + [(1, 2, 3, 5), (1, 2, 6, 7), (1, 8, 8, 8), (1, 9, 9, 9)]:
+        table.add(g)
+    assert table.total_of(1) == 7 and table.total_of(2) == 0
+    conts = table.top(1, 3)  # (2,3,4) x3, then two of the count-1 ones
+    scores = path_scores(conts, table.total_of(1), base=-0.5)
+    listed = {c[:j]: sum(n for d, n in conts if d[:j] == c[:j]) for c, _ in conts for j in (1, 2, 3)}
+    for (cont, _), row in zip(conts, scores):
+        assert row == pytest.approx([-0.5 + math.log(listed[cont[:j]] / 7) for j in (1, 2, 3)])
+        assert row == sorted(row, reverse=True)
 
 
 def test_the_trie_mask_costs_ops_by_depth_not_by_nodes():
@@ -260,5 +316,10 @@ def test_spec_defaults_per_device():
     assert (auto.for_device(torch.device("cuda")).tree, auto.for_device(torch.device("cuda")).ngram_topk) == ("1,3,3,3", 20)
     explicit = SpecConfig(tree="2,2", ngram_topk=0).for_device(torch.device("cuda"))
     assert (explicit.tree, explicit.ngram_topk) == ("2,2", 0)
+    assert (auto.for_device(torch.device("cpu")).max_nodes, auto.for_device(torch.device("cuda")).max_nodes) == (0, 32)
+    assert SpecConfig(max_nodes=5).for_device(torch.device("cuda")).max_nodes == 5
+    for bad in (1, -1):
+        with pytest.raises(LongswiftError, match="max_nodes must be 0"):
+            SpecConfig(max_nodes=bad)
     with pytest.raises(ValueError, match="for_device"):
         auto.levels

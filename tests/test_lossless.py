@@ -35,6 +35,10 @@ SPECS = {
     "paper-batched": SpecConfig(tree="1,3,3,3", ngram_topk=20, walk="batched", adaptive=False),
     "fused-partial-batched": SpecConfig(tree="1,4,2", draft_mode="fused", draft_kv_budget=30, draft_window=6,
                                         walk="batched", adaptive=False),
+    # Node budgets: the trie cut to its likeliest nodes (the GPU's default keeps 32)
+    "paper-pruned": SpecConfig(tree="1,3,3,3", ngram_topk=20, max_nodes=6, adaptive=False),
+    "fused-pruned-batched": SpecConfig(tree="1,3,3,3", ngram_topk=20, draft_mode="fused", max_nodes=9,
+                                       walk="batched", adaptive=False),
 }
 SAMPLINGS = {
     "greedy": SamplingConfig(temperature=0, repetition_penalty=1.0),
@@ -98,6 +102,28 @@ def test_bfloat16_tokenswift_with_fused_kernels_equals_ar(sampling):
             assert ts.token_ids == ar, (seed, name)
             accepted += ts.stats.accepted_tokens
     assert accepted > 0
+
+
+@pytest.mark.parametrize("mode", ["paper", "fused"])
+def test_every_verified_trie_keeps_within_the_node_budget(tiny64, mode, monkeypatch):
+    """With --max-nodes the verify pass never gets more rows than the budget, full tries do reach
+    it (the budget cuts them), and the padded GPU budget and memory plan use it (tree_budget)."""
+    from longswift.spec import tokenswift
+
+    sizes: list[int] = []
+    real = tokenswift.verify
+    monkeypatch.setattr(tokenswift, "verify", lambda s, trie: sizes.append(len(trie)) or real(s, trie))
+    spec = SpecConfig(tree="1,3,3,3", ngram_topk=20, draft_mode=mode, max_nodes=7, adaptive=False)
+    assert tokenswift.tree_budget(spec.for_device(torch.device("cuda"))) == 7
+    assert tokenswift.unpruned_budget(spec.for_device(torch.device("cuda"))) > 7
+    assert tokenswift.tree_budget(SpecConfig(tree="1,3,3,3", ngram_topk=20).for_device(torch.device("cuda"))) == 32
+    prompt = repetitive_prompt(3, 24)
+    gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
+    sampling = SAMPLINGS["sampled-filters"]
+    ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
+    ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+    assert ts.token_ids == ar.token_ids
+    assert max(sizes) == 7 and len(sizes) == ts.stats.steps - 1
 
 
 def test_tokenswift_stops_at_eos_like_ar(tiny64):
@@ -285,19 +311,22 @@ def test_embedded_model_greedy_tokenswift_equals_ar(embedded, heads, mode):
         embedded.set_heads(shipped)
 
 
-@pytest.mark.parametrize("partial", [False, True], ids=["full-cache", "partial-cache"])
+@pytest.mark.parametrize("variant", ["full-cache", "partial-cache", "pruned"])
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
-def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, partial, monkeypatch):
+def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, variant, monkeypatch):
     """Lookup steps (n-gram continuations of the root, no draft pass) and plain steps (the root
     alone, leaving the n-gram table and the partial cache to catch up) mixed with full steps in a
-    fixed pattern: still AR's tokens, and lookup steps do accept tokens on repetitive text."""
+    fixed pattern: still AR's tokens, and lookup steps do accept tokens on repetitive text; also
+    with every trie, lookup tries too, cut to a budget of 3 nodes."""
     from longswift.spec import tokenswift
 
     pattern = iter([tokenswift.FULL, tokenswift.LOOKUP, tokenswift.LOOKUP, tokenswift.PLAIN, tokenswift.PLAIN,
                     tokenswift.PLAIN] * 100)
     monkeypatch.setattr(tokenswift.TokenSwiftState, "choose", lambda self: next(pattern))
     gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
-    budget = dict(draft_kv_budget=40, draft_window=8, attention_sinks=4) if partial else {}
+    budget = dict(draft_kv_budget=40, draft_window=8, attention_sinks=4) if variant == "partial-cache" else {}
+    if variant == "pruned":
+        budget = dict(max_nodes=3)
     spec = SpecConfig(tree="1,2,2", ngram_topk=3, **budget)
     prompt = repetitive_prompt(1, 24)
     ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")

@@ -282,6 +282,9 @@ MAX_THREADS = 1024
 READ_EVERY_CUDA = 16  # RuntimeConfig.read_every's auto on CUDA: ~50 ms of tokens per block at 300 tok/s
 PAPER_TREE, PAPER_NGRAM_TOPK = "1,3,3,3", 20
 CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
+# Node budgets (SpecConfig.max_nodes): on an H100 (session 6, 8B shape, docs/benchmarks.md) a 32-row verify
+# pass cost 1.08x (4K) to 1.14x (100K) an AR step and the paper trie's 128 rows 1.61x to 2.41x; 0: no limit.
+CPU_MAX_NODES, GPU_MAX_NODES = 0, 32
 DRAFT_CACHES = ("dynamic", "static", "full")  # SpecConfig.draft_cache
 WALKS = ("auto", "rows", "batched")  # SpecConfig.walk
 GRAPH_ATTENTIONS = ("bucketed", "length")  # RuntimeConfig.graph_attention (runtime.cuda_graphs)
@@ -295,6 +298,10 @@ class SpecConfig:
         "candidates per depth, from the base logits then each head; auto: 1,1,1 on CPU, the paper's 1,3,3,3 on GPU"))
     ngram_topk: int | None = field(default=None, metadata=_help(
         "n-gram continuations added per depth-1 token, 0 disables; default: 1 on CPU, the paper's 20 on GPU"))
+    max_nodes: int | None = field(default=None, metadata=_help(
+        "most nodes a step's trie may have, the root included: a larger trie keeps its most likely nodes "
+        "(by the draft heads' probabilities and the n-gram counts); 0: no limit; default: 32 on GPU (where "
+        "the verify pass grows with its rows at long context), no limit on CPU (its default trie has at most 7)"))
     draft_mode: str = field(
         default="paper",
         metadata=_help("paper: a draft pass on the partial cache; fused: heads read the verify pass (one forward per step)",
@@ -325,6 +332,9 @@ class SpecConfig:
             self.levels  # parses --tree, raising on a bad one
         if self.ngram_topk is not None and self.ngram_topk < 0:
             raise LongswiftError("--ngram-topk must be >= 0")
+        if self.max_nodes is not None and (self.max_nodes < 0 or self.max_nodes == 1):
+            raise LongswiftError(f"--max-nodes must be 0 (no limit) or at least 2 (the root and one drafted token); "
+                                 f"got {self.max_nodes}")
         if self.draft_mode not in ("paper", "fused"):
             raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")
         if self.walk not in WALKS:
@@ -348,12 +358,14 @@ class SpecConfig:
     def for_device(self, device: Any) -> SpecConfig:
         """Fill in the per-device defaults. Measured (docs/benchmarks.md): on a CPU the verify pass
         is compute-bound, so its cost grows with every node and a small trie wins (1,1,1 with one
-        n-gram continuation); on a GPU the pass is bandwidth-bound and the paper's wide trie is free."""
+        n-gram continuation); on a GPU it is bandwidth-bound up to a few dozen rows (the paper's
+        trie), but its attention over a long context grows with every row, so its 32 likeliest nodes."""
         cpu = getattr(device, "type", str(device)).startswith("cpu")
         tree = self.tree if self.tree != "auto" else (CPU_TREE if cpu else PAPER_TREE)
         ngram = self.ngram_topk if self.ngram_topk is not None else (CPU_NGRAM_TOPK if cpu else PAPER_NGRAM_TOPK)
         walk = self.walk if self.walk != "auto" else ("rows" if cpu else "batched")
-        return dataclasses.replace(self, tree=tree, ngram_topk=ngram, walk=walk)
+        max_nodes = self.max_nodes if self.max_nodes is not None else (CPU_MAX_NODES if cpu else GPU_MAX_NODES)
+        return dataclasses.replace(self, tree=tree, ngram_topk=ngram, walk=walk, max_nodes=max_nodes)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from ..errors import LongswiftError
 from ..runtime.loading import resolve_path
 from ..runtime.memory import rope_factor_for
 from ..runtime.model import fused_kernels
+from ..spec.tokenswift import unpruned_budget
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest
@@ -104,6 +105,7 @@ def spec_label(spec: SpecConfig, method: str, default_walk: str = "rows") -> str
         (f"draft window {spec.draft_window}", spec.draft_window == SpecConfig.draft_window),
         (f"{spec.attention_sinks} sinks", spec.attention_sinks == SpecConfig.attention_sinks),
         (f"{spec.walk} walk", spec.walk == default_walk),
+        (f"at most {spec.max_nodes} nodes", not spec.max_nodes or spec.max_nodes >= unpruned_budget(spec)),
     ) if not default)
     return (f"tree {spec.tree}, n-gram top-k {spec.ngram_topk}, draft KV {spec.draft_kv_budget}{extra}, {mode} draft, "
             f"adaptive {'on' if spec.adaptive else 'off'}")

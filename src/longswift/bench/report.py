@@ -218,7 +218,8 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
         lines.append(f"- resumed: {ctx.resumed} of the {len(records)} runs below were measured by earlier invocations "
                      "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")
     if ctx.spec is not None and any(m.startswith("tokenswift") for m in ctx.methods):
-        lines.append(f"- tokenswift options: {ctx.spec.tree} tree, n-gram top-k {ctx.spec.ngram_topk}, draft KV budget "
+        budget = f", at most {ctx.spec.max_nodes} nodes" if ctx.spec.max_nodes else ""
+        lines.append(f"- tokenswift options: {ctx.spec.tree} tree, n-gram top-k {ctx.spec.ngram_topk}{budget}, draft KV budget "
                      f"{ctx.spec.draft_kv_budget} ({ctx.spec.draft_cache}), adaptive steps {'on' if ctx.spec.adaptive else 'off'}")
         if ident["dtype"] != "float64":
             lines.append(f"- tokenswift outputs equal ar's token for token in float64; in {ident['dtype']} the verify "

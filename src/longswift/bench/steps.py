@@ -99,7 +99,8 @@ class StepBenchConfig:
 
     @property
     def projection_nodes(self) -> int:
-        """Verify-pass size of the projected tree: the trie budget of --tree and --ngram-topk (an upper bound)."""
+        """Verify-pass size of the projected tree: the trie budget of --tree and --ngram-topk, at most
+        --max-nodes (an upper bound)."""
         return tree_budget(self.spec)
 
     @property

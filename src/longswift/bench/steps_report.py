@@ -102,8 +102,9 @@ def render(r: StepBenchResult) -> str:
                   f"and summed over every token. TokenSwift ({spec.draft_mode} draft mode): tree "
                   f"{spec.tree}" + (f" (drafted depths {','.join(map(str, draft_levels(spec)))})"
                                     if spec.draft_mode == "fused" else "")
-                  + f" + {spec.ngram_topk} n-gram continuations per depth-1 token, verified at its budget of "
-                  f"{b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
+                  + f" + {spec.ngram_topk} n-gram continuations per depth-1 token"
+                  + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)" if b.projection_nodes == spec.max_nodes else "")
+                  + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
                   + ("the batched walk" if spec.walk == "batched" else "tau x walk row") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
                   f"{b.depth} draft positions per step)" + (

@@ -7,21 +7,24 @@ counts never overwrite one another (the reference implementation's sorted set di
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
 class _Continuations:
     """Continuations of one first token, sorted by count, with O(1) increments."""
 
-    __slots__ = ("order", "count", "index", "run_start")
+    __slots__ = ("order", "count", "index", "run_start", "total")
 
     def __init__(self) -> None:
+        self.total = 0  # n-grams counted, all continuations together
         self.order: list[tuple[int, ...]] = []  # continuations, counts non-increasing
         self.count: dict[tuple[int, ...], int] = {}
         self.index: dict[tuple[int, ...], int] = {}  # position of each continuation in `order`
         self.run_start: dict[int, int] = {}  # count -> first index holding that count
 
     def add(self, cont: tuple[int, ...]) -> None:
+        self.total += 1
         c = self.count.get(cont, 0)
         if c == 0:
             self.order.append(cont)
@@ -78,6 +81,22 @@ class NGramTable:
         """Up to k (continuation, count) pairs of `first`, most frequent first."""
         entry = self.table.get(first)
         return [] if entry is None or k <= 0 else entry.top(k)
+
+    def total_of(self, first: int) -> int:
+        """How many of the counted n-grams begin with `first`."""
+        entry = self.table.get(first)
+        return 0 if entry is None else entry.total
+
+
+def path_scores(conts: Sequence[tuple[tuple[int, ...], int]], total: int, base: float = 0.0) -> list[list[float]]:
+    """For continuations with their counts (`top`'s pairs) of a first token seen `total` times: each
+    continuation's prefixes scored base + log(share of the n-grams that begin with that prefix),
+    counting the listed continuations only (a lower bound), so a longer prefix never scores higher."""
+    shares: dict[tuple[int, ...], int] = {}
+    for cont, count in conts:
+        for j in range(1, len(cont) + 1):
+            shares[cont[:j]] = shares.get(cont[:j], 0) + count
+    return [[base + math.log(shares[cont[:j]] / total) for j in range(1, len(cont) + 1)] for cont, _ in conts]
 
 
 class NGramTracker:

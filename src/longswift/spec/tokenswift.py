@@ -23,7 +23,7 @@ from ..runtime.model import Transformer
 from ..sampling import draw, penalty_window, transform
 from ..stats import GenerationStats, done
 from .heads import DraftHeads
-from .ngram import NGramTracker
+from .ngram import NGramTracker, path_scores
 from .tree import NGRAM, Trie
 from .verify import Walk, batched_walk, lossless_walk
 
@@ -44,9 +44,11 @@ EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM
 
 @dataclass
 class Draft:
-    """Candidate tokens per tree depth (after the logits transform)."""
+    """Candidate tokens per tree depth (after the logits transform), and their log-probabilities
+    where the trie may outgrow its node budget (they rank its nodes), else None."""
 
     levels: list[list[int]]
+    logprobs: list[list[float]] | None = None
 
 
 # The walk visits 1 + accepted rows of the trie, and each LM-head pass reads the whole head
@@ -101,6 +103,8 @@ class TokenSwiftState:
         self.sync = model.device.type == "cuda"  # stage timers wait for the device (adaptive steps read them)
         self.read_every = read_every if model.tp is None else 1  # plain steps run as token blocks of up to this
         self.levels = levels
+        # Whether a trie can outgrow the node budget: then its nodes are scored and the likeliest kept.
+        self.pruning = 0 < spec.max_nodes < unpruned_budget(spec)
         if any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK:
             self.kinds = WIDE_KINDS
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
@@ -286,7 +290,13 @@ def draft_levels(spec: SpecConfig) -> tuple[int, ...]:
 
 def tree_budget(spec: SpecConfig) -> int:
     """Most nodes a step's trie can have (root included): the heads' cartesian tree plus the
-    n-gram paths. `spec` must be resolved for the device (for_device)."""
+    n-gram paths, at most --max-nodes. `spec` must be resolved for the device (for_device)."""
+    nodes = unpruned_budget(spec)
+    return min(nodes, spec.max_nodes) if spec.max_nodes else nodes
+
+
+def unpruned_budget(spec: SpecConfig) -> int:
+    """Most nodes the heads' cartesian tree and the n-gram paths can make, before --max-nodes."""
     levels = draft_levels(spec)
     nodes, width = 1, 1
     for k in levels:
@@ -365,34 +375,48 @@ def draft(s: TokenSwiftState) -> Draft:
     window = s.window()
     x = transform(depth_logits, window.expand(depth_logits.shape[0], -1), s.sampling)  # every depth sees the root's window
     top = torch.topk(x, min(max(s.levels), x.shape[-1]), dim=-1)  # [depths, k]: the widest depth's count
-    indices, kept = top.indices.tolist(), (top.values > float("-inf")).tolist()  # one device read
-    levels = [[t for t, ok in zip(ids[:k], keep[:k]) if ok] for k, ids, keep in zip(s.levels, indices, kept)]
-    return Draft(levels)
+    if s.pruning:  # the candidates' log-probabilities rank the trie's nodes
+        values = (top.values - torch.logsumexp(x, dim=-1, keepdim=True)).tolist()  # [depths, k]
+    else:
+        values = top.values.tolist()
+    indices = top.indices.tolist()  # one device read (the values' is its copy)
+    neg = float("-inf")
+    levels = [[t for t, v in zip(ids[:k], vs[:k]) if v > neg] for k, ids, vs in zip(s.levels, indices, values)]
+    logprobs = [[v for v in vs[:k] if v > neg] for k, vs in zip(s.levels, values)] if s.pruning else None
+    return Draft(levels, logprobs)
 
 
 def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False) -> Trie:
-    """The heads' cartesian tree plus n-gram paths for each depth-1 token, merged as a trie;
-    `narrow`: the first candidate of each depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
+    """The heads' cartesian tree plus n-gram paths for each depth-1 token, merged as a trie, then
+    cut to the node budget (--max-nodes) by its nodes' scores; `narrow`: the first candidate of each
+    depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
     levels = [level[:1] for level in d.levels] if narrow else d.levels
     topk = min(s.spec.ngram_topk, NARROW_NGRAM_TOPK) if narrow else s.spec.ngram_topk
     trie = Trie.with_root(int(s.history[s.n - 1]))
-    trie.add_levels(levels)
+    trie.add_levels(levels, d.logprobs)
     if s.ngrams is not None and levels:
-        for first in levels[0]:
-            for cont, _count in s.ngrams.table.top(first, topk):
-                trie.add_path((first, *cont), NGRAM)
-    return trie
+        table = s.ngrams.table
+        for i, first in enumerate(levels[0]):
+            conts = table.top(first, topk)
+            base = d.logprobs[0][i] if d.logprobs is not None else 0.0  # the heads' score of the first token
+            scores = path_scores(conts, table.total_of(first), base) if s.pruning else [None] * len(conts)
+            for (cont, _count), score in zip(conts, scores):
+                trie.add_path((first, *cont), NGRAM, None if score is None else [base, *score])
+    return trie.pruned(s.spec.max_nodes) if s.pruning else trie
 
 
 def lookup_tree(s: TokenSwiftState) -> Trie:
     """A draft-free trie: the root and the n-gram table's continuations of the root (prompt-lookup
-    style). Verifying it costs about one AR step and accepts whatever of it the walk draws."""
+    style), cut to the node budget by their counts. Verifying it costs about one AR step and accepts
+    whatever of it the walk draws."""
     root = int(s.history[s.n - 1])
     trie = Trie.with_root(root)
     if s.ngrams is not None:
-        for cont, _count in s.ngrams.table.top(root, s.spec.ngram_topk):
-            trie.add_path(cont, NGRAM)
-    return trie
+        conts = s.ngrams.table.top(root, s.spec.ngram_topk)
+        scores = path_scores(conts, s.ngrams.table.total_of(root)) if s.pruning else [None] * len(conts)
+        for (cont, _count), score in zip(conts, scores):
+            trie.add_path(cont, NGRAM, score)
+    return trie.pruned(s.spec.max_nodes) if s.pruning else trie
 
 
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
@@ -520,6 +544,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         assert trie is not None
         stats.lookup_steps += kind == LOOKUP
         stats.narrow_steps += kind == NARROW
+        stats.verified_nodes += len(trie)
         t = _stage_done(s, "tree", t)
         v = verify(s, trie)
         t = _stage_done(s, "verify", t)

@@ -1,8 +1,15 @@
 """The candidate trie verified in one forward: node 0 is the root (the last sampled token),
-every other node a drafted token; a prefix shared by several candidates is a single node."""
+every other node a drafted token; a prefix shared by several candidates is a single node.
+
+Each node carries a score, the log of how likely its drafters think its whole path is (the heads:
+the sum of their log-probabilities along it; n-grams: the log of the path's share of the table's
+continuations); a node both proposed keeps the larger. `pruned` keeps a node budget's most likely
+nodes. Scores and pruning choose what is verified, never what is emitted: the walk is the same for
+any trie."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,16 +25,18 @@ class Trie:
     depths: list[int]  # 0 for the root
     children: list[dict[int, int]]  # token -> child node
     sources: list[int] = field(default_factory=list)  # HEADS | NGRAM bits per node (0 for the root)
+    scores: list[float] = field(default_factory=list)  # log-likelihood of each node's path (0 for the root)
 
     @classmethod
     def with_root(cls, root: int) -> Trie:
-        return cls([root], [-1], [0], [{}], [0])
+        return cls([root], [-1], [0], [{}], [0], [0.0])
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def _child(self, node: int, token: int, source: int) -> int:
-        """The child of `node` holding `token`, created if needed; marks who proposed it."""
+    def _child(self, node: int, token: int, source: int, score: float = 0.0) -> int:
+        """The child of `node` holding `token`, created if needed; marks who proposed it and keeps
+        the larger of its scores."""
         child = self.children[node].get(token)
         if child is None:
             child = len(self.tokens)
@@ -36,21 +45,48 @@ class Trie:
             self.depths.append(self.depths[node] + 1)
             self.children.append({})
             self.sources.append(0)
+            self.scores.append(score)
             self.children[node][token] = child
         self.sources[child] |= source
+        self.scores[child] = max(self.scores[child], score)
         return child
 
-    def add_path(self, tokens: Sequence[int], source: int) -> None:
-        """Insert root -> tokens[0] -> tokens[1] -> ..., reusing existing prefix nodes."""
+    def add_path(self, tokens: Sequence[int], source: int, scores: Sequence[float] | None = None) -> None:
+        """Insert root -> tokens[0] -> tokens[1] -> ..., reusing existing prefix nodes; `scores`: each
+        prefix's path score (default 0)."""
         node = 0
-        for t in tokens:
-            node = self._child(node, int(t), source)
+        for j, t in enumerate(tokens):
+            node = self._child(node, int(t), source, 0.0 if scores is None else scores[j])
 
-    def add_levels(self, levels: Sequence[Sequence[int]]) -> None:
-        """The heads' cartesian tree: every node at depth j gets all of levels[j] as children."""
-        frontier = [0]
-        for level in levels:
-            frontier = [self._child(node, int(t), HEADS) for node in frontier for t in level]
+    def add_levels(self, levels: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]] | None = None) -> None:
+        """The heads' cartesian tree: every node at depth j gets all of levels[j] as children;
+        `logprobs[j][i]`: the log-probability of levels[j][i], summed along each path into its score."""
+        frontier = [(0, 0.0)]  # (node, its heads' path score)
+        for j, level in enumerate(levels):
+            frontier = [(self._child(node, int(t), HEADS, score + lp), score + lp)
+                        for node, score in frontier
+                        for t, lp in zip(level, [0.0] * len(level) if logprobs is None else logprobs[j])]
+
+    def pruned(self, max_nodes: int) -> Trie:
+        """The trie of at most `max_nodes` nodes (root included) grown best first: from the root,
+        always the highest-scoring child of a kept node (ties: shallower, then earlier). Where a
+        child never scores above its parent (log-probabilities, shares of counts) these are the
+        trie's `max_nodes` highest-scoring nodes; every kept node's parent is kept."""
+        if len(self.tokens) <= max_nodes:
+            return self
+        frontier = [(-self.scores[c], self.depths[c], c) for c in self.children[0].values()]
+        heapq.heapify(frontier)
+        kept = [0]
+        while frontier and len(kept) < max_nodes:
+            _, _, node = heapq.heappop(frontier)
+            kept.append(node)
+            for c in self.children[node].values():
+                heapq.heappush(frontier, (-self.scores[c], self.depths[c], c))
+        out = Trie.with_root(self.tokens[0])
+        new = {0: 0}
+        for node in sorted(kept)[1:]:  # a parent's index is below its children's
+            new[node] = out._child(new[self.parents[node]], self.tokens[node], self.sources[node], self.scores[node])
+        return out
 
     def path(self, node: int) -> list[int]:
         """Nodes from the root's first child down to `node` (empty for the root)."""
