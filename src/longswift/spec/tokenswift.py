@@ -379,7 +379,7 @@ def draft(s: TokenSwiftState) -> Draft:
         values = (top.values - torch.logsumexp(x, dim=-1, keepdim=True)).tolist()  # [depths, k]
     else:
         values = top.values.tolist()
-    indices = top.indices.tolist()  # one device read (the values' is its copy)
+    indices = top.indices.tolist()  # [depths, k]: with the values, two copies after one wait for the device
     neg = float("-inf")
     levels = [[t for t, v in zip(ids[:k], vs[:k]) if v > neg] for k, ids, vs in zip(s.levels, indices, values)]
     logprobs = [[v for v in vs[:k] if v > neg] for k, vs in zip(s.levels, values)] if s.pruning else None
@@ -395,13 +395,8 @@ def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False) -> Trie:
     trie = Trie.with_root(int(s.history[s.n - 1]))
     trie.add_levels(levels, d.logprobs)
     if s.ngrams is not None and levels:
-        table = s.ngrams.table
         for i, first in enumerate(levels[0]):
-            conts = table.top(first, topk)
-            base = d.logprobs[0][i] if d.logprobs is not None else 0.0  # the heads' score of the first token
-            scores = path_scores(conts, table.total_of(first), base) if s.pruning else [None] * len(conts)
-            for (cont, _count), score in zip(conts, scores):
-                trie.add_path((first, *cont), NGRAM, None if score is None else [base, *score])
+            add_ngram_paths(s, trie, first, topk, (first,), d.logprobs[0][i] if d.logprobs is not None else 0.0)
     return trie.pruned(s.spec.max_nodes) if s.pruning else trie
 
 
@@ -412,11 +407,23 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
     root = int(s.history[s.n - 1])
     trie = Trie.with_root(root)
     if s.ngrams is not None:
-        conts = s.ngrams.table.top(root, s.spec.ngram_topk)
-        scores = path_scores(conts, s.ngrams.table.total_of(root)) if s.pruning else [None] * len(conts)
-        for (cont, _count), score in zip(conts, scores):
-            trie.add_path(cont, NGRAM, score)
+        add_ngram_paths(s, trie, root, s.spec.ngram_topk)
     return trie.pruned(s.spec.max_nodes) if s.pruning else trie
+
+
+def add_ngram_paths(s: TokenSwiftState, trie: Trie, token: int, topk: int, lead: tuple[int, ...] = (),
+                    base: float = 0.0) -> None:
+    """`token`'s `topk` most frequent n-gram continuations as trie paths after `lead` (the root's
+    own: none; a depth-1 token's: that token, whose score from the heads is `base`). Where pruning,
+    each node of a continuation scores `base` plus the log share of its prefix among `token`'s n-grams."""
+    table = s.ngrams.table
+    conts = table.top(token, topk)
+    if not s.pruning:
+        for cont, _count in conts:
+            trie.add_path((*lead, *cont), NGRAM)
+        return
+    for (cont, _count), scores in zip(conts, path_scores(conts, table.total_of(token), base)):
+        trie.add_path((*lead, *cont), NGRAM, [base] * len(lead) + scores)
 
 
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
