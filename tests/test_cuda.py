@@ -222,9 +222,12 @@ def generate(engine, method: str, spec: SpecConfig | None = None) -> list[int]:
     ("ar", None),
     ("tokenswift", SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False)),
     ("tokenswift", SpecConfig(tree="1,3,3,3", ngram_topk=4, draft_mode="fused", adaptive=False)),
-], ids=["ar", "tokenswift-paper", "tokenswift-fused"])
+    ("tokenswift", SpecConfig(tree="1,3,3,3", ngram_topk=4, max_nodes=9, adaptive=False)),
+], ids=["ar", "tokenswift-paper", "tokenswift-fused", "tokenswift-pruned"])
 @pytest.mark.parametrize("attention", ["bucketed", "length"])
 def test_float32_tokens_on_cuda_equal_the_cpu_tokens(method, spec, attention):
+    """(The paper and fused specs' tries, up to 57 nodes, are cut to the GPU's default budget of 32 on
+    CUDA and not on the CPU; the pruned spec cuts both to 9.)"""
     needs_length(attention)
     hf = tiny_hf_model("llama", "default", seed=5)
     cpu = longswift.load(hf, device="cpu", dtype="float32", heads="random")
@@ -235,7 +238,8 @@ def test_float32_tokens_on_cuda_equal_the_cpu_tokens(method, spec, attention):
 SPECS = {"paper": SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False),
          "fused": SpecConfig(tree="1,3,3,3", ngram_topk=4, draft_mode="fused", adaptive=False),
          "partial": SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=24, draft_window=6, attention_sinks=4,
-                               adaptive=False)}
+                               adaptive=False),
+         "pruned": SpecConfig(tree="1,3,3,3", ngram_topk=4, max_nodes=9, adaptive=False)}
 
 
 @pytest.mark.parametrize("attention", ["bucketed", "length"])
