@@ -59,9 +59,11 @@ def test_the_plan_grows_by_the_batched_walks_rows():
     from longswift.bench.shapes import shape_config
 
     cfg = shape_config("llama-3.1-8b")
-    spec = SpecConfig().for_device(torch.device("cuda"))  # the paper's trie, walked batched
+    spec = SpecConfig(max_nodes=0).for_device(torch.device("cuda"))  # the paper's whole trie, walked batched
     nodes = tree_budget(spec)
     assert spec.walk == "batched" and walk_rows(spec) == 128 and nodes <= 128
+    default = SpecConfig().for_device(torch.device("cuda"))  # the GPU's default: cut to 32 nodes
+    assert walk_rows(default) == tree_budget(default) == 32
 
     def workspace(rows: int, float32_logits: bool = False) -> int:
         return plan_memory(cfg, torch.bfloat16, torch.device("cuda"), 104_096, 512, False, 4096, nodes,
