@@ -47,8 +47,9 @@ class Trie:
             self.sources.append(0)
             self.scores.append(score)
             self.children[node][token] = child
+        elif score > self.scores[child]:
+            self.scores[child] = score
         self.sources[child] |= source
-        self.scores[child] = max(self.scores[child], score)
         return child
 
     def add_path(self, tokens: Sequence[int], source: int, scores: Sequence[float] | None = None) -> None:
