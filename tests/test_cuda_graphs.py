@@ -246,7 +246,7 @@ def test_decode_body_never_attends_to_unwritten_slots(attention):
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, attention, monkeypatch):
     """Route the CPU loops through the CUDA step bodies (eagerly): AR and both TokenSwift modes,
-    on the full and the partial draft cache, emit the plain CPU AR tokens."""
+    on the full and the partial draft cache, with a trie cut to a node budget, emit the plain CPU AR tokens."""
     engine = engine64(seed=9, vocab=32, graph_attention=attention)
     prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
     gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
@@ -258,7 +258,9 @@ def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, attention,
     specs = [SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False),
              SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused", adaptive=False),
              SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=30, draft_window=6, attention_sinks=4,
-                        adaptive=False)]
+                        adaptive=False),
+             # a node budget below the trie's (the GPU's default cuts to 32): padded to the budget's bodies
+             SpecConfig(tree="1,3,3,3", ngram_topk=4, max_nodes=9, adaptive=False)]
     # The GPU's walk: every row's logits from the padded verify body, transformed and drawn at once.
     specs += [dataclasses.replace(spec, walk="batched") for spec in specs]
     assert engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids == want
