@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import OpCount, tiny_hf_model
 
 import longswift
 from longswift.errors import LongswiftError
@@ -129,6 +129,19 @@ def test_compact_keeps_exactly_the_chosen_entries():
         cache.compact(10, [12, 11])  # not increasing
     with pytest.raises(ValueError):
         cache.compact(10, [15])  # beyond length
+
+
+def test_compact_reads_nothing_back_from_the_device():
+    """After each full step the cache keeps the accepted path: a copy on the device, checked on the
+    host (on a GPU, reading the slots' min, max and order back cost three waits a step)."""
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    cache = FullKVCache(cfg, 32, torch.float32, torch.device("cpu"))
+    cache.length = 20
+    with OpCount() as count:
+        cache.compact(10, [10, 12, 13, 17, 19])
+    assert cache.length == 15
+    assert count.names.get("aten._local_scalar_dense", 0) == 0, count.names  # int(), bool(), item()
+    assert count.names.get("aten.index_select", 0) == 2  # keys and values moved on the device
 
 
 def test_cache_refuses_to_overflow():

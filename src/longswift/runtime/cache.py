@@ -40,19 +40,16 @@ class FullKVCache:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
 
-    def compact(self, start: int, keep: Sequence[int] | torch.Tensor) -> None:
+    def compact(self, start: int, keep: Sequence[int]) -> None:
         """Keep slots `< start` as they are and, of the slots `>= start`, only `keep` (increasing),
-        moved to `start, start + 1, ...`; the cache length becomes `start + len(keep)`."""
-        if isinstance(keep, Sequence) and list(keep) == list(range(start, start + len(keep))) \
-                and start + len(keep) <= self.length:
-            self.length = start + len(keep)  # already in place (a root alone, a first-child chain): no copy
-            return
-        keep_t = torch.as_tensor(keep, dtype=torch.long, device=self.k.device)  # [K]
-        n = int(keep_t.numel())
-        if n:
-            lo, hi = int(keep_t.min()), int(keep_t.max())
-            if lo < start or hi >= self.length or (n > 1 and not bool((keep_t[1:] > keep_t[:-1]).all())):
-                raise ValueError(f"compact: keep must be increasing slots in [{start}, {self.length})")
+        moved to `start, start + 1, ...`; the cache length becomes `start + len(keep)`. `keep` is
+        checked on the host: on a GPU the step's only reads of the device stay the walk's."""
+        keep = list(keep)
+        n = len(keep)
+        if n and (keep[0] < start or keep[-1] >= self.length or any(b <= a for a, b in zip(keep, keep[1:]))):
+            raise ValueError(f"compact: keep must be increasing slots in [{start}, {self.length})")
+        if keep != list(range(start, start + n)):  # else already in place (a root alone, a first-child chain)
+            keep_t = torch.tensor(keep, dtype=torch.long).to(self.k.device, non_blocking=True)  # [K]
             # index_select gathers into a new tensor first, so overlapping source/target is safe.
             self.k[:, :, start : start + n] = self.k.index_select(2, keep_t)
             self.v[:, :, start : start + n] = self.v.index_select(2, keep_t)
