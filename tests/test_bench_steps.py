@@ -208,6 +208,24 @@ def test_runs_without_a_partial_cache_are_measured_and_projected_without_refills
         assert data["projection"]["tree_nodes"] == 1 + 2 + 4 + 1 * 2 * 4  # tree 2,2 + one n-gram path per depth-1 token
 
 
+@pytest.mark.parametrize("flags, prefix, new, wording", [
+    ((), "100", "150", "past 128 cached entries one step per"),
+    (("--draft-cache", "static"), "100", "150", "its static partial cache is selected once at the budget"),
+    ((), "32", "32", "the run stays within the draft budget of 128 entries, so it drafts on the full cache"),
+])
+def test_the_projection_says_how_the_partial_cache_refills(tiny, capsys, flags, prefix, new, wording):
+    """Measured contexts past the draft budget (256 here) time a refill whatever the projected run
+    does; the projection's text follows the run: dynamic refills, a static selection, or none at all
+    for a run that never outgrows the budget (it was called static before)."""
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, *flags, "--contexts", "64,256", "--alpha", "0.5",
+                             "--prefix", prefix, "--new-tokens", new)
+    assert code == 0, err
+    assert wording in out
+    phrases = ("past 128 cached entries", "its static partial cache", "stays within the draft budget",
+               "no partial cache")
+    assert sum(p in out for p in phrases) == 1, out  # one account of refills, the run's
+
+
 def test_layers_override_is_reported(tiny, capsys, tmp_path):
     js = tmp_path / "s.json"
     code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "32", "--layers", "1", "--json", str(js))

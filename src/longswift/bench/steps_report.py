@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, draft_levels
+from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, draft_cache_tokens, draft_levels
 from .report import machine_lines
-from .steps import StepBenchResult
+from .steps import StepBenchConfig, StepBenchResult
 
 
 def _ms(seconds: float | None) -> str:
@@ -107,11 +107,7 @@ def render(r: StepBenchResult) -> str:
                   + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
                   + ("the batched walk" if spec.walk == "batched" else "tau x walk row") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
-                  f"{b.depth} draft positions per step)" + (
-                      f"; past {b.refill_budget} cached entries one step per {spec.draft_window} tokens is a refill"
-                      if b.refill_budget is not None else
-                      "; its static partial cache is selected once at the budget (a one-off, left out) and never "
-                      "refilled" if any(c.reselect is not None for c in r.costs) else "; no partial cache, so no refills")
+                  f"{b.depth} draft positions per step)" + _refills(b)
                   + ". Not included: trie building, cache compaction, n-gram "
                   "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
                   "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
@@ -140,3 +136,16 @@ def to_json(r: StepBenchResult) -> dict[str, Any]:
             "new_tokens": b.new_tokens, "tree_nodes": b.projection_nodes, "depth": b.depth,
             "runs": [asdict(p) | {"speedup": p.speedup} for p in r.projections]},
     }
+
+
+def _refills(b: StepBenchConfig) -> str:
+    """What the projection counts of the draft pass's partial-cache refills (of `b`)."""
+    spec = b.spec
+    if b.refill_budget is not None:
+        return f"; past {b.refill_budget} cached entries one step per {spec.draft_window} tokens is a refill"
+    if spec.draft_mode == "fused" or spec.draft_cache == "full":
+        return "; no partial cache, so no refills"
+    if not draft_cache_tokens(spec, b.prefix + (b.new_tokens or 0)):
+        return (f"; the run stays within the draft budget of {spec.draft_kv_budget} entries, so it drafts on the "
+                "full cache: no refills")
+    return "; its static partial cache is selected once at the budget (a one-off, left out) and never refilled"
