@@ -175,10 +175,11 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         out, lse = torch.ops.aten._flash_attention_forward(
             qg.transpose(0, 1), k, v, ks.cu_q, ks.cu_k, ks.rows, span, 0.0, False, False, scale=scale,
             seqused_k=ks.used, **paged)[:2]
+        lse = lse.reshape(qg.shape[0], qg.shape[1])  # the kernel's [heads, rows] (torch 2.13), or with a batch of one
         # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which the merge
         # would turn into NaN; explicit attention's convention is -inf (no weight).
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
-        return out.transpose(0, 1), lse  # [Hkv, R, D]; lse is the kernel's [heads, rows]
+        return out.transpose(0, 1), lse  # [Hkv, R, D], [Hkv, R]
     allowed = torch.arange(span, device=qg.device) < ks.used  # [S]: the slots in use
     return explicit_with_lse(qg, keys, values, scale, allowed[None])
 
