@@ -110,14 +110,19 @@ class StepBenchConfig:
         return max(len(draft_levels(self.spec)), NGRAM_N if self.spec.ngram_topk else 0)
 
     @property
+    def drafts_on_partial(self) -> bool:
+        """Whether the projected run drafts on a partial cache: the paper draft mode, without --draft-cache
+        full, on a run that outgrows the draft budget."""
+        return bool(draft_cache_tokens(self.spec, self.prefix + (self.new_tokens or 0)))
+
+    @property
     def refill_budget(self) -> int | None:
         """The context past which the projected run refills its partial cache every --draft-window
         tokens; None where it never does: the fused mode and --draft-cache full have no partial cache,
         a run that stays within the budget never drafts on one, and a static one is selected once (a
         one-off the projection leaves out) and after that only restarts its window."""
-        total = self.prefix + (self.new_tokens or 0)
         dynamic = self.spec.draft_cache == "dynamic"
-        return self.spec.draft_kv_budget if dynamic and draft_cache_tokens(self.spec, total) else None
+        return self.spec.draft_kv_budget if dynamic and self.drafts_on_partial else None
 
     def measured_contexts(self) -> tuple[int, ...]:
         """The contexts asked for, plus (when projecting) the projection's ends and the draft budget

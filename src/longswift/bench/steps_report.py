@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, draft_cache_tokens, draft_levels
+from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, draft_levels
 from .report import machine_lines
 from .steps import StepBenchConfig, StepBenchResult
 
@@ -145,7 +145,7 @@ def _refills(b: StepBenchConfig) -> str:
         return f"; past {b.refill_budget} cached entries one step per {spec.draft_window} tokens is a refill"
     if spec.draft_mode == "fused" or spec.draft_cache == "full":
         return "; no partial cache, so no refills"
-    if not draft_cache_tokens(spec, b.prefix + (b.new_tokens or 0)):
+    if not b.drafts_on_partial:
         return (f"; the run stays within the draft budget of {spec.draft_kv_budget} entries, so it drafts on the "
                 "full cache: no refills")
     return "; its static partial cache is selected once at the budget (a one-off, left out) and never refilled"

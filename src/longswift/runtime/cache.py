@@ -43,7 +43,7 @@ class FullKVCache:
     def compact(self, start: int, keep: Sequence[int]) -> None:
         """Keep slots `< start` as they are and, of the slots `>= start`, only `keep` (increasing),
         moved to `start, start + 1, ...`; the cache length becomes `start + len(keep)`. `keep` is
-        checked on the host: on a GPU the step's only reads of the device stay the walk's."""
+        checked on the host, so that committing a step reads nothing back from a GPU."""
         keep = list(keep)
         n = len(keep)
         if n and (keep[0] < start or keep[-1] >= self.length or any(b <= a for a, b in zip(keep, keep[1:]))):
