@@ -97,23 +97,6 @@ def needs_fused_rms_norm() -> None:
         pytest.skip("this torch has no fused RMSNorm (aten._fused_rms_norm)")
 
 
-def adaptive_state(kinds: tuple[str, ...] | None = None, step_tokens: dict | None = None,
-                   step_seconds: dict | None = None):
-    """A TokenSwiftState with only what adaptive steps read (no model): `kinds` (default KINDS), each
-    unmeasured unless given, none leading, each first probed after PROBE_EVERY steps."""
-    from longswift.config import SpecConfig
-    from longswift.spec.tokenswift import KINDS, PROBE_EVERY, TokenSwiftState
-
-    s = TokenSwiftState.__new__(TokenSwiftState)
-    s.kinds = kinds or KINDS
-    s.spec, s.tokens_per_step = SpecConfig(), 1.0
-    s.step_tokens = dict(step_tokens) if step_tokens else dict.fromkeys(s.kinds)
-    s.step_seconds = dict(step_seconds) if step_seconds else dict.fromkeys(s.kinds, 0.0)
-    s.since, s.probe_every = dict.fromkeys(s.kinds, 0), dict.fromkeys(s.kinds, PROBE_EVERY)
-    s.best, s.follow = None, None
-    return s
-
-
 @pytest.fixture(scope="session", autouse=True)
 def own_cache_dir(tmp_path_factory):
     """The session's converted tokenizers go to a cache of its own, not the user's."""

@@ -45,6 +45,7 @@ from longswift.runtime.attention import (
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs
 from longswift.runtime.model import Transformer, fused_rms_norm_available
+from longswift.spec.schedule import FULL, LOOKUP, NARROW, PLAIN, StepSchedule
 from longswift.spec.tokenswift import draft_logits
 
 pytestmark = [pytest.mark.cuda,
@@ -376,10 +377,8 @@ def test_ar_token_blocks_on_cuda_equal_reading_each_token(dtype):
 def test_tokenswift_plain_blocks_on_cuda_equal_ar_in_float32(monkeypatch):
     """Where plain steps lead (rates fixed so, no timing), TokenSwift runs them as token blocks of
     --read-every (auto 16 on CUDA) between its probes; seeded-sampled output is still AR's."""
-    import longswift.spec.tokenswift as ts
-
-    monkeypatch.setattr(ts.TokenSwiftState, "rate",
-                        lambda self, kind: {ts.FULL: 1.0, ts.NARROW: 1.5, ts.LOOKUP: 2.0, ts.PLAIN: 3.0}[kind])
+    monkeypatch.setattr(StepSchedule, "rate",
+                        lambda self, kind: {FULL: 1.0, NARROW: 1.5, LOOKUP: 2.0, PLAIN: 3.0}[kind])
     engine = longswift.load(tiny_hf_model("llama", "default", seed=9), device="cuda", dtype="float32",
                             heads="random")
     sampling = SamplingConfig(seed=4, top_p=0.9, repetition_penalty=1.2, penalty_window=16)
@@ -399,11 +398,10 @@ def test_narrow_steps_on_cuda_equal_ar_in_float32_and_replay_equals_eager(mode, 
     """Adaptive steps on the GPU's wide default trie may run a full step on a narrow trie (a chain and
     one n-gram path, padded to the smallest node budget): mixed with the other kinds in a fixed
     pattern, greedy and seeded-sampled tokens are AR's in float32, and graphs on == off in bfloat16."""
-    import longswift.spec.tokenswift as ts
 
     def pattern_choose():
-        kinds = iter([ts.FULL, ts.NARROW, ts.NARROW, ts.LOOKUP, ts.PLAIN] * 100)
-        monkeypatch.setattr(ts.TokenSwiftState, "choose", lambda self: next(kinds))
+        kinds = iter([FULL, NARROW, NARROW, LOOKUP, PLAIN] * 100)
+        monkeypatch.setattr(StepSchedule, "choose", lambda self: next(kinds))
 
     hf = tiny_hf_model("llama", "default", seed=9)
     spec = SpecConfig(tree="1,3,3,3", ngram_topk=4, draft_mode=mode)

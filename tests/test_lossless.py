@@ -8,12 +8,14 @@ import math
 
 import pytest
 import torch
-from conftest import adaptive_state, tiny_hf_model
+from conftest import tiny_hf_model
 
 import longswift
 import longswift.spec.verify as verify_mod
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.sampling import probabilities, transform
+from longswift.spec.ngram import NGRAM_N
+from longswift.spec.schedule import FULL, LOOKUP, NARROW, PLAIN, StepSchedule
 from longswift.spec.tokenswift import TokenSwiftState, build_tree, draft, verify
 from longswift.stats import GenerationStats
 
@@ -109,14 +111,15 @@ def test_every_verified_trie_keeps_within_the_node_budget(tiny64, mode, monkeypa
     """With --max-nodes the verify pass never gets more rows than the budget, full tries do reach
     it (the budget cuts them), and the padded GPU budget and memory plan use it (tree_budget)."""
     from longswift.spec import tokenswift
+    from longswift.spec.budget import tree_budget, unpruned_budget
 
     sizes: list[int] = []
     real = tokenswift.verify
     monkeypatch.setattr(tokenswift, "verify", lambda s, trie: sizes.append(len(trie)) or real(s, trie))
     spec = SpecConfig(tree="1,3,3,3", ngram_topk=20, draft_mode=mode, max_nodes=7, adaptive=False)
-    assert tokenswift.tree_budget(spec.for_device(torch.device("cuda"))) == 7
-    assert tokenswift.unpruned_budget(spec.for_device(torch.device("cuda"))) > 7
-    assert tokenswift.tree_budget(SpecConfig(tree="1,3,3,3", ngram_topk=20).for_device(torch.device("cuda"))) == 32
+    assert tree_budget(spec.for_device(torch.device("cuda"))) == 7
+    assert unpruned_budget(spec.for_device(torch.device("cuda"))) > 7
+    assert tree_budget(SpecConfig(tree="1,3,3,3", ngram_topk=20).for_device(torch.device("cuda"))) == 32
     prompt = repetitive_prompt(3, 24)
     gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
     sampling = SAMPLINGS["sampled-filters"]
@@ -318,11 +321,8 @@ def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, variant, monkeypa
     alone, leaving the n-gram table and the partial cache to catch up) mixed with full steps in a
     fixed pattern: still AR's tokens, and lookup steps do accept tokens on repetitive text; also
     with every trie, lookup tries too, cut to a budget of 3 nodes."""
-    from longswift.spec import tokenswift
-
-    pattern = iter([tokenswift.FULL, tokenswift.LOOKUP, tokenswift.LOOKUP, tokenswift.PLAIN, tokenswift.PLAIN,
-                    tokenswift.PLAIN] * 100)
-    monkeypatch.setattr(tokenswift.TokenSwiftState, "choose", lambda self: next(pattern))
+    pattern = iter([FULL, LOOKUP, LOOKUP, PLAIN, PLAIN, PLAIN] * 100)
+    monkeypatch.setattr(StepSchedule, "choose", lambda self: next(pattern))
     gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
     budget = dict(draft_kv_budget=40, draft_window=8, attention_sinks=4) if variant == "partial-cache" else {}
     if variant == "pruned":
@@ -346,9 +346,8 @@ def test_narrow_steps_stay_lossless(tiny64, sampling, mode, monkeypatch):
     pattern, still AR's tokens, and the narrow tries are that small."""
     from longswift.spec import tokenswift
 
-    pattern = iter([tokenswift.FULL, tokenswift.NARROW, tokenswift.NARROW, tokenswift.LOOKUP,
-                    tokenswift.PLAIN] * 100)
-    monkeypatch.setattr(tokenswift.TokenSwiftState, "choose", lambda self: next(pattern))
+    pattern = iter([FULL, NARROW, NARROW, LOOKUP, PLAIN] * 100)
+    monkeypatch.setattr(StepSchedule, "choose", lambda self: next(pattern))
     sizes: dict[bool, list[int]] = {False: [], True: []}
     build = tokenswift.build_tree
 
@@ -366,41 +365,12 @@ def test_narrow_steps_stay_lossless(tiny64, sampling, mode, monkeypatch):
     assert ts.token_ids == ar.token_ids
     assert ts.stats.narrow_steps == len(sizes[True]) > 0
     depths = 4 if mode == "paper" else 3
-    assert max(sizes[True]) <= 1 + depths + tokenswift.NGRAM_N - 1  # a chain and one n-gram path
+    assert max(sizes[True]) <= 1 + depths + NGRAM_N - 1  # a chain and one n-gram path
     assert max(sizes[False]) > max(sizes[True])
 
 
-def test_a_costly_probe_waits_until_it_costs_at_most_the_probe_budget():
-    """A kind whose probe costs much more than the leader's steps for the same tokens (a full step on
-    a wide trie on a CPU: several plain steps' time for about one token) is probed only as often as
-    keeps that extra within PROBE_BUDGET of the time between probes, up to MAX_PROBE_EVERY; cheap
-    probes keep the doubling schedule."""
-    from longswift.spec.tokenswift import (
-        FULL,
-        LOOKUP,
-        MAX_PROBE_EVERY,
-        PLAIN,
-        PROBE_BUDGET,
-        PROBE_EVERY,
-    )
-
-    s = adaptive_state(step_tokens={FULL: 1.2, LOOKUP: 1.0, PLAIN: 1.0},
-                       step_seconds={FULL: 0.13, LOOKUP: 0.0505, PLAIN: 0.05})
-    assert s.choose() == PLAIN  # 20 tok/s leads
-    extra = 0.13 - 1.2 / 20  # a full probe: 0.13 s where plain steps take 0.06 s for its 1.2 tokens
-    assert s.interval(FULL) == math.ceil(extra / (PROBE_BUDGET * 0.05)) == 140
-    assert s.interval(LOOKUP) == PROBE_EVERY  # 0.5 ms over a plain step: the doubling schedule
-    picks = [s.choose() for _ in range(1000)]
-    full = [i for i, k in enumerate(picks) if k == FULL]
-    assert full[0] == 139  # 140 steps after the start (the first choice above was one)
-    # 140 steps apart while the doubling interval (32, 64, 128) is shorter, then the doubled 256
-    assert [j - i for i, j in zip(full, full[1:])][:4] == [141, 141, 141, 257]
-    assert s.probe_every[FULL] == MAX_PROBE_EVERY
-    assert sum(k == LOOKUP for k in picks) > len(full)
-
-
 def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
-    from longswift.spec.tokenswift import KINDS, NARROW, WIDE_KINDS, TokenSwiftState
+    from longswift.spec.schedule import KINDS, WIDE_KINDS
 
     hf = tiny_hf_model("llama", seed=5, vocab=24)
     e = longswift.load(hf, dtype="float32", heads="random")
@@ -409,90 +379,13 @@ def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
     def kinds(spec: SpecConfig) -> tuple[str, ...]:
         s = TokenSwiftState(e.model, e.heads, [3, 4, 5], [], SamplingConfig(temperature=0), gen, spec,
                             GenerationStats("tokenswift", 3), frozenset(), None)
-        return s.kinds
+        return s.schedule.kinds
 
     assert kinds(SpecConfig()) == KINDS  # the CPU default (1,1,1, one n-gram path) is narrow already
     assert kinds(SpecConfig(tree="1,1,1,1", ngram_topk=0)) == KINDS
     assert kinds(SpecConfig(tree="1,2,2", draft_mode="fused", ngram_topk=1)) == WIDE_KINDS
     assert kinds(SpecConfig(tree="2,1,1", draft_mode="fused", ngram_topk=1)) == KINDS  # fused drops depth 1
     assert kinds(SpecConfig(tree="1,1,1", ngram_topk=4)) == WIDE_KINDS
-    wide = adaptive_state(WIDE_KINDS, dict.fromkeys(WIDE_KINDS, 1.0), dict.fromkeys(WIDE_KINDS, 0.02))
-    wide.step_seconds[NARROW] = 0.01  # twice the others' tokens/s: it leads
-    assert wide.choose() == NARROW and wide.best == NARROW
-
-
-def test_adaptive_choice_follows_measured_rates():
-    from longswift.spec.tokenswift import FULL, KINDS, LOOKUP, MAX_PROBE_EVERY, PLAIN, PROBE_EVERY
-
-    s = adaptive_state()
-
-    def set_rate(kind: str, tokens_per_second: float) -> None:
-        s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step
-
-    assert s.choose() == FULL
-    s.record(FULL, 4, 0.085)  # 47 tok/s (a probe costs 5 ms more than the leader's time for its 4 tokens)
-    assert s.tokens_per_step == pytest.approx(1.75)  # the EMA that decides one-pass LM heads: 0.75 * 1 + 0.25 * 4
-    assert s.choose() == LOOKUP
-    s.record(LOOKUP, 1, 0.02)  # 50 tok/s
-    assert s.choose() == PLAIN
-    s.record(PLAIN, 1, 0.025)  # 40 tok/s
-    # LOOKUP leads; each other kind is probed on its own interval, which doubles at every probe.
-    picks = [s.choose() for _ in range(8 * PROBE_EVERY)]
-    for kind in (FULL, PLAIN):
-        at = [i for i, k in enumerate(picks) if k == kind]
-        assert len(at) == 3 and at[1] - at[0] == PROBE_EVERY * 2 + 1 and at[2] - at[1] == PROBE_EVERY * 4 + 1, at
-    assert sum(k == LOOKUP for k in picks) == len(picks) - 6
-    for _ in range(3):  # a probe finds a faster kind: followed up while it beats the leader, it leads
-        s.record(PLAIN, 1, 0.001)
-        assert s.choose() == PLAIN
-    assert s.best == PLAIN
-    assert s.probe_every[PLAIN] == PROBE_EVERY  # once it loses the lead again, it is probed soon
-    assert s.probe_every[FULL] == 8 * PROBE_EVERY  # FULL's back-off is kept: it was not what changed
-    before, tps = (dict(s.step_tokens), dict(s.step_seconds)), s.tokens_per_step
-    s.record(FULL, 5, None)  # a step that captured a graph or refilled the partial cache: tokens count, time not
-    assert (s.step_tokens, s.step_seconds) == before and s.tokens_per_step == pytest.approx(0.75 * tps + 0.25 * 5)
-    for _ in range(10):  # the interval stops doubling at its cap
-        s.since[FULL] = s.interval(FULL)
-        assert s.choose() == FULL
-    assert s.probe_every[FULL] == MAX_PROBE_EVERY
-    s.probe_every = dict.fromkeys(KINDS, 10**6)
-    set_rate(PLAIN, 1.0)  # plain steps have become slow: LOOKUP (50 tok/s) leads again
-    assert s.choose() == LOOKUP
-    set_rate(FULL, 51.0)  # 2% faster than the leader: noise, the lead stays
-    assert s.choose() == LOOKUP and s.best == LOOKUP
-    set_rate(FULL, 60.0)  # a clear margin takes the lead
-    assert s.choose() == FULL
-    set_rate(PLAIN, 60.5)  # plain steps (AR's cost) take the lead back with no margin
-    assert s.choose() == PLAIN
-    set_rate(LOOKUP, 62.0)  # a drafting kind needs the margin to take it from them
-    assert s.choose() == PLAIN
-    # A probe that beats the leader is followed up at once, while its steps keep beating it; such
-    # steps move its rate past the margin and it leads.
-    set_rate(PLAIN, 40.0)
-    set_rate(LOOKUP, 30.0)
-    set_rate(FULL, 30.0)
-    s.best = None
-    assert s.choose() == PLAIN
-    s.record(FULL, 3, 0.05)  # a probe: 60 tok/s this step
-    assert s.choose() == FULL and s.best == PLAIN  # followed up ...
-    for _ in range(3):
-        s.record(FULL, 3, 0.05)
-        s.choose()
-    assert s.best == FULL  # ... and now the leader
-    s.record(LOOKUP, 1, 0.05)  # a probe slower than the leader: no follow-up
-    assert s.choose() == FULL
-    s.record(LOOKUP, 2, 0.01)  # a lucky one (200 tok/s): one follow-up ...
-    assert s.choose() == LOOKUP
-    s.record(LOOKUP, 1, 0.05)  # ... that does not beat the leader: back to it
-    assert s.choose() == FULL and s.best == FULL
-    # A kind's rate is its tokens per step over its seconds per step: lookup steps that emit 1 or 2
-    # tokens in turn, at the same cost, rate at 1.5 tokens per step's time, whatever the order.
-    s.step_tokens[LOOKUP] = None
-    for tokens in (1, 2) * 20:
-        s.record(LOOKUP, tokens, 0.1)
-    assert s.rate(LOOKUP) == pytest.approx(15.0, rel=0.1)
-    s.spec = SpecConfig(adaptive=False)
-    assert s.choose() == FULL
 
 
 def test_float32_verify_logits_equal_the_decode_steps_up_to_rounding(embedded):

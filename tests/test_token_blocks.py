@@ -9,12 +9,13 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import OpCount, adaptive_state, tiny_hf_model
+from conftest import OpCount, tiny_hf_model
 
 import longswift
 from longswift import GenerationConfig, LongswiftError, SamplingConfig
 from longswift.config import READ_EVERY_CUDA, RuntimeConfig
 from longswift.generate import ar_steps
+from longswift.spec.schedule import KINDS, PLAIN, StepSchedule
 from longswift.stats import GenerationStats
 
 PROMPT = [5, 17, 99, 3, 42, 8, 77, 120, 64, 31]
@@ -115,7 +116,7 @@ def test_tokenswift_plain_steps_in_blocks_still_emit_ar_output(sampling, bodies,
     if bodies:
         monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
         monkeypatch.setattr(ts, "step_bodies", lambda model: True)
-    monkeypatch.setattr(ts.TokenSwiftState, "rate", lambda self, kind: FIXED_RATES[kind])  # no timing: deterministic
+    monkeypatch.setattr(StepSchedule, "rate", lambda self, kind: FIXED_RATES[kind])  # no timing: deterministic
     engine = longswift.load(hf, device="cpu", dtype="float64", heads="random", read_every=8)
     for spec in (longswift.SpecConfig(tree="1,2,2", ngram_topk=2),
                  longswift.SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused"),
@@ -130,16 +131,13 @@ def test_tokenswift_plain_steps_in_blocks_still_emit_ar_output(sampling, bodies,
 
 
 def test_plain_blocks_keep_the_probe_schedule_of_single_steps():
-    from longswift.spec.tokenswift import KINDS, PLAIN
-
     def schedule(read_every: int, steps: int = 1500) -> tuple[list[str], int]:
-        s = adaptive_state(step_tokens=dict.fromkeys(KINDS, 1.0),
-                           step_seconds={k: 1 / r for k, r in FIXED_RATES.items()})
-        s.read_every, s.gen, s.produced = read_every, GenerationConfig(max_new_tokens=10**6), 0
+        s = StepSchedule(step_tokens=dict.fromkeys(KINDS, 1.0),
+                         step_seconds={k: 1 / r for k, r in FIXED_RATES.items()})
         kinds, blocks = [], 0
         while len(kinds) < steps:
             kind = s.choose()
-            k = s.plain_run() if kind == PLAIN else 1
+            k = s.plain_run(read_every, tokens_left=10**6) if kind == PLAIN else 1
             s.skip(k - 1)
             blocks += k > 1
             kinds += [kind] * k
@@ -168,7 +166,7 @@ def test_a_plain_step_runs_the_ops_of_an_ar_step(sampling, bodies, monkeypatch):
     if bodies:  # the CUDA path's step bodies and batched walk, run eagerly
         monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
         monkeypatch.setattr(ts, "step_bodies", lambda model: True)
-    monkeypatch.setattr(ts.TokenSwiftState, "choose", lambda self: self._run(ts.PLAIN))
+    monkeypatch.setattr(StepSchedule, "choose", lambda self: self._run(PLAIN))
     engine = longswift.load(tiny_hf_model("llama", seed=21), device="cpu", dtype="float32", heads="random")
 
     def ops(method: str, new: int) -> int:

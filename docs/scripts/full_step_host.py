@@ -24,13 +24,14 @@ import longswift.generate as generate_mod
 import longswift.spec.tokenswift as ts
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.bench.grid import PRESETS
+from longswift.spec.schedule import FULL, StepSchedule
 
 args = sys.argv[1:] + ["ops", "greedy", "5"][len(sys.argv) - 1 :]
 mode, preset, rounds = args[0], args[1], int(args[2])
 sampling = PRESETS[preset]
 if not sampling.greedy:
     sampling = SamplingConfig(**{**sampling.__dict__, "seed": 1})
-ts.TokenSwiftState.choose = lambda self: self._run(ts.FULL)
+StepSchedule.choose = lambda self: self._run(FULL)
 torch.set_num_threads(1)
 torch.manual_seed(0)
 cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 
 import longswift
-import longswift.spec.tokenswift as ts
 from longswift import GenerationConfig, SamplingConfig
 from longswift.bench.grid import PRESETS
+from longswift.spec.schedule import PLAIN, StepSchedule
 
 args = sys.argv[1:] + ["plain", "paper", "64", "4", "embedded"][len(sys.argv) - 1 :]
 mode, preset, new, rounds, model = args[0], args[1], int(args[2]), int(args[3]), args[4]
 if mode == "plain":
-    ts.TokenSwiftState.choose = lambda self: self._run(ts.PLAIN)
+    StepSchedule.choose = lambda self: self._run(PLAIN)
 if model == "tiny":
     from transformers import LlamaConfig, LlamaForCausalLM
 

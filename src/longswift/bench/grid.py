@@ -21,7 +21,7 @@ from ..errors import LongswiftError
 from ..runtime.loading import resolve_path
 from ..runtime.memory import rope_factor_for
 from ..runtime.model import fused_kernels
-from ..spec.tokenswift import unpruned_budget
+from ..spec.budget import unpruned_budget
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest

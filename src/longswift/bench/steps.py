@@ -23,20 +23,10 @@ from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer, fused_kernels
 from ..sampling import draw, penalty_window, transform
+from ..spec.budget import draft_cache_tokens, draft_levels, tree_budget, walk_rows
 from ..spec.heads import DraftHeads, new_heads
-from ..spec.tokenswift import (
-    BATCH_FROM_TOKENS,
-    BATCHED_LOGITS_NODES,
-    NGRAM_N,
-    TokenSwiftState,
-    Verified,
-    draft,
-    draft_cache_tokens,
-    draft_levels,
-    tree_budget,
-    verify,
-    walk_rows,
-)
+from ..spec.ngram import NGRAM_N
+from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, TokenSwiftState, Verified, draft, verify
 from ..spec.tree import Trie
 from ..spec.verify import batched_walk, lossless_walk
 from ..stats import GenerationStats

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, draft_levels
+from ..spec.budget import draft_levels
+from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
 from .report import machine_lines
 from .steps import StepBenchConfig, StepBenchResult
 

@@ -302,7 +302,7 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     nodes = draft = 0
     rows = 1
     if spec is not None:
-        from ..spec.tokenswift import draft_cache_tokens, tree_budget, walk_rows
+        from ..spec.budget import draft_cache_tokens, tree_budget, walk_rows
 
         resolved = spec.for_device(device)
         nodes, draft, rows = tree_budget(resolved), draft_cache_tokens(resolved, tokens), walk_rows(resolved)

@@ -26,8 +26,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config, resolve_path
     from ..runtime.memory import GiB, available_bytes, plan_memory
+    from ..spec.budget import draft_cache_tokens, tree_budget, walk_rows
     from ..spec.released import describe_heads
-    from ..spec.tokenswift import draft_cache_tokens, tree_budget, walk_rows
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)

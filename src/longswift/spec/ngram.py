@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+NGRAM_N = 4  # the order of TokenSwift's n-grams (DESIGN §1: every 4-gram of the prompt and the output)
+
 
 class _Continuations:
     """Continuations of one first token, sorted by count, with O(1) increments."""

@@ -5,7 +5,6 @@ State between steps: the full KV cache holds the committed context `history[:n-1
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,24 +21,14 @@ from ..runtime.memory import new_cache
 from ..runtime.model import Transformer
 from ..sampling import draw, penalty_window, transform
 from ..stats import GenerationStats, done
+from .budget import draft_cache_tokens, draft_levels, tree_budget, unpruned_budget, walk_rows
 from .heads import DraftHeads
-from .ngram import NGramTracker, path_scores
+from .ngram import NGRAM_N, NGramTracker, path_scores
+from .schedule import FULL, KINDS, LOOKUP, NARROW, PLAIN, WIDE_KINDS, StepSchedule
 from .tree import NGRAM, Trie
 from .verify import Walk, batched_walk, lossless_walk
 
-NGRAM_N = 4
-FULL, NARROW, LOOKUP, PLAIN = "full", "narrow", "lookup", "plain"
-KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
-# ... and, where --tree or --ngram-topk is wider than this, a full step on a narrow trie: the draft's
-# first candidate at each depth plus one n-gram continuation (the trie the CPU measured best, docs/benchmarks.md)
-WIDE_KINDS = (FULL, NARROW, LOOKUP, PLAIN)
-NARROW_NGRAM_TOPK = 1
-PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
-MAX_PROBE_EVERY = 256  # ... doubling (per kind) while its probes do not win it the lead
-PROBE_BUDGET = 0.01  # ... and never more often than keeps what a kind's probes cost over the leader's steps within this share
-LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
-RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per step
-EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
+NARROW_NGRAM_TOPK = 1  # a NARROW step's n-gram paths per depth-1 token (schedule.NARROW)
 
 
 @dataclass
@@ -81,8 +70,6 @@ class Verified:
 class TokenSwiftState:
     """Everything one generation carries from step to step."""
 
-    kinds: tuple[str, ...] = KINDS  # the kinds of step adaptive steps choose from (WIDE_KINDS for a wide trie)
-
     def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
@@ -105,8 +92,8 @@ class TokenSwiftState:
         self.levels = levels
         # Whether a trie can outgrow the node budget: then its nodes are scored and the likeliest kept.
         self.pruning = 0 < spec.max_nodes < unpruned_budget(spec)
-        if any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK:
-            self.kinds = WIDE_KINDS
+        wide = any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK  # then NARROW steps exist
+        self.schedule = StepSchedule(WIDE_KINDS if wide else KINDS, spec.adaptive)  # which kind of step runs next
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
@@ -139,113 +126,8 @@ class TokenSwiftState:
         if self.ngrams is not None:
             self.ngrams.update(self.tokens, self.n)
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
-        # Adaptive steps: each kind's tokens and seconds per step (EMAs); their ratio is its tokens/s.
-        self.step_tokens: dict[str, float | None] = dict.fromkeys(self.kinds)
-        self.step_seconds: dict[str, float] = dict.fromkeys(self.kinds, 0.0)
-        self.since: dict[str, int] = dict.fromkeys(self.kinds, 0)  # steps since each kind last ran
-        self.probe_every: dict[str, int] = dict.fromkeys(self.kinds, PROBE_EVERY)  # each kind's probe interval
-        self.best: str | None = None
-        self.follow: str | None = None  # a probed kind whose step beat the leader: run it again next step
         self.one_off = False  # this step paid a one-off cost (a partial-cache refill): not timed for `rate`
         self.partial_from = 0  # first full-cache slot the partial cache's window has not seen
-        self.tokens_per_step = 1.0  # EMA of the tokens a step emits (deterministic: same on every rank)
-
-    def rate(self, kind: str) -> float | None:
-        """A kind's measured tokens/s: the ratio of its tokens and seconds per step (EMAs), steadier
-        than an average of per-step rates when a step emits 1 or 2 tokens at random."""
-        tokens = self.step_tokens[kind]
-        return None if tokens is None else tokens / max(self.step_seconds[kind], 1e-9)
-
-    def choose(self) -> str:
-        """FULL (draft pass + heads' tree), NARROW (the same draft pass, a narrow trie: where the
-        configured one is wide, its verify pass may cost more than its extra tokens are worth, as at
-        long contexts on a GPU), LOOKUP (n-gram continuations of the root only, no draft pass) or
-        PLAIN (the root alone: an AR step, for text where no draft pays for itself): whichever has
-        been fastest, probing each other kind every `interval(kind)` steps; probes cost time, so a
-        kind's interval doubles (up to MAX_PROBE_EVERY) at each probe and starts over only when that
-        kind wins the lead (two others swapping the lead do not make it probed more often), and a
-        costly probe waits longer (see interval). A probe whose step beat the leader is followed up
-        at once (text that has turned repetitive should not wait a long probe interval per sample),
-        while its steps keep beating it."""
-        if not self.spec.adaptive:
-            return FULL
-        rates = {kind: self.rate(kind) for kind in self.kinds}
-        for kind in self.kinds:
-            if rates[kind] is None:
-                return self._run(kind)
-        fastest = max(self.kinds, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
-        # A drafting kind takes the lead only for a clear margin: two kinds that do the same work (a
-        # lookup step that found no n-gram is a plain step) would otherwise swap on noise, and a
-        # drafting kind that leads on a lucky streak costs more than the plain step it displaced.
-        # Plain steps, whose cost is AR's, take the lead back as soon as they are faster.
-        margin = 1.0 if fastest == PLAIN else LEAD_MARGIN
-        if self.best is None or rates[fastest] > margin * rates[self.best]:  # type: ignore[operator]
-            if fastest != self.best:
-                self.probe_every[fastest] = PROBE_EVERY  # once it loses the lead again, probe it soon
-            self.best = fastest
-        best = self.best
-        follow, self.follow = self.follow, None
-        if follow is not None and follow != best:
-            return self._run(follow)
-        overdue = {k: self.since[k] - self.interval(k) for k in self.kinds if k != best}  # >= 0: due
-        due = [k for k, late in overdue.items() if late >= 0]
-        if due:
-            kind = max(due, key=overdue.__getitem__)  # the most overdue
-            self.probe_every[kind] = min(2 * self.probe_every[kind], MAX_PROBE_EVERY)
-            return self._run(kind)
-        return self._run(best)
-
-    def interval(self, kind: str) -> int:
-        """Steps between probes of `kind` while another leads: its doubling `probe_every`, but at
-        least enough that what a probe costs beyond the leader's work (its seconds minus its tokens'
-        time at the leader's rate) stays within PROBE_BUDGET of the leader's time between probes (a
-        full step on a wide trie can cost several plain steps for one token: probed every 16 steps, it
-        would cost more than its rare wins gain); at most MAX_PROBE_EVERY."""
-        tokens, best = self.step_tokens[kind], self.best
-        leader = self.rate(best) if best is not None else None
-        if tokens is None or not leader:
-            return self.probe_every[kind]
-        extra = self.step_seconds[kind] - tokens / leader  # [s] per probe, beyond the leader's time for its tokens
-        floor = extra / (PROBE_BUDGET * max(self.step_seconds[best], 1e-9))  # type: ignore[index]
-        return min(max(self.probe_every[kind], math.ceil(floor)), MAX_PROBE_EVERY)
-
-    def plain_run(self) -> int:
-        """How many plain steps may run now as one token block (runtime/blocks): 1 unless plain steps
-        lead (a plain probe or follow-up is timed alone), at most --read-every and the tokens left,
-        and never past the step at which another kind's probe falls due, so that blocks keep the
-        probe schedule of single steps. Call after choose() returned PLAIN."""
-        if self.read_every <= 1 or self.best != PLAIN or self.follow is not None:
-            return 1
-        room = min(self.interval(k) - self.since[k] for k in self.kinds if k != PLAIN)
-        return max(1, min(self.read_every, 1 + room, self.gen.max_new_tokens - self.produced))
-
-    def skip(self, steps: int) -> None:
-        """Count `steps` more plain steps (the rest of a token block) on the probe schedule."""
-        for k in self.kinds:
-            if k != PLAIN:
-                self.since[k] += steps
-
-    def _run(self, kind: str) -> str:
-        for k in self.kinds:
-            self.since[k] += 1
-        self.since[kind] = 0
-        return kind
-
-    def record(self, kind: str, tokens: int, seconds: float | None) -> None:
-        """A step's tokens, and its time unless None (a step that captured a CUDA graph or refilled
-        the partial cache: one-off costs that would misjudge its kind for many steps)."""
-        self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
-        if seconds is None:
-            return
-        leader = self.rate(self.best) if self.best is not None else None
-        beat = kind != self.best and leader is not None and tokens / max(seconds, 1e-9) > leader
-        self.follow = kind if beat else None
-        old = self.step_tokens[kind]
-        if old is None:
-            self.step_tokens[kind], self.step_seconds[kind] = float(tokens), seconds
-        else:
-            self.step_tokens[kind] = (1 - RATE_EMA) * old + RATE_EMA * tokens
-            self.step_seconds[kind] = (1 - RATE_EMA) * self.step_seconds[kind] + RATE_EMA * seconds
 
     def captures(self) -> int:
         """CUDA graphs captured so far by this generation's steps."""
@@ -280,44 +162,6 @@ class TokenSwiftState:
         if self.partial is not None and self.partial.selected:
             self.partial.append(self.full, self.partial_from, self.full.length)
         self.partial_from = self.full.length
-
-
-def draft_levels(spec: SpecConfig) -> tuple[int, ...]:
-    """Candidates per drafted depth: --tree, without its first depth in fused mode (the base model's
-    own next token is the root there). `spec` must be resolved for the device (for_device)."""
-    return spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
-
-
-def tree_budget(spec: SpecConfig) -> int:
-    """Most nodes a step's trie can have (root included): the heads' cartesian tree plus the
-    n-gram paths, at most --max-nodes. `spec` must be resolved for the device (for_device)."""
-    nodes = unpruned_budget(spec)
-    return min(nodes, spec.max_nodes) if spec.max_nodes else nodes
-
-
-def unpruned_budget(spec: SpecConfig) -> int:
-    """Most nodes the heads' cartesian tree and the n-gram paths can make, before --max-nodes."""
-    levels = draft_levels(spec)
-    nodes, width = 1, 1
-    for k in levels:
-        width *= k
-        nodes += width
-    return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
-
-
-def walk_rows(spec: SpecConfig, nodes: int | None = None) -> int:
-    """Rows of logits the lossless walk transforms and draws at once: the whole trie of `nodes` nodes
-    (default: the spec's largest, tree_budget), padded to its verify budget, when the walk is
-    batched; else one. `spec` must be resolved for the device."""
-    return padded_nodes(tree_budget(spec) if nodes is None else nodes) if spec.walk == "batched" else 1
-
-
-def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
-    """Size of the draft pass's partial KV cache for a run of `total` tokens: the budget when the
-    paper draft mode will outgrow it, else 0 (shorter runs, fused mode and --draft-cache full draft
-    without one)."""
-    partial = spec.draft_mode == "paper" and spec.draft_cache != "full"
-    return spec.draft_kv_budget if partial and total > spec.draft_kv_budget else 0
 
 
 def _stage_done(s: TokenSwiftState, stage: str, t0: float) -> float:
@@ -442,7 +286,7 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     if s.batched:
         return Verified(s.model, hidden, {}, s.model.logits(hidden))
     cached: dict[int, torch.Tensor] = {}
-    if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.tokens_per_step >= BATCH_FROM_TOKENS:
+    if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.schedule.tokens_per_step >= BATCH_FROM_TOKENS:
         cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
     return Verified(s.model, hidden, cached)
 
@@ -492,13 +336,14 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
     `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
     prefill of everything before the last of them, which becomes the root. `read_every`: plain
-    steps run as token blocks of up to this many (see TokenSwiftState.plain_run), as AR's do.
+    steps run as token blocks of up to this many (see StepSchedule.plain_run), as AR's do.
     `graph_attention`: how the CUDA step bodies attend (runtime.cuda_graphs)."""
     generated = generated or []
     if done(generated, gen, eos_ids):
         return
     s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs,
                         read_every, graph_attention)
+    schedule = s.schedule
     t0 = time.perf_counter()
     if generated:
         _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk)
@@ -518,9 +363,9 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     while s.produced < gen.max_new_tokens and last not in s.stop_ids:
         t0 = time.perf_counter()
         captures, s.one_off = s.captures(), False
-        kind = s.choose()
+        kind = schedule.choose()
         if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
-            kind = s.kinds[model.tp.broadcast_int(s.kinds.index(kind))]
+            kind = schedule.kinds[model.tp.broadcast_int(schedule.kinds.index(kind))]
         trie = None
         if kind != PLAIN:
             s.catch_up()
@@ -529,13 +374,14 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
                 if len(trie) == 1:  # no n-gram continues the root: a plain step, counted and timed as one
                     kind = PLAIN
         if kind == PLAIN:  # AR's step through AR's code: one, or a token block of them where plain steps lead
-            emitted = plain_block(s, s.plain_run() if trie is None else 1)
-            s.skip(len(emitted) - 1)
+            emitted = plain_block(s, 1 if trie is not None else
+                                  schedule.plain_run(s.read_every, gen.max_new_tokens - s.produced))
+            schedule.skip(len(emitted) - 1)
             t = _stage_done(s, "plain", t0)
             stats.decode_seconds += t - t0
             seconds = None if s.captures() != captures else (t - t0) / len(emitted)
             for _ in emitted:  # timed as that many plain steps of the block's average cost
-                s.record(PLAIN, 1, seconds)
+                schedule.record(PLAIN, 1, seconds)
             stats.new_tokens += len(emitted)
             stats.steps += len(emitted)
             stats.plain_steps += len(emitted)
@@ -560,7 +406,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         emitted = commit(s, trie, v, walk)
         t = _stage_done(s, "commit", t)
         stats.decode_seconds += t - t0
-        s.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
+        schedule.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
         stats.new_tokens += len(emitted)
         stats.steps += 1
         stats.add_captures(s.graphs.values())

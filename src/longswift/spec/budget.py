@@ -1,0 +1,47 @@
+"""What a TokenSwift run's shapes will be, from its spec alone: the depths the heads draft, the
+most trie nodes a step verifies, the walk's rows and the draft pass's partial cache. The loop,
+the memory plan (`longswift info`, `generate`) and `bench-steps` size their buffers from these."""
+
+from __future__ import annotations
+
+from ..config import SpecConfig
+from ..runtime.cuda_graphs import padded_nodes
+from .ngram import NGRAM_N
+
+
+def draft_levels(spec: SpecConfig) -> tuple[int, ...]:
+    """Candidates per drafted depth: --tree, without its first depth in fused mode (the base model's
+    own next token is the root there). `spec` must be resolved for the device (for_device)."""
+    return spec.levels if spec.draft_mode == "paper" else spec.levels[1:]
+
+
+def tree_budget(spec: SpecConfig) -> int:
+    """Most nodes a step's trie can have (root included): the heads' cartesian tree plus the
+    n-gram paths, at most --max-nodes. `spec` must be resolved for the device (for_device)."""
+    nodes = unpruned_budget(spec)
+    return min(nodes, spec.max_nodes) if spec.max_nodes else nodes
+
+
+def unpruned_budget(spec: SpecConfig) -> int:
+    """Most nodes the heads' cartesian tree and the n-gram paths can make, before --max-nodes."""
+    levels = draft_levels(spec)
+    nodes, width = 1, 1
+    for k in levels:
+        width *= k
+        nodes += width
+    return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
+
+
+def walk_rows(spec: SpecConfig, nodes: int | None = None) -> int:
+    """Rows of logits the lossless walk transforms and draws at once: the whole trie of `nodes` nodes
+    (default: the spec's largest, tree_budget), padded to its verify budget, when the walk is
+    batched; else one. `spec` must be resolved for the device."""
+    return padded_nodes(tree_budget(spec) if nodes is None else nodes) if spec.walk == "batched" else 1
+
+
+def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
+    """Size of the draft pass's partial KV cache for a run of `total` tokens: the budget when the
+    paper draft mode will outgrow it, else 0 (shorter runs, fused mode and --draft-cache full draft
+    without one)."""
+    partial = spec.draft_mode == "paper" and spec.draft_cache != "full"
+    return spec.draft_kv_budget if partial and total > spec.draft_kv_budget else 0

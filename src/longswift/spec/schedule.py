@@ -1,0 +1,141 @@
+"""Adaptive steps: which kind of TokenSwift step runs next, chosen by each kind's measured tokens/s.
+
+A step is FULL (draft pass + the heads' tree), NARROW (the same draft pass, a narrow trie), LOOKUP
+(n-gram continuations of the root only, no draft pass) or PLAIN (the root alone: an AR step). Every
+kind emits AR's tokens; the choice changes only how fast they come."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+FULL, NARROW, LOOKUP, PLAIN = "full", "narrow", "lookup", "plain"
+KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
+# ... and, where --tree or --ngram-topk is wider than this, a full step on a narrow trie: the draft's
+# first candidate at each depth plus one n-gram continuation (the trie the CPU measured best, docs/benchmarks.md)
+WIDE_KINDS = (FULL, NARROW, LOOKUP, PLAIN)
+PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
+MAX_PROBE_EVERY = 256  # ... doubling (per kind) while its probes do not win it the lead
+PROBE_BUDGET = 0.01  # ... and never more often than keeps what a kind's probes cost over the leader's steps within this share
+LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
+RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per step
+EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
+
+
+@dataclass
+class StepSchedule:
+    """The measurements adaptive steps choose by, and the probe schedule. `adaptive=False`: every
+    step is FULL. Deterministic given the recorded times; under tensor parallelism rank 0's choice
+    is broadcast (the loop does it), since each rank times its own steps."""
+
+    kinds: tuple[str, ...] = KINDS
+    adaptive: bool = True
+    # Each kind's tokens and seconds per step (EMAs; tokens None until it has run); their ratio is its tokens/s.
+    step_tokens: dict[str, float | None] = field(default_factory=dict)
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    since: dict[str, int] = field(default_factory=dict)  # steps since each kind last ran
+    probe_every: dict[str, int] = field(default_factory=dict)  # each kind's probe interval
+    best: str | None = None  # the leading kind
+    follow: str | None = None  # a probed kind whose step beat the leader: run it again next step
+    tokens_per_step: float = 1.0  # EMA of the tokens any step emits (deterministic: same on every rank)
+
+    def __post_init__(self) -> None:
+        self.step_tokens = {k: self.step_tokens.get(k) for k in self.kinds}
+        self.step_seconds = {k: self.step_seconds.get(k, 0.0) for k in self.kinds}
+        self.since = {k: self.since.get(k, 0) for k in self.kinds}
+        self.probe_every = {k: self.probe_every.get(k, PROBE_EVERY) for k in self.kinds}
+
+    def rate(self, kind: str) -> float | None:
+        """A kind's measured tokens/s: the ratio of its tokens and seconds per step (EMAs), steadier
+        than an average of per-step rates when a step emits 1 or 2 tokens at random."""
+        tokens = self.step_tokens[kind]
+        return None if tokens is None else tokens / max(self.step_seconds[kind], 1e-9)
+
+    def choose(self) -> str:
+        """FULL, NARROW (where the configured trie is wide, its verify pass may cost more than its
+        extra tokens are worth, as at long contexts on a GPU), LOOKUP or PLAIN (for text where no
+        draft pays for itself): whichever has been fastest, probing each other kind every
+        `interval(kind)` steps; probes cost time, so a kind's interval doubles (up to
+        MAX_PROBE_EVERY) at each probe and starts over only when that kind wins the lead (two others
+        swapping the lead do not make it probed more often), and a costly probe waits longer (see
+        interval). A probe whose step beat the leader is followed up at once (text that has turned
+        repetitive should not wait a long probe interval per sample), while its steps keep beating it."""
+        if not self.adaptive:
+            return FULL
+        rates = {kind: self.rate(kind) for kind in self.kinds}
+        for kind in self.kinds:
+            if rates[kind] is None:
+                return self._run(kind)
+        fastest = max(self.kinds, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
+        # A drafting kind takes the lead only for a clear margin: two kinds that do the same work (a
+        # lookup step that found no n-gram is a plain step) would otherwise swap on noise, and a
+        # drafting kind that leads on a lucky streak costs more than the plain step it displaced.
+        # Plain steps, whose cost is AR's, take the lead back as soon as they are faster.
+        margin = 1.0 if fastest == PLAIN else LEAD_MARGIN
+        if self.best is None or rates[fastest] > margin * rates[self.best]:  # type: ignore[operator]
+            if fastest != self.best:
+                self.probe_every[fastest] = PROBE_EVERY  # once it loses the lead again, probe it soon
+            self.best = fastest
+        best = self.best
+        follow, self.follow = self.follow, None
+        if follow is not None and follow != best:
+            return self._run(follow)
+        overdue = {k: self.since[k] - self.interval(k) for k in self.kinds if k != best}  # >= 0: due
+        due = [k for k, late in overdue.items() if late >= 0]
+        if due:
+            kind = max(due, key=overdue.__getitem__)  # the most overdue
+            self.probe_every[kind] = min(2 * self.probe_every[kind], MAX_PROBE_EVERY)
+            return self._run(kind)
+        return self._run(best)
+
+    def interval(self, kind: str) -> int:
+        """Steps between probes of `kind` while another leads: its doubling `probe_every`, but at
+        least enough that what a probe costs beyond the leader's work (its seconds minus its tokens'
+        time at the leader's rate) stays within PROBE_BUDGET of the leader's time between probes (a
+        full step on a wide trie can cost several plain steps for one token: probed every 16 steps, it
+        would cost more than its rare wins gain); at most MAX_PROBE_EVERY."""
+        tokens, best = self.step_tokens[kind], self.best
+        leader = self.rate(best) if best is not None else None
+        if tokens is None or not leader:
+            return self.probe_every[kind]
+        extra = self.step_seconds[kind] - tokens / leader  # [s] per probe, beyond the leader's time for its tokens
+        floor = extra / (PROBE_BUDGET * max(self.step_seconds[best], 1e-9))  # type: ignore[index]
+        return min(max(self.probe_every[kind], math.ceil(floor)), MAX_PROBE_EVERY)
+
+    def plain_run(self, read_every: int, tokens_left: int) -> int:
+        """How many plain steps may run now as one token block (runtime/blocks): 1 unless plain steps
+        lead (a plain probe or follow-up is timed alone), at most `read_every` and `tokens_left`, and
+        never past the step at which another kind's probe falls due, so that blocks keep the probe
+        schedule of single steps. Call after choose() returned PLAIN."""
+        if read_every <= 1 or self.best != PLAIN or self.follow is not None:
+            return 1
+        room = min(self.interval(k) - self.since[k] for k in self.kinds if k != PLAIN)
+        return max(1, min(read_every, 1 + room, tokens_left))
+
+    def skip(self, steps: int) -> None:
+        """Count `steps` more plain steps (the rest of a token block) on the probe schedule."""
+        for k in self.kinds:
+            if k != PLAIN:
+                self.since[k] += steps
+
+    def _run(self, kind: str) -> str:
+        for k in self.kinds:
+            self.since[k] += 1
+        self.since[kind] = 0
+        return kind
+
+    def record(self, kind: str, tokens: int, seconds: float | None) -> None:
+        """A step's tokens, and its time unless None (a step that captured a CUDA graph or refilled
+        the partial cache: one-off costs that would misjudge its kind for many steps)."""
+        self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
+        if seconds is None:
+            return
+        leader = self.rate(self.best) if self.best is not None else None
+        beat = kind != self.best and leader is not None and tokens / max(seconds, 1e-9) > leader
+        self.follow = kind if beat else None
+        old = self.step_tokens[kind]
+        if old is None:
+            self.step_tokens[kind], self.step_seconds[kind] = float(tokens), seconds
+        else:
+            self.step_tokens[kind] = (1 - RATE_EMA) * old + RATE_EMA * tokens
+            self.step_seconds[kind] = (1 - RATE_EMA) * self.step_seconds[kind] + RATE_EMA * seconds

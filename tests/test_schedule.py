@@ -1,0 +1,134 @@
+"""Adaptive steps (spec/schedule.py): the kind of step that has been fastest runs, the others are
+probed on a doubling interval that a costly probe stretches, and a probe that beats the leader is
+followed up. Pure bookkeeping over recorded tokens and seconds: no model, no timing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from longswift.spec.schedule import (
+    FULL,
+    KINDS,
+    LOOKUP,
+    MAX_PROBE_EVERY,
+    NARROW,
+    PLAIN,
+    PROBE_BUDGET,
+    PROBE_EVERY,
+    WIDE_KINDS,
+    StepSchedule,
+)
+
+
+def test_a_new_schedule_runs_each_kind_once_before_it_compares_them():
+    s = StepSchedule()
+    assert s.kinds == KINDS and s.best is None and s.probe_every == dict.fromkeys(KINDS, PROBE_EVERY)
+    assert s.choose() == s.choose() == FULL  # an unmeasured kind runs until a step of it is timed
+    s.record(FULL, 2, None)  # a step that captured a graph: its tokens count, its time does not
+    assert s.choose() == FULL and s.rate(FULL) is None
+    for kind in KINDS:  # then each in turn
+        assert s.choose() == kind
+        s.record(kind, 1, 0.1)
+    assert s.since == {FULL: 2, LOOKUP: 1, PLAIN: 0} and s.best is None
+    assert s.choose() == FULL and s.best == FULL  # measured alike: the first keeps the lead
+
+
+def test_a_wide_trie_s_narrow_kind_takes_the_lead_when_it_is_fastest():
+    wide = StepSchedule(WIDE_KINDS, step_tokens=dict.fromkeys(WIDE_KINDS, 1.0),
+                        step_seconds=dict.fromkeys(WIDE_KINDS, 0.02))
+    wide.step_seconds[NARROW] = 0.01  # twice the others' tokens/s: it leads
+    assert wide.choose() == NARROW and wide.best == NARROW
+
+
+def test_a_costly_probe_waits_until_it_costs_at_most_the_probe_budget():
+    """A kind whose probe costs much more than the leader's steps for the same tokens (a full step on
+    a wide trie on a CPU: several plain steps' time for about one token) is probed only as often as
+    keeps that extra within PROBE_BUDGET of the time between probes, up to MAX_PROBE_EVERY; cheap
+    probes keep the doubling schedule."""
+    s = StepSchedule(step_tokens={FULL: 1.2, LOOKUP: 1.0, PLAIN: 1.0},
+                     step_seconds={FULL: 0.13, LOOKUP: 0.0505, PLAIN: 0.05})
+    assert s.choose() == PLAIN  # 20 tok/s leads
+    extra = 0.13 - 1.2 / 20  # a full probe: 0.13 s where plain steps take 0.06 s for its 1.2 tokens
+    assert s.interval(FULL) == math.ceil(extra / (PROBE_BUDGET * 0.05)) == 140
+    assert s.interval(LOOKUP) == PROBE_EVERY  # 0.5 ms over a plain step: the doubling schedule
+    picks = [s.choose() for _ in range(1000)]
+    full = [i for i, k in enumerate(picks) if k == FULL]
+    assert full[0] == 139  # 140 steps after the start (the first choice above was one)
+    # 140 steps apart while the doubling interval (32, 64, 128) is shorter, then the doubled 256
+    assert [j - i for i, j in zip(full, full[1:])][:4] == [141, 141, 141, 257]
+    assert s.probe_every[FULL] == MAX_PROBE_EVERY
+    assert sum(k == LOOKUP for k in picks) > len(full)
+
+
+def test_adaptive_choice_follows_measured_rates():
+    s = StepSchedule()
+
+    def set_rate(kind: str, tokens_per_second: float) -> None:
+        s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step
+
+    assert s.choose() == FULL
+    s.record(FULL, 4, 0.085)  # 47 tok/s (a probe costs 5 ms more than the leader's time for its 4 tokens)
+    assert s.tokens_per_step == pytest.approx(1.75)  # the EMA that decides one-pass LM heads: 0.75 * 1 + 0.25 * 4
+    assert s.choose() == LOOKUP
+    s.record(LOOKUP, 1, 0.02)  # 50 tok/s
+    assert s.choose() == PLAIN
+    s.record(PLAIN, 1, 0.025)  # 40 tok/s
+    # LOOKUP leads; each other kind is probed on its own interval, which doubles at every probe.
+    picks = [s.choose() for _ in range(8 * PROBE_EVERY)]
+    for kind in (FULL, PLAIN):
+        at = [i for i, k in enumerate(picks) if k == kind]
+        assert len(at) == 3 and at[1] - at[0] == PROBE_EVERY * 2 + 1 and at[2] - at[1] == PROBE_EVERY * 4 + 1, at
+    assert sum(k == LOOKUP for k in picks) == len(picks) - 6
+    for _ in range(3):  # a probe finds a faster kind: followed up while it beats the leader, it leads
+        s.record(PLAIN, 1, 0.001)
+        assert s.choose() == PLAIN
+    assert s.best == PLAIN
+    assert s.probe_every[PLAIN] == PROBE_EVERY  # once it loses the lead again, it is probed soon
+    assert s.probe_every[FULL] == 8 * PROBE_EVERY  # FULL's back-off is kept: it was not what changed
+    before, tps = (dict(s.step_tokens), dict(s.step_seconds)), s.tokens_per_step
+    s.record(FULL, 5, None)  # a step that captured a graph or refilled the partial cache: tokens count, time not
+    assert (s.step_tokens, s.step_seconds) == before and s.tokens_per_step == pytest.approx(0.75 * tps + 0.25 * 5)
+    for _ in range(10):  # the interval stops doubling at its cap
+        s.since[FULL] = s.interval(FULL)
+        assert s.choose() == FULL
+    assert s.probe_every[FULL] == MAX_PROBE_EVERY
+    s.probe_every = dict.fromkeys(KINDS, 10**6)
+    set_rate(PLAIN, 1.0)  # plain steps have become slow: LOOKUP (50 tok/s) leads again
+    assert s.choose() == LOOKUP
+    set_rate(FULL, 51.0)  # 2% faster than the leader: noise, the lead stays
+    assert s.choose() == LOOKUP and s.best == LOOKUP
+    set_rate(FULL, 60.0)  # a clear margin takes the lead
+    assert s.choose() == FULL
+    set_rate(PLAIN, 60.5)  # plain steps (AR's cost) take the lead back with no margin
+    assert s.choose() == PLAIN
+    set_rate(LOOKUP, 62.0)  # a drafting kind needs the margin to take it from them
+    assert s.choose() == PLAIN
+    # A probe that beats the leader is followed up at once, while its steps keep beating it; such
+    # steps move its rate past the margin and it leads.
+    set_rate(PLAIN, 40.0)
+    set_rate(LOOKUP, 30.0)
+    set_rate(FULL, 30.0)
+    s.best = None
+    assert s.choose() == PLAIN
+    s.record(FULL, 3, 0.05)  # a probe: 60 tok/s this step
+    assert s.choose() == FULL and s.best == PLAIN  # followed up ...
+    for _ in range(3):
+        s.record(FULL, 3, 0.05)
+        s.choose()
+    assert s.best == FULL  # ... and now the leader
+    s.record(LOOKUP, 1, 0.05)  # a probe slower than the leader: no follow-up
+    assert s.choose() == FULL
+    s.record(LOOKUP, 2, 0.01)  # a lucky one (200 tok/s): one follow-up ...
+    assert s.choose() == LOOKUP
+    s.record(LOOKUP, 1, 0.05)  # ... that does not beat the leader: back to it
+    assert s.choose() == FULL and s.best == FULL
+    # A kind's rate is its tokens per step over its seconds per step: lookup steps that emit 1 or 2
+    # tokens in turn, at the same cost, rate at 1.5 tokens per step's time, whatever the order.
+    s.step_tokens[LOOKUP] = None
+    for tokens in (1, 2) * 20:
+        s.record(LOOKUP, tokens, 0.1)
+    assert s.rate(LOOKUP) == pytest.approx(15.0, rel=0.1)
+    s.adaptive = False  # --no-adaptive
+    assert s.choose() == FULL
