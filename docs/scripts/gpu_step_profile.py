@@ -24,7 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from longswift.bench.shapes import random_state, shape_config, weight_bytes_read
-from longswift.bench.steps import measure_bandwidth, median_seconds, synchronizer
+from longswift.bench.timing import measure_bandwidth, median_seconds, synchronizer
 from longswift.runtime.attention import FLASH_PAGE, length_unsupported
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs

@@ -22,7 +22,7 @@ import torch
 
 import longswift
 from longswift.bench.grid import PRESETS
-from longswift.bench.steps import median_seconds
+from longswift.bench.timing import median_seconds
 from longswift.config import GenerationConfig
 from longswift.runtime.cache import FullKVCache
 from longswift.sampling import penalty_window, transform

@@ -7,8 +7,6 @@ cache is cut back after each so every repetition sees the same context."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from ..spec.verify import batched_walk, lossless_walk
 from ..stats import GenerationStats
 from .projection import Projection, StepCosts, check_alpha, floor_seconds, project, tokens_per_step
 from .shapes import SHAPES, check_shape, random_state, shape_config, weight_bytes_read
+from .timing import last_level_cache_bytes, measure_bandwidth, median_seconds, synchronizer
 
 GPU_CONTEXTS = (20000, 50000, 100000)
 CPU_CONTEXTS = (2048, 4096, 8192)
@@ -201,54 +200,10 @@ def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:
                              "or use --dtype bfloat16")
 
 
-def last_level_cache_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
-    try:
-        return max(0, int(os.sysconf("SC_LEVEL3_CACHE_SIZE")))
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
 def bandwidth_buffer_bytes(bench: StepBenchConfig, device: torch.device) -> int:
     if bench.bandwidth_mib is not None:
         return bench.bandwidth_mib * 2**20
     return max(GiB, 4 * last_level_cache_bytes(device))
-
-
-def synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
-def median_seconds(fn: Callable[[], object], reps: int, warmup: int, sync: Callable[[], None]) -> float:
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def measure_bandwidth(device: torch.device, nbytes: int, reps: int = 10) -> float:
-    """Read bandwidth in bytes/s: the best of `reps` sums over a float32 buffer larger than the
-    last-level cache (the best, because a shared machine only ever makes a pass slower)."""
-    sync = synchronizer(device)
-    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    buf.sum()
-    sync()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        buf.sum()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return buf.numel() * 4 / best
 
 
 def random_trie(nodes: int, depth: int, root: int, gen: torch.Generator) -> Trie:
