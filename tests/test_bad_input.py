@@ -23,7 +23,6 @@ from longswift.config import SEED_MAX, SEED_MIN, RuntimeConfig, parse_rope_scali
 from longswift.spec.heads import FORMAT, load_heads, new_heads, save_heads
 from longswift.train.train import HeadTrainer, TrainConfig, base_hidden
 
-
 # ---- seeds, threads, rope factors: numbers torch or the context arithmetic cannot take -------------
 
 @pytest.mark.parametrize("seed", [SEED_MAX + 1, SEED_MIN - 1, 10**30])

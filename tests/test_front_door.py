@@ -21,7 +21,6 @@ from longswift import GenerationConfig, LongswiftError, SamplingConfig
 from longswift.atomic import AtomicFile, OutputLock
 from longswift.checkpoint import Checkpoint, read_checkpoint
 
-
 # ---- 2. distinct outputs ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags", [("--output", "--json"), ("--output", "--checkpoint"), ("--json", "--checkpoint")])

@@ -13,8 +13,17 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from .attention import Attention
 from .cache import FullKVCache
-from .linear import (LinearFn, PackedWeights, ResidualFn, add_to_residual, colocate, float32_head, make_linear,
-                     packed_linear, packing_supported)
+from .linear import (
+    LinearFn,
+    PackedWeights,
+    ResidualFn,
+    add_to_residual,
+    colocate,
+    float32_head,
+    make_linear,
+    packed_linear,
+    packing_supported,
+)
 from .rope import Rope, apply_rope
 
 if TYPE_CHECKING:
