@@ -90,6 +90,25 @@ def test_resume_of_a_finished_generation_yields_nothing_more(base):
     assert again.result is not None and again.result.token_ids == stream.token_ids
 
 
+@pytest.mark.parametrize("run", RUNS.values(), ids=RUNS.keys())
+def test_a_run_resumed_after_its_eos_step_finishes_for_eos(run):
+    """A checkpoint taken after the step that emitted EOS (between steps, as the CLI saves one when
+    interrupted there): the resumed run adds nothing and, like the uninterrupted run, ends for "eos"."""
+    method, spec = run
+    e = engine()
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    free = e.generate(PROMPT, sampling=greedy, generation=GEN, method="ar").token_ids
+    e.eos_ids = frozenset({free[10]})  # the model's EOS, as far as this run knows, first drawn at new token 11
+    gen = GenerationConfig(max_new_tokens=GEN.max_new_tokens)
+    full = e.generate(PROMPT, sampling=greedy, generation=gen, method=method, spec=spec)
+    assert full.stats.finish_reason == "eos" and full.token_ids[-1] in e.eos_ids
+    stream = e.stream(PROMPT, sampling=greedy, generation=gen, method=method, spec=spec)
+    ckpt = stop_after(stream, len(full.token_ids))
+    resumed = e.resume(ckpt)  # (a fresh engine would not know this EOS)
+    assert list(resumed) == []
+    assert resumed.result.token_ids == full.token_ids and resumed.result.stats.finish_reason == "eos"
+
+
 def test_refuses_another_model_other_heads_or_settings(base):
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift",
                          spec=RUNS["tokenswift-fused"][1])

@@ -408,3 +408,22 @@ def test_float32_verify_logits_equal_the_decode_steps_up_to_rounding(embedded):
     scale = decoded.abs().max()
     assert (verified - decoded).abs().max() <= 2e-5 * scale  # measured 1.7e-6 at a 2.5K context
     assert torch.equal(verified.argmax(-1), decoded.argmax(-1))
+
+
+def test_sliding_window_models_run_tokenswift_within_the_window():
+    """longswift does not implement sliding-window attention, so a run must fit the window. A
+    TokenSwift step verifies tree rows past the run's end, but the walk never reads them: a run that
+    AR may make within the window, TokenSwift makes too, with AR's tokens; one token more and both refuse."""
+    hf = tiny_hf_model("mistral", "default", seed=31, dtype=torch.float64, vocab=24, sliding_window=64)
+    e = longswift.load(hf, dtype="float64", heads="random")
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    prompt = [3, 4, 5, 6, 7] * 4
+    for spec in (SpecConfig(adaptive=False), SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False)):
+        gen = GenerationConfig(max_new_tokens=64 - len(prompt), ignore_eos=True)
+        ar = e.generate(prompt, sampling=greedy, generation=gen, method="ar")
+        ts = e.generate(prompt, sampling=greedy, generation=gen, method="tokenswift", spec=spec)
+        assert ts.token_ids == ar.token_ids and ts.stats.accepted_tokens > 0
+        past = GenerationConfig(max_new_tokens=gen.max_new_tokens + 1, ignore_eos=True)
+        for method in ("ar", "tokenswift"):
+            with pytest.raises(longswift.LongswiftError, match="sliding-window attention .64 tokens.*<= 64"):
+                e.generate(prompt, sampling=greedy, generation=past, method=method, spec=spec)

@@ -13,7 +13,7 @@ from .runtime.blocks import sample_block
 from .runtime.cuda_graphs import StepGraphs, step_bodies
 from .runtime.memory import new_cache
 from .runtime.model import Transformer
-from .stats import GenerationStats, done
+from .stats import GenerationStats, finished
 
 
 def ar_steps(
@@ -41,7 +41,8 @@ def ar_steps(
     token ends it early; runtime/blocks.py); what changes is that a block is yielded whole, and
     that a block an EOS ends has run up to N-1 forwards past it, whose results are dropped."""
     generated = generated or []
-    if done(generated, gen, eos_ids):
+    if (reason := finished(generated, gen, eos_ids)) is not None:
+        stats.finish_reason = reason
         return
     if model.tp is not None:  # rank 0 draws and broadcasts each token: one at a time
         read_every = 1
@@ -54,7 +55,7 @@ def ar_steps(
     # is written (no host copy per token).
     history_dev = history if model.device.type == "cpu" else history.to(model.device)
     t0 = time.perf_counter()
-    logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk)  # [V]
+    logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk, decoded_from=len(prompt))  # [V]
     stats.prefill_seconds += time.perf_counter() - t0
     graphs = StepGraphs(model, cache, capture=cuda_graphs, attention=graph_attention) if step_bodies(model) else None
     stop = frozenset() if gen.ignore_eos else eos_ids

@@ -77,8 +77,9 @@ class GenerationResult:
 
 
 
-def done(generated: list[int], gen: GenerationConfig, eos_ids: frozenset[int]) -> bool:
-    """Whether tokens already generated end the generation (length reached, or an EOS not ignored)."""
-    if len(generated) >= gen.max_new_tokens:
-        return True
-    return bool(generated) and generated[-1] in eos_ids and not gen.ignore_eos
+def finished(generated: list[int], gen: GenerationConfig, eos_ids: frozenset[int]) -> str | None:
+    """Why tokens already generated end the generation ("eos": an EOS not ignored, "length"), or None.
+    A resumed run whose checkpoint was taken after its last step ends at once, for this reason."""
+    if generated and generated[-1] in eos_ids and not gen.ignore_eos:
+        return "eos"
+    return "length" if len(generated) >= gen.max_new_tokens else None

@@ -161,11 +161,12 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
 
 
 def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0,
-              sampled_rows: int = 1) -> FullKVCache:
+              sampled_rows: int = 1, context: int | None = None) -> FullKVCache:
     """Plan the memory of a run (with TokenSwift's draft cache and tree, if any), refuse what
-    cannot fit, then allocate its full KV cache."""
+    cannot fit, then allocate its full KV cache. `context`: the run's prompt + new tokens where the
+    capacity is larger (a tree's rows past the run's end are verified, never read by the walk)."""
     cfg = model.cfg
-    if cfg.sliding_window is not None and capacity > cfg.sliding_window:
+    if cfg.sliding_window is not None and (capacity if context is None else context) > cfg.sliding_window:
         raise LongswiftError(
             f"this model uses sliding-window attention ({cfg.sliding_window} tokens), which longswift does not "
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"

@@ -264,16 +264,21 @@ class Transformer:
         tree_mask: torch.Tensor | None = None,
         logits_rows: torch.Tensor | slice | None = None,
         queries: list[torch.Tensor] | None = None,
+        decoded: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [T] long. Writes T KV entries at the cache's end (advancing it) and
         returns logits [T', V] (float32, float64 for float64 models) for `logits_rows` (default all T) and the last layer's
         pre-norm hidden states [T, hidden]. Without a cache, attention is causal among the tokens.
-        If `queries` is a list, each layer appends the last token's query [H, D] (after rope)."""
+        If `queries` is a list, each layer appends the last token's query [H, D] (after rope).
+        `decoded` (implied by a tree mask): rows that AR decodes one at a time, which dynamic NTK
+        rope then rotates as AR's decode step at each row's position does (runtime/rope.py)."""
         cfg = self.cfg
         t = int(tokens.shape[0])
         start = cache.reserve(t) if cache is not None else 0
         s = start + t
-        max_position = int(positions.max()) if cfg.rope_type == "dynamic" else 0
+        max_position = 0
+        if cfg.rope_type == "dynamic":
+            max_position = None if decoded or tree_mask is not None else int(positions.max())
         cos, sin = self.rope.cos_sin(positions.to(self.device), max_position, self.dtype)  # [T, 1, D]
         masks = self.attention.masks(t, start, cfg.group_size, tree_mask)
 
@@ -329,15 +334,19 @@ class Transformer:
         """Pre-norm hidden states [T, hidden] -> logits [T, V] (float32, float64 for float64 models)."""
         return self.lm_head(self.norm(hidden, self.final_norm)).to(self.acc_dtype)
 
-    def prefill(self, tokens: torch.Tensor, cache: FullKVCache, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, tokens: torch.Tensor, cache: FullKVCache, chunk: int,
+                decoded_from: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed a prompt in chunks (no [S, S] mask is ever built); return the last token's
-        logits [V] and hidden state [hidden]."""
+        logits [V] and hidden state [hidden]. `decoded_from`: where generated tokens begin (a
+        resumed run), which are fed in chunks of their own as `decoded` rows (see forward)."""
         if tokens.numel() == 0:
             raise LongswiftError("the prompt is empty: give at least one token of prompt text")
         logits = hidden = None
         n = int(tokens.numel())
-        for lo in range(0, n, chunk):
-            hi = min(lo + chunk, n)
+        cut = n if decoded_from is None else min(decoded_from, n)
+        spans = [(lo, min(lo + chunk, cut), False) for lo in range(0, cut, chunk)]
+        spans += [(lo, min(lo + chunk, n), True) for lo in range(cut, n, chunk)]
+        for lo, hi, decoded in spans:
             pos = torch.arange(cache.length, cache.length + hi - lo, device=self.device)
-            logits, hidden = self.forward(tokens[lo:hi], pos, cache, logits_rows=slice(-1, None))
+            logits, hidden = self.forward(tokens[lo:hi], pos, cache, logits_rows=slice(-1, None), decoded=decoded)
         return logits[0], hidden[-1]

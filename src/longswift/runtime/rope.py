@@ -12,7 +12,9 @@ class Rope:
     """cos/sin tables for given positions, for every rope type of ModelConfig.
 
     Dynamic NTK scaling depends on the sequence length: we recompute the frequencies for
-    max(position) + 1, as transformers does when a sequence grows past the trained context.
+    max(position) + 1, as transformers does when a sequence grows past the trained context. So a
+    token decoded alone at position p is rotated with the frequencies of p + 1 tokens, and rows
+    that AR would have decoded one by one (a tree's, a resumed run's output) must be too.
     """
 
     def __init__(self, cfg: ModelConfig, device: torch.device) -> None:
@@ -42,11 +44,26 @@ class Rope:
             self.inv_freq, self._dynamic_len = inv.to(torch.float), seq_len
         return self.inv_freq
 
-    def cos_sin(self, positions: torch.Tensor, max_position: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _row_frequencies(self, positions: torch.Tensor) -> torch.Tensor:
+        """Dynamic NTK: each row's frequencies as a decode step at its position computes them: [T, D/2]."""
+        at: dict[int, torch.Tensor] = {}
+        rows = positions.tolist()
+        for p in rows:
+            if p not in at:
+                at[p] = self._frequencies(p)
+        return torch.stack([at[p] for p in rows])
+
+    def cos_sin(self, positions: torch.Tensor, max_position: int | None,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] long -> cos, signed sin: [T, 1, D] in `dtype` (broadcast over heads).
-        The sine's first half is negated so that rotation is `x * cos + roll(x, D/2) * sin`."""
-        inv = self._frequencies(max_position)
-        freqs = positions[:, None].float() * inv[None, :]  # [T, D/2]
+        The sine's first half is negated so that rotation is `x * cos + roll(x, D/2) * sin`.
+        Dynamic NTK: every row gets the frequencies of max_position + 1 tokens (a prefill chunk, as in
+        transformers), or, where max_position is None, each row those of its own position."""
+        if max_position is None and self.cfg.rope_type == "dynamic":
+            inv = self._row_frequencies(positions)  # [T, D/2]
+        else:
+            inv = self._frequencies(max_position or 0)[None, :]  # [1, D/2]
+        freqs = positions[:, None].float() * inv  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         cos = (emb.cos() * self.scaling).to(dtype)
         sin = (emb.sin() * self.scaling).to(dtype)

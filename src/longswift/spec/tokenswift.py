@@ -20,7 +20,7 @@ from ..runtime.cuda_graphs import StepGraphs, padded_nodes, step_bodies
 from ..runtime.memory import new_cache
 from ..runtime.model import Transformer
 from ..sampling import draw, penalty_window, transform
-from ..stats import GenerationStats, done
+from ..stats import GenerationStats, finished
 from .budget import draft_cache_tokens, draft_levels, tree_budget, unpruned_budget, walk_rows
 from .heads import DraftHeads
 from .ngram import NGRAM_N, NGramTracker, path_scores
@@ -100,7 +100,7 @@ class TokenSwiftState:
         draft_tokens = draft_cache_tokens(spec, total)
         bodies = step_bodies(model)  # CUDA: fixed-shape steps (runtime.cuda_graphs), verify padded to a budget
         self.full = new_cache(model, total + (padded_nodes(nodes) if bodies else nodes), gen.prefill_chunk,
-                              draft_tokens, nodes, walk_rows(spec) if self.batched else 1)
+                              draft_tokens, nodes, walk_rows(spec) if self.batched else 1, context=total)
         self.partial = None
         if draft_tokens:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
@@ -339,14 +339,15 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     steps run as token blocks of up to this many (see StepSchedule.plain_run), as AR's do.
     `graph_attention`: how the CUDA step bodies attend (runtime.cuda_graphs)."""
     generated = generated or []
-    if done(generated, gen, eos_ids):
+    if (reason := finished(generated, gen, eos_ids)) is not None:
+        stats.finish_reason = reason
         return
     s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs,
                         read_every, graph_attention)
     schedule = s.schedule
     t0 = time.perf_counter()
     if generated:
-        _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk)
+        _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk, decoded_from=len(prompt))
         stats.prefill_seconds += time.perf_counter() - t0
         last = generated[-1]
     else:
