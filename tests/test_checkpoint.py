@@ -212,3 +212,25 @@ def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
     rewrite(big, lambda c: c.update(token_ids=c["token_ids"] + [VOCAB + 5]))
     with pytest.raises(LongswiftError, match="vocabulary"):
         engine().resume(read_checkpoint(big))
+
+
+def test_hand_edited_checkpoints_are_refused_in_one_line(base, tmp_path):
+    """Edits with a recomputed checksum: stats that are missing or of the wrong type, and more tokens
+    than the run's length or no prompt, are refused as damaged (before: a TypeError from the stats,
+    "resuming at 13 of 5 tokens", and a message about the vocabulary)."""
+    good = tmp_path / "good.json"
+    stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 13).save(good)
+    edits = {
+        "no stats": (lambda c: c.update(stats={}), r"settings are damaged \(.*missing .*'method'"),
+        "stats of the wrong type": (lambda c: c["stats"].update(new_tokens="abc"),
+                                    r"settings are damaged \(GenerationStats.new_tokens must be a whole number"),
+        "more tokens than the run": (lambda c: c["generation"].update(max_new_tokens=5),
+                                     r"tokens are damaged \(20 prompt tokens, 13 generated of at most 5\)"),
+        "no prompt": (lambda c: c.update(prompt_ids=[]), r"tokens are damaged \(0 prompt tokens"),
+    }
+    for what, (edit, message) in edits.items():
+        path = tmp_path / "edited.json"
+        path.write_bytes(good.read_bytes())
+        rewrite(path, edit)
+        with pytest.raises(LongswiftError, match=message):
+            base.resume(read_checkpoint(path))

@@ -7,6 +7,7 @@ import functools
 import math
 import numbers
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,14 +45,15 @@ _EXPECTED = {int: (lambda v: isinstance(v, numbers.Integral) and not isinstance(
              str: (lambda v: isinstance(v, str), "a string"), bool: (lambda v: isinstance(v, bool), "True or False")}
 
 
-def _check_types(config: Any) -> None:
+def check_types(config: Any) -> None:
     """Refuse a field value of the wrong type (SamplingConfig(seed='abc'), max_new_tokens=2.5) with
     a message that says what was expected, before any check compares or computes with it."""
     cls = type(config)
     for name, kind in typing.get_type_hints(cls).items():
         value = getattr(config, name)
-        options = [t for t in typing.get_args(kind) if t is not type(None)] or [kind]
-        optional = type(None) in typing.get_args(kind)
+        union = typing.get_origin(kind) in (typing.Union, types.UnionType)  # (dict[str, float]'s args are no union)
+        options = [t for t in typing.get_args(kind) if t is not type(None)] if union else [kind]
+        optional = union and type(None) in typing.get_args(kind)
         if (optional and value is None) or any(t in _EXPECTED and _EXPECTED[t][0](value) for t in options):
             continue
         if not all(t in _EXPECTED for t in options):
@@ -69,7 +71,7 @@ def _validated(post_init: Any) -> Any:
 
     @functools.wraps(post_init)
     def wrapper(self: Any) -> None:
-        _check_types(self)
+        check_types(self)
         try:
             post_init(self)
         except ConfigError:

@@ -254,13 +254,17 @@ class Engine:
         try:
             setup = RunSetup(c.method, list(c.prompt_ids), SamplingConfig(**c.sampling),
                              GenerationConfig(**c.generation), SpecConfig(**c.spec), decode_rng(c.rng_state))
+            stats = GenerationStats.from_dict(c.stats)
         except (TypeError, LongswiftError) as exc:
             raise LongswiftError(f"the checkpoint's settings are damaged ({exc})") from None
         if setup.method not in METHODS or (setup.generator is None) != setup.sampling.greedy:
             raise LongswiftError("the checkpoint's method or RNG state is damaged: resume from an earlier copy")
-        if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids) or not setup.prompt_ids:
+        if not setup.prompt_ids or len(c.token_ids) > setup.generation.max_new_tokens:
+            raise LongswiftError(f"the checkpoint's tokens are damaged ({len(setup.prompt_ids)} prompt tokens, "
+                                 f"{len(c.token_ids)} generated of at most {setup.generation.max_new_tokens}): "
+                                 "resume from an earlier copy")
+        if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids):
             raise LongswiftError("the checkpoint's token ids do not fit this model's vocabulary")
-        stats = GenerationStats.from_dict(c.stats)
         stats.resumes += 1
         return self._start(setup, stats, list(c.token_ids))
 

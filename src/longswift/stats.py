@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from .config import GenerationConfig
+from .config import GenerationConfig, check_types
 
 
 @dataclass
@@ -48,9 +48,12 @@ class GenerationStats:
 
     @classmethod
     def from_dict(cls, d: dict) -> GenerationStats:
-        """Inverse of to_dict (derived numbers dropped)."""
+        """Inverse of to_dict (derived numbers dropped). A field of the wrong type raises a
+        ConfigTypeError, a missing one a TypeError (a hand-edited checkpoint)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        stats = cls(**{k: v for k, v in d.items() if k in names})
+        check_types(stats)
+        return stats
 
     def add_captures(self, graphs: Iterable[Any]) -> None:
         """Count the CUDA graphs these step bodies (runtime.cuda_graphs.StepGraphs) captured since last asked."""
