@@ -286,8 +286,70 @@ def test_info_refuses_zero_tokens_and_missing_heads(capsys, tmp_path):
     tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
     capsys.readouterr()
     missing = tmp_path / "nothing.safetensors"
-    code, _, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(missing))
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(missing))
     assert_one_line_error(code, err, f"heads '{missing}' do not exist")
+    assert out == ""  # refused before the config is printed
+
+
+def test_info_without_heads_plans_an_ar_run(capsys, tmp_path):
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", "none", "--tokens", "200")
+    assert code == 0, err
+    assert "draft heads: none (AR)" in out and "memory plan for 200 tokens with AR in float32" in out
+    assert "draft KV cache" not in out and "TokenSwift" not in out
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", "random", "--tokens", "200")
+    assert code == 0 and "memory plan for 200 tokens with TokenSwift (tree 1,1,1" in out, err
+
+
+def test_bench_outputs_that_are_one_file_are_refused_before_loading(tmp_path, capsys, no_loading):
+    grid = tmp_path / "grid"
+    grid.mkdir()  # (a grid run before: its results would be overwritten)
+    same = str(tmp_path / "same")
+    for flags, match in ((["--out", str(grid / "results.jsonl")], "--out and --out-dir's results.jsonl are the same file"),
+                         (["--json", str(grid / "report.md")], "--json and --out-dir's report.md are the same file"),
+                         (["--out", same, "--json", same], "--out and --json are the same file")):
+        code, _, err = run_cli(capsys, "bench", "--methods", "ar", "--out-dir", str(grid), *flags)
+        assert_one_line_error(code, err, match)
+    code, _, err = run_cli(capsys, "bench-steps", "--shape", "smollm2-135m", "--out", same, "--json", same)
+    assert_one_line_error(code, err, "--out and --json are the same file")
+    assert list(tmp_path.iterdir()) == [grid] and list(grid.iterdir()) == []
+
+
+def test_a_prompt_that_alone_fills_the_context_is_told_to_shrink(capsys):
+    from longswift.runtime.memory import check_context
+
+    cfg = longswift.load(tiny_hf_model("llama", seed=9), dtype="float32", heads=None).cfg  # context 256
+    with pytest.raises(LongswiftError, match=r"= 266 exceeds this model's context of 256 tokens: shorten the "
+                                             r"prompt, or extend"):
+        check_context(cfg, 256, 10)
+    with pytest.raises(LongswiftError, match="lower --max-new-tokens or shorten the prompt, or extend"):
+        check_context(cfg, 200, 100)
+
+
+def test_a_run_that_could_not_save_an_interrupt_here_warns_as_it_starts(tmp_path, capsys, monkeypatch):
+    """Without --checkpoint, an interrupted run saves its state in the working directory (or beside
+    --output/--json). Where that cannot be written, the run still goes on (its text goes to stdout),
+    but says so at once and how to make it resumable. (A read-only directory, as root sees it, is
+    writable: the check is made to fail for that one path.)"""
+    import longswift.atomic as atomic
+
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    real = atomic.check_writable
+
+    def read_only_here(path):
+        if Path(path).parent == tmp_path:
+            raise LongswiftError(f"cannot write '{path}': directory '{tmp_path}' is not writable")
+        return real(path)
+
+    monkeypatch.setattr(atomic, "check_writable", read_only_here)
+    code, out, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5",
+                             "--max-new-tokens", "4", "--greedy", "--ignore-eos", "--no-progress", "--heads", "none")
+    assert code == 0 and len(out.split()) == 4, err
+    assert (f"longswift: warning: cannot write '{tmp_path / 'longswift.checkpoint.json'}': directory '{tmp_path}' "
+            "is not writable, where an interrupted run saves its state: give --checkpoint FILE") in err
 
 
 def test_a_bench_where_no_method_can_run_is_refused(capsys, tmp_path, monkeypatch):

@@ -278,6 +278,21 @@ def test_resume_from_another_directory_writes_where_the_first_run_did(tmp_path, 
     assert (first / "same.txt").is_file() and not list(elsewhere.iterdir())
 
 
+@pytest.mark.slow
+def test_an_output_given_again_on_resume_moves_that_file_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--prompt-ids", "1,2,3", "--heads", "none", "--greedy",
+                           "--max-new-tokens", "6", "--ignore-eos", "--no-progress", "--output", "o.txt",
+                           "--json", "o.json", "--checkpoint", "run.ckpt")
+    assert code == 0, err
+    first = (tmp_path / "o.txt").read_text()
+    (tmp_path / "o.json").unlink()
+    code, _, err = run_cli(capsys, "generate", "--resume", "run.ckpt", "--no-progress", "--output", "new.txt")
+    assert code == 0, err
+    assert (tmp_path / "new.txt").read_text() == first
+    assert json.loads((tmp_path / "o.json").read_text())["text"] == first  # the recorded --json still written
+
+
 # ---- 8. help that teaches -------------------------------------------------------------------------
 
 def test_generate_help_has_plain_groups_choices_single_defaults_and_examples():

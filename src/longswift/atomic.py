@@ -7,7 +7,7 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,6 +42,19 @@ def check_writable(path: str | os.PathLike) -> Path:
     os.close(fd)
     os.unlink(probe)
     return p
+
+
+def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
+    """Refuse two of a command's files (named by their flags; None: not given) that are one file:
+    of two outputs only the one written last would be left, and an output would overwrite an input."""
+    seen: dict[Path, str] = {}
+    for flag, p in files:
+        if p is None:
+            continue
+        real = Path(os.path.realpath(Path(p).expanduser()))
+        if real in seen:
+            raise LongswiftError(f"{seen[real]} and {flag} are the same file ('{p}'): give each its own path")
+        seen[real] = flag
 
 
 def check_dir_writable(path: str | os.PathLike, flag: str) -> Path:
@@ -240,9 +253,9 @@ class OutputLock:
             if same:
                 break
             os.close(fd)  # the holder removed it as we opened it: lock the new one
+        self._held.append((fd, lock))  # held from here on: released (and removed) even if the pid cannot be written
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        self._held.append((fd, lock))
 
     def release(self) -> None:
         for fd, lock in reversed(self._held):

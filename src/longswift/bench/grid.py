@@ -25,7 +25,7 @@ from ..spec.budget import unpruned_budget
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest
-from .report import MemoryStore, ResultStore, RunContext, write_outputs
+from .report import OUTPUT_FILES, MemoryStore, ResultStore, RunContext, write_outputs
 
 OURS = ("ar", "tokenswift", "tokenswift-fused")
 KNOWN_METHODS = (*OURS, *PEERS)
@@ -214,13 +214,15 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
               fresh: bool = False, command: str | None = None,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
     """Run the grid; return every run's record (those resumed from `out_dir` included)."""
-    from ..atomic import check_dir_writable, check_writable
+    from ..atomic import check_dir_writable, check_distinct, check_writable
 
     for p in (out, json_path):
         if p is not None:
             check_writable(p)
     if out_dir is not None:
         check_dir_writable(out_dir, "--out-dir")
+    check_distinct([("--out", out), ("--json", json_path), ("--prompt-file", cfg.prompt_file),
+                    *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ()))])
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)

@@ -53,7 +53,7 @@ def _list(text: str | None, flag: str, kind: type) -> tuple | None:
 
 
 def cmd_bench_steps(args: argparse.Namespace) -> int:
-    from ..atomic import append_atomic, check_writable, write_atomic
+    from ..atomic import append_atomic, check_distinct, check_writable, write_atomic
     from ..bench.steps import StepBenchConfig, run_bench_steps
     from ..bench.steps_report import render, to_json
 
@@ -68,6 +68,7 @@ def cmd_bench_steps(args: argparse.Namespace) -> int:
     for path in (args.out, args.json):
         if path is not None:
             check_writable(path)
+    check_distinct([("--out", args.out), ("--json", args.json)])
     result = run_bench_steps(bench, runtime, command="longswift " + shlex.join(args.argv))
     report = render(result)
     print(report)

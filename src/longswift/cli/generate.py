@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -237,11 +236,12 @@ def _resume(args: argparse.Namespace) -> int:
         raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
                              f"{', '.join(RESUME_FLAGS[:-1])} apply)")
     ckpt = read_checkpoint(args.resume)
-    if args.output is None and args.json is None:
-        # Older checkpoints hold paths relative to where they were written: read them from the checkpoint's folder.
-        here = args.resume.expanduser().absolute().parent
-        saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items()}
-        args.output, args.json = saved.get("output"), saved.get("json")
+    # Each output not given again goes where the first run wrote it. (Older checkpoints hold paths
+    # relative to where they were written: read them from the checkpoint's folder.)
+    here = args.resume.expanduser().absolute().parent
+    saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items()}
+    args.output = saved.get("output") if args.output is None else args.output
+    args.json = saved.get("json") if args.json is None else args.json
     if args.checkpoint is None:
         args.checkpoint = args.resume
     outputs = _outputs(args)
@@ -269,19 +269,19 @@ def _resume(args: argparse.Namespace) -> int:
 def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = ()) -> Outputs:
     """The output paths, made absolute, checked writable and distinct (from each other and from the
     input files): two outputs on one file would leave only the one written last."""
-    from ..atomic import check_writable
+    from ..atomic import check_distinct, check_writable
 
     named = {flag: check_writable(p).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
                                                                  ("--checkpoint", args.checkpoint)) if p is not None}
     out = Outputs(named.get("--output"), named.get("--json"), named.get("--checkpoint"), args.checkpoint_every)
     if out.checkpoint is None:
-        named["the checkpoint written when interrupted"] = out.fallback_checkpoint()
-    seen: dict[Path, str] = {}
-    for flag, p in [*named.items(), *((f, p) for f, p in inputs if p is not None)]:
-        real = Path(os.path.realpath(p))
-        if real in seen:
-            raise LongswiftError(f"{seen[real]} and {flag} are the same file ('{p}'): give each its own path")
-        seen[real] = flag
+        fallback = named["the checkpoint written when interrupted"] = out.fallback_checkpoint()
+        try:
+            check_writable(fallback)
+        except LongswiftError as exc:  # the run itself may still write what it was asked to (stdout)
+            print(f"longswift: warning: {exc}, where an interrupted run saves its state: give --checkpoint FILE "
+                  "to make this run resumable", file=sys.stderr)
+    check_distinct([*named.items(), *inputs])
     return out
 
 

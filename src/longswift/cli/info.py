@@ -38,19 +38,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     spec = spec.for_device(device)
-    nodes = tree_budget(spec)
-    draft = draft_cache_tokens(spec, tokens)
+    heads, tokenswift = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
+    nodes = tree_budget(spec) if tokenswift else 0
+    draft = draft_cache_tokens(spec, tokens) if tokenswift else 0
     plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes,
-                       runtime.float32_logits, walk_rows(spec))
+                       runtime.float32_logits, walk_rows(spec) if tokenswift else 1)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
         if f.name != "hf_config":
             print(f"  {f.name}: {getattr(cfg, f.name)}")
     print(f"parameters: {cfg.parameter_count():,}")
-    print(f"draft heads: {describe_heads(args.model, args.heads, cfg)}")
+    print(f"draft heads: {heads}")
     print(f"context: {cfg.context_limit} tokens" + ("" if cfg.rope_type == "default" else f" ({cfg.rope_type} rope scaling)"))
-    print(f"memory plan for {tokens} tokens with TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: "
-          f"{nodes} nodes) in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
+    method = f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes)" if tokenswift else "AR"
+    print(f"memory plan for {tokens} tokens with {method} in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
     if tokens > cfg.context_limit:
         print(f"note: {tokens} tokens exceed the model's context of {cfg.context_limit}: generation will refuse them "
               "unless the context is extended with --rope-scaling")

@@ -153,9 +153,9 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
     """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
     total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
     if total > limit:
-        advice = ("lower --max-new-tokens or shorten the prompt" if cfg.rope_type != "default" else
-                  f"lower --max-new-tokens, or extend the context on purpose with --rope-scaling yarn:"
-                  f"{rope_factor_for(cfg, total)}")
+        shorten = "shorten the prompt" if prompt_tokens >= limit else "lower --max-new-tokens or shorten the prompt"
+        advice = (shorten if cfg.rope_type != "default" else
+                  f"{shorten}, or extend the context on purpose with --rope-scaling yarn:{rope_factor_for(cfg, total)}")
         raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                              f"exceeds this model's context of {limit} tokens: {advice}")
 

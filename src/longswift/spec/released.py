@@ -96,11 +96,12 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
     return write_dir_atomically(out, write)
 
 
-def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> str:
+def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str, bool]:
     """Which heads `--heads` gives this model and where they come from, read from file headers
-    (plus the embedding table when shipped heads might match), for `longswift info`."""
+    (plus the embedding table when shipped heads might match), for `longswift info`; and whether
+    there are any (else generation runs AR)."""
     if heads in ("none", "random"):
-        return "none (AR)" if heads == "none" else "random heads (testing only)"
+        return ("none (AR)", False) if heads == "none" else ("random heads (testing only)", True)
     if heads in ("auto", "default"):
         path = resolve_path(model)
         if heads == "auto":
@@ -108,17 +109,18 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> str:
             found = take_head_tensors(cfg, meta, str(path))
             if found:
                 n = len(found) // len(_PARTS)
-                return f"{n} heads inside the model checkpoint ({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
+                return f"{n} heads inside the model checkpoint ({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}", True
         if may_have_shipped_heads(cfg):
             embed = read_tensors(path, {"model.embed_tokens.weight"}, torch.float32)["model.embed_tokens.weight"]
             shipped = shipped_heads(cfg, embed)
             if shipped is not None:
-                return f"heads shipped with longswift for this model: {shipped}"
-        return "none: AR (the checkpoint has no heads and none are shipped for this model)"
+                return f"heads shipped with longswift for this model: {shipped}", True
+        return "none: AR (the checkpoint has no heads and none are shipped for this model)", False
     path = heads_location(heads)
     if not path.exists():
         raise LongswiftError(f"heads '{path}' do not exist: pass a heads file, a directory holding one, or a "
                              "released checkpoint")
     if path.is_dir() and not (path / HEADS_FILE).is_file():
-        return f"from the released checkpoint {path} (TokenSwift layout; checked against the model when loaded)"
-    return f"from the heads file {path / HEADS_FILE if path.is_dir() else path} (checked against the model when loaded)"
+        return f"from the released checkpoint {path} (TokenSwift layout; checked against the model when loaded)", True
+    return (f"from the heads file {path / HEADS_FILE if path.is_dir() else path} (checked against the model when "
+            "loaded)", True)
