@@ -32,14 +32,17 @@ def add_parser(sub: Any) -> None:
     prefixes = bench.add_mutually_exclusive_group()
     prefixes.add_argument("--prefix", default=None, help="comma list of prompt (prefix) lengths in tokens (default 2048)")
     prefixes.add_argument("--prompt-tokens", type=int, default=None, help="a single prefix length")
-    bench.add_argument("--runs", type=int, default=1, help="timed runs per method and cell (interleaved); medians reported")
+    bench.add_argument("--runs", type=int, default=1,
+                       help="timed runs per method and cell (interleaved); medians reported (default %(default)s)")
     bench.add_argument("--prompt-file", type=Path,
                        help="prompt text: a .txt file is repeated to each prefix length (or, with --chat, sent as a "
                             "chat message); a .jsonl file holds one {\"id\", \"prompt\"} a line, each a grid cell "
                             "(docs/prompts/ has a public set). Default: seeded random token ids")
     bench.add_argument("--chat", action="store_true", help="send the prompt(s) through the model's chat template")
-    bench.add_argument("--seed", type=seed_number, default=0, help="seed of the sampled presets and of random prompts")
-    bench.add_argument("--pld-tokens", type=int, default=10, help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)")
+    bench.add_argument("--seed", type=seed_number, default=0,
+                       help="seed of the sampled presets and of random prompts (default %(default)s)")
+    bench.add_argument("--pld-tokens", type=int, default=10,
+                       help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld; default %(default)s)")
     bench.add_argument("--out-dir", type=Path,
                        help="write results.jsonl (a line per finished run), results.csv, PNG plots and report.md here; "
                             "rerunning the same command resumes, skipping finished runs")

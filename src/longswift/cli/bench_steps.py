@@ -32,16 +32,20 @@ def add_parser(sub: Any) -> None:
                    f"{','.join(map(str, GPU_CONTEXTS))} on CUDA, {','.join(map(str, CPU_CONTEXTS))} on CPU)")
     p.add_argument("--tree-nodes", default=None,
                    help=f"comma list of verify-pass sizes, root included (default {','.join(map(str, TREE_NODES))})")
-    p.add_argument("--reps", type=int, default=_default("reps"), help="timed repetitions per cost (median reported)")
-    p.add_argument("--warmup", type=int, default=_default("warmup"), help="untimed repetitions before them")
+    p.add_argument("--reps", type=int, default=_default("reps"),
+                   help="timed repetitions per cost (median reported; default %(default)s)")
+    p.add_argument("--warmup", type=int, default=_default("warmup"),
+                   help="untimed repetitions before them (default %(default)s)")
     p.add_argument("--alpha", default=None, help="comma list of acceptance rates in [0, 1] (accepted draft tokens / "
                    "draft positions, e.g. measured by `longswift bench`) to project TokenSwift's time with")
-    p.add_argument("--prefix", type=int, default=_default("prefix"), help="prefix length of the projection")
+    p.add_argument("--prefix", type=int, default=_default("prefix"),
+                   help="prefix length of the projection (default %(default)s)")
     p.add_argument("--new-tokens", type=int, default=None, help="tokens the projection generates (default: "
                    f"{GPU_NEW_TOKENS} on CUDA; on CPU up to the largest context)")
     p.add_argument("--bandwidth-mib", type=int, default=None,
                    help="buffer summed to measure read bandwidth (default: max(1 GiB, 4x the last-level cache))")
-    p.add_argument("--seed", type=seed_number, default=_default("seed"), help="seed of the random weights, caches and tries")
+    p.add_argument("--seed", type=seed_number, default=_default("seed"),
+                   help="seed of the random weights, caches and tries (default %(default)s)")
     p.add_argument("--out", type=Path, help="also append the markdown report to this file")
     p.add_argument("--json", type=Path, help="also write the measurements and projections to this JSON file")
     add_config_flags(p, SpecConfig)

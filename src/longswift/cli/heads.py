@@ -33,10 +33,13 @@ def add_parsers(sub: Any) -> None:
     ev.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
     ev.add_argument("--heads", required=True, help="heads file ('default' = the heads shipped for the embedded model)")
     _add_data_flags(ev)
-    ev.add_argument("--seq-len", type=int, default=1024, help="tokens per evaluation window")
-    ev.add_argument("--seed", type=seed_number, default=1, help="sampling seed of --self-distill data (training uses its own --seed, 0 by default)")
+    ev.add_argument("--seq-len", type=int, default=1024, help="tokens per evaluation window (default %(default)s)")
+    ev.add_argument("--seed", type=seed_number, default=1,
+                    help="sampling seed of --self-distill data (default %(default)s; training uses its own --seed, 0 "
+                         "by default)")
     ev.add_argument("--alpha-tokens", type=int, default=1024,
-                    help="tokens of held-out TokenSwift generation for alpha (paper sampling; 0 skips)")
+                    help="tokens of held-out TokenSwift generation for alpha (paper sampling; 0 skips; default "
+                         "%(default)s)")
     ev.add_argument("--json", type=Path, help="write the results here (atomically)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_config_flags(ev, SpecConfig)
@@ -48,8 +51,10 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="text (.txt/.md), JSONL with a 'text' field, or a directory of them; repeatable")
     p.add_argument("--self-distill", type=int, default=0, metavar="N",
                    help="first generate N tokens with the model itself (paper sampling, cached) and use them")
-    p.add_argument("--distill-new-tokens", type=int, default=512, help="tokens generated per self-distill document")
-    p.add_argument("--distill-batch", type=int, default=32, help="self-distill documents generated at once")
+    p.add_argument("--distill-new-tokens", type=int, default=512,
+                   help="tokens generated per self-distill document (default %(default)s)")
+    p.add_argument("--distill-batch", type=int, default=32,
+                   help="self-distill documents generated at once (default %(default)s)")
 
 
 def prepare_windows(engine: Any, args: argparse.Namespace, seq_len: int, seed: int) -> tuple[torch.Tensor, dict]:
