@@ -67,6 +67,32 @@ def test_resume_checks_a_new_thread_count_before_the_checkpoint_records_it(tmp_p
     assert path.read_bytes() == before
 
 
+def test_a_checkpoint_of_a_device_this_machine_lacks_resumes_with_device(tmp_path, capsys):
+    """A GPU run's checkpoint on a machine without CUDA: one line saying so and what to pass, and
+    --device cpu continues it (refused with --resume before)."""
+    from longswift.checkpoint import read_checkpoint
+
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    path = tmp_path / "c.json"
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5", "--heads",
+                           "none", "--max-new-tokens", "6", "--greedy", "--ignore-eos", "--no-progress",
+                           "--checkpoint", str(path), "--device", "cpu")
+    assert code == 0, err
+    ckpt = read_checkpoint(path)
+    ckpt.runtime["device"] = "cuda"
+    ckpt.token_ids = ckpt.token_ids[:3]
+    ckpt.save(path)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has the checkpoint's device")
+    code, _, err = run_cli(capsys, "generate", "--resume", str(path), "--no-progress")
+    assert_one_line_error(code, err, f"checkpoint '{path}' ran on another device: --device cuda requested but no "
+                                     "CUDA device is available; use --device cpu")
+    code, out, err = run_cli(capsys, "generate", "--resume", str(path), "--no-progress", "--device", "cpu")
+    assert code == 0 and len(out.split()) == 6, err
+    assert read_checkpoint(path).runtime["device"] == "cpu"  # the run goes on where it now is
+
+
 @pytest.mark.parametrize("text", ["yarn:1e308", "linear:inf", "dynamic:nan", "yarn:1"])
 def test_rope_factors_that_overflow_the_context_are_refused(text, capsys, no_loading):
     with pytest.raises(LongswiftError, match=r"FACTOR in \(1, 1024\]"):
@@ -323,7 +349,8 @@ def test_a_prompt_that_alone_fills_the_context_is_told_to_shrink(capsys):
     with pytest.raises(LongswiftError, match=r"= 266 exceeds this model's context of 256 tokens: shorten the "
                                              r"prompt, or extend"):
         check_context(cfg, 256, 10)
-    with pytest.raises(LongswiftError, match="lower --max-new-tokens or shorten the prompt, or extend"):
+    with pytest.raises(LongswiftError, match="= 300 exceeds this model's context of 256 tokens: lower --max-new-tokens, "
+                                             "or extend"):
         check_context(cfg, 200, 100)
 
 

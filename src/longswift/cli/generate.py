@@ -15,11 +15,11 @@ from types import FrameType
 from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
-from ..errors import LongswiftError
+from ..errors import ConfigError, LongswiftError
 from .flags import add_config_flags, config_from_args, whole_number
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
-                "--heads", "--debug")
+                "--heads", "--device", "--debug")
 
 
 EXAMPLES = """examples:
@@ -245,9 +245,14 @@ def _resume(args: argparse.Namespace) -> int:
     if args.checkpoint is None:
         args.checkpoint = args.resume
     outputs = _outputs(args)
+    moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
     try:
-        runtime = RuntimeConfig(**ckpt.runtime)
+        runtime = RuntimeConfig(**{**ckpt.runtime, **moved})
         gen = GenerationConfig(**ckpt.generation)
+    except ConfigError as exc:
+        if exc.cli_message.startswith("--device"):  # a device this machine does not have: not damage
+            raise LongswiftError(f"checkpoint '{args.resume}' ran on another device: {exc.cli_message}") from None
+        raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     except (TypeError, LongswiftError) as exc:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     if args.threads is not None:  # checked as the first run's was, before the checkpoint can record it

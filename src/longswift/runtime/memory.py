@@ -153,9 +153,12 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
     """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
     total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
     if total > limit:
-        shorten = "shorten the prompt" if prompt_tokens >= limit else "lower --max-new-tokens or shorten the prompt"
-        advice = (shorten if cfg.rope_type != "default" else
-                  f"{shorten}, or extend the context on purpose with --rope-scaling yarn:{rope_factor_for(cfg, total)}")
+        full = prompt_tokens >= limit  # the prompt alone: fewer new tokens would not help
+        if cfg.rope_type != "default":
+            advice = "shorten the prompt" if full else "lower --max-new-tokens or shorten the prompt"
+        else:
+            advice = (f"{'shorten the prompt' if full else 'lower --max-new-tokens'}, or extend the context on "
+                      f"purpose with --rope-scaling yarn:{rope_factor_for(cfg, total)}")
         raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                              f"exceeds this model's context of {limit} tokens: {advice}")
 
