@@ -332,7 +332,8 @@ def test_bench_outputs_that_are_one_file_are_refused_before_loading(tmp_path, ca
     grid = tmp_path / "grid"
     grid.mkdir()  # (a grid run before: its results would be overwritten)
     same = str(tmp_path / "same")
-    for flags, match in ((["--out", str(grid / "results.jsonl")], "--out and --out-dir's results.jsonl are the same file"),
+    for flags, match in ((["--out", str(grid / "results.jsonl")],
+                          "--out and --out-dir's results.jsonl are the same file"),
                          (["--json", str(grid / "report.md")], "--json and --out-dir's report.md are the same file"),
                          (["--out", same, "--json", same], "--out and --json are the same file")):
         code, _, err = run_cli(capsys, "bench", "--methods", "ar", "--out-dir", str(grid), *flags)
@@ -349,8 +350,8 @@ def test_a_prompt_that_alone_fills_the_context_is_told_to_shrink(capsys):
     with pytest.raises(LongswiftError, match=r"= 266 exceeds this model's context of 256 tokens: shorten the "
                                              r"prompt, or extend"):
         check_context(cfg, 256, 10)
-    with pytest.raises(LongswiftError, match="= 300 exceeds this model's context of 256 tokens: lower --max-new-tokens, "
-                                             "or extend"):
+    with pytest.raises(LongswiftError, match="= 300 exceeds this model's context of 256 tokens: lower "
+                                             "--max-new-tokens, or extend"):
         check_context(cfg, 200, 100)
 
 

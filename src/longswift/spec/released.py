@@ -109,7 +109,8 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
             found = take_head_tensors(cfg, meta, str(path))
             if found:
                 n = len(found) // len(_PARTS)
-                return f"{n} heads inside the model checkpoint ({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}", True
+                where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
+                return f"{n} heads inside the model checkpoint {where}", True
         if may_have_shipped_heads(cfg):
             embed = read_tensors(path, {"model.embed_tokens.weight"}, torch.float32)["model.embed_tokens.weight"]
             shipped = shipped_heads(cfg, embed)
