@@ -187,6 +187,35 @@ def test_an_output_on_a_device_or_pipe_is_refused_not_replaced(tmp_path, capsys,
     assert stat.S_ISFIFO(fifo.stat().st_mode) and stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("failing", ["out.json", "ck.json"])
+def test_a_full_disk_at_the_end_leaves_none_of_the_run_outputs(tmp_path, capsys, monkeypatch, failing):
+    """--output, --json and the final checkpoint are all written before the first is renamed into
+    place: a disk that fills while writing the last leaves no --output without its --json."""
+    real = AtomicFile.write
+
+    def full(self, text):
+        if self.path.name == failing:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        real(self, text)
+
+    monkeypatch.setattr(AtomicFile, "write", full)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--prompt", "Hi.", "--greedy", "--max-new-tokens", "4", "--ignore-eos",
+                           "--no-progress", "--method", "ar", "--output", "out.txt", "--json", "out.json",
+                           "--checkpoint", "ck.json", "--checkpoint-every", "100")
+    assert code == 1 and "No space left on device" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no .partial files, no lock files either
+    monkeypatch.setattr(AtomicFile, "write", real)
+    (tmp_path / "out.txt.a1b2c3d4.partial").write_text("from a run killed by SIGKILL")
+    code, _, err = run_cli(capsys, "generate", "--prompt", "Hi.", "--greedy", "--max-new-tokens", "4", "--ignore-eos",
+                           "--no-progress", "--method", "ar", "--output", "out.txt", "--json", "out.json")
+    assert code == 0, err
+    assert "removed 'out.txt.a1b2c3d4.partial', left by a run that was killed while writing it" in err
+    assert (tmp_path / "out.txt").read_text() == json.loads((tmp_path / "out.json").read_text())["text"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "out.txt"]
+
+
 def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys, no_loading):
     """/proc says it is writable to root: the check creates a file to find out."""
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--output", "/proc/version")

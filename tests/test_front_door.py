@@ -72,6 +72,21 @@ def test_output_lock_refuses_a_second_holder_and_is_released(tmp_path):
         pass
 
 
+def test_the_lock_holder_removes_temp_files_that_killed_runs_left(tmp_path):
+    """A run killed by SIGKILL leaves `out.txt.<random>.partial`; the next run on out.txt removes it,
+    and nothing that is not such a temp file of a locked path."""
+    out = tmp_path / "out.txt"
+    stale = [tmp_path / "out.txt.k3_9abcd.partial", tmp_path / "out.txt.0000zzzz.partial"]
+    kept = [tmp_path / "out.txt.notes.partial", tmp_path / "other.txt.k3_9abcd.partial", tmp_path / "out.txt.partial",
+            tmp_path / "out.txt"]
+    for f in stale + kept:
+        f.write_text("x")
+    seen = []
+    with OutputLock([("--output", out)], seen.append):
+        assert seen == sorted(stale)
+    assert sorted(tmp_path.iterdir()) == sorted(kept)
+
+
 @pytest.mark.slow
 def test_a_second_run_on_the_same_output_is_refused_and_the_first_is_intact(tmp_path, capsys):
     first = subprocess.Popen([sys.executable, "-m", "longswift", "generate", "--prompt", "Tell a story.", "--raw",

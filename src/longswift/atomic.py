@@ -4,6 +4,7 @@ writer uses, fsync, rename. `OutputLock` keeps two runs from writing the same fi
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import shutil
 import tempfile
@@ -131,6 +132,9 @@ def _umask() -> int:
     return umask
 
 
+_TEMP_CHARS = 8  # the random part of tempfile.mkstemp's names
+
+
 def _new_temp(path: Path) -> tuple[int, Path]:
     """A new, uniquely named file next to `path` (`<name>.<random>.partial`), with the mode a plain
     `open()` would give `path` (its current mode if it exists), so two writers never share a temp file."""
@@ -149,7 +153,9 @@ def _open_mode(path: Path) -> int:
 
 class AtomicFile:
     """A text file written as it goes to a unique `<name>.<random>.partial` (follow it with
-    `tail -f`) and renamed over `<name>` only by `commit()`; `discard()` removes the temp file."""
+    `tail -f`) and renamed over `<name>` only by `commit()`; `discard()` removes the temp file.
+    `stage()` does all that can fail on a full disk (flush, fsync) but the rename, so that several
+    files can be staged first and then committed together: all of them appear, or none."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = check_writable(path)
@@ -160,10 +166,14 @@ class AtomicFile:
         self.file.write(text)
         self.file.flush()
 
+    def stage(self) -> None:
+        if not self.file.closed:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+
     def commit(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+        self.stage()
         os.replace(self.tmp, self.path)
 
     def discard(self) -> None:
@@ -214,10 +224,14 @@ class OutputLock:
     """An advisory lock (flock) on `<name>.lock` next to each output file, held for a whole run, so
     a second run writing the same file is refused at once instead of interleaving with the first.
     The lock file is removed on release; a lock taken on a file that was removed meanwhile is
-    taken again on the new one, so two runs can never both hold a path."""
+    taken again on the new one, so two runs can never both hold a path.
 
-    def __init__(self, paths: list[tuple[str, Path]]) -> None:
+    Holding a path's lock, no other run is writing it: a `<name>.<random>.partial` beside it was
+    left by a run that was killed (kill -9, a power cut) and is removed; `on_stale` hears of each."""
+
+    def __init__(self, paths: list[tuple[str, Path]], on_stale: Callable[[Path], None] | None = None) -> None:
         self.paths = paths  # (flag, path), e.g. ("--output", Path("out.txt"))
+        self.on_stale = on_stale
         self._held: list[tuple[int, Path]] = []
 
     def __enter__(self) -> OutputLock:
@@ -256,6 +270,11 @@ class OutputLock:
         self._held.append((fd, lock))  # held from here on: released (and removed) even if the pid cannot be written
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
+        for stale in sorted(path.parent.glob(glob.escape(path.name) + "." + "?" * _TEMP_CHARS + ".partial")):
+            if stale.is_file():
+                stale.unlink(missing_ok=True)
+                if self.on_stale:
+                    self.on_stale(stale)
 
     def release(self) -> None:
         for fd, lock in reversed(self._held):

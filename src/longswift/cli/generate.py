@@ -127,8 +127,12 @@ class Outputs:
     def locked(self) -> Any:
         from ..atomic import OutputLock
 
+        def note(stale: Path) -> None:
+            print(f"longswift: removed '{_shown(stale)}', left by a run that was killed while writing it",
+                  file=sys.stderr)
+
         return OutputLock([(flag, p) for flag, p in (("--output", self.output), ("--json", self.json),
-                                                     ("--checkpoint", self.checkpoint)) if p is not None])
+                                                     ("--checkpoint", self.checkpoint)) if p is not None], note)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -317,7 +321,7 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
 
 
 def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool) -> int:
-    from ..atomic import AtomicFile, write_atomic
+    from ..atomic import AtomicFile
     from ..detok import IncrementalDecoder
     from .display import make_display
 
@@ -329,6 +333,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         return stop.exit_code if stop.signum is not None or stream.result is None else 0
     saved = out.saved()
     text_file = AtomicFile(out.output) if out.output else None
+    json_file: AtomicFile | None = None
     try:
         decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
         push = decoder.push if decoder else (lambda ids: "".join(f" {t}" for t in ids))  # no tokenizer: the ids
@@ -356,21 +361,26 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             if not text_file:
                 display.text("\n")
         interrupted = stop.signum is not None and stream.result is None
+        result = stream.result_so_far(finish_reason="interrupted") if interrupted else stream.result
+        # All that can fail on a full disk comes before the first rename: the outputs appear together or not at all.
         if text_file:
-            text_file.commit()
+            text_file.stage()
+        if out.json:
+            json_file = AtomicFile(out.json)
+            json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+            json_file.stage()
         if interrupted:
             path = out.checkpoint or out.fallback_checkpoint()
             stream.checkpoint(saved).save(path)
-            result = stream.result_so_far(finish_reason="interrupted")
-        else:
-            if out.checkpoint:  # the final state: resuming it reproduces the finished outputs
-                stream.checkpoint(saved).save(out.checkpoint)
-            result = stream.result
-        if out.json:
-            write_atomic(out.json, json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+        elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
+            stream.checkpoint(saved).save(out.checkpoint)
+        for f in (text_file, json_file):
+            if f:
+                f.commit()
     except BaseException:
-        if text_file:
-            text_file.discard()
+        for f in (text_file, json_file):
+            if f:
+                f.discard()
         raise
     s = result.stats
     spec_info = f", alpha {s.alpha:.2f}, {s.tokens_per_step:.2f} tokens/step" if s.method == "tokenswift" else ""
