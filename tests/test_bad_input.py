@@ -432,6 +432,38 @@ def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, t
     assert out.exists() == (case == "file")
 
 
+@pytest.mark.parametrize("command", ["train-heads", "eval-heads"])
+@pytest.mark.parametrize("flags,match", [
+    ([], "no training data: pass --data FILE_OR_DIR and/or --self-distill N"),
+    (["--data", "MISSING"], "training data 'MISSING' does not exist"),
+    (["--data", "EMPTY"], "no text in EMPTY: the training data is empty"),
+    (["--data", "BINARY"], "looks binary (it holds NUL bytes)"),
+    (["--self-distill", "-5"], "--self-distill must be a number of tokens >= 0, got -5"),
+    (["--self-distill", "100", "--distill-batch", "0"], "--distill-batch must be positive, got 0"),
+    (["--self-distill", "100", "--distill-new-tokens", "-1"], "--distill-new-tokens must be positive, got -1"),
+])
+def test_heads_commands_check_their_data_before_loading(capsys, tmp_path, no_loading, command, flags, match):
+    (tmp_path / "empty.txt").write_text("  \n")
+    (tmp_path / "binary.txt").write_bytes(b"text\x00more")
+    names = {"MISSING": tmp_path / "missing.txt", "EMPTY": tmp_path / "empty.txt", "BINARY": tmp_path / "binary.txt"}
+    flags = [str(names[f]) if f in names else f for f in flags]
+    match = next((match.replace(k, str(v)) for k, v in names.items() if k in match), match)
+    where = ["--out", str(tmp_path / "heads")] if command == "train-heads" else ["--heads", "default"]
+    code, _, err = run_cli(capsys, command, *where, *flags)
+    assert_one_line_error(code, err, match)
+    assert not (tmp_path / "heads").exists()
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--seq-len", "1"], "--seq-len must be at least 2, got 1"),
+    (["--heads", "missing.safetensors"], "heads file 'missing.safetensors' does not exist"),
+])
+def test_eval_heads_checks_its_window_and_heads_before_loading(capsys, tmp_path, no_loading, flags, match):
+    (tmp_path / "a.txt").write_text("some text")
+    code, _, err = run_cli(capsys, "eval-heads", "--heads", "default", "--data", str(tmp_path / "a.txt"), *flags)
+    assert_one_line_error(code, err, match)
+
+
 def test_bench_checks_its_out_dir_before_loading(capsys, no_loading):
     code, _, err = run_cli(capsys, "bench", "--out-dir", "/proc/longswift-bench", "--methods", "ar")
     assert_one_line_error(code, err, "cannot write --out-dir '/proc/longswift-bench'")

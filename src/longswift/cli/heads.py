@@ -57,20 +57,31 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="self-distill documents generated at once (default %(default)s)")
 
 
-def prepare_windows(engine: Any, args: argparse.Namespace, seq_len: int, seed: int) -> tuple[torch.Tensor, dict]:
-    """Token windows [N, seq_len] from --data and/or --self-distill, and a description of them."""
-    from ..train.data import cut_windows, read_texts, tokenize
-    from ..train.distill import self_distill
+def read_data(args: argparse.Namespace) -> list[str]:
+    """Check the data flags and read the --data texts, before the model loads (which takes minutes,
+    and --self-distill many more): a missing file or a bad number costs no loading time."""
+    from ..train.data import read_texts
 
     if not args.data and not args.self_distill:
         raise LongswiftError("no training data: pass --data FILE_OR_DIR and/or --self-distill N")
+    if args.self_distill < 0:
+        raise LongswiftError(f"--self-distill must be a number of tokens >= 0, got {args.self_distill}")
     for flag in ("distill_new_tokens", "distill_batch"):
         if getattr(args, flag) <= 0:
-            raise LongswiftError(f"--{flag.replace('_', '-')} must be positive")
+            raise LongswiftError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+    return read_texts(args.data) if args.data else []
+
+
+def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq_len: int,
+                    seed: int) -> tuple[torch.Tensor, dict]:
+    """Token windows [N, seq_len] from the --data `texts` and/or --self-distill, and a description of them."""
+    from ..train.data import cut_windows, tokenize
+    from ..train.distill import self_distill
+
     documents: list[list[int]] = []
     info: dict = {}
-    if args.data:
-        documents += tokenize(engine.tokenizer, read_texts(args.data))
+    if texts:
+        documents += tokenize(engine.tokenizer, texts)
         info["data"] = [str(d) for d in args.data]
     if args.self_distill:
         t0 = time.perf_counter()
@@ -93,9 +104,10 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
     check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
+    texts = read_data(args)
     engine = load(args.model, runtime, heads=None)
     t0 = time.perf_counter()
-    windows, info = prepare_windows(engine, args, cfg.seq_len, cfg.seed)
+    windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
     trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=not args.no_progress,
                           extra_meta={"data": info})
     last = trainer.log[-1] if trainer.log else None
@@ -118,15 +130,20 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
         check_writable(args.json)
     if args.alpha_tokens < 0:
         raise LongswiftError("--alpha-tokens must be >= 0")
+    if args.seq_len < 2:
+        raise LongswiftError(f"--seq-len must be at least 2, got {args.seq_len}")
     if args.heads == "none":
         raise LongswiftError("eval-heads needs draft heads: pass --heads with a heads file, 'default' or 'auto'")
+    if args.heads.endswith(".safetensors") and not Path(args.heads).expanduser().is_file():
+        raise LongswiftError(f"heads file '{args.heads}' does not exist: pass a file written by `longswift train-heads`")
+    texts = read_data(args)
     engine = load(args.model, runtime, heads=args.heads)
     if engine.heads is None:
         raise LongswiftError(f"--heads {args.heads} found no draft heads for this model: pass a heads file "
                              "(train one with `longswift train-heads`)")
     if args.alpha_tokens:
         check_alpha_fits(engine, args.alpha_tokens)  # before the windows, which may distill for minutes
-    windows, info = prepare_windows(engine, args, args.seq_len, args.seed)
+    windows, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
     acc = head_accuracy(engine, engine.heads, windows, progress=not args.no_progress)
     print(f"held-out accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
