@@ -90,6 +90,7 @@ def test_stream_yields_tokens_and_result_has_stats():
     assert r.stats.decode_seconds > 0 and r.stats.tokens_per_second > 0
     d = r.to_dict()
     assert set(d) == {"token_ids", "text", "stats"} and d["stats"]["method"] == "ar"
+    assert d["stats"]["alpha"] is None and d["stats"]["tokens_per_step"] == 1  # AR drafts nothing: no rate, not 0
 
 
 def test_bad_requests_are_refused():

@@ -63,7 +63,10 @@ class GenerationStats:
             self.graph_capture_seconds += seconds
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3), "alpha": round(self.alpha, 4),
+        """The fields and the derived numbers; alpha is None for a run that drafted nothing (AR, or
+        TokenSwift whose adaptive steps were all plain), whose acceptance rate is not 0 but undefined."""
+        alpha = round(self.alpha, 4) if self.draft_positions else None
+        return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3), "alpha": alpha,
                                "tokens_per_step": round(self.tokens_per_step, 3)}
 
 
