@@ -15,6 +15,7 @@ from longswift.runtime.attention import (
     Attention,
     by_length,
     cascade,
+    cuda_flash_fits,
     explicit_with_lse,
     flash_with_lse,
     key_span,
@@ -172,3 +173,15 @@ def test_model_forward_is_the_same_on_the_gpu_kernels(kernel):
     got = run()
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_cuda_flash_is_asked_only_for_head_sizes_its_kernels_take():
+    """aten's flash forward refuses a head size that is not a multiple of 8 (only the public SDPA pads
+    it) or above 256, and any dtype but float16/bfloat16: those take the explicit path instead of a
+    RuntimeError on a GPU."""
+    cuda = torch.device("cuda")
+    assert cuda_flash_fits(cuda, torch.bfloat16, 128) and cuda_flash_fits(cuda, torch.float16, 64)
+    assert not cuda_flash_fits(cuda, torch.bfloat16, 12)  # 12 % 8 != 0: mha_fwd's TORCH_CHECK
+    assert not cuda_flash_fits(cuda, torch.bfloat16, 264)
+    assert not cuda_flash_fits(cuda, torch.float32, 128)
+    assert not cuda_flash_fits(torch.device("cpu"), torch.bfloat16, 128)

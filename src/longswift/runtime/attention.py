@@ -37,6 +37,13 @@ ONEDNN_FROM_ENTRIES = 3072
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
+def cuda_flash_fits(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether CUDA's flash kernels take queries of this device, dtype and head size: float16/bfloat16,
+    head_dim a multiple of 8 up to 256. aten's flash forward (mha_fwd, mha_varlen_fwd in flash_api.cpp)
+    refuses other head sizes with "head_size must be a multiple of 8, this is ensured by padding!": only
+    the public F.scaled_dot_product_attention pads, and these paths call the ops directly."""
+    return device.type == "cuda" and dtype in FLASH_DTYPES and head_dim <= 256 and head_dim % 8 == 0
+
 
 def flash_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,7 +56,7 @@ def flash_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             qg[None], keys[None], values[None], 0.0, False, scale=scale)[:2]
         return out[0], lse[0]
-    if qg.device.type == "cuda" and qg.dtype in FLASH_DTYPES and qg.shape[-1] <= 256:
+    if cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
             qg[None], keys[None], values[None], 0.0, False, False, scale=scale)[:2]
         return out[0], lse[0]
@@ -166,7 +173,7 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     group's query heads are already rows). Elsewhere: explicit products over the span, the slots
     from `used` on masked out (how the CPU tests run the same bodies)."""
     span = keys.shape[1]
-    if qg.device.type == "cuda" and qg.dtype in FLASH_DTYPES and qg.shape[-1] <= 256 and qg.shape[-1] % 8 == 0:
+    if cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
         k, v = keys.transpose(0, 1), values.transpose(0, 1)  # [S, Hkv, D] views of the cache
         paged = {}
         if ks.table is not None:  # [S / page, page, Hkv, D], still views

@@ -9,7 +9,7 @@ import torch
 
 from ..config import ModelConfig
 from ..errors import LongswiftError
-from .attention import FLASH_DTYPES, FLASH_PAGE, SDPA_FROM_TOKENS
+from .attention import FLASH_PAGE, SDPA_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
 from .model import Transformer
@@ -134,7 +134,7 @@ def plan_memory(
     # budget, and (bucketed) with an explicit part over up to a bucket of cached slots.
     verify_rows = padded_nodes(tree_nodes) if cuda and tree_nodes else tree_nodes
     rows = max(chunk, verify_rows)
-    flash = dtype in FLASH_DTYPES
+    flash = cuda_flash_fits(torch.device("cuda"), dtype, cfg.head_dim)  # (the flag counts only where cuda)
     scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash),
                  masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
     logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), 4 if float32_logits else elem)
