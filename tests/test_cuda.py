@@ -1,5 +1,6 @@
 """GPU checks (marker `cuda`; skipped without CUDA). Run on a GPU machine with nothing but the
-project: `pip install -e . && python -m pytest -q -m cuda tests/test_cuda.py`.
+project: `pip install -e ".[dev]" && python -m pytest -q -m cuda tests/test_cuda.py` (without a network,
+the machine's own pytest and `PYTHONPATH=src` do: see docs/scripts/gpu_session.sh).
 
 - CUDA-graph replay equals the eager body, and the eager CUDA decode, exactly, with both ways of
   attending (--graph-attention bucketed, and length: one graph per doubling span); so does the draft
