@@ -379,7 +379,8 @@ class RuntimeConfig:
         default="auto", metadata=_help("float32, bfloat16, float16, float64 or auto (fp32 on CPU, bf16 on CUDA)",
                                        choices=("auto", "float32", "bfloat16", "float16", "float64"))
     )
-    threads: int | None = field(default=None, metadata=_help("CPU threads for torch (default: torch's choice)"))
+    threads: int | None = field(default=None, metadata=_help("CPU threads for torch (default: torch's, one per "
+                                                              "core; on a shared machine, the cores that are free)"))
     rope_scaling: str | None = field(default=None, metadata=_help(
         "extend the model's context on purpose: TYPE:FACTOR with TYPE yarn, linear or dynamic (e.g. yarn:4)"))
     pack_weights: bool | None = field(
