@@ -5,6 +5,7 @@ where the user asked from any directory."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -69,6 +70,26 @@ def test_output_lock_refuses_a_second_holder_and_is_released(tmp_path):
             OutputLock([("--output", out)]).__enter__()
     assert not (tmp_path / "out.txt.lock").exists()
     with OutputLock([("--output", out)]):  # free again
+        pass
+
+
+def test_a_lock_whose_pid_cannot_be_written_is_still_released(tmp_path, monkeypatch):
+    """Held from the flock on: a full disk while writing the pid into it releases and removes it."""
+    real = os.write
+    pid = str(os.getpid()).encode()
+
+    def full(fd, data):
+        if data == pid:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    out, other = tmp_path / "out.txt", tmp_path / "other.txt"
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        OutputLock([("--json", other), ("--output", out)]).__enter__()
+    monkeypatch.setattr(os, "write", real)
+    assert list(tmp_path.iterdir()) == []  # both lock files released and removed
+    with OutputLock([("--output", out)]):  # and free
         pass
 
 
