@@ -135,7 +135,8 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if args.heads == "none":
         raise LongswiftError("eval-heads needs draft heads: pass --heads with a heads file, 'default' or 'auto'")
     if args.heads.endswith(".safetensors") and not Path(args.heads).expanduser().is_file():
-        raise LongswiftError(f"heads file '{args.heads}' does not exist: pass a file written by `longswift train-heads`")
+        raise LongswiftError(f"heads file '{args.heads}' does not exist: pass a file written by "
+                             "`longswift train-heads`")
     texts = read_data(args)
     engine = load(args.model, runtime, heads=args.heads)
     if engine.heads is None:
