@@ -47,6 +47,22 @@ def test_the_summary_line_counts_graph_captures(capsys, monkeypatch, tmp_path):
     assert f"{stats['graph_captures']} CUDA graphs captured in" in err, err
 
 
+def test_the_summary_line_says_when_nothing_was_drafted():
+    """Alpha is a rate over drafted positions: a TokenSwift run whose adaptive steps were all plain
+    drafted none, and its line says so instead of alpha 0.00."""
+    from longswift.cli.generate import summary_line
+    from longswift.stats import GenerationStats
+
+    plain = GenerationStats("tokenswift", 38, new_tokens=300, steps=300, decode_seconds=60.0, plain_steps=300)
+    assert summary_line(plain) == ("tokenswift: 300 tokens in 60.00 s (5.0 tok/s, nothing drafted: every step plain, "
+                                   "1.00 tokens/step), prefill 38 tokens in 0.00 s, stop: length")
+    drafted = GenerationStats("tokenswift", 38, new_tokens=300, steps=100, decode_seconds=10.0, accepted_tokens=200,
+                              draft_positions=400)
+    assert "(30.0 tok/s, alpha 0.50, 3.00 tokens/step) on 2 processes," in summary_line(drafted, processes=2)
+    ar = GenerationStats("ar", 38, new_tokens=300, steps=300, decode_seconds=10.0)
+    assert summary_line(ar).startswith("ar: 300 tokens in 10.00 s (30.0 tok/s), prefill")
+
+
 @pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"

@@ -382,19 +382,26 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             if f:
                 f.discard()
         raise
-    s = result.stats
-    spec_info = f", alpha {s.alpha:.2f}, {s.tokens_per_step:.2f} tokens/step" if s.method == "tokenswift" else ""
-    ranks = f" on {tp.world} processes" if tp is not None else ""
-    graphs = f", {s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s" if s.graph_captures else ""
-    print(f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s{spec_info})"
-          f"{ranks}{graphs}, prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, stop: {s.finish_reason}",
-          file=sys.stderr)
+    print(summary_line(result.stats, tp.world if tp is not None else 1), file=sys.stderr)
     if interrupted:
         shown = _shown(path)
         print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{shown}'. "
               f"Continue with: longswift generate --resume {shown}", file=sys.stderr)
         return stop.exit_code
     return 0
+
+
+def summary_line(s: Any, processes: int = 1) -> str:
+    """The closing line of a run from its GenerationStats."""
+    spec_info = ""
+    if s.method == "tokenswift":  # no drafts at all: every step was plain, and alpha is undefined, not 0
+        rate = f"alpha {s.alpha:.2f}" if s.draft_positions else "nothing drafted: every step plain"
+        spec_info = f", {rate}, {s.tokens_per_step:.2f} tokens/step"
+    ranks = f" on {processes} processes" if processes > 1 else ""
+    graphs = f", {s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s" if s.graph_captures else ""
+    return (f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s"
+            f"{spec_info}){ranks}{graphs}, prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, "
+            f"stop: {s.finish_reason}")
 
 
 def _shown(path: Path) -> str:
