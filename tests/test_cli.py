@@ -296,3 +296,24 @@ def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
     code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "auto", "--data", str(data),
                            "--device", "cpu")
     assert_one_line_error(code, err, "--heads auto found no draft heads for this model")
+
+
+@pytest.mark.slow
+def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
+    """eval-heads' alpha measures the heads: with adaptive steps (generate's default) nearly every
+    step can be a plain one, and alpha would come from a handful of drafts. It drafts at every step
+    unless --adaptive is given, and says how many steps drafted."""
+    data = tmp_path / "d.txt"
+    data.write_text(LOREM)
+    js = tmp_path / "eval.json"
+    args = ("eval-heads", "--heads", "random", "--data", str(data), "--seq-len", "16", "--alpha-tokens", "12",
+            "--no-progress", "--threads", "1")
+    code, out_text, err = run_cli(capsys, *args, "--json", str(js))
+    assert code == 0, err
+    gen = json.loads(js.read_text())["generation"]
+    assert gen["plain_steps"] == 0 and gen["lookup_steps"] == 0, gen
+    assert f"({gen['steps']} of {gen['steps']} steps drafted)" in out_text
+    code, out_text, err = run_cli(capsys, *args, "--adaptive", "--json", str(js))
+    assert code == 0, err
+    gen = json.loads(js.read_text())["generation"]
+    assert gen["plain_steps"] > 0, gen  # adaptive steps try a plain step among their first

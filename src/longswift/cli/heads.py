@@ -44,6 +44,14 @@ def add_parsers(sub: Any) -> None:
     ev.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_config_flags(ev, SpecConfig)
     add_config_flags(ev, RuntimeConfig)
+    # alpha measures the heads: every step drafts. Adaptive steps (generate's default) would run nearly
+    # all steps plain where the heads do not pay on this machine, leaving alpha to a handful of drafts.
+    for action in ev._actions:
+        if action.dest == "adaptive":
+            action.default = False
+            action.help = ("run the alpha generation with adaptive steps, as `generate` does (plain steps where "
+                           "drafts do not pay, so alpha comes from the few steps that drafted); default: off, "
+                           "every step drafts")
 
 
 def _add_data_flags(p: argparse.ArgumentParser) -> None:
@@ -150,8 +158,10 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
         s = held_out_alpha(engine, args.alpha_tokens, spec=spec)
-        print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {s.alpha:.3f}, "
-              f"{s.tokens_per_step:.2f} tokens/step, n-gram share {s.ngram_accepted / max(1, s.accepted_tokens):.2f}")
+        drafted = s.steps - s.plain_steps  # full, narrow and lookup steps: the ones alpha counts
+        print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {s.alpha:.3f} "
+              f"({drafted} of {s.steps} steps drafted), {s.tokens_per_step:.2f} tokens/step, "
+              f"n-gram share {s.ngram_accepted / max(1, s.accepted_tokens):.2f}")
         result["generation"] = s.to_dict()
     if args.json:
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")
