@@ -317,3 +317,49 @@ def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
     assert code == 0, err
     gen = json.loads(js.read_text())["generation"]
     assert gen["plain_steps"] > 0, gen  # adaptive steps try a plain step among their first
+
+
+@pytest.mark.slow
+def test_train_heads_interrupted_saves_and_resumes_to_the_same_heads(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during train-heads finishes the step, saves the checkpoint (not only every
+    --checkpoint-every steps), prints the command that continues, and that command ends with the
+    heads an uninterrupted run writes."""
+    import os
+    import shlex
+    import signal
+
+    import torch
+    from safetensors.torch import load_file
+
+    from longswift.train.train import HeadTrainer
+
+    data = tmp_path / "d.txt"
+    data.write_text(LOREM)
+    common = ["--data", str(data), "--seq-len", "32", "--steps", "5", "--batch-size", "2", "--warmup", "1",
+              "--no-progress", "--threads", "1"]
+    code, _, err = run_cli(capsys, "train-heads", "--out", str(tmp_path / "whole"), *common)
+    assert code == 0, err
+
+    run_step = HeadTrainer.run_step
+
+    def interrupted_step(self):
+        metrics = run_step(self)
+        if self.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives during step 2: training stops after it
+        return metrics
+
+    monkeypatch.setattr(HeadTrainer, "run_step", interrupted_step)
+    out = tmp_path / "cut"
+    code, _, err = run_cli(capsys, "train-heads", "--out", str(out), *common)
+    monkeypatch.setattr(HeadTrainer, "run_step", run_step)
+    assert code == 130, err
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert not (out / "heads.safetensors").exists()
+    line = err.strip().splitlines()[-1]
+    assert "interrupted at step 2 of 5" in line and "Continue with: longswift train-heads" in line, err
+    again = shlex.split(line.split("Continue with: ")[1])
+    assert again[-1] == "--resume"
+    code, _, err = run_cli(capsys, *again[1:])
+    assert code == 0, err
+    whole, resumed = load_file(tmp_path / "whole" / "heads.safetensors"), load_file(out / "heads.safetensors")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)

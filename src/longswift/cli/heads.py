@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from dataclasses import asdict
@@ -107,7 +108,8 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..engine import load
-    from ..train.train import HEADS_FILE, TrainConfig, check_out_dir, train_heads
+    from ..train.train import CHECKPOINT, HEADS_FILE, TrainConfig, check_out_dir, train_heads
+    from .generate import StopRequest
 
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
@@ -116,8 +118,15 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     engine = load(args.model, runtime, heads=None)
     t0 = time.perf_counter()
     windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
+    stop = StopRequest()  # Ctrl-C / SIGTERM during the steps: finish the step, save the checkpoint, say how to resume
     trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=not args.no_progress,
-                          extra_meta={"data": info})
+                          extra_meta={"data": info}, stop=stop)
+    if trainer.interrupted:
+        argv = list(getattr(args, "argv", None) or ["train-heads", "--out", str(args.out)])
+        again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
+        print(f"longswift: interrupted at step {trainer.step} of {cfg.steps}; checkpoint saved to "
+              f"'{Path(args.out) / CHECKPOINT}'. Continue with: {again}", file=sys.stderr)
+        return stop.exit_code
     last = trainer.log[-1] if trainer.log else None
     acc = " / ".join(f"{a:.3f}" for a in last["head_acc"]) if last else "n/a"
     print(f"trained {cfg.gamma} heads on {info['windows']} windows x {cfg.seq_len} tokens for {cfg.steps} steps "

@@ -135,6 +135,7 @@ class HeadTrainer:
         self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
         self.log: list[dict] = []
+        self.interrupted = False  # stopped by a signal before the last step (train_heads' `stop`)
         self.data_hash = hashlib.sha256(windows.cpu().numpy().tobytes()).hexdigest()[:20]
 
     def batch_windows(self, step: int, micro: int) -> torch.Tensor:
@@ -229,8 +230,14 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
 
 
 def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
-                resume: bool = False, progress: bool = True, extra_meta: dict | None = None) -> HeadTrainer:
-    """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir."""
+                resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
+                stop: Any = None) -> HeadTrainer:
+    """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
+    `stop`: a context manager (cli.generate.StopRequest) entered for the optimizer steps only; once its
+    `signum` is set, training stops after the current step, saves the checkpoint and returns the
+    trainer with `interrupted` set (no heads file: `resume=True` finishes the run)."""
+    from contextlib import nullcontext
+
     from tqdm import tqdm
 
     out = check_out_dir(out_dir, resume)
@@ -247,12 +254,18 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     if resume:
         trainer.load_checkpoint(checkpoint)
     bar = tqdm(total=cfg.steps, initial=trainer.step, desc="train heads", unit="step", disable=not progress)
-    while trainer.step < cfg.steps:
-        m = trainer.run_step()
-        bar.update(1)
-        bar.set_postfix_str(f"loss {m.loss:.3f} acc " + "/".join(f"{a:.2f}" for a in m.head_acc))
-        if trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps:
-            trainer.save_checkpoint(checkpoint)
+    with stop if stop is not None else nullcontext():
+        while trainer.step < cfg.steps:
+            m = trainer.run_step()
+            bar.update(1)
+            bar.set_postfix_str(f"loss {m.loss:.3f} acc " + "/".join(f"{a:.2f}" for a in m.head_acc))
+            stopping = stop is not None and stop.signum is not None
+            if trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps or stopping:
+                trainer.save_checkpoint(checkpoint)
+            if stopping and trainer.step < cfg.steps:
+                bar.close()
+                trainer.interrupted = True
+                return trainer
     bar.close()
     meta = {"training": {"config": asdict(cfg), "windows": int(windows.shape[0]),
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
