@@ -137,6 +137,24 @@ def test_checkpoint_refusals(tiny, tmp_path):
         train_heads(tiny, windows, cfg, tmp_path, resume=True, progress=False)
 
 
+def test_one_training_run_per_out_dir(tiny, tmp_path):
+    """A second train-heads on the same --out while the first runs is refused (it would overwrite the
+    first's checkpoint and heads); a temp file a killed run left there is removed."""
+    from longswift.atomic import OutputLock
+
+    windows = _windows(tiny, n=3, seed=2)
+    cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1)
+    with OutputLock([("--out", tmp_path / "checkpoint.pt")]):  # the first run, still training
+        with pytest.raises(LongswiftError, match="being written by another longswift run"):
+            train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    assert not (tmp_path / "heads.safetensors").exists()
+    stale = tmp_path / "checkpoint.pt.k1ll3d00.partial"  # torch.save's temp file of a run killed while saving
+    stale.write_bytes(b"half a checkpoint")
+    train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    assert not stale.exists() and (tmp_path / "heads.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "heads.safetensors", "train_log.json"]
+
+
 def test_data_reading(tmp_path):
     (tmp_path / "a.txt").write_text("one document")
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "two"}) + "\n\n" + json.dumps({"text": "three"}) + "\n")

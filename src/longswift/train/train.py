@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..atomic import check_dir_writable, replace_atomically, write_atomic
+from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, seed_problem, torch_seed
 from ..errors import LongswiftError
 from ..spec.heads import HEADS_FILE, DraftHeads, new_heads, save_heads
@@ -236,10 +236,6 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     `stop`: a context manager (cli.generate.StopRequest) entered for the optimizer steps only; once its
     `signum` is set, training stops after the current step, saves the checkpoint and returns the
     trainer with `interrupted` set (no heads file: `resume=True` finishes the run)."""
-    from contextlib import nullcontext
-
-    from tqdm import tqdm
-
     out = check_out_dir(out_dir, resume)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -247,6 +243,19 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
         raise LongswiftError(f"cannot create output directory '{out}': {exc.strerror}") from None
     if not os.access(out, os.W_OK):
         raise LongswiftError(f"output directory '{out}' is not writable: choose another --out")
+    # One run at a time per --out: a second one would overwrite the first's checkpoint and heads. The
+    # lock also removes temp files a killed run left (`checkpoint.pt.<random>.partial`).
+    with OutputLock([("--out", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE)]):
+        check_out_dir(out, resume)  # a run that held the lock before this one may have written a checkpoint
+        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop)
+
+
+def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resume: bool, progress: bool,
+           extra_meta: dict | None, stop: Any) -> HeadTrainer:
+    from contextlib import nullcontext
+
+    from tqdm import tqdm
+
     checkpoint = out / CHECKPOINT
     windows = windows.to(engine.model.device)
     hidden = base_hidden(engine.model, windows, progress)
