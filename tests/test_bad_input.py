@@ -464,6 +464,22 @@ def test_eval_heads_checks_its_window_and_heads_before_loading(capsys, tmp_path,
     assert_one_line_error(code, err, match)
 
 
+@pytest.mark.parametrize("target", ["heads", "heads dir", "data"])
+def test_eval_heads_json_never_overwrites_its_inputs(capsys, tmp_path, no_loading, target):
+    """--json written over the heads file (or a --data file) would destroy the trained heads."""
+    (tmp_path / "a.txt").write_text("some text")
+    heads = tmp_path / "run" / "heads.safetensors"
+    heads.parent.mkdir()
+    heads.write_bytes(b"trained heads")
+    json_path = {"heads": heads, "heads dir": heads, "data": tmp_path / "a.txt"}[target]
+    given = heads.parent if target == "heads dir" else heads
+    code, _, err = run_cli(capsys, "eval-heads", "--heads", str(given), "--data", str(tmp_path / "a.txt"),
+                           "--json", str(json_path))
+    flag = "--data" if target == "data" else "--heads"
+    assert_one_line_error(code, err, f"{flag} and --json are the same file")
+    assert heads.read_bytes() == b"trained heads"
+
+
 def test_bench_checks_its_out_dir_before_loading(capsys, no_loading):
     code, _, err = run_cli(capsys, "bench", "--out-dir", "/proc/longswift-bench", "--methods", "ar")
     assert_one_line_error(code, err, "cannot write --out-dir '/proc/longswift-bench'")

@@ -137,14 +137,20 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_heads(args: argparse.Namespace) -> int:
-    from ..atomic import check_writable, write_atomic
+    from ..atomic import check_distinct, check_writable, write_atomic
     from ..engine import load
+    from ..spec.heads import HEADS_FILE
     from ..train.eval import check_alpha_fits, head_accuracy, held_out_alpha
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
     if args.json:
         check_writable(args.json)
+        # --json is written last, over what is there: never over the heads or the data this run reads
+        heads_file = Path(args.heads).expanduser()
+        heads_file = heads_file / HEADS_FILE if heads_file.is_dir() else heads_file
+        check_distinct([("--heads", heads_file if heads_file.is_file() else None),
+                        *(("--data", d) for d in args.data if Path(d).expanduser().is_file()), ("--json", args.json)])
     if args.alpha_tokens < 0:
         raise LongswiftError("--alpha-tokens must be >= 0")
     if args.seq_len < 2:
