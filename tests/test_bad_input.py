@@ -432,6 +432,33 @@ def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, t
     assert out.exists() == (case == "file")
 
 
+@pytest.mark.parametrize("case,flags,match", [
+    ("settings", ["--lr", "0.1"], "used --lr 0.03, not 0.1: resume with the same settings"),
+    ("settings", ["--seq-len", "64"], "used --seq-len 512, not 64: resume with the same settings"),
+    ("damaged", [], "it is damaged; delete it to start over"),
+    ("foreign", [], "is not a longswift training checkpoint"),
+])
+def test_train_heads_resume_checks_its_checkpoint_before_loading(capsys, tmp_path, no_loading, case, flags, match):
+    """A --resume that cannot continue (other settings, a damaged or foreign checkpoint.pt) is refused
+    before the model loads and the data is distilled and run through it, not minutes later."""
+    from dataclasses import asdict
+
+    import torch
+
+    from longswift.train.train import TrainConfig
+
+    (tmp_path / "a.txt").write_text("some text")
+    out = tmp_path / "heads"
+    out.mkdir()
+    state = {"format": "longswift-train", "version": 1, "config": asdict(TrainConfig()), "step": 3}
+    torch.save(state if case != "foreign" else {"state_dict": {}}, out / "checkpoint.pt")
+    if case == "damaged":
+        (out / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes()[:100])
+    code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(tmp_path / "a.txt"), "--resume",
+                           *flags)
+    assert_one_line_error(code, err, match)
+
+
 @pytest.mark.parametrize("command", ["train-heads", "eval-heads"])
 @pytest.mark.parametrize("flags,match", [
     ([], "no training data: pass --data FILE_OR_DIR and/or --self-distill N"),

@@ -108,12 +108,14 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..engine import load
-    from ..train.train import CHECKPOINT, HEADS_FILE, TrainConfig, check_out_dir, train_heads
+    from ..train.train import CHECKPOINT, HEADS_FILE, TrainConfig, check_checkpoint, check_out_dir, train_heads
     from .generate import StopRequest
 
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
-    check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
+    out = check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
+    if args.resume:
+        check_checkpoint(out / CHECKPOINT, cfg, mmap=True)  # damaged, or other settings: said before loading too
     texts = read_data(args)
     engine = load(args.model, runtime, heads=None)
     t0 = time.perf_counter()

@@ -195,26 +195,33 @@ class HeadTrainer:
             raise OSError(f"cannot write the checkpoint '{path}': {str(exc).splitlines()[0]}") from exc
 
     def load_checkpoint(self, path: Path) -> None:
-        try:
-            ck = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # truncated, not a zip, unpickling refused
-            raise LongswiftError(f"cannot read checkpoint '{path}' ({type(exc).__name__}): it is damaged; "
-                                 "delete it to start over") from None
-        if not isinstance(ck, dict) or ck.get("format") != "longswift-train":
-            raise LongswiftError(f"'{path}' is not a longswift training checkpoint")
+        ck = check_checkpoint(path, self.cfg)
         if ck["base"] != self.heads.base_fingerprint:  # type: ignore[attr-defined]
             raise LongswiftError(f"checkpoint '{path}' was trained on another base model: use a new --out")
         if ck["data_hash"] != self.data_hash:
             raise LongswiftError(f"checkpoint '{path}' was trained on other data: pass the same --data/--self-distill")
-        differ = [k for k, v in asdict(self.cfg).items() if k != "checkpoint_every" and ck["config"].get(k) != v]
-        if differ:
-            k = differ[0]
-            raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {ck['config'].get(k)}, "
-                                 f"not {getattr(self.cfg, k)}: resume with the same settings")
         with torch.no_grad():
             self.heads.load_state_dict(ck["heads"])
         self.optimizer.load_state_dict(ck["optimizer"])
         self.step, self.log = int(ck["step"]), list(ck["log"])
+
+
+def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False) -> dict:
+    """A training checkpoint, refused in one line if it is damaged or was written with other settings
+    (what can be checked without the model: train-heads --resume calls this before loading it)."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:  # truncated, not a zip, unpickling refused
+        raise LongswiftError(f"cannot read checkpoint '{path}' ({type(exc).__name__}): it is damaged; "
+                             "delete it to start over") from None
+    if not isinstance(ck, dict) or ck.get("format") != "longswift-train":
+        raise LongswiftError(f"'{path}' is not a longswift training checkpoint")
+    differ = [k for k, v in asdict(cfg).items() if k != "checkpoint_every" and ck["config"].get(k) != v]
+    if differ:
+        k = differ[0]
+        raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {ck['config'].get(k)}, "
+                             f"not {getattr(cfg, k)}: resume with the same settings")
+    return ck
 
 
 def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
