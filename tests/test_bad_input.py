@@ -507,6 +507,22 @@ def test_eval_heads_json_never_overwrites_its_inputs(capsys, tmp_path, no_loadin
     assert heads.read_bytes() == b"trained heads"
 
 
+@pytest.mark.parametrize("command", ["generate", "eval-heads", "info"])
+def test_heads_dir_of_an_unfinished_training_run_says_so(capsys, tmp_path, no_loading, command):
+    """--heads at a train-heads --out that was interrupted (checkpoint.pt, no heads.safetensors yet) says
+    the training did not finish and how to continue it, before loading; not that it lacks config.json
+    (nor, for info, that it is a released checkpoint)."""
+    (tmp_path / "a.txt").write_text("some text")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"a training checkpoint")
+    extra = {"generate": ["--prompt", "Hi"], "eval-heads": ["--data", str(tmp_path / "a.txt")], "info": []}[command]
+    code, _, err = run_cli(capsys, command, "--heads", str(out), *extra)
+    assert_one_line_error(code, err, f"'{out}' holds a train-heads checkpoint.pt but no heads.safetensors: its "
+                                     f"training did not finish; continue it with `longswift train-heads --out {out} "
+                                     "--resume`")
+
+
 def test_bench_checks_its_out_dir_before_loading(capsys, no_loading):
     code, _, err = run_cli(capsys, "bench", "--out-dir", "/proc/longswift-bench", "--methods", "ar")
     assert_one_line_error(code, err, "cannot write --out-dir '/proc/longswift-bench'")

@@ -188,6 +188,10 @@ def _check_heads(heads: str, method: str | None) -> None:
         raise LongswiftError("--method tokenswift needs draft heads: drop --heads none (or use --method ar)")
     if heads.endswith(".safetensors") and not Path(heads).expanduser().is_file():
         raise LongswiftError(f"heads file '{heads}' does not exist: pass a file written by `longswift train-heads`")
+    if Path(heads).expanduser().is_dir():
+        from ..spec.released import heads_location
+
+        heads_location(heads)  # an unfinished train-heads --out: said before loading
 
 
 def parse_prompt_ids(text: str) -> list[int]:

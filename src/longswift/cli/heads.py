@@ -162,6 +162,10 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if args.heads.endswith(".safetensors") and not Path(args.heads).expanduser().is_file():
         raise LongswiftError(f"heads file '{args.heads}' does not exist: pass a file written by "
                              "`longswift train-heads`")
+    if Path(args.heads).expanduser().is_dir():
+        from ..spec.released import heads_location
+
+        heads_location(args.heads)  # an unfinished train-heads --out: said before loading
     texts = read_data(args)
     engine = load(args.model, runtime, heads=args.heads)
     if engine.heads is None:

@@ -21,6 +21,7 @@ from ..runtime.model import fused_norm_default, rms_norm
 
 FORMAT = "longswift-heads"
 HEADS_FILE = "heads.safetensors"  # the file name train-heads writes and --heads DIR looks for
+TRAIN_CHECKPOINT = "checkpoint.pt"  # what train-heads writes next to it as it goes
 VERSION = 1
 
 

@@ -17,7 +17,7 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from ..runtime.hub import parse_hub_id, resolve_hub_id
 from ..runtime.loading import HEAD_PREFIX, load_config, read_tensors, resolve_path, take_head_tensors, tensor_shapes
-from .heads import HEADS_FILE, DraftHeads, may_have_shipped_heads, model_fingerprint, shipped_heads
+from .heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, may_have_shipped_heads, model_fingerprint, shipped_heads
 
 # DraftHeads parameter <- the part of each released layer stacked into it.
 _PARTS = {"weights": "linear.weight", "in_norms": "input_layernorm.weight", "out_norms": "post_layernorm.weight"}
@@ -43,8 +43,15 @@ def tensors_from_heads(heads: DraftHeads, dtype: torch.dtype) -> dict[str, torch
 
 
 def heads_location(source: str) -> Path:
-    """A local path as given, or the snapshot directory of a hub id `org/name[@revision]`."""
+    """A local path as given, or the snapshot directory of a hub id `org/name[@revision]`. A
+    train-heads --out whose training has not finished (a checkpoint, no heads file yet) is refused,
+    saying so, rather than read as a released checkpoint that lacks config.json."""
     path = Path(source).expanduser()
+    if path.is_dir() and not (path / HEADS_FILE).is_file() and (path / TRAIN_CHECKPOINT).is_file() \
+            and not (path / "config.json").exists():
+        raise LongswiftError(f"'{path}' holds a train-heads {TRAIN_CHECKPOINT} but no {HEADS_FILE}: its training did "
+                             f"not finish; continue it with `longswift train-heads --out {path} --resume` and the "
+                             "flags it was started with")
     return resolve_hub_id(source) if not path.exists() and parse_hub_id(source) else path
 
 

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, seed_problem, torch_seed
 from ..errors import LongswiftError
-from ..spec.heads import HEADS_FILE, DraftHeads, new_heads, save_heads
+from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = TRAIN_CHECKPOINT
 LOG_FILE = "train_log.json"
 
 
