@@ -363,3 +363,20 @@ def test_train_heads_interrupted_saves_and_resumes_to_the_same_heads(tmp_path, c
     assert code == 0, err
     whole, resumed = load_file(tmp_path / "whole" / "heads.safetensors"), load_file(out / "heads.safetensors")
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+@pytest.mark.parametrize("data", [["--data", "TEXT"], ["--self-distill", "64"]])
+def test_train_heads_on_a_model_without_tokenizer_says_what_is_missing(tmp_path, capsys, data):
+    """Without a tokenizer neither --data nor --self-distill can work: the error says so and what to
+    add, instead of sending --data users to --self-distill and --self-distill users to --data."""
+    from conftest import tiny_hf_model
+
+    model = tmp_path / "tiny"
+    tiny_hf_model("llama", seed=5).save_pretrained(model)
+    (tmp_path / "d.txt").write_text(LOREM)
+    capsys.readouterr()  # save_pretrained's progress bar
+    data = [str(tmp_path / "d.txt") if a == "TEXT" else a for a in data]
+    code, _, err = run_cli(capsys, "train-heads", "--model", str(model), "--out", str(tmp_path / "o"), *data,
+                           "--seq-len", "8", "--no-progress")
+    assert_one_line_error(code, err, "this model has no tokenizer, and both --data (text) and --self-distill")
+    assert not (tmp_path / "o").exists()

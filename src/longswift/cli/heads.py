@@ -87,6 +87,10 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
     from ..train.data import cut_windows, tokenize
     from ..train.distill import self_distill
 
+    if engine.tokenizer is None:  # --data is text and --self-distill writes from text prompts: both need one
+        raise LongswiftError("this model has no tokenizer, and both --data (text) and --self-distill (text prompts) "
+                             "need one: put its tokenizer files (tokenizer.json, tokenizer_config.json) in the "
+                             "model directory")
     documents: list[list[int]] = []
     info: dict = {}
     if texts:

@@ -85,5 +85,6 @@ def cut_windows(documents: list[list[int]], seq_len: int) -> torch.Tensor:
 
 def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     if tokenizer is None:
-        raise LongswiftError("this model has no tokenizer, so it cannot read text data: use --self-distill")
+        raise LongswiftError("this model has no tokenizer, so it cannot read text data: put its tokenizer files "
+                             "(tokenizer.json, tokenizer_config.json) in the model directory")
     return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

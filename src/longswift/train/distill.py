@@ -115,7 +115,9 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if prompts is None:
         if engine.tokenizer is None:
-            raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: pass --data")
+            raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: put its "
+                                 "tokenizer files (tokenizer.json, tokenizer_config.json) in the model directory, "
+                                 "or pass prompts as token ids")
         chat = bool(getattr(engine.tokenizer, "chat_template", None))
         prompts = [engine.encode(p, chat=chat) for p in PROMPTS]
     longest, limit = max((len(p) for p in prompts), default=0), engine.cfg.context_limit
