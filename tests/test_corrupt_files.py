@@ -96,6 +96,36 @@ def test_damaged_heads_file(tmp_path):
         check(lambda: engine.set_heads(str(path)), what)
 
 
+@pytest.mark.parametrize("edit, match", [
+    ("extra", 'Unexpected key(s) in state_dict: "extra".'),
+    ("missing", 'Missing key(s) in state_dict: "out_norms".'),
+    ("shape", "size mismatch for in_norms"),
+])
+def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
+    """A heads file whose metadata is intact but whose tensors are not DraftHeads' says which tensor is
+    wrong (torch's first line alone, 'Error(s) in loading state_dict for DraftHeads:', says nothing)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from longswift.spec.heads import save_heads
+
+    engine = longswift.load(tiny_hf_model("llama", seed=83), dtype="float32", heads="random")
+    src = tmp_path / "good.safetensors"
+    save_heads(engine.heads, engine.cfg, engine.heads.base_fingerprint, src)
+    with safe_open(str(src), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    if edit == "extra":
+        tensors["extra"] = torch.zeros(2)
+    elif edit == "missing":
+        del tensors["out_norms"]
+    else:
+        tensors["in_norms"] = tensors["in_norms"][:, :10].contiguous()
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
+    with pytest.raises(LongswiftError) as err:
+        engine.set_heads(str(tmp_path / "bad.safetensors"))
+    assert "\n" not in str(err.value) and match in str(err.value), err.value
+
+
 def test_damaged_checkpoint(tmp_path):
     engine = longswift.load(tiny_hf_model("llama", seed=84, vocab=32), dtype="float32")
     stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1),

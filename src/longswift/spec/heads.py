@@ -174,7 +174,9 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
     heads = DraftHeads(cfg.hidden_size, meta["gamma"], float(meta.get("eps", cfg.rms_norm_eps)))
     try:
         heads.load_state_dict(tensors)
-    except RuntimeError as exc:
-        raise LongswiftError(f"heads file '{path}' is damaged: {str(exc).splitlines()[0]}") from None
+    except RuntimeError as exc:  # torch's first line is only "Error(s) in loading state_dict for DraftHeads:"
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(exc).__name__
+        raise LongswiftError(f"heads file '{path}' is damaged: {detail} re-export or retrain the heads") from None
     heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
     return heads.to(device=embed.device, dtype=embed.dtype)
