@@ -523,6 +523,25 @@ def test_heads_dir_of_an_unfinished_training_run_says_so(capsys, tmp_path, no_lo
                                      "--resume`")
 
 
+@pytest.mark.parametrize("command", ["train-heads", "eval-heads"])
+def test_heads_commands_refuse_windows_beyond_the_context_before_loading(capsys, tmp_path, no_loading, command):
+    """--seq-len beyond the model's context trained (minutes of work) on hidden states generation never
+    produces; refused from the config, before the weights load."""
+    from conftest import tiny_hf_model
+
+    model = tmp_path / "tiny"
+    tiny_hf_model("llama", seed=5).save_pretrained(model)  # context 256
+    (tmp_path / "a.txt").write_text("some text")
+    where = ["--out", str(tmp_path / "o")] if command == "train-heads" else ["--heads", "random"]
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, command, "--model", str(model), *where, "--data", str(tmp_path / "a.txt"),
+                           "--seq-len", "300")
+    assert_one_line_error(code, err, "--seq-len 300 exceeds this model's context of 256 tokens")
+    with pytest.raises(AssertionError, match="the model was loaded"):  # extended on purpose: on to loading
+        run_cli(capsys, command, "--model", str(model), *where, "--data", str(tmp_path / "a.txt"),
+                "--seq-len", "300", "--rope-scaling", "yarn:2")
+
+
 def test_bench_checks_its_out_dir_before_loading(capsys, no_loading):
     code, _, err = run_cli(capsys, "bench", "--out-dir", "/proc/longswift-bench", "--methods", "ar")
     assert_one_line_error(code, err, "cannot write --out-dir '/proc/longswift-bench'")

@@ -294,7 +294,7 @@ def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
     code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "none", "--data", str(data))
     assert_one_line_error(code, err, "eval-heads needs draft heads")
     code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "auto", "--data", str(data),
-                           "--device", "cpu")
+                           "--device", "cpu", "--seq-len", "32")  # within the tiny model's context of 256
     assert_one_line_error(code, err, "--heads auto found no draft heads for this model")
 
 

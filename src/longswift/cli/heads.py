@@ -81,6 +81,17 @@ def read_data(args: argparse.Namespace) -> list[str]:
     return read_texts(args.data) if args.data else []
 
 
+def check_seq_len(args: argparse.Namespace, runtime: RuntimeConfig, seq_len: int) -> None:
+    """Refuse windows longer than the model's context (from its config, before the weights load): the
+    base's hidden states past it are not what generation ever feeds the heads."""
+    from ..runtime.loading import load_config
+
+    limit = load_config(args.model, runtime.rope_scaling).context_limit
+    if seq_len > limit:
+        raise LongswiftError(f"--seq-len {seq_len} exceeds this model's context of {limit} tokens: lower --seq-len "
+                             "(or extend the context on purpose with --rope-scaling)")
+
+
 def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq_len: int,
                     seed: int) -> tuple[torch.Tensor, dict]:
     """Token windows [N, seq_len] from the --data `texts` and/or --self-distill, and a description of them."""
@@ -121,6 +132,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     if args.resume:
         check_checkpoint(out / CHECKPOINT, cfg, mmap=True)  # damaged, or other settings: said before loading too
     texts = read_data(args)
+    check_seq_len(args, runtime, cfg.seq_len)
     engine = load(args.model, runtime, heads=None)
     t0 = time.perf_counter()
     windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
@@ -171,6 +183,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
 
         heads_location(args.heads)  # an unfinished train-heads --out: said before loading
     texts = read_data(args)
+    check_seq_len(args, runtime, args.seq_len)
     engine = load(args.model, runtime, heads=args.heads)
     if engine.heads is None:
         raise LongswiftError(f"--heads {args.heads} found no draft heads for this model: pass a heads file "
