@@ -97,8 +97,8 @@ def test_damaged_heads_file(tmp_path):
 
 
 @pytest.mark.parametrize("edit, match", [
-    ("extra", 'Unexpected key(s) in state_dict: "extra".'),
-    ("missing", 'Missing key(s) in state_dict: "out_norms".'),
+    ("extra", 'Unexpected key(s) in state_dict: "extra"): re-export'),
+    ("missing", 'Missing key(s) in state_dict: "out_norms"): re-export'),
     ("shape", "size mismatch for in_norms"),
 ])
 def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):

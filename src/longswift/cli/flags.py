@@ -43,8 +43,10 @@ def number(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per dataclass field: `--field-name`, typed and documented from the field."""
+def add_config_flags(parser: argparse.ArgumentParser, cls: type,
+                     overrides: dict[str, tuple[Any, str]] | None = None) -> None:
+    """One flag per dataclass field: `--field-name`, typed and documented from the field.
+    `overrides` gives a field another default and help text in this command: {name: (default, help)}."""
     group = parser.add_argument_group(TITLES.get(cls.__name__, cls.__name__))
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -52,19 +54,19 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
-        text = f.metadata["help"]
+        default, text = (overrides or {}).get(f.name, (f.default, f.metadata["help"]))
         choices = f.metadata.get("choices")
         if choices and not all(c in text for c in choices):
             text += f"; one of {', '.join(choices)}"
-        if f.default is not None and "default" not in text:  # each default once
-            text += f" (default: {f.default})"
+        if default is not None and "default" not in text:  # each default once
+            text += f" (default: {default})"
         if kind is bool or kind == (bool | None):
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=text)
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=text)
             continue
         base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
         parse = seed_number if f.name == "seed" else {int: whole_number, float: number}.get(base, base)
         metavar = "{" + ",".join(choices) + "}" if choices else {int: "N", float: "X"}.get(base, f.name.upper())
-        group.add_argument(flag, dest=f.name, type=parse, default=f.default, metavar=metavar, help=text)
+        group.add_argument(flag, dest=f.name, type=parse, default=default, metavar=metavar, help=text)
 
 
 def config_from_args(cls: type, args: argparse.Namespace) -> Any:

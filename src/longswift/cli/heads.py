@@ -43,16 +43,12 @@ def add_parsers(sub: Any) -> None:
                          "%(default)s)")
     ev.add_argument("--json", type=Path, help="write the results here (atomically)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
-    add_config_flags(ev, SpecConfig)
+    # alpha measures the heads, so every step drafts: adaptive steps (generate's default) run nearly all
+    # steps plain where the heads do not pay on this machine, and alpha would come from a handful of drafts.
+    add_config_flags(ev, SpecConfig, {"adaptive": (False, (
+        "run the alpha generation with adaptive steps, as `generate` does (plain steps where drafts do not pay, "
+        "so alpha comes from the few steps that drafted); default: off, every step drafts"))})
     add_config_flags(ev, RuntimeConfig)
-    # alpha measures the heads: every step drafts. Adaptive steps (generate's default) would run nearly
-    # all steps plain where the heads do not pay on this machine, leaving alpha to a handful of drafts.
-    for action in ev._actions:
-        if action.dest == "adaptive":
-            action.default = False
-            action.help = ("run the alpha generation with adaptive steps, as `generate` does (plain steps where "
-                           "drafts do not pay, so alpha comes from the few steps that drafted); default: off, "
-                           "every step drafts")
 
 
 def _add_data_flags(p: argparse.ArgumentParser) -> None:

@@ -177,6 +177,7 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
     except RuntimeError as exc:  # torch's first line is only "Error(s) in loading state_dict for DraftHeads:"
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(exc).__name__
-        raise LongswiftError(f"heads file '{path}' is damaged: {detail} re-export or retrain the heads") from None
+        raise LongswiftError(f"heads file '{path}' is damaged ({detail.rstrip('.')}): re-export or retrain the "
+                             "heads") from None
     heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
     return heads.to(device=embed.device, dtype=embed.dtype)
