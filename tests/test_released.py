@@ -322,6 +322,18 @@ def test_missing_hub_model_is_one_line(offline_cache, capsys):
     assert_one_line_error(code, err, "--revision v2")
 
 
+@pytest.mark.parametrize("flag", ["--model", "--heads"])
+def test_a_mistyped_local_path_is_not_blamed_on_the_hub(offline_cache, capsys, tmp_path, monkeypatch, flag):
+    """`runs/heads-typo` reads as a Hub id `org/name`; where `runs` is a local folder the error says
+    first that the local path does not exist, not to download it from the Hub."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    code, _, err = run_cli(capsys, "generate", flag, "runs/typo", "--prompt-ids", "1", "--max-new-tokens", "1")
+    assert_one_line_error(code, err, "'runs/typo' does not exist (folder 'runs' has no 'typo'), and as a Hugging "
+                                     "Face id it is not in the Hugging Face cache and HF_HUB_OFFLINE is set: check "
+                                     "the path")
+
+
 def test_local_paths_are_not_taken_for_hub_ids(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org").mkdir()

@@ -48,9 +48,11 @@ def hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def resolve_hub_id(source: str) -> Path:
+def resolve_hub_id(source: str, what: str = "model") -> Path:
     """The snapshot directory of `org/name[@revision]`: from the cache when offline (no network call),
-    else downloaded (or updated) as transformers would. Refused in one line when it cannot be had."""
+    else downloaded (or updated) as transformers would. Refused in one line when it cannot be had;
+    where `org` is a local folder, the refusal says first that the local path does not exist (a typo
+    in `runs/heads` is likelier than a Hub id). `what` names the thing sought ("model", "heads")."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -67,18 +69,27 @@ def resolve_hub_id(source: str) -> Path:
     offline = hub_offline()
     cache = hub_cache_dir()
     get = f"`huggingface-cli download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+    folder = Path(source).expanduser().parent
+    if folder.is_dir():
+        local = f"'{source}' does not exist (folder '{folder}' has no '{Path(source).name}'), and as a Hugging Face id "
+    else:
+        local = ""
     try:
         path = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
                                  allow_patterns=ALLOW_PATTERNS)
     except (RepositoryNotFoundError, GatedRepoError) as exc:
         kind = "gated (log in with `hf auth login` and accept its terms)" if isinstance(exc, GatedRepoError) \
             else "not found on the Hugging Face Hub (or private)"
-        raise LongswiftError(f"model '{repo_id}' is {kind}; pass a local .gguf file or model directory") from None
+        if local:
+            raise LongswiftError(f"{local}it is {kind}: check the path") from None
+        raise LongswiftError(f"{what} '{repo_id}' is {kind}; pass a local .gguf file or model directory") from None
     except RevisionNotFoundError:
         raise LongswiftError(f"model '{repo_id}' has no revision '{revision}'") from None
     except LocalEntryNotFoundError:
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
-        raise LongswiftError(f"model '{source}' is not in the Hugging Face cache ({cache}) and {why}: "
+        if local:
+            raise LongswiftError(f"{local}it is not in the Hugging Face cache and {why}: check the path") from None
+        raise LongswiftError(f"{what} '{source}' is not in the Hugging Face cache ({cache}) and {why}: "
                              f"get it with {get} (online), or pass a local path") from None
     except (HFValidationError, ValueError) as exc:
         raise LongswiftError(f"'{source}' is neither a local path nor a valid Hugging Face model id "

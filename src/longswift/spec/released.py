@@ -52,7 +52,7 @@ def heads_location(source: str) -> Path:
         raise LongswiftError(f"'{path}' holds a train-heads {TRAIN_CHECKPOINT} but no {HEADS_FILE}: its training did "
                              f"not finish; continue it with `longswift train-heads --out {path} --resume` and the "
                              "flags it was started with")
-    return resolve_hub_id(source) if not path.exists() and parse_hub_id(source) else path
+    return resolve_hub_id(source, "heads") if not path.exists() and parse_hub_id(source) else path
 
 
 def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
