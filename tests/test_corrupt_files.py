@@ -100,6 +100,7 @@ def test_damaged_heads_file(tmp_path):
     ("extra", 'Unexpected key(s) in state_dict: "extra"): re-export'),
     ("missing", 'Missing key(s) in state_dict: "out_norms"): re-export'),
     ("shape", "size mismatch for in_norms"),
+    ("nan", "holds NaN or infinite values in 'weights'"),
 ])
 def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
     """A heads file whose metadata is intact but whose tensors are not DraftHeads' says which tensor is
@@ -118,6 +119,8 @@ def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
         tensors["extra"] = torch.zeros(2)
     elif edit == "missing":
         del tensors["out_norms"]
+    elif edit == "nan":
+        tensors["weights"][0, 0, 0] = float("nan")
     else:
         tensors["in_norms"] = tensors["in_norms"][:, :10].contiguous()
     save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)

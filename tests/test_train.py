@@ -137,6 +137,28 @@ def test_checkpoint_refusals(tiny, tmp_path):
         train_heads(tiny, windows, cfg, tmp_path, resume=True, progress=False)
 
 
+def test_a_diverged_step_stops_training_before_it_updates_the_heads(tiny, tmp_path, monkeypatch):
+    """A NaN loss (a too high --lr) would turn the heads to NaN and save them: training stops at that
+    step, before the update, and the checkpoint of the step before stays finite."""
+    import longswift.train.train as train_module
+
+    real, calls = train_module.head_losses, []
+
+    def nan_on_the_second_step(*args, **kwargs):
+        ce, c, v = real(*args, **kwargs)
+        calls.append(1)
+        return (ce * float("nan"), c, v) if len(calls) > 1 else (ce, c, v)
+
+    monkeypatch.setattr(train_module, "head_losses", nan_on_the_second_step)
+    cfg = TrainConfig(steps=3, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1, chunk=10**6)
+    with pytest.raises(LongswiftError, match=r"training diverged at step 2 \(loss nan\): the checkpoints so far are "
+                                             r"intact; train again into a new --out with a lower --lr"):
+        train_heads(tiny, _windows(tiny, n=3, seed=2), cfg, tmp_path, progress=False)
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ck["step"] == 1 and all(torch.isfinite(t).all() for t in ck["heads"].values())
+    assert not (tmp_path / "heads.safetensors").exists()
+
+
 def test_one_training_run_per_out_dir(tiny, tmp_path):
     """A second train-heads on the same --out while the first runs is refused (it would overwrite the
     first's checkpoint and heads); a temp file a killed run left there is removed."""

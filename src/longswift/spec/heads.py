@@ -171,6 +171,10 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
         shape = None if weights is None else list(weights.shape)
         raise LongswiftError(f"heads file '{path}' is damaged: its metadata says {meta['gamma']} heads, its "
                              f"'weights' tensor has shape {shape}; re-export or retrain the heads")
+    bad = next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:  # they would draft nothing useful (output stays lossless, but every step wasted)
+        raise LongswiftError(f"heads file '{path}' holds NaN or infinite values in '{bad}' (a training run that "
+                             "diverged, or a damaged file): retrain the heads, with a lower --lr if it diverged")
     heads = DraftHeads(cfg.hidden_size, meta["gamma"], float(meta.get("eps", cfg.rms_norm_eps)))
     try:
         heads.load_state_dict(tensors)

@@ -171,6 +171,10 @@ class HeadTrainer:
                 ce_sum += ce.detach().double().cpu()
                 correct += c.cpu()
                 counted += v.cpu()
+        if not torch.isfinite(ce_sum).all():  # before the update: the heads and the last checkpoint stay finite
+            raise LongswiftError(f"training diverged at step {self.step + 1} (loss {ce_sum.sum().item()}): the "
+                                 f"checkpoints so far are intact; train again into a new --out with a lower --lr "
+                                 f"(now {cfg.lr})")
         torch.nn.utils.clip_grad_norm_(self.heads.parameters(), 1.0)
         self.optimizer.step()
         self.step += 1
