@@ -261,6 +261,9 @@ def tiny():
     (lambda e: GenerationConfig(max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number; got 2.5"),
     (lambda e: SamplingConfig(seed="abc"), "SamplingConfig.seed must be a whole number or None; got 'abc' (str)"),
     (lambda e: longswift.SpecConfig(tree=[1, 3]), "SpecConfig.tree must be a string; got [1, 3] (list)"),
+    (lambda e: e.set_heads(42), "heads must be a DraftHeads, a path or hub id, 'auto', 'default', 'random', 'none' "
+                                "or None; got int"),
+    (lambda e: longswift.load(heads=True), "heads must be a DraftHeads"),  # refused before the weights load
 ])
 def test_wrong_types_say_what_was_expected(tiny, call, match):
     with pytest.raises(TypeError) as info:

@@ -126,6 +126,7 @@ class Engine:
         (only the shipped ones); a heads file, a released checkpoint directory or hub id (its heads,
         for this same base model); "random" (seeded random heads: correct but slow, for testing);
         or None / "none" (AR only)."""
+        check_heads_type(heads)
         self.heads_source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
         embed, origin = self.model.embed, "none"
         if heads is None or heads == "none" or isinstance(heads, DraftHeads):
@@ -306,6 +307,12 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
         yield ids
 
 
+def check_heads_type(heads: Any) -> None:
+    if not (heads is None or isinstance(heads, (DraftHeads, str, os.PathLike))):
+        raise ConfigTypeError("heads must be a DraftHeads, a path or hub id, 'auto', 'default', 'random', 'none' or "
+                              f"None; got {type(heads).__name__}")
+
+
 def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
          heads: DraftHeads | str | None = "auto", tensor_parallel: bool = False, **runtime_fields: Any) -> Engine:
     """Load a GGUF file, an HF directory, a Hugging Face model id (`org/name[@revision]`), a transformers
@@ -314,6 +321,7 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     checkpoints and the embedded model run TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
     pack_weights) come as a RuntimeConfig or as keywords. `tensor_parallel=True` (every rank of an
     initialised torch.distributed default group calls it) shards the model across the ranks."""
+    check_heads_type(heads)  # before the weights load
     runtime = runtime or RuntimeConfig(**runtime_fields)
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
