@@ -206,6 +206,11 @@ def test_bad_jsonl_and_paths(tmp_path):
     f.write_text('{"text": "ok"}\nnot json\n')
     with pytest.raises(LongswiftError, match="line 2 is not JSON"):
         read_texts([f])
+    log = tmp_path / "logs" / "train_log.json"  # a pretty-printed log in a --data folder
+    log.parent.mkdir()
+    log.write_text('{\n "steps": [\n  1\n ]\n}\n')
+    with pytest.raises(LongswiftError, match="train_log.json' is one JSON document, not JSON Lines"):
+        read_texts([log.parent])
     with pytest.raises(LongswiftError, match="does not exist"):
         read_texts([tmp_path / "missing.txt"])
     (tmp_path / "empty").mkdir()

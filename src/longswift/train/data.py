@@ -37,6 +37,14 @@ def _read_text(path: Path) -> str:
         raise LongswiftError(f"'{path}' is not UTF-8 text (byte {exc.start}): convert it to UTF-8") from None
 
 
+def _one_document(content: str) -> bool:
+    try:
+        json.loads(content)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def _jsonl_texts(path: Path, content: str) -> list[str]:
     texts = []
     for n, line in enumerate(content.splitlines(), 1):
@@ -45,6 +53,9 @@ def _jsonl_texts(path: Path, content: str) -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
+            if not texts and _one_document(content):  # a pretty-printed .json (a log, a config) in a --data folder
+                raise LongswiftError(f"'{path}' is one JSON document, not JSON Lines (one {{\"text\": ...}} object "
+                                     "per line): convert it, or move it out of the --data directory") from None
             raise LongswiftError(f"'{path}' line {n} is not JSON ({exc.msg}): JSONL needs one object per line") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise LongswiftError(f"'{path}' line {n} has no string field 'text': JSONL records need {{\"text\": ...}}")

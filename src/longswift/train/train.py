@@ -40,7 +40,7 @@ class TrainConfig:
     warmup: int = field(default=50, metadata=_help("linear warmup steps before the cosine decay"))
     weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay"))
     gamma: int = field(default=3, metadata=_help("number of draft heads"))
-    seed: int = field(default=0, metadata=_help("seed for the data order"))
+    seed: int = field(default=0, metadata=_help("seed for the data order and for --self-distill's sampling"))
     bf16_lm_head: bool = field(default=True, metadata=_help("run the frozen LM head in bfloat16 autocast (4x faster on CPUs with AVX512-BF16/AMX)"))
     checkpoint_every: int = field(default=50, metadata=_help("write a checkpoint every N steps"))
     chunk: int = field(default=1024, metadata=_help("positions per loss chunk (bounds the [heads, chunk, vocab] logits memory)"))
