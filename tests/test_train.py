@@ -16,7 +16,7 @@ from longswift.errors import LongswiftError
 from longswift.spec.heads import load_heads
 from longswift.train.data import cut_windows, read_texts
 from longswift.train.distill import self_distill
-from longswift.train.eval import head_accuracy
+from longswift.train.eval import head_accuracy, held_out_alpha
 from longswift.train.train import (
     HEADS_FILE,
     HeadTrainer,
@@ -285,3 +285,20 @@ def test_self_distill_sampled_rows_follow_the_transform(tiny, tmp_path):
         kept = transform(logits, torch.empty(len(doc), 0, dtype=torch.long), sampling) > float("-inf")  # [T, V]
         for t in range(len(prompt), len(doc)):
             assert kept[t - 1, doc[t]], (t, doc[t])
+
+
+def test_held_out_alpha_shows_its_progress_and_equals_a_plain_generation(capsys):
+    """eval-heads' alpha generation (a minute at its default length on a CPU) shows a bar unless
+    --no-progress, and its stats are those of the same generation run without one."""
+    engine = longswift.load(tiny_hf_model("llama", seed=3, vocab=96), pack_weights=False, heads="random")
+    engine.tokenizer = None
+    prompt = [5, 6, 7, 8]
+    every_step = longswift.SpecConfig(adaptive=False)  # adaptive choices depend on timings
+    stats = held_out_alpha(engine, 12, prompt=prompt, spec=every_step, progress=True)
+    assert "alpha generation" in capsys.readouterr().err
+    same = engine.generate(prompt, sampling=SamplingConfig(seed=0), method="tokenswift", spec=every_step,
+                           generation=GenerationConfig(max_new_tokens=12, ignore_eos=True)).stats
+    assert (stats.new_tokens, stats.accepted_tokens, stats.draft_positions) == (
+        same.new_tokens, same.accepted_tokens, same.draft_positions)
+    held_out_alpha(engine, 4, prompt=prompt)
+    assert capsys.readouterr().err == ""

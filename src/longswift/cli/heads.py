@@ -191,7 +191,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     print(f"held-out accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
-        s = held_out_alpha(engine, args.alpha_tokens, spec=spec)
+        s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=not args.no_progress)
         drafted = s.steps - s.plain_steps  # full, narrow and lookup steps: the ones alpha counts
         print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {s.alpha:.3f} "
               f"({drafted} of {s.steps} steps drafted), {s.tokens_per_step:.2f} tokens/step, "

@@ -60,11 +60,18 @@ def check_alpha_fits(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT
 
 
 def held_out_alpha(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT,
-                   sampling: SamplingConfig | None = None, spec: SpecConfig | None = None) -> Any:
+                   sampling: SamplingConfig | None = None, spec: SpecConfig | None = None,
+                   progress: bool = False) -> Any:
     """Generate `new_tokens` with TokenSwift from a prompt the training set does not hold (paper
-    sampling, seed 0, EOS ignored) and return the generation stats (alpha, tokens per step...)."""
+    sampling, seed 0, EOS ignored) and return the generation stats (alpha, tokens per step...);
+    `progress`: a bar of the tokens on stderr."""
+    from tqdm import tqdm
+
     sampling = sampling or SamplingConfig(seed=0)
     chat = bool(getattr(engine.tokenizer, "chat_template", None))
-    result = engine.generate(prompt, sampling=sampling, chat=chat, method="tokenswift", spec=spec,
-                             generation=GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True))
-    return result.stats
+    stream = engine.stream(prompt, sampling=sampling, chat=chat, method="tokenswift", spec=spec,
+                           generation=GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True))
+    with tqdm(total=new_tokens, desc="alpha generation", unit="tok", disable=not progress) as bar:
+        for ids in stream:
+            bar.update(len(ids))
+    return stream.result.stats
