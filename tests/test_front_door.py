@@ -350,3 +350,26 @@ def test_generate_help_has_plain_groups_choices_single_defaults_and_examples():
         assert flat.count("(default:") <= 1 and not ("(default:" in flat and "; default:" in flat), flat
     examples = text.split("examples:", 1)[1]
     assert examples.count("\n  longswift generate ") == 3
+
+
+def test_numpy_numbers_in_configs_are_python_numbers(tiny, tmp_path):
+    """numpy scalars pass the configs' type checks as numbers; they must then work as Python's do:
+    a numpy seed used to fail in torch.Generator.manual_seed ('an integer is required') and a numpy
+    temperature or top_k in the checkpoint's JSON ('Object of type float32 is not JSON serializable')."""
+    np = pytest.importorskip("numpy")
+    sampling = SamplingConfig(seed=np.int64(2), temperature=np.float32(0.5), top_k=np.int64(5),
+                              banned_ids=[np.int64(7), 3])
+    assert type(sampling.seed) is int and type(sampling.temperature) is float and type(sampling.top_k) is int
+    assert sampling.banned_ids == (3, 7) and all(type(t) is int for t in sampling.banned_ids)
+    generation = GenerationConfig(max_new_tokens=np.int64(6), ignore_eos=True)
+    assert type(generation.max_new_tokens) is int
+    plain = SamplingConfig(seed=2, temperature=0.5, top_k=5, banned_ids=(3, 7))
+    stream = tiny.stream([1, 2, 3], sampling=sampling, generation=generation)
+    for _ in stream:
+        stream.checkpoint().save(tmp_path / "run.ckpt.json")
+        break
+    rest = tiny.resume(tmp_path / "run.ckpt.json")
+    for _ in rest:
+        pass
+    whole = tiny.generate([1, 2, 3], sampling=plain, generation=GenerationConfig(max_new_tokens=6, ignore_eos=True))
+    assert rest.result.token_ids == whole.token_ids

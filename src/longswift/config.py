@@ -47,14 +47,21 @@ _EXPECTED = {int: (lambda v: isinstance(v, numbers.Integral) and not isinstance(
 
 def check_types(config: Any) -> None:
     """Refuse a field value of the wrong type (SamplingConfig(seed='abc'), max_new_tokens=2.5) with
-    a message that says what was expected, before any check compares or computes with it."""
+    a message that says what was expected, before any check compares or computes with it. A number
+    of another numeric type (numpy.int64(5), numpy.float32(0.7)) is stored as the Python int or float
+    it stands for: torch.Generator.manual_seed and the checkpoint's JSON take no other."""
     cls = type(config)
     for name, kind in typing.get_type_hints(cls).items():
         value = getattr(config, name)
         union = typing.get_origin(kind) in (typing.Union, types.UnionType)  # (dict[str, float]'s args are no union)
         options = [t for t in typing.get_args(kind) if t is not type(None)] if union else [kind]
         optional = union and type(None) in typing.get_args(kind)
-        if (optional and value is None) or any(t in _EXPECTED and _EXPECTED[t][0](value) for t in options):
+        if optional and value is None:
+            continue
+        matched = next((t for t in options if t in _EXPECTED and _EXPECTED[t][0](value)), None)
+        if matched is not None:
+            if matched in (int, float) and type(value) not in (int, float):
+                setattr(config, name, int(value) if matched is int else float(value))
             continue
         if not all(t in _EXPECTED for t in options):
             continue
@@ -234,9 +241,10 @@ class SamplingConfig:
 
     @_validated
     def __post_init__(self) -> None:
-        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.banned_ids):
+        if any(not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 0 for t in self.banned_ids):
             raise LongswiftError("banned token ids must be non-negative integers")
-        self.banned_ids = tuple(sorted(set(self.banned_ids)))  # a list from JSON, repeats: one canonical form
+        # a list from JSON, numpy ids, repeats: one canonical form of Python ints
+        self.banned_ids = tuple(sorted({int(t) for t in self.banned_ids}))
         checks = [
             (self.temperature >= 0 and math.isfinite(self.temperature), "--temperature must be >= 0"),
             (self.top_k >= 0, "--top-k must be >= 0"),
