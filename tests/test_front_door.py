@@ -373,3 +373,38 @@ def test_numpy_numbers_in_configs_are_python_numbers(tiny, tmp_path):
         pass
     whole = tiny.generate([1, 2, 3], sampling=plain, generation=GenerationConfig(max_new_tokens=6, ignore_eos=True))
     assert rest.result.token_ids == whole.token_ids
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["seeded", "greedy"])
+def test_a_stream_interrupted_inside_a_step_checkpoints_the_state_before_it(tiny, monkeypatch, greedy):
+    """A KeyboardInterrupt inside a step's forward (after its draw) leaves the generator and stats
+    mid-step: checkpoint() used to snapshot that state, so the resumed run drew from a generator one
+    draw ahead and differed from the uninterrupted one; iterating the stream again ended it silently
+    with finish_reason 'length' after the tokens it had."""
+    sampling = SamplingConfig(temperature=0) if greedy else SamplingConfig(seed=4)
+    kwargs = dict(sampling=sampling, generation=GenerationConfig(max_new_tokens=12, ignore_eos=True), method="ar")
+    whole = tiny.generate([1, 2, 3], **kwargs)
+    forward, calls = tiny.model.forward, []
+
+    def interrupted(*args, **kw):
+        calls.append(1)
+        if len(calls) == 6:  # the prefill, then the forward of the 5th drawn token: after its draw
+            raise KeyboardInterrupt
+        return forward(*args, **kw)
+
+    monkeypatch.setattr(tiny.model, "forward", interrupted)
+    stream = tiny.stream([1, 2, 3], **kwargs)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in stream:
+            pass
+    monkeypatch.setattr(tiny.model, "forward", forward)
+    assert len(stream.token_ids) == 4 and stream.result is None
+    with pytest.raises(LongswiftError, match="cannot go on"):
+        for _ in stream:
+            pass
+    checkpoint = stream.checkpoint()
+    assert checkpoint.stats["new_tokens"] == 4
+    rest = tiny.resume(checkpoint)
+    for _ in rest:
+        pass
+    assert rest.result.token_ids == whole.token_ids

@@ -52,13 +52,29 @@ class GenerationStream:
         self.stats = stats  # live: updated as the generation runs
         self.token_ids: list[int] = list(previous or [])  # all generated ids, earlier runs' included
         self.result: GenerationResult | None = None
+        # Set when a step raised (a KeyboardInterrupt inside a forward): the RNG state and stats of
+        # the step boundary before it, which checkpoint() then uses, since the live ones are mid-step.
+        self._interrupted: tuple[torch.Tensor | None, GenerationStats] | None = None
 
     @property
     def max_new_tokens(self) -> int:
         return self._setup.generation.max_new_tokens
 
     def __iter__(self) -> Iterator[list[int]]:
-        for ids in self._steps:
+        if self._interrupted is not None:
+            raise LongswiftError("this stream stopped at an exception inside a step and cannot go on: continue it "
+                                 "with engine.resume(stream.checkpoint()) (the state before that step)")
+        generator = self._setup.generator
+        while True:
+            boundary = (None if generator is None else generator.get_state(),
+                        replace(self.stats, stage_seconds=dict(self.stats.stage_seconds)))
+            try:
+                ids = next(self._steps)
+            except StopIteration:
+                break
+            except BaseException:
+                self._interrupted = boundary
+                raise
             self.token_ids.extend(ids)
             yield ids
         self.result = self.result_so_far()
@@ -73,15 +89,21 @@ class GenerationStream:
         return GenerationResult(list(self.token_ids), text, stats)
 
     def checkpoint(self, outputs: dict[str, str | None] | None = None) -> Checkpoint:
-        """The run's state now; call between steps (not from another thread)."""
+        """The run's state now; call between steps (not from another thread). After a step raised
+        (a KeyboardInterrupt inside a step), the state before that step: resuming it gives the
+        uninterrupted run's tokens."""
         e, r = self._engine, self._setup
+        rng_state, stats = encode_rng(r.generator), self.stats
+        if self._interrupted is not None:
+            state, stats = self._interrupted
+            rng_state = None if state is None else encode_rng(torch.Generator(device="cpu").set_state(state))
         return Checkpoint(
             model_source=e.model_source, model_fingerprint=model_fingerprint(e.cfg, e.model.embed),
             runtime=asdict(e.runtime), heads_source=e.heads_source if r.method == "tokenswift" else None,
             heads_fingerprint=heads_fingerprint(e.heads) if r.method == "tokenswift" else None,
             method=r.method, sampling=asdict(r.sampling), generation=asdict(r.generation), spec=asdict(r.spec),
-            prompt_ids=list(r.prompt_ids), token_ids=list(self.token_ids), rng_state=encode_rng(r.generator),
-            stats=self.stats.to_dict(), outputs=dict(outputs or {}),
+            prompt_ids=list(r.prompt_ids), token_ids=list(self.token_ids), rng_state=rng_state,
+            stats=stats.to_dict(), outputs=dict(outputs or {}),
         )
 
 
