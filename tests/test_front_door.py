@@ -408,3 +408,18 @@ def test_a_stream_interrupted_inside_a_step_checkpoints_the_state_before_it(tiny
     for _ in rest:
         pass
     assert rest.result.token_ids == whole.token_ids
+
+
+def test_load_keywords_given_with_a_runtime_config_are_not_dropped():
+    """load(runtime=RuntimeConfig(...), threads=1) used to ignore threads=1 without a word."""
+    model = tiny_hf_model("llama", seed=3, dtype=torch.float64, vocab=40)
+    threads = torch.get_num_threads()
+    try:
+        engine = longswift.load(model, runtime=longswift.RuntimeConfig(dtype="float64"), heads=None, threads=1)
+        assert engine.runtime.threads == 1 and engine.runtime.dtype == "float64" and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(LongswiftError, match="RuntimeConfig.threads must be between 1 and"):
+        longswift.load(model, runtime=longswift.RuntimeConfig(dtype="float64"), heads=None, threads=0)
+    with pytest.raises(TypeError, match="runtime must be a longswift.RuntimeConfig; got dict"):
+        longswift.load(model, runtime={"dtype": "float64"}, heads=None)

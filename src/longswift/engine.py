@@ -341,10 +341,13 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     model object, or (None) the embedded default, and draft heads (see Engine.set_heads; by default
     "auto": the checkpoint's own heads, else those shipped for the model, so released TokenSwift
     checkpoints and the embedded model run TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
-    pack_weights) come as a RuntimeConfig or as keywords. `tensor_parallel=True` (every rank of an
+    pack_weights) come as a RuntimeConfig or as keywords; keywords given with a RuntimeConfig override its fields. `tensor_parallel=True` (every rank of an
     initialised torch.distributed default group calls it) shards the model across the ranks."""
     check_heads_type(heads)  # before the weights load
-    runtime = runtime or RuntimeConfig(**runtime_fields)
+    if runtime is not None and not isinstance(runtime, RuntimeConfig):
+        raise ConfigTypeError(f"runtime must be a longswift.RuntimeConfig; got {type(runtime).__name__}")
+    # Keywords given with a RuntimeConfig override its fields (they were dropped without a word).
+    runtime = replace(runtime, **runtime_fields) if runtime is not None else RuntimeConfig(**runtime_fields)
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     device = runtime.torch_device()
