@@ -423,3 +423,18 @@ def test_load_keywords_given_with_a_runtime_config_are_not_dropped():
         longswift.load(model, runtime=longswift.RuntimeConfig(dtype="float64"), heads=None, threads=0)
     with pytest.raises(TypeError, match="runtime must be a longswift.RuntimeConfig; got dict"):
         longswift.load(model, runtime={"dtype": "float64"}, heads=None)
+
+
+def test_a_refused_set_heads_leaves_the_engine_as_it_was(tiny, tmp_path):
+    """set_heads('typo.safetensors') raised but had already recorded 'typo.safetensors' as the
+    heads' source, which checkpoints then carried next to the fingerprint of the heads in use."""
+    tiny.set_heads("random")
+    heads, origin = tiny.heads, tiny.heads_origin
+    try:
+        with pytest.raises(LongswiftError, match="does not exist"):
+            tiny.set_heads(str(tmp_path / "typo.safetensors"))
+        assert (tiny.heads, tiny.heads_source, tiny.heads_origin) == (heads, "random", origin)
+        stream = tiny.stream([1, 2, 3], generation=GenerationConfig(max_new_tokens=2), method="tokenswift")
+        assert stream.checkpoint().heads_source == "random"
+    finally:
+        tiny.set_heads(None)

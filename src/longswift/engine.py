@@ -149,36 +149,37 @@ class Engine:
         for this same base model); "random" (seeded random heads: correct but slow, for testing);
         or None / "none" (AR only)."""
         check_heads_type(heads)
-        self.heads_source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
+        # Built in locals and set together at the end: a refused heads file leaves the engine as it was.
+        source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
         embed, origin = self.model.embed, "none"
+        found: DraftHeads | None
         if heads is None or heads == "none" or isinstance(heads, DraftHeads):
-            self.heads = None if heads == "none" else heads  # type: ignore[assignment]
-            origin = "none" if self.heads is None else "given as a DraftHeads object"
+            found = None if heads == "none" else heads  # type: ignore[assignment]
+            origin = "none" if found is None else "given as a DraftHeads object"
         elif heads == "auto" and self._checkpoint_heads is not None:
-            self.heads = heads_from_tensors(self._checkpoint_heads, self.cfg, model_fingerprint(self.cfg, embed))
-            self.heads = self.heads.to(device=embed.device, dtype=embed.dtype)
+            found = heads_from_tensors(self._checkpoint_heads, self.cfg, model_fingerprint(self.cfg, embed))
+            found = found.to(device=embed.device, dtype=embed.dtype)
             origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
         elif heads in ("auto", "default"):
             path = shipped_heads(self.cfg, embed)
-            self.heads = load_heads(path, self.cfg, embed) if path else None
+            found = load_heads(path, self.cfg, embed) if path else None
             origin = f"shipped with longswift for this model: {path}" if path else "none"
         elif heads == "random":
-            self.heads = new_heads(self.cfg, self.model.state).randomize(seed=0)
+            found = new_heads(self.cfg, self.model.state).randomize(seed=0)
             origin = "random (seeded, for testing)"
         else:  # a heads file, or a directory / hub id holding heads.safetensors or a released checkpoint
             path = heads_location(str(heads))
             if path.is_dir() and not (path / HEADS_FILE).is_file():
-                self.heads = load_released_heads(path, self.cfg, embed)
+                found = load_released_heads(path, self.cfg, embed)
                 origin = f"from the released checkpoint {path} ({HEAD_PREFIX}*, TokenSwift layout)"
             else:
                 path = path / HEADS_FILE if path.is_dir() else path
-                self.heads = load_heads(path, self.cfg, embed)
+                found = load_heads(path, self.cfg, embed)
                 origin = f"from the heads file {path}"
-        if self.heads is not None:
-            origin = f"{self.heads.gamma} heads {origin}"
-        self.heads_origin = origin
-        if self.heads is not None:
-            self.heads.requires_grad_(False)
+        if found is not None:
+            origin = f"{found.gamma} heads {origin}"
+            found.requires_grad_(False)
+        self.heads, self.heads_source, self.heads_origin = found, source, origin
 
     def encode(self, prompt: str | list[int], chat: bool | None = False) -> list[int]:
         """Prompt text or ids -> ids. `chat`: wrap text in the model's chat template (True), send it
