@@ -20,7 +20,7 @@ from conftest import assert_one_line_error, run_cli, tiny_hf_model
 import longswift
 from longswift import GenerationConfig, LongswiftError, SamplingConfig
 from longswift.atomic import AtomicFile, OutputLock
-from longswift.checkpoint import Checkpoint, read_checkpoint
+from longswift.checkpoint import Checkpoint, heads_fingerprint, read_checkpoint
 
 # ---- 2. distinct outputs ------------------------------------------------------------------------
 
@@ -436,5 +436,21 @@ def test_a_refused_set_heads_leaves_the_engine_as_it_was(tiny, tmp_path):
         assert (tiny.heads, tiny.heads_source, tiny.heads_origin) == (heads, "random", origin)
         stream = tiny.stream([1, 2, 3], generation=GenerationConfig(max_new_tokens=2), method="tokenswift")
         assert stream.checkpoint().heads_source == "random"
+    finally:
+        tiny.set_heads(None)
+
+
+def test_a_checkpoint_names_the_heads_its_stream_ran_with(tiny):
+    """checkpoint() read the engine's heads when it was called: after set_heads(...) during a stream,
+    the checkpoint named and fingerprinted heads the run never used."""
+    tiny.set_heads("random")
+    try:
+        stream = tiny.stream([1, 2, 3], generation=GenerationConfig(max_new_tokens=6), method="tokenswift")
+        ran_with = heads_fingerprint(tiny.heads)
+        for _ in stream:
+            tiny.set_heads(None)
+            checkpoint = stream.checkpoint()
+            break
+        assert (checkpoint.heads_source, checkpoint.heads_fingerprint) == ("random", ran_with)
     finally:
         tiny.set_heads(None)

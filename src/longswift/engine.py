@@ -38,6 +38,8 @@ class RunSetup:
     generation: GenerationConfig
     spec: SpecConfig
     generator: torch.Generator | None
+    heads: DraftHeads | None = None  # the engine's heads when the run started (set_heads may change them later)
+    heads_source: str | None = None
 
 
 class GenerationStream:
@@ -99,8 +101,8 @@ class GenerationStream:
             rng_state = None if state is None else encode_rng(torch.Generator(device="cpu").set_state(state))
         return Checkpoint(
             model_source=e.model_source, model_fingerprint=model_fingerprint(e.cfg, e.model.embed),
-            runtime=asdict(e.runtime), heads_source=e.heads_source if r.method == "tokenswift" else None,
-            heads_fingerprint=heads_fingerprint(e.heads) if r.method == "tokenswift" else None,
+            runtime=asdict(e.runtime), heads_source=r.heads_source if r.method == "tokenswift" else None,
+            heads_fingerprint=heads_fingerprint(r.heads) if r.method == "tokenswift" else None,
             method=r.method, sampling=asdict(r.sampling), generation=asdict(r.generation), spec=asdict(r.spec),
             prompt_ids=list(r.prompt_ids), token_ids=list(self.token_ids), rng_state=rng_state,
             stats=stats.to_dict(), outputs=dict(outputs or {}),
@@ -294,6 +296,7 @@ class Engine:
 
     def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int]) -> GenerationStream:
         check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens)
+        r = replace(r, heads=self.heads, heads_source=self.heads_source)
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
                              generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
