@@ -344,9 +344,12 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     """Load a GGUF file, an HF directory, a Hugging Face model id (`org/name[@revision]`), a transformers
     model object, or (None) the embedded default, and draft heads (see Engine.set_heads; by default
     "auto": the checkpoint's own heads, else those shipped for the model, so released TokenSwift
-    checkpoints and the embedded model run TokenSwift out of the box; None for AR only). Runtime options (device, dtype, threads,
-    pack_weights) come as a RuntimeConfig or as keywords; keywords given with a RuntimeConfig override its fields. `tensor_parallel=True` (every rank of an
-    initialised torch.distributed default group calls it) shards the model across the ranks."""
+    checkpoints and the embedded model run TokenSwift out of the box; None for AR only). Runtime
+    options (device, dtype, threads, pack_weights) come as a RuntimeConfig or as keywords; keywords
+    given with a RuntimeConfig override its fields. `threads` is process-wide: it calls
+    torch.set_num_threads, which stays set for every engine and torch call after it.
+    `tensor_parallel=True` (every rank of an initialised torch.distributed default group calls it)
+    shards the model across the ranks."""
     check_heads_type(heads)  # before the weights load
     if runtime is not None and not isinstance(runtime, RuntimeConfig):
         raise ConfigTypeError(f"runtime must be a longswift.RuntimeConfig; got {type(runtime).__name__}")
