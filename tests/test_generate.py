@@ -100,6 +100,16 @@ def test_bad_requests_are_refused():
     huge = longswift.load(tiny_hf_model(seed=16, max_position_embeddings=10**12), dtype="float32")
     with pytest.raises(LongswiftError, match="not enough memory"):
         huge.generate(PROMPT, generation=GenerationConfig(max_new_tokens=10**11))
+    with pytest.raises(LongswiftError) as info:  # past what any rope factor (at most 1024) reaches
+        engine.generate(PROMPT, generation=GenerationConfig(max_new_tokens=10**6))
+    assert str(info.value).endswith("exceeds this model's context of 256 tokens: lower --max-new-tokens")
+    vocab = engine.cfg.vocab_size
+    with pytest.raises(LongswiftError, match=f"every one of this model's {vocab} token ids is banned"):
+        engine.generate(PROMPT, sampling=SamplingConfig(banned_ids=tuple(range(vocab))))
+    eos = sorted(engine.eos_ids)
+    with pytest.raises(LongswiftError, match="with ignore_eos banning the EOS ids"):
+        engine.generate(PROMPT, sampling=SamplingConfig(banned_ids=tuple(t for t in range(vocab) if t not in eos)),
+                        generation=GenerationConfig(max_new_tokens=2, ignore_eos=True))
     with pytest.raises(LongswiftError, match="token ids must be in"):
         engine.generate([5, 128])
     with pytest.raises(LongswiftError, match="empty"):

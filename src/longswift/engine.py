@@ -249,6 +249,10 @@ class Engine:
             raise LongswiftError(f"banned token ids must be in [0, {self.cfg.vocab_size})")
         if generation.ignore_eos:  # --ignore-eos bans every EOS id of the model (resolved once per run)
             sampling = self.ban_eos(sampling)
+        if len(sampling.banned_ids) >= self.cfg.vocab_size:  # distinct ids, each below the vocabulary size
+            raise LongswiftError(f"every one of this model's {self.cfg.vocab_size} token ids is banned "
+                                 f"(banned_ids{', with ignore_eos banning the EOS ids' if generation.ignore_eos else ''}"
+                                 "): leave at least one token allowed")
         ids = self.encode(prompt, chat)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
         generator = None

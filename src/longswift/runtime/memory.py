@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ModelConfig
+from ..config import MAX_ROPE_FACTOR, ModelConfig
 from ..errors import LongswiftError
 from .attention import FLASH_PAGE, SDPA_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
@@ -156,6 +156,8 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
         full = prompt_tokens >= limit  # the prompt alone: fewer new tokens would not help
         if cfg.rope_type != "default":
             advice = "shorten the prompt" if full else "lower --max-new-tokens or shorten the prompt"
+        elif rope_factor_for(cfg, total) > MAX_ROPE_FACTOR:  # no extension reaches that far
+            advice = "shorten the prompt" if full else "lower --max-new-tokens"
         else:
             advice = (f"{'shorten the prompt' if full else 'lower --max-new-tokens'}, or extend the context on "
                       f"purpose with --rope-scaling yarn:{rope_factor_for(cfg, total)}")
