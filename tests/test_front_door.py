@@ -261,6 +261,7 @@ def tiny():
     (lambda e: GenerationConfig(max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number; got 2.5"),
     (lambda e: SamplingConfig(seed="abc"), "SamplingConfig.seed must be a whole number or None; got 'abc' (str)"),
     (lambda e: longswift.SpecConfig(tree=[1, 3]), "SpecConfig.tree must be a string; got [1, 3] (list)"),
+    (lambda e: SamplingConfig(banned_ids=5), "SamplingConfig.banned_ids must be a tuple or list of token ids; got 5"),
     (lambda e: e.set_heads(42), "heads must be a DraftHeads, a path or hub id, 'auto', 'default', 'random', 'none' "
                                 "or None; got int"),
     (lambda e: longswift.load(heads=True), "heads must be a DraftHeads"),  # refused before the weights load

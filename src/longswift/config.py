@@ -241,6 +241,9 @@ class SamplingConfig:
 
     @_validated
     def __post_init__(self) -> None:
+        if not isinstance(self.banned_ids, (tuple, list, set, frozenset)):
+            raise ConfigTypeError(f"SamplingConfig.banned_ids must be a tuple or list of token ids; got "
+                                  f"{self.banned_ids!r} ({type(self.banned_ids).__name__})")
         if any(not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 0 for t in self.banned_ids):
             raise LongswiftError("banned token ids must be non-negative integers")
         # a list from JSON, numpy ids, repeats: one canonical form of Python ints
