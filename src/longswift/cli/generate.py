@@ -168,7 +168,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise LongswiftError("the prompt is empty: give some prompt text")
         chat = args.chat  # None: the chat template when the model has one
     heads = args.heads or "auto"
-    _check_heads(heads, args.method)
+    check_heads_flag(heads, args.method)
     outputs = _outputs(args, inputs=[("--prompt-file", args.prompt_file)])
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
@@ -183,7 +183,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return _run(engine, stream, outputs, stop, args.no_progress)
 
 
-def _check_heads(heads: str, method: str | None) -> None:
+def check_heads_flag(heads: str, method: str | None) -> None:
+    """--heads checked before the model loads: a missing heads file, an unfinished train-heads --out."""
     if method == "tokenswift" and heads == "none":
         raise LongswiftError("--method tokenswift needs draft heads: drop --heads none (or use --method ar)")
     if heads.endswith(".safetensors") and not Path(heads).expanduser().is_file():

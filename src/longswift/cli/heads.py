@@ -155,6 +155,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..spec.heads import HEADS_FILE
     from ..train.eval import check_alpha_fits, head_accuracy, held_out_alpha
+    from .generate import check_heads_flag
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
@@ -171,13 +172,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
         raise LongswiftError(f"--seq-len must be at least 2, got {args.seq_len}")
     if args.heads == "none":
         raise LongswiftError("eval-heads needs draft heads: pass --heads with a heads file, 'default' or 'auto'")
-    if args.heads.endswith(".safetensors") and not Path(args.heads).expanduser().is_file():
-        raise LongswiftError(f"heads file '{args.heads}' does not exist: pass a file written by "
-                             "`longswift train-heads`")
-    if Path(args.heads).expanduser().is_dir():
-        from ..spec.released import heads_location
-
-        heads_location(args.heads)  # an unfinished train-heads --out: said before loading
+    check_heads_flag(args.heads, None)
     texts = read_data(args)
     check_seq_len(args, runtime, args.seq_len)
     engine = load(args.model, runtime, heads=args.heads)
