@@ -154,13 +154,14 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
     total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
     if total > limit:
         full = prompt_tokens >= limit  # the prompt alone: fewer new tokens would not help
+        shorter = "shorten the prompt" if full else "lower --max-new-tokens"
+        factor = rope_factor_for(cfg, total)
         if cfg.rope_type != "default":
-            advice = "shorten the prompt" if full else "lower --max-new-tokens or shorten the prompt"
-        elif rope_factor_for(cfg, total) > MAX_ROPE_FACTOR:  # no extension reaches that far
-            advice = "shorten the prompt" if full else "lower --max-new-tokens"
+            advice = shorter if full else "lower --max-new-tokens or shorten the prompt"
+        elif factor > MAX_ROPE_FACTOR:  # no extension reaches that far
+            advice = shorter
         else:
-            advice = (f"{'shorten the prompt' if full else 'lower --max-new-tokens'}, or extend the context on "
-                      f"purpose with --rope-scaling yarn:{rope_factor_for(cfg, total)}")
+            advice = f"{shorter}, or extend the context on purpose with --rope-scaling yarn:{factor}"
         raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                              f"exceeds this model's context of {limit} tokens: {advice}")
 
