@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from pathlib import Path
 from typing import Any
 
 from ..config import seed_problem
+from ..errors import LongswiftError
 
 # Help group titles: what a user looks for, not the class names.
 TITLES = {
@@ -71,3 +73,15 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type,
 
 def config_from_args(cls: type, args: argparse.Namespace) -> Any:
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if "help" in f.metadata})
+
+
+def check_heads_flag(heads: str, method: str | None) -> None:
+    """--heads checked before the model loads: a missing heads file, an unfinished train-heads --out."""
+    if method == "tokenswift" and heads == "none":
+        raise LongswiftError("--method tokenswift needs draft heads: drop --heads none (or use --method ar)")
+    if heads.endswith(".safetensors") and not Path(heads).expanduser().is_file():
+        raise LongswiftError(f"heads file '{heads}' does not exist: pass a file written by `longswift train-heads`")
+    if Path(heads).expanduser().is_dir():
+        from ..spec.released import heads_location
+
+        heads_location(heads)  # an unfinished train-heads --out: said before loading

@@ -7,16 +7,15 @@ import argparse
 import json
 import signal
 import sys
-import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError, LongswiftError
-from .flags import add_config_flags, config_from_args, whole_number
+from .flags import add_config_flags, check_heads_flag, config_from_args, whole_number
+from .stop import StopRequest
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
                 "--heads", "--device", "--debug")
@@ -74,36 +73,6 @@ def add_parser(sub: Any) -> None:
         "(the paper's default); --greedy --repetition-penalty 1 is transformers' plain greedy"))
     for cls in (SamplingConfig, GenerationConfig, SpecConfig, RuntimeConfig):
         add_config_flags(gen, cls)
-
-
-class StopRequest:
-    """Turns the first SIGINT/SIGTERM into a request to stop after the current step; a second
-    one interrupts at once (KeyboardInterrupt). Handlers are restored on exit."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._saved: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-        print(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
-              "(send it again to stop at once)", file=sys.stderr, flush=True)
-
-    def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._saved[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, handler in self._saved.items():
-            signal.signal(s, handler)
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + (self.signum or 0)
 
 
 @dataclass
@@ -181,18 +150,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec)
         return _run(engine, stream, outputs, stop, args.no_progress)
-
-
-def check_heads_flag(heads: str, method: str | None) -> None:
-    """--heads checked before the model loads: a missing heads file, an unfinished train-heads --out."""
-    if method == "tokenswift" and heads == "none":
-        raise LongswiftError("--method tokenswift needs draft heads: drop --heads none (or use --method ar)")
-    if heads.endswith(".safetensors") and not Path(heads).expanduser().is_file():
-        raise LongswiftError(f"heads file '{heads}' does not exist: pass a file written by `longswift train-heads`")
-    if Path(heads).expanduser().is_dir():
-        from ..spec.released import heads_location
-
-        heads_location(heads)  # an unfinished train-heads --out: said before loading
 
 
 def parse_prompt_ids(text: str) -> list[int]:

@@ -15,7 +15,7 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, config_from_args, seed_number
+from .flags import add_config_flags, check_heads_flag, config_from_args, seed_number
 
 
 def add_parsers(sub: Any) -> None:
@@ -120,7 +120,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
 def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..train.train import CHECKPOINT, HEADS_FILE, TrainConfig, check_checkpoint, check_out_dir, train_heads
-    from .generate import StopRequest
+    from .stop import StopRequest
 
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
@@ -155,7 +155,6 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..spec.heads import HEADS_FILE
     from ..train.eval import check_alpha_fits, head_accuracy, held_out_alpha
-    from .generate import check_heads_flag
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)

@@ -244,7 +244,7 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
                 resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
                 stop: Any = None) -> HeadTrainer:
     """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
-    `stop`: a context manager (cli.generate.StopRequest) entered for the optimizer steps only; once its
+    `stop`: a context manager (cli.stop.StopRequest) entered for the optimizer steps only; once its
     `signum` is set, training stops after the current step, saves the checkpoint and returns the
     trainer with `interrupted` set (no heads file: `resume=True` finishes the run)."""
     out = check_out_dir(out_dir, resume)

@@ -1,0 +1,39 @@
+"""Ctrl-C and SIGTERM as a request to stop after the current step (generate, train-heads)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+
+class StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request to stop after the current step; a second
+    one interrupts at once (KeyboardInterrupt). Handlers are restored on exit."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._saved: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
+              "(send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._saved[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or 0)
