@@ -394,3 +394,28 @@ def test_info_reports_which_heads_and_where(tmp_path, capsys):
     assert code == 0 and "draft heads: none (AR)" in out
     code, out, _ = run_cli(capsys, "info")
     assert code == 0 and "draft heads: heads shipped with longswift for this model" in out
+
+
+def test_info_reads_a_heads_files_metadata(tmp_path, capsys):
+    """`info --heads FILE` says how many heads, whether they were made for this model, and how they were
+    trained, from the file's header; a file generate would refuse is reported, not loaded."""
+    for name, seed, overrides in (("m", 9, {}), ("twin", 10, {}), ("wide", 9, {"hidden_size": 32})):
+        tiny_hf_model("llama", seed=seed, **overrides).save_pretrained(tmp_path / name)
+    engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads=None)
+    heads = new_heads(engine.cfg, engine.model.state).randomize(seed=4)
+    training = {"training": {"config": {"steps": 7}, "windows": 12, "final": {"step": 7, "head_acc": [0.5, 0.25, 0.125]}}}
+    save_heads(heads, engine.cfg, heads.base_fingerprint, tmp_path / "heads.safetensors", training)
+    (tmp_path / "other.safetensors").write_bytes(b"not a safetensors file")
+    capsys.readouterr()
+    expect = {"m": "3 heads, made for this model; trained 7 steps on 12 windows, final training accuracy per head "
+                   "0.500, 0.250, 0.125",
+              "twin": "3 heads, made for another model (embedding weights differ): generate refuses them; trained 7",
+              "wide": "3 heads, made for another model (hidden_size 64 vs 32): generate refuses them; trained 7"}
+    for model, said in expect.items():
+        code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / model), "--heads", str(tmp_path / "heads.safetensors"))
+        assert code == 0, err
+        assert f"draft heads: from the heads file {tmp_path / 'heads.safetensors'}: {said}" in out, out
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(tmp_path / "other.safetensors"))
+    assert code == 0 and "draft heads: from the heads file" in out and "unreadable (" in out and "generate refuses it" in out
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(tmp_path))  # --heads DIR
+    assert code == 0 and f"from the heads file {tmp_path / 'heads.safetensors'}: {expect['m']}" in out, err

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -143,6 +144,56 @@ def _read_meta(path: Path, raw: str) -> dict:
     return {**meta, "base": base}
 
 
+def _made_for_another(base: dict, cfg: ModelConfig, embed: Callable[[], torch.Tensor]) -> str | None:
+    """How a heads file's base model differs from this one ('hidden_size 4096 vs 576'), None if it is this
+    one. The embedding table (`embed()`) is read only when the shapes match."""
+    mismatch = [k for k in ("architecture", "hidden_size", "vocab_size", "num_layers") if base.get(k) != getattr(cfg, k)]
+    if mismatch:
+        return f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}"
+    return None if base.get("fingerprint") == model_fingerprint(cfg, embed()) else "embedding weights differ"
+
+
+def _training_summary(meta: dict) -> str:
+    """What train-heads recorded about how these heads were made, in a few words ('' if nothing)."""
+    training = meta.get("training")
+    if not isinstance(training, dict):
+        return ""
+    config = training.get("config") if isinstance(training.get("config"), dict) else {}
+    final = training.get("final") if isinstance(training.get("final"), dict) else {}
+    steps = final.get("step", config.get("steps"))
+    made = " ".join(p for p in (f"trained {steps} steps" if isinstance(steps, int) else "",
+                                f"on {training['windows']} windows" if isinstance(training.get("windows"), int) else "")
+                    if p)
+    acc = final.get("head_acc")
+    if isinstance(acc, list) and acc and all(isinstance(a, (int, float)) for a in acc):
+        accuracy = "final training accuracy per head " + ", ".join(f"{a:.3f}" for a in acc)
+        return f"{made}, {accuracy}" if made else accuracy
+    return made
+
+
+def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.Tensor]) -> str:
+    """A heads file's metadata in one line for `longswift info`: how many heads, how they were trained,
+    and whether they were made for this model (what load_heads would check; `embed` is called only when
+    the shapes match). Never raises for a bad file: it says what generate would refuse."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get(FORMAT)
+    except (SafetensorError, OSError, ValueError) as exc:
+        return f"unreadable ({exc}): generate refuses it"
+    if raw is None:
+        return f"not a longswift heads file (no '{FORMAT}' metadata): generate refuses it"
+    try:
+        meta = _read_meta(path, raw)
+    except LongswiftError as exc:
+        return f"{exc}"
+    other = _made_for_another(meta["base"], cfg, embed)
+    fit = f"made for another model ({other}): generate refuses them" if other else "made for this model"
+    training = _training_summary(meta)
+    return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
+
+
 def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
     """Load heads for this base model, refusing files made for another model."""
     from safetensors import SafetensorError, safe_open
@@ -159,12 +210,10 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
     if raw is None:
         raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
     meta = _read_meta(path, raw)
-    base = meta["base"]
+    other = _made_for_another(meta["base"], cfg, lambda: embed)
+    if other:
+        raise LongswiftError(f"heads '{path}' were made for another model ({other}): train heads for this model")
     fingerprint = model_fingerprint(cfg, embed)
-    mismatch = [k for k in ("architecture", "hidden_size", "vocab_size", "num_layers") if base.get(k) != getattr(cfg, k)]
-    if mismatch or base.get("fingerprint") != fingerprint:
-        what = f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}" if mismatch else "embedding weights differ"
-        raise LongswiftError(f"heads '{path}' were made for another model ({what}): train heads for this model")
     weights = tensors.get("weights")
     if weights is None or weights.dim() != 3 or weights.shape[0] != meta["gamma"]:
         # before DraftHeads allocates gamma [hidden, hidden] matrices for a gamma the file does not hold

@@ -17,9 +17,18 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 from ..runtime.hub import parse_hub_id, resolve_hub_id
 from ..runtime.loading import HEAD_PREFIX, load_config, read_tensors, resolve_path, take_head_tensors, tensor_shapes
-from .heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, may_have_shipped_heads, model_fingerprint, shipped_heads
+from .heads import (
+    HEADS_FILE,
+    TRAIN_CHECKPOINT,
+    DraftHeads,
+    describe_heads_file,
+    may_have_shipped_heads,
+    model_fingerprint,
+    shipped_heads,
+)
 
 # DraftHeads parameter <- the part of each released layer stacked into it.
+EMBED = "model.embed_tokens.weight"
 _PARTS = {"weights": "linear.weight", "in_norms": "input_layernorm.weight", "out_norms": "post_layernorm.weight"}
 
 
@@ -59,15 +68,15 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor) -> Dr
     """The heads of a released checkpoint directory for this base model, refused if that
     checkpoint's base model is another one (same identity check as a heads file's)."""
     their_cfg = load_config(str(path))
-    names = {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {"model.embed_tokens.weight"}
+    names = {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {EMBED}
     state = read_tensors(path, names)
-    if "model.embed_tokens.weight" not in state:
+    if EMBED not in state:
         raise LongswiftError(f"'{path}' has no model.embed_tokens.weight: not a complete model directory")
     tensors = take_head_tensors(their_cfg, state, str(path))
     if tensors is None:
         raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
     fingerprint = model_fingerprint(cfg, embed)
-    if model_fingerprint(their_cfg, state["model.embed_tokens.weight"]) != fingerprint:
+    if model_fingerprint(their_cfg, state[EMBED]) != fingerprint:
         raise LongswiftError(f"heads in '{path}' were made for another model (its base model is not this one): "
                              "pass that checkpoint with --model, or train heads for this model")
     heads = heads_from_tensors(tensors, cfg, fingerprint)
@@ -119,10 +128,11 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
                 where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
                 return f"{n} heads inside the model checkpoint {where}", True
         if may_have_shipped_heads(cfg):
-            embed = read_tensors(path, {"model.embed_tokens.weight"}, torch.float32)["model.embed_tokens.weight"]
+            embed = read_tensors(path, {EMBED}, torch.float32)[EMBED]
             shipped = shipped_heads(cfg, embed)
             if shipped is not None:
-                return f"heads shipped with longswift for this model: {shipped}", True
+                what = describe_heads_file(shipped, cfg, lambda: embed)
+                return f"heads shipped with longswift for this model: {shipped} ({what})", True
         return "none: AR (the checkpoint has no heads and none are shipped for this model)", False
     path = heads_location(heads)
     if not path.exists():
@@ -130,5 +140,7 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
                              "released checkpoint")
     if path.is_dir() and not (path / HEADS_FILE).is_file():
         return f"from the released checkpoint {path} (TokenSwift layout; checked against the model when loaded)", True
-    return (f"from the heads file {path / HEADS_FILE if path.is_dir() else path} (checked against the model when "
-            "loaded)", True)
+    file = path / HEADS_FILE if path.is_dir() else path
+    model_path = resolve_path(model)
+    what = describe_heads_file(file, cfg, lambda: read_tensors(model_path, {EMBED}, torch.float32)[EMBED])
+    return f"from the heads file {file}: {what}", True
