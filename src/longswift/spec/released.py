@@ -27,8 +27,8 @@ from .heads import (
     shipped_heads,
 )
 
-# DraftHeads parameter <- the part of each released layer stacked into it.
 EMBED = "model.embed_tokens.weight"
+# DraftHeads parameter <- the part of each released layer stacked into it.
 _PARTS = {"weights": "linear.weight", "in_norms": "input_layernorm.weight", "out_norms": "post_layernorm.weight"}
 
 
