@@ -37,6 +37,17 @@ def test_readme_flags_exist():
         assert flag in help_text, flag
 
 
+def test_readme_names_every_json_stats_field():
+    """`generate --json` writes GenerationStats.to_dict(): the README's command-line section names
+    each of its keys, so a field added to the stats is not left undocumented."""
+    from longswift.stats import GenerationStats
+
+    section = (ROOT / "README.md").read_text().split("## Command line", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z_]+)`", section))
+    missing = sorted(set(GenerationStats(method="ar", prompt_tokens=1).to_dict()) - named)
+    assert not missing, f"README's --json description does not name {missing}"
+
+
 def test_doc_scripts_import_what_the_package_has():
     """docs/scripts run on a lent GPU, where a name lost in a refactor would cost a device call:
     every `from longswift... import` in them must resolve."""
