@@ -13,13 +13,16 @@ from .flags import add_config_flags, config_from_args, seed_number
 
 def add_parser(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmark grid: our methods and installed peers, with a report")
-    bench.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
+    bench.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
+                                         "(default: embedded model)")
     bench.add_argument("--methods", default=None,
                        help="comma list of: ar, tokenswift, tokenswift-fused (ours); hf (transformers generate), hf-pld "
                             "(its prompt lookup), llamacpp, llamacpp-pld (llama-cpp-python on the same GGUF). Default: "
                             "ar,tokenswift,hf,hf-pld,llamacpp,llamacpp-pld, skipping those not installed")
     bench.add_argument("--heads", default="default",
-                       help="draft heads for the tokenswift methods ('default' = shipped heads, or a file, or 'random')")
+                       help="draft heads for the tokenswift methods, as generate's --heads: 'default' (the default "
+                            "here) = only shipped heads; 'auto' also takes a released checkpoint's own heads; a heads "
+                            "file, a directory / hub id holding heads.safetensors or a released checkpoint; 'random'")
     presets = bench.add_mutually_exclusive_group()
     presets.add_argument("--presets", default=None,
                          help="comma list of sampling presets: greedy (no penalty), paper (min-p 0.1, penalty 1.2/1024), "

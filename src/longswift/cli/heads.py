@@ -22,7 +22,8 @@ def add_parsers(sub: Any) -> None:
     from ..train.train import TrainConfig
 
     train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
-    train.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
+    train.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
+                                        "(default: embedded model)")
     train.add_argument("--out", type=Path, required=True, help="directory for checkpoint.pt, heads.safetensors, train_log.json")
     _add_data_flags(train)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -31,8 +32,12 @@ def add_parsers(sub: Any) -> None:
     add_config_flags(train, RuntimeConfig)
 
     ev = sub.add_parser("eval-heads", help="per-head accuracy on held-out text and TokenSwift alpha")
-    ev.add_argument("--model", help="a .gguf file or an HF model directory (default: embedded model)")
-    ev.add_argument("--heads", required=True, help="heads file ('default' = the heads shipped for the embedded model)")
+    ev.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
+                                     "(default: embedded model)")
+    ev.add_argument("--heads", required=True,
+                    help="the heads to measure: a heads file, a directory / hub id holding heads.safetensors or a "
+                         "released checkpoint, 'default' (the heads shipped for the model: the embedded model has "
+                         "some) or 'auto' (as generate's --heads)")
     _add_data_flags(ev)
     ev.add_argument("--seq-len", type=int, default=1024, help="tokens per evaluation window (default %(default)s)")
     ev.add_argument("--seed", type=seed_number, default=1,
