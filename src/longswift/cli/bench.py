@@ -47,7 +47,8 @@ def add_parser(sub: Any) -> None:
     bench.add_argument("--pld-tokens", type=int, default=10,
                        help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld; default %(default)s)")
     bench.add_argument("--out-dir", type=Path,
-                       help="write results.jsonl (a line per finished run), results.csv, PNG plots and report.md here; "
+                       help="write results.jsonl (a line per finished run), results.csv, PNG plots, report.md and "
+                            "config.json (what the runs share) here; "
                             "rerunning the same command resumes, skipping finished runs")
     bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
     bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
