@@ -58,6 +58,25 @@ def test_readme_names_every_json_stats_field():
     assert not missing, f"README's --json description does not name {missing}"
 
 
+def test_generate_help_examples_fit_the_default_model():
+    """The examples in `generate --help` run on the embedded model: they parse, and their
+    --max-new-tokens fits its context (20000 was refused as beyond its 8,192 tokens)."""
+    import shlex
+
+    from longswift.cli import build_parser
+    from longswift.runtime.loading import load_config
+
+    parser = build_parser()
+    help_text = parser._subparsers._group_actions[0].choices["generate"].format_help()
+    examples = re.findall(r"^  longswift (generate .*)$", help_text.split("examples:", 1)[1], flags=re.M)
+    assert examples
+    context = load_config(None).context_limit
+    for example in examples:
+        args = parser.parse_args(shlex.split(example))
+        if args.resume is None:
+            assert 1 + args.max_new_tokens <= context, example
+
+
 def test_doc_scripts_import_what_the_package_has():
     """docs/scripts run on a lent GPU, where a name lost in a refactor would cost a device call:
     every `from longswift... import` in them must resolve."""

@@ -24,7 +24,7 @@ RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--n
 EXAMPLES = """examples:
   longswift generate --prompt "Write a long story about a lighthouse keeper." --max-new-tokens 2000
       stream a story (the embedded model's chat template is applied; --raw sends the text as it is)
-  longswift generate --prompt-file notes.txt --max-new-tokens 20000 --seed 1 --output story.txt --json story.json --checkpoint story.ckpt
+  longswift generate --prompt-file notes.txt --max-new-tokens 6000 --seed 1 --output story.txt --json story.json --checkpoint story.ckpt
       a long run saved as it goes; Ctrl-C stops it cleanly and prints the command that continues it
   longswift generate --resume story.ckpt
       continue an interrupted run to exactly the output it would have produced
