@@ -64,6 +64,32 @@ def test_the_summary_line_says_when_nothing_was_drafted():
 
 
 @pytest.mark.slow
+def test_an_interrupted_stdout_run_never_replaces_another_runs_checkpoint(tmp_path, monkeypatch):
+    """Runs on stdout alone save to ./longswift.checkpoint.json when interrupted; one that is already
+    there (another run's state) or being written (locked) is left alone: the next free name is taken."""
+    from longswift.atomic import OutputLock
+    from longswift.cli.generate import Outputs
+
+    class Saved:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def save(self, path) -> None:
+            path.write_text(self.text)
+
+    monkeypatch.chdir(tmp_path)
+    stdout = Outputs(output=None, json=None, checkpoint=None, every=1024)
+    assert stdout.save_interrupted(Saved("first")) == tmp_path / "longswift.checkpoint.json"
+    assert stdout.save_interrupted(Saved("second")) == tmp_path / "longswift.checkpoint.2.json"
+    with OutputLock([("--checkpoint", tmp_path / "longswift.checkpoint.3.json")]):  # another run saving there now
+        assert stdout.save_interrupted(Saved("third")) == tmp_path / "longswift.checkpoint.4.json"
+    assert [(tmp_path / n).read_text() for n in ("longswift.checkpoint.json", "longswift.checkpoint.2.json",
+                                                  "longswift.checkpoint.4.json")] == ["first", "second", "third"]
+    beside = Outputs(output=tmp_path / "out.txt", json=None, checkpoint=None, every=1024)  # its own file's place
+    here = tmp_path / "out.txt.checkpoint.json"
+    assert beside.save_interrupted(Saved("a")) == beside.save_interrupted(Saved("b")) == here
+
+
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"
     code, out, err = run_cli(capsys, "generate", "--prompt", "Count from one to five.", "--chat", "--seed", "3",

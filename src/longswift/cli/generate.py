@@ -85,9 +85,36 @@ class Outputs:
     every: int
 
     def fallback_checkpoint(self) -> Path:
-        """Where an interrupted run without --checkpoint saves its state."""
+        """Where an interrupted run without --checkpoint saves its state (on stdout alone, the first free
+        name from there on: see save_interrupted)."""
         base = self.output or self.json
         return base.with_name(base.name + ".checkpoint.json") if base else Path("longswift.checkpoint.json").absolute()
+
+    def save_interrupted(self, ckpt: Any) -> Path:
+        """Save an interrupted run's checkpoint; return where. A run on stdout alone has no file of its
+        own to put it beside: it takes the first of ./longswift.checkpoint.json, .2.json, ... that no
+        other run holds or has written, so it never replaces another run's state."""
+        from ..atomic import OutputLock
+
+        if self.checkpoint or self.output or self.json:
+            path = self.checkpoint or self.fallback_checkpoint()
+            ckpt.save(path)
+            return path
+        first = self.fallback_checkpoint()
+        for n in range(1, 10_000):
+            path = first if n == 1 else first.with_name(f"longswift.checkpoint.{n}.json")
+            lock = OutputLock([("--checkpoint", path)])
+            try:
+                lock.__enter__()
+            except LongswiftError:  # another run is saving there right now
+                continue
+            try:
+                if not path.exists():
+                    ckpt.save(path)
+                    return path
+            finally:
+                lock.release()
+        raise LongswiftError(f"no free checkpoint name next to '{first}': give --checkpoint FILE")
 
     def saved(self) -> dict[str, str | None]:
         """What a checkpoint records, so that --resume writes the same files from any directory."""
@@ -332,8 +359,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
             json_file.stage()
         if interrupted:
-            path = out.checkpoint or out.fallback_checkpoint()
-            stream.checkpoint(saved).save(path)
+            path = out.save_interrupted(stream.checkpoint(saved))
         elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
             stream.checkpoint(saved).save(out.checkpoint)
         for f in (text_file, json_file):
