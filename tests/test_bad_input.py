@@ -585,3 +585,13 @@ def test_held_out_runs_longer_than_the_context_are_refused_naming_their_flag(emb
     with pytest.raises(LongswiftError, match=f"--distill-new-tokens {limit} \\+ the longest prompt's .* tokens "
                                              f"exceed this model's context of {limit}"):
         self_distill(embedded, 10, new_tokens=limit, cache_dir=None, progress=False)
+
+
+@pytest.mark.parametrize("flags, match", [(["--lengths", "8,16,8"], "--lengths lists 8 twice"),
+                                          (["--new-tokens", "8", "--prefix", "16,16"], "--prefix lists 16 twice"),
+                                          (["--presets", "greedy,paper,greedy"], "--presets lists greedy twice")])
+def test_a_bench_grid_value_given_twice_is_refused_before_loading(flags, match, capsys, no_loading):
+    """A repeated --lengths/--prefix/--presets value made the same cells run twice under one key,
+    reported as two runs of a `--runs 1` grid."""
+    code, _, err = run_cli(capsys, "bench", "--methods", "ar", *flags)
+    assert_one_line_error(code, err, match)

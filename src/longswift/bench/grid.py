@@ -68,6 +68,10 @@ class BenchConfig:
                 raise LongswiftError(f"unknown bench method(s) {unknown}: choose from {', '.join(KNOWN_METHODS)}")
             if len(set(self.methods)) != len(self.methods):
                 raise LongswiftError("--methods lists a method twice")
+        for flag, values in (("--prefix", self.prefixes), ("--lengths", self.lengths), ("--presets", self.presets)):
+            twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+            if twice is not None:  # a repeated value would run its cells twice, reported as extra runs
+                raise LongswiftError(f"{flag} lists {twice} twice: give each value once")
         bad = [p for p in self.presets if p not in PRESETS]
         if bad or not self.presets:
             raise LongswiftError(f"unknown sampling preset(s) {bad}: choose from {', '.join(PRESETS)}")
