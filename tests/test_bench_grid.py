@@ -51,6 +51,19 @@ def test_timeline_checkpoints_every_eighth():
     assert t.prefill_seconds == 1.0 and t.decode_seconds == 3.0
 
 
+def test_decode_rate_leaves_out_a_first_block():
+    """AR under --read-every N (16 on CUDA by default) yields its first N tokens at once: N-1 of them
+    were decoded before the first arrival, so only the tokens after it count over the decode time."""
+    t = Timeline(12, start=0.0)
+    for count, when in ((4, 1.0), (8, 2.0), (12, 3.0)):
+        t.record(count, when=when)
+    assert t.first_tokens == 4 and t.decode_rate(12) == 8 / 2.0  # not (12 - 1) / 2.0
+    one = Timeline(4, start=0.0)
+    one.record(4, when=1.0)  # every token in one block: nothing to time
+    assert one.decode_rate(4) == 0.0
+    assert curve_speedup([(4, 1.0), (8, 2.0)], [(2, 1.5), (8, 2.0)], 1.0, 1.0) == [(8, 1.0)]  # none inside the block
+
+
 def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
     from pathlib import Path
 
@@ -244,3 +257,17 @@ def test_spec_label_names_the_node_budget_only_where_it_cuts_the_trie():
     assert "nodes" not in spec_label(SpecConfig(max_nodes=8).for_device(torch.device("cpu")), "tokenswift", "rows")
     gpu = SpecConfig().for_device(torch.device("cuda"))  # the paper's trie (up to 121 nodes) cut to 32
     assert ", at most 32 nodes" in spec_label(gpu, "tokenswift", "batched")
+
+
+def test_token_blocks_are_timed_after_the_first_and_a_run_of_one_block_reports(tmp_path, tiny_dir, capsys):
+    """With --read-every 4, AR's first arrival is 4 tokens: its rate counts the 4 after them (it counted
+    7 over the time of 4); a 4-token run arrives whole, has no decode time, and the report says '-'
+    where it raised 'rates must be positive' (a traceback, on every rerun into the directory)."""
+    out_dir = tmp_path / "bench"
+    report, _ = bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "4,8",
+                      "--presets", "greedy", "--read-every", "4")
+    ar = {r["length"]: r for r in lines(out_dir / "results.jsonl") if r["method"] == "ar"}
+    assert ar[8]["first_tokens"] == 4
+    assert ar[8]["decode_tokens_per_second"] == pytest.approx(4 / ar[8]["decode_seconds"])
+    assert ar[4]["decode_tokens_per_second"] == 0.0
+    assert "| ar | - | 1 | " in report and report.count("| - | - | - | - | - | - | - |") == 1  # rate, ms, vs, alphas

@@ -321,13 +321,12 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
     """One run as a flat JSON-able dict (a line of results.jsonl)."""
     if len(ids) != cell.length:
         raise RuntimeError(f"{method} produced {len(ids)} tokens instead of {cell.length}")
-    decode = timeline.decode_seconds
     spec = stats is not None and stats.method == "tokenswift"
     return {
         "key": key, **cell.describe(), "method": method, "variant": variant, "run": run,
         "sampling": asdict(sampling), "new_tokens": len(ids),
-        "prefill_seconds": timeline.prefill_seconds, "decode_seconds": decode,
-        "decode_tokens_per_second": (len(ids) - 1) / decode if decode > 0 else 0.0,
+        "prefill_seconds": timeline.prefill_seconds, "decode_seconds": timeline.decode_seconds,
+        "decode_tokens_per_second": timeline.decode_rate(len(ids)), "first_tokens": timeline.first_tokens,
         "checkpoints": timeline.checkpoints, "checkpoint_alpha": timeline.checkpoint_alpha if spec else None,
         "alpha": stats.alpha if spec else None,
         "ngram_alpha": (stats.ngram_accepted / stats.draft_positions if stats.draft_positions else 0.0) if spec else None,

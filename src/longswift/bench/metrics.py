@@ -46,6 +46,7 @@ class Timeline:
     length: int
     start: float = field(default_factory=time.perf_counter)
     first: float | None = None
+    first_tokens: int = 0  # tokens of the first arrival: 1, or a whole block (AR's --read-every, a peer's first step)
     end: float | None = None
     checkpoints: list[tuple[int, float]] = field(default_factory=list)  # (tokens so far, seconds since start)
     checkpoint_alpha: list[float] = field(default_factory=list)
@@ -59,7 +60,7 @@ class Timeline:
         """Note that `tokens` tokens have arrived; True when this crossed a checkpoint."""
         now = time.perf_counter() if when is None else when
         if self.first is None:
-            self.first = now
+            self.first, self.first_tokens = now, tokens
         self.end = now
         crossed = False
         while self._targets and tokens >= self._targets[0]:
@@ -83,6 +84,13 @@ class Timeline:
         assert self.first is not None and self.end is not None, "no token recorded"
         return self.end - self.first
 
+    def decode_rate(self, tokens: int) -> float:
+        """Decode tokens/s of a run of `tokens` tokens: those after the first arrival over decode_seconds.
+        A first arrival of k tokens (a block) holds k-1 decode steps that decode_seconds does not, so
+        its tokens are not counted; 0.0 where every token came at once (nothing to time)."""
+        decode = self.decode_seconds
+        return (tokens - self.first_tokens) / decode if decode > 0 else 0.0
+
 
 def curve_speedup(base: list[tuple[int, float]], other: list[tuple[int, float]], base_prefill: float,
                   other_prefill: float) -> list[tuple[int, float]]:
@@ -97,7 +105,8 @@ def curve_speedup(base: list[tuple[int, float]], other: list[tuple[int, float]],
         for (n0, t0), (n1, t1) in zip(points, points[1:]):
             if n0 <= n <= n1:
                 theirs = t0 + (t1 - t0) * (n - n0) / (n1 - n0) if n1 > n0 else t1
-                out.append((n, theirs / mine))
+                if theirs > 0:  # else within the baseline's first block, which has no decode time of its own
+                    out.append((n, theirs / mine))
                 break
     return out
 

@@ -157,7 +157,8 @@ def to_csv(records: list[dict[str, Any]]) -> str:
         for base in ("ar", "hf"):
             runs = baseline(cells[cell_id(r)], base)
             row[f"speedup_vs_{base}"] = (round(speedup(r["decode_tokens_per_second"], median_rate(runs)), 4)
-                                         if runs and r["decode_tokens_per_second"] > 0 else "")
+                                         if runs and r["decode_tokens_per_second"] > 0 and median_rate(runs) > 0
+                                         else "")
         rows.append(row)
     buf = io.StringIO()
     if rows:
@@ -234,7 +235,9 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
         lines.append(f"- sampler of {what}: {note}")
     for what, why in ctx.skipped.items():
         lines.append(f"- {what}: skipped ({why})")
-    lines.append("- decode tok/s counts the tokens after the first (prefill excluded); medians over runs; "
+    lines.append("- decode tok/s counts the tokens after the first arrival (the first token; AR's first block where "
+                 "--read-every reads several at once, which prefill s then includes) over the time after it; "
+                 "medians over runs; "
                  "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
                  "includes every method loaded so far; the part in parentheses is what the run added on top")
     lines += ["", *[f"![{Path(i).stem}]({i})" for i in images]]
@@ -271,10 +274,13 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
     for (m, variant), runs in rows.items():
         rate = median_rate(runs)
         med = lambda k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None  # noqa: E731
-        vs = [f"{speedup(rate, median_rate(b)):.2f}x" if b and rate > 0 else "-" for b in (ar, hf)]
+        vs = [f"{speedup(rate, median_rate(b)):.2f}x" if b and rate > 0 and median_rate(b) > 0 else "-"
+              for b in (ar, hf)]
         distinct = "/".join(f"{med(f'distinct_{n}'):.2f}" for n in (1, 2, 3, 4))
-        lines.append(f"| {m} | {variant or '-'} | {len(runs)} | {med('prefill_seconds'):.2f} | {rate:.1f} | "
-                     f"{1e3 / rate if rate else 0:.1f} | {vs[0]} | {vs[1]} | {_fmt(med('alpha'))} | "
+        timed = rate > 0  # 0: every token arrived in one block, no decode time to divide by
+        lines.append(f"| {m} | {variant or '-'} | {len(runs)} | {med('prefill_seconds'):.2f} | "
+                     f"{_fmt(rate if timed else None, '.1f')} | {_fmt(1e3 / rate if timed else None, '.1f')} | "
+                     f"{vs[0]} | {vs[1]} | {_fmt(med('alpha'))} | "
                      f"{_fmt(med('ngram_alpha'))} | {_fmt(med('tokens_per_step'))} | {distinct} | "
                      f"{_memory(runs)} |")
     if ar and len(rows) > 1:
