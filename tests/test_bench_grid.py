@@ -271,3 +271,20 @@ def test_token_blocks_are_timed_after_the_first_and_a_run_of_one_block_reports(t
     assert ar[8]["decode_tokens_per_second"] == pytest.approx(4 / ar[8]["decode_seconds"])
     assert ar[4]["decode_tokens_per_second"] == 0.0
     assert "| ar | - | 1 | " in report and report.count("| - | - | - | - | - | - | - |") == 1  # rate, ms, vs, alphas
+
+
+@pytest.mark.parametrize("flags, field", [(["--rope-scaling", "yarn:2"], "rope_scaling"),
+                                          (["--read-every", "2"], "read_every")])
+def test_a_rerun_with_another_rope_scaling_or_token_block_is_refused(flags, field, tmp_path, tiny_dir, capsys):
+    """Rope scaling changes the tokens and --read-every the speed: a rerun with either found the runs
+    'already done' and reported the old numbers under the new command."""
+    out_dir = tmp_path / "bench"
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar", "--lengths", "4", "--presets", "greedy")
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup",
+                 "--methods", "ar", "--prefix", "12", "--lengths", "4", "--presets", "greedy",
+                 "--out-dir", str(out_dir), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and f"holds results of a different configuration (differs in: {field})" in err
+    report, _ = bench(capsys, tiny_dir, out_dir, "--methods", "ar", "--lengths", "4", "--presets", "greedy",
+                      "--fresh", *flags)
+    assert ("rope scaling yarn:2" if field == "rope_scaling" else "AR reads its tokens 2 at a time") in report

@@ -18,6 +18,7 @@ from typing import Any
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..engine import Engine, load
 from ..errors import LongswiftError
+from ..runtime.cuda_graphs import use_graphs
 from ..runtime.loading import resolve_path
 from ..runtime.memory import rope_factor_for
 from ..runtime.model import fused_kernels
@@ -199,6 +200,8 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
     axes, the methods and the TokenSwift options may grow between reruns; they are in each run's key)."""
     import torch
 
+    device = engine.model.device
+    block = engine.runtime.token_block(device)
     return {"model": str(engine.source), "dtype": str(engine.model.dtype).removeprefix("torch."),
             "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
             # only where true, so that the identities of result directories made before it still match
@@ -210,7 +213,12 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             # only when on, so result directories made before the option existed still match
             **({"float32_logits": True} if engine.model.float32_logits else {}),
             **({"graph_attention": engine.runtime.graph_attention} if engine.runtime.graph_attention != "bucketed"
-               else {})}
+               else {}),
+            # settings that change the tokens (rope scaling) or the speed, each only where not the default
+            **({"rope_scaling": engine.runtime.rope_scaling} if engine.runtime.rope_scaling else {}),
+            **({"read_every": block} if block != RuntimeConfig().token_block(device) else {}),
+            **({"cuda_graphs": False} if device.type == "cuda" and not use_graphs(engine.runtime.cuda_graphs,
+                                                                                   engine.model) else {})}
 
 
 def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None,

@@ -183,6 +183,7 @@ def machine_lines(identity: dict[str, Any]) -> list[str]:
     versions = {name: version(mod) for name, mod in (("torch", "torch"), ("transformers", "transformers"),
                                                      ("llama-cpp-python", "llama_cpp"), ("longswift", "longswift"))}
     commit = _git_commit()
+    every = identity.get("read_every")
     return [
         f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} logical CPUs{mem}; {identity['threads']} torch threads; "
         f"python {platform.python_version()}",
@@ -192,7 +193,10 @@ def machine_lines(identity: dict[str, Any]) -> list[str]:
         f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
         f"{', fused kernels (RMSNorm, residual adds, rope)' if identity.get('fused_kernels') else ''}"
         f"{', float32 logits' if identity.get('float32_logits') else ''}"
-        f"{', graph attention ' + identity['graph_attention'] if identity.get('graph_attention') else ''}; "
+        f"{', graph attention ' + identity['graph_attention'] if identity.get('graph_attention') else ''}"
+        f"{', rope scaling ' + identity['rope_scaling'] if identity.get('rope_scaling') else ''}"
+        f"{', CUDA graphs off' if identity.get('cuda_graphs') is False else ''}"
+        f"{f', AR reads its tokens {every} at a time (--read-every)' if every else ''}; "
         f"heads: {identity['heads']}",
     ]
 
