@@ -75,6 +75,10 @@ def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
 
     with pytest.raises(LongswiftError, match="p.jsonl:2"):
         read_instructions(bad)
+    # two prompts of one id (of the same length) were one cell of the report, their runs counted together
+    bad.write_text('{"id": "a", "prompt": "one"}\n{"prompt": "two"}\n{"id": "a", "prompt": "three"}\n')
+    with pytest.raises(LongswiftError, match='p.jsonl:3: id "a" is used by an earlier line'):
+        read_instructions(bad)
 
 
 def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):

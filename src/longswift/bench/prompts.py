@@ -39,6 +39,9 @@ def read_instructions(path: Path) -> list[tuple[str, str]]:
             raise LongswiftError(f"{path}:{number}: expected a JSON object with a \"prompt\" field") from None
         if not isinstance(text, str) or not text.strip():
             raise LongswiftError(f"{path}:{number}: \"prompt\" must be non-empty text")
+        if name in (n for n, _ in pairs):  # the report's cells are named by id: two prompts would share one
+            raise LongswiftError(f"{path}:{number}: id \"{name}\" is used by an earlier line: give each prompt "
+                                 "its own id")
         pairs.append((name, text))
     if not pairs:
         raise LongswiftError(f"prompt file '{path}' holds no prompts")
