@@ -595,3 +595,12 @@ def test_a_bench_grid_value_given_twice_is_refused_before_loading(flags, match, 
     reported as two runs of a `--runs 1` grid."""
     code, _, err = run_cli(capsys, "bench", "--methods", "ar", *flags)
     assert_one_line_error(code, err, match)
+
+
+@pytest.mark.parametrize("flags, match", [(["--methods", ","], "--methods is empty: choose from ar, "),
+                                          (["--methods", "ar", "--presets", ","], "--presets is empty: choose from "),
+                                          (["--methods", "ar", "--sampling", " "], "--presets is empty: choose from ")])
+def test_an_empty_bench_list_is_refused_naming_it(flags, match, capsys, no_loading):
+    """--presets ',' ran the default greedy preset silently; --methods ',' said "unknown bench method(s) []"."""
+    code, _, err = run_cli(capsys, "bench", *flags)
+    assert_one_line_error(code, err, match)

@@ -65,7 +65,9 @@ class BenchConfig:
             raise LongswiftError(seed_problem(self.seed))
         if self.methods is not None:
             unknown = [m for m in self.methods if m not in KNOWN_METHODS]
-            if unknown or not self.methods:
+            if not self.methods:
+                raise LongswiftError(f"--methods is empty: choose from {', '.join(KNOWN_METHODS)}")
+            if unknown:
                 raise LongswiftError(f"unknown bench method(s) {unknown}: choose from {', '.join(KNOWN_METHODS)}")
             if len(set(self.methods)) != len(self.methods):
                 raise LongswiftError("--methods lists a method twice")
@@ -74,7 +76,9 @@ class BenchConfig:
             if twice is not None:  # a repeated value would run its cells twice, reported as extra runs
                 raise LongswiftError(f"{flag} lists {twice} twice: give each value once")
         bad = [p for p in self.presets if p not in PRESETS]
-        if bad or not self.presets:
+        if not self.presets:
+            raise LongswiftError(f"--presets is empty: choose from {', '.join(PRESETS)}")
+        if bad:
             raise LongswiftError(f"unknown sampling preset(s) {bad}: choose from {', '.join(PRESETS)}")
         if not self.prefixes or min(self.prefixes) <= 0:
             raise LongswiftError("--prefix lengths must be positive")

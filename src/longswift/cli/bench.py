@@ -71,7 +71,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         kwargs["lengths"] = parse_number_list(args.lengths, "--lengths") if args.lengths is not None else (args.new_tokens,)
     if args.prefix is not None or args.prompt_tokens is not None:
         kwargs["prefixes"] = parse_number_list(args.prefix, "--prefix") if args.prefix is not None else (args.prompt_tokens,)
-    presets = _names(args.presets) or _names(args.sampling)
+    presets = _names(args.presets) if args.presets is not None else _names(args.sampling)  # ',' -> (): refused
     if presets is not None:
         kwargs["presets"] = presets
     cfg = BenchConfig(methods=_names(args.methods), runs=args.runs, prompt_file=args.prompt_file, chat=args.chat,
