@@ -138,6 +138,10 @@ def test_projection_ends_and_tree_are_measured_not_extrapolated():
     paper = StepBenchConfig(shape="smollm2-135m", spec=SpecConfig(tree="1,3,3,3", ngram_topk=20)).for_device(
         torch.device("cpu"))
     assert paper.projection_nodes == 1 + 1 + 3 + 9 + 27 + 20 * 4 and paper.measured_contexts() == (2048, 4096, 8192)
+    # a trie of 3 nodes holds at most 2 drafted positions: tau = 1 + 4 alpha projected steps it cannot make
+    cut = StepBenchConfig(shape="smollm2-135m", spec=SpecConfig(tree="1,3,3", max_nodes=3)).for_device(
+        torch.device("cpu"))
+    assert cut.projection_nodes == 3 and cut.depth == 2
     default = StepBenchConfig(shape="smollm2-135m", alphas=(0.7,)).for_device(torch.device("cpu"))
     assert (default.prefix, default.new_tokens) == (4096, 4096)  # CPU: from the paper's prefix to the largest context
 

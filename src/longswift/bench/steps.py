@@ -95,8 +95,10 @@ class StepBenchConfig:
     @property
     def depth(self) -> int:
         """Draft positions per step (alpha's denominator): the drafted tree's depth (the fused mode drops
-        --tree's first), or an n-gram path's if deeper."""
-        return max(len(draft_levels(self.spec)), NGRAM_N if self.spec.ngram_topk else 0)
+        --tree's first), or an n-gram path's if deeper; at most what a trie cut to --max-nodes holds (its
+        nodes below the root in one chain), as generation counts the deepest position of the trie it verifies."""
+        deepest = max(len(draft_levels(self.spec)), NGRAM_N if self.spec.ngram_topk else 0)
+        return min(deepest, self.projection_nodes - 1)
 
     @property
     def drafts_on_partial(self) -> bool:
