@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
+from ..config import MAX_ROPE_FACTOR, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..engine import Engine, load
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import use_graphs
@@ -225,6 +225,19 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
                                                                                    engine.model) else {})}
 
 
+def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
+    """Refuse a grid whose longest cell exceeds the model's context; suggest a rope scaling only where
+    one can help (none is in use yet, and a factor that reaches that far exists)."""
+    total, limit = prompt_tokens + length, engine.cfg.context_limit
+    if total <= limit:
+        return
+    factor = rope_factor_for(engine.cfg, total)
+    extend = (f", or extend the context with --rope-scaling yarn:{factor}"
+              if engine.cfg.rope_type == "default" and factor <= MAX_ROPE_FACTOR else "")
+    raise LongswiftError(f"the grid's longest cell (prefix {prompt_tokens} + {length} new = {total} tokens) exceeds "
+                         f"this model's context of {limit}: lower --lengths/--prefix{extend}")
+
+
 def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None,
               out: Path | None = None, json_path: Path | None = None, out_dir: Path | None = None,
               fresh: bool = False, command: str | None = None,
@@ -245,11 +258,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
              for length in sorted(cfg.lengths)]
     longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
-    total, limit = len(longest.prompt.ids) + longest.length, engine.cfg.context_limit
-    if total > limit:  # refuse before any run, not mid-grid
-        raise LongswiftError(f"the grid's longest cell (prefix {len(longest.prompt.ids)} + {longest.length} new = {total} "
-                             f"tokens) exceeds this model's context of {limit}: lower --lengths/--prefix, or extend "
-                             f"the context with --rope-scaling yarn:{rope_factor_for(engine.cfg, total)}")
+    check_grid_context(engine, len(longest.prompt.ids), longest.length)  # refuse before any run, not mid-grid
     n_ctx = max(len(c.prompt.ids) + c.length for c in cells) + 64
     methods = Methods(engine, model, cfg, n_ctx)
     requested = cfg.methods or DEFAULT_METHODS
