@@ -254,6 +254,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                     *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ()))])
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
+    if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
+        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths))  # before making them (--prefix 10**11)
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
     cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
              for length in sorted(cfg.lengths)]
