@@ -281,3 +281,12 @@ def test_projection_counts_the_lm_head_once_per_step_for_small_tries():
     # the batched walk: its verify pass computes every row's logits, and one walk draws them all
     assert step_costs(costs, large, one, "batched").verify == pytest.approx((0.032, 0.032))
     assert step_costs(costs, large, one, "batched").walk_row == (0.0, 0.0)
+
+
+def test_a_bandwidth_buffer_past_free_memory_is_named(capsys):
+    """It was refused as 'not enough memory for these step costs' with the model's 0.26 GiB plan and the
+    advice to lower --contexts, --tree-nodes or --layers, none of which was the cause."""
+    code, _, err = run_cli(capsys, "bench-steps", "--shape", "smollm2-135m", "--layers", "2", "--contexts", "64",
+                           "--bandwidth-mib", str(2**40))
+    assert_one_line_error(code, err, f"the read-bandwidth buffer of {2**40} MiB does not fit in the ")
+    assert "give a smaller --bandwidth-mib" in err

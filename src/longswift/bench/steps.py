@@ -195,8 +195,10 @@ def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:
     free = available_bytes(torch.device(plan.device))
     if free is None:
         return
-    need = max(plan.total, buffer_bytes)  # the bandwidth buffer is freed before the model is made
-    if need > free:
+    if buffer_bytes > free:  # the bandwidth buffer is freed before the model is made
+        raise LongswiftError(f"the read-bandwidth buffer of {buffer_bytes / 2**20:.0f} MiB does not fit in the "
+                             f"{free / GiB:.2f} GiB free: give a smaller --bandwidth-mib")
+    if plan.total > free:
         raise LongswiftError(f"not enough memory for these step costs: {plan.describe()}, but {free / GiB:.2f} GiB "
                              "is free; lower --contexts (or --prefix + --new-tokens), --tree-nodes or --layers, "
                              "or use --dtype bfloat16")
