@@ -419,3 +419,17 @@ def test_info_reads_a_heads_files_metadata(tmp_path, capsys):
     assert code == 0 and "draft heads: from the heads file" in out and "unreadable (" in out and "generate refuses it" in out
     code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(tmp_path))  # --heads DIR
     assert code == 0 and f"from the heads file {tmp_path / 'heads.safetensors'}: {expect['m']}" in out, err
+
+
+def test_bench_runs_a_released_checkpoint_with_its_own_heads(tmp_path, capsys):
+    """bench's --heads default is generate's 'auto': a released checkpoint's TokenSwift methods run on its
+    heads (they were skipped as having no heads when bench's default took shipped heads only)."""
+    save_released(tiny_hf_model("llama", "default"), tmp_path / "m")
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "bench", "--model", str(tmp_path / "m"), "--threads", "1", "--no-warmup",
+                           "--methods", "ar,tokenswift", "--prefix", "12", "--lengths", "6", "--out-dir",
+                           str(tmp_path / "b"))
+    assert code == 0, err
+    runs = [json.loads(line) for line in (tmp_path / "b" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["method"] for r in runs) == ["ar", "tokenswift"]
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["identity"]["heads"] == "auto"

@@ -183,6 +183,11 @@ class Engine:
             found.requires_grad_(False)
         self.heads, self.heads_source, self.heads_origin = found, source, origin
 
+    @property
+    def has_checkpoint_heads(self) -> bool:
+        """Whether the model checkpoint carries its own heads (what heads="auto" takes first)."""
+        return self._checkpoint_heads is not None
+
     def encode(self, prompt: str | list[int], chat: bool | None = False) -> list[int]:
         """Prompt text or ids -> ids. `chat`: wrap text in the model's chat template (True), send it
         as it is (False), or the template when the model has one (None, the CLI's default)."""

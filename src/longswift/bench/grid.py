@@ -50,7 +50,7 @@ class BenchConfig:
 
     methods: tuple[str, ...] | None = None  # None: DEFAULT_METHODS, skipping those that cannot run here
     prefixes: tuple[int, ...] = (2048,)
-    lengths: tuple[int, ...] = CPU_LENGTHS
+    lengths: tuple[int, ...] | None = None  # None: those of CPU_LENGTHS that fit the model's context after the prompt
     presets: tuple[str, ...] = ("greedy",)
     runs: int = 1
     prompt_file: Path | None = None
@@ -71,7 +71,8 @@ class BenchConfig:
                 raise LongswiftError(f"unknown bench method(s) {unknown}: choose from {', '.join(KNOWN_METHODS)}")
             if len(set(self.methods)) != len(self.methods):
                 raise LongswiftError("--methods lists a method twice")
-        for flag, values in (("--prefix", self.prefixes), ("--lengths", self.lengths), ("--presets", self.presets)):
+        given = (("--prefix", self.prefixes), ("--lengths", self.lengths or ()), ("--presets", self.presets))
+        for flag, values in given:
             twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
             if twice is not None:  # a repeated value would run its cells twice, reported as extra runs
                 raise LongswiftError(f"{flag} lists {twice} twice: give each value once")
@@ -82,7 +83,7 @@ class BenchConfig:
             raise LongswiftError(f"unknown sampling preset(s) {bad}: choose from {', '.join(PRESETS)}")
         if not self.prefixes or min(self.prefixes) <= 0:
             raise LongswiftError("--prefix lengths must be positive")
-        if not self.lengths or min(self.lengths) < 2:
+        if self.lengths is not None and (not self.lengths or min(self.lengths) < 2):
             raise LongswiftError("--lengths (--new-tokens) must be at least 2 tokens each")
         if self.runs <= 0 or self.pld_tokens <= 0:
             raise LongswiftError("--runs and --pld-tokens must be positive")
@@ -211,7 +212,10 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             # only where true, so that the identities of result directories made before it still match
             **({"colocated_linears": True} if engine.model.colocated else {}),
             **({"fused_kernels": True} if fused_kernels(engine.model) else {}),
-            "threads": torch.get_num_threads(), "heads": str(heads),
+            # 'auto' on a checkpoint without heads of its own takes what 'default' takes, and is recorded so:
+            # result directories made when bench's --heads default was 'default' still resume
+            "threads": torch.get_num_threads(),
+            "heads": "default" if heads == "auto" and not engine.has_checkpoint_heads else str(heads),
             "prompt_file": None if cfg.prompt_file is None else str(cfg.prompt_file),
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
@@ -238,6 +242,18 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
                          f"this model's context of {limit}: lower --lengths/--prefix{extend}")
 
 
+def default_lengths(engine: Engine, prompt_tokens: int, log: Callable[[str], None]) -> tuple[int, ...]:
+    """The default generation lengths that fit the model's context after the longest prompt (the first
+    alone when none does: the context check then refuses it, saying what to change)."""
+    limit = engine.cfg.context_limit
+    fit = tuple(n for n in CPU_LENGTHS if prompt_tokens + n <= limit) or CPU_LENGTHS[:1]
+    if len(fit) < len(CPU_LENGTHS) and prompt_tokens + fit[0] <= limit:
+        left = ", ".join(str(n) for n in CPU_LENGTHS if n not in fit)
+        log(f"default lengths: {left} left out (a {prompt_tokens}-token prompt leaves {limit - prompt_tokens} of the "
+            f"model's {limit}-token context); give --lengths to choose")
+    return fit
+
+
 def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None,
               out: Path | None = None, json_path: Path | None = None, out_dir: Path | None = None,
               fresh: bool = False, command: str | None = None,
@@ -255,8 +271,10 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
-        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths))  # before making them (--prefix 10**11)
+        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or CPU_LENGTHS[:1]))  # before making them
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
+    if cfg.lengths is None:
+        cfg = dataclasses.replace(cfg, lengths=default_lengths(engine, max(len(p.ids) for _, p in pairs), log))
     cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
              for length in sorted(cfg.lengths)]
     longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)

@@ -19,10 +19,11 @@ def add_parser(sub: Any) -> None:
                        help="comma list of: ar, tokenswift, tokenswift-fused (ours); hf (transformers generate), hf-pld "
                             "(its prompt lookup), llamacpp, llamacpp-pld (llama-cpp-python on the same GGUF). Default: "
                             "ar,tokenswift,hf,hf-pld,llamacpp,llamacpp-pld, skipping those not installed")
-    bench.add_argument("--heads", default="default",
-                       help="draft heads for the tokenswift methods, as generate's --heads: 'default' (the default "
-                            "here) = only shipped heads; 'auto' also takes a released checkpoint's own heads; a heads "
-                            "file, a directory / hub id holding heads.safetensors or a released checkpoint; 'random'")
+    bench.add_argument("--heads", default="auto",
+                       help="draft heads for the tokenswift methods, as generate's --heads: 'auto' (default) = the "
+                            "checkpoint's own heads, else those shipped for the model; 'default' = only shipped heads; "
+                            "a heads file, a directory / hub id holding heads.safetensors or a released checkpoint; "
+                            "'random'")
     presets = bench.add_mutually_exclusive_group()
     presets.add_argument("--presets", default=None,
                          help="comma list of sampling presets: greedy (no penalty), paper (min-p 0.1, penalty 1.2/1024), "
@@ -30,7 +31,9 @@ def add_parser(sub: Any) -> None:
                               "penalty 1.2); default greedy")
     presets.add_argument("--sampling", default=None, help="a single preset (same as --presets with one name)")
     lengths = bench.add_mutually_exclusive_group()
-    lengths.add_argument("--lengths", default=None, help="comma list of generation lengths (default 2048,4096,8192)")
+    lengths.add_argument("--lengths", default=None,
+                         help="comma list of generation lengths (default: those of 2048,4096,8192 that fit the "
+                              "model's context after the prompt)")
     lengths.add_argument("--new-tokens", type=int, default=None, help="a single generation length")
     prefixes = bench.add_mutually_exclusive_group()
     prefixes.add_argument("--prefix", default=None, help="comma list of prompt (prefix) lengths in tokens (default 2048)")
