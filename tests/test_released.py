@@ -433,3 +433,19 @@ def test_bench_runs_a_released_checkpoint_with_its_own_heads(tmp_path, capsys):
     runs = [json.loads(line) for line in (tmp_path / "b" / "results.jsonl").read_text().splitlines()]
     assert sorted(r["method"] for r in runs) == ["ar", "tokenswift"]
     assert json.loads((tmp_path / "b" / "config.json").read_text())["identity"]["heads"] == "auto"
+
+
+def test_bench_tells_heads_retrained_into_the_same_file_apart(tmp_path, capsys):
+    """A results directory of --heads FILE records the heads' weights: heads retrained into that file do not
+    resume the old heads' runs (they were taken as done, and the report showed the old heads' speed)."""
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads=None)
+    path = tmp_path / "heads.safetensors"
+    argv = ["bench", "--model", str(tmp_path / "m"), "--heads", str(path), "--threads", "1", "--no-warmup",
+            "--methods", "tokenswift", "--prefix", "12", "--lengths", "4", "--out-dir", str(tmp_path / "b")]
+    for seed, expect in ((4, "1 runs to do"), (4, "0 runs to do"), (5, "differs in: heads_digest")):
+        heads = new_heads(engine.cfg, engine.model.state).randomize(seed=seed)
+        save_heads(heads, engine.cfg, heads.base_fingerprint, path)
+        capsys.readouterr()
+        code, _, err = run_cli(capsys, *argv)
+        assert expect in err and code == (2 if seed == 5 else 0), err

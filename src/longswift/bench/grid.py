@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import heads_fingerprint
 from ..config import MAX_ROPE_FACTOR, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..engine import Engine, load
 from ..errors import LongswiftError
@@ -216,6 +217,10 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             # result directories made when bench's --heads default was 'default' still resume
             "threads": torch.get_num_threads(),
             "heads": "default" if heads == "auto" and not engine.has_checkpoint_heads else str(heads),
+            # heads from a path: their weights too, so heads retrained into the same file are not taken for
+            # the old ones (only for paths, so directories of shipped or random heads made before still match)
+            **({"heads_digest": heads_fingerprint(engine.heads)}
+               if engine.heads is not None and heads not in (None, "auto", "default", "random") else {}),
             "prompt_file": None if cfg.prompt_file is None else str(cfg.prompt_file),
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
