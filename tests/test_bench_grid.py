@@ -315,7 +315,7 @@ def test_default_lengths_are_those_that_fit_the_context(tmp_path, tiny_dir, caps
     given lengths that do not fit are still refused."""
     import longswift.bench.grid as grid
 
-    monkeypatch.setattr(grid, "CPU_LENGTHS", (4, 6, 250))  # the tiny model's context is 256
+    monkeypatch.setattr(grid, "DEFAULT_LENGTHS", (4, 6, 250))  # the tiny model's context is 256
     out_dir = tmp_path / "bench"
     code = main(["bench", "--model", str(tiny_dir), "--heads", "auto", "--threads", "1", "--no-warmup",
                  "--methods", "ar", "--prefix", "12", "--out-dir", str(out_dir)])

@@ -42,7 +42,7 @@ PRESETS = {
     "min-p": SamplingConfig(temperature=1.0, min_p=0.05, repetition_penalty=1.15),  # Qwen2.5-7B
     "eta": SamplingConfig(temperature=1.0, min_p=0.0, eta=0.001, repetition_penalty=1.2),  # eta-sampling, our choice of eta
 }
-CPU_LENGTHS = (2048, 4096, 8192)
+DEFAULT_LENGTHS = (2048, 4096, 8192)
 
 
 @dataclass
@@ -51,7 +51,7 @@ class BenchConfig:
 
     methods: tuple[str, ...] | None = None  # None: DEFAULT_METHODS, skipping those that cannot run here
     prefixes: tuple[int, ...] = (2048,)
-    lengths: tuple[int, ...] | None = None  # None: those of CPU_LENGTHS that fit the model's context after the prompt
+    lengths: tuple[int, ...] | None = None  # None: those of DEFAULT_LENGTHS that fit the model's context after the prompt
     presets: tuple[str, ...] = ("greedy",)
     runs: int = 1
     prompt_file: Path | None = None
@@ -251,9 +251,9 @@ def default_lengths(engine: Engine, prompt_tokens: int, log: Callable[[str], Non
     """The default generation lengths that fit the model's context after the longest prompt (the first
     alone when none does: the context check then refuses it, saying what to change)."""
     limit = engine.cfg.context_limit
-    fit = tuple(n for n in CPU_LENGTHS if prompt_tokens + n <= limit) or CPU_LENGTHS[:1]
-    if len(fit) < len(CPU_LENGTHS) and prompt_tokens + fit[0] <= limit:
-        left = ", ".join(str(n) for n in CPU_LENGTHS if n not in fit)
+    fit = tuple(n for n in DEFAULT_LENGTHS if prompt_tokens + n <= limit) or DEFAULT_LENGTHS[:1]
+    if len(fit) < len(DEFAULT_LENGTHS) and prompt_tokens + fit[0] <= limit:
+        left = ", ".join(str(n) for n in DEFAULT_LENGTHS if n not in fit)
         log(f"default lengths: {left} left out (a {prompt_tokens}-token prompt leaves {limit - prompt_tokens} of the "
             f"model's {limit}-token context); give --lengths to choose")
     return fit
@@ -276,7 +276,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
-        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or CPU_LENGTHS[:1]))  # before making them
+        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or DEFAULT_LENGTHS[:1]))  # before making them
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
     if cfg.lengths is None:
         cfg = dataclasses.replace(cfg, lengths=default_lengths(engine, max(len(p.ids) for _, p in pairs), log))
