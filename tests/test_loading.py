@@ -4,6 +4,7 @@ clear errors for every kind of bad checkpoint."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -102,6 +103,38 @@ def test_gguf_round_trip_gives_the_transformers_state_dict(tmp_path, arch, tie):
     assert loaded.cfg.num_heads == 8 and loaded.cfg.num_kv_heads == 2 and loaded.cfg.tie_word_embeddings == tie
     assert_same_state(loaded.state, hf.state_dict(), tied=tie)
     assert load_config(path).hidden_size == 64
+
+
+def llama3_rope_freqs(c) -> torch.Tensor:
+    """The `rope_freqs` tensor llama.cpp's converter writes for llama3 rope scaling (Llama 3.1/3.2): the
+    factor dividing each frequency, computed as convert_hf_to_gguf.py does."""
+    r = c.rope_parameters
+    old, low, high, factor = r["original_max_position_embeddings"], r["low_freq_factor"], r["high_freq_factor"], \
+        r["factor"]
+    out = []
+    for freq in 1.0 / (r["rope_theta"] ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim)):
+        wavelen = 2 * math.pi / freq
+        smooth = (old / wavelen - low) / (high - low)
+        scaled = factor if wavelen > old / low else 1 / ((1 - smooth) / factor + smooth)
+        out.append(1 if wavelen < old / high else scaled)
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path):
+    """Llama 3.1/3.2 GGUFs carry their llama3 rope scaling as the tensor rope_freqs, no scaling type: it
+    changes the rotation at every position (it was skipped, the rope left unscaled)."""
+    hf = tiny_hf_model("llama", "llama3", seed=23)
+    path = tmp_path / "llama31.gguf"
+    write_gguf(path, hf, extra={"rope_freqs.weight": llama3_rope_freqs(hf.config)})
+    engine = longswift.load(str(path), dtype="float32", heads=None)
+    ids = torch.arange(48) % 128
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        ours, _ = engine.model.forward(ids, torch.arange(48), None)
+    assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-4
+    assert load_config(path).rope_freq_factors is not None
+    with pytest.raises(LongswiftError, match="already uses llama3"):
+        load_config(path, rope_scaling="yarn:2")
 
 
 def test_embedded_gguf_matches_transformers_loader(embedded_hf):

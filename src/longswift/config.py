@@ -117,6 +117,9 @@ class ModelConfig:
     sliding_window: int | None
     rope_type: str
     eos_token_ids: tuple[int, ...]
+    # Per-frequency divisors of the rope's frequencies (a GGUF's `rope_freqs` tensor: how llama.cpp's converter
+    # stores Llama 3.1/3.2's llama3 scaling); None: none.
+    rope_freq_factors: tuple[float, ...] | None = field(repr=False, default=None)
     # The transformers config itself: rope frequencies come from its ROPE_INIT_FUNCTIONS.
     hf_config: Any = field(repr=False, compare=False, default=None)
 
@@ -160,6 +163,10 @@ class ModelConfig:
             )
         if rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise LongswiftError("partial rotary embeddings are not supported")
+        factors = getattr(hf, "rope_freq_factors", None)
+        if factors is not None and rope_type != "default":
+            raise LongswiftError(f"rope frequency factors (a GGUF's rope_freqs) with {rope_type} rope scaling on top "
+                                 "are not supported")
         eos = getattr(hf, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         attention_bias = bool(getattr(hf, "attention_bias", False))
@@ -191,6 +198,7 @@ class ModelConfig:
             sliding_window=int(sliding) if sliding else None,
             rope_type=rope_type,
             eos_token_ids=eos_ids,
+            rope_freq_factors=tuple(float(f) for f in factors) if factors is not None else None,
             hf_config=hf,
         )
 

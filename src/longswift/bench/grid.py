@@ -242,7 +242,8 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
         return
     factor = rope_factor_for(engine.cfg, total)
     extend = (f", or extend the context with --rope-scaling yarn:{factor}"
-              if engine.cfg.rope_type == "default" and factor <= MAX_ROPE_FACTOR else "")
+              if engine.cfg.rope_type == "default" and engine.cfg.rope_freq_factors is None
+              and factor <= MAX_ROPE_FACTOR else "")
     raise LongswiftError(f"the grid's longest cell (prefix {prompt_tokens} + {length} new = {total} tokens) exceeds "
                          f"this model's context of {limit}: lower --lengths/--prefix{extend}")
 

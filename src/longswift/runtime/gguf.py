@@ -104,6 +104,16 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
         if orig:
             rope["original_max_position_embeddings"] = int(orig)
     names = {t.name for t in reader.tensors}
+    head_dim = int(_field(reader, f"{a}.attention.key_length", hidden // heads))
+    # Llama 3.1/3.2's llama3 rope scaling: llama.cpp's converter writes no scaling type but the factor that
+    # divides each frequency, as the tensor rope_freqs (the rope of 3.1 at every position, not only past 8K).
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    factors = None
+    if freqs is not None:
+        factors = [float(x) for x in np.asarray(gguf_dequantize(freqs), dtype=np.float32).reshape(-1)]
+        if len(factors) != head_dim // 2:
+            raise LongswiftError(f"GGUF file '{path}' has {len(factors)} rope_freqs for a head size of {head_dim} "
+                                 f"({head_dim // 2} frequencies)")
     kwargs = dict(
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -111,7 +121,7 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
         num_hidden_layers=int(_field(reader, f"{a}.block_count")),
         num_attention_heads=heads,
         num_key_value_heads=int(_field(reader, f"{a}.attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, f"{a}.attention.key_length", hidden // heads)),
+        head_dim=head_dim,
         rms_norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
         max_position_embeddings=int(_field(reader, f"{a}.context_length", 4096)),
         tie_word_embeddings="output.weight" not in names,
@@ -121,7 +131,10 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
     )
     if arch == "llama":
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
-    return AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
+    config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
+    if factors is not None:
+        config.rope_freq_factors = factors  # read by ModelConfig.from_hf
+    return config
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -133,8 +146,6 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: torch.device,
                     only: set[str] | None = None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor (or those named in `only`) to `dtype` under its transformers name."""
-    import gguf
-
     llama = hf_config.model_type == "llama"
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
@@ -151,10 +162,7 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
             continue
         if only is not None and name not in only:
             continue
-        try:
-            array = gguf.quants.dequantize(t.data, t.tensor_type)
-        except Exception as exc:
-            raise LongswiftError(f"cannot dequantize GGUF tensor '{t.name}': {exc}") from None
+        array = gguf_dequantize(t)
         array = np.asarray(array, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
         if llama and rest_is(t.name, "attn_q"):
             array = _unpermute(array, hf_config.num_attention_heads)
@@ -165,6 +173,16 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
             array = np.array(array, copy=True, order="C")
         state[name] = torch.from_numpy(array).to(device=device, dtype=dtype)
     return state
+
+
+def gguf_dequantize(t: Any) -> np.ndarray:
+    """A GGUF tensor's values (flat or not), dequantized."""
+    import gguf
+
+    try:
+        return gguf.quants.dequantize(t.data, t.tensor_type)
+    except Exception as exc:
+        raise LongswiftError(f"cannot dequantize GGUF tensor '{t.name}': {exc}") from None
 
 
 def rest_is(tensor_name: str, kind: str) -> bool:

@@ -82,6 +82,8 @@ def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
     kind, factor = parse_rope_scaling(scaling)
     rope = dict(getattr(hf_config, "rope_parameters", None) or {})
     current = rope.get("rope_type", "default")
+    if getattr(hf_config, "rope_freq_factors", None) is not None:
+        current = "llama3 (the GGUF's rope_freqs)"
     if current != "default":
         raise LongswiftError(f"this model already uses {current} rope scaling (context "
                              f"{hf_config.max_position_embeddings}); drop --rope-scaling")

@@ -156,7 +156,7 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
         full = prompt_tokens >= limit  # the prompt alone: fewer new tokens would not help
         shorter = "shorten the prompt" if full else "lower --max-new-tokens"
         factor = rope_factor_for(cfg, total)
-        if cfg.rope_type != "default":
+        if cfg.rope_type != "default" or cfg.rope_freq_factors is not None:
             advice = shorter if full else "lower --max-new-tokens or shorten the prompt"
         elif factor > MAX_ROPE_FACTOR:  # no extension reaches that far
             advice = shorter

@@ -26,6 +26,8 @@ class Rope:
             base = cfg.hf_config.rope_parameters["rope_theta"]
             dim = cfg.head_dim
             self.inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+            if cfg.rope_freq_factors is not None:  # llama.cpp's rope_freqs: each frequency divided by its factor
+                self.inv_freq = self.inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float)
         else:
             self.inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[cfg.rope_type](cfg.hf_config, device)
         self.inv_freq = self.inv_freq.to(device=device, dtype=torch.float)  # [D/2]
