@@ -69,7 +69,9 @@ def write_gguf(path, hf, arch: str = "llama", extra: dict | None = None) -> None
              "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
              "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
              "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
-             "self_attn.v_proj.bias": "attn_v.bias", "mlp.gate_proj.weight": "ffn_gate.weight",
+             "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.bias": "attn_output.bias",
+             "mlp.gate_proj.bias": "ffn_gate.bias", "mlp.up_proj.bias": "ffn_up.bias",
+             "mlp.down_proj.bias": "ffn_down.bias", "mlp.gate_proj.weight": "ffn_gate.weight",
              "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
     for name, t in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
@@ -135,6 +137,23 @@ def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path):
     assert load_config(path).rope_freq_factors is not None
     with pytest.raises(LongswiftError, match="already uses llama3"):
         load_config(path, rope_scaling="yarn:2")
+
+
+def test_a_llama_gguf_with_biases_everywhere_matches_transformers(tmp_path):
+    """llama.cpp's llama takes optional attention and MLP biases (transformers' attention_bias,
+    mlp_bias); the MLP's were skipped, the model run without them."""
+    hf = tiny_hf_model("llama", "default", seed=24, attention_bias=True, mlp_bias=True)
+    path = tmp_path / "biased.gguf"
+    write_gguf(path, hf)
+    loaded = load_model(path, torch.float32, CPU)
+    assert_same_state(loaded.state, hf.state_dict(), tied=False)
+    assert loaded.cfg.mlp_bias and loaded.cfg.o_bias
+
+
+def test_a_gguf_tensor_longswift_does_not_use_is_refused(tmp_path):
+    hf = tiny_hf_model("llama", "default", seed=25)
+    write_gguf(tmp_path / "extra.gguf", hf, extra={"blk.0.attn_norm.bias": torch.zeros(64)})
+    check_error(tmp_path / "extra.gguf", "'blk.0.attn_norm.bias' is not part of the model")
 
 
 def test_embedded_gguf_matches_transformers_loader(embedded_hf):

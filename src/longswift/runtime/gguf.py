@@ -30,7 +30,12 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate.bias": "mlp.gate_proj.bias",  # llama.cpp's llama: optional MLP biases (transformers' mlp_bias)
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
 }
+# Tensors that hold nothing the rope does not compute itself (rope_freqs: read into the config).
+_DERIVED = ("rope_freqs.weight", "attn_rot_embd")
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -131,6 +136,7 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
     )
     if arch == "llama":
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
+        kwargs["mlp_bias"] = "blk.0.ffn_gate.bias" in names
     config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
     if factors is not None:
         config.rope_freq_factors = factors  # read by ModelConfig.from_hf
@@ -154,12 +160,18 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
         elif t.name.startswith("blk."):
             _, n, rest = t.name.split(".", 2)
             if rest not in _LAYER_NAMES:
-                continue  # e.g. rope_freqs: recomputed from the config
+                if rest.startswith(_DERIVED):
+                    continue
+                raise LongswiftError(f"GGUF tensor '{t.name}' is not part of the model longswift runs; running "
+                                     "without it would compute another model")
             name = f"model.layers.{n}.{_LAYER_NAMES[rest]}"
         elif t.name.startswith("model.medusa_layers."):
             name = t.name  # TokenSwift draft heads, stored under their HF names (loading checks them)
-        else:
+        elif t.name in _DERIVED:
             continue
+        else:
+            raise LongswiftError(f"GGUF tensor '{t.name}' is not part of the model longswift runs; running "
+                                 "without it would compute another model")
         if only is not None and name not in only:
             continue
         array = gguf_dequantize(t)
