@@ -223,6 +223,20 @@ def test_gguf_of_unsupported_architecture(tmp_path):
     check_error(tmp_path / "g.gguf", "unsupported GGUF architecture 'gpt2'")
 
 
+def test_gguf_metadata_transformers_refuses(tmp_path):
+    """A config transformers' validation rejects (hidden size 64 over 3 heads) is a one-line error, not
+    its exception."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "llama")
+    for add, value in [(w.add_block_count, 1), (w.add_embedding_length, 64), (w.add_feed_forward_length, 96),
+                       (w.add_head_count, 3)]:
+        add(value)
+    w.add_tensor("token_embd.weight", np.zeros((4, 64), dtype=np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    check_error(tmp_path / "g.gguf", "describes no valid llama model: .*not a multiple")
+
+
 def test_tensors_that_do_not_match_the_config(tmp_path):
     from safetensors.torch import save_file
 

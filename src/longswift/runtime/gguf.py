@@ -137,7 +137,11 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
     if arch == "llama":
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
         kwargs["mlp_bias"] = "blk.0.ffn_gate.bias" in names
-    config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
+    try:
+        config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
+    except Exception as exc:  # transformers' validation: e.g. a hidden size that is not a multiple of the heads
+        reason = str(exc.__cause__ or exc).strip().splitlines()[-1].strip()
+        raise LongswiftError(f"GGUF file '{path}' describes no valid {arch} model: {reason}") from None
     if factors is not None:
         config.rope_freq_factors = factors  # read by ModelConfig.from_hf
     return config
