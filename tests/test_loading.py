@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import assert_one_line_error, run_cli, tiny_hf_model
 
 import longswift
 from longswift.errors import LongswiftError
@@ -122,7 +122,7 @@ def llama3_rope_freqs(c) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.float32)
 
 
-def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path):
+def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path, capsys):
     """Llama 3.1/3.2 GGUFs carry their llama3 rope scaling as the tensor rope_freqs, no scaling type: it
     changes the rotation at every position (it was skipped, the rope left unscaled)."""
     hf = tiny_hf_model("llama", "llama3", seed=23)
@@ -137,6 +137,14 @@ def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path):
     assert load_config(path).rope_freq_factors is not None
     with pytest.raises(LongswiftError, match="already uses llama3"):
         load_config(path, rope_scaling="yarn:2")
+    from longswift.runtime.twin import hf_twin  # bench's "hf" baseline and self-distillation's sampler
+
+    with torch.no_grad():
+        twin = hf_twin(engine)(ids[None]).logits[0]
+    assert float((twin - ref).abs().max() / ref.abs().max()) < 1e-4
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(path), "--heads", "random", "--out",
+                           str(tmp_path / "out"))  # a released checkpoint's config.json cannot say it: refused
+    assert_one_line_error(code, err, "config.json cannot state")
 
 
 def test_a_llama_gguf_with_biases_everywhere_matches_transformers(tmp_path):

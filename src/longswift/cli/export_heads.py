@@ -33,12 +33,14 @@ def add_parser(sub: Any) -> None:
 
 def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..engine import load
+    from ..runtime.loading import load_config
     from ..spec.heads import model_fingerprint, save_heads
-    from ..spec.released import export_tokenswift
+    from ..spec.released import check_exportable, export_tokenswift
 
     runtime = config_from_args(RuntimeConfig, args)
     if args.format == "tokenswift":  # before loading: a bad --out costs a second, not a load
         check_new_dir(args.out)
+        check_exportable(load_config(args.model, runtime.rope_scaling))
     elif args.out.suffix != ".safetensors":
         raise LongswiftError(f"--out '{args.out}' must end in .safetensors for --format longswift")
     else:

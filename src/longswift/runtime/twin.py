@@ -20,4 +20,12 @@ def hf_twin(engine: Any) -> Any:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, assign=True, strict=True)
     model.tie_weights()
+    if engine.cfg.rope_freq_factors is not None:  # a GGUF's rope_freqs, which no transformers config can state
+        import torch
+
+        rotary = model.model.rotary_emb
+        factors = torch.tensor(engine.cfg.rope_freq_factors, dtype=rotary.inv_freq.dtype, device=rotary.inv_freq.device)
+        rotary.inv_freq = rotary.inv_freq / factors
+        if hasattr(rotary, "original_inv_freq"):
+            rotary.original_inv_freq = rotary.original_inv_freq / factors
     return model.eval()

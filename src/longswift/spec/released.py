@@ -83,6 +83,14 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor) -> Dr
     return heads.to(device=embed.device, dtype=embed.dtype)
 
 
+def check_exportable(cfg: ModelConfig) -> None:
+    """Refuse a model that a released checkpoint's config.json cannot describe (read from the config alone)."""
+    if cfg.rope_freq_factors is not None:
+        raise LongswiftError("this model's rope is scaled by a GGUF's rope_freqs factors, which a transformers "
+                             "config.json cannot state (transformers and TokenSwift's code would run it unscaled): "
+                             "export the heads alone with --format longswift, or export from the HF checkpoint")
+
+
 def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str, torch.Tensor], heads: DraftHeads,
                       tokenizer: Any, dtype: torch.dtype) -> Path:
     """Write base model + heads as a released TokenSwift checkpoint: an HF directory (config.json with
@@ -91,6 +99,7 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     check_new_dir(out)
+    check_exportable(cfg)
     hf = cfg.hf_config.to_dict()
     hf["medusa_heads"] = heads.gamma
     hf["architectures"] = hf.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.architecture]]
