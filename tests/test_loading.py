@@ -47,8 +47,9 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(path, hf, arch: str = "llama", extra: dict | None = None) -> None:
-    """`hf` as llama.cpp's converter writes it; `extra` tensors are added under their own names."""
+def write_gguf(path, hf, arch: str = "llama", extra: dict | None = None, meta: dict | None = None) -> None:
+    """`hf` as llama.cpp's converter writes it; `extra` tensors are added under their own names, `meta`
+    keys (without the '{arch}.' prefix) as float32, string or uint32 values."""
     import gguf
 
     c = hf.config
@@ -63,6 +64,9 @@ def write_gguf(path, hf, arch: str = "llama", extra: dict | None = None) -> None
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_vocab_size(c.vocab_size)
+    for key, value in (meta or {}).items():
+        add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
+        add(f"{arch}.{key}", value)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -145,6 +149,26 @@ def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path, capsys):
     code, _, err = run_cli(capsys, "export-heads", "--model", str(path), "--heads", "random", "--out",
                            str(tmp_path / "out"))  # a released checkpoint's config.json cannot say it: refused
     assert_one_line_error(code, err, "config.json cannot state")
+
+
+def test_a_yarn_gguf_with_its_betas_matches_transformers(tmp_path):
+    """A GGUF's YaRN scaling, betas included (they were ignored: the default 32 / 1 used), matches the HF model;
+    an attention scale llama.cpp would apply on top, which longswift does not implement, is refused."""
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+            "beta_fast": 8.0, "beta_slow": 2.0}
+    hf = tiny_hf_model("llama", seed=25, rope_parameters=rope)
+    meta = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32,
+            "rope.scaling.yarn_beta_fast": 8.0, "rope.scaling.yarn_beta_slow": 2.0}
+    write_gguf(tmp_path / "yarn.gguf", hf, meta=meta)
+    engine = longswift.load(str(tmp_path / "yarn.gguf"), dtype="float32", heads=None)
+    ids = torch.arange(96) % 128  # past the original 32 positions, where the betas matter
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        ours, _ = engine.model.forward(ids, torch.arange(96), None)
+    assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-4
+    write_gguf(tmp_path / "scaled.gguf", hf, meta={**meta, "rope.scaling.yarn_log_multiplier": 0.1})
+    with pytest.raises(LongswiftError, match="sets llama.rope.scaling.yarn_log_multiplier = 0.1"):
+        load_config(tmp_path / "scaled.gguf")
 
 
 def test_a_llama_gguf_with_biases_everywhere_matches_transformers(tmp_path):
