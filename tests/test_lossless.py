@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 
 import pytest
 import torch
@@ -367,6 +368,77 @@ def test_narrow_steps_stay_lossless(tiny64, sampling, mode, monkeypatch):
     depths = 4 if mode == "paper" else 3
     assert max(sizes[True]) <= 1 + depths + NGRAM_N - 1  # a chain and one n-gram path
     assert max(sizes[False]) > max(sizes[True])
+
+
+def random_case(rng: random.Random, vocab: int, context: int) -> tuple:
+    """One draw from the option space: prompt, sampling, generation, spec and --read-every."""
+    motif = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]
+    prompt = [motif[i % len(motif)] if rng.random() < 0.8 else rng.randrange(vocab)
+              for i in range(rng.randint(1, 30))]
+    sampled = rng.random() < 0.6
+    sampling = SamplingConfig(
+        temperature=rng.choice([0.3, 1.0, 1.5]) if sampled else 0.0, seed=rng.randrange(2**31),
+        top_k=rng.choice([0, 0, 2, vocab]), top_p=rng.choice([1.0, 0.9, 0.5]), min_p=rng.choice([0.0, 0.05, 0.5]),
+        eta=rng.choice([0.0, 0.0, 0.1]), repetition_penalty=rng.choice([1.0, 1.3, 0.8]),
+        penalty_window=rng.choice([0, 1, 5, 1024]), banned_ids=tuple(rng.sample(range(vocab), rng.choice([0, 0, 3]))))
+    room = context - len(prompt)
+    gen = GenerationConfig(max_new_tokens=min(rng.choice([1, 20, 50, room]), room), ignore_eos=rng.random() < 0.5,
+                           prefill_chunk=rng.choice([3, 256]))
+    mode = rng.choice(["paper", "fused"])
+    depths = rng.randint(2, 4)  # the random heads draft 3 depths after the base model's
+    sinks, window = rng.choice([0, 4]), rng.choice([2, 8])
+    spec = SpecConfig(tree=",".join(str(rng.choice([1, 1, 2, 3])) for _ in range(depths)), draft_mode=mode,
+                      ngram_topk=rng.choice([0, 1, 3]), max_nodes=rng.choice([0, 0, 3, 6]),
+                      walk=rng.choice(["rows", "batched"]), draft_cache=rng.choice(["dynamic", "static", "full"]),
+                      attention_sinks=sinks, draft_window=window, draft_kv_budget=sinks + window + rng.choice([4, 20]))
+    return prompt, sampling, gen, spec, rng.choice([1, 3])
+
+
+def test_seeded_random_settings_stay_lossless(monkeypatch):
+    """A seeded sample of the whole option space, beyond the fixed grids above: random --tree,
+    --ngram-topk, --max-nodes, draft mode and cache sizes, walk and --read-every; random sampling
+    filters, penalty window, banned ids, EOS stops or --ignore-eos, lengths up to the context limit;
+    the four kinds of step in a random order (plain token blocks of random length included); drafts
+    that hold AR's next tokens, so that deep paths are accepted; and a resume from a random step
+    boundary. Every case gives AR's tokens and finish reason."""
+    from longswift.spec import tokenswift
+
+    vocab, context = 16, 64
+    hf = tiny_hf_model("qwen2", "default", seed=61, dtype=torch.float64, vocab=vocab, max_position_embeddings=context)
+    e = longswift.load(hf, dtype="float64", heads="random")
+    rng = random.Random(2026)
+    monkeypatch.setattr(StepSchedule, "choose", lambda self: self._run(rng.choice(self.kinds)))
+    monkeypatch.setattr(StepSchedule, "plain_run", lambda self, read_every, left: rng.randint(1, min(read_every, left)))
+    ar_ids: list[int] = []
+    real_draft = tokenswift.draft
+
+    def draft_with_ar_tokens(s):  # drafts may hold anything: here often AR's next tokens
+        d = real_draft(s)
+        for j, level in enumerate(d.levels):
+            if s.produced + j < len(ar_ids) and level and rng.random() < 0.7:
+                level[-1] = ar_ids[s.produced + j]
+        return d
+
+    monkeypatch.setattr(tokenswift, "draft", draft_with_ar_tokens)
+    accepted = 0
+    for case in range(30):
+        prompt, sampling, gen, spec, read_every = random_case(rng, vocab, context)
+        e.eos_ids = frozenset(rng.sample(range(vocab), 2))
+        e.runtime.read_every = read_every
+        ar = e.generate(prompt, sampling=sampling, generation=gen, method="ar")
+        ar_ids[:] = ar.token_ids
+        stream = e.stream(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+        stop = rng.randint(1, gen.max_new_tokens)
+        for _ in stream:
+            if len(stream.token_ids) >= stop:
+                stream = e.resume(stream.checkpoint())
+                for _ in stream:
+                    pass
+                break
+        ts = stream.result
+        assert (ts.token_ids, ts.stats.finish_reason) == (ar.token_ids, ar.stats.finish_reason), (case, spec, sampling)
+        accepted += ts.stats.accepted_tokens
+    assert accepted > 100
 
 
 def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
