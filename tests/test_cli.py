@@ -63,7 +63,6 @@ def test_the_summary_line_says_when_nothing_was_drafted():
     assert summary_line(ar).startswith("ar: 300 tokens in 10.00 s (30.0 tok/s), prefill")
 
 
-@pytest.mark.slow
 def test_an_interrupted_stdout_run_never_replaces_another_runs_checkpoint(tmp_path, monkeypatch):
     """Runs on stdout alone save to ./longswift.checkpoint.json when interrupted; one that is already
     there (another run's state) or being written (locked) is left alone: the next free name is taken."""
@@ -90,6 +89,7 @@ def test_an_interrupted_stdout_run_never_replaces_another_runs_checkpoint(tmp_pa
     assert beside.save_interrupted(Saved("a")) == beside.save_interrupted(Saved("b")) == here
 
 
+@pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"
     code, out, err = run_cli(capsys, "generate", "--prompt", "Count from one to five.", "--chat", "--seed", "3",
