@@ -313,3 +313,18 @@ def test_copy_of_embedded_file_loads_from_any_path(tmp_path):
     dst = tmp_path / "copy.gguf"
     shutil.copy(default_model_path(), dst)
     assert load_config(dst).num_layers == 30
+
+
+def test_gguf_metadata_refused_without_a_message_is_still_one_line(tmp_path, monkeypatch):
+    """transformers' validation error without a message (a bare exception) is named by its type; taking
+    the last line of an empty message was an IndexError traceback."""
+    from transformers import AutoConfig
+
+    hf = tiny_hf_model("llama", "default", seed=25)
+    write_gguf(tmp_path / "g.gguf", hf)
+
+    def refuse(*args, **kwargs):
+        raise ValueError()
+
+    monkeypatch.setattr(AutoConfig, "for_model", refuse)
+    check_error(tmp_path / "g.gguf", "describes no valid llama model: ValueError")

@@ -152,7 +152,8 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
     try:
         config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
     except Exception as exc:  # transformers' validation: e.g. a hidden size that is not a multiple of the heads
-        reason = str(exc.__cause__ or exc).strip().splitlines()[-1].strip()
+        lines = str(exc.__cause__ or exc).strip().splitlines()
+        reason = lines[-1].strip() if lines else type(exc.__cause__ or exc).__name__
         raise LongswiftError(f"GGUF file '{path}' describes no valid {arch} model: {reason}") from None
     if factors is not None:
         config.rope_freq_factors = factors  # read by ModelConfig.from_hf
