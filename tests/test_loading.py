@@ -328,3 +328,21 @@ def test_gguf_metadata_refused_without_a_message_is_still_one_line(tmp_path, mon
 
     monkeypatch.setattr(AutoConfig, "for_model", refuse)
     check_error(tmp_path / "g.gguf", "describes no valid llama model: ValueError")
+
+
+def test_info_says_a_gguf_rope_freqs_scaling_in_a_line(tmp_path, capsys):
+    """`info` on a Llama 3.1 GGUF: the rope_freqs factors summed up (the tuple of one per frequency was
+    printed whole) and the context named as llama3-scaled; no --rope-scaling is advised on top."""
+    from longswift.runtime.memory import check_context
+
+    hf = tiny_hf_model("llama", "llama3", seed=23)
+    path = tmp_path / "llama31.gguf"
+    write_gguf(path, hf, extra={"rope_freqs.weight": llama3_rope_freqs(hf.config)})
+    code, out, err = run_cli(capsys, "info", "--model", str(path), "--heads", "none")
+    assert code == 0, err
+    n = hf.config.head_dim // 2
+    assert f"  rope_freq_factors: {n} factors from " in out and " to 8 (the GGUF's rope_freqs)" in out, out
+    assert "(llama3 rope scaling)" in out, out
+    cfg = load_config(path)
+    with pytest.raises(LongswiftError, match="lower --max-new-tokens or shorten the prompt$"):
+        check_context(cfg, 10, cfg.context_limit)

@@ -203,6 +203,14 @@ class ModelConfig:
         )
 
     @property
+    def scaled_rope(self) -> str | None:
+        """The rope scaling the model runs with already (None: plain rope): its rope type, or llama3 for a
+        GGUF's rope_freqs factors (llama.cpp's form of it). Another scaling cannot go on top."""
+        if self.rope_freq_factors is not None:
+            return "llama3"
+        return None if self.rope_type == "default" else self.rope_type
+
+    @property
     def context_limit(self) -> int:
         """Positions the model is meant to handle: its trained context, extended by the factor of a
         linear / dynamic / yarn rope scaling (llama3 configs state the extended length themselves)."""

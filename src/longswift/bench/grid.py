@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import heads_fingerprint
-from ..config import MAX_ROPE_FACTOR, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
+from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..engine import Engine, load
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import use_graphs
 from ..runtime.loading import resolve_path
-from ..runtime.memory import rope_factor_for
+from ..runtime.memory import rope_extension
 from ..runtime.model import fused_kernels
 from ..spec.budget import unpruned_budget
 from .metrics import PeakMemory, Timeline, distinct_n
@@ -240,10 +240,8 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
     total, limit = prompt_tokens + length, engine.cfg.context_limit
     if total <= limit:
         return
-    factor = rope_factor_for(engine.cfg, total)
-    extend = (f", or extend the context with --rope-scaling yarn:{factor}"
-              if engine.cfg.rope_type == "default" and engine.cfg.rope_freq_factors is None
-              and factor <= MAX_ROPE_FACTOR else "")
+    factor = rope_extension(engine.cfg, total)
+    extend = f", or extend the context with --rope-scaling yarn:{factor}" if factor is not None else ""
     raise LongswiftError(f"the grid's longest cell (prefix {prompt_tokens} + {length} new = {total} tokens) exceeds "
                          f"this model's context of {limit}: lower --lengths/--prefix{extend}")
 

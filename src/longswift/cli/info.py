@@ -45,11 +45,14 @@ def cmd_info(args: argparse.Namespace) -> int:
                        runtime.float32_logits, walk_rows(spec) if tokenswift else 1)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.name == "rope_freq_factors" and value is not None:  # one per frequency: 64 for Llama 3.1's rope
+            value = f"{len(value)} factors from {min(value):g} to {max(value):g} (the GGUF's rope_freqs)"
         if f.name != "hf_config":
-            print(f"  {f.name}: {getattr(cfg, f.name)}")
+            print(f"  {f.name}: {value}")
     print(f"parameters: {cfg.parameter_count():,}")
     print(f"draft heads: {heads}")
-    print(f"context: {cfg.context_limit} tokens" + ("" if cfg.rope_type == "default" else f" ({cfg.rope_type} rope scaling)"))
+    print(f"context: {cfg.context_limit} tokens" + ("" if cfg.scaled_rope is None else f" ({cfg.scaled_rope} rope scaling)"))
     method = f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes)" if tokenswift else "AR"
     print(f"memory plan for {tokens} tokens with {method} in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
     if tokens > cfg.context_limit:

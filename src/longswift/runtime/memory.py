@@ -149,19 +149,26 @@ def rope_factor_for(cfg: ModelConfig, total: int) -> int:
     return -(-total // cfg.max_position_embeddings)
 
 
+def rope_extension(cfg: ModelConfig, total: int) -> int | None:
+    """The --rope-scaling yarn factor that extends the context to `total` tokens; None where none can: the
+    rope is scaled already (ModelConfig.scaled_rope), or no factor that --rope-scaling takes reaches that far."""
+    factor = rope_factor_for(cfg, total)
+    return factor if cfg.scaled_rope is None and factor <= MAX_ROPE_FACTOR else None
+
+
 def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
     """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
     total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
     if total > limit:
         full = prompt_tokens >= limit  # the prompt alone: fewer new tokens would not help
         shorter = "shorten the prompt" if full else "lower --max-new-tokens"
-        factor = rope_factor_for(cfg, total)
-        if cfg.rope_type != "default" or cfg.rope_freq_factors is not None:
-            advice = shorter if full else "lower --max-new-tokens or shorten the prompt"
-        elif factor > MAX_ROPE_FACTOR:  # no extension reaches that far
-            advice = shorter
-        else:
+        factor = rope_extension(cfg, total)
+        if factor is not None:
             advice = f"{shorter}, or extend the context on purpose with --rope-scaling yarn:{factor}"
+        elif cfg.scaled_rope is not None:
+            advice = shorter if full else "lower --max-new-tokens or shorten the prompt"
+        else:  # no extension reaches that far
+            advice = shorter
         raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                              f"exceeds this model's context of {limit} tokens: {advice}")
 
