@@ -346,3 +346,19 @@ def test_info_says_a_gguf_rope_freqs_scaling_in_a_line(tmp_path, capsys):
     cfg = load_config(path)
     with pytest.raises(LongswiftError, match="lower --max-new-tokens or shorten the prompt$"):
         check_context(cfg, 10, cfg.context_limit)
+
+
+@pytest.mark.parametrize("key, value", [("head_count", 0), ("block_count", 0), ("feed_forward_length", 0)])
+def test_gguf_sizes_that_are_not_positive_are_one_line(tmp_path, key, value):
+    """A head count of 0 was a ZeroDivisionError traceback (hidden // heads); 0 layers or a 0-wide MLP
+    were taken as a model."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "llama")
+    sizes = {"block_count": 1, "embedding_length": 64, "feed_forward_length": 96, "head_count": 4, key: value}
+    for name, size in sizes.items():
+        getattr(w, f"add_{name}")(size)
+    w.add_tensor("token_embd.weight", np.zeros((4, 64), dtype=np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    named = "attention.head_count" if key == "head_count" else key
+    check_error(tmp_path / "g.gguf", f"has llama.{named} = 0: expected a positive whole number")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,10 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
     missing = [k for k in required if k not in reader.fields]
     if missing:
         raise LongswiftError(f"GGUF file '{path}' lacks metadata {missing[0]}: it is not a complete {a} model")
+    for key in required:  # (a head count of 0 was a ZeroDivisionError traceback, a list a TypeError)
+        value = _field(reader, key)
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
+            raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}: expected a positive whole number")
     heads = int(_field(reader, f"{a}.attention.head_count"))
     hidden = int(_field(reader, f"{a}.embedding_length"))
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
