@@ -403,7 +403,8 @@ def test_info_reads_a_heads_files_metadata(tmp_path, capsys):
         tiny_hf_model("llama", seed=seed, **overrides).save_pretrained(tmp_path / name)
     engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads=None)
     heads = new_heads(engine.cfg, engine.model.state).randomize(seed=4)
-    training = {"training": {"config": {"steps": 7}, "windows": 12, "final": {"step": 7, "head_acc": [0.5, 0.25, 0.125]}}}
+    training = {"training": {"config": {"steps": 7}, "windows": 12,
+                             "final": {"step": 7, "head_acc": [0.5, 0.25, 0.125]}}}
     save_heads(heads, engine.cfg, heads.base_fingerprint, tmp_path / "heads.safetensors", training)
     (tmp_path / "other.safetensors").write_bytes(b"not a safetensors file")
     capsys.readouterr()
@@ -412,11 +413,14 @@ def test_info_reads_a_heads_files_metadata(tmp_path, capsys):
               "twin": "3 heads, made for another model (embedding weights differ): generate refuses them; trained 7",
               "wide": "3 heads, made for another model (hidden_size 64 vs 32): generate refuses them; trained 7"}
     for model, said in expect.items():
-        code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / model), "--heads", str(tmp_path / "heads.safetensors"))
+        code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / model), "--heads",
+                                 str(tmp_path / "heads.safetensors"))
         assert code == 0, err
         assert f"draft heads: from the heads file {tmp_path / 'heads.safetensors'}: {said}" in out, out
-    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(tmp_path / "other.safetensors"))
-    assert code == 0 and "draft heads: from the heads file" in out and "unreadable (" in out and "generate refuses it" in out
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads",
+                             str(tmp_path / "other.safetensors"))
+    assert code == 0 and "draft heads: from the heads file" in out, err
+    assert "unreadable (" in out and "generate refuses it" in out
     code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(tmp_path))  # --heads DIR
     assert code == 0 and f"from the heads file {tmp_path / 'heads.safetensors'}: {expect['m']}" in out, err
 

@@ -51,7 +51,8 @@ class BenchConfig:
 
     methods: tuple[str, ...] | None = None  # None: DEFAULT_METHODS, skipping those that cannot run here
     prefixes: tuple[int, ...] = (2048,)
-    lengths: tuple[int, ...] | None = None  # None: those of DEFAULT_LENGTHS that fit the model's context after the prompt
+    # None: those of DEFAULT_LENGTHS that fit the model's context after the prompt
+    lengths: tuple[int, ...] | None = None
     presets: tuple[str, ...] = ("greedy",)
     runs: int = 1
     prompt_file: Path | None = None

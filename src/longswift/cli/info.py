@@ -52,7 +52,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"  {f.name}: {value}")
     print(f"parameters: {cfg.parameter_count():,}")
     print(f"draft heads: {heads}")
-    print(f"context: {cfg.context_limit} tokens" + ("" if cfg.scaled_rope is None else f" ({cfg.scaled_rope} rope scaling)"))
+    scaled = "" if cfg.scaled_rope is None else f" ({cfg.scaled_rope} rope scaling)"
+    print(f"context: {cfg.context_limit} tokens{scaled}")
     method = f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes)" if tokenswift else "AR"
     print(f"memory plan for {tokens} tokens with {method} in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
     if tokens > cfg.context_limit:

@@ -147,7 +147,8 @@ def _read_meta(path: Path, raw: str) -> dict:
 def _made_for_another(base: dict, cfg: ModelConfig, embed: Callable[[], torch.Tensor]) -> str | None:
     """How a heads file's base model differs from this one ('hidden_size 4096 vs 576'), None if it is this
     one. The embedding table (`embed()`) is read only when the shapes match."""
-    mismatch = [k for k in ("architecture", "hidden_size", "vocab_size", "num_layers") if base.get(k) != getattr(cfg, k)]
+    keys = ("architecture", "hidden_size", "vocab_size", "num_layers")
+    mismatch = [k for k in keys if base.get(k) != getattr(cfg, k)]
     if mismatch:
         return f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}"
     return None if base.get("fingerprint") == model_fingerprint(cfg, embed()) else "embedding weights differ"
