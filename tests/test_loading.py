@@ -152,13 +152,14 @@ def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path, capsys):
 
 
 def test_a_yarn_gguf_with_its_betas_matches_transformers(tmp_path):
-    """A GGUF's YaRN scaling, betas included (they were ignored: the default 32 / 1 used), matches the HF model;
-    an attention scale llama.cpp would apply on top, which longswift does not implement, is refused."""
+    """A GGUF's YaRN scaling, betas and attention factor included (they were ignored: the defaults used), matches
+    the HF model; an attention scale llama.cpp would apply on top, which longswift does not implement, is refused."""
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
-            "beta_fast": 8.0, "beta_slow": 2.0}
+            "beta_fast": 8.0, "beta_slow": 2.0, "attention_factor": 1.25}
     hf = tiny_hf_model("llama", seed=25, rope_parameters=rope)
     meta = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32,
-            "rope.scaling.yarn_beta_fast": 8.0, "rope.scaling.yarn_beta_slow": 2.0}
+            "rope.scaling.yarn_beta_fast": 8.0, "rope.scaling.yarn_beta_slow": 2.0,
+            "rope.scaling.yarn_attn_factor": 1.25}  # as llama.cpp's converter writes attention_factor
     write_gguf(tmp_path / "yarn.gguf", hf, meta=meta)
     engine = longswift.load(str(tmp_path / "yarn.gguf"), dtype="float32", heads=None)
     ids = torch.arange(96) % 128  # past the original 32 positions, where the betas matter

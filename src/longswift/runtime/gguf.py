@@ -113,16 +113,19 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
         orig = _field(reader, f"{a}.rope.scaling.original_context_length")
         if orig:
             rope["original_max_position_embeddings"] = int(orig)
-        for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):  # YaRN's own terms
-            value = _field(reader, f"{a}.rope.scaling.{key}")
-            if value is not None and scaling == "yarn":
-                rope[name] = float(value)
+    yarn = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
+            # llama.cpp's converter writes a transformers config's YaRN attention_factor here
+            "yarn_attn_factor": "attention_factor"} if scaling == "yarn" else {}
+    for key, name in yarn.items():
+        value = _field(reader, f"{a}.rope.scaling.{key}")
+        if value is not None:
+            rope[name] = float(value)
     # Attention scales llama.cpp applies on top of a rope scaling; transformers' configs say them otherwise
     # (or not at all), so a file that sets one is refused rather than run without it.
     for key, neutral in (("attn_factor", (1.0,)), ("yarn_attn_factor", (1.0,)), ("yarn_ext_factor", (-1.0, 1.0)),
                          ("yarn_log_multiplier", (0.0,))):
         value = _field(reader, f"{a}.rope.scaling.{key}")
-        if value is not None and float(value) not in neutral:
+        if value is not None and key not in yarn and float(value) not in neutral:
             raise LongswiftError(f"GGUF file '{path}' sets {a}.rope.scaling.{key} = {value}, which longswift does not "
                                  "implement: load the model from its Hugging Face checkpoint instead")
     names = {t.name for t in reader.tensors}
