@@ -8,13 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
-from .flags import add_config_flags, config_from_args, seed_number
+from .flags import MODEL_HELP, add_config_flags, config_from_args, seed_number
 
 
 def add_parser(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmark grid: our methods and installed peers, with a report")
-    bench.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
-                                         "(default: embedded model)")
+    bench.add_argument("--model", help=MODEL_HELP)
     bench.add_argument("--methods", default=None,
                        help="comma list of: ar, tokenswift, tokenswift-fused (ours); hf (transformers generate), hf-pld "
                             "(its prompt lookup), llamacpp, llamacpp-pld (llama-cpp-python on the same GGUF). Default: "

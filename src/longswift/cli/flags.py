@@ -11,6 +11,10 @@ from typing import Any
 from ..config import seed_problem
 from ..errors import LongswiftError
 
+# --model of every command but generate (whose help names the embedded model) and export-heads (the base model)
+MODEL_HELP = ("a .gguf file, an HF model directory or a Hugging Face hub id org/name[@revision] "
+              "(default: embedded model)")
+
 # Help group titles: what a user looks for, not the class names.
 TITLES = {
     "SamplingConfig": "sampling",

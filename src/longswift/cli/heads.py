@@ -15,15 +15,14 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, check_heads_flag, config_from_args, seed_number
+from .flags import MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number
 
 
 def add_parsers(sub: Any) -> None:
     from ..train.train import TrainConfig
 
     train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
-    train.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
-                                        "(default: embedded model)")
+    train.add_argument("--model", help=MODEL_HELP)
     train.add_argument("--out", type=Path, required=True, help="directory for checkpoint.pt, heads.safetensors, train_log.json")
     _add_data_flags(train)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
@@ -32,8 +31,7 @@ def add_parsers(sub: Any) -> None:
     add_config_flags(train, RuntimeConfig)
 
     ev = sub.add_parser("eval-heads", help="per-head accuracy on held-out text and TokenSwift alpha")
-    ev.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
-                                     "(default: embedded model)")
+    ev.add_argument("--model", help=MODEL_HELP)
     ev.add_argument("--heads", required=True,
                     help="the heads to measure: a heads file, a directory / hub id holding heads.safetensors or a "
                          "released checkpoint, 'default' (the heads shipped for the model: the embedded model has "

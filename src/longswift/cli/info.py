@@ -8,13 +8,12 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, config_from_args, whole_number
+from .flags import MODEL_HELP, add_config_flags, config_from_args, whole_number
 
 
 def add_parser(sub: Any) -> None:
     info = sub.add_parser("info", help="model config, parameter count and memory plan")
-    info.add_argument("--model", help="a .gguf file, an HF model directory or a hub id org/name[@revision] "
-                                      "(default: embedded model)")
+    info.add_argument("--model", help=MODEL_HELP)
     info.add_argument("--heads", default="auto", help="which draft heads to report (as generate's --heads; default: auto)")
     info.add_argument("--tokens", type=whole_number, default=None,
                       help="plan for this many tokens, prompt + new (default: the model's context)")
