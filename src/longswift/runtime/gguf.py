@@ -187,16 +187,14 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
             if rest not in _LAYER_NAMES:
                 if rest.startswith(_DERIVED):
                     continue
-                raise LongswiftError(f"GGUF tensor '{t.name}' is not part of the model longswift runs; running "
-                                     "without it would compute another model")
+                raise _unused(t.name)
             name = f"model.layers.{n}.{_LAYER_NAMES[rest]}"
         elif t.name.startswith("model.medusa_layers."):
             name = t.name  # TokenSwift draft heads, stored under their HF names (loading checks them)
         elif t.name in _DERIVED:
             continue
         else:
-            raise LongswiftError(f"GGUF tensor '{t.name}' is not part of the model longswift runs; running "
-                                 "without it would compute another model")
+            raise _unused(t.name)
         if only is not None and name not in only:
             continue
         array = gguf_dequantize(t)
@@ -210,6 +208,12 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
             array = np.array(array, copy=True, order="C")
         state[name] = torch.from_numpy(array).to(device=device, dtype=dtype)
     return state
+
+
+def _unused(tensor_name: str) -> LongswiftError:
+    """A tensor the model longswift builds has no place for: refused, since dropping it runs another model."""
+    return LongswiftError(f"GGUF tensor '{tensor_name}' is not part of the model longswift runs; running without it "
+                          "would compute another model")
 
 
 def gguf_dequantize(t: Any) -> np.ndarray:
