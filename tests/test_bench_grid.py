@@ -234,6 +234,19 @@ def test_ablation_rerun_adds_a_variant_next_to_the_existing_runs(tmp_path, tiny_
     assert records[1]["variant"].startswith("tree 1,1,1, n-gram top-k 1") and records[2]["variant"].startswith("tree 1,2, n-gram top-k 0")
     assert records[2]["token_ids"] == records[0]["token_ids"]
     assert "| tokenswift | tree 1,2, n-gram top-k 0" in report and "| tokenswift | tree 1,1,1, n-gram top-k 1" in report
+    # the report says which rows were measured apart, and that its options line is this invocation's
+    assert "- tokenswift options of this invocation: 1,2 tree, n-gram top-k 0" in report
+    assert "rows measured with other options name theirs in the variant column" in report
+    first, second = records[1]["variant"], records[2]["variant"]
+    assert f"different invocations (1 = earliest): ar 1, tokenswift ({first}) 1, tokenswift ({second}) 2;" in report
+    # records of a version that kept no invocation count as one earlier invocation; one invocation: no line
+    old = [{k: v for k, v in r.items() if k != "invocation"} for r in records]
+    (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old[:2]))
+    report, _ = bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "6", "--presets", "greedy")
+    assert "different invocations" not in report and "- tokenswift options: 1,1,1 tree" in report
+    report, _ = bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "6", "--presets", "greedy",
+                      "--runs", "2")
+    assert "different invocations (1 = earliest): ar 1+2, tokenswift 1+2;" in report
 
 
 def test_spec_label_names_the_walk_only_against_the_device_default():

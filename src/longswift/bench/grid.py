@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -306,7 +307,9 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")
     ctx = RunContext(identity=identity, command=command or "longswift bench (from the Python API)", skipped=skipped, notes={},
                      spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells],
-                     resumed=len(store.records))
+                     resumed=len(store.records),
+                     variants=tuple(methods.variant(m) for m in runnable if m.startswith("tokenswift")))
+    invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"  # which rows were measured side by side
 
     plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
     for cell in cells:
@@ -343,7 +346,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         with PeakMemory(engine.model.device) as mem:
             ids, timeline, stats = methods.run(m, list(cell.prompt.ids), cell.length, sampling, progress)
         record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
-        record["command"] = ctx.command
+        record["command"], record["invocation"] = ctx.command, invocation
         store.append(record)
         extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
         log(f"{where}: prefill {record['prefill_seconds']:.2f} s, {record['decode_tokens_per_second']:.2f} tok/s{extra}")

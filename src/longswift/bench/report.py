@@ -107,6 +107,7 @@ class RunContext:
     methods: tuple[str, ...]
     cells: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0  # runs found in the results directory when this invocation started
+    variants: tuple[str, ...] = ()  # this invocation's TokenSwift variant labels (its options)
 
 
 def cell_id(r: dict[str, Any]) -> tuple:
@@ -224,8 +225,12 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
                      "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")
     if ctx.spec is not None and any(m.startswith("tokenswift") for m in ctx.methods):
         budget = f", at most {ctx.spec.max_nodes} nodes" if ctx.spec.max_nodes else ""
-        lines.append(f"- tokenswift options: {ctx.spec.tree} tree, n-gram top-k {ctx.spec.ngram_topk}{budget}, draft KV budget "
-                     f"{ctx.spec.draft_kv_budget} ({ctx.spec.draft_cache}), adaptive steps {'on' if ctx.spec.adaptive else 'off'}")
+        others = {r["variant"] for r in records if r["method"].startswith("tokenswift")} - set(ctx.variants)
+        whose = " of this invocation" if others else ""
+        lines.append(f"- tokenswift options{whose}: {ctx.spec.tree} tree, n-gram top-k {ctx.spec.ngram_topk}{budget}, "
+                     f"draft KV budget {ctx.spec.draft_kv_budget} ({ctx.spec.draft_cache}), adaptive steps "
+                     f"{'on' if ctx.spec.adaptive else 'off'}"
+                     + ("; rows measured with other options name theirs in the variant column" if others else ""))
         if ident["dtype"] != "float64":
             lines.append(f"- tokenswift outputs equal ar's token for token in float64; in {ident['dtype']} the verify "
                          "pass's multi-token sums round differently (~1e-6 relative) from the decode step's, so a "
@@ -258,6 +263,20 @@ def _memory(runs: list[dict[str, Any]]) -> str:
     return f"{peak:.0f} (+{added:.0f})"
 
 
+def _invocations(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> str | None:
+    """Which invocation of bench measured each row's runs, numbered by when they finished, where a cell's
+    rows come from more than one (after a resume); None where all come from one. Records written before
+    invocations were recorded count as one earlier invocation."""
+    runs = sorted((r for rs in rows.values() for r in rs), key=lambda r: r["finished_at"])
+    order = {inv: i for i, inv in enumerate(dict.fromkeys(r.get("invocation") for r in runs), 1)}
+    if len(order) < 2:
+        return None
+    several = {m for m, _ in rows if sum(1 for k in rows if k[0] == m) > 1}
+    return ", ".join(f"{m}{f' ({variant})' if m in several else ''} "
+                     + "+".join(str(n) for n in sorted({order[r.get('invocation')] for r in rs}))
+                     for (m, variant), rs in rows.items())
+
+
 def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
     name, prompt_tokens, preset, length = cid
     ar, hf = baseline(rows, "ar"), baseline(rows, "hf")
@@ -273,6 +292,10 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
             same.append(f"{label} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
         if same:
             lines += [f"- outputs compared with ar (first run): {'; '.join(same)}", ""]
+    apart = _invocations(rows)
+    if apart:
+        lines += [f"- measured by different invocations (1 = earliest): {apart}; a ratio between rows measured apart "
+                  "compares different machine conditions (a new --out-dir measures them side by side)", ""]
     lines += ["| method | variant | runs | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha | n-gram alpha | "
               "tokens/step | distinct-1/2/3/4 | peak MiB (+ added by the run) |", "|" + "---|" * 13]
     for (m, variant), runs in rows.items():
