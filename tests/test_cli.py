@@ -197,6 +197,30 @@ def test_bad_prompt_files(tmp_path, capsys):
     assert_one_line_error(code, err, "the prompt is empty")
 
 
+def test_a_prompt_file_is_read_without_its_byte_order_mark(tmp_path, capsys):
+    """Windows editors start UTF-8 files with a byte-order mark: it is no part of the prompt (it
+    was tokenized as three bytes before the text, and broke the first line of a JSONL set)."""
+    from longswift.bench.prompts import read_instructions
+    from longswift.prompts import read_prompt_file
+
+    bom = tmp_path / "bom.txt"
+    bom.write_bytes(b"\xef\xbb\xbfSay hi.\n")
+    assert read_prompt_file(bom) == "Say hi.\n"
+    bom.write_bytes(b"\xef\xbb\xbf\xef\xbb\xbfinner")  # only the mark at the start is one
+    assert read_prompt_file(bom) == "\ufeffinner"
+    jsonl = tmp_path / "set.jsonl"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "one"}\n')
+    assert read_instructions(jsonl) == [("a", "one")]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"\xef\xbb\xbfab\xff")
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(bad))
+    assert_one_line_error(code, err, "bad byte at offset 5")  # an offset in the file, the mark counted
+    utf16 = tmp_path / "u16.txt"
+    utf16.write_bytes("Say hi.".encode("utf-16"))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(utf16))
+    assert_one_line_error(code, err, "is UTF-16 text: save it as UTF-8")
+
+
 def test_console_script_exit_code():
     proc = subprocess.run([sys.executable, "-m", "longswift.cli", "generate", "--prompt", "x", "--top-k", "-1"],
                           capture_output=True, text=True)
