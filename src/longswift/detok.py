@@ -5,8 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 
+def decode_text(tokenizer: Any, ids: list[int]) -> str:
+    """The text of `ids` as the model wrote it: special tokens left out, and no "clean-up" of spaces
+    (transformers' clean_up_tokenization_spaces, on in Llama 3's tokenizer config and applied to BPE
+    tokenizers by transformers 4, turns " ," into "," and "a ." into "a.": it changes the model's
+    text, and since it looks across token boundaries, a stream of deltas could not match it)."""
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 class IncrementalDecoder:
-    """Turns token ids, pushed a few at a time, into text deltas whose concatenation is the text.
+    """Turns token ids, pushed a few at a time, into text deltas whose concatenation is the text
+    (decode_text of all the ids).
 
     Decodes only a short tail (from the previous read offset), and holds back a delta that ends in
     an incomplete UTF-8 sequence until the next tokens complete it."""
@@ -18,7 +27,7 @@ class IncrementalDecoder:
         self.read = 0  # text of ids[:read] has been emitted
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return decode_text(self.tokenizer, ids)
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)

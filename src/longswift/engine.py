@@ -13,6 +13,7 @@ import torch
 
 from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint, read_checkpoint
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from .detok import decode_text
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import use_graphs
@@ -86,7 +87,7 @@ class GenerationStream:
         e.g. "interrupted" for a run stopped between steps)."""
         text = None
         if self._engine.tokenizer is not None:
-            text = self._engine.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+            text = decode_text(self._engine.tokenizer, self.token_ids)
         stats = self.stats if finish_reason is None else replace(self.stats, finish_reason=finish_reason)
         return GenerationResult(list(self.token_ids), text, stats)
 

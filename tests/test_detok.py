@@ -1,0 +1,88 @@
+"""Streaming detokenization: the deltas IncrementalDecoder emits add up, at every step, to a prefix
+of the text of all the ids, and at the end to that text (what --json and the Python result hold),
+on a small byte-level BPE tokenizer whose tokens can end inside a UTF-8 character."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from longswift.detok import IncrementalDecoder, decode_text
+from longswift.engine import GenerationStream
+from longswift.stats import GenerationStats
+
+
+def byte_tokenizer(cleanup: bool = False):
+    """Every byte a token (GPT-2's byte-to-character alphabet), a few merges (" ab", "é"), and a
+    special token <eos>; `cleanup`: transformers' clean_up_tokenization_spaces on, as in Llama 3's
+    tokenizer config (transformers 4 applies it to BPE tokenizers, 5 only when forced)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges = [("Ġ", "a"), ("Ġa", "b"), ("Ã", "©")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>",
+                                        clean_up_tokenization_spaces=cleanup)
+    tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = cleanup
+    return tokenizer
+
+
+TOKENIZER = byte_tokenizer()
+TEXTS = ["naïve café", "🙂👍🏽", "東京の天気", "\x00\x07\t\r\n", "  ab ab", "𝔘𝔫𝔦", "don't .", "\ufffd"]
+PIECES = st.one_of(
+    st.sampled_from(TEXTS).map(lambda s: TOKENIZER.encode(s)),  # whole texts
+    st.lists(st.integers(0, len(TOKENIZER) - 1), min_size=1, max_size=4),  # any tokens: bytes cut anywhere, <eos>
+)
+
+
+def stream_text(tokenizer, ids: list[int], cuts: list[int]) -> list[str]:
+    """What a stream emits for `ids` pushed in blocks of the sizes in `cuts` (cycled), then flushed;
+    checks at every push that nothing emitted is ever taken back."""
+    full = decode_text(tokenizer, ids)
+    decoder, pieces, i = IncrementalDecoder(tokenizer), [], 0
+    while i < len(ids):
+        k = cuts[len(pieces) % len(cuts)]
+        pieces.append(decoder.push(ids[i:i + k]))
+        i += k
+        assert full.startswith("".join(pieces)), (ids[:i], pieces)
+        ended_here = copy.deepcopy(decoder)  # the stream, had the run ended after this block
+        assert "".join(pieces) + ended_here.flush() == decode_text(tokenizer, ids[:i])
+    pieces.append(decoder.flush())
+    return pieces
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PIECES, min_size=1, max_size=10).map(lambda parts: [t for p in parts for t in p]),
+       st.lists(st.integers(1, 5), min_size=1, max_size=4))
+def test_the_stream_adds_up_to_the_text_at_every_block(ids, cuts):
+    assert "".join(stream_text(TOKENIZER, ids, cuts)) == decode_text(TOKENIZER, ids)
+
+
+def test_a_resumed_stream_goes_on_with_the_same_text():
+    """A resumed run pushes the checkpoint's ids in one block, then the new ones."""
+    ids = TOKENIZER.encode("café 🙂 東京")
+    for cut in range(1, len(ids)):
+        decoder = IncrementalDecoder(TOKENIZER)
+        text = decoder.push(ids[:cut]) + "".join(decoder.push([t]) for t in ids[cut:]) + decoder.flush()
+        assert text == "café 🙂 東京"
+
+
+@pytest.mark.parametrize("text", ["Hello . Next", "I said \" hi \" , don 't you ?", "a ! b"])
+def test_the_text_is_the_models_whatever_the_tokenizers_clean_up_setting(text):
+    """clean_up_tokenization_spaces rewrites " ." as "." across token boundaries: the stream (which
+    had emitted "Hello " before the "." came) lost the ".", and --output differed from --json's text."""
+    tokenizer = byte_tokenizer(cleanup=True)
+    ids = tokenizer.encode(text)
+    assert "".join(stream_text(tokenizer, ids, [1])) == text
+    result = GenerationStream(SimpleNamespace(tokenizer=tokenizer), None, iter([]),
+                              GenerationStats("ar", 1), previous=ids).result_so_far()
+    assert result.text == text
