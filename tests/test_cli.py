@@ -326,8 +326,10 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
     (["--prompt-ids", "1,x"], "--prompt-ids must be token ids"),
     (["--prompt-ids", " , "], "the prompt is empty"),
     (["--prompt-ids", "1,2", "--chat"], "--chat wraps prompt text"),
+    (["--prompt-ids", "5 -3"], "--prompt-ids must be in [0, 49152)"),  # refused before loading, as a too large id
+    (["--prompt-ids=5,99999"], "--prompt-ids must be in [0, 49152)"),
 ])
-def test_bad_prompt_ids(capsys, args, match):
+def test_bad_prompt_ids(capsys, no_loading, args, match):
     code, _, err = run_cli(capsys, "generate", *args)
     assert_one_line_error(code, err, match)
 

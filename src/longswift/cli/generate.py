@@ -170,7 +170,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
     cfg = _plan_before_loading(args.model, runtime, generation, 1 + generation.max_new_tokens,
                                spec if tokenswift else None)
-    if isinstance(prompt, list) and any(t >= cfg.vocab_size for t in prompt):
+    if isinstance(prompt, list) and any(not 0 <= t < cfg.vocab_size for t in prompt):
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         engine = ranks.load(args.model, heads)
