@@ -363,3 +363,28 @@ def test_gguf_sizes_that_are_not_positive_are_one_line(tmp_path, key, value):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     named = "attention.head_count" if key == "head_count" else key
     check_error(tmp_path / "g.gguf", f"has llama.{named} = 0: expected a positive whole number")
+
+
+def test_generation_stops_at_the_eos_ids_of_the_generation_config(tmp_path):
+    """transformers' generate() stops at generation_config's eos_token_id, which can name more than
+    config.json (Llama 3 Instruct: <|eot_id|> ends a chat turn, config.json names <|end_of_text|>):
+    an HF directory and a model object stop at those too, instead of writing past the turn's end."""
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    from longswift import GenerationConfig, SamplingConfig
+
+    greedy, four = SamplingConfig(temperature=0), GenerationConfig(max_new_tokens=4)
+    model = tiny_hf_model("llama", seed=3)  # eos 2
+    model.save_pretrained(tmp_path)
+    first = longswift.load(str(tmp_path), heads=None).generate([5, 6, 7], sampling=greedy, generation=four).token_ids[0]
+    assert first != 2
+    HFGenerationConfig(eos_token_id=[2, first]).save_pretrained(tmp_path)
+    engine = longswift.load(str(tmp_path), heads=None)
+    assert engine.eos_ids == {2, first}
+    result = engine.generate([5, 6, 7], sampling=greedy, generation=four)
+    assert result.token_ids == [first] and result.stats.finish_reason == "eos"
+    model.generation_config.eos_token_id = [2, first]
+    assert longswift.load(model, heads=None).eos_ids == {2, first}
+    (tmp_path / "generation_config.json").write_text("{oops")
+    with pytest.raises(LongswiftError, match="generation_config.json' is not valid JSON"):
+        load_model(tmp_path, torch.float32, torch.device("cpu"))

@@ -9,7 +9,7 @@ import copy
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -202,6 +202,7 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
     from transformers import AutoTokenizer
 
     cfg = ModelConfig.from_hf(with_rope_scaling(_hf_dir_config(path), rope_scaling))
+    cfg = with_eos(cfg, _generation_eos(path))
     state = {k.removeprefix("_orig_mod."): v.to(device=device, dtype=dtype) for k, v in _read_safetensors(path).items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
@@ -210,6 +211,27 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
     except Exception:
         tokenizer = None  # token ids still work through the API; text needs a tokenizer
     return LoadedModel(cfg, state, tokenizer, str(path))
+
+
+def with_eos(cfg: ModelConfig, eos: Any) -> ModelConfig:
+    """`cfg` whose EOS ids also hold `eos` (an id, a list of them, or None) from the model's generation
+    config: what transformers' generate() stops at (Llama 3 Instruct's config.json names only
+    <|end_of_text|>, its generation_config.json also <|eot_id|>, which ends each chat turn)."""
+    extra = eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
+    ids = [int(t) for t in extra if isinstance(t, int) and not isinstance(t, bool) and 0 <= t < cfg.vocab_size]
+    return replace(cfg, eos_token_ids=tuple(dict.fromkeys((*cfg.eos_token_ids, *ids))))
+
+
+def _generation_eos(path: Path) -> Any:
+    """The eos_token_id of the directory's generation_config.json (None if it has none)."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return None
+    try:
+        raw = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LongswiftError(f"'{file}' is not valid JSON ({exc}); fix or re-download it") from None
+    return raw.get("eos_token_id") if isinstance(raw, dict) else None
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -244,6 +266,7 @@ def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rop
     if hf_config is None or not hasattr(model, "state_dict"):
         raise LongswiftError(f"cannot load {type(model).__name__}: pass a path or a transformers causal-LM model")
     cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
+    cfg = with_eos(cfg, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
     state = {k: v.detach().to(device=device, dtype=dtype) for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
