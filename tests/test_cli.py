@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -226,6 +227,19 @@ def test_console_script_exit_code():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "longswift: error: --top-k must be >= 0"
+
+
+def test_a_closed_stdout_stops_quietly():
+    """`longswift ... | head`: the reader has gone; the command stops with the status a shell gives a
+    tool that the closed pipe killed, and says nothing about it (no traceback, no error line)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout now fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "longswift.cli", "info", "--tokens", "1000"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == ""
 
 
 def sigterm_then_resume(tmp_path, method_args, signum):

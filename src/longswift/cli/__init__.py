@@ -4,6 +4,7 @@ command; flags come from the config dataclasses' fields (cli.flags)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -20,6 +21,18 @@ def _prefix() -> str:
     except LongswiftError:  # a RANK that is not a number: the error being printed may be that one
         return "longswift"
     return "longswift" if rank == 0 else f"longswift (rank {rank})"
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what is still buffered for
+    the closed pipe fails neither loudly nor again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file descriptor (the Python API's callers)
+        pass
+    finally:
+        os.close(devnull)
 
 
 class Parser(argparse.ArgumentParser):
@@ -53,8 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # stdout's reader stopped reading (`| head`): stop quietly, as shell tools do
+        if "--debug" in argv:
+            raise
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE: what a shell reports for a tool that the closed pipe killed
+
+
+def _main(argv: list[str]) -> int:
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) and argparse's one-line errors (2)
@@ -76,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         # Config errors name API fields (SamplingConfig.top_k); on the command line, the flag (--top-k).
         print(f"{_prefix()}: error: {getattr(exc, 'cli_message', None) or exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # not a system error: main's quiet stop
+        raise
     except OSError as exc:  # a disk that fills, a file system that refuses: the system's reason, on one line
         if args.debug:
             raise
