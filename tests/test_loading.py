@@ -49,7 +49,7 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def write_gguf(path, hf, arch: str = "llama", extra: dict | None = None, meta: dict | None = None) -> None:
     """`hf` as llama.cpp's converter writes it; `extra` tensors are added under their own names, `meta`
-    keys (without the '{arch}.' prefix) as float32, string or uint32 values."""
+    keys (without the '{arch}.' prefix, except tokenizer keys) as float32, string or uint32 values."""
     import gguf
 
     c = hf.config
@@ -66,7 +66,7 @@ def write_gguf(path, hf, arch: str = "llama", extra: dict | None = None, meta: d
     w.add_vocab_size(c.vocab_size)
     for key, value in (meta or {}).items():
         add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
-        add(f"{arch}.{key}", value)
+        add(key if key.startswith("tokenizer.") else f"{arch}.{key}", value)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -388,3 +388,15 @@ def test_generation_stops_at_the_eos_ids_of_the_generation_config(tmp_path):
     (tmp_path / "generation_config.json").write_text("{oops")
     with pytest.raises(LongswiftError, match="generation_config.json' is not valid JSON"):
         load_model(tmp_path, torch.float32, torch.device("cpu"))
+
+
+def test_a_gguf_stops_where_llama_cpp_does_at_the_end_of_a_turn(tmp_path):
+    """llama.cpp ends a generation at EOS and at the GGUF's end-of-turn and end-of-message ids (a Llama 3
+    Instruct GGUF names <|eot_id|> there): longswift stops at them too, instead of writing on."""
+    hf = tiny_hf_model("llama", "default", seed=26)
+    path = tmp_path / "turns.gguf"
+    write_gguf(path, hf, meta={"tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.eot_token_id": 7,
+                               "tokenizer.ggml.eom_token_id": 9})
+    assert load_model(path, torch.float32, CPU).cfg.eos_token_ids == (2, 7, 9)
+    write_gguf(path, hf, meta={"tokenizer.ggml.eos_token_id": 2})
+    assert load_model(path, torch.float32, CPU).cfg.eos_token_ids == (2,)

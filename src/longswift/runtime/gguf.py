@@ -82,6 +82,12 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return f.contents()
 
 
+def gguf_end_ids(reader: Any) -> list[Any]:
+    """The ids besides EOS at which llama.cpp ends a generation (None where the file names none): the
+    end of a turn (Llama 3 Instruct's <|eot_id|>) and of a message (Llama 3.1's <|eom_id|>)."""
+    return [_field(reader, f"tokenizer.ggml.{end}_token_id") for end in ("eot", "eom")]
+
+
 def gguf_hf_config(reader: Any, path: Path) -> Any:
     """The transformers config that the GGUF metadata describes."""
     from transformers import AutoConfig

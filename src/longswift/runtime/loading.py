@@ -18,7 +18,7 @@ import torch
 
 from ..config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
 from ..errors import LongswiftError
-from .gguf import gguf_hf_config, gguf_state_dict, open_gguf
+from .gguf import gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
 from .hub import parse_hub_id, resolve_hub_id
 from .model import check_state_dict
 from .tokenizer_cache import gguf_tokenizer
@@ -167,6 +167,7 @@ def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: 
 def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     reader, hf_config = gguf_header(path)  # the parse the CLI's memory plan made, if it made one
     cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
+    cfg = with_eos(cfg, gguf_end_ids(reader))
     state = gguf_state_dict(reader, hf_config, dtype, device)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
@@ -214,9 +215,10 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
 
 
 def with_eos(cfg: ModelConfig, eos: Any) -> ModelConfig:
-    """`cfg` whose EOS ids also hold `eos` (an id, a list of them, or None) from the model's generation
-    config: what transformers' generate() stops at (Llama 3 Instruct's config.json names only
-    <|end_of_text|>, its generation_config.json also <|eot_id|>, which ends each chat turn)."""
+    """`cfg` whose EOS ids also hold `eos` (an id, a list of them, or None): those of the model's generation
+    config, what transformers' generate() stops at (Llama 3 Instruct's config.json names only
+    <|end_of_text|>, its generation_config.json also <|eot_id|>, which ends each chat turn), or a GGUF's
+    end-of-turn and end-of-message ids, at which llama.cpp stops."""
     extra = eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
     ids = [int(t) for t in extra if isinstance(t, int) and not isinstance(t, bool) and 0 <= t < cfg.vocab_size]
     return replace(cfg, eos_token_ids=tuple(dict.fromkeys((*cfg.eos_token_ids, *ids))))
