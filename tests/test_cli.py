@@ -26,6 +26,30 @@ def test_generate_writes_output_and_json(tmp_path, capsys):
     assert out == ""
 
 
+def test_a_second_signal_during_the_renames_leaves_both_outputs_or_neither(tmp_path, capsys, monkeypatch):
+    """Ctrl-C twice while the finished run renames --output and --json into place: the second signal
+    waits for both renames (it used to land between them: the text renamed, the JSON discarded)."""
+    import signal
+
+    from longswift.atomic import AtomicFile
+
+    commit, calls = AtomicFile.commit, []
+
+    def commit_then_signal(self):
+        commit(self)
+        calls.append(self.path)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGINT)  # the first asks to stop after the step (the run is done)
+            signal.raise_signal(signal.SIGINT)  # the second: at once
+
+    monkeypatch.setattr(AtomicFile, "commit", commit_then_signal)
+    out_file, json_file = tmp_path / "out.txt", tmp_path / "out.json"
+    code, _, err = run_cli(capsys, "generate", "--prompt", "Hi.", "--greedy", "--max-new-tokens", "4", "--no-progress",
+                           "--output", str(out_file), "--json", str(json_file))
+    assert code == 130 and "interrupted" in err
+    assert calls == [out_file, json_file] and out_file.read_text() == json.loads(json_file.read_text())["text"]
+
+
 @pytest.mark.slow
 def test_the_summary_line_counts_graph_captures(capsys, monkeypatch, tmp_path):
     """On CUDA the closing line says how many graphs the run captured and in how long (faked here:

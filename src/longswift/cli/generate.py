@@ -362,9 +362,10 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             path = out.save_interrupted(stream.checkpoint(saved))
         elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
             stream.checkpoint(saved).save(out.checkpoint)
-        for f in (text_file, json_file):
-            if f:
-                f.commit()
+        with stop.held():  # a second Ctrl-C here would leave one output renamed and not the other
+            for f in (text_file, json_file):
+                if f:
+                    f.commit()
     except BaseException:
         for f in (text_file, json_file):
             if f:

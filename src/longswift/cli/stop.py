@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -16,9 +18,14 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._saved: dict[int, Any] = {}
+        self._held = False  # inside held(): a second signal waits for its end
+        self._pending = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
+            if self._held:
+                self._pending = True
+                return
             raise KeyboardInterrupt
         self.signum = signum
         print(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
@@ -33,6 +40,18 @@ class StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for s, handler in self._saved.items():
             signal.signal(s, handler)
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A section that a second signal must not cut in two (the renames that put a run's outputs in
+        place together): the interruption comes right after it instead."""
+        self._held, self._pending = True, False
+        try:
+            yield
+        finally:
+            self._held = False
+        if self._pending:
+            raise KeyboardInterrupt
 
     @property
     def exit_code(self) -> int:
