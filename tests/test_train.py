@@ -227,6 +227,9 @@ def test_train_config_errors():
         TrainConfig(lr=-1.0)
     with pytest.raises(LongswiftError, match="--seq-len must be at least"):
         TrainConfig(seq_len=3)
+    for bad in (float("nan"), float("inf"), -0.1):  # nan: torch's ValueError after loading; inf: NaN heads saved
+        with pytest.raises(LongswiftError, match="--weight-decay must be a number >= 0"):
+            TrainConfig(weight_decay=bad)
 
 
 def test_self_distill_greedy_matches_our_ar(tiny, tmp_path):

@@ -53,8 +53,8 @@ class TrainConfig:
             raise LongswiftError(f"--warmup must be >= 0, got {self.warmup}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise LongswiftError(f"--lr must be a positive number, got {self.lr}")
-        if self.weight_decay < 0:
-            raise LongswiftError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):  # nan/inf: NaN heads after one step
+            raise LongswiftError(f"--weight-decay must be a number >= 0, got {self.weight_decay}")
         if seed_problem(self.seed) is not None:
             raise LongswiftError(seed_problem(self.seed))
         if self.seq_len < self.gamma + 2:
