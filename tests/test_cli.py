@@ -388,6 +388,22 @@ def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
     assert_one_line_error(code, err, "--heads auto found no draft heads for this model")
 
 
+def test_eval_heads_refuses_windows_too_short_for_its_heads(tmp_path, capsys):
+    """--seq-len 4 left the third head no target (accuracy 0.000 over no positions) and 2 or 3 raised a
+    shape error, after the windows had been run through the model: refused once the heads are known."""
+    from conftest import tiny_hf_model
+
+    model = tmp_path / "tiny"
+    tiny_hf_model("llama", seed=5).save_pretrained(model)
+    data = tmp_path / "d.txt"
+    data.write_text(LOREM)
+    capsys.readouterr()  # save_pretrained's progress bar
+    for length in ("3", "4"):
+        code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "random", "--data", str(data),
+                               "--device", "cpu", "--seq-len", length, "--alpha-tokens", "0", "--no-progress")
+        assert_one_line_error(code, err, f"--seq-len {length} leaves head 3 no token to predict")
+
+
 @pytest.mark.slow
 def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
     """eval-heads' alpha measures the heads: with adaptive steps (generate's default) nearly every

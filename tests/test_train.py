@@ -13,7 +13,7 @@ from conftest import tiny_hf_model
 import longswift
 from longswift.config import GenerationConfig, SamplingConfig
 from longswift.errors import LongswiftError
-from longswift.spec.heads import load_heads
+from longswift.spec.heads import load_heads, new_heads
 from longswift.train.data import cut_windows, read_texts
 from longswift.train.distill import self_distill
 from longswift.train.eval import head_accuracy, held_out_alpha
@@ -60,6 +60,23 @@ def test_head_targets_by_hand():
     assert t[0, 0].tolist() == [12, 13, 14, 15, -100, -100]  # head 1: t + 2
     assert t[1, 0].tolist() == [13, 14, 15, -100, -100, -100]  # head 2: t + 3
     assert t[2, 0].tolist() == [14, 15, -100, -100, -100, -100]  # head 3: t + 4
+
+
+def test_head_targets_of_a_window_shorter_than_the_heads_reach():
+    t = head_targets(torch.arange(10, 13)[None], 3)  # 10 11 12: only head 1 (t + 2) has a target
+    assert t[:, 0].tolist() == [[12, -100, -100], [-100, -100, -100], [-100, -100, -100]]
+
+
+def test_head_accuracy_refuses_windows_too_short_for_a_head(tiny):
+    """Windows of gamma + 1 tokens or fewer leave the deepest head nothing to predict: its accuracy was
+    reported as 0.000 over no positions (gamma + 1), or a shape error was raised (fewer)."""
+    heads = new_heads(tiny.cfg, tiny.model.state, 3)
+    windows = torch.arange(3, 27).view(2, 12)
+    for length in (3, 4):
+        with pytest.raises(LongswiftError, match=f"--seq-len {length} leaves head 3 no token to predict: these 3 "
+                                                 "heads need windows of at least 5 tokens"):
+            head_accuracy(tiny, heads, windows[:, :length])
+    assert head_accuracy(tiny, heads, windows[:, :5]).positions == 2 * 3
 
 
 def test_learning_rate_schedule():

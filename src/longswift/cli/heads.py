@@ -157,7 +157,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct, check_writable, write_atomic
     from ..engine import load
     from ..spec.heads import HEADS_FILE
-    from ..train.eval import check_alpha_fits, head_accuracy, held_out_alpha
+    from ..train.eval import check_alpha_fits, check_window, head_accuracy, held_out_alpha
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
@@ -181,6 +181,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if engine.heads is None:
         raise LongswiftError(f"--heads {args.heads} found no draft heads for this model: pass a heads file "
                              "(train one with `longswift train-heads`)")
+    check_window(args.seq_len, engine.heads.gamma)  # before the windows, which may distill for minutes
     if args.alpha_tokens:
         check_alpha_fits(engine, args.alpha_tokens)  # before the windows, which may distill for minutes
     windows, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)

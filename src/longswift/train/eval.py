@@ -26,9 +26,18 @@ class HeadAccuracy:
         return ", ".join(f"head {i + 1}: top-1 {a:.3f} top-3 {b:.3f}" for i, (a, b) in enumerate(zip(self.top1, self.top3)))
 
 
+def check_window(seq_len: int, gamma: int) -> None:
+    """Refuse windows too short for the deepest head (head i at t predicts the token at t+1+i) to have a
+    target: its accuracy would be a 0 over no positions."""
+    if seq_len < gamma + 2:
+        raise LongswiftError(f"--seq-len {seq_len} leaves head {gamma} no token to predict: these {gamma} heads "
+                             f"need windows of at least {gamma + 2} tokens")
+
+
 def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: int = 1024,
                   progress: bool = False) -> HeadAccuracy:
     """Top-1/top-3 accuracy of each head (head i at t predicting the token at t+1+i) on windows [N, L]."""
+    check_window(int(windows.shape[1]), heads.gamma)
     hidden = base_hidden(engine.model, windows.to(engine.model.device), progress)  # [N, L, hidden]
     targets = head_targets(windows.to(engine.model.device), heads.gamma)  # [gamma, N, L]
     h0, tg = hidden.flatten(0, 1), targets.flatten(1, 2)

@@ -88,7 +88,7 @@ def head_targets(windows: torch.Tensor, gamma: int) -> torch.Tensor:
     n, length = windows.shape
     targets = torch.full((gamma, n, length), -100, dtype=torch.long, device=windows.device)
     for i in range(gamma):
-        targets[i, :, : length - 2 - i] = windows[:, 2 + i :]
+        targets[i, :, : max(0, length - 2 - i)] = windows[:, 2 + i :]
     return targets
 
 
