@@ -267,6 +267,46 @@ def test_self_distill_greedy_matches_our_ar(tiny, tmp_path):
     assert again == docs
 
 
+def test_self_distill_refuses_documents_shorter_than_a_window_before_sampling(tiny, tmp_path, monkeypatch):
+    """eval-heads' default --seq-len 1024 with the default --distill-new-tokens 512 sampled for minutes and
+    then found no document long enough: now refused before sampling, with the numbers that would work."""
+    import longswift.train.distill as distill
+
+    monkeypatch.setattr(distill, "_sampler", lambda engine: pytest.fail("sampled before refusing"))
+    sampling = SamplingConfig(temperature=0, seed=0)
+    prompts = [[5, 9, 11, 4], [17, 3], [40, 41, 42, 43, 44, 45]]  # 16 tokens in documents of 8: the first two
+    with pytest.raises(LongswiftError, match=r"a prompt of at most 4 tokens \+ --distill-new-tokens 8\) are shorter "
+                                             r"than --seq-len 16, so none would make a window: raise "
+                                             r"--distill-new-tokens to 12 or lower --seq-len to 12"):
+        self_distill(tiny, 16, new_tokens=8, batch_size=2, sampling=sampling, cache_dir=tmp_path, progress=False,
+                     prompts=prompts, window=16)
+    monkeypatch.undo()
+    docs = self_distill(tiny, 16, new_tokens=8, batch_size=2, sampling=sampling, cache_dir=tmp_path, progress=False,
+                        prompts=prompts, window=12)
+    assert cut_windows(docs, 12).shape == (1, 12)  # the longest prompt's document fills one
+
+
+def test_heads_commands_pass_their_window_to_self_distill(tiny, monkeypatch):
+    """train-heads / eval-heads (prepare_windows) have self_distill refuse a --seq-len no document reaches."""
+    from argparse import Namespace
+
+    import longswift.train.distill as distill
+    from longswift.cli.heads import prepare_windows
+
+    class Tokenizer:  # the tiny model has none; the built-in prompts only need encoding
+        chat_template = None
+
+        def encode(self, text, add_special_tokens=True):
+            return [3 + ord(c) % 90 for c in text[:10]]
+
+    monkeypatch.setattr(tiny, "tokenizer", Tokenizer())
+    monkeypatch.setattr(distill, "_sampler", lambda engine: pytest.fail("sampled before refusing"))
+    args = Namespace(data=[], self_distill=64, distill_new_tokens=8, distill_batch=8, no_progress=True)
+    with pytest.raises(LongswiftError, match=r"at most 10 tokens \+ --distill-new-tokens 8\) are shorter than "
+                                             r"--seq-len 24"):
+        prepare_windows(tiny, args, [], 24, seed=1)
+
+
 def test_self_distill_caches_where_the_tokenizer_cache_does(tiny, tmp_path, monkeypatch):
     """The default cache is `$LONGSWIFT_CACHE_DIR/distill` (the tokenizer cache's root); an empty
     LONGSWIFT_CACHE_DIR turns it off, and a cache that cannot be written is skipped, not an error."""

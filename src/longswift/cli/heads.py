@@ -109,7 +109,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
     if args.self_distill:
         t0 = time.perf_counter()
         docs = self_distill(engine, args.self_distill, args.distill_new_tokens, args.distill_batch,
-                            SamplingConfig(seed=seed), progress=not args.no_progress)
+                            SamplingConfig(seed=seed), progress=not args.no_progress, window=seq_len)
         documents += docs
         info["self_distill"] = {"tokens": args.self_distill, "new_tokens_per_document": args.distill_new_tokens,
                                 "documents": len(docs), "sampling": asdict(SamplingConfig(seed=seed)),

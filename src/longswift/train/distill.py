@@ -93,6 +93,16 @@ def _cache_key(engine: Any, n_tokens: int, new_tokens: int, batch: int, sampling
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def check_documents_fill(prompts: list[list[int]], new_tokens: int, window: int | None) -> None:
+    """Refuse self-distilling documents (prompt + `new_tokens`) of which none reaches `window` tokens:
+    cut into windows, all of them would be dropped, after minutes of sampling."""
+    longest = max((len(p) for p in prompts), default=0)
+    if window is not None and longest + new_tokens < window:
+        raise LongswiftError(f"self-distilled documents (a prompt of at most {longest} tokens + --distill-new-tokens "
+                             f"{new_tokens}) are shorter than --seq-len {window}, so none would make a window: raise "
+                             f"--distill-new-tokens to {window - longest} or lower --seq-len to {longest + new_tokens}")
+
+
 def default_cache_dir() -> Path | None:
     """`<cache root>/distill`: the cache root the tokenizer cache uses (`LONGSWIFT_CACHE_DIR`, else
     `$XDG_CACHE_HOME/longswift` or `~/.cache/longswift`); None when `LONGSWIFT_CACHE_DIR` is empty (off)."""
@@ -102,10 +112,12 @@ def default_cache_dir() -> Path | None:
 
 def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: int = 32,
                  sampling: SamplingConfig | None = None, cache_dir: Path | None = None,
-                 progress: bool = True, prompts: list[list[int]] | None = None) -> list[list[int]]:
+                 progress: bool = True, prompts: list[list[int]] | None = None,
+                 window: int | None = None) -> list[list[int]]:
     """Documents (prompt + generated ids) holding at least `n_tokens` generated tokens, sampled by
     the model itself (EOS is banned, as long generation with --ignore-eos bans it). Prompts default to
-    the built-in writing requests (in the chat template when the model has one). Cached."""
+    the built-in writing requests (in the chat template when the model has one). Cached. `window`: the
+    --seq-len the documents are cut into, refused before sampling if no document could fill one."""
     if n_tokens <= 0:
         raise LongswiftError(f"--self-distill must be a positive number of tokens, got {n_tokens}")
     sampling = sampling or SamplingConfig(seed=0)
@@ -124,6 +136,7 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     if longest + new_tokens > limit:
         raise LongswiftError(f"--distill-new-tokens {new_tokens} + the longest prompt's {longest} tokens exceed this "
                              f"model's context of {limit}: lower --distill-new-tokens")
+    check_documents_fill(prompts[: -(-n_tokens // new_tokens)], new_tokens, window)
     key = _cache_key(engine, n_tokens, new_tokens, batch_size, sampling, prompts)
     path = None if cache_dir is None else cache_dir / f"{key}.json"
     if path is not None and path.is_file():
