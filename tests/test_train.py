@@ -154,6 +154,22 @@ def test_checkpoint_refusals(tiny, tmp_path):
         train_heads(tiny, windows, cfg, tmp_path, resume=True, progress=False)
 
 
+def test_resume_refuses_another_base_or_other_data_before_the_hidden_states(tiny, tmp_path, monkeypatch):
+    """The base's hidden states of every window take minutes (80 s for the shipped heads' 192 windows):
+    a checkpoint of another base model or other data is refused before them, not after."""
+    import longswift.train.train as train_module
+
+    windows = _windows(tiny, n=3, seed=2)
+    cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1)
+    train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    monkeypatch.setattr(train_module, "base_hidden", lambda *a, **k: pytest.fail("hidden states before refusing"))
+    with pytest.raises(LongswiftError, match="was trained on other data"):
+        train_heads(tiny, windows.flip(0), cfg, tmp_path, resume=True, progress=False)
+    other = longswift.load(tiny_hf_model("llama", seed=4, vocab=96), pack_weights=False)
+    with pytest.raises(LongswiftError, match="was trained on another base model: use a new --out"):
+        train_heads(other, windows, cfg, tmp_path, resume=True, progress=False)
+
+
 def test_a_diverged_step_stops_training_before_it_updates_the_heads(tiny, tmp_path, monkeypatch):
     """A NaN loss (a too high --lr) would turn the heads to NaN and save them: training stops at that
     step, before the update, and the checkpoint of the step before stays finite."""

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, seed_problem, torch_seed
 from ..errors import LongswiftError
-from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
+from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, model_fingerprint, new_heads, save_heads
 
 CHECKPOINT = TRAIN_CHECKPOINT
 LOG_FILE = "train_log.json"
@@ -136,7 +136,7 @@ class HeadTrainer:
         self.step = 0
         self.log: list[dict] = []
         self.interrupted = False  # stopped by a signal before the last step (train_heads' `stop`)
-        self.data_hash = hashlib.sha256(windows.cpu().numpy().tobytes()).hexdigest()[:20]
+        self.data_hash = window_hash(windows)
 
     def batch_windows(self, step: int, micro: int) -> torch.Tensor:
         """Window indices of one micro-batch: a seeded permutation per epoch (resumable from `step` alone)."""
@@ -199,11 +199,7 @@ class HeadTrainer:
             raise OSError(f"cannot write the checkpoint '{path}': {str(exc).splitlines()[0]}") from exc
 
     def load_checkpoint(self, path: Path) -> None:
-        ck = check_checkpoint(path, self.cfg)
-        if ck["base"] != self.heads.base_fingerprint:  # type: ignore[attr-defined]
-            raise LongswiftError(f"checkpoint '{path}' was trained on another base model: use a new --out")
-        if ck["data_hash"] != self.data_hash:
-            raise LongswiftError(f"checkpoint '{path}' was trained on other data: pass the same --data/--self-distill")
+        ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash)  # type: ignore[attr-defined]
         with torch.no_grad():
             self.heads.load_state_dict(ck["heads"])
         self.optimizer.load_state_dict(ck["optimizer"])
@@ -225,6 +221,21 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False) -> dict:
         k = differ[0]
         raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {ck['config'].get(k)}, "
                              f"not {getattr(cfg, k)}: resume with the same settings")
+    return ck
+
+
+def window_hash(windows: torch.Tensor) -> str:
+    """Identity of the training windows [N, L], kept in the checkpoint so a resume runs on the same data."""
+    return hashlib.sha256(windows.cpu().numpy().tobytes()).hexdigest()[:20]
+
+
+def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: str, mmap: bool = False) -> dict:
+    """check_checkpoint, and refuse a checkpoint of another base model (`fingerprint`) or other windows."""
+    ck = check_checkpoint(path, cfg, mmap=mmap)
+    if ck["base"] != fingerprint:
+        raise LongswiftError(f"checkpoint '{path}' was trained on another base model: use a new --out")
+    if ck["data_hash"] != data_hash:
+        raise LongswiftError(f"checkpoint '{path}' was trained on other data: pass the same --data/--self-distill")
     return ck
 
 
@@ -269,6 +280,9 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
 
     checkpoint = out / CHECKPOINT
     windows = windows.to(engine.model.device)
+    if resume:  # another base model or other data: said before the hidden states, which take minutes
+        fingerprint = model_fingerprint(engine.cfg, engine.model.state["model.embed_tokens.weight"])
+        check_resumable(checkpoint, cfg, fingerprint, window_hash(windows), mmap=True)
     hidden = base_hidden(engine.model, windows, progress)
     trainer = HeadTrainer(engine, windows, hidden, cfg)
     if resume:
