@@ -218,6 +218,14 @@ def test_data_reading(tmp_path):
     assert cut_windows([[1, 2, 3, 4, 5], [6, 7], [8]], 2).tolist() == [[1, 2], [3, 4], [6, 7]]
 
 
+def test_data_with_a_byte_order_mark(tmp_path):
+    """UTF-8 files saved with a BOM (Windows editors): a JSONL file's first line was refused as 'not JSON'
+    and a text file's document began with U+FEFF."""
+    (tmp_path / "a.jsonl").write_bytes("\ufeff".encode() + b'{"text": "one"}\n{"text": "two"}\n')
+    (tmp_path / "b.txt").write_bytes("\ufeff".encode() + b"three")
+    assert read_texts([tmp_path / "a.jsonl", tmp_path / "b.txt"]) == ["one", "two", "three"]
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "training data is empty"),
     (b"   \n", "training data is empty"),

@@ -32,7 +32,7 @@ def _read_text(path: Path) -> str:
     if b"\x00" in raw[:65536]:
         raise LongswiftError(f"'{path}' looks binary (it holds NUL bytes): pass UTF-8 text or JSONL")
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")  # a byte order mark (Notepad's UTF-8) is not text: dropped
     except UnicodeDecodeError as exc:
         raise LongswiftError(f"'{path}' is not UTF-8 text (byte {exc.start}): convert it to UTF-8") from None
 
