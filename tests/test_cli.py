@@ -467,6 +467,7 @@ def test_train_heads_interrupted_saves_and_resumes_to_the_same_heads(tmp_path, c
     assert again[-1] == "--resume"
     code, _, err = run_cli(capsys, *again[1:])
     assert code == 0, err
+    assert "for 5 steps (3 in this run, resumed at step 2) in " in err, err  # the time is this run's
     whole, resumed = load_file(tmp_path / "whole" / "heads.safetensors"), load_file(out / "heads.safetensors")
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 

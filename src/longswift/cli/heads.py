@@ -146,9 +146,12 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         return stop.exit_code
     last = trainer.log[-1] if trainer.log else None
     acc = " / ".join(f"{a:.3f}" for a in last["head_acc"]) if last else "n/a"
-    print(f"trained {cfg.gamma} heads on {info['windows']} windows x {cfg.seq_len} tokens for {cfg.steps} steps "
-          f"in {time.perf_counter() - t0:.0f} s; last step loss {last['loss'] if last else float('nan'):.3f}, "
-          f"top-1 accuracy per head {acc}", file=sys.stderr)
+    resumed = f" ({cfg.steps - trainer.resumed_at} in this run, resumed at step {trainer.resumed_at})" \
+        if trainer.resumed_at else ""
+    loss = last["loss"] if last else float("nan")
+    print(f"trained {cfg.gamma} heads on {info['windows']} windows x {cfg.seq_len} tokens for {cfg.steps} steps"
+          f"{resumed} in {time.perf_counter() - t0:.0f} s; last step loss {loss:.3f}, top-1 accuracy per head {acc}",
+          file=sys.stderr)
     print(f"heads: {Path(args.out) / HEADS_FILE} (use with --heads)", file=sys.stderr)
     return 0
 

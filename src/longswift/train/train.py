@@ -136,6 +136,7 @@ class HeadTrainer:
         self.step = 0
         self.log: list[dict] = []
         self.interrupted = False  # stopped by a signal before the last step (train_heads' `stop`)
+        self.resumed_at = 0  # the checkpoint's step when load_checkpoint continued one
         self.data_hash = window_hash(windows)
 
     def batch_windows(self, step: int, micro: int) -> torch.Tensor:
@@ -204,6 +205,7 @@ class HeadTrainer:
             self.heads.load_state_dict(ck["heads"])
         self.optimizer.load_state_dict(ck["optimizer"])
         self.step, self.log = int(ck["step"]), list(ck["log"])
+        self.resumed_at = self.step
 
 
 def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False) -> dict:
