@@ -487,3 +487,13 @@ def test_train_heads_on_a_model_without_tokenizer_says_what_is_missing(tmp_path,
                            "--seq-len", "8", "--no-progress")
     assert_one_line_error(code, err, "this model has no tokenizer, and both --data (text) and --self-distill")
     assert not (tmp_path / "o").exists()
+
+
+def test_eval_heads_defaults_make_self_distilled_windows():
+    """eval-heads --self-distill with its defaults: each document (prompt + --distill-new-tokens) fills a
+    --seq-len window, as in train-heads (a 1024-token window was refused: no document reached it)."""
+    from longswift.cli import build_parser
+    from longswift.train.train import TrainConfig
+
+    args = build_parser().parse_args(["eval-heads", "--heads", "default", "--self-distill", "64"])
+    assert args.seq_len == TrainConfig.seq_len <= args.distill_new_tokens

@@ -37,7 +37,8 @@ def add_parsers(sub: Any) -> None:
                          "released checkpoint, 'default' (the heads shipped for the model: the embedded model has "
                          "some) or 'auto' (as generate's --heads)")
     _add_data_flags(ev)
-    ev.add_argument("--seq-len", type=int, default=1024, help="tokens per evaluation window (default %(default)s)")
+    ev.add_argument("--seq-len", type=int, default=512,  # train-heads' windows: a self-distilled document fills one
+                    help="tokens per evaluation window (default %(default)s, as train-heads)")
     ev.add_argument("--seed", type=seed_number, default=1,
                     help="sampling seed of --self-distill data (default %(default)s; training uses its own --seed, 0 "
                          "by default)")
