@@ -190,6 +190,38 @@ def test_unsplittable_gqa_is_refused_in_one_line(ranks):
                                 "nor divide 2; world sizes that work: 1, 3, 6")
 
 
+def _lose_rank_1(rank: int, store: str, out_dir: str) -> None:
+    """Rank 1 fails inside a step (its fifth draw raises) and leaves; rank 0, waiting in a collective
+    for it, records what it raised (it would wait out the 60 s timeout if the failure went unnoticed)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    e = engine("gqa", tensor_parallel=True)
+    if rank == 1:
+        draws = iter(range(4))
+        real = e.model.tp.draw
+        e.model.tp.draw = lambda *args: real(*args) if next(draws, None) is not None else 1 / 0
+    try:
+        e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY, spec=SPECS["paper"],
+                   generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    except Exception as exc:
+        (Path(out_dir) / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}")
+    if rank == 1:
+        dist.destroy_process_group()  # closes its connections; rank 0 leaves its broken group as it is
+
+
+def test_a_rank_that_fails_stops_the_others_in_one_line(tmp_path):
+    """A rank that fails mid-generation stops the others at their next collective with one line
+    (gloo's own error is a RuntimeError whose text names a C++ source file), not a hang."""
+    ctx = mp.spawn(_lose_rank_1, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD, join=False)
+    for p in ctx.processes:  # exit codes are not checked: gloo may abort a process whose peer left at its exit
+        p.join(timeout=240)
+    assert (tmp_path / "rank1.txt").read_text() == "ZeroDivisionError: division by zero"
+    lost = (tmp_path / "rank0.txt").read_text()
+    assert lost.startswith("LongswiftError: lost contact with the other processes of this run (Connection closed")
+    assert lost.endswith("): one of them failed or stopped, and its own message says why") and "\n" not in lost
+
+
 def _cfg(**fields) -> longswift.ModelConfig:
     base = longswift.ModelConfig(
         architecture="llama", vocab_size=100, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8,

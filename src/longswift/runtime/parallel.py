@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,19 @@ class ShardPlan:
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world:
             raise ValueError(f"rank {self.rank} outside a world of {self.world}")
+
+
+def collective(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`op(*args, **kwargs)`, a torch.distributed call that every rank makes; its failure (torch
+    raises RuntimeError: another rank exited, or the ranks fell out of step and timed out) becomes
+    a one-line LongswiftError instead of gloo's traceback."""
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError as exc:
+        text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())  # gloo starts with "[file:line] "
+        why = re.split(r"\.\s|\n", text)[0] or type(exc).__name__  # its first sentence
+        raise LongswiftError(f"lost contact with the other processes of this run ({why}): one of them failed or "
+                             "stopped, and its own message says why") from exc
 
 
 def _works(cfg: ModelConfig, world: int) -> bool:
@@ -144,7 +158,7 @@ class TensorParallel:
             ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(self.plan.world)]
             r = self.plan.kv_replicas
             for k in range(cfg.num_kv_heads):  # every rank creates every subgroup, in the same order
-                sub = dist.new_group(ranks[k * r : (k + 1) * r])
+                sub = collective(dist.new_group, ranks[k * r : (k + 1) * r])
                 if k == self.plan.kv_heads[0]:
                     self.kv_group = sub
 
@@ -163,7 +177,7 @@ class TensorParallel:
 
         def reduced(x: torch.Tensor) -> torch.Tensor:
             y = local(x)  # [T, out], this rank's partial sum
-            dist.all_reduce(y, group=group)
+            collective(dist.all_reduce, y, group=group)
             return y if bias is None else y + bias
 
         return reduced
@@ -181,7 +195,7 @@ class TensorParallel:
         def gathered(x: torch.Tensor) -> torch.Tensor:
             y = local(x).contiguous()  # [T, V/world]
             parts = [torch.empty_like(y) for _ in range(world)]
-            dist.all_gather(parts, y, group=group)
+            collective(dist.all_gather, parts, y, group=group)
             return torch.cat(parts, dim=-1)[..., :vocab]  # [T, V]
 
         return gathered
@@ -193,7 +207,7 @@ class TensorParallel:
         group = self.kv_group
 
         def reduce(scores: torch.Tensor) -> torch.Tensor:
-            dist.all_reduce(scores, group=group)
+            collective(dist.all_reduce, scores, group=group)
             return scores
 
         return reduce
@@ -201,7 +215,7 @@ class TensorParallel:
     def broadcast_int(self, value: int) -> int:
         """Rank 0's `value` on every rank (the others' argument is ignored)."""
         t = torch.tensor([value], dtype=torch.long, device=self.device)
-        dist.broadcast(t, src=self.src, group=self.group)
+        collective(dist.broadcast, t, src=self.src, group=self.group)
         return int(t.item())
 
     def draw(self, transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
