@@ -106,6 +106,16 @@ def run_cases(tensor_parallel: bool) -> dict:
         out[f"shard/{name}"] = (e.model.cfg.num_heads, tuple(cache.k.shape), e.model.cfg.intermediate_size,
                                 tuple(e.model.state["lm_head.weight"].shape))
         out[f"select/{name}"] = partial_selection(e)
+    if tensor_parallel:  # rank 1 asked for another generation: refused on both ranks, the group still usable
+        e, ids = engines["gqa"], prompt(3, engines["gqa"].cfg.vocab_size, 12)
+        for name, other, method in (("tokens", [ids[1], *ids[1:]], "tokenswift"), ("length", [*ids, 5], "tokenswift"),
+                                    ("method", ids, "ar")):
+            try:
+                e.generate(other if dist.get_rank() == 1 else ids, sampling=GREEDY, spec=SPECS["paper"],
+                           generation=GenerationConfig(max_new_tokens=8),
+                           method=method if dist.get_rank() == 1 else "tokenswift")
+            except LongswiftError as exc:
+                out[f"differ/{name}"] = str(exc)
     for model, method, spec, sampling in GENERATIONS:
         e = engines[model]
         r = e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY if sampling == "greedy" else sampled,
@@ -182,6 +192,15 @@ def test_partial_cache_selects_what_one_process_selects(ranks, single):
     for r, rank in enumerate(ranks):
         assert torch.equal(rank["select/gqa"], single["select/gqa"][:, r : r + 1])
         assert torch.equal(rank["select/mqa"], single["select/mqa"])
+
+
+@pytest.mark.parametrize("name", ["tokens", "length", "method"])
+def test_ranks_given_different_generations_are_refused_together(ranks, name):
+    # Before: other tokens gave every rank the same wrong output, another length aborted gloo, another method hung.
+    for r in ranks:  # and the generations after these ran (test_tokens_match_one_process)
+        assert r[f"differ/{name}"] == ("the processes of this run were given different prompts, methods or settings "
+                                       "(rank 1's differ from rank 0's): every rank must make the same calls with the "
+                                       "same arguments")
 
 
 def test_unsplittable_gqa_is_refused_in_one_line(ranks):

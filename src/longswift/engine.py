@@ -306,6 +306,10 @@ class Engine:
 
     def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int]) -> GenerationStream:
         check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens)
+        if self.tp is not None:  # every rank runs the same generation (rank 0 draws: only its seed counts)
+            heads = None if self.heads is None else (self.heads.gamma, self.heads_source)
+            run = (r.method, r.prompt_ids, generated, replace(r.sampling, seed=None), r.generation, r.spec, heads)
+            self.tp.agree("prompts, methods or settings", run)
         r = replace(r, heads=self.heads, heads_source=self.heads_source)
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,

@@ -10,6 +10,7 @@ never builds a TensorParallel, so its hot path has no collectives and no extra b
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -217,6 +218,19 @@ class TensorParallel:
         t = torch.tensor([value], dtype=torch.long, device=self.device)
         collective(dist.broadcast, t, src=self.src, group=self.group)
         return int(t.item())
+
+    def agree(self, what: str, value: Any) -> None:
+        """Refuse on every rank at once, in one line, a call given another `value` (compared by its
+        repr) on some rank: such ranks would run collectives of other shapes (gloo aborts the
+        process) or in another order (they wait for each other until the timeout)."""
+        digest = int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little", signed=True)
+        mine = torch.tensor([digest], dtype=torch.long, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(self.world)]
+        collective(dist.all_gather, every, mine, group=self.group)
+        other = next((r for r, t in enumerate(every) if not torch.equal(t, every[0])), None)  # the same on every rank
+        if other is not None:
+            raise LongswiftError(f"the processes of this run were given different {what} (rank {other}'s differ from "
+                                 "rank 0's): every rank must make the same calls with the same arguments")
 
     def draw(self, transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
         """`sampling.draw` on rank 0 (its generator alone is consumed), broadcast to every rank."""
