@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -142,9 +143,24 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))
     try:
-        torch.save(run_cases(tensor_parallel=True), Path(out_dir) / f"rank{rank}.pt")
+        out = run_cases(tensor_parallel=True)
+        out["stopped"] = _stop_on_rank_0(Path(out_dir))
+        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _stop_on_rank_0(tmp: Path) -> int:
+    """The CLI's loop when rank 0 alone got SIGTERM (before its first token): its exit status on this rank."""
+    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.stop import StopRequest
+
+    e = engine("gqa", tensor_parallel=True)
+    stop = StopRequest()  # not entered: no handlers; the signal is set by hand
+    stop.signum = signal.SIGTERM if dist.get_rank() == 0 else None
+    stream = e.stream(prompt(3, e.cfg.vocab_size), sampling=GREEDY, spec=SPECS["paper"],
+                      generation=GenerationConfig(max_new_tokens=30, ignore_eos=True))
+    return _run(e, stream, Outputs(None, tmp / "stopped.json", tmp / "stopped.ckpt", 1024), stop, no_progress=True)
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +217,11 @@ def test_ranks_given_different_generations_are_refused_together(ranks, name):
         assert r[f"differ/{name}"] == ("the processes of this run were given different prompts, methods or settings "
                                        "(rank 1's differ from rank 0's): every rank must make the same calls with the "
                                        "same arguments")
+
+
+def test_every_rank_stops_with_rank_0s_exit_status(ranks):
+    # Rank 0 stops at its SIGTERM after one step and saves; rank 1, told to stop, exits as it does (it said 128).
+    assert [r["stopped"] for r in ranks] == [128 + signal.SIGTERM] * WORLD
 
 
 def test_unsplittable_gqa_is_refused_in_one_line(ranks):

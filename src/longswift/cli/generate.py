@@ -315,11 +315,13 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
     from .display import make_display
 
     tp = engine.tp
-    if tp is not None and tp.rank != 0:  # other ranks: same steps, same stop decisions, no output
+    if tp is not None and tp.rank != 0:  # other ranks: same steps, rank 0's stop decisions and exit status, no output
         for _ in stream:
-            if tp.broadcast_int(int(stop.signum is not None)):
-                break
-        return stop.exit_code if stop.signum is not None or stream.result is None else 0
+            signum = tp.broadcast_int(0)  # the signal rank 0 stops at, or 0
+            if signum:
+                stop.signum = signum
+                return stop.exit_code
+        return 0
     saved = out.saved()
     text_file = AtomicFile(out.output) if out.output else None
     json_file: AtomicFile | None = None
@@ -340,8 +342,8 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
                     stream.checkpoint(saved).save(out.checkpoint)
                     next_save = len(stream.token_ids) + out.every
                 stopping = stop.signum is not None
-                if tp is not None:  # every rank must stop after the same step
-                    stopping = bool(tp.broadcast_int(int(stopping)))
+                if tp is not None:  # every rank must stop after the same step, with this signal's status
+                    stopping = bool(tp.broadcast_int(stop.signum or 0))
                 if stopping:
                     stop.signum = stop.signum or signal.SIGTERM
                     break
