@@ -302,6 +302,48 @@ def test_refusals_name_the_world_sizes_that_work(fields, world, why):
     assert "\n" not in str(info.value) and world not in working_world_sizes(cfg)
 
 
+def _config_dir(path: Path, **fields) -> str:
+    """A model directory holding only config.json (what generate plans from before loading)."""
+    from transformers import AutoConfig
+
+    shape = dict(vocab_size=1000, hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
+    AutoConfig.for_model("llama", **{**shape, **fields}).save_pretrained(path)
+    return str(path)
+
+
+def test_torchrun_refuses_a_model_that_does_not_split_before_loading(tmp_path, monkeypatch):
+    # It was refused by TensorParallel, once every process had read the whole checkpoint.
+    from longswift.cli.generate import _plan_before_loading
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    model = _config_dir(tmp_path, hidden_size=384, num_attention_heads=6, num_key_value_heads=3, intermediate_size=1536)
+    with pytest.raises(LongswiftError, match="^cannot run this model on 4 processes: its 6 attention heads do not "
+                                             "split into 4 equal parts; world sizes that work: 1, 3, 6$"):
+        _plan_before_loading(model, longswift.RuntimeConfig(device="cpu"), GenerationConfig(max_new_tokens=8), 9)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_torchrun_plans_one_processs_shard_on_cuda(tmp_path, monkeypatch, device):
+    """A GPU holds its process's shard: the plan counted the whole model, refusing the models that
+    need several GPUs. On a CPU the processes share the host's memory: the whole model is counted."""
+    from longswift.cli.generate import _plan_before_loading
+    from longswift.config import RuntimeConfig
+    from longswift.runtime.parallel import shard_config
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr("longswift.runtime.memory.available_bytes", lambda _device: 1)
+    monkeypatch.setattr(RuntimeConfig, "torch_device", lambda self: torch.device(device))
+    model = _config_dir(tmp_path)
+    cfg = longswift.runtime.loading.load_config(model)
+    held = shard_config(cfg, plan_shards(cfg, 0, 2)) if device == "cuda" else cfg
+    if device == "cuda":
+        assert held.parameter_count() < 0.6 * cfg.parameter_count()  # the two figures differ at 0.01 GiB
+    with pytest.raises(LongswiftError) as info:
+        _plan_before_loading(model, RuntimeConfig(dtype="float32"), GenerationConfig(max_new_tokens=8), 9)
+    assert f"(weights {held.parameter_count() * 4 / 1024**3:.2f} GiB + " in str(info.value)
+
+
 def test_torchrun_cli_matches_one_process(tmp_path, capsys):
     """`torchrun --nproc-per-node 2 -m longswift generate` writes (rank 0 only) the tokens of one process."""
     from longswift.cli import main

@@ -288,14 +288,22 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     """Refuse, before reading any weights, a run whose weights + KV cache for `tokens` cannot fit
     (with TokenSwift's tree and draft cache when `spec` is given). A new run plans for a one-token
     prompt (the prompt is not tokenized yet): the exact plan, with the prompt, is checked again
-    before the cache is allocated. Returns the model's config."""
+    before the cache is allocated. Under torchrun, a model that does not split across the processes is
+    refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config
     from ..runtime.memory import check_context, plan_memory
+    from ..runtime.parallel import env_world_size, plan_shards, shard_config
 
     cfg = load_config(model, runtime.rope_scaling)
     check_context(cfg, tokens - gen.max_new_tokens, gen.max_new_tokens)
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
+    held = cfg  # what one process holds
+    if env_world_size() > 1:
+        shard = shard_config(cfg, plan_shards(cfg, 0, env_world_size()))
+        # A GPU holds its process's shard (the LM head counted whole); on a CPU the processes share the
+        # host's memory, and each reads the whole checkpoint while loading.
+        held = shard if device.type == "cuda" else cfg
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     nodes = draft = 0
     rows = 1
@@ -304,7 +312,7 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
 
         resolved = spec.for_device(device)
         nodes, draft, rows = tree_budget(resolved), draft_cache_tokens(resolved, tokens), walk_rows(resolved)
-    plan_memory(cfg, dtype, device, tokens + nodes, gen.prefill_chunk, packed, draft, nodes,
+    plan_memory(held, dtype, device, tokens + nodes, gen.prefill_chunk, packed, draft, nodes,
                 runtime.float32_logits, rows).check(weights_loaded=False)
     return cfg
 
