@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -342,6 +343,24 @@ def test_torchrun_plans_one_processs_shard_on_cuda(tmp_path, monkeypatch, device
     with pytest.raises(LongswiftError) as info:
         _plan_before_loading(model, RuntimeConfig(dtype="float32"), GenerationConfig(max_new_tokens=8), 9)
     assert f"(weights {held.parameter_count() * 4 / 1024**3:.2f} GiB + " in str(info.value)
+
+
+def test_generate_help_and_readme_show_torchrun():
+    """`generate --help` had no word of running across processes; its example and the README's parse."""
+    import shlex
+
+    from longswift.cli import build_parser
+
+    parser = build_parser()
+    help_text = parser._subparsers._group_actions[0].choices["generate"].format_help()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Multiple processes (tensor parallel)", 1)[1].split("\n## ", 1)[0]
+    commands = [re.search(r"^ *torchrun --nproc-per-node 2 -m longswift (generate .*)$", text, flags=re.M)
+                for text in (help_text.split("examples:", 1)[1], section)]
+    for command in commands:
+        assert command is not None
+        args = parser.parse_args(shlex.split(command[1]))
+        assert args.model == "hf_dir/" and args.prompt == "Write a story." and str(args.json) == "out.json"
 
 
 def test_torchrun_cli_matches_one_process(tmp_path, capsys):

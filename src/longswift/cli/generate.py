@@ -28,6 +28,8 @@ EXAMPLES = """examples:
       a long run saved as it goes; Ctrl-C stops it cleanly and prints the command that continues it
   longswift generate --resume story.ckpt
       continue an interrupted run to exactly the output it would have produced
+  torchrun --nproc-per-node 2 -m longswift generate --model hf_dir/ --prompt "Write a story." --json out.json
+      one model across 2 processes (tensor parallel: gloo on a CPU, NCCL with a GPU each); rank 0 writes the output
 """
 
 
