@@ -366,6 +366,9 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
     (["--prompt-ids", "1,2", "--chat"], "--chat wraps prompt text"),
     (["--prompt-ids", "5 -3"], "--prompt-ids must be in [0, 49152)"),  # refused before loading, as a too large id
     (["--prompt-ids=5,99999"], "--prompt-ids must be in [0, 49152)"),
+    (["--prompt-ids", "1,2", "--system", "Be brief."], "--system needs some text, and goes into the chat template"),
+    (["--prompt", "Hi", "--raw", "--system", "Be brief."], "--system needs some text"),
+    (["--prompt", "Hi", "--system", " "], "--system needs some text"),
 ])
 def test_bad_prompt_ids(capsys, no_loading, args, match):
     code, _, err = run_cli(capsys, "generate", *args)

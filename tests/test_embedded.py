@@ -8,6 +8,7 @@ import torch
 
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.detok import IncrementalDecoder
+from longswift.errors import ConfigTypeError, LongswiftError
 
 PROMPTS = [
     "Write a long story about a lighthouse keeper who finds a message in a bottle.",
@@ -79,6 +80,25 @@ def test_chat_encoding_uses_the_gguf_chat_template(embedded):
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     assert "hello" in text
     assert embedded.encode("hello") == embedded.tokenizer.encode("hello")
+
+
+def test_a_system_message_replaces_the_templates_default_one(embedded):
+    """system= (--system) is the chat's system message, encoded as transformers' own template call does."""
+    msgs = [{"role": "system", "content": "You write only haiku."}, {"role": "user", "content": "Rain."}]
+    expected = embedded.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    ids = embedded.encode("Rain.", chat=True, system="You write only haiku.")
+    assert embedded.tokenizer.decode(ids) == expected and "SmolLM" not in expected
+    assert embedded.encode("Rain.", chat=None, system="You write only haiku.") == ids  # the CLI's default
+    for prompt, chat, system, match in (("Rain.", False, "Be brief.", "goes into the chat template"),
+                                        ([5, 6], None, "Be brief.", "goes into the chat template"),
+                                        ("Rain.", True, "  ", "system message is empty")):
+        with pytest.raises(LongswiftError, match=match):
+            embedded.encode(prompt, chat=chat, system=system)
+    with pytest.raises(ConfigTypeError, match="system must be text"):
+        embedded.stream("Rain.", chat=True, system=3)
+    result = embedded.generate("Rain.", chat=True, system="You write only haiku.",
+                               sampling=SamplingConfig(temperature=0), generation=GenerationConfig(max_new_tokens=3))
+    assert result.stats.prompt_tokens == len(ids)
 
 
 def test_streamed_text_equals_final_text(embedded):

@@ -189,9 +189,17 @@ class Engine:
         """Whether the model checkpoint carries its own heads (what heads="auto" takes first)."""
         return self._checkpoint_heads is not None
 
-    def encode(self, prompt: str | list[int], chat: bool | None = False) -> list[int]:
+    def encode(self, prompt: str | list[int], chat: bool | None = False, system: str | None = None) -> list[int]:
         """Prompt text or ids -> ids. `chat`: wrap text in the model's chat template (True), send it
-        as it is (False), or the template when the model has one (None, the CLI's default)."""
+        as it is (False), or the template when the model has one (None, the CLI's default). `system`:
+        the chat's system message (instead of the template's default one, where it has one)."""
+        if system is not None and not isinstance(system, str):
+            raise ConfigTypeError(f"system must be text (str) or None; got {type(system).__name__}")
+        if system is not None and (not isinstance(prompt, str) or chat is False):
+            raise LongswiftError("a system message (system=, --system) goes into the chat template: give prompt text "
+                                 "without chat=False (--raw) or token ids")
+        if system is not None and not system.strip():
+            raise LongswiftError("the system message is empty: give some text or leave it out")
         if isinstance(prompt, (list, tuple)):
             for i, t in enumerate(prompt):
                 if isinstance(t, bool) or not isinstance(t, numbers.Integral):
@@ -210,16 +218,27 @@ class Engine:
             template = bool(getattr(self.tokenizer, "chat_template", None))
             if chat and not template:
                 raise LongswiftError("this model has no chat template: drop chat=True (--chat)")
+            if system is not None and not template:
+                raise LongswiftError("this model has no chat template to put a system message (--system) in: "
+                                     "write it into the prompt text instead")
             if chat or (chat is None and template):
-                ids = self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-                )
-                ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+                ids = self._apply_template([*([{"role": "system", "content": system}] if system is not None else []),
+                                            {"role": "user", "content": prompt}])
             else:
                 ids = self.tokenizer.encode(prompt)
         if not ids:
             raise LongswiftError("the prompt is empty: give at least one token of prompt text")
         return ids
+
+    def _apply_template(self, messages: list[dict[str, str]]) -> list[int]:
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as exc:  # the template's own refusal (jinja's raise_exception), e.g. of a system role
+            if not any(m["role"] == "system" for m in messages):
+                raise
+            raise LongswiftError(f"this model's chat template refuses a system message ({exc}): write it into the "
+                                 "prompt text instead") from None
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def stream(
         self,
@@ -229,10 +248,12 @@ class Engine:
         chat: bool | None = False,
         method: str | None = None,
         spec: SpecConfig | None = None,
+        system: str | None = None,
     ) -> GenerationStream:
         """Start a generation; iterate the returned stream for token ids as they are committed.
         The method defaults to TokenSwift when heads are set, AR otherwise. `chat` (see encode)
-        defaults to False here: the API sends text as given unless asked (the CLI's default is None)."""
+        defaults to False here: the API sends text as given unless asked (the CLI's default is None);
+        `system` (see encode) is the chat's system message."""
         for name, value, cls in (("sampling", sampling, SamplingConfig), ("generation", generation, GenerationConfig),
                                  ("spec", spec, SpecConfig)):
             if value is not None and not isinstance(value, cls):
@@ -259,7 +280,7 @@ class Engine:
             raise LongswiftError(f"every one of this model's {self.cfg.vocab_size} token ids is banned "
                                  f"(banned_ids{', with ignore_eos banning the EOS ids' if generation.ignore_eos else ''}"
                                  "): leave at least one token allowed")
-        ids = self.encode(prompt, chat)
+        ids = self.encode(prompt, chat, system)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(62)
         generator = None
         if not sampling.greedy:

@@ -45,11 +45,14 @@ def add_parser(sub: Any) -> None:
                         help="the prompt as token ids, e.g. 1,5,9 (sent as they are; for models without a tokenizer)")
     source.add_argument("--resume", type=Path, metavar="CHECKPOINT",
                         help="continue the generation saved in this checkpoint file, with its settings")
-    template = gen.add_argument_group("prompt format").add_mutually_exclusive_group()
+    fmt = gen.add_argument_group("prompt format")
+    template = fmt.add_mutually_exclusive_group()
     template.add_argument("--chat", action="store_true", default=None,
                           help="wrap the prompt text in the model's chat template (the default when the model has one)")
     template.add_argument("--raw", dest="chat", action="store_false",
                           help="send the prompt text as it is, without the chat template (like Ollama's raw mode)")
+    fmt.add_argument("--system", metavar="TEXT",
+                     help="the chat's system message (instead of the template's default one, where it has one)")
     model = gen.add_argument_group("model and method")
     model.add_argument("--model", help="a .gguf file, an HF model directory or a Hugging Face model id "
                                        "org/name[@revision] (default: embedded SmolLM2-135M-Instruct)")
@@ -155,6 +158,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = config_from_args(GenerationConfig, args)
     spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
+    if args.system is not None and (args.prompt_ids is not None or args.chat is False or not args.system.strip()):
+        raise LongswiftError("--system needs some text, and goes into the chat template: give --prompt or "
+                             "--prompt-file without --raw")
     if args.prompt_ids is not None:
         if args.chat:
             raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
@@ -177,7 +183,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         engine = ranks.load(args.model, heads)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
-                               spec=spec)
+                               spec=spec, system=args.system)
         return _run(engine, stream, outputs, stop, args.no_progress)
 
 
