@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
+import secrets
 import sys
 import time
 from collections.abc import Callable
@@ -309,7 +309,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                      spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells],
                      resumed=len(store.records),
                      variants=tuple(methods.variant(m) for m in runnable if m.startswith("tokenswift")))
-    invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"  # which rows were measured side by side
+    # which rows were measured side by side (random: two invocations can share a second and a process)
+    invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{secrets.token_hex(4)}"
 
     plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
     for cell in cells:
