@@ -234,3 +234,20 @@ def test_hand_edited_checkpoints_are_refused_in_one_line(base, tmp_path):
         rewrite(path, edit)
         with pytest.raises(LongswiftError, match=message):
             base.resume(read_checkpoint(path))
+
+
+def test_a_checkpoint_of_another_version_is_named_as_such_whatever_its_fields(base, tmp_path):
+    """Another longswift's checkpoint whose fields differ from this one's (one added or dropped, one of
+    another type) is refused for its version, not called truncated or corrupt (it was: the fields were
+    checked first)."""
+    good = tmp_path / "good.json"
+    stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 5).save(good)
+    edits = {"a field added": lambda c: c.update(version="9.9.9", cache_layout="paged"),
+             "a field dropped": lambda c: (c.update(version="9.9.9"), c.pop("spec")),
+             "a field of another type": lambda c: c.update(version="9.9.9", rng_state=[1, 2])}
+    for what, edit in edits.items():
+        path = tmp_path / "other.json"
+        path.write_bytes(good.read_bytes())
+        rewrite(path, edit)
+        with pytest.raises(LongswiftError, match="written by longswift 9.9.9 and this is"):
+            read_checkpoint(path)

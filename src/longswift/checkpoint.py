@@ -92,6 +92,11 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     if not isinstance(body, dict) or hashlib.sha256(canonical.encode()).hexdigest() != outer.get("sha256"):
         raise LongswiftError(f"{damaged} (checksum mismatch): resume from an earlier copy or start again")
+    version = body.get("version")
+    # Before the fields: another version's may differ from this one's, and that is not damage.
+    if isinstance(version, str) and version != _version():
+        raise LongswiftError(f"checkpoint '{p}' was written by longswift {version} and this is {_version()}: "
+                             f"resume it with longswift {version} (outputs may differ across versions)")
     try:
         ckpt = Checkpoint(**body)
     except TypeError as exc:
@@ -99,9 +104,6 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     wrong = _wrong_field(ckpt)
     if wrong:  # an edit whose checksum was recomputed: the JSON is valid but its values are not
         raise LongswiftError(f"checkpoint '{p}' is not valid: {wrong}; resume from an unedited copy")
-    if ckpt.version != _version():
-        raise LongswiftError(f"checkpoint '{p}' was written by longswift {ckpt.version} and this is {_version()}: "
-                             f"resume it with longswift {ckpt.version} (outputs may differ across versions)")
     return ckpt
 
 
