@@ -604,3 +604,55 @@ def test_an_empty_bench_list_is_refused_naming_it(flags, match, capsys, no_loadi
     """--presets ',' ran the default greedy preset silently; --methods ',' said "unknown bench method(s) []"."""
     code, _, err = run_cli(capsys, "bench", *flags)
     assert_one_line_error(code, err, match)
+
+
+def test_a_disk_that_fills_mid_run_says_which_checkpoint_is_intact(tmp_path, capsys, monkeypatch):
+    """A periodic checkpoint that cannot be written (the disk filled hours into a run) stops the run
+    with one line that names the file and says which checkpoint is intact and how to continue; the
+    earlier --output stays, no temp file is left, and that continuation gives the uninterrupted tokens.
+    (The line used to be '[Errno 28] No space left on device', naming neither.)"""
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    run = ["generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5", "--max-new-tokens", "40", "--greedy",
+           "--ignore-eos", "--no-progress", "--heads", "none"]
+    code, _, err = run_cli(capsys, *run, "--json", "whole.json")
+    assert code == 0, err
+    whole = json.loads((tmp_path / "whole.json").read_text())["token_ids"]
+    (tmp_path / "out.txt").write_text("an earlier run's text")
+    real, saves, failing = AtomicFile.write, [], [4]
+
+    class FullDisk:
+        def __init__(self, file):
+            self.file, self.write, self.close = file, file.write, file.close
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a flush says it: no file name
+
+    def full_from_a_checkpoint_on(self, text):
+        if self.path.name == "ck.json":
+            saves.append(self.path)
+            if len(saves) >= failing[0]:
+                self.file = FullDisk(self.file)
+        real(self, text)
+
+    monkeypatch.setattr(AtomicFile, "write", full_from_a_checkpoint_on)
+    code, _, err = run_cli(capsys, *run, "--output", "out.txt", "--json", "out.json", "--checkpoint", "ck.json",
+                           "--checkpoint-every", "5")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == (f"longswift: error: [Errno 28] No space left on device: '{tmp_path / 'ck.json'}'; the "
+                        "checkpoint saved at 15 tokens is intact: continue with: longswift generate --resume ck.json "
+                        "(--debug shows where)")
+    assert (tmp_path / "out.txt").read_text() == "an earlier run's text"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.json", "m", "out.txt", "whole.json"]
+    saves.clear()  # a continuation that fails at its first checkpoint: the one it resumed is the intact one
+    failing[0] = 1
+    code, _, err = run_cli(capsys, "generate", "--resume", "ck.json", "--no-progress", "--checkpoint-every", "1")
+    assert code == 1 and err.strip().splitlines()[-1].endswith(
+        "; the checkpoint saved at 15 tokens is intact: continue with: longswift generate --resume ck.json "
+        "(--debug shows where)"), err
+    monkeypatch.setattr(AtomicFile, "write", real)
+    code, _, err = run_cli(capsys, "generate", "--resume", "ck.json", "--no-progress")
+    assert code == 0, err
+    assert json.loads((tmp_path / "out.json").read_text())["token_ids"] == whole

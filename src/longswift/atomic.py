@@ -8,7 +8,8 @@ import glob
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -163,14 +164,26 @@ class AtomicFile:
         self.file: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
 
     def write(self, text: str) -> None:
-        self.file.write(text)
-        self.file.flush()
+        with self._named():
+            self.file.write(text)
+            self.file.flush()
 
     def stage(self) -> None:
         if not self.file.closed:
-            self.file.flush()
-            os.fsync(self.file.fileno())
-            self.file.close()
+            with self._named():
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                self.file.close()
+
+    @contextmanager
+    def _named(self) -> Iterator[None]:
+        """A flush or fsync that fails (a full disk) names no file: say which one it was."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(self.path)
+            raise
 
     def commit(self) -> None:
         self.stage()

@@ -269,7 +269,8 @@ def _resume(args: argparse.Namespace) -> int:
         if ranks.main:
             print(f"longswift: resuming at {len(ckpt.token_ids)} of {ckpt.generation['max_new_tokens']} tokens "
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
-        return _run(engine, stream, outputs, stop, args.no_progress)
+        return _run(engine, stream, outputs, stop, args.no_progress,
+                    last_saved=(args.resume.expanduser().absolute(), len(ckpt.token_ids)))
 
 
 def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = ()) -> Outputs:
@@ -325,7 +326,9 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     return cfg
 
 
-def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool) -> int:
+def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool,
+         last_saved: tuple[Path, int] | None = None) -> int:
+    """`last_saved`: the checkpoint a resumed run started from, and its tokens (named if the run fails)."""
     from ..atomic import AtomicFile
     from ..detok import IncrementalDecoder
     from .display import make_display
@@ -356,6 +359,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
                 display.advance(len(ids), stats)
                 if out.checkpoint and len(stream.token_ids) >= next_save:
                     stream.checkpoint(saved).save(out.checkpoint)
+                    last_saved = (out.checkpoint, len(stream.token_ids))
                     next_save = len(stream.token_ids) + out.every
                 stopping = stop.signum is not None
                 if tp is not None:  # every rank must stop after the same step, with this signal's status
@@ -378,16 +382,20 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             json_file.stage()
         if interrupted:
             path = out.save_interrupted(stream.checkpoint(saved))
+            last_saved = (path, len(stream.token_ids))
         elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
             stream.checkpoint(saved).save(out.checkpoint)
+            last_saved = (out.checkpoint, len(stream.token_ids))
         with stop.held():  # a second Ctrl-C here would leave one output renamed and not the other
             for f in (text_file, json_file):
                 if f:
                     f.commit()
-    except BaseException:
+    except BaseException as exc:
         for f in (text_file, json_file):
             if f:
                 f.discard()
+        if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
+            raise _with_resume_hint(exc, *last_saved) from exc
         raise
     print(summary_line(result.stats, tp.world if tp is not None else 1), file=sys.stderr)
     if interrupted:
@@ -396,6 +404,17 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
               f"Continue with: longswift generate --resume {shown}", file=sys.stderr)
         return stop.exit_code
     return 0
+
+
+def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
+    """A system error (a full disk) that stopped a run, with on the same line the checkpoint that is
+    intact and the command that continues from it."""
+    shown = _shown(path)
+    hint = f"; the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume {shown}"
+    if exc.errno is None or exc.strerror is None:
+        return OSError(f"{exc}{hint}")
+    where = f": '{exc.filename}'" if exc.filename is not None else ""
+    return OSError(exc.errno, f"{exc.strerror}{where}{hint}")
 
 
 def summary_line(s: Any, processes: int = 1) -> str:
