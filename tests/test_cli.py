@@ -209,6 +209,27 @@ def test_bad_generate_arguments(capsys, args, match):
     assert_one_line_error(code, err, match)
 
 
+@pytest.mark.parametrize("args", [["--res", "c.json", "--out", "x.txt", "--js", "x.json"],
+                                  ["--resume", "c.json", "--checkpoint-e=5", "--thr", "1", "--dev", "cpu", "--no-pr"]])
+def test_abbreviations_of_the_flags_that_apply_on_resume_are_taken(capsys, no_loading, args):
+    """argparse takes a unique prefix of a flag; --resume took it for the flags that do not apply
+    (refused by the name typed) but refused it for those that do ('--out cannot be used with --resume')."""
+    code, _, err = run_cli(capsys, "generate", *args)
+    assert_one_line_error(code, err, "checkpoint 'c.json' does not exist")
+    code, _, err = run_cli(capsys, "generate", *args, "--temp", "0.5")
+    assert_one_line_error(code, err, "--temp cannot be used with --resume")
+
+
+def test_no_other_generate_flag_is_a_prefix_of_one_that_applies_on_resume():
+    """What lets --resume spell out an abbreviation of the flags that apply (cli.generate._spelt_out)."""
+    from longswift.cli import build_parser
+    from longswift.cli.generate import RESUME_FLAGS
+
+    generate = build_parser()._subparsers._group_actions[0].choices["generate"]
+    others = {o for a in generate._actions for o in a.option_strings} - {*RESUME_FLAGS, "--resume"}
+    assert len(others) > 40 and not [(o, f) for o in others for f in (*RESUME_FLAGS, "--resume") if f.startswith(o)]
+
+
 def test_bad_prompt_files(tmp_path, capsys):
     code, _, err = run_cli(capsys, "generate", "--prompt-file", str(tmp_path / "missing.txt"))
     assert_one_line_error(code, err, "does not exist")

@@ -231,7 +231,7 @@ class Ranks:
 def _resume(args: argparse.Namespace) -> int:
     from ..checkpoint import read_checkpoint
 
-    given = [a.split("=")[0] for a in args.argv if a.startswith("--")]  # the command line as typed
+    given = [_spelt_out(a.split("=")[0]) for a in args.argv if a.startswith("--")]  # the command line as typed
     extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
     if extra:
         raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
@@ -271,6 +271,14 @@ def _resume(args: argparse.Namespace) -> int:
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
         return _run(engine, stream, outputs, stop, args.no_progress,
                     last_saved=(args.resume.expanduser().absolute(), len(ckpt.token_ids)))
+
+
+def _spelt_out(flag: str) -> str:
+    """A flag that applies on --resume, as argparse took it from a unique prefix (--out for --output);
+    any other flag as typed. (No other flag of generate's is a prefix of one of these: a prefix of
+    one of them that argparse accepted was that flag.)"""
+    whole = [f for f in (*RESUME_FLAGS, "--resume") if f.startswith(flag)]
+    return flag if flag in whole or len(whole) != 1 else whole[0]
 
 
 def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = ()) -> Outputs:
