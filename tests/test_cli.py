@@ -88,6 +88,20 @@ def test_the_summary_line_says_when_nothing_was_drafted():
     assert summary_line(ar).startswith("ar: 300 tokens in 10.00 s (30.0 tok/s), prefill")
 
 
+def test_the_summary_line_of_a_resumed_run_says_its_prefill_time_holds_the_re_reads():
+    """prefill_seconds adds each resume's re-prefill of prompt + output: 'prefill 39 tokens in 2.85 s'
+    after four resumes read as a slow prefill of the prompt alone."""
+    from longswift.cli.generate import summary_line
+    from longswift.stats import GenerationStats
+
+    resumed = GenerationStats("ar", 39, new_tokens=250, steps=250, decode_seconds=10.0, prefill_seconds=2.85, resumes=4)
+    assert summary_line(resumed).endswith(", prefill 39 tokens in 2.85 s (with the context re-read at 4 resumes), "
+                                          "stop: length")
+    once = GenerationStats("ar", 39, new_tokens=250, steps=250, decode_seconds=10.0, prefill_seconds=0.5, resumes=1)
+    assert "prefill 39 tokens in 0.50 s (with the context re-read at 1 resume), stop" in summary_line(once)
+    assert "(with" not in summary_line(GenerationStats("ar", 39, new_tokens=250, steps=250, decode_seconds=1.0))
+
+
 def test_an_interrupted_stdout_run_never_replaces_another_runs_checkpoint(tmp_path, monkeypatch):
     """Runs on stdout alone save to ./longswift.checkpoint.json when interrupted; one that is already
     there (another run's state) or being written (locked) is left alone: the next free name is taken."""

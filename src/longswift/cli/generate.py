@@ -433,8 +433,10 @@ def summary_line(s: Any, processes: int = 1) -> str:
         spec_info = f", {rate}, {s.tokens_per_step:.2f} tokens/step"
     ranks = f" on {processes} processes" if processes > 1 else ""
     graphs = f", {s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s" if s.graph_captures else ""
+    # A resumed run's prefill time holds each resume's re-read of prompt + output, not the prompt's alone.
+    rereads = f" (with the context re-read at {s.resumes} resume{'s' if s.resumes > 1 else ''})" if s.resumes else ""
     return (f"{s.method}: {s.new_tokens} tokens in {s.decode_seconds:.2f} s ({s.tokens_per_second:.1f} tok/s"
-            f"{spec_info}){ranks}{graphs}, prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s, "
+            f"{spec_info}){ranks}{graphs}, prefill {s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s{rereads}, "
             f"stop: {s.finish_reason}")
 
 
