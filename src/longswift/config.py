@@ -296,6 +296,9 @@ class GenerationConfig:
     prefill_chunk: int = field(
         default=256, metadata=_help("prompt tokens per prefill forward (bounds the attention mask size)")
     )
+    # End after the generated token whose text completes one of these (kept in the output, as with
+    # transformers' stop_strings); the command line's repeatable --stop (stop_strings.py)
+    stop: tuple[str, ...] = ()
 
     @_validated
     def __post_init__(self) -> None:
@@ -303,6 +306,12 @@ class GenerationConfig:
             raise LongswiftError("--max-new-tokens must be a positive number of tokens")
         if self.prefill_chunk <= 0:
             raise LongswiftError("--prefill-chunk must be positive")
+        if isinstance(self.stop, str) or not isinstance(self.stop, (tuple, list)):
+            raise ConfigTypeError(f"GenerationConfig.stop must be a tuple or list of strings; got {self.stop!r} "
+                                  f"({type(self.stop).__name__})", "--stop must be text")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise LongswiftError("--stop strings must be non-empty text")
+        self.stop = tuple(self.stop)  # a checkpoint's JSON gives a list
 
 
 # More CPU threads than any machine has cores: refused, since past the OS's thread limit OpenMP fails

@@ -25,6 +25,7 @@ from .spec.heads import HEADS_FILE, DraftHeads, load_heads, model_fingerprint, n
 from .spec.released import heads_from_tensors, heads_location, load_released_heads
 from .spec.tokenswift import tokenswift_steps
 from .stats import GenerationResult, GenerationStats
+from .stop_strings import StopStrings
 
 METHODS = ("ar", "tokenswift")
 
@@ -48,10 +49,11 @@ class GenerationStream:
     Between steps (in the loop body), `checkpoint()` snapshots the run so it can be resumed."""
 
     def __init__(self, engine: Engine, setup: RunSetup, steps: Iterator[list[int]], stats: GenerationStats,
-                 previous: list[int] | None = None) -> None:
+                 previous: list[int] | None = None, stop: StopStrings | None = None) -> None:
         self._engine = engine
         self._setup = setup
         self._steps = steps
+        self._stop = stop
         self.stats = stats  # live: updated as the generation runs
         self.token_ids: list[int] = list(previous or [])  # all generated ids, earlier runs' included
         self.result: GenerationResult | None = None
@@ -78,8 +80,16 @@ class GenerationStream:
             except BaseException:
                 self._interrupted = boundary
                 raise
+            keep = self._stop.cut(ids) if self._stop is not None else None
+            if keep is not None:  # a stop string ends the run: the tokens after it in this step are dropped
+                self.stats.new_tokens -= len(ids) - keep
+                self.stats.finish_reason = "stop"
+                ids = ids[:keep]
+                self._steps.close()  # type: ignore[attr-defined]
             self.token_ids.extend(ids)
             yield ids
+            if keep is not None:
+                break
         self.result = self.result_so_far()
 
     def result_so_far(self, finish_reason: str | None = None) -> GenerationResult:
@@ -332,6 +342,15 @@ class Engine:
             run = (r.method, r.prompt_ids, generated, replace(r.sampling, seed=None), r.generation, r.spec, heads)
             self.tp.agree("prompts, methods or settings", run)
         r = replace(r, heads=self.heads, heads_source=self.heads_source)
+        stop = None
+        if r.generation.stop:
+            if self.tokenizer is None:
+                raise LongswiftError("stop strings (--stop) need the model's tokenizer, and this model has none: "
+                                     "leave them out")
+            stop = StopStrings(self.tokenizer, r.generation.stop)
+            stop.cut(generated)  # the resumed tokens fill its window (a stop among them ended that run)
+        if stats.finish_reason == "stop" and generated:  # a run a stop string ended: resuming it goes no further
+            return GenerationStream(self, r, iter(()), stats, generated)
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
                              generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
@@ -346,7 +365,7 @@ class Engine:
                                      cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
                                      read_every=self.runtime.token_block(self.model.device),
                                      graph_attention=self.runtime.graph_attention)
-        return GenerationStream(self, r, _inference(steps), stats, generated)
+        return GenerationStream(self, r, _inference(steps), stats, generated, stop)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:
         """Run a whole generation and return its result (same options as `stream`)."""

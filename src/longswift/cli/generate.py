@@ -76,6 +76,9 @@ def add_parser(sub: Any) -> None:
     gen.add_argument("--greedy", action="store_true", help=(
         "shorthand for --temperature 0: the argmax after the repetition penalty, which still applies "
         "(the paper's default); --greedy --repetition-penalty 1 is transformers' plain greedy"))
+    gen.add_argument("--stop", action="append", metavar="TEXT", help=(
+        "end after the generated token that completes TEXT, which stays in the output (repeatable: the first "
+        "of them to appear ends the run)"))
     for cls in (SamplingConfig, GenerationConfig, SpecConfig, RuntimeConfig):
         add_config_flags(gen, cls)
 
@@ -155,7 +158,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                  "drop one of them")
         args.temperature = 0.0
     sampling = config_from_args(SamplingConfig, args)
-    generation = config_from_args(GenerationConfig, args)
+    generation = replace(config_from_args(GenerationConfig, args), stop=tuple(args.stop or ()))
     spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
     if args.system is not None and (args.prompt_ids is not None or args.chat is False or not args.system.strip()):

@@ -1,0 +1,33 @@
+"""Stop strings (GenerationConfig.stop): a run ends after the generated token whose text completes
+one of them, as transformers' `stop_strings` end `generate()`. The check runs on the tokens a step
+committed, in order, so TokenSwift, whose steps commit several of AR's tokens at once, ends after
+the same token as AR: the tokens past it in that step are dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .detok import decode_text
+
+BYTES_PER_CHAR = 4  # a character spans at most 4 tokens (UTF-8 byte tokens), and any token at least 1 byte
+
+
+class StopStrings:
+    """Finds, among generated tokens pushed in order, the first whose text completes a stop string.
+    Only the generated text counts (not the prompt); special tokens are left out, as in the output."""
+
+    def __init__(self, tokenizer: Any, strings: tuple[str, ...]) -> None:
+        self.tokenizer, self.strings = tokenizer, strings
+        # tokens decoded per check: every token a stop string's characters can span, and a few before
+        self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
+        self.tail: list[int] = []  # the last `window` generated ids
+
+    def cut(self, ids: list[int]) -> int | None:
+        """How many of `ids` (the next generated tokens) to keep: up to and including the one that
+        completes a stop string; None where none does."""
+        for i, t in enumerate(ids):
+            self.tail = [*self.tail[1 - self.window :], t]
+            text = decode_text(self.tokenizer, self.tail)
+            if any(s in text for s in self.strings):
+                return i + 1
+        return None

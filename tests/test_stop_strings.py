@@ -1,0 +1,95 @@
+"""Stop strings: a run ends after the generated token that completes one; TokenSwift, whose steps
+commit several tokens, ends after the same token as AR (lossless), and a resumed run stays ended."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import assert_one_line_error, run_cli
+
+from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.detok import decode_text
+from longswift.errors import ConfigTypeError, LongswiftError
+from longswift.stop_strings import StopStrings
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+GREEDY, SAMPLED = SamplingConfig(temperature=0), SamplingConfig(seed=11)
+
+
+def first_stop(tokenizer, ids, stop):
+    """The number of tokens up to the first whose text completes `stop`, decoding every prefix."""
+    return next(k for k in range(1, len(ids) + 1) if stop in decode_text(tokenizer, ids[:k]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_tokenswift_stops_after_the_token_ar_stops_after(embedded, sampling, monkeypatch):
+    """TokenSwift drafting at every step (adaptive off: several tokens a step) ends after AR's token,
+    the step's later tokens dropped; greedy, some of these stops fall inside a step (checked)."""
+    cuts = []
+    cut = StopStrings.cut
+    monkeypatch.setattr(StopStrings, "cut", lambda self, ids: cuts.append((cut(self, ids), len(ids))) or cuts[-1][0])
+    free = embedded.generate(PROMPT, chat=True, method="ar", sampling=sampling,
+                             generation=GenerationConfig(max_new_tokens=60, ignore_eos=True))
+    words = [w for w in free.text.split() if len(w) >= 4 and w.isalpha()][:5]
+    for word in words:
+        k = first_stop(embedded.tokenizer, free.token_ids, word)
+        gen = GenerationConfig(max_new_tokens=60, ignore_eos=True, stop=("@@never@@", word))
+        for method in ("ar", "tokenswift"):
+            result = embedded.generate(PROMPT, chat=True, method=method, sampling=sampling, generation=gen,
+                                       spec=SpecConfig(adaptive=False))
+            assert result.token_ids == free.token_ids[:k], (method, word)
+            assert result.stats.finish_reason == "stop" and result.stats.new_tokens == k and word in result.text
+    if sampling is GREEDY:  # (sampled, these heads' drafts are seldom accepted: the stops fall on 1-token steps)
+        assert any(keep is not None and keep < n for keep, n in cuts)  # a stop inside a multi-token step
+    never = embedded.generate(PROMPT, chat=True, method="tokenswift", sampling=sampling,
+                              generation=GenerationConfig(max_new_tokens=60, ignore_eos=True, stop=("@@never@@",)))
+    assert never.token_ids == free.token_ids and never.stats.finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_a_run_a_stop_string_ended_resumes_to_nothing_more(embedded, tmp_path):
+    free = embedded.generate(PROMPT, chat=True, method="ar", sampling=SAMPLED,
+                             generation=GenerationConfig(max_new_tokens=40, ignore_eos=True))
+    word = next(w for w in free.text[len(free.text) // 2 :].split() if len(w) >= 3)
+    gen = GenerationConfig(max_new_tokens=40, ignore_eos=True, stop=(word,))
+    stream = embedded.stream(PROMPT, chat=True, method="tokenswift", sampling=SAMPLED, generation=gen)
+    for _ in stream:
+        pass
+    stream.checkpoint().save(tmp_path / "ck.json")
+    again = embedded.resume(tmp_path / "ck.json")
+    assert list(again) == [] and again.result.token_ids == stream.result.token_ids
+    assert again.result.stats.finish_reason == "stop"
+    # interrupted before the stop string: the resumed run stops where the whole one did
+    stream = embedded.stream(PROMPT, chat=True, method="tokenswift", sampling=SAMPLED, generation=gen)
+    next(iter(stream))
+    resumed = embedded.resume(stream.checkpoint())
+    for _ in resumed:
+        pass
+    assert resumed.result.token_ids == again.result.token_ids and resumed.result.stats.finish_reason == "stop"
+
+
+def test_bad_stop_strings_are_refused(embedded, capsys):
+    with pytest.raises(LongswiftError, match="GenerationConfig.stop strings must be non-empty text"):
+        GenerationConfig(stop=("",))
+    with pytest.raises(ConfigTypeError, match="GenerationConfig.stop must be a tuple or list of strings"):
+        GenerationConfig(stop="end")
+    assert GenerationConfig(stop=["a", "b"]).stop == ("a", "b")  # a checkpoint's JSON list
+    code, _, err = run_cli(capsys, "generate", "--prompt", "Hi", "--stop", "")
+    assert_one_line_error(code, err, "--stop strings must be non-empty text")
+
+
+@pytest.mark.slow
+def test_the_command_line_stops_at_stop(embedded, tmp_path, capsys):
+    free_json, json_file = tmp_path / "free.json", tmp_path / "o.json"
+    common = ["generate", "--prompt", PROMPT, "--greedy", "--max-new-tokens", "40", "--ignore-eos", "--no-progress"]
+    assert run_cli(capsys, *common, "--json", str(free_json))[0] == 0
+    free = json.loads(free_json.read_text())
+    word = next(w for w in free["text"][len(free["text"]) // 2 :].split() if len(w) >= 4 and w.isalpha())
+    code, out, err = run_cli(capsys, *common, "--stop", "@@never@@", "--stop", word, "--json", str(json_file))
+    data = json.loads(json_file.read_text())
+    assert code == 0, err
+    k = first_stop(embedded.tokenizer, free["token_ids"], word)
+    assert data["token_ids"] == free["token_ids"][:k] and data["stats"]["finish_reason"] == "stop"
+    assert word in data["text"] and out == data["text"] + "\n" and "stop: stop" in err
