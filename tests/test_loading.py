@@ -381,6 +381,7 @@ def test_generation_stops_at_the_eos_ids_of_the_generation_config(tmp_path):
     HFGenerationConfig(eos_token_id=[2, first]).save_pretrained(tmp_path)
     engine = longswift.load(str(tmp_path), heads=None)
     assert engine.eos_ids == {2, first}
+    assert load_config(tmp_path).eos_token_ids == (2, first)  # what `info` and the plan before loading read
     result = engine.generate([5, 6, 7], sampling=greedy, generation=four)
     assert result.token_ids == [first] and result.stats.finish_reason == "eos"
     model.generation_config.eos_token_id = [2, first]
@@ -398,5 +399,6 @@ def test_a_gguf_stops_where_llama_cpp_does_at_the_end_of_a_turn(tmp_path):
     write_gguf(path, hf, meta={"tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.eot_token_id": 7,
                                "tokenizer.ggml.eom_token_id": 9})
     assert load_model(path, torch.float32, CPU).cfg.eos_token_ids == (2, 7, 9)
+    assert load_config(path).eos_token_ids == (2, 7, 9)  # what `info` and the plan before loading read
     write_gguf(path, hf, meta={"tokenizer.ggml.eos_token_id": 2})
     assert load_model(path, torch.float32, CPU).cfg.eos_token_ids == (2,)

@@ -112,9 +112,18 @@ def gguf_header(path: Path) -> tuple[Any, Any]:
 
 def load_config(source: str | os.PathLike | None, rope_scaling: str | None = None) -> ModelConfig:
     """Only the config of a checkpoint (reads metadata, not weights)."""
-    path = resolve_path(source)
-    hf = gguf_header(path)[1] if path.is_file() else _hf_dir_config(path)
-    return ModelConfig.from_hf(with_rope_scaling(hf, rope_scaling))
+    return _path_config(resolve_path(source), rope_scaling)
+
+
+def _path_config(path: Path, rope_scaling: str | None) -> ModelConfig:
+    """The config of a GGUF file or HF directory, as loading it gives it: its EOS ids also those a GGUF
+    or a generation config names as ends (with_eos)."""
+    if path.is_file():
+        reader, hf = gguf_header(path)
+        ends = gguf_end_ids(reader)
+    else:
+        hf, ends = _hf_dir_config(path), _generation_eos(path)
+    return with_eos(ModelConfig.from_hf(with_rope_scaling(hf, rope_scaling)), ends)
 
 
 def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device,
@@ -166,8 +175,7 @@ def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: 
 
 def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     reader, hf_config = gguf_header(path)  # the parse the CLI's memory plan made, if it made one
-    cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
-    cfg = with_eos(cfg, gguf_end_ids(reader))
+    cfg = _path_config(path, rope_scaling)
     state = gguf_state_dict(reader, hf_config, dtype, device)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
@@ -202,8 +210,7 @@ def _hf_dir_config(path: Path) -> Any:
 def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     from transformers import AutoTokenizer
 
-    cfg = ModelConfig.from_hf(with_rope_scaling(_hf_dir_config(path), rope_scaling))
-    cfg = with_eos(cfg, _generation_eos(path))
+    cfg = _path_config(path, rope_scaling)
     state = {k.removeprefix("_orig_mod."): v.to(device=device, dtype=dtype) for k, v in _read_safetensors(path).items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
