@@ -347,8 +347,7 @@ class Engine:
             if self.tokenizer is None:
                 raise LongswiftError("stop strings (--stop) need the model's tokenizer, and this model has none: "
                                      "leave them out")
-            stop = StopStrings(self.tokenizer, r.generation.stop)
-            stop.cut(generated)  # the resumed tokens fill its window (a stop among them ended that run)
+            stop = StopStrings(self.tokenizer, r.generation.stop, generated)
         if stats.finish_reason == "stop" and generated:  # a run a stop string ended: resuming it goes no further
             return GenerationStream(self, r, iter(()), stats, generated)
         if r.method == "ar":

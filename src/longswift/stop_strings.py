@@ -16,11 +16,12 @@ class StopStrings:
     """Finds, among generated tokens pushed in order, the first whose text completes a stop string.
     Only the generated text counts (not the prompt); special tokens are left out, as in the output."""
 
-    def __init__(self, tokenizer: Any, strings: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: Any, strings: tuple[str, ...], previous: list[int] | None = None) -> None:
+        """`previous`: tokens generated before (a resumed run's), whose last ones a stop string can begin in."""
         self.tokenizer, self.strings = tokenizer, strings
         # tokens decoded per check: every token a stop string's characters can span, and a few before
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
-        self.tail: list[int] = []  # the last `window` generated ids
+        self.tail: list[int] = list((previous or [])[-self.window :])  # the last `window` generated ids
 
     def cut(self, ids: list[int]) -> int | None:
         """How many of `ids` (the next generated tokens) to keep: up to and including the one that
