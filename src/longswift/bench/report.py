@@ -263,6 +263,13 @@ def _memory(runs: list[dict[str, Any]]) -> str:
     return f"{peak:.0f} (+{added:.0f})"
 
 
+def _row_label(rows: dict[tuple[str, str], list[dict[str, Any]]], method: str, variant: str) -> str:
+    """A row's name in the lines about a cell's rows: the method, with its variant where the cell has
+    several rows of that method (ablations)."""
+    several = sum(1 for m, _ in rows if m == method) > 1
+    return f"{method} ({variant})" if variant and several else method
+
+
 def _invocations(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> str | None:
     """Which invocation of bench measured each row's runs, numbered by when they finished, where a cell's
     rows come from more than one (after a resume); None where all come from one. Records written before
@@ -271,8 +278,7 @@ def _invocations(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> str | Non
     order = {inv: i for i, inv in enumerate(dict.fromkeys(r.get("invocation") for r in runs), 1)}
     if len(order) < 2:
         return None
-    several = {m for m, _ in rows if sum(1 for k in rows if k[0] == m) > 1}
-    return ", ".join(f"{m}{f' ({variant})' if m in several else ''} "
+    return ", ".join(f"{_row_label(rows, m, variant)} "
                      + "+".join(str(n) for n in sorted({order[r.get('invocation')] for r in rs}))
                      for (m, variant), rs in rows.items())
 
@@ -288,8 +294,7 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
                 continue
             a, b = ar[0]["token_ids"], runs[0]["token_ids"]
             diverge = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            label = f"{m} ({variant})" if variant and sum(1 for k in rows if k[0] == m) > 1 else m
-            same.append(f"{label} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
+            same.append(f"{_row_label(rows, m, variant)} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
         if same:
             lines += [f"- outputs compared with ar (first run): {'; '.join(same)}", ""]
     apart = _invocations(rows)
@@ -320,6 +325,5 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
             curve = dict(curve_speedup(ar[0]["checkpoints"], runs[0]["checkpoints"], ar[0]["prefill_seconds"],
                                        runs[0]["prefill_seconds"]))
             cells = [next((f"{v:.2f}x" for n2, v in curve.items() if n2 >= n), "-") for n in header]
-            several = sum(1 for k in rows if k[0] == m) > 1
-            lines.append(f"| {m}{f' ({variant})' if several else ''} | " + " | ".join(cells) + " |")
+            lines.append(f"| {_row_label(rows, m, variant)} | " + " | ".join(cells) + " |")
     return lines
