@@ -124,7 +124,7 @@ def test_attention_by_a_device_held_length_equals_explicit_attention(t, start, t
     cache_v = torch.full((HKV, span, D), -1e6, dtype=torch.float64)
     cache_k[:, :start], cache_v[:, :start] = keys[:, :start], values[:, :start]
     rows = (new if new is not None else torch.ones(1, 1, dtype=torch.bool)).repeat(G, 1)  # [G*T, T]
-    used = key_span(torch.tensor([start]), span, G * t)
+    used = key_span(torch.tensor([start]), span)
     got = by_length(grouped(q), cache_k, cache_v, used, keys[:, start:], values[:, start:], rows, D**-0.5)
     torch.testing.assert_close(ungrouped(got, t), reference(q, keys, values, start, new, D**-0.5),
                                rtol=1e-10, atol=1e-10)

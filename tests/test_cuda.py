@@ -41,7 +41,6 @@ from longswift.runtime.attention import (
     key_span,
     length_unsupported,
     prefix_with_lse,
-    varlen_features,
 )
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs
@@ -153,7 +152,7 @@ def test_graph_replay_equals_the_eager_body_on_the_8b_shape(attention):
     prompt = torch.randint(0, cfg.vocab_size, (3000,), generator=torch.Generator().manual_seed(0))
     (replay, body, _), graph = replay_and_body(model, prompt, list(range(100, 140)), bucket=1024, capacity=4608,
                                                tree=121, attention=attention)
-    # one decode bucket (2048: slots 3000..3039) or span (4096, 16 pages of 256), and the 121-node pass padded to 128
+    # one decode bucket (2048: slots 3000..3039) or span (4096), and the 121-node pass padded to 128
     assert graph.captures == 2
     for a, b in zip(replay, body):
         assert torch.equal(a, b)
@@ -176,18 +175,20 @@ def test_cuda_kernels_match_explicit_attention_on_the_8b_shape(t, prefix):
     assert (got.float() - want).abs().max().item() < 2e-2  # bf16 output rounding
 
 
-@pytest.mark.parametrize("span", [32768, 30001], ids=["pages", "no-pages"])
-@pytest.mark.parametrize("t,used", [(1, 3000), (8, 3000), (121, 20000), (1, 20000), (8, 0)])
-def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, span, monkeypatch):
+@pytest.mark.parametrize("span", [32768, 30001])
+@pytest.mark.parametrize("t,used,grp", [(1, 3000, 4), (8, 3000, 4), (121, 20000, 4), (1, 20000, 4), (8, 0, 4),
+                                        (1, 20000, 1), (3, 3000, 1)])
+def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, grp, span, monkeypatch):
     """Flash's variable-length kernel stops at the cached length it reads from device memory: slots
-    past it hold huge stale values that must not show; the result is explicit float32 attention's,
-    with the cache read as pages (a span of whole pages) or as one sequence."""
+    past it hold huge stale values that must not show; the result is explicit float32 attention's.
+    The rows go as one query token of Hkv*R heads (so the kernel splits the keys); a lone row
+    (one decoding token of a model without GQA, grp 1) goes twice."""
     needs_length()
     calls = []
     real = torch.ops.aten._flash_attention_forward
-    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", lambda *a, **k: calls.append(k) or real(*a, **k))
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", lambda *a, **k: calls.append(a) or real(*a, **k))
     g = torch.Generator(device="cuda").manual_seed(0)
-    hkv, grp, d = 8, 4, 128
+    hkv, d = 8, 128
     q = torch.randn(hkv, grp * t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
     keys = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16, generator=g)
     values = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16, generator=g)
@@ -195,13 +196,12 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, s
     new_k = torch.randn(hkv, t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
     new_v = torch.randn(hkv, t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
     rows = torch.ones(t, t, dtype=torch.bool, device=CUDA).tril_().repeat(grp, 1)  # [G*T, T]
-    length = key_span(torch.tensor([used], device=CUDA), span, grp * t)
-    paged = "block_table" in varlen_features()  # this torch's kernel reads pages (split-KV)
-    assert (length.table is not None) == (span % 256 == 0 and paged)
+    length = key_span(torch.tensor([used], device=CUDA), span)
     out, lse = prefix_with_lse(q, keys, values, length, d**-0.5)
     want, want_lse = explicit_with_lse(q.float(), keys[:, :used].float(), values[:, :used].float(), d**-0.5, None)
-    assert calls and "seqused_k" in calls[0], "bf16 on CUDA should take flash's variable-length kernel"
-    assert ("block_table" in calls[0]) == (length.table is not None)
+    assert calls, "bf16 on CUDA should take flash's variable-length kernel"
+    assert calls[0][0].shape == (1, hkv * max(grp * t, 2), d)  # one query token, a head per row
+    assert out.shape == q.shape and lse.shape == q.shape[:2]
     assert (out.float() - want).abs().max().item() < 2e-2
     if used == 0:  # nothing cached: no weight in the merge (flash itself says +inf), and no NaN below
         assert torch.isneginf(lse).all()
@@ -212,6 +212,24 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, s
     want, _ = explicit_with_lse(q.float(), torch.cat([keys[:, :used], new_k], 1).float(),
                                 torch.cat([values[:, :used], new_v], 1).float(), d**-0.5, allowed)
     assert (got.float() - want).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("grp,t", [(4, 1), (4, 32), (1, 1)])
+def test_the_length_kernel_splits_the_keys_at_long_contexts(grp, t):
+    """The variable-length kernel plans a split of the keys across thread blocks only for one query
+    token of grouped heads; without it a step ran one thread block per KV head over the whole cache
+    (H100, 8B shape at 100K: 89 ms of attention a step where the split kernel takes 4.5)."""
+    needs_length()
+    hkv, d, span = 8, 128, 65536
+    q = torch.randn(hkv, grp * t, d, device=CUDA, dtype=torch.bfloat16)
+    keys = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16)
+    length = key_span(torch.tensor([50000], device=CUDA), span)
+    prefix_with_lse(q, keys, keys, length, d**-0.5)  # warm-up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        prefix_with_lse(q, keys, keys, length, d**-0.5)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "flash" in e.name]
+    assert names and all("splitkv" in n for n in names), names
 
 
 def generate(engine, method: str, spec: SpecConfig | None = None) -> list[int]:

@@ -170,8 +170,8 @@ def test_a_length_span_doubles_from_one_bucket_to_the_capacity():
     assert [span_for(s, 1024, 200_000) for s in (0, 1, 1024, 1025, 3000, 5000, 100_000)] == [
         1024, 1024, 1024, 2048, 4096, 8192, 131072]
     assert span_for(100_000, 1024, 104_448) == 104_448  # never past the cache
-    assert span_for(3000, 1024, 4097) == 4096  # a partial cache (budget + 1 slots): its whole pages
-    assert span_for(4097, 1024, 4097) == 4097  # unless the slot lies past them
+    assert span_for(3000, 1024, 4097) == 4096  # a partial cache (budget + 1 slots)
+    assert span_for(4097, 1024, 4097) == 4097  # its last slot
     assert len({span_for(s, 1024, 104_448) for s in range(4096, 104_096)}) == 6
     assert len({s - s % 1024 for s in range(4096, 104_096)}) == 98  # the buckets' keys over the same run
     with pytest.raises(LongswiftError, match="graph_attention must be one of bucketed, length"):
@@ -188,13 +188,12 @@ def test_length_attention_is_refused_where_torch_lacks_seqused_k(monkeypatch):
 
     if torch.__version__.startswith("2.13."):  # the pinned build has it; a GPU machine's older torch may not
         assert "seqused_k" in attention.varlen_features()
-    monkeypatch.setattr(attention, "varlen_features", lambda: frozenset({"seqused_k", "block_table"}))
+    monkeypatch.setattr(attention, "varlen_features", lambda: frozenset({"seqused_k"}))
     assert attention.length_unsupported(torch.device("cuda")) is None
     monkeypatch.setattr(attention, "varlen_features", lambda: frozenset())
     assert attention.length_unsupported(CPU) is None  # the CPU runs the masked explicit form
     why = attention.length_unsupported(torch.device("cuda"))
     assert why is not None and "lacks" in why and "use --graph-attention bucketed" in why
-    assert attention.key_span(torch.tensor([5]), 1024, 4).table is None  # no block table: read unpaged
 
 
 def test_a_single_token_attends_by_length_in_one_call(monkeypatch):

@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from longswift.bench.shapes import random_state, shape_config, weight_bytes_read
 from longswift.bench.timing import measure_bandwidth, median_seconds, synchronizer
-from longswift.runtime.attention import FLASH_PAGE, length_unsupported
+from longswift.runtime.attention import length_unsupported
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs
 from longswift.runtime.model import Transformer
@@ -120,7 +120,6 @@ def main() -> None:
     model = Transformer(cfg, random_state(cfg, dtype, device), pack=True)
     bandwidth = measure_bandwidth(device, 2**30)
     capacity = max(contexts) + 64
-    capacity += -capacity % FLASH_PAGE  # whole pages, as generation allocates them (runtime.memory.new_cache)
     cache = FullKVCache(cfg, capacity, dtype, device)
     cache.k.normal_()
     cache.v.normal_()

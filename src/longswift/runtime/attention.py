@@ -108,23 +108,13 @@ def bucketed(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
     return cascade(qg, keys[:, :end], values[:, :end], start, visible, scale)
 
 
-# Keys per page when flash's variable-length kernel reads the cache as pages: only its paged form
-# splits the keys of a few query rows across thread blocks (split-KV) the way the fixed-length flash
-# kernel does (PyTorch's flash_api.cpp: mha_varlen_fwd plans splits only for a block table or a
-# single GQA decoding token); without splits a decoding step runs one thread block per KV head over
-# the whole context. The kernel needs pages of a multiple of 256 keys, so CUDA caches are allocated
-# in whole pages (runtime.memory.new_cache).
-FLASH_PAGE = 256
-
-
 @functools.cache
 def varlen_features() -> frozenset[str]:
-    """Which of flash's variable-length options this torch's `aten._flash_attention_forward` takes:
-    `seqused_k` (the cached length read from device memory) and `block_table` (paged keys), read
-    from the op's schema once per process (the lent GPU machine has had an older torch than the CPU
-    one here)."""
+    """Which of flash's variable-length options this torch's `aten._flash_attention_forward` takes that
+    the length path needs: `seqused_k` (the cached length read from device memory), read from the op's
+    schema once per process (the lent GPU machine has had an older torch than the CPU one here)."""
     schema = torch.ops.aten._flash_attention_forward.default._schema
-    return frozenset(a.name for a in schema.arguments) & {"seqused_k", "block_table"}
+    return frozenset(a.name for a in schema.arguments) & {"seqused_k"}
 
 
 def length_unsupported(device: torch.device) -> str | None:
@@ -143,22 +133,15 @@ class KeySpan:
 
     used: torch.Tensor  # [1] int32
     span: int  # cache slots passed to the kernel (>= used)
-    rows: int  # query rows per KV head
-    cu_q: torch.Tensor  # [2] int32: [0, rows], one sequence
+    cu_q: torch.Tensor  # [2] int32: [0, 1], one query token (see prefix_with_lse)
     cu_k: torch.Tensor  # [2] int32: [0, span]
-    table: torch.Tensor | None  # [1, span / FLASH_PAGE] int32, the pages in order; None: read unpaged
 
 
-def key_span(used: torch.Tensor, span: int, rows: int) -> KeySpan:
+def key_span(used: torch.Tensor, span: int) -> KeySpan:
     """used: [1] long or int32 on the device, the cache slots to read (the step's first slot; for a
-    single token, whose key is written first, one more). Paged where the span is whole pages and
-    this torch's kernel takes a block table."""
-    dev = used.device
-    steps = torch.arange(2, dtype=torch.int32, device=dev)
-    table = None
-    if span % FLASH_PAGE == 0 and "block_table" in varlen_features():
-        table = torch.arange(span // FLASH_PAGE, dtype=torch.int32, device=dev)[None]
-    return KeySpan(used.to(torch.int32), span, rows, steps * rows, steps * span, table)
+    single token, whose key is written first, one more)."""
+    steps = torch.arange(2, dtype=torch.int32, device=used.device)
+    return KeySpan(used.to(torch.int32), span, steps, steps * span)
 
 
 def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
@@ -168,25 +151,27 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     qg: [Hkv, R, D], keys/values: the cache's first span slots [Hkv, S, D] -> out [Hkv, R, D],
     lse [Hkv, R] (-inf with out 0 for none used).
     CUDA, float16/bfloat16: flash attention's variable-length kernel (`aten._flash_attention_forward`,
-    what torch.nn.attention.varlen wraps), which stops at `seqused_k`, reading the cache as pages
-    where it can (KeySpan.table); the R rows go as R query tokens of Hkv heads (no GQA needed: a
-    group's query heads are already rows). Elsewhere: explicit products over the span, the slots
-    from `used` on masked out (how the CPU tests run the same bodies)."""
+    what torch.nn.attention.varlen wraps), which stops at `seqused_k`. Elsewhere: explicit products
+    over the span, the slots from `used` on masked out (how the CPU tests run the same bodies)."""
     span = keys.shape[1]
     if cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
-        k, v = keys.transpose(0, 1), values.transpose(0, 1)  # [S, Hkv, D] views of the cache
-        paged = {}
-        if ks.table is not None:  # [S / page, page, Hkv, D], still views
-            k, v = k.unflatten(0, (span // FLASH_PAGE, FLASH_PAGE)), v.unflatten(0, (span // FLASH_PAGE, FLASH_PAGE))
-            paged = {"block_table": ks.table}
+        hkv, rows, d = qg.shape
+        # The R rows go as ONE query token of Hkv*R heads (head h reads KV head h // R). For a single query
+        # token with more heads than KV heads, mha_varlen_fwd swaps the groups back into R query rows per KV
+        # head ("seqlenq_ngroups_swapped": each KV head's keys read once for all its rows) and plans a split
+        # of the keys across thread blocks; R query tokens of Hkv heads, as before, ran one thread block per
+        # KV head over the whole span (H100, 8B shape, 100K context: 89 ms of attention a step against 4.5 ms).
+        # The swap needs at least two rows: a lone row (one decoding token without GQA) goes twice.
+        q = (qg if rows > 1 else qg.expand(hkv, 2, d)).reshape(1, -1, d)  # [1, Hkv*R', D]
         out, lse = torch.ops.aten._flash_attention_forward(
-            qg.transpose(0, 1), k, v, ks.cu_q, ks.cu_k, ks.rows, span, 0.0, False, False, scale=scale,
-            seqused_k=ks.used, **paged)[:2]
-        lse = lse.reshape(qg.shape[0], qg.shape[1])  # the kernel's [heads, rows] (torch 2.13), or with a batch of one
+            q, keys.transpose(0, 1), values.transpose(0, 1), ks.cu_q, ks.cu_k, 1, span, 0.0, False, False,
+            scale=scale, seqused_k=ks.used)[:2]  # keys/values: [S, Hkv, D] views of the cache
+        out = out.reshape(hkv, -1, d)[:, :rows]  # [1, Hkv*R', D], heads kv-major -> [Hkv, R, D]
+        lse = lse.reshape(hkv, -1)[:, :rows]  # [Hkv*R', 1] (or [1, Hkv*R'] on older builds), kv-major -> [Hkv, R]
         # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which the merge
         # would turn into NaN; explicit attention's convention is -inf (no weight).
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
-        return out.transpose(0, 1), lse  # [Hkv, R, D], [Hkv, R]
+        return out, lse
     allowed = torch.arange(span, device=qg.device) < ks.used  # [S]: the slots in use
     return explicit_with_lse(qg, keys, values, scale, allowed[None])
 

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from ..config import GRAPH_ATTENTIONS
 from ..errors import LongswiftError
-from .attention import FLASH_PAGE, bucketed, by_length, key_span, length_unsupported, prefix_with_lse
+from .attention import bucketed, by_length, key_span, length_unsupported, prefix_with_lse
 from .cache import FullKVCache
 from .model import Transformer
 
@@ -68,13 +68,11 @@ def padded_nodes(nodes: int) -> int:
 
 def span_for(slot: int, bucket: int, capacity: int) -> int:
     """--graph-attention length: the cache slots a step at `slot` attends over, `bucket` doubled
-    until it covers the slot, at most the cache's whole pages (FLASH_PAGE) where they cover the
-    slot (the partial cache holds budget + 1 slots), else its capacity."""
+    until it covers the slot, at most the cache's capacity."""
     span = bucket
     while span < slot:
         span *= 2
-    pages = capacity - capacity % FLASH_PAGE
-    return min(span, pages if pages >= slot else capacity)
+    return min(span, capacity)
 
 
 def use_graphs(setting: str, model: Transformer) -> bool:
@@ -152,13 +150,13 @@ class StepGraphs:
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
         where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
         if self.attention == "length" and n == 1:  # one token (decoding, a draft pass): its key is in the
-            ks = key_span(self.slot + 1, first, g)  # cache before it attends: one flash call, no merge
+            ks = key_span(self.slot + 1, first)  # cache before it attends: one flash call, no merge
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor) -> torch.Tensor:
                 return prefix_with_lse(qg, keys[:, :first], values[:, :first], ks, m.scale)[0].to(qg.dtype)
         elif self.attention == "length":
-            ks = key_span(self.slot, first, g * n)  # the cached slots before the step's, counted on the device
+            ks = key_span(self.slot, first)  # the cached slots before the step's, counted on the device
             allowed = mask.repeat(g, 1)  # [G*N, N], rows g*N + t
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,

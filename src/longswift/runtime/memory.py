@@ -9,7 +9,7 @@ import torch
 
 from ..config import MAX_ROPE_FACTOR, ModelConfig
 from ..errors import LongswiftError
-from .attention import FLASH_PAGE, SDPA_FROM_TOKENS, cuda_flash_fits
+from .attention import SDPA_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
 from .model import Transformer
@@ -184,8 +184,6 @@ def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int =
             f"this model uses sliding-window attention ({cfg.sliding_window} tokens), which longswift does not "
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
         )
-    if model.device.type == "cuda":  # whole pages, which flash's variable-length kernel can read as such
-        capacity += -capacity % FLASH_PAGE
     plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
                 tree_nodes, model.float32_logits, sampled_rows).check(weights_loaded=True)
     return FullKVCache(cfg, capacity, model.dtype, model.device)
