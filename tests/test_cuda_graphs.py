@@ -177,7 +177,7 @@ def test_a_length_span_doubles_from_one_bucket_to_the_capacity():
     with pytest.raises(LongswiftError, match="graph_attention must be one of bucketed, length"):
         engine = engine64()
         StepGraphs(engine.model, FullKVCache(engine.cfg, 8, torch.float64, CPU), capture=False, attention="paged")
-    with pytest.raises(LongswiftError, match="graph.attention must be one of bucketed, length; got 'paged'"):
+    with pytest.raises(LongswiftError, match="graph.attention must be one of auto, bucketed, length; got 'paged'"):
         RuntimeConfig(graph_attention="paged")
 
 
@@ -194,6 +194,23 @@ def test_length_attention_is_refused_where_torch_lacks_seqused_k(monkeypatch):
     assert attention.length_unsupported(CPU) is None  # the CPU runs the masked explicit form
     why = attention.length_unsupported(torch.device("cuda"))
     assert why is not None and "lacks" in why and "use --graph-attention bucketed" in why
+
+
+def test_auto_graph_attention_is_length_where_torch_can_and_bucketed_elsewhere(monkeypatch):
+    """--graph-attention auto (the default): length on CUDA with a flash kernel that takes seqused_k
+    (measured faster on an H100: docs/benchmarks.md), bucketed without it and on the CPU (where no step
+    bodies run, so a CPU bench's results directory keeps its identity)."""
+    import longswift.runtime.attention as attention
+    from longswift.runtime.cuda_graphs import resolve_attention
+
+    assert RuntimeConfig().graph_attention == "auto"
+    monkeypatch.setattr(attention, "varlen_features", lambda: frozenset({"seqused_k"}))
+    assert resolve_attention("auto", torch.device("cuda")) == "length"
+    assert resolve_attention("auto", CPU) == "bucketed"
+    assert resolve_attention("bucketed", torch.device("cuda")) == "bucketed"
+    monkeypatch.setattr(attention, "varlen_features", lambda: frozenset())
+    assert resolve_attention("auto", torch.device("cuda")) == "bucketed"
+    assert resolve_attention("length", CPU) == "length"  # an explicit choice stays (StepGraphs checks it)
 
 
 def test_a_single_token_attends_by_length_in_one_call(monkeypatch):

@@ -38,8 +38,8 @@ def main() -> None:
     # (cuda graphs, read every, graph attention, colocated, fused kernels)
     modes = [("off", 1, "bucketed", False, True), ("on", 1, "bucketed", False, True),
              ("on", 0, "bucketed", False, True), ("on", 0, "bucketed", True, True), ("on", 0, "bucketed", True, False)]
-    if length_unsupported(torch.device("cuda")) is None:
-        modes.append(("on", 0, "length", False, True))
+    if length_unsupported(torch.device("cuda")) is None:  # the second: what a loaded file runs by default
+        modes += [("on", 0, "length", False, True), ("on", 0, "length", True, True)]
     else:
         print(length_unsupported(torch.device("cuda")), flush=True)
     settings = modes * 2

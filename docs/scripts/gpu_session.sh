@@ -52,7 +52,7 @@ case $part in
     for variant in ${2:-bucketed length}; do
       case $variant in
         separate) flags=(--graph-attention bucketed --no-pack-weights) ;;
-        fused) flags=(--graph-attention bucketed --draft-mode fused --tree 1,3,3,3 --ngram-topk 6) ;;
+        fused) flags=(--draft-mode fused --tree 1,3,3,3 --ngram-topk 6) ;;
         *) flags=(--graph-attention "$variant") ;;
       esac
       $py -m longswift bench-steps --device cuda --shape llama-3.1-8b --contexts 4096,100000 \

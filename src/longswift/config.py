@@ -434,12 +434,14 @@ class RuntimeConfig:
         "AR reads sampled tokens back from the device N at a time, so the GPU never idles while the host "
         "waits on each token; the tokens are the same for every N, they stream in blocks of N. "
         "0 = auto: 1 on CPU, 16 on CUDA"))
-    graph_attention: str = field(default="bucketed", metadata=_help(
-        "how the CUDA step bodies attend over a cache that grows while their shapes stay fixed: bucketed "
-        "(flash over whole 1,024-slot buckets plus an explicit tail; a graph per bucket and node budget) or "
-        "length (flash reads the cached length from device memory; a graph per doubling of the context and "
-        "node budget); the same attention in other float sums. length is not yet measured on a GPU",
-        choices=GRAPH_ATTENTIONS))
+    graph_attention: str = field(default="auto", metadata=_help(
+        "how the CUDA step bodies attend over a cache that grows while their shapes stay fixed: length "
+        "(flash reads the cached length from device memory; a graph per doubling of the context and node "
+        "budget) or bucketed (flash over whole 1,024-slot buckets plus an explicit tail; a graph per bucket "
+        "and node budget); the same attention in other float sums. auto: length where this torch's flash "
+        "kernel takes seqused_k, else bucketed (on an H100, 8B shape, length's AR step is the faster: "
+        "docs/benchmarks.md)",
+        choices=("auto", *GRAPH_ATTENTIONS)))
     float32_logits: bool = field(default=False, metadata=_help(
         "compute the LM head's logits in float32 (float32 sums and output from a bfloat16/float16 model's "
         "inputs) instead of rounding them to the model's dtype; no effect in float32/float64. For measuring "
@@ -459,8 +461,8 @@ class RuntimeConfig:
             raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
         if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
             raise LongswiftError("--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
-        if self.graph_attention not in GRAPH_ATTENTIONS:
-            raise LongswiftError(f"--graph-attention must be one of {', '.join(GRAPH_ATTENTIONS)}; "
+        if self.graph_attention not in ("auto", *GRAPH_ATTENTIONS):
+            raise LongswiftError(f"--graph-attention must be one of auto, {', '.join(GRAPH_ATTENTIONS)}; "
                                  f"got '{self.graph_attention}'")
         if self.read_every < 0:
             raise LongswiftError(f"--read-every must be 0 (auto) or a positive number of tokens; got {self.read_every}")

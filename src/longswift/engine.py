@@ -16,7 +16,7 @@ from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from .detok import decode_text
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
-from .runtime.cuda_graphs import use_graphs
+from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import HEAD_PREFIX, LoadedModel, load_model
 from .runtime.memory import check_context
 from .runtime.model import Transformer
@@ -354,7 +354,7 @@ class Engine:
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
                              generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
                              read_every=self.runtime.token_block(self.model.device),
-                             graph_attention=self.runtime.graph_attention)
+                             graph_attention=resolve_attention(self.runtime.graph_attention, self.model.device))
         else:
             if self.heads is None:
                 raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
@@ -363,7 +363,8 @@ class Engine:
                                      self.eos_ids, r.generator, generated,
                                      cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
                                      read_every=self.runtime.token_block(self.model.device),
-                                     graph_attention=self.runtime.graph_attention)
+                                     graph_attention=resolve_attention(self.runtime.graph_attention,
+                                                                       self.model.device))
         return GenerationStream(self, r, _inference(steps), stats, generated, stop)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:

@@ -20,7 +20,7 @@ from ..checkpoint import heads_fingerprint
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..engine import Engine, load
 from ..errors import LongswiftError
-from ..runtime.cuda_graphs import use_graphs
+from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.loading import resolve_path
 from ..runtime.memory import rope_extension
 from ..runtime.model import fused_kernels
@@ -227,8 +227,9 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
             **({"float32_logits": True} if engine.model.float32_logits else {}),
-            **({"graph_attention": engine.runtime.graph_attention} if engine.runtime.graph_attention != "bucketed"
-               else {}),
+            # as resolved on this device (auto is length on CUDA where torch can, bucketed elsewhere)
+            **({"graph_attention": attention} if (attention := resolve_attention(engine.runtime.graph_attention,
+                                                                                 device)) != "bucketed" else {}),
             # settings that change the tokens (rope scaling) or the speed, each only where not the default
             **({"rope_scaling": engine.runtime.rope_scaling} if engine.runtime.rope_scaling else {}),
             **({"read_every": block} if block != RuntimeConfig().token_block(device) else {}),

@@ -16,7 +16,7 @@ import torch
 
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..errors import LongswiftError
-from ..runtime.cuda_graphs import use_graphs
+from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer, fused_kernels
@@ -331,7 +331,7 @@ def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, devic
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
             "dtype": str(dtype).removeprefix("torch."), "device": str(device), "device_name": name,
             **linears, "cuda_graphs": runtime.cuda_graphs,
-            "graph_attention": runtime.graph_attention,
+            "graph_attention": resolve_attention(runtime.graph_attention, device),
             "float32_logits": runtime.float32_logits, "threads": torch.get_num_threads(), "torch": torch.__version__,
             "heads": f"{gamma} random draft heads", "gamma": gamma, "context_limit": cfg.context_limit,
             "command": command or "longswift bench-steps (from the Python API)"}
@@ -364,7 +364,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     costs = []
     with torch.inference_mode():
         rig = StepRig(model, heads, bench, graphs=use_graphs(runtime.cuda_graphs, model),
-                      graph_attention=runtime.graph_attention)
+                      graph_attention=resolve_attention(runtime.graph_attention, device))
         gen = torch.Generator().manual_seed(bench.seed)
         tries = {n: random_trie(n, bench.depth, rig.root, gen) for n in bench.measured_nodes()}
         for c in bench.measured_contexts():

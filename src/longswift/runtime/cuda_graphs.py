@@ -75,6 +75,14 @@ def span_for(slot: int, bucket: int, capacity: int) -> int:
     return min(span, capacity)
 
 
+def resolve_attention(setting: str, device: torch.device) -> str:
+    """--graph-attention auto: length on CUDA where this torch's flash kernel takes seqused_k, else
+    bucketed (also on the CPU, where the loops run no step bodies and the setting means nothing)."""
+    if setting != "auto":
+        return setting
+    return "length" if device.type == "cuda" and length_unsupported(device) is None else "bucketed"
+
+
 def use_graphs(setting: str, model: Transformer) -> bool:
     """--cuda-graphs: auto = wherever supported, on = required (refused with the reason where not), off."""
     why = graphs_supported(model)
