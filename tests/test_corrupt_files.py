@@ -69,6 +69,22 @@ def test_damaged_gguf(tmp_path):
         check(lambda: longswift.load(str(path), dtype="float32"), what)
 
 
+def test_a_missing_gguf_package_is_not_called_a_damaged_file(tmp_path, monkeypatch):
+    """Without the gguf package (a bare GPU machine's Python) the error names the package, not the file."""
+    from longswift.runtime import gguf as ours
+
+    path = tmp_path / "good.gguf"
+    write_gguf(path, tiny_hf_model("llama", seed=81), "llama")
+    ours._reader_class.cache_clear()
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # `import gguf` raises ImportError
+    try:
+        with pytest.raises(LongswiftError, match=r"needs the gguf package .*: pip install gguf$") as info:
+            ours.open_gguf(path)
+        assert "truncated" not in str(info.value)
+    finally:
+        ours._reader_class.cache_clear()
+
+
 def test_damaged_safetensors_directory(tmp_path):
     good_dir = tmp_path / "good"
     tiny_hf_model("llama", seed=82).save_pretrained(good_dir)

@@ -67,7 +67,11 @@ def _reader_class() -> type:
 
 def open_gguf(path: Path) -> Any:
     try:
-        return _reader_class()(str(path))
+        reader = _reader_class()
+    except ImportError as exc:  # not the file's fault: say so (a bare environment once read "truncated")
+        raise LongswiftError(f"reading GGUF file '{path}' needs the gguf package ({exc}): pip install gguf") from None
+    try:
+        return reader(str(path))
     except Exception as exc:  # the reader raises ValueError, IndexError, OSError... on damage
         raise LongswiftError(
             f"cannot read GGUF file '{path}': {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
