@@ -45,21 +45,25 @@ def test_a_wide_trie_s_narrow_kind_takes_the_lead_when_it_is_fastest():
 def test_a_costly_probe_waits_until_it_costs_at_most_the_probe_budget():
     """A kind whose probe costs much more than the leader's steps for the same tokens (a full step on
     a wide trie on a CPU: several plain steps' time for about one token) is probed only as often as
-    keeps that extra within PROBE_BUDGET of the time between probes, up to MAX_PROBE_EVERY; cheap
-    probes keep the doubling schedule."""
+    keeps that extra within its share of PROBE_BUDGET (the budget is split among the kinds the leader
+    probes: here two) of the time between probes, up to MAX_PROBE_EVERY; cheap probes keep the
+    doubling schedule."""
     s = StepSchedule(step_tokens={FULL: 1.2, LOOKUP: 1.0, PLAIN: 1.0},
                      step_seconds={FULL: 0.13, LOOKUP: 0.0505, PLAIN: 0.05})
     assert s.choose() == PLAIN  # 20 tok/s leads
     extra = 0.13 - 1.2 / 20  # a full probe: 0.13 s where plain steps take 0.06 s for its 1.2 tokens
-    assert s.interval(FULL) == math.ceil(extra / (PROBE_BUDGET * 0.05)) == 140
+    assert s.interval(FULL) == math.ceil(extra / (PROBE_BUDGET / 2 * 0.05)) == 280
     assert s.interval(LOOKUP) == PROBE_EVERY  # 0.5 ms over a plain step: the doubling schedule
-    picks = [s.choose() for _ in range(1000)]
+    picks = [s.choose() for _ in range(4000)]
     full = [i for i, k in enumerate(picks) if k == FULL]
-    assert full[0] == 139  # 140 steps after the start (the first choice above was one)
-    # 140 steps apart while the doubling interval (32, 64, 128) is shorter, then the doubled 256
-    assert [j - i for i, j in zip(full, full[1:])][:4] == [141, 141, 141, 257]
+    assert full[0] == 279  # 280 steps after the start (the first choice above was one)
+    # 280 steps apart while the doubling interval (32 ... 256) is shorter, then the doubled 512 and 1024
+    assert [j - i for i, j in zip(full, full[1:])][:6] == [281, 281, 281, 281, 513, 1025]
     assert s.probe_every[FULL] == MAX_PROBE_EVERY
-    assert sum(k == LOOKUP for k in picks) > len(full)
+    lookup = [i for i, k in enumerate(picks) if k == LOOKUP]  # the doubling schedule, 16 -> MAX_PROBE_EVERY
+    assert [j - i for i, j in zip(lookup, lookup[1:])] == [33, 65, 129, 257, 513, 1025, 1025]
+    # what the full probes cost beyond plain steps' work stays within their half of the budget
+    assert len(full) * extra <= PROBE_BUDGET / 2 * 0.05 * len(picks)
 
 
 def test_adaptive_choice_follows_measured_rates():
@@ -69,12 +73,12 @@ def test_adaptive_choice_follows_measured_rates():
         s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step
 
     assert s.choose() == FULL
-    s.record(FULL, 4, 0.085)  # 47 tok/s (a probe costs 5 ms more than the leader's time for its 4 tokens)
+    s.record(FULL, 4, 0.0825)  # 48.5 tok/s (a probe costs 2.5 ms more than the leader's time for its 4 tokens)
     assert s.tokens_per_step == pytest.approx(1.75)  # the EMA that decides one-pass LM heads: 0.75 * 1 + 0.25 * 4
     assert s.choose() == LOOKUP
     s.record(LOOKUP, 1, 0.02)  # 50 tok/s
     assert s.choose() == PLAIN
-    s.record(PLAIN, 1, 0.025)  # 40 tok/s
+    s.record(PLAIN, 1, 0.0225)  # 44 tok/s (a probe costs 2.5 ms more than the leader's time for its token)
     # LOOKUP leads; each other kind is probed on its own interval, which doubles at every probe.
     picks = [s.choose() for _ in range(8 * PROBE_EVERY)]
     for kind in (FULL, PLAIN):

@@ -15,8 +15,11 @@ KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup onl
 # first candidate at each depth plus one n-gram continuation (the trie the CPU measured best, docs/benchmarks.md)
 WIDE_KINDS = (FULL, NARROW, LOOKUP, PLAIN)
 PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
-MAX_PROBE_EVERY = 256  # ... doubling (per kind) while its probes do not win it the lead
-PROBE_BUDGET = 0.01  # ... and never more often than keeps what a kind's probes cost over the leader's steps within this share
+MAX_PROBE_EVERY = 1024  # ... doubling (per kind) while its probes do not win it the lead
+# ... and never more often than keeps what the probes of all other kinds together cost beyond the leader's
+# work within this share of the leader's time (each kind 1 / (kinds - 1) of it). On an H100 (embedded model,
+# paper sampling, 4,096 tokens) three drafting kinds each probed every 256 steps cost 2-3% of the run.
+PROBE_BUDGET = 0.01
 LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
 RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per step
 EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
@@ -91,15 +94,17 @@ class StepSchedule:
     def interval(self, kind: str) -> int:
         """Steps between probes of `kind` while another leads: its doubling `probe_every`, but at
         least enough that what a probe costs beyond the leader's work (its seconds minus its tokens'
-        time at the leader's rate) stays within PROBE_BUDGET of the leader's time between probes (a
-        full step on a wide trie can cost several plain steps for one token: probed every 16 steps, it
-        would cost more than its rare wins gain); at most MAX_PROBE_EVERY."""
+        time at the leader's rate) stays within its share of PROBE_BUDGET (split evenly among the kinds
+        other than the leader) of the leader's time between probes (a full step on a wide trie can cost
+        several plain steps for one token: probed every 16 steps, it would cost more than its rare wins
+        gain); at most MAX_PROBE_EVERY."""
         tokens, best = self.step_tokens[kind], self.best
         leader = self.rate(best) if best is not None else None
         if tokens is None or not leader:
             return self.probe_every[kind]
         extra = self.step_seconds[kind] - tokens / leader  # [s] per probe, beyond the leader's time for its tokens
-        floor = extra / (PROBE_BUDGET * max(self.step_seconds[best], 1e-9))  # type: ignore[index]
+        share = PROBE_BUDGET / max(len(self.kinds) - 1, 1)
+        floor = extra / (share * max(self.step_seconds[best], 1e-9))  # type: ignore[index]
         return min(max(self.probe_every[kind], math.ceil(floor)), MAX_PROBE_EVERY)
 
     def plain_run(self, read_every: int, tokens_left: int) -> int:
