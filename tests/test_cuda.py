@@ -96,6 +96,7 @@ def test_graph_replay_equals_the_eager_body_on_a_tiny_model(dtype):
     steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     (replay, body, eager), graph = replay_and_body(engine.model, prompt, steps, bucket=16, capacity=160, tree=6)
     assert graph.captures >= 4  # 37..77 crosses bucket boundaries, and the tree is a graph of its own
+    assert len(graph.warmed) == 2  # one warm-up per body (decode, tree): later buckets capture without one
     for a, b, c in zip(replay, body, eager):
         assert torch.equal(a, b)
         if dtype == torch.float32:  # the eager forward splits attention elsewhere: equal up to rounding
@@ -113,6 +114,7 @@ def test_length_graphs_replay_equals_their_eager_body_and_capture_once_per_span(
                                                    attention="length")
     assert graph.captures == 3  # decoding at slots 37..63 (span 64: its own slot included) and 64..76 (span
     # 128); the tree at span 128
+    assert len(graph.warmed) == 2  # decoding's second span was captured without a warm-up, and replays the same
     for a, b, c in zip(replay, body, eager):
         assert torch.equal(a, b)
         if dtype == torch.float32:  # the eager forward splits attention elsewhere: equal up to rounding
