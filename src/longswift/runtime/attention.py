@@ -167,7 +167,7 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
             q, keys.transpose(0, 1), values.transpose(0, 1), ks.cu_q, ks.cu_k, 1, span, 0.0, False, False,
             scale=scale, seqused_k=ks.used)[:2]  # keys/values: [S, Hkv, D] views of the cache
         out = out.reshape(hkv, -1, d)[:, :rows]  # [1, Hkv*R', D], heads kv-major -> [Hkv, R, D]
-        lse = lse.reshape(hkv, -1)[:, :rows]  # [Hkv*R', 1] (or [1, Hkv*R'] on older builds), kv-major -> [Hkv, R]
+        lse = lse.reshape(hkv, -1)[:, :rows]  # [Hkv*R', 1], kv-major -> [Hkv, R]
         # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which the merge
         # would turn into NaN; explicit attention's convention is -inf (no weight).
         lse = lse.masked_fill(lse == float("inf"), float("-inf"))
@@ -207,7 +207,7 @@ class Attention:
     """attend(qg, keys, values, masks) -> [Hkv, R, D]: the backend for one model (device, dtype,
     packed weights). `kernel` forces one path ("explicit", "sdpa", "onednn", "flash", "cascade")
     for tests; None picks by device and shape. (The generation loops' CUDA steps go through
-    runtime.cuda_graphs, whose bodies use `bucketed`.)"""
+    runtime.cuda_graphs, whose bodies use `bucketed` or `by_length`.)"""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, scale: float, packed: bool,
                  kernel: str | None = None) -> None:

@@ -5,14 +5,15 @@ A graph replays fixed shapes, but the cache grows every step. So a step of N new
 to a fixed node budget) writes its keys/values at a slot read from device memory, and attends in
 one of two ways (--graph-attention):
 
-- bucketed (the default): attention is split at a bucket boundary P = slot - slot % bucket: flash
-  attention over the whole buckets [0, P), a shape fixed for the bucket, and explicit attention
-  over the slots [P, P + bucket + N) under a visibility computed on the device (cached slots before
-  the step's slot; among the N new ones, the tree mask), merged by their log-sum-exps
-  (runtime.attention.bucketed). One graph per (bucket, N, output): a 100K-token run
-  captures about 100 per node budget in use.
-- length: flash attention's variable-length kernel reads the cached length itself from device
-  memory (seqused_k) over a span of the cache that doubles from one bucket, plus explicit
+- bucketed (auto's choice where torch's flash lacks seqused_k): attention is split at a bucket
+  boundary P = slot - slot % bucket: flash attention over the whole buckets [0, P), a shape fixed
+  for the bucket, and explicit attention over the slots [P, P + bucket + N) under a visibility
+  computed on the device (cached slots before the step's slot; among the N new ones, the tree
+  mask), merged by their log-sum-exps (runtime.attention.bucketed). One graph per (bucket, N,
+  output): a 100K-token run captures about 100 per node budget in use.
+- length (auto's choice where torch can; the faster on an H100, docs/benchmarks.md): flash
+  attention's variable-length kernel reads the cached length itself from device memory
+  (seqused_k) over a span of the cache that doubles from one bucket, plus explicit
   attention over the N new entries under the tree mask, merged (runtime.attention.by_length); a
   single token (decoding, a draft pass), whose key is written before it attends, is one flash call
   over the slots up to its own, with no explicit part or merge. One graph per (span, N, output):
