@@ -128,11 +128,10 @@ def length_unsupported(device: torch.device) -> str | None:
 @dataclass
 class KeySpan:
     """The cached keys a step attends over when their count lives in device memory: slots [0, used)
-    of a fixed span of the cache (`used` [1] int32 on the device), with the index tensors flash's
-    variable-length kernel reads, built once per forward rather than per layer."""
+    of a fixed span of the cache (`used` [1] int32 on the device; the span is the keys passed), with
+    the index tensors flash's variable-length kernel reads, built once per forward rather than per layer."""
 
     used: torch.Tensor  # [1] int32
-    span: int  # cache slots passed to the kernel (>= used)
     cu_q: torch.Tensor  # [2] int32: [0, 1], one query token (see prefix_with_lse)
     cu_k: torch.Tensor  # [2] int32: [0, span]
 
@@ -141,7 +140,7 @@ def key_span(used: torch.Tensor, span: int) -> KeySpan:
     """used: [1] long or int32 on the device, the cache slots to read (the step's first slot; for a
     single token, whose key is written first, one more)."""
     steps = torch.arange(2, dtype=torch.int32, device=used.device)
-    return KeySpan(used.to(torch.int32), span, steps, steps * span)
+    return KeySpan(used.to(torch.int32), steps, steps * span)
 
 
 def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
