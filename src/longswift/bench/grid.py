@@ -210,6 +210,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
 
     device = engine.model.device
     block = engine.runtime.token_block(device)
+    attention = resolve_attention(engine.runtime.graph_attention, device)  # auto: length on CUDA where torch can
     return {"model": str(engine.source), "dtype": str(engine.model.dtype).removeprefix("torch."),
             "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
             # only where true, so that the identities of result directories made before it still match
@@ -227,9 +228,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
             **({"float32_logits": True} if engine.model.float32_logits else {}),
-            # as resolved on this device (auto is length on CUDA where torch can, bucketed elsewhere)
-            **({"graph_attention": attention} if (attention := resolve_attention(engine.runtime.graph_attention,
-                                                                                 device)) != "bucketed" else {}),
+            **({"graph_attention": attention} if attention != "bucketed" else {}),  # as resolved on this device
             # settings that change the tokens (rope scaling) or the speed, each only where not the default
             **({"rope_scaling": engine.runtime.rope_scaling} if engine.runtime.rope_scaling else {}),
             **({"read_every": block} if block != RuntimeConfig().token_block(device) else {}),
