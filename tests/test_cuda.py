@@ -188,7 +188,8 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, g
     needs_length()
     calls = []
     real = torch.ops.aten._flash_attention_forward
-    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward", lambda *a, **k: calls.append(a) or real(*a, **k))
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward",
+                        lambda *a, **k: calls.append((a, k)) or real(*a, **k))
     g = torch.Generator(device="cuda").manual_seed(0)
     hkv, d = 8, 128
     q = torch.randn(hkv, grp * t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
@@ -201,8 +202,8 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, g
     length = key_span(torch.tensor([used], device=CUDA), span)
     out, lse = prefix_with_lse(q, keys, values, length, d**-0.5)
     want, want_lse = explicit_with_lse(q.float(), keys[:, :used].float(), values[:, :used].float(), d**-0.5, None)
-    assert calls, "bf16 on CUDA should take flash's variable-length kernel"
-    assert calls[0][0].shape == (1, hkv * max(grp * t, 2), d)  # one query token, a head per row
+    assert calls and "seqused_k" in calls[0][1], "bf16 on CUDA should take flash's variable-length kernel"
+    assert calls[0][0][0].shape == (1, hkv * max(grp * t, 2), d)  # one query token, a head per row
     assert out.shape == q.shape and lse.shape == q.shape[:2]
     assert (out.float() - want).abs().max().item() < 2e-2
     if used == 0:  # nothing cached: no weight in the merge (flash itself says +inf), and no NaN below
