@@ -10,15 +10,18 @@ from conftest import tiny_hf_model
 
 import longswift
 from longswift.runtime.attention import (
+    MASK_ALIGN,
     ONEDNN_FROM_ENTRIES,
     SDPA_FROM_TOKENS,
     Attention,
+    additive_mask,
     by_length,
     cascade,
     cuda_flash_fits,
     explicit_with_lse,
     flash_with_lse,
     key_span,
+    masked_with_lse,
     merge,
     prefix_with_lse,
 )
@@ -114,6 +117,36 @@ def test_cascade_merge_is_exact():
     torch.testing.assert_close(merge(a, lse_a, c, lse_c), a, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("width", [1, 5, 16, 17, 121])
+def test_masked_attention_with_lse_equals_explicit_attention(width):
+    """The verify pass's masked part (the CPU flash kernel with an additive mask, the call CUDA makes
+    to its memory-efficient kernel) gives explicit attention's output and log-sum-exp in float64, for
+    GQA rows under a random trie's mask; the mask's rows lie padded to the kernel's alignment."""
+    q, keys, values, new = random_case(width, 0, True, torch.float64, seed=width)
+    rows = new.repeat(G, 1)  # [G*T, T], rows g*T + t
+    bias = additive_mask(rows, torch.float64)
+    assert bias.shape == (G * width, width) and bias.stride(0) % MASK_ALIGN == 0
+    assert torch.equal(bias == 0, rows) and torch.isneginf(bias[~rows]).all()
+    got, got_lse = masked_with_lse(grouped(q), keys, values, bias, D**-0.5)
+    want, want_lse = explicit_with_lse(grouped(q), keys, values, D**-0.5, rows)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_lse, want_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_the_merge_weighs_each_part_by_its_share_of_the_softmax_mass():
+    """sigmoid(lse_a - lse_b) is part a's share; extreme gaps give one part all the weight without
+    NaN, and a part with lse -inf none."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(2, 3, 4, generator=g, dtype=torch.float64), torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    lse_a = torch.tensor([[0.0, 800.0, float("-inf")], [-3.0, -800.0, 2.0]], dtype=torch.float64)
+    lse_b = torch.tensor([[1.0, 0.0, 5.0], [float("-inf"), 0.0, 2.0]], dtype=torch.float64)
+    got = merge(a, lse_a, b, lse_b)
+    lse = torch.logaddexp(lse_a, lse_b)
+    want = torch.exp(lse_a - lse)[..., None] * a + torch.exp(lse_b - lse)[..., None] * b
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(got[0, 2], b[0, 2]) and torch.equal(got[1, 0], a[1, 0])
+
+
 @pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 7, False), (1, 16, False), (6, 5, True), (8, 12, True)])
 def test_attention_by_a_device_held_length_equals_explicit_attention(t, start, tree):
     """--graph-attention length: the cached length comes from a device tensor and the keys from a
@@ -125,7 +158,8 @@ def test_attention_by_a_device_held_length_equals_explicit_attention(t, start, t
     cache_k[:, :start], cache_v[:, :start] = keys[:, :start], values[:, :start]
     rows = (new if new is not None else torch.ones(1, 1, dtype=torch.bool)).repeat(G, 1)  # [G*T, T]
     used = key_span(torch.tensor([start]), span)
-    got = by_length(grouped(q), cache_k, cache_v, used, keys[:, start:], values[:, start:], rows, D**-0.5)
+    got = by_length(grouped(q), cache_k, cache_v, used, keys[:, start:], values[:, start:],
+                    additive_mask(rows, torch.float64), D**-0.5)
     torch.testing.assert_close(ungrouped(got, t), reference(q, keys, values, start, new, D**-0.5),
                                rtol=1e-10, atol=1e-10)
     out, lse = prefix_with_lse(grouped(q), cache_k, cache_v, used, D**-0.5)
@@ -142,9 +176,10 @@ def test_cascade_never_reads_a_masked_new_slot():
     q, keys, values, new = random_case(6, 12, True, torch.float64, seed=5)
     hidden = (~new).nonzero()[0]  # (row, column) not visible
     qg = grouped(q)
-    before = cascade(qg, keys, values, 12, new.repeat(G, 1), D**-0.5)
+    bias = additive_mask(new.repeat(G, 1), torch.float64)
+    before = cascade(qg, keys, values, 12, bias, D**-0.5)
     keys[:, 12 + int(hidden[1])] = 1e6
-    after = cascade(qg, keys, values, 12, new.repeat(G, 1), D**-0.5)
+    after = cascade(qg, keys, values, 12, bias, D**-0.5)
     rows = [g * 6 + int(hidden[0]) for g in range(G)]
     torch.testing.assert_close(after[:, rows], before[:, rows], rtol=0, atol=0)
 

@@ -35,11 +35,13 @@ import longswift
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.bench.shapes import random_state, shape_config
 from longswift.runtime.attention import (
+    additive_mask,
     by_length,
     cascade,
     explicit_with_lse,
     key_span,
     length_unsupported,
+    masked_with_lse,
     prefix_with_lse,
 )
 from longswift.runtime.cache import FullKVCache
@@ -173,8 +175,38 @@ def test_cuda_kernels_match_explicit_attention_on_the_8b_shape(t, prefix):
     rows = new.repeat(grp, 1)  # [G*T, T]
     allowed = torch.cat([torch.ones(grp * t, prefix, dtype=torch.bool, device=CUDA), rows], dim=1)
     want, _ = explicit_with_lse(q.float(), keys.float(), values.float(), d**-0.5, allowed)
-    got = cascade(q, keys, values, prefix, rows, d**-0.5)
+    got = cascade(q, keys, values, prefix, additive_mask(rows, q.dtype), d**-0.5)
     assert (got.float() - want).abs().max().item() < 2e-2  # bf16 output rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("t,grp", [(1, 4), (8, 4), (121, 4), (128, 4), (37, 1)])
+def test_the_masked_kernel_matches_explicit_attention_on_the_8b_shape(t, grp, dtype):
+    """The verify pass's attention over its T new entries under the trie's mask: one memory-efficient
+    kernel with an additive mask (rows padded to its alignment) and its log-sum-exp, no matmul
+    kernels, the result explicit float32 attention's. The new keys come as the step bodies pass
+    them: [Hkv, T, D] views of the projection's [T, Hkv, D]."""
+    g = torch.Generator(device="cuda").manual_seed(t)
+    hkv, d = 8, 128
+    q = torch.randn(hkv, grp * t, d, device=CUDA, dtype=dtype, generator=g)
+    keys = torch.randn(t, hkv, d, device=CUDA, dtype=dtype, generator=g).transpose(0, 1)
+    values = torch.randn(t, hkv, d, device=CUDA, dtype=dtype, generator=g).transpose(0, 1)
+    new = torch.eye(t, dtype=torch.bool)
+    for i in range(1, t):  # a random trie: each node sees itself and its parent's ancestors
+        new[i] |= new[int(torch.randint(0, i, (1,)))]
+    rows = new.to(CUDA).repeat(grp, 1)  # [G*T, T]
+    bias = additive_mask(rows, dtype)
+    masked_with_lse(q, keys, values, bias, d**-0.5)  # warm-up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out, lse = masked_with_lse(q, keys, values, bias, d**-0.5)
+        torch.cuda.synchronize()
+    want, want_lse = explicit_with_lse(q.float(), keys.float(), values.float(), d**-0.5, rows)
+    assert out.shape == q.shape and out.dtype == dtype and lse.shape == (hkv, grp * t)
+    assert (out.float() - want).abs().max().item() < 2e-2
+    assert (lse.float() - want_lse).abs().max().item() < 1e-2
+    names = [e.name for e in prof.events()]
+    assert any("fmha" in n or "MemEff" in n for n in names), names
+    assert not any("gemm" in n.lower() for n in names), names
 
 
 @pytest.mark.parametrize("span", [32768, 30001])
@@ -210,7 +242,7 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, g
         assert torch.isneginf(lse).all()
     else:
         assert (lse - want_lse).abs().max().item() < 1e-2
-    got = by_length(q, keys, values, length, new_k, new_v, rows, d**-0.5)
+    got = by_length(q, keys, values, length, new_k, new_v, additive_mask(rows, q.dtype), d**-0.5)
     allowed = torch.cat([torch.ones(grp * t, used, dtype=torch.bool, device=CUDA), rows], dim=1)
     want, _ = explicit_with_lse(q.float(), torch.cat([keys[:, :used], new_k], 1).float(),
                                 torch.cat([values[:, :used], new_v], 1).float(), d**-0.5, allowed)

@@ -9,9 +9,10 @@ verification). Backends are picked per device and shape:
   cached entries on the packed path; fused SDPA for masked forwards of 64+ tokens).
 - CUDA: flash attention for decoding (the grouped-query bmm sends cuBLAS to a slow non-tensor-core
   kernel at long contexts), and the *cascade* for masked forwards: flash attention of all T*G
-  query rows over the cached prefix (no mask), returning its log-sum-exp, plus explicit attention
-  over the T new entries under the [T, T] mask, merged by their log-sum-exps. No [G*T, S] mask is
-  ever built.
+  query rows over the cached prefix (no mask), returning its log-sum-exp, plus attention over the T
+  new entries under the [T, T] mask (the memory-efficient kernel with an additive [G*T, T] mask and
+  its log-sum-exp; the CPU runs the same call through its flash kernel), merged by their
+  log-sum-exps. No [G*T, S] mask is ever built.
 
 Queries come grouped by KV head, `qg: [Hkv, G*T, D]` with row g*T + t (head g of the group,
 token t), so each KV head's keys are read once and the query rows are independent."""
@@ -79,20 +80,60 @@ def explicit_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 
 def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor) -> torch.Tensor:
     """Attention over the union of two disjoint key sets from each part's output and log-sum-exp.
-    out_*: [Hkv, R, D], lse_*: [Hkv, R] -> [Hkv, R, D] in the accumulation dtype."""
+    out_*: [Hkv, R, D], lse_*: [Hkv, R] -> [Hkv, R, D] in the accumulation dtype.
+    Part a's share of the softmax mass, exp(lse_a) / (exp(lse_a) + exp(lse_b)), is sigmoid(lse_a - lse_b),
+    and the result out_b + share * (out_a - out_b) is one lerp: three kernels where the exp form takes eleven
+    (on CUDA each is a launch, per layer of every verify pass). A part with lse -inf gets no weight."""
     acc = torch.promote_types(torch.promote_types(out_a.dtype, out_b.dtype), torch.float32)
-    lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
-    lse = torch.logaddexp(lse_a, lse_b)
-    return (torch.exp(lse_a - lse).unsqueeze(-1) * out_a.to(acc)
-            + torch.exp(lse_b - lse).unsqueeze(-1) * out_b.to(acc))
+    share = torch.sigmoid(lse_a.to(acc) - lse_b.to(acc)).unsqueeze(-1)  # [Hkv, R, 1]
+    return torch.lerp(out_b.to(acc), out_a.to(acc), share)
 
 
-def cascade(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, allowed: torch.Tensor,
+# Elements each row of an additive mask is padded to in memory: CUDA's memory-efficient kernel reads the
+# bias in aligned vectors and refuses a row stride that is not a multiple of its alignment (8 elements
+# for 16-bit types; the torch.nn.functional entry point pads the same way before calling it).
+MASK_ALIGN = 16
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool [R, S] (True: visible) -> the additive mask [R, S] in `dtype`: 0 where visible, -inf
+    elsewhere, in storage whose rows are padded to a multiple of MASK_ALIGN elements. Built once per
+    forward, not per layer."""
+    rows, width = allowed.shape
+    padded = -(-width // MASK_ALIGN) * MASK_ALIGN
+    bias = torch.zeros(rows, padded, dtype=dtype, device=allowed.device)[:, :width]
+    return bias.masked_fill_(~allowed, float("-inf"))
+
+
+def masked_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of every row over the keys under an additive mask, with each row's log-sum-exp, in
+    one fused kernel where the device has one for the dtype. Every row must see at least one key (a
+    tree node sees itself; the fused kernels give a fully masked row no -inf log-sum-exp).
+    qg: [Hkv, R, D], keys/values: [Hkv, S, D], bias: [R, S] (additive_mask) -> out [Hkv, R, D]
+    (q's dtype, or the accumulation dtype where explicit), lse [Hkv, R] (float32, float64 for float64).
+    CPU: the flash kernel with attn_mask. CUDA, float16/bfloat16: the memory-efficient kernel with the
+    bias broadcast over the KV heads (compute_log_sumexp; one launch where explicit products, the mask,
+    the log-sum-exp and the softmax took about fifteen). Elsewhere: explicit products."""
+    hkv, rows, d = qg.shape
+    if qg.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            qg[None], keys[None], values[None], 0.0, False, attn_mask=bias, scale=scale)[:2]
+        return out[0], lse[0]
+    if cuda_flash_fits(qg.device, qg.dtype, d):
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            qg[None], keys[None], values[None], bias.expand(1, hkv, rows, bias.shape[-1]), True, 0.0, False,
+            scale=scale)[:2]
+        return out[0], lse[0, :, :rows]  # the kernel pads its lse rows to a multiple of 32
+    return explicit_with_lse(qg, keys, values, scale, bias == 0)
+
+
+def cascade(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, bias: torch.Tensor,
             scale: float) -> torch.Tensor:
     """Masked attention split at `start`: slots [0, start) are visible to every row (flash with
-    log-sum-exp), slots [start, S) under `allowed` [R or Hkv x R, S - start] (explicit); merged.
-    qg: [Hkv, R, D], keys/values: [Hkv, S, D] -> [Hkv, R, D] in q's dtype."""
-    out_t, lse_t = explicit_with_lse(qg, keys[:, start:], values[:, start:], scale, allowed)
+    log-sum-exp), slots [start, S) under the additive mask `bias` [R, S - start] (additive_mask;
+    masked_with_lse); merged. qg: [Hkv, R, D], keys/values: [Hkv, S, D] -> [Hkv, R, D] in q's dtype."""
+    out_t, lse_t = masked_with_lse(qg, keys[:, start:], values[:, start:], bias, scale)
     if start == 0:
         return out_t.to(qg.dtype)
     out_p, lse_p = flash_with_lse(qg, keys[:, :start], values[:, :start], scale)
@@ -102,8 +143,8 @@ def cascade(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: i
 def bucketed(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, end: int,
              visible: torch.Tensor, scale: float) -> torch.Tensor:
     """Attention in shapes fixed per bucket, so that a CUDA graph can replay it while the cache
-    grows: flash over the whole buckets [0, start), explicit over the slots [start, end) that
-    `visible` [R, end - start] allows (it is computed on the device); merged.
+    grows: flash over the whole buckets [0, start), masked attention over the slots [start, end) that
+    the additive mask `visible` [R, end - start] allows (it is computed on the device); merged.
     qg: [Hkv, R, D], keys/values: the cache's rows [Hkv, C, D] -> [Hkv, R, D] in q's dtype."""
     return cascade(qg, keys[:, :end], values[:, :end], start, visible, scale)
 
@@ -167,22 +208,22 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
             scale=scale, seqused_k=ks.used)[:2]  # keys/values: [S, Hkv, D] views of the cache
         out = out.reshape(hkv, -1, d)[:, :rows]  # [1, Hkv*R', D], heads kv-major -> [Hkv, R, D]
         lse = lse.reshape(hkv, -1)[:, :rows]  # [Hkv*R', 1], kv-major -> [Hkv, R]
-        # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which the merge
-        # would turn into NaN; explicit attention's convention is -inf (no weight).
-        lse = lse.masked_fill(lse == float("inf"), float("-inf"))
+        # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which would take all
+        # the merge's weight; explicit attention's convention is -inf (no weight). One kernel, not two.
+        lse = torch.nan_to_num(lse, nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
         return out, lse
     allowed = torch.arange(span, device=qg.device) < ks.used  # [S]: the slots in use
     return explicit_with_lse(qg, keys, values, scale, allowed[None])
 
 
 def by_length(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
-              new_keys: torch.Tensor, new_values: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+              new_keys: torch.Tensor, new_values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """The cascade with the cached length read from device memory: every row over the cache's first
-    `ks.used` slots (prefix_with_lse), and over the step's T new keys/values [Hkv, T, D] under
-    `allowed` [R, T] (explicit); merged. keys/values: the cache's first span slots [Hkv, S, D].
-    -> [Hkv, R, D] in q's dtype."""
+    `ks.used` slots (prefix_with_lse), and over the step's T new keys/values [Hkv, T, D] under the
+    additive mask `bias` [R, T] (additive_mask; masked_with_lse); merged. keys/values: the cache's
+    first span slots [Hkv, S, D]. -> [Hkv, R, D] in q's dtype."""
     out_p, lse_p = prefix_with_lse(qg, keys, values, ks, scale)
-    out_t, lse_t = explicit_with_lse(qg, new_keys, new_values, scale, allowed)
+    out_t, lse_t = masked_with_lse(qg, new_keys, new_values, bias, scale)
     return merge(out_p, lse_p, out_t, lse_t).to(qg.dtype)
 
 
@@ -195,7 +236,7 @@ class Masks:
     start: int
     new: torch.Tensor | None  # [T, T] bool
     bias: torch.Tensor | None = None  # CPU explicit/SDPA kernels: additive [G*T, S]
-    rows: torch.Tensor | None = None  # the cascade: the [T, T] mask per query row g*T + t, [G*T, T] bool
+    rows: torch.Tensor | None = None  # the cascade: the [T, T] mask per query row g*T + t, additive [G*T, T]
 
     @property
     def end(self) -> int:
@@ -234,7 +275,7 @@ class Attention:
             new = tree_mask.to(device=self.device, dtype=torch.bool)
         m = Masks(t, start, new)
         if self._kernel(False) in ("cascade", "flash"):
-            m.rows = new.repeat(group, 1)  # once per forward, not per layer
+            m.rows = additive_mask(new.repeat(group, 1), self.dtype)  # once per forward, not per layer
         else:
             bias = torch.zeros(t, start + t, dtype=self.dtype, device=self.device)  # [T, S]
             bias[:, start:].masked_fill_(~new, float("-inf"))

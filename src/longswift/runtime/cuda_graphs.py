@@ -7,16 +7,16 @@ one of two ways (--graph-attention):
 
 - bucketed (auto's choice where torch's flash lacks seqused_k): attention is split at a bucket
   boundary P = slot - slot % bucket: flash attention over the whole buckets [0, P), a shape fixed
-  for the bucket, and explicit attention over the slots [P, P + bucket + N) under a visibility
+  for the bucket, and masked attention over the slots [P, P + bucket + N) under a visibility
   computed on the device (cached slots before the step's slot; among the N new ones, the tree
   mask), merged by their log-sum-exps (runtime.attention.bucketed). One graph per (bucket, N,
   output): a 100K-token run captures about 100 per node budget in use.
 - length (auto's choice where torch can; the faster on an H100, docs/benchmarks.md): flash
   attention's variable-length kernel reads the cached length itself from device memory
-  (seqused_k) over a span of the cache that doubles from one bucket, plus explicit
+  (seqused_k) over a span of the cache that doubles from one bucket, plus masked
   attention over the N new entries under the tree mask, merged (runtime.attention.by_length); a
   single token (decoding, a draft pass), whose key is written before it attends, is one flash call
-  over the slots up to its own, with no explicit part or merge. One graph per (span, N, output):
+  over the slots up to its own, with no masked part or merge. One graph per (span, N, output):
   six per node budget for 100K tokens after a 4K prompt, and no [N, bucket] tail.
   The span bounds the kernel's split of the keys, which it plans from the span on the host: a
   single span of the whole cache would plan every short-context step as a 100K one.
@@ -43,11 +43,11 @@ import torch.nn.functional as F
 
 from ..config import GRAPH_ATTENTIONS
 from ..errors import LongswiftError
-from .attention import bucketed, by_length, key_span, length_unsupported, prefix_with_lse
+from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_with_lse
 from .cache import FullKVCache
 from .model import Transformer
 
-# Slots of a bucket: the explicit tail costs one [Hkv, G*N, bucket + N] product per layer; a
+# Slots of a bucket: the masked tail costs one [Hkv, G*N, bucket + N] product per layer; a
 # growing cache captures one graph per bucket (100K tokens: about 100 captures per node budget).
 BUCKET = 1024
 # Tree-verify passes are padded up to one of these node counts, so that a few graphs serve every
@@ -167,7 +167,7 @@ class StepGraphs:
                 return prefix_with_lse(qg, keys[:, :first], values[:, :first], ks, m.scale)[0].to(qg.dtype)
         elif self.attention == "length":
             ks = key_span(self.slot, first)  # the cached slots before the step's, counted on the device
-            allowed = mask.repeat(g, 1)  # [G*N, N], rows g*N + t
+            allowed = additive_mask(mask.repeat(g, 1), m.dtype)  # [G*N, N], rows g*N + t
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor) -> torch.Tensor:
@@ -178,7 +178,7 @@ class StepGraphs:
             rel = torch.arange(first, end, device=m.device) - self.slot  # [tail]: slot offset from the step's first
             new = (rel >= 0) & (rel < n)
             visible = (rel < 0) | (new & mask[:, rel.clamp(0, n - 1)])  # [N, tail]
-            visible = visible.repeat(g, 1)  # [G*N, tail], rows g*N + t
+            visible = additive_mask(visible.repeat(g, 1), m.dtype)  # [G*N, tail], rows g*N + t
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor) -> torch.Tensor:

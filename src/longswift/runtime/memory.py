@@ -92,7 +92,8 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     `capacity` cached entries. CPU kernels: the additive mask ([T, S] and its [G*T, S] copy, model
     dtype), and below the SDPA threshold also the explicit scores and softmax (float32, all heads).
     The cascade (CUDA): scores and softmax over the T new entries (and `tail` cached ones: the
-    bucketed step bodies' explicit part), and the float32 parts merged; without a flash kernel for
+    bucketed step bodies' masked part), and the float32 parts merged; the masked part's fused kernel
+    (float16/bfloat16) holds only its additive mask, so this bounds it from above. Without a flash kernel for
     the dtype (float32, float64) its cached part is explicit too: scores, their masked copy and
     softmax over every cached entry."""
     if cascade:
