@@ -414,6 +414,45 @@ def test_tokenswift_equals_ar_on_cuda_in_float32():
         assert generate(engine, "tokenswift", spec) == want
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_a_draw_captured_in_the_decode_graph_equals_the_eager_draws(dtype, attention):
+    """StepGraphs.sample_decode: the draw (penalty window gathered on the device, ban, temperature,
+    top-k/top-p/min-p, the inverse-CDF draw) and its history write, captured with the decode forward
+    and replayed, give the tokens, logits and history of eager draws between eagerly run bodies,
+    across buckets (spans), greedy and sampled."""
+    from longswift.runtime.blocks import sample_block
+
+    needs_length(attention)
+    model = longswift.load(tiny_hf_model("llama", "default", seed=12), device="cuda",
+                           dtype=str(dtype).removeprefix("torch.")).model
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(2))
+    for sampling in (SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=16, banned_ids=(7,)),
+                     SamplingConfig(temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.15, penalty_window=24),
+                     SamplingConfig(temperature=1.1, min_p=0.05, banned_ids=(3, 4))):
+        results = []
+        for in_body in (True, False):
+            cache = FullKVCache(model.cfg, 160, model.dtype, CUDA)
+            logits, _ = model.prefill(prompt.to(CUDA), cache, chunk=64)
+            history = torch.zeros(160, dtype=torch.long, device=CUDA)
+            history[:37] = prompt.to(CUDA)
+            graphs = StepGraphs(model, cache, capture=in_body, bucket=16, attention=attention, sample_in_body=in_body)
+            generator = torch.Generator().manual_seed(8)
+            n, seen = 37, []
+            for k in (16, 16, 9, 16):
+                block = sample_block(model, cache, graphs, logits, history, n, k, sampling, generator, frozenset(),
+                                     forward_last=True)
+                seen.append((block.tokens, block.logits.clone()))
+                n, logits = n + k, block.logits
+            results.append((seen, history.clone()))
+            if in_body:
+                assert graphs.captures >= 3, graphs.captures  # 37..94 crosses buckets (spans)
+        (fused, h1), (eager, h2) = results
+        assert torch.equal(h1, h2), sampling
+        for (t1, x1), (t2, x2) in zip(fused, eager):
+            assert t1 == t2 and torch.equal(x1, x2), sampling
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_ar_token_blocks_on_cuda_equal_reading_each_token(dtype):
     """--read-every (auto 16 on CUDA: tokens stay on the device, read back a block at a time) emits

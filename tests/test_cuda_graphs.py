@@ -256,6 +256,46 @@ def test_decode_body_never_attends_to_unwritten_slots(attention):
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+DRAWS = [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6, banned_ids=(7, 11)),
+         SamplingConfig(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.15, penalty_window=9),
+         SamplingConfig(temperature=1.1, min_p=0.05, eta=0.002, repetition_penalty=1.0, banned_ids=(3,))]
+
+
+@pytest.mark.parametrize("sampling", DRAWS, ids=["greedy-penalty-ban", "top-k-top-p-penalty", "min-p-eta-ban"])
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_a_draw_inside_the_decode_body_is_the_draw_between_bodies(sampling, attention):
+    """Token blocks through StepGraphs.sample_decode (the draw, its penalty window gathered on the
+    device and its history write inside the decode body that a graph captures) give the tokens,
+    logits, hidden states, history and generator state of the eager draws between decode bodies,
+    across bucket (span) boundaries, in blocks that end with and without a forward."""
+    from longswift.runtime.blocks import sample_block
+
+    engine = engine64(seed=6)
+    model, cfg = engine.model, engine.cfg
+    prompt = torch.tensor([5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17])
+    results = []
+    for in_body in (True, False):
+        cache = FullKVCache(cfg, 64, torch.float64, CPU)
+        logits, _ = model.prefill(prompt, cache, chunk=8)
+        history = torch.zeros(64, dtype=torch.long)
+        history[:11] = prompt
+        graphs = StepGraphs(model, cache, capture=False, bucket=8, attention=attention, sample_in_body=in_body)
+        generator = torch.Generator().manual_seed(8)
+        n, seen = 11, []
+        for k, last in ((5, True), (7, True), (1, True), (9, False)):  # 11..33: bucket and span boundaries
+            block = sample_block(model, cache, graphs, logits, history, n, k, sampling, generator, frozenset(),
+                                 forward_last=last)
+            seen.append((block.tokens, block.logits.clone(), None if block.hidden is None else block.hidden.clone()))
+            n, logits = n + k, block.logits
+        results.append((seen, history.clone(), generator.get_state(), cache.length))
+    (fused, h1, g1, l1), (eager, h2, g2, l2) = results
+    assert torch.equal(h1, h2) and torch.equal(g1, g2) and l1 == l2 == 32
+    for (t1, x1, y1), (t2, x2, y2) in zip(fused, eager):
+        assert t1 == t2
+        assert torch.equal(x1, x2)
+        assert (y1 is None and y2 is None) or torch.equal(y1, y2)
+
+
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),
                                       SamplingConfig(seed=3, min_p=0.05, repetition_penalty=1.0)],
                          ids=["greedy-penalty", "sampled"])

@@ -6,6 +6,7 @@ by verification is drawn from exactly the distribution AR would have drawn it fr
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -32,11 +33,18 @@ def apply_penalty(logits: torch.Tensor, window_ids: torch.Tensor, theta: float) 
     return torch.where(present, penalized, logits)
 
 
+@functools.lru_cache(maxsize=64)
+def _banned_index(banned_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The ids as a long tensor on the device, made once: a CUDA graph that captures the ban (the decode
+    body's draw, runtime.cuda_graphs) may not copy from the host while it captures."""
+    return torch.tensor(banned_ids, dtype=torch.long, device=device)
+
+
 def ban(logits: torch.Tensor, banned_ids: tuple[int, ...]) -> torch.Tensor:
     """logits [N, V] with the columns of `banned_ids` at -inf (a new tensor: the input is kept)."""
     if not banned_ids:
         return logits
-    return logits.index_fill(1, torch.tensor(banned_ids, device=logits.device), -math.inf)
+    return logits.index_fill(1, _banned_index(tuple(banned_ids), logits.device), -math.inf)
 
 
 def transform(logits: torch.Tensor, window_ids: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

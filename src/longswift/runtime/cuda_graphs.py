@@ -41,8 +41,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..config import GRAPH_ATTENTIONS
+from ..config import GRAPH_ATTENTIONS, SamplingConfig
 from ..errors import LongswiftError
+from ..sampling import draw_rows, transform
 from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_with_lse
 from .cache import FullKVCache
 from .model import Transformer
@@ -59,7 +60,9 @@ BUCKET = 1024
 NODE_BUDGETS = (1, 8, 16, 32, 64, 128, 256, 512)
 # What a step body returns besides the last layer's hidden states: every row's logits, nothing, or the
 # draft pass's output (StepGraphs' `draft` function of the hidden state: the heads' depth logits).
-LOGITS, HIDDEN, DRAFT = "logits", "hidden", "draft"
+# SAMPLED is a decoding body that first draws its own token (StepGraphs.sample_decode), then returns
+# its logits.
+LOGITS, HIDDEN, DRAFT, SAMPLED = "logits", "hidden", "draft", "sampled"
 
 
 def padded_nodes(nodes: int) -> int:
@@ -115,11 +118,13 @@ class StepGraphs:
     with the forward. The returned tensors are the graph's static outputs: read them before the
     next call. `capture=False` runs the same bodies eagerly (any device: how the CPU tests check
     them). `evict`: a cache that only grows (the full cache) frees the graphs of buckets (spans) it
-    has left. `attention`: bucketed or length (see the module's docstring)."""
+    has left. `attention`: bucketed or length (see the module's docstring). `sample_in_body`: token
+    blocks (runtime.blocks) draw inside the decode body (sample_decode); False draws with eager ops
+    between the bodies, as before (the reference the tests compare with)."""
 
     def __init__(self, model: Transformer, cache: FullKVCache, capture: bool = True, bucket: int = BUCKET,
                  evict: bool = True, attention: str = "bucketed",
-                 draft: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 draft: Callable[[torch.Tensor], torch.Tensor] | None = None, sample_in_body: bool = True) -> None:
         why = graphs_supported(model)
         if capture and why is not None:
             raise LongswiftError(why + "; use cuda_graphs='off' (--cuda-graphs off)")
@@ -128,7 +133,7 @@ class StepGraphs:
         if attention == "length" and (why := length_unsupported(model.device)) is not None:
             raise LongswiftError(why)
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
-        self.attention, self.draft_out = attention, draft
+        self.attention, self.draft_out, self.sample_in_body = attention, draft, sample_in_body
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # N -> [tokens; positions], mask
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
         self.graphs: dict[tuple[int, int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -137,6 +142,12 @@ class StepGraphs:
         self.capture_seconds = 0.0  # wall time of the captures (warm-up run included), a one-off cost per graph
         self.warmed: set[tuple[int, str]] = set()  # (N, output) bodies run once eagerly before a capture
         self._taken = (0, 0.0)
+        # What a SAMPLED body reads (bind_sampling): the device history and the transform, the logits it
+        # draws from and the draw's uniform, in buffers whose addresses the graphs keep.
+        self.history: torch.Tensor | None = None
+        self.sampling: SamplingConfig | None = None
+        self.drawn_from: torch.Tensor | None = None  # [V]
+        self.u = torch.zeros(1, dtype=torch.float64, device=model.device)
 
     def take_captures(self) -> tuple[int, float]:
         """Graphs captured, and their seconds, since the last call (for a generation's stats)."""
@@ -157,6 +168,8 @@ class StepGraphs:
         buffers."""
         m, cache, g = self.model, self.cache, self.model.cfg.group_size
         (tokens, positions), mask = self._buffers(n)
+        if out == SAMPLED:  # the token is drawn here, into the buffer the forward reads
+            tokens.copy_(self._draw(positions))
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
         where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
         if self.attention == "length" and n == 1:  # one token (decoding, a draft pass): its key is in the
@@ -194,7 +207,22 @@ class StepGraphs:
         if out == DRAFT:
             assert self.draft_out is not None
             return self.draft_out(x), x
-        return (m.logits(x) if out == LOGITS else x[:0]), x
+        return (m.logits(x) if out in (LOGITS, SAMPLED) else x[:0]), x
+
+    def _draw(self, positions: torch.Tensor) -> torch.Tensor:
+        """A SAMPLED body's draw: the token at `positions` [1] (its index in the history, which is its
+        position) from `drawn_from` under the bound transform, with the penalty window gathered from the
+        device history at that index (-1: before the history's start), written to the history there.
+        What runtime.blocks does per token on the host's launches, here in device ops only. -> [1] long."""
+        history, sampling = self.history, self.sampling
+        assert history is not None and sampling is not None and self.drawn_from is not None
+        w = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
+        at = positions[:1] - w + torch.arange(w, device=history.device)  # [W] the window's history indices
+        window = torch.where(at >= 0, history[at.clamp(min=0)], -1)  # [W]
+        x = transform(self.drawn_from[None], window[None], sampling)  # [1, V]
+        token = draw_rows(x, sampling, None if sampling.greedy else self.u)  # [1]
+        history.index_copy_(0, positions[:1], token)
+        return token
 
     def _capture(self, key: tuple[int, int, str]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
@@ -263,6 +291,34 @@ class StepGraphs:
         long tensor on the device (copied there, never read by the host)."""
         out, hidden = self._one(token, position, LOGITS)
         return out[0], hidden
+
+    def bind_sampling(self, history: torch.Tensor, sampling: SamplingConfig) -> None:
+        """What sample_decode draws with: the generation's device history (prompt and drawn tokens, its
+        capacity fixed) and its transform. Binding others drops the SAMPLED graphs, which hold these."""
+        if history is self.history and sampling == self.sampling:
+            return
+        self.history, self.sampling = history, sampling
+        for key in [k for k in self.graphs if k[2] == SAMPLED]:
+            del self.graphs[key]
+        self.warmed.discard((1, SAMPLED))
+
+    def sample_decode(self, logits: torch.Tensor, u: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw the token at `position` (its history index) from `logits` [V] with the uniform `u` ([1]
+        float64 on the device; None if greedy), write it to the bound history, and forward it at the
+        cache's end -> (logits [V], hidden [hidden]): the draw and the forward in one step body, so a
+        graph replays both (runtime.blocks' per-token draw, about 25 small kernels, launched eagerly
+        otherwise). Outside the body: two device copies (the logits, the uniform) and the position."""
+        if self.history is None:
+            raise ValueError("StepGraphs.sample_decode needs bind_sampling first")
+        if self.drawn_from is None:
+            self.drawn_from = torch.empty_like(logits)
+        self.drawn_from.copy_(logits)
+        if u is not None:
+            self.u.copy_(u)
+        slot = self.cache.reserve(1)
+        self._buffers(1)[0][1].fill_(position)
+        result, hidden = self._run(slot, 1, 1, SAMPLED)
+        return result[0], hidden[0]
 
     def draft(self, token: int | torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft pass of one token at the cache's end -> (the draft function's output for its
