@@ -178,6 +178,34 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     assert data["settings"]["walk"] == "rows" and all(c["walk_batched"] == {} for c in data["contexts"])
 
 
+def test_the_gpu_path_times_the_step_bodies_with_the_draw_inside(tiny, tmp_path, capsys, monkeypatch):
+    """Where the loops run step bodies (CUDA; forced here, run eagerly), the AR step is timed as
+    generation runs it, the draw inside the decode body (StepGraphs.sample_decode), beside the eager
+    forward-and-draw; each replayed step draws into the device history at the root's position and
+    leaves the cache at the context."""
+    import longswift.spec.tokenswift as ts
+    from longswift.runtime.cuda_graphs import StepGraphs
+
+    monkeypatch.setattr(ts, "step_bodies", lambda model: True)
+    drawn: list[int] = []
+    real = StepGraphs.sample_decode
+
+    def spy(self, logits, u, position):
+        out = real(self, logits, u, position)
+        drawn.append((position, self.cache.length))
+        return out
+
+    monkeypatch.setattr(StepGraphs, "sample_decode", spy)
+    js = tmp_path / "steps.json"
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64", "--alpha", "0.5",
+                             "--prefix", "32", "--new-tokens", "32", "--json", str(js))
+    assert code == 0, err
+    data = json.loads(js.read_text())
+    assert all(c["ar"] > 0 and c["ar_eager"] > 0 for c in data["contexts"])
+    assert drawn and {p for p, _ in drawn} == {c["context"] for c in data["contexts"]}
+    assert all(length == p + 1 for p, length in drawn)  # the forward ran at the root's slot (truncated after)
+
+
 def test_batched_walk_is_measured_and_projected(tiny, tmp_path, capsys):
     """--walk batched (the GPU default) on the CPU: every tree size gets its walk cost, the report a
     table of them, and the projection a step of draft + verify + one walk."""

@@ -20,7 +20,7 @@ from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer, fused_kernels
-from ..sampling import draw, penalty_window, transform
+from ..sampling import draw, penalty_window, transform, uniforms
 from ..spec.budget import draft_cache_tokens, draft_levels, tree_budget, walk_rows
 from ..spec.heads import DraftHeads, new_heads
 from ..spec.ngram import NGRAM_N
@@ -139,7 +139,7 @@ class ContextCosts:
     """Median seconds of each step at one context."""
 
     context: int
-    ar: float  # the AR step as generation runs it here (a CUDA-graph replay where graphs are on)
+    ar: float  # the AR step as generation runs it here (where graphs are on, a replay of the draw and forward)
     draft: float
     draft_cache: int  # entries the draft pass attends to (the partial cache past the budget)
     reselect: float | None  # a draft step that refills the partial cache; None below the budget
@@ -246,6 +246,8 @@ class StepRig:
         self.root = prompt[-1]
         self.context = 0
         self.graphs = self.s.graphs.get(id(self.s.full))  # CUDA: the state's step bodies on the full cache
+        self.last_logits: torch.Tensor | None = None  # [V] what a replayed AR step draws from
+        self.u: torch.Tensor | None = None
 
     def at(self, context: int) -> None:
         """The state of a step at `context`: that many entries cached, the root at position `context`."""
@@ -258,14 +260,23 @@ class StepRig:
         return self.s.partial is not None and self.context >= self.bench.spec.draft_kv_budget
 
     def ar_step(self, replay: bool = False) -> None:
-        """What ar_steps does per token: forward the last token (LM head included; with `replay` through
-        the CUDA step body, as generation runs it there, else the model's eager forward), transform, draw."""
+        """What ar_steps does per token: with `replay`, as generation runs it on CUDA, one step body
+        (a graph's replay) that draws the token from the last logits (transform, draw) and forwards it
+        (runtime.blocks, StepGraphs.sample_decode); else the model's eager forward of the last token,
+        then the transform and draw."""
         model, s = self.model, self.s
         if replay:
-            logits = self.graphs.decode(self.root, self.context)[0][None]  # type: ignore[union-attr]
-        else:
-            token = torch.tensor([self.root], device=model.device)
-            logits, _ = model.forward(token, torch.tensor([self.context], device=model.device), s.full)
+            graphs = self.graphs
+            assert graphs is not None
+            graphs.bind_sampling(s.history_dev, self.sampling)
+            if self.last_logits is None:
+                self.last_logits = model.logits(self.hidden)[0]
+                self.u = uniforms(self.gen, 1).to(model.device)  # one block's uniform (a block draws its own once)
+            self.last_logits = graphs.sample_decode(self.last_logits, self.u, self.context)[0]
+            s.full.truncate(self.context)
+            return
+        token = torch.tensor([self.root], device=model.device)
+        logits, _ = model.forward(token, torch.tensor([self.context], device=model.device), s.full)
         s.full.truncate(self.context)
         window = penalty_window(s.history, s.n, self.sampling.penalty_window).to(logits.device)
         draw(transform(logits, window[None], self.sampling)[0], self.sampling, self.gen)
