@@ -23,6 +23,7 @@ from longswift.runtime.attention import (
     key_span,
     masked_with_lse,
     merge,
+    prefix_attention,
     prefix_with_lse,
 )
 
@@ -163,6 +164,7 @@ def test_attention_by_a_device_held_length_equals_explicit_attention(t, start, t
     torch.testing.assert_close(ungrouped(got, t), reference(q, keys, values, start, new, D**-0.5),
                                rtol=1e-10, atol=1e-10)
     out, lse = prefix_with_lse(grouped(q), cache_k, cache_v, used, D**-0.5)
+    assert torch.equal(prefix_attention(grouped(q), cache_k, cache_v, used, D**-0.5), out)  # decoding's call
     if start == 0:  # nothing cached: no weight in the merge, and no NaN
         assert torch.isneginf(lse).all() and not out.isnan().any()
     else:

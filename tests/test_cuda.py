@@ -42,6 +42,7 @@ from longswift.runtime.attention import (
     key_span,
     length_unsupported,
     masked_with_lse,
+    prefix_attention,
     prefix_with_lse,
 )
 from longswift.runtime.cache import FullKVCache
@@ -233,6 +234,7 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, g
     rows = torch.ones(t, t, dtype=torch.bool, device=CUDA).tril_().repeat(grp, 1)  # [G*T, T]
     length = key_span(torch.tensor([used], device=CUDA), span)
     out, lse = prefix_with_lse(q, keys, values, length, d**-0.5)
+    assert torch.equal(prefix_attention(q, keys, values, length, d**-0.5), out)  # the decode step's call
     want, want_lse = explicit_with_lse(q.float(), keys[:, :used].float(), values[:, :used].float(), d**-0.5, None)
     assert calls and "seqused_k" in calls[0][1], "bf16 on CUDA should take flash's variable-length kernel"
     assert calls[0][0][0].shape == (1, hkv * max(grp * t, 2), d)  # one query token, a head per row

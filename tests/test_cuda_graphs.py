@@ -215,13 +215,12 @@ def test_auto_graph_attention_is_length_where_torch_can_and_bucketed_elsewhere(m
 
 def test_a_single_token_attends_by_length_in_one_call(monkeypatch):
     """--graph-attention length: a decoding token's key is in the cache before it attends, so its
-    attention is one variable-length call over the slots up to its own (no explicit part over the
-    new entries, no merge: 26 fewer ops a layer on the CPU, views included); a tree step of several
-    tokens merges both."""
+    attention is one variable-length call over the slots up to its own, output only (no masked part
+    over the new entries, no merge, no log-sum-exp to fix); a tree step of several tokens merges both."""
     import longswift.runtime.cuda_graphs as cg
 
     calls = {"by_length": 0, "prefix": 0}
-    by_length, prefix = cg.by_length, cg.prefix_with_lse
+    by_length, prefix = cg.by_length, cg.prefix_attention
 
     def count(name, fn):
         def counted(*args, **kwargs):
@@ -230,7 +229,7 @@ def test_a_single_token_attends_by_length_in_one_call(monkeypatch):
         return counted
 
     monkeypatch.setattr(cg, "by_length", count("by_length", by_length))
-    monkeypatch.setattr(cg, "prefix_with_lse", count("prefix", prefix))
+    monkeypatch.setattr(cg, "prefix_attention", count("prefix", prefix))
     engine = engine64(graph_attention="length")
     cache = FullKVCache(engine.cfg, 64, torch.float64, CPU)
     engine.model.prefill(torch.arange(15), cache, chunk=8)

@@ -193,6 +193,25 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     CUDA, float16/bfloat16: flash attention's variable-length kernel (`aten._flash_attention_forward`,
     what torch.nn.attention.varlen wraps), which stops at `seqused_k`. Elsewhere: explicit products
     over the span, the slots from `used` on masked out (how the CPU tests run the same bodies)."""
+    out, lse = _used_prefix(qg, keys, values, ks, scale)
+    if cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
+        # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which would take all
+        # the merge's weight; explicit attention's convention is -inf (no weight). One kernel, not two.
+        lse = torch.nan_to_num(lse, nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
+    return out, lse
+
+
+def prefix_attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
+                     scale: float) -> torch.Tensor:
+    """prefix_with_lse's output alone, for a single decoding token: its own key is among the used
+    slots, so no row is empty, and nothing is merged, so the log-sum-exp needs no fixing (a kernel
+    fewer a layer of every decode step). -> [Hkv, R, D] in q's dtype."""
+    return _used_prefix(qg, keys, values, ks, scale)[0].to(qg.dtype)
+
+
+def _used_prefix(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """prefix_with_lse before the empty rows' lse is fixed (flash gives them +inf)."""
     span = keys.shape[1]
     if cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
         hkv, rows, d = qg.shape
@@ -207,11 +226,7 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
             q, keys.transpose(0, 1), values.transpose(0, 1), ks.cu_q, ks.cu_k, 1, span, 0.0, False, False,
             scale=scale, seqused_k=ks.used)[:2]  # keys/values: [S, Hkv, D] views of the cache
         out = out.reshape(hkv, -1, d)[:, :rows]  # [1, Hkv*R', D], heads kv-major -> [Hkv, R, D]
-        lse = lse.reshape(hkv, -1)[:, :rows]  # [Hkv*R', 1], kv-major -> [Hkv, R]
-        # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which would take all
-        # the merge's weight; explicit attention's convention is -inf (no weight). One kernel, not two.
-        lse = torch.nan_to_num(lse, nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
-        return out, lse
+        return out, lse.reshape(hkv, -1)[:, :rows]  # [Hkv*R', 1], kv-major -> [Hkv, R]
     allowed = torch.arange(span, device=qg.device) < ks.used  # [S]: the slots in use
     return explicit_with_lse(qg, keys, values, scale, allowed[None])
 

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from ..config import GRAPH_ATTENTIONS, SamplingConfig
 from ..errors import LongswiftError
 from ..sampling import draw_rows, transform
-from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_with_lse
+from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_attention
 from .cache import FullKVCache
 from .model import Transformer
 
@@ -177,7 +177,7 @@ class StepGraphs:
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor) -> torch.Tensor:
-                return prefix_with_lse(qg, keys[:, :first], values[:, :first], ks, m.scale)[0].to(qg.dtype)
+                return prefix_attention(qg, keys[:, :first], values[:, :first], ks, m.scale)
         elif self.attention == "length":
             ks = key_span(self.slot, first)  # the cached slots before the step's, counted on the device
             allowed = additive_mask(mask.repeat(g, 1), m.dtype)  # [G*N, N], rows g*N + t
