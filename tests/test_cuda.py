@@ -418,15 +418,17 @@ def test_tokenswift_equals_ar_on_cuda_in_float32():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("attention", ["bucketed", "length"])
-def test_a_draw_captured_in_the_decode_graph_equals_the_eager_draws(dtype, attention):
+@pytest.mark.parametrize("vocab", [128, 65536])
+def test_a_draw_captured_in_the_decode_graph_equals_the_eager_draws(dtype, attention, vocab):
     """StepGraphs.sample_decode: the draw (penalty window gathered on the device, ban, temperature,
     top-k/top-p/min-p, the inverse-CDF draw) and its history write, captured with the decode forward
     and replayed, give the tokens, logits and history of eager draws between eagerly run bodies,
-    across buckets (spans), greedy and sampled."""
+    across buckets (spans), greedy and sampled. A real vocabulary's size takes sort and top-k to
+    their large-input kernels (cub's radix sort past 4,096 entries)."""
     from longswift.runtime.blocks import sample_block
 
     needs_length(attention)
-    model = longswift.load(tiny_hf_model("llama", "default", seed=12), device="cuda",
+    model = longswift.load(tiny_hf_model("llama", "default", seed=12, vocab=vocab), device="cuda",
                            dtype=str(dtype).removeprefix("torch.")).model
     prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(2))
     for sampling in (SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=16, banned_ids=(7,)),

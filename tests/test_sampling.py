@@ -19,7 +19,7 @@ from transformers import (
 from longswift import sampling
 from longswift.config import SamplingConfig
 from longswift.errors import LongswiftError
-from longswift.sampling import apply_penalty, draw, penalty_window, probabilities, transform
+from longswift.sampling import apply_penalty, banned_index, draw, penalty_window, probabilities, transform
 
 V = 64
 
@@ -263,3 +263,12 @@ def test_same_seed_same_draws():
 def test_bad_sampling_values_are_refused(bad):
     with pytest.raises(LongswiftError, match="must be"):
         SamplingConfig(**bad)
+
+
+def test_a_ban_list_is_one_tensor_for_the_process():
+    """A captured CUDA graph reads the ban's index tensor by address, and a capture may not copy one
+    from the host: each list is made once and never freed, however many lists a process uses."""
+    first = banned_index((3, 9), torch.device("cpu"))
+    for n in range(100):  # more lists than any bounded cache of the past held
+        banned_index((n, n + 1000), torch.device("cpu"))
+    assert banned_index((3, 9), torch.device("cpu")) is first and first.tolist() == [3, 9]

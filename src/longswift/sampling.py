@@ -33,10 +33,11 @@ def apply_penalty(logits: torch.Tensor, window_ids: torch.Tensor, theta: float) 
     return torch.where(present, penalized, logits)
 
 
-@functools.lru_cache(maxsize=64)
-def _banned_index(banned_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The ids as a long tensor on the device, made once: a CUDA graph that captures the ban (the decode
-    body's draw, runtime.cuda_graphs) may not copy from the host while it captures."""
+@functools.cache
+def banned_index(banned_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The ids as a long tensor on the device, made once and kept for the process: a CUDA graph that
+    captures the ban (the decode body's draw, runtime.cuda_graphs) may not copy from the host while it
+    captures, and replays read the tensor's memory, so it is never freed (one small tensor per list)."""
     return torch.tensor(banned_ids, dtype=torch.long, device=device)
 
 
@@ -44,7 +45,7 @@ def ban(logits: torch.Tensor, banned_ids: tuple[int, ...]) -> torch.Tensor:
     """logits [N, V] with the columns of `banned_ids` at -inf (a new tensor: the input is kept)."""
     if not banned_ids:
         return logits
-    return logits.index_fill(1, _banned_index(tuple(banned_ids), logits.device), -math.inf)
+    return logits.index_fill(1, banned_index(tuple(banned_ids), logits.device), -math.inf)
 
 
 def transform(logits: torch.Tensor, window_ids: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -268,8 +268,10 @@ class StepRig:
         if replay:
             graphs = self.graphs
             assert graphs is not None
-            graphs.bind_sampling(s.history_dev, self.sampling)
             if self.last_logits is None:
+                # The replay writes each drawn token into the history it is bound to: a scratch copy, so
+                # the state's history (the other steps' penalty windows) stays as set up.
+                graphs.bind_sampling(s.history_dev.clone(), self.sampling)
                 self.last_logits = model.logits(self.hidden)[0]
                 self.u = uniforms(self.gen, 1).to(model.device)  # one block's uniform (a block draws its own once)
             self.last_logits = graphs.sample_decode(self.last_logits, self.u, self.context)[0]

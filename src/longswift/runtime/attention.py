@@ -109,7 +109,8 @@ def masked_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of every row over the keys under an additive mask, with each row's log-sum-exp, in
     one fused kernel where the device has one for the dtype. Every row must see at least one key (a
-    tree node sees itself; the fused kernels give a fully masked row no -inf log-sum-exp).
+    tree node sees itself, a padded row too): for a fully masked row the fused kernels do not give
+    explicit attention's lse -inf and zero output (the CPU's gives lse 0), which the merge needs.
     qg: [Hkv, R, D], keys/values: [Hkv, S, D], bias: [R, S] (additive_mask) -> out [Hkv, R, D]
     (q's dtype, or the accumulation dtype where explicit), lse [Hkv, R] (float32, float64 for float64).
     CPU: the flash kernel with attn_mask. CUDA, float16/bfloat16: the memory-efficient kernel with the

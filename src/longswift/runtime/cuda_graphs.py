@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from ..config import GRAPH_ATTENTIONS, SamplingConfig
 from ..errors import LongswiftError
-from ..sampling import draw_rows, transform
+from ..sampling import banned_index, draw_rows, transform
 from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_attention
 from .cache import FullKVCache
 from .model import Transformer
@@ -298,6 +298,8 @@ class StepGraphs:
         if history is self.history and sampling == self.sampling:
             return
         self.history, self.sampling = history, sampling
+        if sampling.banned_ids:  # made here, never during a capture (sampling.banned_index)
+            banned_index(sampling.banned_ids, history.device)
         for key in [k for k in self.graphs if k[2] == SAMPLED]:
             del self.graphs[key]
         self.warmed.discard((1, SAMPLED))
