@@ -317,10 +317,8 @@ class StepGraphs:
         self.drawn_from.copy_(logits)
         if u is not None:
             self.u.copy_(u)
-        slot = self.cache.reserve(1)
-        self._buffers(1)[0][1].fill_(position)
-        result, hidden = self._run(slot, 1, 1, SAMPLED)
-        return result[0], hidden[0]
+        result, hidden = self._one(None, position, SAMPLED)
+        return result[0], hidden
 
     def draft(self, token: int | torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft pass of one token at the cache's end -> (the draft function's output for its
@@ -329,12 +327,13 @@ class StepGraphs:
             raise ValueError("StepGraphs.draft needs a draft function (StepGraphs(..., draft=...))")
         return self._one(token, position, DRAFT)
 
-    def _one(self, token: int | torch.Tensor, position: int, out: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _one(self, token: int | torch.Tensor | None, position: int, out: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token at the cache's end through the `out` body; `token` None: the body draws it (SAMPLED)."""
         slot = self.cache.reserve(1)
         (buf_token, buf_position), _ = self._buffers(1)
         if isinstance(token, torch.Tensor):
             buf_token.copy_(token)
-        else:
+        elif token is not None:
             buf_token.fill_(token)
         buf_position.fill_(position)  # a kernel argument: no host-to-device copy
         result, hidden = self._run(slot, 1, 1, out)
