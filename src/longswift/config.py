@@ -284,6 +284,12 @@ class SamplingConfig:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def penalized_window(self) -> int:
+        """Recent tokens the transform reads: the penalty window, or 0 where the penalty is off (1.0),
+        so that no window is cut or gathered for nothing."""
+        return self.penalty_window if self.repetition_penalty != 1.0 else 0
+
 
 @dataclass
 class GenerationConfig:

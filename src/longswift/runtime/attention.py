@@ -194,8 +194,9 @@ def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     CUDA, float16/bfloat16: flash attention's variable-length kernel (`aten._flash_attention_forward`,
     what torch.nn.attention.varlen wraps), which stops at `seqused_k`. Elsewhere: explicit products
     over the span, the slots from `used` on masked out (how the CPU tests run the same bodies)."""
-    out, lse = _used_prefix(qg, keys, values, ks, scale)
-    if cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
+    flash = cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1])
+    out, lse = _used_prefix(qg, keys, values, ks, scale, flash)
+    if flash:
         # A row with no keys (nothing cached) gets lse +inf from flash (softmax.h), which would take all
         # the merge's weight; explicit attention's convention is -inf (no weight). One kernel, not two.
         lse = torch.nan_to_num(lse, nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
@@ -207,14 +208,15 @@ def prefix_attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """prefix_with_lse's output alone, for a single decoding token: its own key is among the used
     slots, so no row is empty, and nothing is merged, so the log-sum-exp needs no fixing (a kernel
     fewer a layer of every decode step). -> [Hkv, R, D] in q's dtype."""
-    return _used_prefix(qg, keys, values, ks, scale)[0].to(qg.dtype)
+    return _used_prefix(qg, keys, values, ks, scale, cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]))[0].to(qg.dtype)
 
 
 def _used_prefix(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """prefix_with_lse before the empty rows' lse is fixed (flash gives them +inf)."""
+                 scale: float, flash: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """prefix_with_lse before the empty rows' lse is fixed (flash gives them +inf); `flash`: the
+    caller's cuda_flash_fits for qg."""
     span = keys.shape[1]
-    if cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
+    if flash:
         hkv, rows, d = qg.shape
         # The R rows go as ONE query token of Hkv*R heads (head h reads KV head h // R). For a single query
         # token with more heads than KV heads, mha_varlen_fwd swaps the groups back into R query rows per KV

@@ -216,7 +216,7 @@ class StepGraphs:
         What runtime.blocks does per token on the host's launches, here in device ops only. -> [1] long."""
         history, sampling = self.history, self.sampling
         assert history is not None and sampling is not None and self.drawn_from is not None
-        w = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
+        w = sampling.penalized_window
         at = positions[:1] - w + torch.arange(w, device=history.device)  # [W] the window's history indices
         window = torch.where(at >= 0, history[at.clamp(min=0)], -1)  # [W]
         x = transform(self.drawn_from[None], window[None], sampling)  # [1, V]

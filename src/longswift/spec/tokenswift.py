@@ -121,7 +121,7 @@ class TokenSwiftState:
         # The same ids on the model's device, where the penalty windows are cut from (no host copy per draw).
         self.history_dev = self.history if model.device.type == "cpu" else self.history.to(model.device)
         self.produced = len(generated)
-        exclude = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
+        exclude = sampling.penalized_window
         self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
         if self.ngrams is not None:
             self.ngrams.update(self.tokens, self.n)

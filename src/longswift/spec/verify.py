@@ -115,7 +115,7 @@ def batched_walk(
     if logits.shape[0] != len(trie):  # a shape, no device read; padded rows are the caller's to slice off
         raise ValueError(f"batched_walk takes a row of logits per trie node: got {logits.shape[0]} rows for "
                          f"{len(trie)} nodes")
-    w = sampling.penalty_window if sampling.repetition_penalty != 1.0 else 0
+    w = sampling.penalized_window
     windows = node_windows(trie, history, length, w) if w > 0 else logits.new_empty(len(trie), 0, dtype=torch.long)
     x = transform(logits, windows, sampling)  # [N, V]
     u, gen = None, generator if generator is not None else torch.default_generator
