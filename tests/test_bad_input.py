@@ -17,7 +17,7 @@ from conftest import assert_one_line_error, run_cli, tiny_hf_model
 
 import longswift
 from longswift import LongswiftError, SamplingConfig
-from longswift.atomic import AtomicFile, check_writable, replace_atomically, write_dir_atomically
+from longswift.atomic import AtomicFile, check_writable, replace_atomically, write_atomic, write_dir_atomically
 from longswift.checkpoint import Checkpoint
 from longswift.config import SEED_MAX, SEED_MIN, RuntimeConfig, parse_rope_scaling
 from longswift.spec.heads import FORMAT, load_heads, new_heads, save_heads
@@ -283,6 +283,38 @@ def test_an_export_into_an_existing_empty_directory_keeps_that_directory(tmp_pat
     monkeypatch.setattr(os, "replace", real_replace)
     write_dir_atomically(".", two_files)
     assert here.stat().st_ino == inode and sorted(p.name for p in here.iterdir()) == ["config.json", "tokenizer"]
+
+
+@pytest.mark.parametrize("flag", ["--output", "--json"])
+def test_an_output_linked_to_a_stream_is_refused_not_replaced(tmp_path, capsys, no_loading, flag):
+    """/dev/stdout is a link to /proc/self/fd/1: renaming a file over such a link (as root) replaced
+    the link and wrote nothing to the stream."""
+    for name, target in (("out", "/proc/self/fd/1"), ("null", "/dev/null")):
+        link = tmp_path / name
+        link.symlink_to(target)
+        code, _, err = run_cli(capsys, "generate", "--prompt", "hi", flag, str(link))
+        assert_one_line_error(code, err, f"output path '{link}' leads to a stream or device")
+        assert link.is_symlink() and os.readlink(link) == target
+
+
+def test_a_linked_output_is_written_through_its_link(tmp_path):
+    """A plain open() writes a symbolic link's target; an atomic write must too, keeping the link
+    (renaming over the link replaced it with a file and left the target as it was)."""
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "out.txt"
+    target.write_text("old")
+    link = tmp_path / "out.txt"
+    link.symlink_to(Path("real") / "out.txt")
+    assert check_writable(link) == target.resolve()
+    write_atomic(link, "new text")
+    assert link.is_symlink() and target.read_text() == "new text"
+    replace_atomically(link, lambda tmp: tmp.write_text("replaced"))
+    assert link.is_symlink() and target.read_text() == "replaced"
+    dangling = tmp_path / "later.txt"
+    dangling.symlink_to(tmp_path / "real" / "new.txt")  # a link to a file not yet there: created, as open() does
+    write_atomic(dangling, "x")
+    assert dangling.is_symlink() and (tmp_path / "real" / "new.txt").read_text() == "x"
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["new.txt", "out.txt"]  # no temp file left
 
 
 def test_files_written_through_the_api_never_replace_a_device_or_pipe(tmp_path):

@@ -21,9 +21,33 @@ except ImportError:  # not on Windows: locking is skipped there
     fcntl = None  # type: ignore[assignment]
 
 
-def check_writable(path: str | os.PathLike) -> Path:
-    """Fail early (before a long run) if `path` cannot be created."""
+# Where a path names a terminal, a pipe or a process's descriptor, not a file: /dev/stdout is a link to
+# /proc/self/fd/1, and a new file renamed over it would replace the link (as root) instead of writing to it.
+_STREAMS = ("/dev/", "/proc/")
+
+
+def output_target(path: str | os.PathLike) -> Path:
+    """The file that writing `path` replaces: a symbolic link's target, so that the link is kept and
+    its target written, as a plain open() writes through it (renaming over the link would replace the
+    link). Refused where the path or its target is a device or a process's file descriptor."""
     p = Path(path).expanduser()
+    if not p.is_symlink():
+        return p
+    real = Path(os.path.realpath(p))
+    hops, q = [p.absolute(), real], p.absolute()
+    while q.is_symlink() and len(hops) < 42:  # each link on the way (/dev/stdout -> /proc/self/fd/1 -> a file)
+        q = Path(os.path.normpath(q.parent / os.readlink(q)))
+        hops.append(q)
+    if any(str(q).startswith(_STREAMS) for q in hops):
+        raise LongswiftError(f"output path '{p}' leads to a stream or device ('{real}'): longswift writes each "
+                             "file whole and renames it into place, so give a file name")
+    return real
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """Fail early (before a long run) if `path` cannot be created; returns the path to write (a link's
+    target, see output_target)."""
+    p = output_target(path)
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise LongswiftError(f"output path '{p}' is a directory: give a file name")
@@ -217,7 +241,7 @@ def append_atomic(path: str | os.PathLike, text: str) -> None:
 def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
     """Have `write` create a file at a temporary sibling path, fsync it and rename it over `path`
     (for writers that want a path, such as safetensors and torch.save); nothing is left on failure."""
-    path = Path(path)
+    path = output_target(path)
     if path.exists() and not path.is_file():  # renaming over it would replace a device, not write to it
         raise LongswiftError(f"'{path}' is not a regular file (a directory, device, pipe or socket): give a file name")
     fd, tmp = _new_temp(path)
