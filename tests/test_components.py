@@ -17,7 +17,7 @@ from longswift import GenerationConfig, SamplingConfig
 from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
 from longswift.runtime.cache import FullKVCache, PartialKVCache
-from longswift.spec.heads import load_heads, new_heads, save_heads
+from longswift.spec.heads import load_heads, model_fingerprint, new_heads, save_heads
 from longswift.spec.ngram import NGramTable, NGramTracker, path_scores
 from longswift.spec.tokenswift import TokenSwiftState, draft
 from longswift.spec.tree import HEADS, NGRAM, Trie
@@ -260,6 +260,27 @@ def test_heads_save_load_round_trip_and_identity(tmp_path):
     bigger = longswift.load(tiny_hf_model("llama", seed=71, vocab=130), dtype="float32")
     with pytest.raises(LongswiftError, match="vocab_size 128 vs 130"):
         load_heads(path, bigger.cfg, bigger.model.embed)
+
+
+def test_heads_fit_their_model_loaded_in_float16(tmp_path):
+    """The fingerprint is taken from the embedding as stored, before the load's cast: float16 rounds
+    some values across a bfloat16 rounding boundary, so the cast table's fingerprint differed and a
+    float16 load silently dropped the shipped heads (found by review). Both loaders that cast (an HF
+    directory, a transformers object) and a resumed checkpoint's check see one model."""
+    hf = tiny_hf_model("llama", seed=71)
+    hf.save_pretrained(tmp_path / "model")
+    engine = longswift.load(hf, dtype="float32", heads="random")
+    path = tmp_path / "heads.safetensors"
+    save_heads(engine.heads, engine.cfg, engine.fingerprint, path)
+    for source in (hf, str(tmp_path / "model")):
+        half = longswift.load(source, dtype="float16", heads=str(path))
+        assert half.model.embed.dtype == torch.float16 and half.heads is not None
+        assert half.fingerprint == engine.fingerprint
+        assert model_fingerprint(half.cfg, half.model.embed) != engine.fingerprint  # what the cast table gave
+    stream = half.stream([5, 9, 17, 3], generation=GenerationConfig(max_new_tokens=4))
+    next(iter(stream))
+    resumed = half.resume(stream.checkpoint())  # the checkpoint's model check takes the same fingerprint
+    assert len(resumed.result_so_far().token_ids) >= 1
 
 
 def test_damaged_heads_files(tmp_path):

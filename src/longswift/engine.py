@@ -17,7 +17,7 @@ from .detok import decode_text
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
-from .runtime.loading import HEAD_PREFIX, LoadedModel, load_model
+from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
 from .runtime.memory import check_context
 from .runtime.model import Transformer
 from .runtime.parallel import TensorParallel, shard_config, shard_state
@@ -111,7 +111,7 @@ class GenerationStream:
             state, stats = self._interrupted
             rng_state = None if state is None else encode_rng(torch.Generator(device="cpu").set_state(state))
         return Checkpoint(
-            model_source=e.model_source, model_fingerprint=model_fingerprint(e.cfg, e.model.embed),
+            model_source=e.model_source, model_fingerprint=e.fingerprint,
             runtime=asdict(e.runtime), heads_source=r.heads_source if r.method == "tokenswift" else None,
             heads_fingerprint=heads_fingerprint(r.heads) if r.method == "tokenswift" else None,
             method=r.method, sampling=asdict(r.sampling), generation=asdict(r.generation), spec=asdict(r.spec),
@@ -132,6 +132,9 @@ class Engine:
         self.source = loaded.source
         # How to load this model again (checkpoints): "<embedded>", an absolute path, or "<ClassName>".
         self.model_source = loaded.source if loaded.source.startswith("<") else os.path.abspath(loaded.source)
+        # The base model's identity (heads files, checkpoints), from its embedding as stored, before the cast.
+        corner = loaded.embed_corner if loaded.embed_corner is not None else loaded.state[EMBED]
+        self.fingerprint = model_fingerprint(loaded.cfg, corner)
         if tp is None:
             self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights,
                                      float32_logits=self.runtime.float32_logits)
@@ -170,24 +173,24 @@ class Engine:
             found = None if heads == "none" else heads  # type: ignore[assignment]
             origin = "none" if found is None else "given as a DraftHeads object"
         elif heads == "auto" and self._checkpoint_heads is not None:
-            found = heads_from_tensors(self._checkpoint_heads, self.cfg, model_fingerprint(self.cfg, embed))
+            found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)
             found = found.to(device=embed.device, dtype=embed.dtype)
             origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
         elif heads in ("auto", "default"):
-            path = shipped_heads(self.cfg, embed)
-            found = load_heads(path, self.cfg, embed) if path else None
+            path = shipped_heads(self.fingerprint)
+            found = load_heads(path, self.cfg, embed, self.fingerprint) if path else None
             origin = f"shipped with longswift for this model: {path}" if path else "none"
         elif heads == "random":
-            found = new_heads(self.cfg, self.model.state).randomize(seed=0)
+            found = new_heads(self.cfg, self.model.state, fingerprint=self.fingerprint).randomize(seed=0)
             origin = "random (seeded, for testing)"
         else:  # a heads file, or a directory / hub id holding heads.safetensors or a released checkpoint
             path = heads_location(str(heads))
             if path.is_dir() and not (path / HEADS_FILE).is_file():
-                found = load_released_heads(path, self.cfg, embed)
+                found = load_released_heads(path, self.cfg, embed, self.fingerprint)
                 origin = f"from the released checkpoint {path} ({HEAD_PREFIX}*, TokenSwift layout)"
             else:
                 path = path / HEADS_FILE if path.is_dir() else path
-                found = load_heads(path, self.cfg, embed)
+                found = load_heads(path, self.cfg, embed, self.fingerprint)
                 origin = f"from the heads file {path}"
         if found is not None:
             origin = f"{found.gamma} heads {origin}"
@@ -308,7 +311,7 @@ class Engine:
             raise ConfigTypeError(f"resume() takes a Checkpoint or the path of a checkpoint file; "
                                   f"got {type(checkpoint).__name__}")
         c = checkpoint
-        if model_fingerprint(self.cfg, self.model.embed) != c.model_fingerprint:
+        if self.fingerprint != c.model_fingerprint:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "
                                  "resume with that model (--model)")
         for key, default in (("dtype", None), ("rope_scaling", None), ("float32_logits", False)):

@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
 def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..runtime.loading import load_config
-    from ..spec.heads import model_fingerprint, save_heads
+    from ..spec.heads import save_heads
     from ..spec.released import check_exportable, export_tokenswift
 
     runtime = config_from_args(RuntimeConfig, args)
@@ -57,7 +57,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
-        save_heads(engine.heads, engine.cfg, model_fingerprint(engine.cfg, engine.model.embed), args.out,
+        save_heads(engine.heads, engine.cfg, engine.fingerprint, args.out,
                    {"exported_from": engine.heads_origin})
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,8 +186,10 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: torch.device,
-                    only: set[str] | None = None) -> dict[str, torch.Tensor]:
-    """Dequantize every tensor (or those named in `only`) to `dtype` under its transformers name."""
+                    only: set[str] | None = None,
+                    before_cast: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
+    """Dequantize every tensor (or those named in `only`) to `dtype` under its transformers name;
+    `before_cast` sees each (name, float32 values on the CPU) first."""
     llama = hf_config.model_type == "llama"
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
@@ -216,7 +219,10 @@ def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: tor
         if np.may_share_memory(array, reader.data) or not array.flags.c_contiguous:
             # Unquantized tensors are views of the map; the weights get a buffer of their own.
             array = np.array(array, copy=True, order="C")
-        state[name] = torch.from_numpy(array).to(device=device, dtype=dtype)
+        values = torch.from_numpy(array)
+        if before_cast is not None:
+            before_cast(name, values)
+        state[name] = values.to(device=device, dtype=dtype)
     return state
 
 

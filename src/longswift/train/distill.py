@@ -85,9 +85,7 @@ class _LongswiftTransform:
 
 def _cache_key(engine: Any, n_tokens: int, new_tokens: int, batch: int, sampling: SamplingConfig,
                prompts: list[list[int]]) -> str:
-    from ..spec.heads import model_fingerprint
-
-    what = {"model": model_fingerprint(engine.cfg, engine.model.embed), "dtype": str(engine.model.dtype),
+    what = {"model": engine.fingerprint, "dtype": str(engine.model.dtype),
             "tokens": n_tokens, "new": new_tokens, "batch": batch, "sampling": asdict(sampling),
             "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16], "version": 1}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, seed_problem, torch_seed
 from ..errors import LongswiftError
-from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, model_fingerprint, new_heads, save_heads
+from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 
 CHECKPOINT = TRAIN_CHECKPOINT
 LOG_FILE = "train_log.json"
@@ -128,7 +128,7 @@ class HeadTrainer:
         self.targets = head_targets(windows, cfg.gamma)  # [gamma, N, L]
         model = engine.model
         self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
-        heads = new_heads(engine.cfg, model.state, cfg.gamma)
+        heads = new_heads(engine.cfg, model.state, cfg.gamma, fingerprint=engine.fingerprint)
         fingerprint = heads.base_fingerprint  # type: ignore[attr-defined]
         self.heads = heads.to(torch.promote_types(engine.model.dtype, torch.float32)).requires_grad_(True)
         self.heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
@@ -283,8 +283,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     checkpoint = out / CHECKPOINT
     windows = windows.to(engine.model.device)
     if resume:  # another base model or other data: said before the hidden states, which take minutes
-        fingerprint = model_fingerprint(engine.cfg, engine.model.state["model.embed_tokens.weight"])
-        check_resumable(checkpoint, cfg, fingerprint, window_hash(windows), mmap=True)
+        check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True)
     hidden = base_hidden(engine.model, windows, progress)
     trainer = HeadTrainer(engine, windows, hidden, cfg)
     if resume:
