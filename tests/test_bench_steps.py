@@ -275,6 +275,9 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
     (("--contexts", "64", "--layers", "3"), "--layers 3 is deeper than the shape's 2 layers: give at most 2"),
     (("--contexts", "64", "--tree-nodes", "0"), "--tree-nodes must be positive"),
     (("--contexts", "64", "--alpha", "0.5", "--prefix", "64"), "--prefix 64 is not below the largest context"),
+    (("--contexts", "64", "--alpha", "0.5"),
+     "--prefix 4096 (the default: the paper's prompt) is not below the largest context 64, where a CPU projection "
+     "ends: give a smaller --prefix"),
 ])
 def test_bad_inputs_are_one_line_errors(tiny, capsys, argv, match):
     code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, *argv)

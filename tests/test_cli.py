@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -206,8 +207,8 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
     (["--max-new-tokens", "5"], "give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS"),
     (["--prompt", "hi", "--max-new-tokens", "100000"],
-     "= 100001 exceeds this model's context of 8192 tokens: lower --max-new-tokens, or extend the context on purpose "
-     "with --rope-scaling yarn:13"),
+     "max_new_tokens (100000) and a prompt of at least one token exceeds this model's context of 8192 tokens: lower "
+     "--max-new-tokens, or extend the context on purpose with --rope-scaling yarn:13"),  # not tokenized yet: no count
     (["--prompt", "hi", "--max-new-tokens", "1000000000000"], "exceeds this model's context"),
     (["--prompt", "hi", "--max-new-tokens", "8000000", "--rope-scaling", "yarn:1024"], "not enough memory"),
     (["--prompt", "hi", "--rope-scaling", "ntk:2"], "--rope-scaling must be TYPE:FACTOR"),
@@ -309,22 +310,23 @@ def sigterm_then_resume(tmp_path, method_args, signum):
 
     cmd = [sys.executable, "-m", "longswift.cli", "generate", "--prompt", "Write a story about a lighthouse keeper.",
            "--chat", "--max-new-tokens", "120", "--ignore-eos", "--no-progress", *method_args,
-           "--output", "out.txt", "--json", "out.json", "--checkpoint", "ck.json", "--checkpoint-every", "30"]
+           "--output", "out.txt", "--json", "out.json", "--checkpoint", "my ck.json", "--checkpoint-every", "30"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 600
-    while not (tmp_path / "ck.json").exists() and proc.poll() is None and time.time() < deadline:
+    while not (tmp_path / "my ck.json").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.1)
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signum, err
-    assert "Continue with: longswift generate --resume ck.json" in err
+    assert "Continue with: longswift generate --resume 'my ck.json'" in err  # quoted: it pastes into a shell
+    again = shlex.split(err.split("Continue with: ")[1].splitlines()[0])
     partial = json.loads((tmp_path / "out.json").read_text())
     assert partial["stats"]["finish_reason"] == "interrupted" and 30 <= len(partial["token_ids"]) < 120
     assert (tmp_path / "out.txt").read_text() == partial["text"]  # complete file, not a torn one
     assert not list(tmp_path.glob("*.partial"))
     os.remove(tmp_path / "out.json")
-    done = subprocess.run([sys.executable, "-m", "longswift.cli", "generate", "--resume", "ck.json", "--no-progress"],
+    done = subprocess.run([sys.executable, "-m", "longswift.cli", *again[1:], "--no-progress"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     final = json.loads((tmp_path / "out.json").read_text())  # the checkpoint remembered --output and --json

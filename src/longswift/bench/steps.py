@@ -81,8 +81,10 @@ class StepBenchConfig:
         if new_tokens is None:
             new_tokens = GPU_NEW_TOKENS if cuda else max(contexts) - self.prefix
             if new_tokens <= 0 and self.alphas:
-                raise LongswiftError(f"--prefix {self.prefix} is not below the largest context {max(contexts)}: "
-                                     "give --new-tokens, or a larger context")
+                default = " (the default: the paper's prompt)" if self.prefix == PAPER_PREFIX else ""
+                raise LongswiftError(f"--prefix {self.prefix}{default} is not below the largest context {max(contexts)}, "
+                                     "where a CPU projection ends: give a smaller --prefix, or --new-tokens (which "
+                                     "also measures the contexts from --prefix to --prefix + --new-tokens)")
         return dataclasses.replace(self, contexts=tuple(contexts), new_tokens=max(new_tokens, 1),
                                    spec=self.spec.for_device(device))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 from contextlib import nullcontext
@@ -163,7 +164,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     runtime = config_from_args(RuntimeConfig, args)
     if args.system is not None and (args.prompt_ids is not None or args.chat is False or not args.system.strip()):
         raise LongswiftError("--system needs some text, and goes into the chat template: give --prompt or "
-                             "--prompt-file without --raw")
+                             "--prompt-file (not --prompt-ids), without --raw")
     if args.prompt_ids is not None:
         if args.chat:
             raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
@@ -179,8 +180,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     outputs = _outputs(args, inputs=[("--prompt-file", args.prompt_file)])
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
-    cfg = _plan_before_loading(args.model, runtime, generation, 1 + generation.max_new_tokens,
-                               spec if tokenswift else None)
+    cfg = _plan_before_loading(args.model, runtime, generation, None, spec if tokenswift else None)
     if isinstance(prompt, list) and any(not 0 <= t < cfg.vocab_size for t in prompt):
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
@@ -264,7 +264,7 @@ def _resume(args: argparse.Namespace) -> int:
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")
-    _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids) + gen.max_new_tokens)
+    _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids))
     heads = args.heads or ckpt.heads_source or "none"
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         engine = ranks.load(model, heads)
@@ -303,11 +303,11 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
     return out
 
 
-def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: GenerationConfig, tokens: int,
+def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: GenerationConfig, prompt_tokens: int | None,
                          spec: SpecConfig | None = None) -> Any:
-    """Refuse, before reading any weights, a run whose weights + KV cache for `tokens` cannot fit
-    (with TokenSwift's tree and draft cache when `spec` is given). A new run plans for a one-token
-    prompt (the prompt is not tokenized yet): the exact plan, with the prompt, is checked again
+    """Refuse, before reading any weights, a run whose weights + KV cache for its prompt and new tokens
+    cannot fit (with TokenSwift's tree and draft cache when `spec` is given). A new run (`prompt_tokens`
+    None: not tokenized yet) plans for a one-token prompt: the exact plan, with the prompt, is checked again
     before the cache is allocated. Under torchrun, a model that does not split across the processes is
     refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
     from ..runtime.linear import packing_supported
@@ -316,7 +316,8 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     from ..runtime.parallel import env_world_size, plan_shards, shard_config
 
     cfg = load_config(model, runtime.rope_scaling)
-    check_context(cfg, tokens - gen.max_new_tokens, gen.max_new_tokens)
+    check_context(cfg, prompt_tokens, gen.max_new_tokens)
+    tokens = (prompt_tokens or 1) + gen.max_new_tokens
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     held = cfg  # what one process holds
     if env_world_size() > 1:
@@ -412,7 +413,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
     if interrupted:
         shown = _shown(path)
         print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{shown}'. "
-              f"Continue with: longswift generate --resume {shown}", file=sys.stderr)
+              f"Continue with: longswift generate --resume {shlex.quote(shown)}", file=sys.stderr)
         return stop.exit_code
     return 0
 
@@ -421,7 +422,8 @@ def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
     """A system error (a full disk) that stopped a run, with on the same line the checkpoint that is
     intact and the command that continues from it."""
     shown = _shown(path)
-    hint = f"; the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume {shown}"
+    hint = (f"; the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume "
+            f"{shlex.quote(shown)}")
     if exc.errno is None or exc.strerror is None:
         return OSError(f"{exc}{hint}")
     where = f": '{exc.filename}'" if exc.filename is not None else ""

@@ -157,11 +157,13 @@ def rope_extension(cfg: ModelConfig, total: int) -> int | None:
     return factor if cfg.scaled_rope is None and factor <= MAX_ROPE_FACTOR else None
 
 
-def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> None:
-    """Refuse a generation longer than the model's context (trained, or extended by rope scaling)."""
-    total, limit = prompt_tokens + max_new_tokens, cfg.context_limit
+def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: int) -> None:
+    """Refuse a generation longer than the model's context (trained, or extended by rope scaling).
+    `prompt_tokens` None: the prompt is not tokenized yet (the command line, before loading): one at least."""
+    counted = 1 if prompt_tokens is None else prompt_tokens
+    total, limit = counted + max_new_tokens, cfg.context_limit
     if total > limit:
-        full = prompt_tokens >= limit  # the prompt alone: fewer new tokens would not help
+        full = counted >= limit  # the prompt alone: fewer new tokens would not help
         shorter = "shorten the prompt" if full else "lower --max-new-tokens"
         factor = rope_extension(cfg, total)
         if factor is not None:
@@ -170,8 +172,9 @@ def check_context(cfg: ModelConfig, prompt_tokens: int, max_new_tokens: int) -> 
             advice = shorter if full else "lower --max-new-tokens or shorten the prompt"
         else:  # no extension reaches that far
             advice = shorter
-        raise LongswiftError(f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
-                             f"exceeds this model's context of {limit} tokens: {advice}")
+        what = (f"max_new_tokens ({max_new_tokens}) and a prompt of at least one token" if prompt_tokens is None
+                else f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total}")
+        raise LongswiftError(f"{what} exceeds this model's context of {limit} tokens: {advice}")
 
 
 def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0,
