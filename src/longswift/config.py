@@ -265,7 +265,7 @@ class SamplingConfig:
         # a list from JSON, numpy ids, repeats: one canonical form of Python ints
         self.banned_ids = tuple(sorted({int(t) for t in self.banned_ids}))
         checks = [
-            (self.temperature >= 0 and math.isfinite(self.temperature), "--temperature must be >= 0"),
+            (self.temperature >= 0 and math.isfinite(self.temperature), "--temperature must be a finite number >= 0"),
             (self.top_k >= 0, "--top-k must be >= 0"),
             (0 < self.top_p <= 1, "--top-p must be in (0, 1]"),
             (0 <= self.min_p < 1, "--min-p must be in [0, 1)"),

@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
                        help="save the generation's state here every --checkpoint-every tokens and when interrupted; "
                             "continue it with --resume")
     files.add_argument("--checkpoint-every", type=whole_number, default=1024, metavar="N",
-                       help="tokens between checkpoints (default: 1024)")
+                       help="tokens between the checkpoints --checkpoint saves (default: 1024)")
     files.add_argument("--no-progress", action="store_true",
                        help="no status line (it is shown only on a terminal: tokens, tok/s, ETA, alpha, tokens/step)")
     gen.add_argument("--greedy", action="store_true", help=(
@@ -146,6 +146,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.checkpoint_every <= 0:
         raise LongswiftError("--checkpoint-every must be a positive number of tokens")
+    every_given = any(len(f) > len("--checkpoint") and "--checkpoint-every".startswith(f)
+                      for f in (a.split("=")[0] for a in args.argv))
+    if args.resume is None and args.checkpoint is None and every_given:  # on --resume, the checkpoint is that file
+        raise LongswiftError("--checkpoint-every needs --checkpoint FILE, the file it saves to")
+    for flag in ("output", "json", "checkpoint"):
+        if str(getattr(args, flag)) == "-":
+            raise LongswiftError(f"--{flag} - would write a file named '-': the text goes to stdout without "
+                                 "--output; give a file name")
     if args.resume is None and args.prompt is None and args.prompt_file is None and args.prompt_ids is None:
         raise LongswiftError("give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS "
                              "(or --resume CHECKPOINT)")
