@@ -133,11 +133,11 @@ def test_projection_ends_and_tree_are_measured_not_extrapolated():
     cfg = StepBenchConfig(shape="smollm2-135m", contexts=(2048, 8192), tree_nodes=(1, 4), alphas=(0.5,), prefix=1024,
                           new_tokens=6000).for_device(torch.device("cpu"))
     assert cfg.measured_contexts() == (1024, 2048, 4096, 7024, 8192)  # both ends and the draft budget inside
-    assert cfg.projection_nodes == 8 and cfg.measured_nodes() == (1, 4, 8)  # CPU tree 1,1,1 + 1 n-gram path of 4
+    assert cfg.projection_nodes == 7 and cfg.measured_nodes() == (1, 4, 7)  # CPU tree 1,1,1 + an n-gram's 3 tokens
     assert cfg.depth == 4
     paper = StepBenchConfig(shape="smollm2-135m", spec=SpecConfig(tree="1,3,3,3", ngram_topk=20)).for_device(
         torch.device("cpu"))
-    assert paper.projection_nodes == 1 + 1 + 3 + 9 + 27 + 20 * 4 and paper.measured_contexts() == (2048, 4096, 8192)
+    assert paper.projection_nodes == 1 + 1 + 3 + 9 + 27 + 20 * 3 and paper.measured_contexts() == (2048, 4096, 8192)
     # a trie of 3 nodes holds at most 2 drafted positions: tau = 1 + 4 alpha projected steps it cannot make
     cut = StepBenchConfig(shape="smollm2-135m", spec=SpecConfig(tree="1,3,3", max_nodes=3)).for_device(
         torch.device("cpu"))
@@ -162,11 +162,11 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     for c in data["contexts"]:
         assert c["floor"] == pytest.approx((weights + c["context"] * kv) / bw)
         assert c["ar"] > 0 and c["draft"] > 0 and c["walk_row"] > 0 and c["walk_row_cached"] > 0
-        assert set(c["verify"]) == set(c["logits_rows"]) == {"1", "4", "8"}
+        assert set(c["verify"]) == set(c["logits_rows"]) == {"1", "4", "7"}
         assert (c["reselect"] is None) == (c["context"] < 128)
         assert c["draft_cache"] == (c["context"] if c["context"] < 128 else 128 - 32 + 16)
     proj = data["projection"]
-    assert "not a measurement" in proj["label"] and proj["tree_nodes"] == 8 and proj["depth"] == 4
+    assert "not a measurement" in proj["label"] and proj["tree_nodes"] == 7 and proj["depth"] == 4
     assert [r["tokens_per_step"] for r in proj["runs"]] == [3.0, pytest.approx(4.6)]
     text = md.read_text()
     assert text.startswith("# earlier\n") and "## longswift bench-steps: tiny shape" in text
@@ -237,7 +237,7 @@ def test_runs_without_a_partial_cache_are_measured_and_projected_without_refills
     if mode == "fused":
         assert data["settings"]["draft_mode"] == "fused" and "(fused draft mode)" in out
         assert "Draft: the fused mode's, with no forward" in out
-        assert data["projection"]["tree_nodes"] == 1 + 2 + 4 + 1 * 2 * 4  # tree 2,2 + one n-gram path per depth-1 token
+        assert data["projection"]["tree_nodes"] == 1 + 2 + 4 + 1 * 2 * 3  # tree 2,2 + an n-gram's 3 tokens per depth-1 token
 
 
 @pytest.mark.parametrize("flags, prefix, new, wording", [

@@ -106,6 +106,28 @@ def test_ngram_path_scores_are_log_shares_of_prefixes():
         assert row == sorted(row, reverse=True)
 
 
+@pytest.mark.parametrize("tree,topk,mode", [("1,1,1", 1, "paper"), ("1,3,3,3", 20, "paper"), ("1,3,3,3", 6, "fused"),
+                                             ("2,2", 3, "fused"), ("1", 4, "fused"), ("3", 0, "paper")])
+def test_the_node_budget_is_the_largest_trie_a_step_builds(tree, topk, mode):
+    """unpruned_budget (buffers, memory plans, `longswift info`) is reached by a step whose drafted
+    and n-gram tokens are all distinct, and never passed: the heads' cartesian tree, then topk n-gram
+    paths after each depth-1 token (the root's, where no heads draft: a lookup step), each the
+    lead and its n-gram's NGRAM_N - 1 following tokens."""
+    from longswift.spec.budget import draft_levels, unpruned_budget
+    from longswift.spec.ngram import NGRAM_N
+
+    spec = SpecConfig(tree=tree, ngram_topk=topk, draft_mode=mode).for_device(torch.device("cpu"))
+    fresh = itertools.count(1)
+    levels = [[next(fresh) for _ in range(k)] for k in draft_levels(spec)]
+    trie = Trie.with_root(0)
+    trie.add_levels(levels)
+    for lead in (levels[0] if levels else [None]):
+        for _ in range(topk):
+            path = [next(fresh) for _ in range(NGRAM_N - 1)]
+            trie.add_path(path if lead is None else [lead, *path], NGRAM)
+    assert len(trie) == unpruned_budget(spec)
+
+
 def test_the_trie_mask_costs_ops_by_depth_not_by_nodes():
     """Every full or lookup step builds its trie's mask on the host. Built a depth at a time, it
     runs the same few ops for a 5-node chain and a 100-node trie of the same depth (the GPU's

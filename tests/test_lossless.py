@@ -3,6 +3,7 @@ exactly AR's probabilities (enumerated); sampled output matches AR's distributio
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -128,6 +129,10 @@ def test_every_verified_trie_keeps_within_the_node_budget(tiny64, mode, monkeypa
     ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
     assert ts.token_ids == ar.token_ids
     assert max(sizes) == 7 and len(sizes) == ts.stats.steps - 1
+    sizes.clear()  # without a cut, no trie outgrows the budget that sizes the buffers (unpruned_budget)
+    whole = dataclasses.replace(spec, max_nodes=0)
+    tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=whole)
+    assert 7 < max(sizes) <= unpruned_budget(whole.for_device(torch.device("cpu"))), sizes
 
 
 def test_tokenswift_stops_at_eos_like_ar(tiny64):

@@ -23,13 +23,15 @@ def tree_budget(spec: SpecConfig) -> int:
 
 
 def unpruned_budget(spec: SpecConfig) -> int:
-    """Most nodes the heads' cartesian tree and the n-gram paths can make, before --max-nodes."""
+    """Most nodes the heads' cartesian tree and the n-gram paths can make, before --max-nodes: a path
+    follows a depth-1 token (the root where no heads draft) with the NGRAM_N - 1 tokens of one of its
+    n-grams, which can all be new nodes."""
     levels = draft_levels(spec)
     nodes, width = 1, 1
     for k in levels:
         width *= k
         nodes += width
-    return nodes + spec.ngram_topk * (levels[0] if levels else 1) * NGRAM_N
+    return nodes + spec.ngram_topk * (levels[0] if levels else 1) * (NGRAM_N - 1)
 
 
 def walk_rows(spec: SpecConfig, nodes: int | None = None) -> int:
