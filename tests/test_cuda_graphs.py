@@ -142,6 +142,25 @@ def test_padded_tree_forward_equals_the_eager_tree_forward(start, attention):
     assert bodies.length == eager.length == start + 6
 
 
+def test_a_step_on_a_spans_last_slot_takes_the_span_of_the_steps_after_it():
+    """--graph-attention length: the first step after a prompt as long as a span (2,048 tokens) starts on
+    that span's last slot. It takes the next span, as the steps after it do, rather than a graph of its
+    own for that one step (docs/scripts/graph_keys.py 128 paper: TokenSwift's captures 5 -> 4)."""
+    engine = engine64()
+    model, cfg = engine.model, engine.cfg
+    cache = FullKVCache(cfg, 64, torch.float64, CPU)
+    model.prefill(torch.arange(16) % 100 + 3, cache, chunk=4)  # slots 0..15: the span of 16 is full
+    graphs = StepGraphs(model, cache, capture=False, bucket=8, attention="length")
+    keys = []
+    body = graphs.body
+    graphs.body = lambda *key: keys.append(key) or body(*key)
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    graphs.forward([7, 3, 9], torch.arange(16, 19), mask, logits=False)  # a verify pass from slot 16
+    graphs.forward([4, 5, 6], torch.arange(19, 22), mask, logits=False)
+    graphs.decode(8, 22)
+    assert keys == [(32, 8, "hidden"), (32, 8, "hidden"), (32, 1, "logits")]
+
+
 def test_a_trie_is_padded_by_less_than_twice_its_nodes():
     """Padded rows cost compute at long contexts, so budgets double (the GPU tries: 41 heads-only,
     121 with n-grams, up to 280 in fused mode)."""
@@ -165,14 +184,14 @@ def test_stats_count_each_capture_once_and_keep_a_resumed_runs_earlier_counts():
 
 
 def test_a_length_span_doubles_from_one_bucket_to_the_capacity():
-    """--graph-attention length captures a graph per span (and node budget): six for 100K tokens
+    """--graph-attention length captures a graph per span (and node budget): five for 100K tokens
     after a 4K prompt, where the buckets take about a hundred."""
     assert [span_for(s, 1024, 200_000) for s in (0, 1, 1024, 1025, 3000, 5000, 100_000)] == [
         1024, 1024, 1024, 2048, 4096, 8192, 131072]
     assert span_for(100_000, 1024, 104_448) == 104_448  # never past the cache
     assert span_for(3000, 1024, 4097) == 4096  # a partial cache (budget + 1 slots)
     assert span_for(4097, 1024, 4097) == 4097  # its last slot
-    assert len({span_for(s, 1024, 104_448) for s in range(4096, 104_096)}) == 6
+    assert len({span_for(s + 1, 1024, 104_448) for s in range(4096, 104_096)}) == 5  # steps from slot 4096 on
     assert len({s - s % 1024 for s in range(4096, 104_096)}) == 98  # the buckets' keys over the same run
     with pytest.raises(LongswiftError, match="graph_attention must be one of bucketed, length"):
         engine = engine64()

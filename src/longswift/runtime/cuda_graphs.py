@@ -17,7 +17,8 @@ one of two ways (--graph-attention):
   attention over the N new entries under the tree mask, merged (runtime.attention.by_length); a
   single token (decoding, a draft pass), whose key is written before it attends, is one flash call
   over the slots up to its own, with no masked part or merge. One graph per (span, N, output):
-  six per node budget for 100K tokens after a 4K prompt, and no [N, bucket] tail.
+  five per node budget for 100K tokens after a 4K prompt (a step's span covers its first slot + 1),
+  and no [N, bucket] tail.
   The span bounds the kernel's split of the keys, which it plans from the span on the host: a
   single span of the whole cache would plan every short-context step as a 100K one.
 
@@ -273,8 +274,11 @@ class StepGraphs:
     def _run(self, slot: int, budget: int, n: int, out: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay (or run eagerly) the step of `budget` buffered rows written from `slot`, `n` of them real."""
         self.slot.fill_(slot)
-        if self.attention == "length":  # a single token's span covers its own slot too
-            first = span_for(slot + (budget == 1), self.bucket, self.cache.capacity)
+        if self.attention == "length":
+            # Past the step's first slot: a single token's span must cover its own key, and a verify pass that
+            # starts on a span's last slot (the first step after a 2,048-token prompt) takes the span the steps
+            # after it use, rather than a graph of its own for that one step.
+            first = span_for(slot + 1, self.bucket, self.cache.capacity)
         else:
             first = slot - slot % self.bucket
         key = (first, budget, out)
