@@ -85,7 +85,7 @@ def test_every_path_equals_explicit_attention_in_float64(kernel, t, start, tree)
     attn = Attention(torch.device("cpu"), torch.float64, scale, packed=False, kernel=kernel)
     masks = attn.masks(t, start, G, new if tree else None)
     got = ungrouped(attn.attend(grouped(q), keys, values, masks), t)
-    want = reference(q, keys, values, start, masks.new, scale)
+    want = reference(q, keys, values, start, new, scale)  # the tree (or causal mask) made here, not masks.new
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
@@ -97,7 +97,7 @@ def test_onednn_path_equals_explicit_attention(t, start, tree):
     attn = Attention(torch.device("cpu"), torch.float32, scale, packed=True, kernel="onednn")
     masks = attn.masks(t, start, G, new)
     got = ungrouped(attn.attend(grouped(q), keys, values, masks), t)
-    torch.testing.assert_close(got.double(), reference(q, keys, values, start, masks.new, scale), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=1e-4, atol=1e-5)
 
 
 def test_cascade_merge_is_exact():

@@ -49,6 +49,9 @@ SAMPLINGS = {
     "greedy-penalty": SamplingConfig(temperature=0, repetition_penalty=1.4, penalty_window=6),
     "sampled": SamplingConfig(seed=11, min_p=0.0, repetition_penalty=1.0),
     "sampled-filters": SamplingConfig(seed=12, top_p=0.85, min_p=0.05, repetition_penalty=1.2, penalty_window=8),
+    # min-p alone (top-p cut everything min-p 0.05 would above: a walk that ignored min-p on drafted nodes
+    # passed every fixed case, found by review), with eta on top
+    "sampled-min-p": SamplingConfig(seed=13, min_p=0.3, eta=0.01, repetition_penalty=1.1, penalty_window=8),
 }
 
 
@@ -200,14 +203,19 @@ def ar_sequence_probability(engine, prefix: list[int], tokens: list[int], sampli
     return p
 
 
+ENUMERATED = {"top-p": SamplingConfig(seed=0, top_p=0.9, min_p=0.05, repetition_penalty=1.3, penalty_window=5),
+              "min-p": SamplingConfig(seed=0, min_p=0.2, repetition_penalty=1.3, penalty_window=5)}
+
+
+@pytest.mark.parametrize("sampling", ENUMERATED.values(), ids=ENUMERATED.keys())
 @pytest.mark.parametrize("mode", ["paper", "fused"])
-def test_one_step_emits_each_sequence_with_its_ar_probability(mode, monkeypatch):
+def test_one_step_emits_each_sequence_with_its_ar_probability(mode, sampling, monkeypatch):
     """Enumerate every possible run of one verification walk: each emitted sequence has exactly
-    the probability AR gives it (to 1e-9), and the probabilities sum to 1."""
+    the probability AR gives it (to 1e-9), and the probabilities sum to 1. Under top-p (which cuts what
+    min-p 0.05 would) and under min-p alone."""
     vocab = 12
     hf = tiny_hf_model("qwen2", "default", seed=41, dtype=torch.float64, vocab=vocab)
     engine = longswift.load(hf, dtype="float64", heads="random")
-    sampling = SamplingConfig(seed=0, top_p=0.9, min_p=0.05, repetition_penalty=1.3, penalty_window=5)
     spec = SpecConfig(tree="3,3,2", ngram_topk=2, draft_mode=mode)
     prompt = repetitive_prompt(7, vocab, 16)
     with torch.inference_mode():
@@ -230,7 +238,7 @@ def test_one_step_emits_each_sequence_with_its_ar_probability(mode, monkeypatch)
             return script[len(seen) - 1]
 
         monkeypatch.setattr(verify_mod, "draw", scripted_draw)
-        total, sequences = 0.0, 0
+        total, sequences, deep = 0.0, 0, 0
         pending = [[]]
         while pending:
             prefix = pending.pop()
@@ -255,8 +263,9 @@ def test_one_step_emits_each_sequence_with_its_ar_probability(mode, monkeypatch)
                 assert abs(p_walk - p_ar) < 1e-9, (prefix, y, p_walk, p_ar)
                 total += p_walk
                 sequences += 1
+                deep += len(prefix) > 0
     assert abs(total - 1.0) < 1e-9
-    assert sequences > vocab  # some sequences go through accepted nodes
+    assert sequences > 2 and deep > 0, (sequences, deep)  # some sequences go through accepted nodes
 
 
 def chi_square_critical(df: int, z: float) -> float:
