@@ -227,7 +227,8 @@ def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys
     (["--format", "longswift", "--out", "/proc/h.safetensors"], "cannot write '/proc/h.safetensors'"),
     (["--format", "longswift", "--out", "h.bin"], "must end in .safetensors"),
     (["--format", "tokenswift", "--out", "/proc/released"], "cannot write --out '/proc/released'"),
-    (["--format", "tokenswift", "--out", "FILE"], "exists and is not an empty directory"),
+    (["--format", "tokenswift", "--out", "FILE"], "is a file, and --out here is a new directory"),
+    (["--out", "FILE"], "is a file, and --out here is a new directory"),  # no .safetensors: the released layout
 ])
 def test_export_heads_checks_its_output_before_loading(capsys, tmp_path, no_loading, args, match):
     (tmp_path / "file").write_text("")
@@ -247,7 +248,7 @@ def test_an_exported_directory_appears_whole_or_not_at_all(tmp_path):
     assert list(tmp_path.iterdir()) == []  # nor the parent made for it
     write_dir_atomically(out, lambda tmp: (tmp / "config.json").write_text("{}"))
     assert [p.name for p in out.iterdir()] == ["config.json"]
-    with pytest.raises(LongswiftError, match="exists and is not an empty directory"):
+    with pytest.raises(LongswiftError, match="is a directory that is not empty"):
         write_dir_atomically(out, lambda tmp: None)
 
 

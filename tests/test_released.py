@@ -15,7 +15,7 @@ from test_lossless import repetitive_prompt
 
 import longswift
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
-from longswift.spec.heads import new_heads, save_heads
+from longswift.spec.heads import new_heads, save_heads, training_record
 
 GAMMA = 3
 PREFIX = "model.medusa_layers."
@@ -357,7 +357,8 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     heads = new_heads(engine.cfg, engine.model.state).randomize(seed=4)
     with torch.no_grad():
         heads.in_norms.mul_(1.1)
-    save_heads(heads, engine.cfg, heads.base_fingerprint, tmp_path / "heads.safetensors")
+    save_heads(heads, engine.cfg, heads.base_fingerprint, tmp_path / "heads.safetensors",
+               {"training": {"windows": 5}})
     saved = load_file(str(tmp_path / "heads.safetensors"))
     out = tmp_path / "released"
     capsys.readouterr()
@@ -383,7 +384,16 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     capsys.readouterr()
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
                            "--out", str(out))
-    assert_one_line_error(code, err, "not an empty directory")
+    assert_one_line_error(code, err, "is a directory that is not empty")
+    # an --out ending in .safetensors is a heads file (it was a 540 MB directory of that name), which keeps the
+    # heads' training record; the file being exported is never its own --out
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
+                           "--out", str(tmp_path / "copy.safetensors"))
+    assert code == 0 and (tmp_path / "copy.safetensors").is_file(), err
+    assert training_record(tmp_path / "copy.safetensors") == {"windows": 5}
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "copy.safetensors"),
+                           "--out", str(tmp_path / "copy.safetensors"))
+    assert_one_line_error(code, err, "--heads and --out are the same file")
 
 
 def test_info_reports_which_heads_and_where(tmp_path, capsys):

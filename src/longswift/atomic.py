@@ -103,8 +103,10 @@ def check_dir_writable(path: str | os.PathLike, flag: str) -> Path:
 def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     """Fail early if `path` cannot become a new directory: absent, or an empty directory, that takes entries."""
     p = Path(path).expanduser()
-    if p.exists() and (not p.is_dir() or any(p.iterdir())):
-        raise LongswiftError(f"'{p}' exists and is not an empty directory: choose a new {flag}")
+    if p.exists() and not p.is_dir():
+        raise LongswiftError(f"'{p}' is a file, and {flag} here is a new directory: choose a new {flag}")
+    if p.exists() and any(p.iterdir()):
+        raise LongswiftError(f"'{p}' is a directory that is not empty: choose a new {flag}")
     return check_dir_writable(p, flag)
 
 

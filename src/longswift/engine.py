@@ -7,6 +7,7 @@ import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -146,6 +147,7 @@ class Engine:
         self.heads: DraftHeads | None = None
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
         self.heads_origin = "none"  # which heads set_heads found and where (for `longswift info`)
+        self.heads_file: Path | None = None  # the heads file set_heads read them from (export-heads)
         self.hub_id = loaded.hub_id
         self._checkpoint_heads = loaded.head_tensors  # TokenSwift layout, inside the model checkpoint
         eos = set(loaded.cfg.eos_token_ids)
@@ -168,6 +170,7 @@ class Engine:
         # Built in locals and set together at the end: a refused heads file leaves the engine as it was.
         source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
         embed, origin = self.model.embed, "none"
+        file: Path | None = None  # the heads file they were read from, if one
         found: DraftHeads | None
         if heads is None or heads == "none" or isinstance(heads, DraftHeads):
             found = None if heads == "none" else heads  # type: ignore[assignment]
@@ -179,6 +182,7 @@ class Engine:
         elif heads in ("auto", "default"):
             path = shipped_heads(self.fingerprint)
             found = load_heads(path, self.cfg, embed, self.fingerprint) if path else None
+            file = path
             origin = f"shipped with longswift for this model: {path}" if path else "none"
         elif heads == "random":
             found = new_heads(self.cfg, self.model.state, fingerprint=self.fingerprint).randomize(seed=0)
@@ -191,11 +195,13 @@ class Engine:
             else:
                 path = path / HEADS_FILE if path.is_dir() else path
                 found = load_heads(path, self.cfg, embed, self.fingerprint)
+                file = path
                 origin = f"from the heads file {path}"
         if found is not None:
             origin = f"{found.gamma} heads {origin}"
             found.requires_grad_(False)
         self.heads, self.heads_source, self.heads_origin = found, source, origin
+        self.heads_file = file if found is not None else None
 
     @property
     def has_checkpoint_heads(self) -> bool:

@@ -22,22 +22,26 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--heads", default="auto",
                    help="the heads to export: 'auto' (the model's own or shipped heads), a heads file, or a "
                         "directory / hub id holding heads.safetensors or a released checkpoint (default: auto)")
-    p.add_argument("--format", choices=FORMATS, default="tokenswift",
+    p.add_argument("--format", choices=FORMATS, default=None,
                    help="tokenswift: an HF directory (config.json with medusa_heads, model.safetensors holding base "
                         "model and heads, tokenizer), as TokenSwift's released checkpoints; longswift: one heads "
-                        ".safetensors file with base-model identity (default: tokenswift)")
+                        ".safetensors file with base-model identity and its training record (default: longswift "
+                        "for an --out ending in .safetensors, else tokenswift)")
     p.add_argument("--out", type=Path, required=True,
                    help="a new (or empty) directory for --format tokenswift; a .safetensors file for longswift")
     add_config_flags(p, RuntimeConfig)
 
 
 def cmd_export_heads(args: argparse.Namespace) -> int:
+    from ..atomic import check_distinct
     from ..engine import load
     from ..runtime.loading import load_config
-    from ..spec.heads import save_heads
+    from ..spec.heads import save_heads, training_record
     from ..spec.released import check_exportable, export_tokenswift
 
     runtime = config_from_args(RuntimeConfig, args)
+    if args.format is None:
+        args.format = "longswift" if args.out.suffix == ".safetensors" else "tokenswift"
     if args.format == "tokenswift":  # before loading: a bad --out costs a second, not a load
         check_new_dir(args.out)
         check_exportable(load_config(args.model, runtime.rope_scaling))
@@ -51,13 +55,16 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     if engine.heads is None:
         raise LongswiftError("there are no draft heads to export for this model: pass --heads FILE_OR_DIR "
                              "(train some with `longswift train-heads`)")
+    if engine.heads_file is not None:  # rewriting the file being exported would lose it if the write failed
+        check_distinct([("--heads", engine.heads_file), ("--out", args.out)])
     if args.format == "tokenswift":
         out = export_tokenswift(args.out, engine.cfg, engine.model.full_state(), engine.heads, engine.tokenizer,
                                 engine.model.dtype)
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
+        training = training_record(engine.heads_file) if engine.heads_file is not None else None
         save_heads(engine.heads, engine.cfg, engine.fingerprint, args.out,
-                   {"exported_from": engine.heads_origin})
+                   {"exported_from": engine.heads_origin, **({"training": training} if training else {})})
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)
     return 0

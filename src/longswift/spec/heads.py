@@ -157,6 +157,16 @@ def _made_for_another(base: dict, cfg: ModelConfig, fingerprint: Callable[[], st
     return None if base.get("fingerprint") == fingerprint() else "embedding weights differ"
 
 
+def training_record(path: Path) -> dict | None:
+    """What train-heads recorded in a heads file (its `training` metadata), or None: kept by
+    export-heads, so that an exported file still says how its heads were made."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        training = json.loads((f.metadata() or {}).get(FORMAT, "{}")).get("training")
+    return training if isinstance(training, dict) else None
+
+
 def _training_summary(meta: dict) -> str:
     """What train-heads recorded about how these heads were made, in a few words ('' if nothing)."""
     training = meta.get("training")
