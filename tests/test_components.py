@@ -284,6 +284,24 @@ def test_heads_save_load_round_trip_and_identity(tmp_path):
         load_heads(path, bigger.cfg, bigger.model.embed)
 
 
+def test_the_default_tree_is_cut_to_the_depths_the_heads_draft():
+    """Heads trained with --gamma 1 draft two depths: the default tree (1,1,1 on a CPU) is cut to them
+    (it was refused, after eval-heads' accuracy pass, naming a --tree nobody gave); a tree given
+    explicitly is still refused when it is deeper than the heads."""
+    engine = longswift.load(tiny_hf_model("llama", seed=71), dtype="float64")
+    engine.set_heads(new_heads(engine.cfg, engine.model.state, gamma=1).randomize(seed=3))
+    prompt, gen = [5, 9, 17, 3, 5, 9, 17, 4] * 3, GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    greedy = SamplingConfig(temperature=0)
+    want = engine.generate(prompt, method="ar", sampling=greedy, generation=gen).token_ids
+    for mode in ("paper", "fused"):
+        got = engine.generate(prompt, method="tokenswift", sampling=greedy, generation=gen,
+                              spec=SpecConfig(draft_mode=mode, adaptive=False))
+        assert got.token_ids == want and got.stats.draft_positions > 0, mode
+    with pytest.raises(LongswiftError, match="--tree 1,1,1 has 3 depths but the heads draft only 2"):
+        engine.generate(prompt, method="tokenswift", sampling=greedy, generation=gen, spec=SpecConfig(tree="1,1,1"))
+    assert SpecConfig().for_device(torch.device("cuda"), depths=2).tree == "1,3"
+
+
 def test_heads_fit_their_model_loaded_in_float16(tmp_path):
     """The fingerprint is taken from the embedding as stored, before the load's cast: float16 rounds
     some values across a bfloat16 rounding boundary, so the cast table's fingerprint differed and a

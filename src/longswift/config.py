@@ -399,13 +399,16 @@ class SpecConfig:
             raise ValueError("SpecConfig.tree is 'auto': call for_device() first")
         return parse_tree(self.tree)
 
-    def for_device(self, device: Any) -> SpecConfig:
+    def for_device(self, device: Any, depths: int | None = None) -> SpecConfig:
         """Fill in the per-device defaults. Measured (docs/benchmarks.md): on a CPU the verify pass
         is compute-bound, so its cost grows with every node and a small trie wins (1,1,1 with one
         n-gram continuation); on a GPU it is bandwidth-bound up to a few dozen rows (the paper's
-        trie), but its attention over a long context grows with every row, so its 32 likeliest nodes."""
+        trie), but its attention over a long context grows with every row, so its 32 likeliest nodes.
+        `depths`: the most the heads draft (gamma + 1), to which the default tree is cut."""
         cpu = getattr(device, "type", str(device)).startswith("cpu")
         tree = self.tree if self.tree != "auto" else (CPU_TREE if cpu else PAPER_TREE)
+        if self.tree == "auto" and depths is not None:  # heads of fewer than 3 (GPU: 4) depths
+            tree = ",".join(tree.split(",")[:depths])
         ngram = self.ngram_topk if self.ngram_topk is not None else (CPU_NGRAM_TOPK if cpu else PAPER_NGRAM_TOPK)
         walk = self.walk if self.walk != "auto" else ("rows" if cpu else "batched")
         max_nodes = self.max_nodes if self.max_nodes is not None else (CPU_MAX_NODES if cpu else GPU_MAX_NODES)

@@ -74,7 +74,7 @@ class TokenSwiftState:
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
                  read_every: int = 1, graph_attention: str = "bucketed") -> None:
-        spec = spec.for_device(model.device)
+        spec = spec.for_device(model.device, heads.gamma + 1)
         levels = draft_levels(spec)
         if len(spec.levels) > heads.gamma + 1:
             raise LongswiftError(
