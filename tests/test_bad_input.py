@@ -452,17 +452,22 @@ def test_a_bench_where_no_method_can_run_is_refused(capsys, tmp_path, monkeypatc
                                                                   "llamacpp: "), err
 
 
-@pytest.mark.parametrize("case", ["resume", "file", "unwritable"])
+@pytest.mark.parametrize("case", ["resume", "file", "unwritable", "finished"])
 def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, tmp_path, no_loading, case):
     out = Path("/proc/longswift-heads") if case == "unwritable" else tmp_path / "heads"
     if case == "file":
         out.write_text("a file")
+    if case == "finished":  # a finished run's heads, its checkpoint gone: a new run would replace them
+        out.mkdir()
+        (out / "heads.safetensors").write_text("heads")
     code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(tmp_path),
                            *(["--resume"] if case == "resume" else []))
     match = {"resume": "nothing to resume", "file": f"--out '{out}' is a file: give a directory",
-             "unwritable": f"cannot write --out '{out}': cannot create entries in '/proc'"}[case]
+             "unwritable": f"cannot write --out '{out}': cannot create entries in '/proc'",
+             "finished": f"'{out / 'heads.safetensors'}' exists (the heads of a finished run)"}[case]
     assert_one_line_error(code, err, match)
-    assert out.exists() == (case == "file")
+    assert out.exists() == (case in ("file", "finished"))
+    assert case != "finished" or [p.name for p in out.iterdir()] == ["heads.safetensors"]
 
 
 @pytest.mark.parametrize("case,flags,match", [

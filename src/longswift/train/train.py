@@ -248,6 +248,9 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     checkpoint = out / CHECKPOINT
     if checkpoint.exists() and not resume:
         raise LongswiftError(f"'{checkpoint}' exists: pass --resume to continue it, or choose another --out")
+    if (out / HEADS_FILE).exists() and not checkpoint.exists():  # a finished run's heads: never trained over
+        raise LongswiftError(f"'{out / HEADS_FILE}' exists (the heads of a finished run): choose another --out, or "
+                             "move that file away")
     if resume and not checkpoint.exists():
         raise LongswiftError(f"nothing to resume: '{checkpoint}' does not exist")
     return out
