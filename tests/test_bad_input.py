@@ -635,6 +635,21 @@ def test_a_bench_grid_value_given_twice_is_refused_before_loading(flags, match, 
     assert_one_line_error(code, err, match)
 
 
+@pytest.mark.parametrize("flags, match", [
+    (["--prompt-file", "P.jsonl", "--prefix", "32,64"], "--prefix sets prompt lengths, but a .jsonl file's prompts are"),
+    (["--prompt-file", "P.txt", "--chat", "--prompt-tokens", "32"], "--prompt-tokens sets prompt lengths, but a chat"),
+    (["--chat"], "--chat sends a prompt file through the chat template: give --prompt-file"),
+    (["--fresh"], "--fresh discards the results in --out-dir: give --out-dir"),
+])
+def test_bench_flags_that_would_be_dropped_are_refused(flags, match, capsys, no_loading, tmp_path):
+    """They ran, recorded (--chat in config.json) or were ignored without a word (found by review)."""
+    (tmp_path / "P.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    (tmp_path / "P.txt").write_text("hi")
+    flags = [str(tmp_path / f) if f.startswith("P.") else f for f in flags]
+    code, _, err = run_cli(capsys, "bench", "--methods", "ar", *flags)
+    assert_one_line_error(code, err, match)
+
+
 @pytest.mark.parametrize("flags, match", [(["--methods", ","], "--methods is empty: choose from ar, "),
                                           (["--methods", "ar", "--presets", ","], "--presets is empty: choose from "),
                                           (["--methods", "ar", "--sampling", " "], "--presets is empty: choose from ")])

@@ -4,6 +4,7 @@ finished run), results.csv, PNG plots (matplotlib, if installed) and report.md."
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -137,14 +138,17 @@ def baseline(rows: dict[tuple[str, str], list[dict[str, Any]]], method: str) -> 
 def write_outputs(store: MemoryStore, ctx: RunContext, out_dir: Path | None, plots: bool) -> str:
     """(Re)write results.csv, the plots and report.md from every record; return the report."""
     records = store.records
-    images = []
+    images: list[str] = []
+    missing = None
     if out_dir is not None:
         write_atomic(out_dir / "results.csv", to_csv(records))
         if plots:
             from .plots import plot_all
 
             images = plot_all(records, out_dir)
-    report = render(records, ctx, images)
+            if records and importlib.util.find_spec("matplotlib") is None:  # said, not silently left out
+                missing = "No plots: matplotlib is not installed (`pip install matplotlib`, then run again to add them)."
+    report = render(records, ctx, images, missing)
     if out_dir is not None:
         write_atomic(out_dir / "report.md", report)
     return report
@@ -215,7 +219,7 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) -> str:
+def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], plots_note: str | None = None) -> str:
     ident = ctx.identity
     prompt = (f"random token ids (seed {ident['seed']})" if ident["prompt_file"] is None
               else f"{ident['prompt_file']}{' as chat messages' if ident['chat'] else ''}")
@@ -249,7 +253,7 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str]) ->
                  "medians over runs; "
                  "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
                  "includes every method loaded so far; the part in parentheses is what the run added on top")
-    lines += ["", *[f"![{Path(i).stem}]({i})" for i in images]]
+    lines += ["", *[f"![{Path(i).stem}]({i})" for i in images], *([plots_note] if plots_note else [])]
     for cid, rows in group(records).items():
         lines += _cell_section(cid, rows)
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
+from ..errors import LongswiftError
 from .flags import MODEL_HELP, add_config_flags, config_from_args, seed_number
 
 
@@ -68,6 +69,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.grid import BenchConfig, run_bench
 
     runtime = config_from_args(RuntimeConfig, args)
+    # Flags that would be dropped without a word (found by review): refused, as other conflicts are.
+    prefix_flag = "--prefix" if args.prefix is not None else "--prompt-tokens" if args.prompt_tokens is not None else None
+    if prefix_flag and args.prompt_file is not None and (args.chat or args.prompt_file.suffix == ".jsonl"):
+        what = "a .jsonl file's prompts" if args.prompt_file.suffix == ".jsonl" else "a chat message"
+        raise LongswiftError(f"{prefix_flag} sets prompt lengths, but {what} are sent whole: drop {prefix_flag}")
+    if args.chat and args.prompt_file is None:
+        raise LongswiftError("--chat sends a prompt file through the chat template: give --prompt-file (the default "
+                             "prompts are random token ids)")
+    if args.fresh and args.out_dir is None:
+        raise LongswiftError("--fresh discards the results in --out-dir: give --out-dir, or drop --fresh")
     kwargs: dict[str, Any] = {}
     if args.lengths is not None or args.new_tokens is not None:
         kwargs["lengths"] = parse_number_list(args.lengths, "--lengths") if args.lengths is not None else (args.new_tokens,)
