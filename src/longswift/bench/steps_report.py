@@ -106,7 +106,10 @@ def render(r: StepBenchResult) -> str:
                   + f" + {spec.ngram_topk} n-gram continuations per depth-1 token"
                   + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)" if b.projection_nodes == spec.max_nodes else "")
                   + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
-                  + ("the batched walk" if spec.walk == "batched" else "tau x walk row") + " and "
+                  + ("the batched walk" if spec.walk == "batched" else
+                     "tau x walk row (its LM head included; where generation computes every row's logits in the "
+                     f"verify pass, a trie of at most {BATCHED_LOGITS_NODES} nodes in steps of {BATCH_FROM_TOKENS:g}+ "
+                     "tokens, the verify pass's LM head over all rows plus tau x the walk row without it)") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
                   f"{b.depth} draft positions per step)" + _refills(b)
                   + ". Not included: trie building, cache compaction, n-gram "
