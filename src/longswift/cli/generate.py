@@ -146,9 +146,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.checkpoint_every <= 0:
         raise LongswiftError("--checkpoint-every must be a positive number of tokens")
-    every_given = any(len(f) > len("--checkpoint") and "--checkpoint-every".startswith(f)
-                      for f in (a.split("=")[0] for a in args.argv))
-    if args.resume is None and args.checkpoint is None and every_given:  # on --resume, the checkpoint is that file
+    # on --resume, the checkpoint is the file resumed
+    if args.resume is None and args.checkpoint is None and "--checkpoint-every" in _given(args):
         raise LongswiftError("--checkpoint-every needs --checkpoint FILE, the file it saves to")
     for flag in ("output", "json", "checkpoint"):
         if str(getattr(args, flag)) == "-":
@@ -242,7 +241,7 @@ class Ranks:
 def _resume(args: argparse.Namespace) -> int:
     from ..checkpoint import read_checkpoint
 
-    given = [_spelt_out(a.split("=")[0]) for a in args.argv if a.startswith("--")]  # the command line as typed
+    given = _given(args)
     extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
     if extra:
         raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
@@ -282,6 +281,11 @@ def _resume(args: argparse.Namespace) -> int:
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
         return _run(engine, stream, outputs, stop, args.no_progress,
                     last_saved=(args.resume.expanduser().absolute(), len(ckpt.token_ids)))
+
+
+def _given(args: argparse.Namespace) -> list[str]:
+    """The flags on the command line as typed, those that apply on --resume spelt out (_spelt_out)."""
+    return [_spelt_out(a.split("=")[0]) for a in args.argv if a.startswith("--")]
 
 
 def _spelt_out(flag: str) -> str:
