@@ -98,13 +98,18 @@ def save_heads(heads: DraftHeads, cfg: ModelConfig, fingerprint: str, path: str 
 SHIPPED_DIR = Path(__file__).parent.parent / "data"  # src/longswift/data (package data)
 
 
-def may_have_shipped_heads(cfg: ModelConfig) -> bool:
-    """Whether some shipped heads file was made for a model of this shape (no weights needed)."""
+def _file_meta(path: Path) -> dict:
+    """A heads file's metadata as written (no tensors read, nothing checked: {} if it has none)."""
     from safetensors import safe_open
 
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads((f.metadata() or {}).get(FORMAT, "{}"))
+
+
+def may_have_shipped_heads(cfg: ModelConfig) -> bool:
+    """Whether some shipped heads file was made for a model of this shape (no weights needed)."""
     for path in sorted(SHIPPED_DIR.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            base = json.loads((f.metadata() or {}).get(FORMAT, "{}")).get("base", {})
+        base = _file_meta(path).get("base", {})
         if all(base.get(k) == getattr(cfg, k) for k in ("architecture", "hidden_size", "vocab_size", "num_layers")):
             return True
     return False
@@ -113,12 +118,8 @@ def may_have_shipped_heads(cfg: ModelConfig) -> bool:
 def shipped_heads(fingerprint: str) -> Path | None:
     """The heads file shipped inside the package for the base model of this fingerprint
     (model_fingerprint), if any."""
-    from safetensors import safe_open
-
     for path in sorted(SHIPPED_DIR.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get(FORMAT, "{}"))
-        if meta.get("base", {}).get("fingerprint") == fingerprint:
+        if _file_meta(path).get("base", {}).get("fingerprint") == fingerprint:
             return path
     return None
 
@@ -160,10 +161,7 @@ def _made_for_another(base: dict, cfg: ModelConfig, fingerprint: Callable[[], st
 def training_record(path: Path) -> dict | None:
     """What train-heads recorded in a heads file (its `training` metadata), or None: kept by
     export-heads, so that an exported file still says how its heads were made."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        training = json.loads((f.metadata() or {}).get(FORMAT, "{}")).get("training")
+    training = _file_meta(path).get("training")
     return training if isinstance(training, dict) else None
 
 
