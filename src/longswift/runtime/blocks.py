@@ -4,8 +4,8 @@ AR needs each token to go on, but the device already has it: the draw (`sampling
 leaves the token as a [1] tensor, which is written into the device copy of the history (where the
 next draw's penalty window is cut from) and fed to the next decode forward (`StepGraphs.decode`
 copies a token tensor into its buffer; where a forward follows, `StepGraphs.sample_decode` runs
-the draw inside the decode body, so a CUDA graph replays both). So the host queues the block's draws and forwards without
-waiting for any of them, and one device-to-host copy reads the k tokens. Reading each token
+the draw inside the decode body, so a CUDA graph replays both). So the host queues the block's
+draws and forwards without waiting for any of them, and one device-to-host copy reads the k tokens. Reading each token
 instead serialises host and GPU: the host's Python and launches for one token wait for the
 device's forward of the one before.
 
@@ -67,11 +67,11 @@ def sample_block(model: Transformer, cache: FullKVCache, graphs: StepGraphs | No
         start = rng.get_state() if k > 1 else None
         u = uniforms(generator, k).to(model.device, non_blocking=True)  # [k]
     hidden = None
-    fused = graphs is not None and pick is None and graphs.sample_in_body
-    if fused:
+    in_body = graphs is not None and pick is None and graphs.sample_in_body
+    if in_body:
         graphs.bind_sampling(history, sampling)
     for j in range(k):
-        if fused and (j + 1 < k or forward_last):  # the draw, its history write and the forward: one body
+        if in_body and (j + 1 < k or forward_last):  # the draw, its history write and the forward: one body
             logits, hidden = graphs.sample_decode(logits, None if u is None else u[j : j + 1], length + j)
             continue
         window = penalty_window(history, length + j, sampling.penalty_window)
