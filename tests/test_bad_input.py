@@ -355,6 +355,23 @@ def test_a_system_error_while_running_is_one_line_with_its_reason(capsys, monkey
                         "(--debug shows where)")
 
 
+@pytest.mark.parametrize("argv,what", [
+    (("bench", "--json", "-"), "a file"), (("bench", "--out", "-"), "a file"),
+    (("bench", "--out-dir", "-"), "a directory"), (("bench-steps", "--shape", "smollm2-135m", "--json", "-"), "a file"),
+    (("eval-heads", "--heads", "random", "--json", "-"), "a file"),
+    (("export-heads", "--heads", "random", "--out", "-"), "a directory"),
+    (("train-heads", "--out", "-"), "a directory"),
+])
+def test_a_dash_for_an_output_is_refused_not_written_under_that_name(tmp_path, monkeypatch, capsys, no_loading,
+                                                                     argv, what):
+    """'-' means stdout to a shell user; only generate refused it, and other commands wrote a file
+    (or directory) named '-'."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, *argv)
+    assert_one_line_error(code, err, f"output path '-' would write {what} named '-'")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_check_writable_creates_nothing(tmp_path):
     check_writable(tmp_path / "a.txt")
     assert list(tmp_path.iterdir()) == []
