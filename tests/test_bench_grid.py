@@ -9,6 +9,7 @@ import json
 import sys
 
 import pytest
+import torch
 from conftest import tiny_hf_model
 
 from longswift.bench.metrics import Timeline, checkpoint_targets, curve_speedup, distinct_n, speedup
@@ -353,3 +354,48 @@ def test_heads_auto_resumes_results_of_heads_default(tmp_path, tiny_dir, capsys)
         assert main([*bench_args, *heads]) == 0
         assert "0 runs to do" in capsys.readouterr().err
     assert json.loads((out_dir / "config.json").read_text())["identity"]["heads"] == "default"
+
+
+def test_lockstep_takes_turns_and_times_each_run_on_its_own_clock(monkeypatch):
+    """Each method's clock advances only while its own step runs: a fake clock that each step
+    advances by its method's cost gives each timeline exactly its own steps' sum."""
+    import longswift.bench.lockstep as lockstep
+
+    now = [0.0]
+    monkeypatch.setattr(lockstep.time, "perf_counter", lambda: now[0])
+    order = []
+
+    def steps(method, cost, sizes):
+        for size in sizes:
+            now[0] += cost
+            order.append(method)
+            yield [7] * size
+        now[0] += 100.0  # what ending costs (the iterator's last call) is after the last arrival: not decode time
+
+    timelines = {m: Timeline(4, start=0.0) for m in ("a", "b")}
+    counts = lockstep.run_lockstep({"a": steps("a", 1.0, [1, 1, 1, 1]), "b": steps("b", 3.0, [1, 2, 1])}, timelines,
+                                   torch.device("cpu"), {"a": lambda: None, "b": lambda: 0.5})
+    assert counts == {"a": 4, "b": 4}
+    assert order == ["a", "b", "a", "b", "a", "b", "a"]
+    a, b = timelines["a"], timelines["b"]
+    assert (a.prefill_seconds, a.decode_seconds) == (1.0, 3.0)  # its four steps of 1 s, the first as prefill
+    assert (b.prefill_seconds, b.decode_seconds) == (3.0, 6.0)
+    assert b.checkpoints[-1] == (4, 9.0) and b.checkpoint_alpha[-1] == 0.5
+
+
+def test_lockstep_runs_equal_the_runs_made_one_at_a_time(tmp_path, tiny_dir, capsys):
+    """--lockstep changes how runs are timed, never what they generate; the report says so, and a
+    results directory holds runs timed one way only."""
+    flags = ("--methods", "ar,tokenswift,tokenswift-fused,hf", "--lengths", "8", "--presets", "paper", "--runs", "2")
+    bench(capsys, tiny_dir, tmp_path / "apart", *flags)
+    report, err = bench(capsys, tiny_dir, tmp_path / "lockstep", *flags, "--lockstep")
+    apart, together = lines(tmp_path / "apart" / "results.jsonl"), lines(tmp_path / "lockstep" / "results.jsonl")
+    assert [(r["method"], r["run"]) for r in together] == [(r["method"], r["run"]) for r in apart]
+    assert [r["token_ids"] for r in together] == [r["token_ids"] for r in apart]
+    assert err.count("start (in lockstep)") == 6 and "hf: start\n" in err  # the peer runs on its own
+    for r in together:
+        assert r["decode_tokens_per_second"] > 0 and [n for n, _ in r["checkpoints"]][-1] == 8
+    assert "- lockstep (--lockstep): our methods' runs of a cell ran a step each in turn" in report
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--prefix", "12",
+                 *flags, "--out-dir", str(tmp_path / "lockstep")])
+    assert code == 2 and "differs in: lockstep" in capsys.readouterr().err

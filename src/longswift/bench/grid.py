@@ -6,6 +6,7 @@ resumable directory (bench_report.py) and a markdown report."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import secrets
@@ -18,13 +19,14 @@ from typing import Any
 
 from ..checkpoint import heads_fingerprint
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
-from ..engine import Engine, load
+from ..engine import Engine, GenerationStream, load
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.loading import resolve_path
 from ..runtime.memory import rope_extension
 from ..runtime.model import fused_kernels
 from ..spec.budget import unpruned_budget
+from .lockstep import run_lockstep
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest
@@ -62,6 +64,7 @@ class BenchConfig:
     spec: SpecConfig | None = None
     pld_tokens: int = 10  # tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)
     warmup: bool = True
+    lockstep: bool = False  # our methods' runs of a cell and run index advanced a step each in turn (bench.lockstep)
 
     def __post_init__(self) -> None:
         if seed_problem(self.seed) is not None:
@@ -188,14 +191,28 @@ class Methods:
                 self._runners[method] = LlamaCppRunner(self.gguf, self.n_ctx, torch.get_num_threads(), self.cfg.seed, pld)
         return self._runners[method]
 
-    def _ours(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
-              progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
+    def run_lockstep(self, ours: list[str], prompt: list[int], n: int, sampling: SamplingConfig,
+                     progress: dict[str, Callable[[int, float], None] | None]
+                     ) -> dict[str, tuple[list[int], Timeline, Any]]:
+        """Runs of several of our methods advanced a step each in turn (bench.lockstep), each timed on
+        its own clock: method -> (generated ids, timeline, GenerationStats)."""
+        streams = {m: self._stream(m, prompt, n, sampling) for m in ours}
+        timelines = {m: Timeline(n, start=0.0, progress=progress[m]) for m in ours}
+        alpha = {m: (lambda: None) if m == "ar" else (lambda s=streams[m].stats: s.alpha) for m in ours}
+        run_lockstep({m: iter(s) for m, s in streams.items()}, timelines, self.engine.model.device, alpha)
+        return {m: (list(s.token_ids), timelines[m], s.stats) for m, s in streams.items()}
+
+    def _stream(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig) -> GenerationStream:
         spec = self.cfg.spec
         if method == "tokenswift-fused":
             spec = dataclasses.replace(spec, draft_mode="fused")
+        return self.engine.stream(prompt, sampling=sampling, generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
+                                  method="ar" if method == "ar" else "tokenswift", spec=spec)
+
+    def _ours(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
+              progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
         timeline = Timeline(n, progress=progress)
-        stream = self.engine.stream(prompt, sampling=sampling, generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
-                                    method="ar" if method == "ar" else "tokenswift", spec=spec)
+        stream = self._stream(method, prompt, n, sampling)
         stats, count = stream.stats, 0
         for ids in stream:
             count += len(ids)
@@ -232,6 +249,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             # settings that change the tokens (rope scaling) or the speed, each only where not the default
             **({"rope_scaling": engine.runtime.rope_scaling} if engine.runtime.rope_scaling else {}),
             **({"read_every": block} if block != RuntimeConfig().token_block(device) else {}),
+            **({"lockstep": True} if cfg.lockstep else {}),  # how runs were timed: one way per directory
             **({"cuda_graphs": False} if device.type == "cuda" and not use_graphs(engine.runtime.cuda_graphs,
                                                                                    engine.model) else {})}
 
@@ -336,21 +354,34 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         for m in dict.fromkeys(m for _, _, m, _ in plan):  # allocator, packed kernels, first-call paths
             log(f"warm-up {m}")
             methods.run(m, warm_prompt, 4, cfg.sampling("greedy"), None)
-    for i, (cell, r, m, key) in enumerate(plan, 1):
+    done = 0
+    for batch in batches(plan, cfg.lockstep):
+        cell, r = batch[0][0], batch[0][1]
         sampling = cfg.sampling(cell.preset)
-        where = f"[{i}/{len(plan)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} run {r + 1} {m}"
-        log(f"{where}: start")
+        wheres = {m: f"[{done + j}/{len(plan)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
+                     f"run {r + 1} {m}" for j, (_, _, m, _) in enumerate(batch, 1)}
+        done += len(batch)
+        for where in wheres.values():
+            log(f"{where}: start{' (in lockstep)' if len(batch) > 1 else ''}")
 
-        def progress(tokens: int, seconds: float, where: str = where) -> None:
+        def progress(tokens: int, seconds: float, where: str) -> None:
             log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s")
 
-        with PeakMemory(engine.model.device) as mem:
-            ids, timeline, stats = methods.run(m, list(cell.prompt.ids), cell.length, sampling, progress)
-        record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
-        record["command"], record["invocation"] = ctx.command, invocation
-        store.append(record)
-        extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
-        log(f"{where}: prefill {record['prefill_seconds']:.2f} s, {record['decode_tokens_per_second']:.2f} tok/s{extra}")
+        tell = {m: functools.partial(progress, where=where) for m, where in wheres.items()}
+        with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
+            if len(batch) == 1:
+                m = batch[0][2]
+                results = {m: methods.run(m, list(cell.prompt.ids), cell.length, sampling, tell[m])}
+            else:
+                results = methods.run_lockstep(list(wheres), list(cell.prompt.ids), cell.length, sampling, tell)
+        for _, _, m, key in batch:
+            ids, timeline, stats = results[m]
+            record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
+            record["command"], record["invocation"] = ctx.command, invocation
+            store.append(record)
+            extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
+            log(f"{wheres[m]}: prefill {record['prefill_seconds']:.2f} s, "
+                f"{record['decode_tokens_per_second']:.2f} tok/s{extra}")
         write_outputs(store, ctx, out_dir, plots=False)
     records = store.records
     report = write_outputs(store, ctx, out_dir, plots=True)
@@ -364,6 +395,20 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
 
         write_atomic(json_path, json.dumps({"config": identity, "runs": records}) + "\n")
     return records
+
+
+def batches(plan: list[tuple[Cell, int, str, str]], lockstep: bool) -> list[list[tuple[Cell, int, str, str]]]:
+    """The plan's runs in the order they run: one at a time, or with `lockstep` our methods' runs of
+    the same cell and run index together (peers, which bench cannot step, run on their own)."""
+    out: list[list[tuple[Cell, int, str, str]]] = []
+    for entry in plan:
+        last = out[-1][-1] if out else None
+        if (lockstep and last is not None and entry[2] in OURS and last[2] in OURS
+                and (entry[0], entry[1]) == (last[0], last[1])):
+            out[-1].append(entry)
+        else:
+            out.append([entry])
+    return out
 
 
 def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: list[int], timeline: Timeline,

@@ -253,6 +253,10 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
                  "medians over runs; "
                  "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
                  "includes every method loaded so far; the part in parentheses is what the run added on top")
+    if ctx.identity.get("lockstep"):
+        lines.append("- lockstep (--lockstep): our methods' runs of a cell ran a step each in turn, each timed on its "
+                     "own clock, so that the machine's drift hit them alike; their peak memory is that of all of "
+                     "them together")
     lines += ["", *[f"![{Path(i).stem}]({i})" for i in images], *([plots_note] if plots_note else [])]
     for cid, rows in group(records).items():
         lines += _cell_section(cid, rows)

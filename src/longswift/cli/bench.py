@@ -55,6 +55,10 @@ def add_parser(sub: Any) -> None:
                             "rerunning the same command resumes, skipping finished runs")
     bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
     bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
+    bench.add_argument("--lockstep", action="store_true",
+                       help="run our methods (ar, tokenswift, tokenswift-fused) of each cell and run a step each in "
+                            "turn, each timed on its own clock, so that the machine's drift over minutes hits them "
+                            "alike (their ratio holds where rates move); holds every method's KV cache at once")
     bench.add_argument("--out", type=Path, help="also append the markdown report to this file")
     bench.add_argument("--json", type=Path, help="also write every run's record to this JSON file")
     add_config_flags(bench, SpecConfig)
@@ -88,7 +92,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if presets is not None:
         kwargs["presets"] = presets
     cfg = BenchConfig(methods=_names(args.methods), runs=args.runs, prompt_file=args.prompt_file, chat=args.chat,
-                      seed=args.seed, pld_tokens=args.pld_tokens, warmup=not args.no_warmup,
+                      seed=args.seed, pld_tokens=args.pld_tokens, warmup=not args.no_warmup, lockstep=args.lockstep,
                       spec=config_from_args(SpecConfig, args), **kwargs)
     run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json, out_dir=args.out_dir,
               fresh=args.fresh, command="longswift " + shlex.join(args.argv))
