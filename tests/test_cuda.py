@@ -20,7 +20,8 @@ the machine's own pytest and `PYTHONPATH=src` do: see docs/scripts/gpu_session.s
 - a bfloat16 RMSNorm is one kernel (fused_norm), within one unit in the last place of transformers' order,
   o_proj/down_proj add the residual in their product (fused_residual) in fewer kernels, and rope
   fuses its sum (fused_rope); float32 keeps the CPU's ops;
-- the batched walk's device memory stays within the bytes per logit the memory plan counts."""
+- the batched walk's device memory stays within the bytes per logit the memory plan counts;
+- `bench --lockstep`'s generations, held at once with their graphs, generate what each does alone."""
 
 from __future__ import annotations
 
@@ -571,3 +572,21 @@ def test_the_batched_walks_device_memory_is_within_the_plan(preset):
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - start
     assert 8 * n * v < peak <= SAMPLING_BYTES_PER_LOGIT * n * v, f"{peak / (n * v):.1f} bytes per logit"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_bench_lockstep_on_cuda_generates_what_runs_made_apart_do(dtype):
+    """`bench --lockstep` holds every method's generation (its cache and CUDA graphs) at once and
+    steps them in turn: each must generate what it generates alone, graphs on, sampled."""
+    from longswift.bench.grid import PRESETS, BenchConfig, Methods
+
+    hf = tiny_hf_model("llama", "default", seed=8)
+    engine = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="on", heads="random")
+    cfg = BenchConfig(spec=SpecConfig().for_device(CUDA))
+    methods = Methods(engine, hf, cfg, 256)  # (a model object: no GGUF path is looked up)
+    prompt, sampling = [5, 9, 17, 33, 5, 9, 17, 40, 5, 9], dataclasses.replace(PRESETS["paper"], seed=3)
+    ours = ["ar", "tokenswift", "tokenswift-fused"]
+    apart = {m: methods.run(m, prompt, 40, sampling, None)[0] for m in ours}
+    together = methods.run_lockstep(ours, prompt, 40, sampling, dict.fromkeys(ours))
+    assert {m: ids for m, (ids, _, _) in together.items()} == apart
+    assert all(timeline.decode_seconds > 0 for _, timeline, _ in together.values())
