@@ -15,11 +15,14 @@
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
 #   bash docs/scripts/gpu_session.sh profile # where a decode step's GPU time goes: kernels by class, replayed and
 #                                            # eager, Llama-3.1-8B shape at 4K and 100K (`profile small`: embedded shape)
+#   bash docs/scripts/gpu_session.sh cell GGUF  # the embedded model's bench cell (2,048-token clockmaker prompt,
+#                                            # 4,096 tokens, greedy and paper) with --lockstep, which times the
+#                                            # methods a step each in turn (GGUF: the model file, carried in parts)
 #
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate|fused]|ar [8b]|plain|profile [small]}
+part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate|fused]|ar [8b]|plain|profile [small]|cell GGUF}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -81,7 +84,14 @@ case $part in
       $py docs/scripts/gpu_step_profile.py "${args[@]}" "" $attention > "$out/profile-${args[0]}-$attention.txt" 2>&1
       cat "$out/profile-${args[0]}-$attention.txt"
     done ;;
+  cell)
+    model=${2:?cell needs the GGUF model file: bash docs/scripts/gpu_session.sh cell MODEL.gguf}
+    $py -m longswift bench --model "$model" --device cuda --methods ar,tokenswift,tokenswift-fused \
+      --prompt-file docs/prompts/clockmaker.txt --prefix 2048 --lengths 4096 --presets greedy,paper --runs 2 \
+      --lockstep --out-dir "$out/cell" > "$out/cell.log" 2>&1
+    tail -5 "$out/cell.log"
+    grep -A8 '^### ' "$out/cell/report.md" ;;
   *)
-    echo "unknown part '$part': use tests, steps, ar, plain or profile" >&2
+    echo "unknown part '$part': use tests, steps, ar, plain, profile or cell" >&2
     exit 2 ;;
 esac
