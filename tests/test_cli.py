@@ -462,7 +462,8 @@ def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
     assert code == 0, err
     gen = json.loads(js.read_text())["generation"]
     assert gen["plain_steps"] == 0 and gen["lookup_steps"] == 0, gen
-    assert f"({gen['steps']} of {gen['steps']} steps drafted)" in out_text
+    assert gen["verify_steps"] == gen["steps"] - 1  # every step but the first token's draw, which follows the prefill
+    assert f"({gen['verify_steps']} of {gen['steps']} steps drafted)" in out_text
     code, out_text, err = run_cli(capsys, *args, "--adaptive", "--json", str(js))
     assert code == 0, err
     gen = json.loads(js.read_text())["generation"]

@@ -429,6 +429,8 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "lookup_steps": stats.lookup_steps if spec else None,
         "narrow_steps": stats.narrow_steps if spec else None,
         "plain_steps": stats.plain_steps if spec else None,
+        "steps": stats.steps if spec else None,  # the first token's draw included
+        "verify_steps": stats.verify_steps if spec else None,  # the steps that drafted (alpha's sample)
         "stage_seconds": dict(stats.stage_seconds) if spec else None,
         "graph_captures": stats.graph_captures if stats is not None else None,  # None: a peer
         "graph_capture_seconds": stats.graph_capture_seconds if stats is not None else None,

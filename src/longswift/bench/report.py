@@ -219,6 +219,16 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _drafted(runs: list[dict[str, Any]]) -> str:
+    """' (D of S)': how many of a TokenSwift row's steps drafted (verified a trie; medians over runs),
+    the sample its alpha comes from, of all its steps; '' for AR, peers and records made before bench
+    kept these counts."""
+    if any(r.get("verify_steps") is None or r.get("steps") is None for r in runs):
+        return ""
+    drafted = statistics.median(r["verify_steps"] for r in runs)
+    return f" ({drafted:g} of {statistics.median(r['steps'] for r in runs):g})"
+
+
 def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], plots_note: str | None = None) -> str:
     ident = ctx.identity
     prompt = (f"random token ids (seed {ident['seed']})" if ident["prompt_file"] is None
@@ -309,7 +319,8 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
     if apart:
         lines += [f"- measured by different invocations (1 = earliest): {apart}; a ratio between rows measured apart "
                   "compares different machine conditions (a new --out-dir measures them side by side)", ""]
-    lines += ["| method | variant | runs | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha | n-gram alpha | "
+    lines += ["| method | variant | runs | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha (steps drafted) | "
+              "n-gram alpha | "
               "tokens/step | distinct-1/2/3/4 | peak MiB (+ added by the run) |", "|" + "---|" * 13]
     for (m, variant), runs in rows.items():
         rate = median_rate(runs)
@@ -320,7 +331,7 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
         timed = rate > 0  # 0: every token arrived in one block, no decode time to divide by
         lines.append(f"| {m} | {variant or '-'} | {len(runs)} | {med('prefill_seconds'):.2f} | "
                      f"{_fmt(rate if timed else None, '.1f')} | {_fmt(1e3 / rate if timed else None, '.1f')} | "
-                     f"{vs[0]} | {vs[1]} | {_fmt(med('alpha'))} | "
+                     f"{vs[0]} | {vs[1]} | {_fmt(med('alpha'))}{_drafted(runs)} | "
                      f"{_fmt(med('ngram_alpha'))} | {_fmt(med('tokens_per_step'))} | {distinct} | "
                      f"{_memory(runs)} |")
     if ar and len(rows) > 1:

@@ -194,9 +194,8 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
         s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=not args.no_progress)
-        drafted = s.steps - s.plain_steps  # full, narrow and lookup steps: the ones alpha counts
         print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {s.alpha:.3f} "
-              f"({drafted} of {s.steps} steps drafted), {s.tokens_per_step:.2f} tokens/step, "
+              f"({s.verify_steps} of {s.steps} steps drafted), {s.tokens_per_step:.2f} tokens/step, "
               f"n-gram share {s.ngram_accepted / max(1, s.accepted_tokens):.2f}")
         result["generation"] = s.to_dict()
     if args.json:

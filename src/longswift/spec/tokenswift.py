@@ -399,6 +399,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         stats.lookup_steps += kind == LOOKUP
         stats.narrow_steps += kind == NARROW
         stats.verified_nodes += len(trie)
+        stats.verify_steps += 1
         t = _stage_done(s, "tree", t)
         v = verify(s, trie)
         t = _stage_done(s, "verify", t)
