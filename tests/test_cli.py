@@ -51,6 +51,40 @@ def test_a_second_signal_during_the_renames_leaves_both_outputs_or_neither(tmp_p
     assert calls == [out_file, json_file] and out_file.read_text() == json.loads(json_file.read_text())["text"]
 
 
+def test_ctrl_c_while_the_command_line_imports_is_one_line_not_a_traceback(monkeypatch, capsys):
+    """The entry point imports torch and transformers (2-3 s) inside its Ctrl-C handler: an interrupt
+    there ends as one during a run does."""
+    import importlib.abc
+
+    import longswift.console
+
+    class InterruptedImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "longswift.cli":
+                raise KeyboardInterrupt
+            return None
+
+    for name in [m for m in sys.modules if m == "longswift.cli" or m.startswith("longswift.cli.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [InterruptedImport(), *sys.meta_path])
+    assert longswift.console.main(["info"]) == 130
+    assert capsys.readouterr().err == "longswift: interrupted\n"
+
+
+def test_the_entry_point_and_python_m_run_the_command_line_and_import_nothing_heavy_first():
+    code = ("import sys, longswift.console; heavy = {'torch', 'transformers'} & set(sys.modules); "
+            "print(sorted(heavy)); sys.exit(longswift.console.main(['--version']))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.splitlines() == ["[]", "longswift 0.1.0"], run
+    run = subprocess.run([sys.executable, "-m", "longswift", "--version"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "longswift 0.1.0", run
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"longswift": "longswift.console:main"}
+
+
 @pytest.mark.slow
 def test_the_summary_line_counts_graph_captures(capsys, monkeypatch, tmp_path):
     """On CUDA the closing line says how many graphs the run captured and in how long (faked here:

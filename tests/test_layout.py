@@ -23,7 +23,7 @@ ALLOWED = {
     "api": {"api", "spec", "runtime", "base"},
     "bench": {"bench", "api", "spec", "runtime", "base"},
     "cli": {"cli", "bench", "api", "train", "spec", "runtime", "base"},
-    "main": {"cli"},
+    "main": {"main", "cli"},  # the entry points: __main__ (python -m) and console (the `longswift` script)
 }
 
 
@@ -36,7 +36,7 @@ def floor(module: str) -> str:
     head = module.split(".")[0]
     if head in ("runtime", "spec", "train", "bench", "cli"):
         return head
-    if head == "__main__":
+    if head in ("__main__", "console"):
         return "main"
     if head in BASE:
         return "base"
