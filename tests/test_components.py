@@ -384,3 +384,38 @@ def test_spec_defaults_per_device():
             SpecConfig(max_nodes=bad)
     with pytest.raises(ValueError, match="for_device"):
         auto.levels
+
+
+def test_commit_keeps_the_root_and_the_accepted_path_in_the_cache_in_order():
+    """The verify pass wrote the trie's node i at slot root + i; commit keeps the root's entry and the
+    accepted nodes' (the keep list), moved up behind the root in path order, and drops the rest."""
+    from types import SimpleNamespace
+
+    from longswift.spec.tokenswift import Verified, commit
+    from longswift.spec.verify import Walk
+
+    layers, hkv, d = 2, 2, 4
+    cache = FullKVCache(SimpleNamespace(num_layers=layers, num_kv_heads=hkv, head_dim=d), 32, torch.float32,
+                        torch.device("cpu"))
+    base, nodes = 10, 7  # the root's slot; a trie of 7 nodes verified at slots 10..16
+    cache.length = base + nodes
+    slots = torch.arange(32, dtype=torch.float32)[None, None, :, None]
+    cache.k[:] = slots
+    cache.v[:] = -slots
+    trie = Trie.with_root(5)
+    for path in ([6, 8], [7, 9, 10], [7, 9, 11]):  # nodes 1: 6, 2: 8, 3: 7, 4: 9, 5: 10, 6: 11
+        trie.add_path(path, HEADS)
+    assert len(trie) == nodes and trie.tokens == [5, 6, 8, 7, 9, 10, 11]
+    walk = Walk(nodes=[3, 4, 6], tokens=[7, 9, 11], next_root=3, ngram_only=1)
+    hidden = torch.arange(nodes, dtype=torch.float32)[:, None].expand(nodes, 3)
+    emitted = []
+    s = SimpleNamespace(n=base + 1, full=cache, prev_hidden=None, stats=GenerationStats("tokenswift", base),
+                        emit=emitted.extend)
+    assert commit(s, trie, Verified(None, hidden, {}), walk) == [7, 9, 11, 3] == emitted
+    assert cache.length == base + 4
+    kept = [base, base + 3, base + 4, base + 6]
+    assert cache.k[:, :, base : base + 4].eq(torch.tensor(kept, dtype=torch.float32)[None, None, :, None]).all()
+    assert cache.v[:, :, base : base + 4].eq(-torch.tensor(kept, dtype=torch.float32)[None, None, :, None]).all()
+    assert cache.k[:, :, :base].eq(slots[:, :, :base]).all()  # the context before the root is untouched
+    assert torch.equal(s.prev_hidden, hidden[6])  # the last accepted node's state predicted the new root
+    assert (s.stats.accepted_tokens, s.stats.ngram_accepted, s.stats.draft_positions) == (3, 1, 3)
