@@ -236,14 +236,14 @@ def test_invalid_config_json(tmp_path):
 
 def test_garbage_gguf(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(b"\x00garbage" * 100)
-    check_error(tmp_path / "bad.gguf", "cannot read GGUF file")
+    check_error(tmp_path / "bad.gguf", "is not a GGUF file \\(it does not begin with the bytes 'GGUF'\\)")
 
 
 def test_truncated_gguf(tmp_path):
     src = default_model_path()
     with open(src, "rb") as f:
         (tmp_path / "cut.gguf").write_bytes(f.read(3_000_000))
-    check_error(tmp_path / "cut.gguf", "cannot read GGUF file")
+    check_error(tmp_path / "cut.gguf", r"cannot read GGUF file .* \(3,000,000 bytes\): it ends early or is damaged")
 
 
 def test_gguf_of_unsupported_architecture(tmp_path):

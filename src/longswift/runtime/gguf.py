@@ -74,10 +74,24 @@ def open_gguf(path: Path) -> Any:
     try:
         return reader(str(path))
     except Exception as exc:  # the reader raises ValueError, IndexError, OSError... on damage
-        raise LongswiftError(
-            f"cannot read GGUF file '{path}': {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; "
-            "the file is truncated or not a GGUF model — download it again"
-        ) from None
+        raise LongswiftError(_unreadable(path, exc)) from None
+
+
+def _unreadable(path: Path, exc: Exception) -> str:
+    """Why a file the gguf reader failed on cannot be read, in our words first (the reader's words,
+    numpy's index and reshape errors, say little alone)."""
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        size = f"{path.stat().st_size:,} bytes"
+    except OSError as err:
+        return f"cannot read GGUF file '{path}': {err.strerror or reason}"
+    if magic != b"GGUF":
+        return (f"'{path}' is not a GGUF file (it does not begin with the bytes 'GGUF'): give a .gguf model, or a "
+                "directory or hub id of a transformers checkpoint")
+    return (f"cannot read GGUF file '{path}' ({size}): it ends early or is damaged (the gguf reader: {reason}); "
+            "download it again")
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
