@@ -361,8 +361,10 @@ def test_heads_auto_resumes_results_of_heads_default(tmp_path, tiny_dir, capsys)
 
 
 def test_lockstep_takes_turns_and_times_each_run_on_its_own_clock(monkeypatch):
-    """Each method's clock advances only while its own step runs: a fake clock that each step
-    advances by its method's cost gives each timeline exactly its own steps' sum."""
+    """The method with the fewest tokens steps next, so that all pass each token count together
+    (b commits 2 tokens in one step, and a catches up); each method's clock advances only while its
+    own step runs: a fake clock that each step advances by its method's cost gives each timeline
+    exactly its own steps' sum."""
     import longswift.bench.lockstep as lockstep
 
     now = [0.0]
@@ -380,7 +382,7 @@ def test_lockstep_takes_turns_and_times_each_run_on_its_own_clock(monkeypatch):
     counts = lockstep.run_lockstep({"a": steps("a", 1.0, [1, 1, 1, 1]), "b": steps("b", 3.0, [1, 2, 1])}, timelines,
                                    torch.device("cpu"), {"a": lambda: None, "b": lambda: 0.5})
     assert counts == {"a": 4, "b": 4}
-    assert order == ["a", "b", "a", "b", "a", "b", "a"]
+    assert order == ["a", "b", "a", "b", "a", "a", "b"]
     a, b = timelines["a"], timelines["b"]
     assert (a.prefill_seconds, a.decode_seconds) == (1.0, 3.0)  # its four steps of 1 s, the first as prefill
     assert (b.prefill_seconds, b.decode_seconds) == (3.0, 6.0)
@@ -388,18 +390,43 @@ def test_lockstep_takes_turns_and_times_each_run_on_its_own_clock(monkeypatch):
 
 
 def test_lockstep_runs_equal_the_runs_made_one_at_a_time(tmp_path, tiny_dir, capsys):
-    """--lockstep changes how runs are timed, never what they generate; the report says so, and a
-    results directory holds runs timed one way only."""
-    flags = ("--methods", "ar,tokenswift,tokenswift-fused,hf", "--lengths", "8", "--presets", "paper", "--runs", "2")
+    """--lockstep changes how runs are timed, never what they generate; all of our methods of a cell
+    and run go together wherever --methods puts a peer; the report says so, and says which runs
+    ran alone; a results directory holds runs timed one way only."""
+    flags = ("--methods", "ar,hf,tokenswift,tokenswift-fused", "--lengths", "8", "--presets", "paper", "--runs", "2")
     bench(capsys, tiny_dir, tmp_path / "apart", *flags)
     report, err = bench(capsys, tiny_dir, tmp_path / "lockstep", *flags, "--lockstep")
     apart, together = lines(tmp_path / "apart" / "results.jsonl"), lines(tmp_path / "lockstep" / "results.jsonl")
-    assert [(r["method"], r["run"]) for r in together] == [(r["method"], r["run"]) for r in apart]
-    assert [r["token_ids"] for r in together] == [r["token_ids"] for r in apart]
+    assert [(r["method"], r["run"]) for r in together] == [  # each run's batch where its first method stood
+        ("ar", 0), ("tokenswift", 0), ("tokenswift-fused", 0), ("hf", 0),
+        ("ar", 1), ("tokenswift", 1), ("tokenswift-fused", 1), ("hf", 1)]
+    assert ({(r["method"], r["run"]): r["token_ids"] for r in together}
+            == {(r["method"], r["run"]): r["token_ids"] for r in apart})
     assert err.count("start (in lockstep)") == 6 and "hf: start\n" in err  # the peer runs on its own
+    assert "s of its own" in err and "runs alone" not in err
+    ours = ["ar", "tokenswift", "tokenswift-fused"]
     for r in together:
         assert r["decode_tokens_per_second"] > 0 and [n for n, _ in r["checkpoints"]][-1] == 8
-    assert "- lockstep (--lockstep): our methods' runs of a cell ran a step each in turn" in report
+        assert r.get("lockstep_with") == (None if r["method"] == "hf" else [m for m in ours if m != r["method"]])
+    assert "- lockstep (--lockstep): our methods' runs of a cell and run ran together, a step at a time" in report
+    assert "not in lockstep" not in report
     code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--prefix", "12",
                  *flags, "--out-dir", str(tmp_path / "lockstep")])
     assert code == 2 and "differs in: lockstep" in capsys.readouterr().err
+    # an ablation rerun into the same directory: AR's runs are there, so the new variant runs alone, and says so
+    report, err = bench(capsys, tiny_dir, tmp_path / "lockstep", *flags, "--lockstep", "--methods", "ar,tokenswift",
+                        "--tree", "1,2")
+    assert err.count("runs alone") == 2 and "start (in lockstep)" not in err
+    assert [r["lockstep_with"] for r in lines(tmp_path / "lockstep" / "results.jsonl")[-2:]] == [[], []]
+    assert "- not in lockstep (no other method of ours was left to run with it in its cell and run): tokenswift (" in report
+
+
+def test_lockstep_batches_gather_our_methods_of_a_cell_and_run_around_peers():
+    from longswift.bench.grid import batches
+
+    one, two = object(), object()
+    plan = [(c, r, m, f"{m}{r}") for c in (one, two) for r in (0, 1) for m in ("hf", "ar", "llamacpp", "tokenswift")]
+    grouped = [[(c is two, r, m) for c, r, m, _ in b] for b in batches(plan, lockstep=True)]
+    assert grouped[:3] == [[(False, 0, "hf")], [(False, 0, "ar"), (False, 0, "tokenswift")], [(False, 0, "llamacpp")]]
+    assert len(grouped) == 12 and grouped[-2] == [(True, 1, "ar"), (True, 1, "tokenswift")]
+    assert batches(plan, lockstep=False) == [[e] for e in plan]

@@ -12,7 +12,7 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -192,13 +192,14 @@ class Methods:
         return self._runners[method]
 
     def run_lockstep(self, ours: list[str], prompt: list[int], n: int, sampling: SamplingConfig,
-                     progress: dict[str, Callable[[int, float], None] | None]
+                     progress: Mapping[str, Callable[[int, float], None] | None]
                      ) -> dict[str, tuple[list[int], Timeline, Any]]:
         """Runs of several of our methods advanced a step each in turn (bench.lockstep), each timed on
         its own clock: method -> (generated ids, timeline, GenerationStats)."""
         streams = {m: self._stream(m, prompt, n, sampling) for m in ours}
         timelines = {m: Timeline(n, start=0.0, progress=progress[m]) for m in ours}
-        alpha = {m: (lambda: None) if m == "ar" else (lambda s=streams[m].stats: s.alpha) for m in ours}
+        alpha: dict[str, Callable[[], float | None]] = {
+            m: (lambda: None) if m == "ar" else (lambda s=streams[m].stats: s.alpha) for m in ours}
         run_lockstep({m: iter(s) for m, s in streams.items()}, timelines, self.engine.model.device, alpha)
         return {m: (list(s.token_ids), timelines[m], s.stats) for m, s in streams.items()}
 
@@ -361,13 +362,18 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         wheres = {m: f"[{done + j}/{len(plan)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
                      f"run {r + 1} {m}" for j, (_, _, m, _) in enumerate(batch, 1)}
         done += len(batch)
+        together = len(batch) > 1
         for where in wheres.values():
-            log(f"{where}: start{' (in lockstep)' if len(batch) > 1 else ''}")
+            log(f"{where}: start{' (in lockstep)' if together else ''}")
+        if cfg.lockstep and not together and batch[0][2] in OURS:  # said here and in its record, and so the report
+            log(f"{next(iter(wheres.values()))}: runs alone (no other method of ours is left to run in this cell and "
+                "run), so not in lockstep")
 
         def progress(tokens: int, seconds: float, where: str) -> None:
-            log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s")
+            log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s{' of its own' if together else ''}")
 
-        tell = {m: functools.partial(progress, where=where) for m, where in wheres.items()}
+        tell: dict[str, Callable[[int, float], None] | None] = {
+            m: functools.partial(progress, where=where) for m, where in wheres.items()}
         with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
             if len(batch) == 1:
                 m = batch[0][2]
@@ -378,6 +384,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             ids, timeline, stats = results[m]
             record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
             record["command"], record["invocation"] = ctx.command, invocation
+            if cfg.lockstep and m in OURS:  # the methods it ran in lockstep with (none: it ran alone)
+                record["lockstep_with"] = [other for _, _, other, _ in batch if other != m]
             store.append(record)
             extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
             log(f"{wheres[m]}: prefill {record['prefill_seconds']:.2f} s, "
@@ -398,16 +406,20 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
 
 
 def batches(plan: list[tuple[Cell, int, str, str]], lockstep: bool) -> list[list[tuple[Cell, int, str, str]]]:
-    """The plan's runs in the order they run: one at a time, or with `lockstep` our methods' runs of
-    the same cell and run index together (peers, which bench cannot step, run on their own)."""
+    """The plan's runs in the order they run: one at a time, or with `lockstep` all of our methods'
+    runs of a cell and run index together, where the first of them stood in the plan (peers, which
+    bench cannot step, run on their own, wherever --methods puts them)."""
     out: list[list[tuple[Cell, int, str, str]]] = []
+    ours: dict[tuple[int, int], list[tuple[Cell, int, str, str]]] = {}  # (id(cell), run) -> its batch
     for entry in plan:
-        last = out[-1][-1] if out else None
-        if (lockstep and last is not None and entry[2] in OURS and last[2] in OURS
-                and (entry[0], entry[1]) == (last[0], last[1])):
-            out[-1].append(entry)
-        else:
+        cell, r, m, _ = entry
+        if not (lockstep and m in OURS):
             out.append([entry])
+        elif (id(cell), r) in ours:
+            ours[(id(cell), r)].append(entry)
+        else:
+            ours[(id(cell), r)] = batch = [entry]
+            out.append(batch)
     return out
 
 

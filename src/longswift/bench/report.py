@@ -264,9 +264,9 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
                  "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
                  "includes every method loaded so far; the part in parentheses is what the run added on top")
     if ctx.identity.get("lockstep"):
-        lines.append("- lockstep (--lockstep): our methods' runs of a cell ran a step each in turn, each timed on its "
-                     "own clock, so that the machine's drift hit them alike; their peak memory is that of all of "
-                     "them together")
+        lines.append("- lockstep (--lockstep): our methods' runs of a cell and run ran together, a step at a time, the "
+                     "one furthest behind in tokens next, each timed on its own clock, so that the machine's drift "
+                     "hit them alike; the peak memory of runs made together is that of all of them at once")
     lines += ["", *[f"![{Path(i).stem}]({i})" for i in images], *([plots_note] if plots_note else [])]
     for cid, rows in group(records).items():
         lines += _cell_section(cid, rows)
@@ -315,6 +315,11 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
             same.append(f"{_row_label(rows, m, variant)} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
         if same:
             lines += [f"- outputs compared with ar (first run): {'; '.join(same)}", ""]
+    alone = [f"{_row_label(rows, m, variant)} run {r['run'] + 1}" for (m, variant), runs in rows.items()
+             for r in runs if r.get("lockstep_with") == []]
+    if alone:
+        lines += [f"- not in lockstep (no other method of ours was left to run with it in its cell and run): "
+                  f"{', '.join(alone)}; its rate was measured alone", ""]
     apart = _invocations(rows)
     if apart:
         lines += [f"- measured by different invocations (1 = earliest): {apart}; a ratio between rows measured apart "

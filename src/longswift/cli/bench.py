@@ -56,9 +56,10 @@ def add_parser(sub: Any) -> None:
     bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
     bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
     bench.add_argument("--lockstep", action="store_true",
-                       help="run our methods (ar, tokenswift, tokenswift-fused) of each cell and run a step each in "
-                            "turn, each timed on its own clock, so that the machine's drift over minutes hits them "
-                            "alike (their ratio holds where rates move); holds every method's KV cache at once")
+                       help="run our methods (ar, tokenswift, tokenswift-fused) of each cell and run together, a step "
+                            "at a time, the one furthest behind in tokens next, each timed on its own clock, so that "
+                            "the machine's drift over minutes hits them alike (their ratio holds where rates move); "
+                            "holds every method's KV cache at once")
     bench.add_argument("--out", type=Path, help="also append the markdown report to this file")
     bench.add_argument("--json", type=Path, help="also write every run's record to this JSON file")
     add_config_flags(bench, SpecConfig)
