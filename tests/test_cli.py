@@ -76,6 +76,12 @@ def test_the_entry_point_and_python_m_run_the_command_line_and_import_nothing_he
             "print(sorted(heavy)); sys.exit(longswift.console.main(['--version']))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.splitlines() == ["[]", "longswift 0.1.0"], run
+    code = ("import sys, longswift; print('torch' in sys.modules); print(longswift.engine.Engine.__name__, "
+            "longswift.SpecConfig.__module__); from longswift import *; print(sorted(dir()) == sorted(longswift.__all__ "
+            "+ ['__annotations__', '__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__', "
+            "'longswift', 'sys']))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.splitlines() == ["False", "Engine longswift.config", "True"], run
     run = subprocess.run([sys.executable, "-m", "longswift", "--version"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "longswift 0.1.0", run
     import tomllib

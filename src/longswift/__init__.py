@@ -1,46 +1,52 @@
 """longswift: lossless acceleration of ultra-long generation from Llama-family models (TokenSwift).
 
-The API's names load on first use (PEP 562), so that `import longswift.console` (the command's entry
-point) costs nothing until the command line imports torch inside its own Ctrl-C handling."""
+The API's names, and the package's modules as attributes (`longswift.engine`), load on first use
+(PEP 562), so that `import longswift.console` (the command's entry point) costs nothing until the
+command line imports torch inside its own Ctrl-C handling."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import importlib.util as _importlib_util
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-# name -> the module that defines it
-_API = {
-    "Engine": "engine",
-    "GenerationConfig": "config",
-    "GenerationResult": "stats",
-    "GenerationStats": "stats",
-    "GenerationStream": "engine",
-    "LongswiftError": "errors",
-    "ModelConfig": "config",
-    "RuntimeConfig": "config",
-    "SamplingConfig": "config",
-    "SpecConfig": "config",
-    "load": "engine",
-}
+__all__ = [
+    "Engine",
+    "GenerationConfig",
+    "GenerationResult",
+    "GenerationStats",
+    "GenerationStream",
+    "LongswiftError",
+    "ModelConfig",
+    "RuntimeConfig",
+    "SamplingConfig",
+    "SpecConfig",
+    "load",
+]
 
-__all__ = sorted(_API)
+# each name of __all__ -> the module that defines it
+_HOME = {"Engine": "engine", "GenerationStream": "engine", "load": "engine", "LongswiftError": "errors",
+         "GenerationResult": "stats", "GenerationStats": "stats", "GenerationConfig": "config",
+         "ModelConfig": "config", "RuntimeConfig": "config", "SamplingConfig": "config", "SpecConfig": "config"}
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
     from .engine import Engine, GenerationStream, load
     from .errors import LongswiftError
     from .stats import GenerationResult, GenerationStats
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _API:
-        raise AttributeError(f"module 'longswift' has no attribute '{name}'")
-    value = getattr(importlib.import_module(f".{_API[name]}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+else:
+    def __getattr__(name: str):
+        if name in _HOME:
+            value = getattr(_importlib.import_module(f".{_HOME[name]}", __name__), name)
+        elif _importlib_util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package
+            value = _importlib.import_module(f".{name}", __name__)
+        else:
+            raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
+        globals()[name] = value  # later lookups skip this function
+        return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_API})
+    return sorted({n for n in globals() if not n.startswith("_") and n != "annotations"} | set(__all__) | {"__version__"})
