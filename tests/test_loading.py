@@ -246,6 +246,16 @@ def test_truncated_gguf(tmp_path):
     check_error(tmp_path / "cut.gguf", r"cannot read GGUF file .* \(3,000,000 bytes\): it ends early or is damaged")
 
 
+def test_a_gguf_newer_than_the_reader_is_not_called_damaged(tmp_path):
+    src = default_model_path()
+    with open(src, "rb") as f:
+        data = bytearray(f.read(3_000_000))
+    data[4:8] = (99).to_bytes(4, "little")
+    (tmp_path / "new.gguf").write_bytes(bytes(data))
+    check_error(tmp_path / "new.gguf", r"it is GGUF version 99, newer than the installed gguf package reads \(\d+\): "
+                                       r"pip install -U gguf$")
+
+
 def test_gguf_of_unsupported_architecture(tmp_path):
     import gguf
 

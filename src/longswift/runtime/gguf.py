@@ -83,13 +83,19 @@ def _unreadable(path: Path, exc: Exception) -> str:
     reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     try:
         with open(path, "rb") as f:
-            magic = f.read(4)
+            head = f.read(8)
         size = f"{path.stat().st_size:,} bytes"
     except OSError as err:
         return f"cannot read GGUF file '{path}': {err.strerror or reason}"
-    if magic != b"GGUF":
+    if head[:4] != b"GGUF":
         return (f"'{path}' is not a GGUF file (it does not begin with the bytes 'GGUF'): give a .gguf model, or a "
                 "directory or hub id of a transformers checkpoint")
+    import gguf
+
+    version = int.from_bytes(head[4:8], "little") if len(head) == 8 else None
+    if version is not None and version > gguf.GGUF_VERSION:
+        return (f"cannot read GGUF file '{path}': it is GGUF version {version}, newer than the installed gguf "
+                f"package reads ({gguf.GGUF_VERSION}): pip install -U gguf")
     return (f"cannot read GGUF file '{path}' ({size}): it ends early or is damaged (the gguf reader: {reason}); "
             "download it again")
 
