@@ -356,11 +356,13 @@ def test_a_system_error_while_running_is_one_line_with_its_reason(capsys, monkey
 
 
 @pytest.mark.parametrize("argv,what", [
-    (("bench", "--json", "-"), "a file"), (("bench", "--out", "-"), "a file"),
-    (("bench", "--out-dir", "-"), "a directory"), (("bench-steps", "--shape", "smollm2-135m", "--json", "-"), "a file"),
-    (("eval-heads", "--heads", "random", "--json", "-"), "a file"),
-    (("export-heads", "--heads", "random", "--out", "-"), "a directory"),
-    (("train-heads", "--out", "-"), "a directory"),
+    (("bench", "--json", "-"), "output path '-' would write a file"),
+    (("bench", "--out", "-"), "output path '-' would write a file"),
+    (("bench", "--out-dir", "-"), "--out-dir '-' would write a directory"),
+    (("bench-steps", "--shape", "smollm2-135m", "--json", "-"), "output path '-' would write a file"),
+    (("eval-heads", "--heads", "random", "--json", "-"), "output path '-' would write a file"),
+    (("export-heads", "--heads", "random", "--out", "-"), "--out '-' would write a directory"),
+    (("train-heads", "--out", "-"), "--out '-' would write a directory"),
 ])
 def test_a_dash_for_an_output_is_refused_not_written_under_that_name(tmp_path, monkeypatch, capsys, no_loading,
                                                                      argv, what):
@@ -368,7 +370,7 @@ def test_a_dash_for_an_output_is_refused_not_written_under_that_name(tmp_path, m
     (or directory) named '-'."""
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(capsys, *argv)
-    assert_one_line_error(code, err, f"output path '-' would write {what} named '-'")
+    assert_one_line_error(code, err, f"{what} named '-'")
     assert list(tmp_path.iterdir()) == []
 
 

@@ -44,11 +44,11 @@ def output_target(path: str | os.PathLike) -> Path:
     return real
 
 
-def _refuse_dash(path: str | os.PathLike, what: str) -> None:
+def _refuse_dash(path: str | os.PathLike, what: str, flag: str | None = None) -> None:
     """'-' means stdout to a shell user; as an output path it would name a file (or directory) '-'."""
     if str(path) == "-":
-        raise LongswiftError(f"output path '-' would write {what} named '-': longswift writes its outputs to named "
-                             f"files (each whole, renamed into place), not to stdout; give a {what[2:]} name")
+        raise LongswiftError(f"{flag or 'output path'} '-' would write {what} named '-': longswift writes its outputs "
+                             f"to named files (each whole, renamed into place), not to stdout; give a {what[2:]} name")
 
 
 def check_writable(path: str | os.PathLike) -> Path:
@@ -94,7 +94,7 @@ def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> Non
 def check_dir_writable(path: str | os.PathLike, flag: str) -> Path:
     """Fail early if `path` cannot be a directory that takes new entries: an existing directory is
     probed itself, an absent one where it would be created (its nearest existing ancestor)."""
-    _refuse_dash(path, "a directory")
+    _refuse_dash(path, "a directory", flag)
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise LongswiftError(f"{flag} '{p}' is a file: give a directory")
@@ -111,7 +111,7 @@ def check_dir_writable(path: str | os.PathLike, flag: str) -> Path:
 
 def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     """Fail early if `path` cannot become a new directory: absent, or an empty directory, that takes entries."""
-    _refuse_dash(path, "a directory")
+    _refuse_dash(path, "a directory", flag)
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise LongswiftError(f"'{p}' is a file, and {flag} here is a new directory: choose a new {flag}")
