@@ -408,6 +408,9 @@ def test_lockstep_runs_equal_the_runs_made_one_at_a_time(tmp_path, tiny_dir, cap
     for r in together:
         assert r["decode_tokens_per_second"] > 0 and [n for n, _ in r["checkpoints"]][-1] == 8
         assert r.get("lockstep_with") == (None if r["method"] == "hf" else [m for m in ours if m != r["method"]])
+    rows = list(csv.DictReader((tmp_path / "lockstep" / "results.csv").open()))
+    assert [row["lockstep_with"] for row in rows[:4]] == ["tokenswift+tokenswift-fused", "ar+tokenswift-fused",
+                                                          "ar+tokenswift", ""]
     assert "- lockstep (--lockstep): our methods' runs of a cell and run ran together, a step at a time" in report
     assert "not in lockstep" not in report
     code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--prefix", "12",

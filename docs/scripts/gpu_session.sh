@@ -17,7 +17,12 @@
 #                                            # eager, Llama-3.1-8B shape at 4K and 100K (`profile small`: embedded shape)
 #   bash docs/scripts/gpu_session.sh cell GGUF  # the embedded model's bench cell (2,048-token clockmaker prompt,
 #                                            # 4,096 tokens, greedy and paper) with --lockstep, which times the
-#                                            # methods a step each in turn (GGUF: the model file, carried in parts)
+#                                            # methods together (GGUF: the model file, carried in parts)
+#
+# The GPU machine can download nothing and takes 64 MiB of ignored files a call, so the 93 MB model
+# goes in two warm calls (the machine releases after 30 s idle): one carrying a 50 MB first part and
+# copying it to /tmp, the next carrying the rest, joining them and checking the SHA-256; the gguf
+# package, which that machine lacks, is installed from a carried wheel (pip install --no-index).
 #
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.

@@ -159,6 +159,8 @@ def to_csv(records: list[dict[str, Any]]) -> str:
     rows = []
     for r in records:
         row = {k: v for k, v in r.items() if k not in CSV_SKIP}
+        if isinstance(row.get("lockstep_with"), list):  # a list in one cell: the methods joined by '+'
+            row["lockstep_with"] = "+".join(row["lockstep_with"])
         for base in ("ar", "hf"):
             runs = baseline(cells[cell_id(r)], base)
             row[f"speedup_vs_{base}"] = (round(speedup(r["decode_tokens_per_second"], median_rate(runs)), 4)
