@@ -64,7 +64,7 @@ class BenchConfig:
     spec: SpecConfig | None = None
     pld_tokens: int = 10  # tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)
     warmup: bool = True
-    lockstep: bool = False  # our methods' runs of a cell and run index advanced a step each in turn (bench.lockstep)
+    lockstep: bool = False  # our methods' runs of a cell and run index run together, a step at a time (bench.lockstep)
 
     def __post_init__(self) -> None:
         if seed_problem(self.seed) is not None:
@@ -194,8 +194,9 @@ class Methods:
     def run_lockstep(self, ours: list[str], prompt: list[int], n: int, sampling: SamplingConfig,
                      progress: Mapping[str, Callable[[int, float], None] | None]
                      ) -> dict[str, tuple[list[int], Timeline, Any]]:
-        """Runs of several of our methods advanced a step each in turn (bench.lockstep), each timed on
-        its own clock: method -> (generated ids, timeline, GenerationStats)."""
+        """Runs of several of our methods made together, a step at a time, the one furthest behind in
+        tokens next (bench.lockstep), each timed on its own clock: method -> (generated ids, timeline,
+        GenerationStats)."""
         streams = {m: self._stream(m, prompt, n, sampling) for m in ours}
         timelines = {m: Timeline(n, start=0.0, progress=progress[m]) for m in ours}
         alpha: dict[str, Callable[[], float | None]] = {
@@ -375,7 +376,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         tell: dict[str, Callable[[int, float], None] | None] = {
             m: functools.partial(progress, where=where) for m, where in wheres.items()}
         with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
-            if len(batch) == 1:
+            if not together:
                 m = batch[0][2]
                 results = {m: methods.run(m, list(cell.prompt.ids), cell.length, sampling, tell[m])}
             else:

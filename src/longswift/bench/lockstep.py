@@ -7,9 +7,10 @@ machine's speed drifts by 5-15% over minutes (docs/benchmarks.md). In lockstep t
 each token count at about the same time (taking turns step for step would not do it: a method
 that commits several tokens a step, or AR's token blocks on CUDA, would finish first and leave the
 other to run alone), so each meets the drift the others meet, and the ratio of their rates holds
-where the rates themselves move. A step's own work is unchanged: each generation keeps its own cache, generator and
-state; what the methods share is the model's weights, which a step reads whole either way (they do
-not fit a last-level cache). The price is memory: every method's KV cache is held at once."""
+where the rates themselves move. A step's own work is unchanged: each generation keeps its own
+cache, generator and state; what the methods share is the model's weights, which a step reads whole
+either way (they do not fit a last-level cache). The price is memory: every method's KV cache is
+held at once."""
 
 from __future__ import annotations
 
