@@ -16,6 +16,9 @@ from longswift.bench.metrics import Timeline, checkpoint_targets, curve_speedup,
 from longswift.bench.peers import missing
 from longswift.bench.prompts import read_instructions
 from longswift.cli import main
+from longswift.config import GenerationConfig, SpecConfig
+from longswift.errors import LongswiftError
+from longswift.spec.budget import draft_cache_tokens, tree_budget, walk_rows
 
 
 def test_distinct_n_matches_a_hand_count():
@@ -433,3 +436,31 @@ def test_lockstep_batches_gather_our_methods_of_a_cell_and_run_around_peers():
     assert grouped[:3] == [[(False, 0, "hf")], [(False, 0, "ar"), (False, 0, "tokenswift")], [(False, 0, "llamacpp")]]
     assert len(grouped) == 12 and grouped[-2] == [(True, 1, "ar"), (True, 1, "tokenswift")]
     assert batches(plan, lockstep=False) == [[e] for e in plan]
+
+
+def test_lockstep_refuses_before_any_run_when_the_caches_together_do_not_fit(tmp_path, tiny_dir, capsys, monkeypatch):
+    """Each cache alone fits (the engine checks it when allocating), both at once do not: said before any run."""
+    import longswift.runtime.memory as memory
+    from longswift.bench.grid import BenchConfig, Cell, check_lockstep_memory
+    from longswift.bench.prompts import Prompt
+    from longswift.engine import load
+
+    engine = load(str(tiny_dir), heads="random", threads=1)
+    cell = Cell(Prompt("p", tuple(range(12)), False), 12, "paper", 200)
+    cfg = BenchConfig()
+    spec = SpecConfig().for_device(engine.model.device)
+    one = memory.plan_memory(engine.cfg, engine.model.dtype, engine.model.device, 212 + tree_budget(spec),
+                             GenerationConfig().prefill_chunk, engine.model.packed, draft_cache_tokens(spec, 212),
+                             tree_budget(spec), sampled_rows=walk_rows(spec))
+    free = one.kv_cache + one.draft_cache + one.workspace + 1  # TokenSwift's run alone fits
+    monkeypatch.setattr(memory, "available_bytes", lambda device: free)
+    check_lockstep_memory(engine, cfg, cell, ["tokenswift"])  # one method: nothing held beside it
+    with pytest.raises(LongswiftError, match=r"--lockstep holds the KV caches of ar, tokenswift at once: .* GiB for the "
+                                             r"212-token cell, but .* GiB is free; drop --lockstep"):
+        check_lockstep_memory(engine, cfg, cell, ["ar", "tokenswift"])
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
+                 "ar,tokenswift", "--prefix", "12", "--lengths", "200", "--presets", "paper", "--lockstep",
+                 "--out-dir", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--lockstep holds the KV caches of ar, tokenswift at once" in err and "start" not in err
+    assert not (tmp_path / "b" / "results.jsonl").exists()

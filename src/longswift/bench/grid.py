@@ -268,6 +268,30 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
                          f"this model's context of {limit}: lower --lengths/--prefix{extend}")
 
 
+def check_lockstep_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[str]) -> None:
+    """--lockstep holds the KV caches of all of `ours` at once (a step's transients are one method's at a
+    time): refuse, before any run, a grid whose longest cell's caches together do not fit the free memory."""
+    from ..runtime.memory import GiB, available_bytes, plan_memory
+    from ..spec.budget import draft_cache_tokens, tree_budget, walk_rows
+
+    if len(ours) < 2 or (free := available_bytes(engine.model.device)) is None:
+        return
+    model, tokens = engine.model, len(cell.prompt.ids) + cell.length
+    spec = (cfg.spec or SpecConfig()).for_device(model.device)
+    plans = []
+    for m in ours:
+        ts = m != "ar"
+        nodes = tree_budget(spec) if ts else 0
+        plans.append(plan_memory(engine.cfg, model.dtype, model.device, tokens + nodes,
+                                 GenerationConfig().prefill_chunk, model.packed, draft_cache_tokens(spec, tokens) if ts
+                                 else 0, nodes, model.float32_logits, walk_rows(spec) if ts else 1))
+    need = sum(p.kv_cache + p.draft_cache for p in plans) + max(p.workspace for p in plans)
+    if need > free:
+        raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {need / GiB:.2f} GiB for "
+                             f"the {tokens}-token cell, but {free / GiB:.2f} GiB is free; drop --lockstep, or lower "
+                             "--lengths or --prefix")
+
+
 def default_lengths(engine: Engine, prompt_tokens: int, log: Callable[[str], None]) -> tuple[int, ...]:
     """The default generation lengths that fit the model's context after the longest prompt (the first
     alone when none does: the context check then refuses it, saying what to change)."""
@@ -321,6 +345,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             runnable.append(m)
     if not runnable:
         raise LongswiftError("none of the methods can run here: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
+    if cfg.lockstep:  # before any run (and any file), not when the longest cell's second cache is allocated
+        check_lockstep_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
     identity = suite_identity(engine, cfg, heads)
     store = ResultStore(out_dir, identity, fresh) if out_dir is not None else MemoryStore(identity)
     if store.records:
