@@ -271,20 +271,15 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
 def check_lockstep_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[str]) -> None:
     """--lockstep holds the KV caches of all of `ours` at once (a step's transients are one method's at a
     time): refuse, before any run, a grid whose longest cell's caches together do not fit the free memory."""
-    from ..runtime.memory import GiB, available_bytes, plan_memory
-    from ..spec.budget import draft_cache_tokens, tree_budget, walk_rows
+    from ..runtime.memory import GiB, available_bytes
+    from ..spec.budget import run_plan
 
     if len(ours) < 2 or (free := available_bytes(engine.model.device)) is None:
         return
     model, tokens = engine.model, len(cell.prompt.ids) + cell.length
     spec = (cfg.spec or SpecConfig()).for_device(model.device)
-    plans = []
-    for m in ours:
-        ts = m != "ar"
-        nodes = tree_budget(spec) if ts else 0
-        plans.append(plan_memory(engine.cfg, model.dtype, model.device, tokens + nodes,
-                                 GenerationConfig().prefill_chunk, model.packed, draft_cache_tokens(spec, tokens) if ts
-                                 else 0, nodes, model.float32_logits, walk_rows(spec) if ts else 1))
+    plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, GenerationConfig().prefill_chunk, model.packed,
+                      model.float32_logits, None if m == "ar" else spec) for m in ours]
     need = sum(p.kv_cache + p.draft_cache for p in plans) + max(p.workspace for p in plans)
     if need > free:
         raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {need / GiB:.2f} GiB for "

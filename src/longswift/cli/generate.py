@@ -324,8 +324,9 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config
-    from ..runtime.memory import check_context, plan_memory
+    from ..runtime.memory import check_context
     from ..runtime.parallel import env_world_size, plan_shards, shard_config
+    from ..spec.budget import run_plan
 
     cfg = load_config(model, runtime.rope_scaling)
     check_context(cfg, prompt_tokens, gen.max_new_tokens)
@@ -338,15 +339,8 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
         # host's memory, and each reads the whole checkpoint while loading.
         held = shard if device.type == "cuda" else cfg
     packed = runtime.pack_weights is not False and packing_supported(dtype, device)
-    nodes = draft = 0
-    rows = 1
-    if spec is not None:
-        from ..spec.budget import draft_cache_tokens, tree_budget, walk_rows
-
-        resolved = spec.for_device(device)
-        nodes, draft, rows = tree_budget(resolved), draft_cache_tokens(resolved, tokens), walk_rows(resolved)
-    plan_memory(held, dtype, device, tokens + nodes, gen.prefill_chunk, packed, draft, nodes,
-                runtime.float32_logits, rows).check(weights_loaded=False)
+    run_plan(held, dtype, device, tokens, gen.prefill_chunk, packed, runtime.float32_logits,
+             None if spec is None else spec.for_device(device)).check(weights_loaded=False)
     return cfg
 
 

@@ -24,8 +24,8 @@ def add_parser(sub: Any) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config, resolve_path
-    from ..runtime.memory import GiB, available_bytes, plan_memory
-    from ..spec.budget import draft_cache_tokens, tree_budget, walk_rows
+    from ..runtime.memory import GiB, available_bytes
+    from ..spec.budget import run_plan, tree_budget
     from ..spec.released import describe_heads
 
     runtime = config_from_args(RuntimeConfig, args)
@@ -39,9 +39,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     spec = spec.for_device(device)
     heads, tokenswift = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
     nodes = tree_budget(spec) if tokenswift else 0
-    draft = draft_cache_tokens(spec, tokens) if tokenswift else 0
-    plan = plan_memory(cfg, dtype, device, tokens + nodes, GenerationConfig().prefill_chunk, packed, draft, nodes,
-                       runtime.float32_logits, walk_rows(spec) if tokenswift else 1)
+    plan = run_plan(cfg, dtype, device, tokens, GenerationConfig().prefill_chunk, packed, runtime.float32_logits,
+                    spec if tokenswift else None)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)

@@ -1,11 +1,15 @@
 """What a TokenSwift run's shapes will be, from its spec alone: the depths the heads draft, the
 most trie nodes a step verifies, the walk's rows and the draft pass's partial cache. The loop,
-the memory plan (`longswift info`, `generate`) and `bench-steps` size their buffers from these."""
+the memory plan (`longswift info`, `generate`, `bench --lockstep`: run_plan) and `bench-steps` size
+their buffers from these."""
 
 from __future__ import annotations
 
-from ..config import SpecConfig
+import torch
+
+from ..config import ModelConfig, SpecConfig
 from ..runtime.cuda_graphs import padded_nodes
+from ..runtime.memory import MemoryPlan, plan_memory
 from .ngram import NGRAM_N
 
 
@@ -47,3 +51,14 @@ def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
     without one)."""
     partial = spec.draft_mode == "paper" and spec.draft_cache != "full"
     return spec.draft_kv_budget if partial and total > spec.draft_kv_budget else 0
+
+
+def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens: int, chunk: int, packed: bool,
+             float32_logits: bool, spec: SpecConfig | None) -> MemoryPlan:
+    """The memory plan of a run of `tokens` (prompt + new tokens) prefilled in chunks of `chunk`: AR's
+    where `spec` is None, else TokenSwift's with its largest trie, walk rows and draft cache (`spec`
+    resolved for the device)."""
+    nodes = tree_budget(spec) if spec is not None else 0
+    draft = draft_cache_tokens(spec, tokens) if spec is not None else 0
+    rows = walk_rows(spec) if spec is not None else 1
+    return plan_memory(cfg, dtype, device, tokens + nodes, chunk, packed, draft, nodes, float32_logits, rows)
