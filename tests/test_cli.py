@@ -237,7 +237,7 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--temperature", "inf"], "--temperature must be a finite number >= 0"),
     (["--prompt", "hi", "--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint FILE"),
     (["--prompt", "hi", "--checkpoint-e=5"], "--checkpoint-every needs --checkpoint FILE"),
-    (["--prompt", "hi", "--output", "-"], "--output - would write a file named '-'"),
+    (["--prompt", "hi", "--output", "-"], "--output '-' would write a file named '-'"),
     (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be a positive"),
     (["--prompt", "   "], "the prompt is empty"),
     (["--prompt", "hi", "--dtype", "int8"], "--dtype must be one of"),

@@ -51,10 +51,10 @@ def _refuse_dash(path: str | os.PathLike, what: str, flag: str | None = None) ->
                              f"to named files (each whole, renamed into place), not to stdout; give a {what[2:]} name")
 
 
-def check_writable(path: str | os.PathLike) -> Path:
+def check_writable(path: str | os.PathLike, flag: str | None = None) -> Path:
     """Fail early (before a long run) if `path` cannot be created; returns the path to write (a link's
-    target, see output_target)."""
-    _refuse_dash(path, "a file")
+    target, see output_target). `flag`: the option that named it, for the refusals that can say so."""
+    _refuse_dash(path, "a file", flag)
     p = output_target(path)
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():

@@ -149,10 +149,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # on --resume, the checkpoint is the file resumed
     if args.resume is None and args.checkpoint is None and "--checkpoint-every" in _given(args):
         raise LongswiftError("--checkpoint-every needs --checkpoint FILE, the file it saves to")
-    for flag in ("output", "json", "checkpoint"):
-        if str(getattr(args, flag)) == "-":
-            raise LongswiftError(f"--{flag} - would write a file named '-': the text goes to stdout without "
-                                 "--output; give a file name")
     if args.resume is None and args.prompt is None and args.prompt_file is None and args.prompt_ids is None:
         raise LongswiftError("give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS "
                              "(or --resume CHECKPOINT)")
@@ -301,7 +297,7 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
     input files): two outputs on one file would leave only the one written last."""
     from ..atomic import check_distinct, check_writable
 
-    named = {flag: check_writable(p).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
+    named = {flag: check_writable(p, flag).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
                                                                  ("--checkpoint", args.checkpoint)) if p is not None}
     out = Outputs(named.get("--output"), named.get("--json"), named.get("--checkpoint"), args.checkpoint_every)
     if out.checkpoint is None:
