@@ -49,7 +49,8 @@ class LoadedModel:
     head_tensors: dict[str, torch.Tensor] | None = None  # `model.medusa_layers.*` found in the checkpoint
     hub_id: str | None = None  # `org/name[@revision]` when `source` is its snapshot in the HF cache
     # embed_corner of the embedding as stored, before the cast to the run's dtype: float16 moves some values
-    # across a bfloat16 rounding boundary, so the cast table's fingerprint would not be the model's.
+    # across a bfloat16 rounding boundary, so the cast table's fingerprint would not be the model's. None
+    # where the loader did not see it (the Engine then takes the state's embedding).
     embed_corner: torch.Tensor | None = None
 
 
@@ -154,8 +155,6 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
             loaded.hub_id = source
     loaded.head_tensors = take_head_tensors(loaded.cfg, loaded.state, loaded.source)
     check_state_dict(loaded.cfg, loaded.state)
-    if loaded.embed_corner is None:
-        loaded.embed_corner = embed_corner(loaded.state[EMBED])
     return loaded
 
 
