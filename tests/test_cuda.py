@@ -10,7 +10,8 @@ the machine's own pytest and `PYTHONPATH=src` do: see docs/scripts/gpu_session.s
   on a tiny model and on the Llama-3.1-8B shape with 2 layers;
 - float32 tokens on CUDA equal float32 tokens on the CPU for AR and both TokenSwift modes;
 - seeded sampled TokenSwift equals AR in float32 with the batched walk (the GPU default) and the row walk;
-- a whole generation with --cuda-graphs on equals --cuda-graphs off, and its stats count the captures;
+- a whole generation with --cuda-graphs on equals --cuda-graphs off, and its stats count the captures
+  (also for a model on a second device, where there is one);
 - AR reading tokens back in blocks (--read-every, auto 16 on CUDA) emits what reading each token does,
   and so does TokenSwift running its plain steps as such blocks;
 - narrow full steps (a wide trie's chain and one n-gram path) keep float32 tokens AR's, graphs on == off;
@@ -311,6 +312,20 @@ def test_generation_with_cuda_graphs_equals_without(dtype, attention):
     assert generate(on, "ar") == generate(off, "ar")
     for spec in SPECS.values():
         assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
+def test_graphs_of_a_model_on_a_second_device_equal_eager_steps():
+    """A model on cuda:1 while cuda:0 is current: its graphs are captured on its own device (torch's
+    capture stream is the current device's otherwise), so a generation with graphs on equals graphs off,
+    and the current device is left as it was."""
+    hf = tiny_hf_model("llama", "default", seed=6)
+    torch.cuda.set_device(0)
+    on = longswift.load(hf, device="cuda:1", dtype="float32", cuda_graphs="on", heads="random")
+    off = longswift.load(hf, device="cuda:1", dtype="float32", cuda_graphs="off", heads="random")
+    assert generate(on, "ar") == generate(off, "ar")
+    assert generate(on, "tokenswift", SPECS["pruned"]) == generate(off, "tokenswift", SPECS["pruned"])
+    assert torch.cuda.current_device() == 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

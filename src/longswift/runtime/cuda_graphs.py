@@ -139,6 +139,7 @@ class StepGraphs:
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
         self.graphs: dict[tuple[int, int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self.capture_stream: torch.cuda.Stream | None = None  # made at the first capture, on the model's device
         self.captures = 0
         self.capture_seconds = 0.0  # wall time of the captures (warm-up run included), a one-off cost per graph
         self.warmed: set[tuple[int, str]] = set()  # (N, output) bodies run once eagerly before a capture
@@ -226,6 +227,15 @@ class StepGraphs:
         return token
 
     def _capture(self, key: tuple[int, int, str]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        # torch.cuda.graph captures on a stream of the *current* device (its shared default capture stream,
+        # made on whichever device was current first) and synchronises that device: with the model on
+        # cuda:1 and cuda:0 current, the body's kernels would go to a stream that is not capturing. So the
+        # capture runs with the model's device current, on a capture stream of that device. (A replay
+        # launches on its capture device by itself.)
+        with torch.cuda.device(self.model.device):
+            return self._capture_here(key)
+
+    def _capture_here(self, key: tuple[int, int, str]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
         # Warm-up (lazy inits, workspaces) off the capture, the first time a body of this shape is captured; the
         # same body for a later bucket or span runs the same ops on other lengths, so it needs none (on an H100 the
@@ -238,7 +248,9 @@ class StepGraphs:
             torch.cuda.current_stream(self.model.device).wait_stream(side)
             self.warmed.add(key[1:])
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        if self.capture_stream is None:
+            self.capture_stream = torch.cuda.Stream(self.model.device)
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
             out = self.body(*key)
         self.captures += 1
         torch.cuda.synchronize(self.model.device)
