@@ -314,6 +314,22 @@ def test_a_draw_inside_the_decode_body_is_the_draw_between_bodies(sampling, atte
         assert (y1 is None and y2 is None) or torch.equal(y1, y2)
 
 
+def test_binding_sampling_keeps_a_copy_of_the_settings_its_graphs_draw_with():
+    """The SAMPLED graphs bake in the bound settings: a change the caller makes to its own config object
+    afterwards must not pass for them (it would compare equal and keep the stale graphs); binding the changed
+    config again takes it."""
+    engine = engine64()
+    model = engine.model
+    history = torch.zeros(16, dtype=torch.long)
+    graphs = StepGraphs(model, FullKVCache(engine.cfg, 16, torch.float64, CPU), capture=False)
+    mine = SamplingConfig(seed=1, temperature=0.7)
+    graphs.bind_sampling(history, mine)
+    mine.temperature = 1.3
+    assert graphs.sampling is not mine and graphs.sampling.temperature == 0.7
+    graphs.bind_sampling(history, mine)
+    assert graphs.sampling.temperature == 1.3
+
+
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),
                                       SamplingConfig(seed=3, min_p=0.05, repetition_penalty=1.0)],
                          ids=["greedy-penalty", "sampled"])

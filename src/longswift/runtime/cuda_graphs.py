@@ -36,6 +36,7 @@ attending compute the same attention in different float sums (equal tokens in fl
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -313,7 +314,9 @@ class StepGraphs:
         capacity fixed) and its transform. Binding others drops the SAMPLED graphs, which hold these."""
         if history is self.history and sampling == self.sampling:
             return
-        self.history, self.sampling = history, sampling
+        # A copy: the SAMPLED graphs bake in these settings, so a caller's later change to its own config
+        # object must compare unequal here (and drop them), not change the stored one along with it.
+        self.history, self.sampling = history, dataclasses.replace(sampling)
         if sampling.banned_ids:  # made here, never during a capture (sampling.banned_index)
             banned_index(sampling.banned_ids, history.device)
         for key in [k for k in self.graphs if k[2] == SAMPLED]:
