@@ -4,7 +4,8 @@ the machine's own pytest and `PYTHONPATH=src` do: see docs/scripts/gpu_session.s
 
 - CUDA-graph replay equals the eager body, and the eager CUDA decode, exactly, with both ways of
   attending (--graph-attention bucketed, and length: one graph per doubling span); so does the draft
-  pass's graph, which captures the heads and the LM head with the forward;
+  pass's graph, which captures the heads and the LM head with the forward; in bfloat16 the bodies'
+  fused kernels stay as close to the float32 model as the eager forward does;
 - the CUDA kernels (flash decode by buckets, the cascade for masked forwards, flash's variable-length
   kernel reading the cached length from device memory) equal explicit float32 attention to rounding,
   on a tiny model and on the Llama-3.1-8B shape with 2 layers;
@@ -124,6 +125,29 @@ def test_length_graphs_replay_equals_their_eager_body_and_capture_once_per_span(
         assert torch.equal(a, b)
         if dtype == torch.float32:  # the eager forward splits attention elsewhere: equal up to rounding
             torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_bfloat16_bodies_are_as_close_to_float32_as_the_eager_forward(attention):
+    """In bfloat16 the step bodies run the fused kernels that float32 leaves to explicit attention (flash
+    by bucket or by length, the memory-efficient masked kernel), so the float32 checks above do not reach
+    those branches inside a body: their logits must be about as close to the float32 model's as the eager
+    bfloat16 forward's are (a visibility or span slip in a fused branch would be far off, not rounding)."""
+    needs_length(attention)
+    hf = tiny_hf_model("llama", "default", seed=3)
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(0))
+    steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    outs = {}
+    for dtype in ("float32", "bfloat16"):
+        model = longswift.load(hf, device="cuda", dtype=dtype).model
+        outs[dtype] = replay_and_body(model, prompt, steps, bucket=16, capacity=160, tree=6, attention=attention)[0]
+    reference = outs["float32"][2]  # the float32 model's eager forward
+    replay, body, eager = outs["bfloat16"]
+
+    def error(rows: list[torch.Tensor]) -> float:
+        return max((x.float() - r).abs().max().item() for x, r in zip(rows, reference))
+
+    assert error(body) == error(replay) <= 4 * error(eager) + 1e-3
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
