@@ -212,13 +212,37 @@ def test_model_forward_is_the_same_on_the_gpu_kernels(kernel):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_cuda_flash_is_asked_only_for_head_sizes_its_kernels_take():
+@pytest.fixture
+def gpu_capability(monkeypatch):
+    """Pretend a CUDA device of the given compute capability is present (cuda_flash_fits asks it)."""
+    from longswift.runtime import attention
+
+    def pretend(capability: tuple[int, int]) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+        attention._flash_capable.cache_clear()
+
+    yield pretend
+    attention._flash_capable.cache_clear()
+
+
+def test_cuda_flash_is_asked_only_for_head_sizes_its_kernels_take(gpu_capability):
     """aten's flash forward refuses a head size that is not a multiple of 8 (only the public SDPA pads
     it) or above 256, and any dtype but float16/bfloat16: those take the explicit path instead of a
     RuntimeError on a GPU."""
+    gpu_capability((9, 0))
     cuda = torch.device("cuda")
     assert cuda_flash_fits(cuda, torch.bfloat16, 128) and cuda_flash_fits(cuda, torch.float16, 64)
     assert not cuda_flash_fits(cuda, torch.bfloat16, 12)  # 12 % 8 != 0: mha_fwd's TORCH_CHECK
     assert not cuda_flash_fits(cuda, torch.bfloat16, 264)
     assert not cuda_flash_fits(cuda, torch.float32, 128)
     assert not cuda_flash_fits(torch.device("cpu"), torch.bfloat16, 128)
+
+
+def test_cuda_flash_is_not_asked_of_gpus_before_ampere(gpu_capability):
+    """torch's flash kernels raise "FlashAttention only supports Ampere GPUs or newer" on a V100 or T4
+    (compute capability 7.x): there the fused paths give way to explicit attention."""
+    gpu_capability((7, 5))
+    assert not cuda_flash_fits(torch.device("cuda"), torch.float16, 64)
+    gpu_capability((8, 0))
+    assert cuda_flash_fits(torch.device("cuda"), torch.float16, 64)

@@ -43,7 +43,19 @@ def cuda_flash_fits(device: torch.device, dtype: torch.dtype, head_dim: int) -> 
     head_dim a multiple of 8 up to 256. aten's flash forward (mha_fwd, mha_varlen_fwd in flash_api.cpp)
     refuses other head sizes with "head_size must be a multiple of 8, this is ensured by padding!": only
     the public F.scaled_dot_product_attention pads, and these paths call the ops directly."""
-    return device.type == "cuda" and dtype in FLASH_DTYPES and head_dim <= 256 and head_dim % 8 == 0
+    return (device.type == "cuda" and dtype in FLASH_DTYPES and head_dim <= 256 and head_dim % 8 == 0
+            and _flash_capable(device.index))
+
+
+@functools.cache
+def _flash_capable(index: int | None) -> bool:
+    """Whether the CUDA device (None: the current one) runs torch's flash kernels, which need compute
+    capability 8.0 (Ampere) or newer: on a V100 or T4 they raise "FlashAttention only supports Ampere GPUs
+    or newer", and these paths then use explicit attention. True where CUDA is not available: a memory plan
+    made elsewhere for a CUDA device (runtime.memory) assumes a current GPU."""
+    if not torch.cuda.is_available():
+        return True
+    return torch.cuda.get_device_capability(index) >= (8, 0)
 
 
 def flash_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
