@@ -464,3 +464,18 @@ def test_lockstep_refuses_before_any_run_when_the_caches_together_do_not_fit(tmp
     err = capsys.readouterr().err
     assert code == 2 and "--lockstep holds the KV caches of ar, tokenswift at once" in err and "start" not in err
     assert not (tmp_path / "b" / "results.jsonl").exists()
+
+
+def test_lockstep_bytes_add_up_the_graph_pools_only_with_cuda_graphs():
+    """Without graphs a step's transients are freed before the next method steps (the largest counts); each
+    generation's CUDA graph pool keeps its transients for the whole run, so with graphs they add up."""
+    from longswift.bench.grid import lockstep_bytes
+    from longswift.runtime.memory import MemoryPlan
+
+    def plan(kv: int, draft: int, work: int) -> MemoryPlan:
+        return MemoryPlan(weights=0, packed_weights=0, kv_cache=kv, workspace=work, capacity_tokens=1, device="cpu",
+                          draft_cache=draft, draft_tokens=0, tree_nodes=0)
+
+    plans = [plan(100, 0, 7), plan(100, 30, 11)]
+    assert lockstep_bytes(plans, graph_pools=False) == 230 + 11
+    assert lockstep_bytes(plans, graph_pools=True) == 230 + 18

@@ -23,7 +23,7 @@ from ..engine import Engine, GenerationStream, load
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.loading import resolve_path
-from ..runtime.memory import rope_extension
+from ..runtime.memory import MemoryPlan, rope_extension
 from ..runtime.model import fused_kernels
 from ..spec.budget import unpruned_budget
 from .lockstep import run_lockstep
@@ -268,9 +268,17 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
                          f"this model's context of {limit}: lower --lengths/--prefix{extend}")
 
 
+def lockstep_bytes(plans: list[MemoryPlan], graph_pools: bool) -> int:
+    """What methods run in lockstep hold at once: every one's KV caches, and the largest of their step
+    transients, which each step frees before the next method's; with CUDA graphs (`graph_pools`) every
+    generation's private pool keeps its graphs' transients for the whole run, so those add up too."""
+    work = [p.workspace for p in plans]
+    return sum(p.kv_cache + p.draft_cache for p in plans) + (sum(work) if graph_pools else max(work))
+
+
 def check_lockstep_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[str]) -> None:
-    """--lockstep holds the KV caches of all of `ours` at once (a step's transients are one method's at a
-    time): refuse, before any run, a grid whose longest cell's caches together do not fit the free memory."""
+    """--lockstep holds the KV caches of all of `ours` at once (lockstep_bytes): refuse, before any run, a
+    grid whose longest cell's methods together do not fit the free memory."""
     from ..runtime.memory import GiB, available_bytes
     from ..spec.budget import run_plan
 
@@ -280,7 +288,7 @@ def check_lockstep_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: li
     spec = (cfg.spec or SpecConfig()).for_device(model.device)
     plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, GenerationConfig().prefill_chunk, model.packed,
                       model.float32_logits, None if m == "ar" else spec) for m in ours]
-    need = sum(p.kv_cache + p.draft_cache for p in plans) + max(p.workspace for p in plans)
+    need = lockstep_bytes(plans, model.device.type == "cuda" and use_graphs(engine.runtime.cuda_graphs, model))
     if need > free:
         raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {need / GiB:.2f} GiB for "
                              f"the {tokens}-token cell, but {free / GiB:.2f} GiB is free; drop --lockstep, or lower "
