@@ -75,9 +75,13 @@ def transform(logits: torch.Tensor, window_ids: torch.Tensor, cfg: SamplingConfi
 
 def _top_p(x: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose total probability reaches top_p: in the
-    order of descending logits, ties in vocabulary order (stable, so a row's result never depends
-    on the other rows of the batch: the walk transforms one row or all of a trie's rows at once),
-    a token is dropped when the probability mass of the tokens before it reaches top_p."""
+    order of descending logits, ties in vocabulary order (stable, so which tokens tie-break never
+    depends on the other rows of the batch: the walk transforms one row or all of a trie's rows at
+    once), a token is dropped when the probability mass of the tokens before it reaches top_p. On the
+    CPU each row's sums run in order, so a row's result is the same alone or in a batch; CUDA's
+    cumulative sum picks its summation order by the number of rows, so a token whose mass lies within
+    float rounding of top_p may go either way, alone or batched, as the verify pass's logits may
+    differ from a decode step's by rounding (exact outputs are float64's; docs/design.md)."""
     if x.device.type != "cpu" or x.requires_grad or x.dtype not in (torch.float32, torch.float64):
         return x.masked_fill(_top_p_drop_by_order(x, top_p), -math.inf)  # the GPU's way: no host read
     return x.masked_fill(_top_p_drop_cpu(x, top_p), -math.inf)
