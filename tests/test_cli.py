@@ -169,6 +169,34 @@ def test_an_interrupted_stdout_run_never_replaces_another_runs_checkpoint(tmp_pa
     assert beside.save_interrupted(Saved("a")) == beside.save_interrupted(Saved("b")) == here
 
 
+def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_status(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a directory where nothing can be written (the start warned of it): the exit status is the
+    signal's, and one line says the state could not be saved and what to do, rather than exit 1 on the
+    checkpoint's lock file."""
+    import signal
+
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.stop import StopRequest
+
+    engine = longswift.load(tiny_hf_model(), heads="random")
+    nowhere = tmp_path / "gone" / "longswift.checkpoint.json"  # its directory does not exist
+    monkeypatch.setattr(Outputs, "fallback_checkpoint", lambda self: nowhere)
+    stop = StopRequest()  # not entered: the signal is set by hand, as if it came during the first step
+    stop.signum = signal.SIGINT
+    stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1),
+                           generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    code = _run(engine, stream, Outputs(None, None, None, 1024), stop, no_progress=True)
+    err = capsys.readouterr().err
+    assert code == 130
+    assert "longswift: interrupted at 1 of 20 tokens; its state could not be saved (" in err
+    assert "give --checkpoint FILE in a writable directory to make a run resumable" in err
+    assert not nowhere.parent.exists()
+
+
 @pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"

@@ -358,6 +358,8 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
     saved = out.saved()
     text_file = AtomicFile(out.output) if out.output else None
     json_file: AtomicFile | None = None
+    path: Path | None = None  # where an interrupted run's state went; None with `unsaved`, why it could not
+    unsaved: Exception | None = None
     try:
         decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
         push = decoder.push if decoder else (lambda ids: "".join(f" {t}" for t in ids))  # no tokenizer: the ids
@@ -395,8 +397,11 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
             json_file.stage()
         if interrupted:
-            path = out.save_interrupted(stream.checkpoint(saved))
-            last_saved = (path, len(stream.token_ids))
+            try:
+                path = out.save_interrupted(stream.checkpoint(saved))
+                last_saved = (path, len(stream.token_ids))
+            except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands
+                path, unsaved = None, exc
         elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
             stream.checkpoint(saved).save(out.checkpoint)
             last_saved = (out.checkpoint, len(stream.token_ids))
@@ -413,6 +418,11 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         raise
     print(summary_line(result.stats, tp.world if tp is not None else 1), file=sys.stderr)
     if interrupted:
+        if path is None:
+            print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
+                  f"({unsaved}): give --checkpoint FILE in a writable directory to make a run resumable",
+                  file=sys.stderr)
+            return stop.exit_code
         shown = _shown(path)
         print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{shown}'. "
               f"Continue with: longswift generate --resume {shlex.quote(shown)}", file=sys.stderr)
