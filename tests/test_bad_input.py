@@ -125,6 +125,19 @@ def test_a_config_json_of_the_wrong_shape_is_one_line(tmp_path, edit, match):
         longswift.load(str(tmp_path), dtype="float32", heads=None)
 
 
+@pytest.mark.parametrize("command", [["info"], ["generate", "--prompt", "hi", "--max-new-tokens", "2"]])
+def test_a_model_directory_without_its_weights_says_so_before_planning_memory(tmp_path, capsys, command):
+    """A config.json alone (the default sizes of a 7B model when it is minimal) planned a run that
+    did not fit, or one that did ("fits"), for weights that are not there: the missing weights come first."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    code, _, err = run_cli(capsys, *command, "--model", str(tmp_path))
+    assert_one_line_error(code, err, "has no .safetensors weights: longswift loads safetensors checkpoints")
+    index = {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    code, _, err = run_cli(capsys, *command, "--model", str(tmp_path))
+    assert_one_line_error(code, err, "model-00001-of-00002.safetensors' named in the index is missing")
+
+
 # ---- heads files -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("meta,match", [

@@ -126,8 +126,14 @@ def gguf_header(path: Path) -> tuple[Any, Any]:
 
 
 def load_config(source: str | os.PathLike | None, rope_scaling: str | None = None) -> ModelConfig:
-    """Only the config of a checkpoint (reads metadata, not weights)."""
-    return _path_config(resolve_path(source), rope_scaling)
+    """Only the config of a checkpoint (reads metadata, not weights). A directory must name weight files
+    that are there: what the run plans for before loading (`info`, generate's memory check) would
+    otherwise be a config's sizes for a model that cannot load."""
+    path = resolve_path(source)
+    cfg = _path_config(path, rope_scaling)
+    if path.is_dir():
+        _weight_files(path)
+    return cfg
 
 
 def _path_config(path: Path, rope_scaling: str | None) -> ModelConfig:
@@ -263,25 +269,31 @@ def _generation_eos(path: Path) -> Any:
     return raw.get("eos_token_id") if isinstance(raw, dict) else None
 
 
+def _weight_files(path: Path) -> list[Path]:
+    """The safetensors files of an HF directory (its index's shards, else every *.safetensors), each
+    checked present."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise LongswiftError(f"'{index}' is not a valid safetensors index ({exc}); re-download it") from None
+    else:
+        names = sorted(p.name for p in path.glob("*.safetensors"))
+    if not names:
+        raise LongswiftError(f"'{path}' has no .safetensors weights: longswift loads safetensors checkpoints")
+    for name in names:
+        if not (path / name).is_file():
+            raise LongswiftError(f"weight shard '{path / name}' named in the index is missing; re-download the model")
+    return [path / name for name in names]
+
+
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise LongswiftError(f"'{index}' is not a valid safetensors index ({exc}); re-download it") from None
-    else:
-        files = sorted(p.name for p in path.glob("*.safetensors"))
-    if not files:
-        raise LongswiftError(f"'{path}' has no .safetensors weights: longswift loads safetensors checkpoints")
     state: dict[str, torch.Tensor] = {}
-    for name in files:
-        f = path / name
-        if not f.is_file():
-            raise LongswiftError(f"weight shard '{f}' named in the index is missing; re-download the model")
+    for f in _weight_files(path):
         try:
             state.update(load_file(str(f)))
         except (SafetensorError, OSError, ValueError) as exc:
