@@ -279,7 +279,7 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
     (["--max-new-tokens", "5"], "give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS"),
     (["--prompt", "hi", "--max-new-tokens", "100000"],
-     "max_new_tokens (100000) and a prompt of at least one token exceeds this model's context of 8192 tokens: lower "
+     "max_new_tokens=100000 (--max-new-tokens) and a prompt of at least one token exceeds this model's context of 8192 tokens: lower "
      "--max-new-tokens, or extend the context on purpose with --rope-scaling yarn:13"),  # not tokenized yet: no count
     (["--prompt", "hi", "--max-new-tokens", "1000000000000"], "exceeds this model's context"),
     (["--prompt", "hi", "--max-new-tokens", "8000000", "--rope-scaling", "yarn:1024"], "not enough memory"),
@@ -475,8 +475,10 @@ def test_train_heads_bad_data(tmp_path, capsys, content, args, match):
     (["--prompt-ids", "1,2", "--chat"], "--chat wraps prompt text"),
     (["--prompt-ids", "5 -3"], "--prompt-ids must be in [0, 49152)"),  # refused before loading, as a too large id
     (["--prompt-ids=5,99999"], "--prompt-ids must be in [0, 49152)"),
-    (["--prompt-ids", "1,2", "--system", "Be brief."], "--system needs some text, and goes into the chat template"),
-    (["--prompt", "Hi", "--raw", "--system", "Be brief."], "--system needs some text"),
+    (["--prompt-ids", "1,2", "--system", "Be brief."], "--system goes into the chat template, which --prompt-ids "
+                                                         "bypasses: give --prompt or --prompt-file"),
+    (["--prompt", "Hi", "--raw", "--system", "Be brief."], "--system goes into the chat template, which --raw turns "
+                                                          "off: drop one of them"),
     (["--prompt", "Hi", "--system", " "], "--system needs some text"),
 ])
 def test_bad_prompt_ids(capsys, no_loading, args, match):

@@ -165,9 +165,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     generation = replace(config_from_args(GenerationConfig, args), stop=tuple(args.stop or ()))
     spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
-    if args.system is not None and (args.prompt_ids is not None or args.chat is False or not args.system.strip()):
-        raise LongswiftError("--system needs some text, and goes into the chat template: give --prompt or "
-                             "--prompt-file (not --prompt-ids), without --raw")
+    if args.system is not None:  # the message says which of its conditions failed
+        if not args.system.strip():
+            raise LongswiftError("--system needs some text (the system message of the chat template)")
+        if args.chat is False:
+            raise LongswiftError("--system goes into the chat template, which --raw turns off: drop one of them")
+        if args.prompt_ids is not None:
+            raise LongswiftError("--system goes into the chat template, which --prompt-ids bypasses: give --prompt "
+                                 "or --prompt-file")
     if args.prompt_ids is not None:
         if args.chat:
             raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")

@@ -172,8 +172,9 @@ def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: i
             advice = shorter if full else "lower --max-new-tokens or shorten the prompt"
         else:  # no extension reaches that far
             advice = shorter
-        what = (f"max_new_tokens ({max_new_tokens}) and a prompt of at least one token" if prompt_tokens is None
-                else f"prompt ({prompt_tokens} tokens) + max_new_tokens ({max_new_tokens}) = {total}")
+        asked = f"max_new_tokens={max_new_tokens} (--max-new-tokens)"  # the API's name and the flag's: one message
+        what = (f"{asked} and a prompt of at least one token" if prompt_tokens is None
+                else f"prompt ({prompt_tokens} tokens) + {asked} = {total}")
         raise LongswiftError(f"{what} exceeds this model's context of {limit} tokens: {advice}")
 
 
