@@ -257,6 +257,13 @@ def tiny():
     (lambda e: e.generate([1, True]), "prompt token ids must be whole numbers; got True (bool) at position 1"),
     (lambda e: e.generate([1, 2], sampling={"seed": 1}), "sampling must be a longswift.SamplingConfig; got dict"),
     (lambda e: e.generate([1, 2], chat="yes"), "chat must be True, False or None"),
+    (lambda e: e.generate([1, 2], seed=1), "seed is a SamplingConfig field: pass sampling=longswift.SamplingConfig("
+                                          "seed=...)"),
+    (lambda e: e.stream([1, 2], max_new_tokens=9), "max_new_tokens is a GenerationConfig field: pass "
+                                                   "generation=longswift.GenerationConfig(max_new_tokens=...)"),
+    (lambda e: e.generate([1, 2], tree="1,2"), "tree is a SpecConfig field: pass spec=longswift.SpecConfig(tree=...)"),
+    (lambda e: e.generate([1, 2], colour=1), "unexpected keyword argument 'colour': generate and stream take "
+                                            "sampling=, generation=, chat=, method=, spec= and system="),
     (lambda e: e.resume(42), "resume() takes a Checkpoint or the path of a checkpoint file; got int"),
     (lambda e: GenerationConfig(max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number; got 2.5"),
     (lambda e: SamplingConfig(seed="abc"), "SamplingConfig.seed must be a whole number or None; got 'abc' (str)"),

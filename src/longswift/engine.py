@@ -6,7 +6,7 @@ import numbers
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -268,11 +268,15 @@ class Engine:
         method: str | None = None,
         spec: SpecConfig | None = None,
         system: str | None = None,
+        **misplaced: Any,
     ) -> GenerationStream:
         """Start a generation; iterate the returned stream for token ids as they are committed.
         The method defaults to TokenSwift when heads are set, AR otherwise. `chat` (see encode)
         defaults to False here: the API sends text as given unless asked (the CLI's default is None);
-        `system` (see encode) is the chat's system message."""
+        `system` (see encode) is the chat's system message. A config field given as a keyword
+        (`max_new_tokens=100`) is refused with the config it belongs in."""
+        if misplaced:
+            raise misplaced_fields(misplaced)
         for name, value, cls in (("sampling", sampling, SamplingConfig), ("generation", generation, GenerationConfig),
                                  ("spec", spec, SpecConfig)):
             if value is not None and not isinstance(value, cls):
@@ -383,6 +387,16 @@ class Engine:
             pass
         assert stream.result is not None
         return stream.result
+
+
+def misplaced_fields(given: dict[str, Any]) -> ConfigTypeError:
+    """The error for keywords stream/generate do not take: where each belongs, if it is a config field."""
+    name = next(iter(given))
+    for key, cls in (("sampling", SamplingConfig), ("generation", GenerationConfig), ("spec", SpecConfig)):
+        if name in {f.name for f in fields(cls)}:
+            return ConfigTypeError(f"{name} is a {cls.__name__} field: pass {key}=longswift.{cls.__name__}({name}=...)")
+    return ConfigTypeError(f"unexpected keyword argument '{name}': generate and stream take sampling=, generation=, "
+                           "chat=, method=, spec= and system=")
 
 
 def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
