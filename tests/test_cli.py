@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import assert_one_line_error, run_cli
@@ -328,6 +329,41 @@ def test_bad_prompt_files(tmp_path, capsys):
     empty.write_text("")
     code, _, err = run_cli(capsys, "generate", "--prompt-file", str(empty))
     assert_one_line_error(code, err, "the prompt is empty")
+
+
+class _Stdin:
+    def __init__(self, data: bytes) -> None:
+        import io
+
+        self.buffer = io.BytesIO(data)
+
+
+def test_a_prompt_file_of_dash_is_standard_input(tmp_path, capsys, monkeypatch, no_loading):
+    """`--prompt-file -` reads standard input to its end (the same checks as a file's, named as standard
+    input); bench, whose results a prompt file's content identifies, refuses it."""
+    from longswift.prompts import read_prompt_file
+
+    monkeypatch.setattr(sys, "stdin", _Stdin(b"\xef\xbb\xbfTell a story.\n"))
+    assert read_prompt_file(Path("-")) == "Tell a story.\n"
+    monkeypatch.setattr(sys, "stdin", _Stdin(b"ab\xff"))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", "-")
+    assert_one_line_error(code, err, "the prompt on standard input is not UTF-8 text (bad byte at offset 2)")
+    monkeypatch.setattr(sys, "stdin", _Stdin(b""))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", "-")
+    assert_one_line_error(code, err, "the prompt is empty")
+    code, _, err = run_cli(capsys, "bench", "--prompt-file", "-")
+    assert_one_line_error(code, err, "bench --prompt-file needs a file")
+
+
+@pytest.mark.slow
+def test_a_prompt_on_standard_input_generates_what_the_same_prompt_given_as_text_does(capsys, monkeypatch):
+    args = ["--max-new-tokens", "6", "--greedy", "--no-progress", "--threads", "1"]
+    code, want, err = run_cli(capsys, "generate", "--prompt", "Name three colours.", *args)
+    assert code == 0, err
+    monkeypatch.setattr(sys, "stdin", _Stdin("Name three colours.".encode()))
+    code, got, err = run_cli(capsys, "generate", "--prompt-file", "-", *args)
+    assert code == 0, err
+    assert got == want and got.strip()
 
 
 def test_a_prompt_file_is_read_without_its_byte_order_mark(tmp_path, capsys):

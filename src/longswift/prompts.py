@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import sys
 from pathlib import Path
 
 from .errors import LongswiftError
@@ -10,19 +11,25 @@ from .errors import LongswiftError
 UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
 
 
+STDIN = "-"  # the prompt file name that reads standard input (generate's --prompt-file -)
+
+
 def read_prompt_file(path: Path) -> str:
-    """The file's text. A UTF-8 byte-order mark (what Windows editors put first) is not part of
-    it: left in, it was tokenized as three bytes of prompt (and broke a JSONL set's first line)."""
+    """The file's text ('-': standard input's, read to its end). A UTF-8 byte-order mark (what Windows
+    editors put first) is not part of it: left in, it was tokenized as three bytes of prompt (and broke a
+    JSONL set's first line)."""
+    stdin = str(path) == STDIN
+    what = "the prompt on standard input" if stdin else f"prompt file '{path}'"
     try:
-        data = path.read_bytes()
+        data = sys.stdin.buffer.read() if stdin else path.read_bytes()
     except FileNotFoundError:
-        raise LongswiftError(f"prompt file '{path}' does not exist") from None
+        raise LongswiftError(f"{what} does not exist") from None
     except OSError as exc:
-        raise LongswiftError(f"cannot read prompt file '{path}': {exc.strerror}") from None
+        raise LongswiftError(f"cannot read {what}: {exc.strerror}") from None
     if data.startswith(UTF16_BOMS):
-        raise LongswiftError(f"prompt file '{path}' is UTF-16 text: save it as UTF-8")
+        raise LongswiftError(f"{what} is UTF-16 text: save it as UTF-8")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LongswiftError(f"prompt file '{path}' is not UTF-8 text (bad byte at offset {exc.start})") from None
+        raise LongswiftError(f"{what} is not UTF-8 text (bad byte at offset {exc.start})") from None
     return text.removeprefix("\ufeff")

@@ -72,6 +72,7 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.grid import BenchConfig, run_bench
+    from ..prompts import STDIN
 
     runtime = config_from_args(RuntimeConfig, args)
     # Flags that would be dropped without a word (found by review): refused, as other conflicts are.
@@ -79,6 +80,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if prefix_flag and args.prompt_file is not None and (args.chat or args.prompt_file.suffix == ".jsonl"):
         what = "a .jsonl file's prompts" if args.prompt_file.suffix == ".jsonl" else "a chat message"
         raise LongswiftError(f"{prefix_flag} sets prompt lengths, but {what} are sent whole: drop {prefix_flag}")
+    if args.prompt_file is not None and str(args.prompt_file) == STDIN:
+        raise LongswiftError("bench --prompt-file needs a file: its content identifies the results, and a resumed grid "
+                             "reads it again ('-', standard input, is generate's)")
     if args.chat and args.prompt_file is None:
         raise LongswiftError("--chat sends a prompt file through the chat template: give --prompt-file (the default "
                              "prompts are random token ids)")

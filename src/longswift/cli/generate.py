@@ -41,7 +41,8 @@ def add_parser(sub: Any) -> None:
                          epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = gen.add_argument_group("prompt (one of)").add_mutually_exclusive_group()
     source.add_argument("--prompt", help="prompt text")
-    source.add_argument("--prompt-file", type=Path, metavar="FILE", help="read the prompt from this UTF-8 file")
+    source.add_argument("--prompt-file", type=Path, metavar="FILE",
+                        help="read the prompt from this UTF-8 file ('-': from standard input)")
     source.add_argument("--prompt-ids", metavar="IDS",
                         help="the prompt as token ids, e.g. 1,5,9 (sent as they are; for models without a tokenizer)")
     source.add_argument("--resume", type=Path, metavar="CHECKPOINT",
@@ -142,7 +143,7 @@ class Outputs:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Every argument is checked before the model is loaded: a mistake costs no loading time."""
-    from ..prompts import read_prompt_file
+    from ..prompts import STDIN, read_prompt_file
 
     if args.checkpoint_every <= 0:
         raise LongswiftError("--checkpoint-every must be a positive number of tokens")
@@ -185,7 +186,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chat = args.chat  # None: the chat template when the model has one
     heads = args.heads or "auto"
     check_heads_flag(heads, args.method)
-    outputs = _outputs(args, inputs=[("--prompt-file", args.prompt_file)])
+    outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file)])
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
     cfg = _plan_before_loading(args.model, runtime, generation, None, spec if tokenswift else None)
