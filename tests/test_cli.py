@@ -128,6 +128,8 @@ def test_the_summary_line_says_when_nothing_was_drafted():
     assert "(30.0 tok/s, alpha 0.50, 3.00 tokens/step) on 2 processes," in summary_line(drafted, processes=2)
     ar = GenerationStats("ar", 38, new_tokens=300, steps=300, decode_seconds=10.0)
     assert summary_line(ar).startswith("ar: 300 tokens in 10.00 s (30.0 tok/s), prefill")
+    one = GenerationStats("ar", 38, new_tokens=1, steps=1, decode_seconds=0.001)  # stopped as it began
+    assert summary_line(one).startswith("ar: 1 token in 0.00 s (no rate from one token), prefill")
 
 
 def test_the_summary_line_of_a_resumed_run_says_its_prefill_time_holds_the_re_reads():
