@@ -200,6 +200,42 @@ def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_s
     assert not nowhere.parent.exists()
 
 
+def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, monkeypatch):
+    """A second Ctrl-C stops at once, without saving: the run's last periodic checkpoint is still there to
+    continue from, and the interruption says which it is."""
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.stop import StopRequest
+
+    class StoppedAtOnce:  # the stream, cut by a KeyboardInterrupt after 7 steps
+        def __init__(self, stream) -> None:
+            self._stream = stream
+
+        def __getattr__(self, name):
+            return getattr(self._stream, name)
+
+        def __iter__(self):
+            for i, ids in enumerate(self._stream):
+                if i == 7:
+                    raise KeyboardInterrupt
+                yield ids
+
+    engine = longswift.load(tiny_hf_model(), heads="random")
+    stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar",
+                           generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(KeyboardInterrupt) as info:
+        _run(engine, StoppedAtOnce(stream), Outputs(None, None, tmp_path / "c.json", 3), StopRequest(), no_progress=True)
+    assert str(info.value) == "the checkpoint saved at 6 tokens is intact: continue with: longswift generate --resume c.json"
+    assert (tmp_path / "c.json").is_file()
+    monkeypatch.setattr("longswift.cli.generate.cmd_generate", lambda args: (_ for _ in ()).throw(info.value))
+    code, _, err = run_cli(capsys, "generate", "--prompt", "x")
+    assert code == 130 and err == f"longswift: interrupted; {info.value}\n"
+
+
 @pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"

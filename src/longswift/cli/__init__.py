@@ -106,6 +106,6 @@ def _main(argv: list[str]) -> int:
             raise
         print(f"{_prefix()}: error: {exc} (--debug shows where)", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("longswift: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # (a run stopped at once may say where it can continue from)
+        print(f"longswift: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
         return 130
