@@ -560,6 +560,14 @@ def test_bad_prompt_ids(capsys, no_loading, args, match):
     assert_one_line_error(code, err, match)
 
 
+@pytest.mark.parametrize("command", [["eval-heads"], ["generate", "--prompt", "hi"], ["info"]])
+@pytest.mark.parametrize("heads", ["/nonexistent", "nope"])
+def test_heads_that_are_neither_a_path_nor_a_hub_id_are_refused_first(capsys, no_loading, command, heads):
+    """eval-heads said 'no training data' before a --heads path that is not there."""
+    code, _, err = run_cli(capsys, *command, "--heads", heads)
+    assert_one_line_error(code, err, f"heads '{heads}' do not exist: pass a heads file, a directory holding one")
+
+
 def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
     """`--heads none`, or `auto` on a model that has none, leaves nothing to evaluate: say so and how."""
     from conftest import tiny_hf_model

@@ -89,3 +89,9 @@ def check_heads_flag(heads: str, method: str | None) -> None:
         from ..spec.released import heads_location
 
         heads_location(heads)  # an unfinished train-heads --out: said before loading
+    elif heads not in ("auto", "default", "random", "none") and not Path(heads).expanduser().exists():
+        from ..runtime.hub import parse_hub_id
+
+        if parse_hub_id(heads) is None:  # neither a path that is there nor a hub id: said before loading
+            raise LongswiftError(f"heads '{heads}' do not exist: pass a heads file, a directory holding one, or a "
+                                 "released checkpoint")
