@@ -236,6 +236,24 @@ def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, mo
     assert code == 130 and err == f"longswift: interrupted; {info.value}\n"
 
 
+def test_resuming_a_finished_run_says_it_is_complete_and_writes_its_outputs_again(tmp_path, capsys, monkeypatch):
+    """Its loop ends before any re-read of the context, which the message used to announce."""
+    from conftest import tiny_hf_model
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--model", "m", "--prompt-ids", "3,4,5", "--max-new-tokens", "4",
+                           "--seed", "1", "--heads", "none", "--checkpoint", "c.json", "--json", "o.json", "--no-progress")
+    assert code == 0, err
+    first = json.loads((tmp_path / "o.json").read_text())
+    (tmp_path / "o.json").unlink()
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--no-progress")
+    assert code == 0, err
+    assert "longswift: the run in 'c.json' is complete (4 of 4 tokens, stop: length): its outputs are written again" in err
+    assert json.loads((tmp_path / "o.json").read_text())["token_ids"] == first["token_ids"]
+
+
 @pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"

@@ -242,6 +242,7 @@ class Ranks:
 
 def _resume(args: argparse.Namespace) -> int:
     from ..checkpoint import read_checkpoint
+    from ..stats import finished
 
     given = _given(args)
     extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
@@ -279,7 +280,11 @@ def _resume(args: argparse.Namespace) -> int:
         engine = ranks.load(model, heads)
         stream = engine.resume(ckpt)
         if ranks.main:
-            print(f"longswift: resuming at {len(ckpt.token_ids)} of {ckpt.generation['max_new_tokens']} tokens "
+            done = finished(list(ckpt.token_ids), gen, engine.eos_ids)  # then the loop ends before any re-read
+            print(f"longswift: the run in '{_shown(args.resume.expanduser().absolute())}' is complete "
+                  f"({len(ckpt.token_ids)} of {gen.max_new_tokens} tokens, stop: {done}): its outputs are written again"
+                  if done else
+                  f"longswift: resuming at {len(ckpt.token_ids)} of {gen.max_new_tokens} tokens "
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
         return _run(engine, stream, outputs, stop, args.no_progress,
                     last_saved=(args.resume.expanduser().absolute(), len(ckpt.token_ids)))
