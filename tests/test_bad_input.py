@@ -138,6 +138,41 @@ def test_a_model_directory_without_its_weights_says_so_before_planning_memory(tm
     assert_one_line_error(code, err, "model-00001-of-00002.safetensors' named in the index is missing")
 
 
+@pytest.fixture
+def model_dir(tmp_path):
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    return tmp_path / "m"
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["generate", "--model", "{m}", "--prompt-ids", "1,2", "--json", "{m}/config.json"],
+     "--json and --model are the same file"),
+    (["export-heads", "--model", "{m}", "--heads", "random", "--out", "{m}/model.safetensors"],
+     "--model and --out are the same file"),
+    (["eval-heads", "--model", "{m}", "--heads", "random", "--data", "{d}", "--json", "{d}/doc.txt"],
+     "--data and --json are the same file"),
+    (["eval-heads", "--model", "{m}", "--heads", "random", "--data", "{d}", "--json", "{m}/config.json"],
+     "--model and --json are the same file"),
+    (["train-heads", "--model", "{m}", "--data", "{d}/train_log.json", "--out", "{d}"],
+     "--data and --out's train_log.json are the same file"),
+    (["train-heads", "--model", "{m}", "--data", "{d}", "--out", "{d}"], "--data and --out's train_log.json are the "),
+])
+def test_no_output_replaces_the_model_or_the_data_a_command_reads(tmp_path, model_dir, capsys, no_loading, argv,
+                                                                  match):
+    """Outputs over inputs: export-heads wrote heads over the model's weights, eval-heads --json over a data file
+    in a --data directory or the model's config, train-heads its log over a --data file named train_log.json.
+    Refused before loading, and the files are as they were."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "doc.txt").write_text("some text " * 50)
+    (data / "train_log.json").write_text('{"text": "more text"}\n')
+    before = {p: p.read_bytes() for p in [*model_dir.iterdir(), *data.iterdir()]}
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, *[a.format(m=model_dir, d=data) for a in argv])
+    assert_one_line_error(code, err, match)
+    assert {p: p.read_bytes() for p in [*model_dir.iterdir(), *data.iterdir()]} == before
+
+
 # ---- heads files -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("meta,match", [

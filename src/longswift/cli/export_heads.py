@@ -35,7 +35,7 @@ def add_parser(sub: Any) -> None:
 def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct
     from ..engine import load
-    from ..runtime.loading import load_config
+    from ..runtime.loading import load_config, model_files
     from ..spec.heads import save_heads, training_record
     from ..spec.released import check_exportable, export_tokenswift
 
@@ -49,6 +49,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
         raise LongswiftError(f"--out '{args.out}' must end in .safetensors for --format longswift")
     else:
         check_writable(args.out)
+        check_distinct([*(("--model", f) for f in model_files(args.model)), ("--out", args.out)])  # never over the model
     if runtime.pack_weights is None:
         runtime.pack_weights = False  # the exported weights are the state dict's; no packed copies needed
     engine = load(args.model, runtime, heads=args.heads)

@@ -122,8 +122,12 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
 
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
+    from ..atomic import check_distinct
     from ..engine import load
-    from ..train.train import CHECKPOINT, HEADS_FILE, TrainConfig, check_checkpoint, check_out_dir, train_heads
+    from ..runtime.loading import model_files
+    from ..train.data import data_files
+    from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
+                               train_heads)
     from .stop import StopRequest
 
     cfg = config_from_args(TrainConfig, args)
@@ -132,6 +136,11 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     if args.resume:
         check_checkpoint(out / CHECKPOINT, cfg, mmap=True)  # damaged, or other settings: said before loading too
     texts = read_data(args)
+    # What training writes into --out, never over the data or the model it reads (a --data file named
+    # train_log.json in --out was replaced by the log).
+    check_distinct([*(("--data", d) for d in (data_files(args.data) if args.data else [])),
+                    *(("--model", f) for f in model_files(args.model)),
+                    *((f"--out's {name}", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE))])
     check_seq_len(args, runtime, cfg.seq_len)
     engine = load(args.model, runtime, heads=None)
     t0 = time.perf_counter()
@@ -160,18 +169,22 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct, check_writable, write_atomic
     from ..engine import load
+    from ..runtime.loading import model_files
     from ..spec.heads import HEADS_FILE
+    from ..train.data import data_files
     from ..train.eval import check_alpha_fits, check_window, head_accuracy, held_out_alpha
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
     if args.json:
         check_writable(args.json)
-        # --json is written last, over what is there: never over the heads or the data this run reads
+        # --json is written last, over what is there: never over the heads, the model or the data this run reads
         heads_file = Path(args.heads).expanduser()
         heads_file = heads_file / HEADS_FILE if heads_file.is_dir() else heads_file
+        data = data_files(args.data) if args.data else []  # (a --data that is not there: read_data says so below)
         check_distinct([("--heads", heads_file if heads_file.is_file() else None),
-                        *(("--data", d) for d in args.data if Path(d).expanduser().is_file()), ("--json", args.json)])
+                        *(("--model", f) for f in model_files(args.model)), *(("--data", d) for d in data),
+                        ("--json", args.json)])
     if args.alpha_tokens < 0:
         raise LongswiftError("--alpha-tokens must be >= 0")
     if args.seq_len < 2:

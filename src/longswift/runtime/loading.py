@@ -89,6 +89,21 @@ def resolve_path(source: str | os.PathLike | None) -> Path:
     return path
 
 
+def model_files(source: str | os.PathLike | Any | None) -> list[Path]:
+    """The files a local model source is read from (a GGUF file; every file of an HF directory): what no
+    command's output may replace. None for a hub id not on disk or a transformers object (nothing to
+    protect here), and never a download."""
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        return []
+    try:
+        path = default_model_path() if source is None else Path(source).expanduser()
+    except LongswiftError:  # no embedded model installed: loading says so
+        return []
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else []
+
+
 def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
     """A copy of a transformers config whose rope is scaled by `scaling` ('yarn:4', 'linear:2',
     'dynamic:2'), to run past the trained context on purpose; the config itself if None."""

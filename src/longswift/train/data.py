@@ -63,6 +63,11 @@ def _jsonl_texts(path: Path, content: str) -> list[str]:
     return texts
 
 
+def data_files(sources: list[str | os.PathLike]) -> list[Path]:
+    """The files read_texts reads for these --data sources (a directory's text and JSONL files)."""
+    return [path for source in sources for path in _files(Path(source).expanduser())]
+
+
 def read_texts(sources: list[str | os.PathLike]) -> list[str]:
     """Every document in the given files and directories (a text file is one document, a JSONL
     file one document per line). Empty documents are dropped; no text at all is an error."""
