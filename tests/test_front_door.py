@@ -448,6 +448,28 @@ def test_a_refused_set_heads_leaves_the_engine_as_it_was(tiny, tmp_path):
         tiny.set_heads(None)
 
 
+def test_heads_objects_of_another_model_are_refused_as_their_files_are(tiny):
+    """set_heads(DraftHeads) skipped the model check a heads file gets: another model's heads of the same
+    width ran silently, and wider ones failed with a shape error in the first draft pass."""
+    from longswift.spec.heads import DraftHeads
+
+    other = longswift.load(tiny_hf_model("llama", seed=6, dtype=torch.float64, vocab=40), dtype="float64",
+                           heads="random")
+    with pytest.raises(LongswiftError, match="these heads were made for another model"):
+        tiny.set_heads(other.heads)
+    with pytest.raises(LongswiftError, match=f"these heads are 32 wide, this model's hidden size is {tiny.cfg.hidden_size}"):
+        tiny.set_heads(DraftHeads(32).double())
+    assert tiny.heads is None
+    mine = longswift.load(tiny_hf_model("llama", seed=3, dtype=torch.float64, vocab=40), dtype="float64",
+                          heads="random").heads  # the same model loaded again: its heads are welcome
+    tiny.set_heads(mine)
+    try:
+        assert tiny.heads is mine
+        tiny.set_heads(DraftHeads(tiny.cfg.hidden_size).double())  # made by hand: no model recorded, width fits
+    finally:
+        tiny.set_heads(None)
+
+
 def test_a_checkpoint_names_the_heads_its_stream_ran_with(tiny):
     """checkpoint() read the engine's heads when it was called: after set_heads(...) during a stream,
     the checkpoint named and fingerprinted heads the run never used."""

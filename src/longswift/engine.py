@@ -175,6 +175,8 @@ class Engine:
         if heads is None or heads == "none" or isinstance(heads, DraftHeads):
             found = None if heads == "none" else heads  # type: ignore[assignment]
             origin = "none" if found is None else "given as a DraftHeads object"
+            if found is not None:
+                self._check_given_heads(found)
         elif heads == "auto" and self._checkpoint_heads is not None:
             found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)
             found = found.to(device=embed.device, dtype=embed.dtype)
@@ -202,6 +204,19 @@ class Engine:
             found.requires_grad_(False)
         self.heads, self.heads_source, self.heads_origin = found, source, origin
         self.heads_file = file if found is not None else None
+
+    def _check_given_heads(self, heads: DraftHeads) -> None:
+        """A DraftHeads object is refused as a heads file is: made for another model (the fingerprint that
+        new_heads and load_heads record on it), or of another width (a refusal now, not a shape error in
+        the first draft pass)."""
+        width = heads.in_norms.shape[-1]
+        if width != self.cfg.hidden_size:
+            raise LongswiftError(f"these heads are {width} wide, this model's hidden size is {self.cfg.hidden_size}: "
+                                 "they were made for another model; train heads for this model")
+        made_for = getattr(heads, "base_fingerprint", None)
+        if made_for is not None and made_for != self.fingerprint:
+            raise LongswiftError("these heads were made for another model (their base model's fingerprint differs "
+                                 "from this model's): train heads for this model")
 
     @property
     def has_checkpoint_heads(self) -> bool:
