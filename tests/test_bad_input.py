@@ -540,6 +540,8 @@ def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, t
 @pytest.mark.parametrize("case,flags,match", [
     ("settings", ["--lr", "0.1"], "used --lr 0.03, not 0.1: resume with the same settings"),
     ("settings", ["--seq-len", "64"], "used --seq-len 512, not 64: resume with the same settings"),
+    ("settings", ["--dtype", "bfloat16"], "used --dtype float32, not bfloat16: resume with the same settings"),
+    ("settings", ["--rope-scaling", "linear:4"], "used --rope-scaling none, not linear:4: resume with the same"),
     ("damaged", [], "it is damaged; delete it to start over"),
     ("foreign", [], "is not a longswift training checkpoint"),
 ])
@@ -555,7 +557,8 @@ def test_train_heads_resume_checks_its_checkpoint_before_loading(capsys, tmp_pat
     (tmp_path / "a.txt").write_text("some text")
     out = tmp_path / "heads"
     out.mkdir()
-    state = {"format": "longswift-train", "version": 1, "config": asdict(TrainConfig()), "step": 3}
+    state = {"format": "longswift-train", "version": 1, "config": asdict(TrainConfig()), "step": 3,
+             "settings": {"dtype": "float32", "rope_scaling": None}}
     torch.save(state if case != "foreign" else {"state_dict": {}}, out / "checkpoint.pt")
     if case == "damaged":
         (out / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes()[:100])

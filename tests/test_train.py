@@ -168,6 +168,14 @@ def test_resume_refuses_another_base_or_other_data_before_the_hidden_states(tiny
     other = longswift.load(tiny_hf_model("llama", seed=4, vocab=96), pack_weights=False)
     with pytest.raises(LongswiftError, match="was trained on another base model: use a new --out"):
         train_heads(other, windows, cfg, tmp_path, resume=True, progress=False)
+    # The same model in another dtype gives other hidden states, so other heads: a resume that mixed the
+    # two was neither the first run nor a new one (the checkpoint and the heads file record the settings).
+    wider = longswift.load(tiny_hf_model("llama", seed=3, vocab=96), pack_weights=False, dtype="float64")
+    with pytest.raises(LongswiftError, match="used --dtype float32, not float64: resume with the same settings"):
+        train_heads(wider, windows, cfg, tmp_path, resume=True, progress=False)
+    from longswift.spec.heads import training_record
+
+    assert training_record(tmp_path / HEADS_FILE)["settings"] == {"dtype": "float32", "rope_scaling": None}
 
 
 def test_a_diverged_step_stops_training_before_it_updates_the_heads(tiny, tmp_path, monkeypatch):

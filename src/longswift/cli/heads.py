@@ -127,14 +127,15 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..runtime.loading import model_files
     from ..train.data import data_files
     from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
-                               train_heads)
+                               run_settings, train_heads)
     from .stop import StopRequest
 
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
     out = check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
     if args.resume:
-        check_checkpoint(out / CHECKPOINT, cfg, mmap=True)  # damaged, or other settings: said before loading too
+        # damaged, or other settings: said before loading too
+        check_checkpoint(out / CHECKPOINT, cfg, mmap=True, settings=run_settings(runtime.torch_dtype(), runtime.rope_scaling))
     texts = read_data(args)
     # What training writes into --out, never over the data or the model it reads (a --data file named
     # train_log.json in --out was replaced by the log).

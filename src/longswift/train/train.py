@@ -138,6 +138,7 @@ class HeadTrainer:
         self.interrupted = False  # stopped by a signal before the last step (train_heads' `stop`)
         self.resumed_at = 0  # the checkpoint's step when load_checkpoint continued one
         self.data_hash = window_hash(windows)
+        self.settings = run_settings(model.dtype, engine.runtime.rope_scaling)
 
     def batch_windows(self, step: int, micro: int) -> torch.Tensor:
         """Window indices of one micro-batch: a seeded permutation per epoch (resumable from `step` alone)."""
@@ -190,7 +191,8 @@ class HeadTrainer:
         return {"format": "longswift-train", "version": 1, "config": asdict(self.cfg), "step": self.step,
                 "heads": {k: v.detach().cpu() for k, v in self.heads.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "data_hash": self.data_hash,
-                "base": self.heads.base_fingerprint, "log": self.log}  # type: ignore[attr-defined]
+                "base": self.heads.base_fingerprint, "log": self.log,  # type: ignore[attr-defined]
+                "settings": self.settings}
 
     def save_checkpoint(self, path: Path) -> None:
         state = self.checkpoint_state()
@@ -200,7 +202,8 @@ class HeadTrainer:
             raise OSError(f"cannot write the checkpoint '{path}': {str(exc).splitlines()[0]}") from exc
 
     def load_checkpoint(self, path: Path) -> None:
-        ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash)  # type: ignore[attr-defined]
+        ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash,  # type: ignore[attr-defined]
+                             settings=self.settings)
         with torch.no_grad():
             self.heads.load_state_dict(ck["heads"])
         self.optimizer.load_state_dict(ck["optimizer"])
@@ -208,9 +211,16 @@ class HeadTrainer:
         self.resumed_at = self.step
 
 
-def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False) -> dict:
+def run_settings(dtype: torch.dtype, rope_scaling: str | None) -> dict[str, str | None]:
+    """The settings besides TrainConfig that change the base model's hidden states, and so the heads a
+    run trains: a resume must use the same (kept in the checkpoint and the heads file's record)."""
+    return {"dtype": str(dtype).removeprefix("torch."), "rope_scaling": rope_scaling}
+
+
+def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings: dict | None = None) -> dict:
     """A training checkpoint, refused in one line if it is damaged or was written with other settings
-    (what can be checked without the model: train-heads --resume calls this before loading it)."""
+    (what can be checked without the model: train-heads --resume calls this before loading it).
+    `settings`: run_settings of this run, checked against the checkpoint's where it has them."""
     try:
         ck = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # truncated, not a zip, unpickling refused
@@ -223,6 +233,13 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False) -> dict:
         k = differ[0]
         raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {ck['config'].get(k)}, "
                              f"not {getattr(cfg, k)}: resume with the same settings")
+    theirs = ck.get("settings")  # (checkpoints before session 32 have none)
+    if settings is not None and isinstance(theirs, dict):
+        for k, v in settings.items():
+            if theirs.get(k) != v:
+                was, now = theirs.get(k) or "none", v or "none"
+                raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {was}, not {now}: resume with "
+                                     "the same settings")
     return ck
 
 
@@ -231,9 +248,10 @@ def window_hash(windows: torch.Tensor) -> str:
     return hashlib.sha256(windows.cpu().numpy().tobytes()).hexdigest()[:20]
 
 
-def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: str, mmap: bool = False) -> dict:
+def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: str, mmap: bool = False,
+                    settings: dict | None = None) -> dict:
     """check_checkpoint, and refuse a checkpoint of another base model (`fingerprint`) or other windows."""
-    ck = check_checkpoint(path, cfg, mmap=mmap)
+    ck = check_checkpoint(path, cfg, mmap=mmap, settings=settings)
     if ck["base"] != fingerprint:
         raise LongswiftError(f"checkpoint '{path}' was trained on another base model: use a new --out")
     if ck["data_hash"] != data_hash:
@@ -286,7 +304,8 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     checkpoint = out / CHECKPOINT
     windows = windows.to(engine.model.device)
     if resume:  # another base model or other data: said before the hidden states, which take minutes
-        check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True)
+        check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True,
+                        settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling))
     hidden = base_hidden(engine.model, windows, progress)
     trainer = HeadTrainer(engine, windows, hidden, cfg)
     if resume:
@@ -305,7 +324,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                 trainer.interrupted = True
                 return trainer
     bar.close()
-    meta = {"training": {"config": asdict(cfg), "windows": int(windows.shape[0]),
+    meta = {"training": {"config": asdict(cfg), "settings": trainer.settings, "windows": int(windows.shape[0]),
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
     save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)  # type: ignore[attr-defined]
     write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
