@@ -272,8 +272,9 @@ def test_bad_jsonl_and_paths(tmp_path):
 def test_train_config_errors():
     with pytest.raises(LongswiftError, match="--steps must be positive"):
         TrainConfig(steps=0)
-    with pytest.raises(LongswiftError, match="--lr"):
-        TrainConfig(lr=-1.0)
+    for bad in (-1.0, 0.0, float("nan"), float("inf"), 1e38):  # 1e38: a traceback from inside AdamW before
+        with pytest.raises(LongswiftError, match="--lr must be a positive number up to 10 "):
+            TrainConfig(lr=bad)
     with pytest.raises(LongswiftError, match="--seq-len must be at least"):
         TrainConfig(seq_len=3)
     for bad in (float("nan"), float("inf"), -0.1):  # nan: torch's ValueError after loading; inf: NaN heads saved

@@ -25,6 +25,7 @@ from ..errors import LongswiftError
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 
 CHECKPOINT = TRAIN_CHECKPOINT
+MAX_LR = 10.0  # far above any useful AdamW rate; a finite but huge one overflowed inside the optimizer
 LOG_FILE = "train_log.json"
 
 
@@ -51,8 +52,9 @@ class TrainConfig:
                 raise LongswiftError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.warmup < 0:
             raise LongswiftError(f"--warmup must be >= 0, got {self.warmup}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise LongswiftError(f"--lr must be a positive number, got {self.lr}")
+        if not 0 < self.lr <= MAX_LR:  # (nan fails too) AdamW's step lr / (1 - beta1) overflowed float32 at 1e38
+            raise LongswiftError(f"--lr must be a positive number up to {MAX_LR:g} (AdamW's peak learning rate; "
+                                 f"the default is {TrainConfig.lr}), got {self.lr}")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):  # nan/inf: NaN heads after one step
             raise LongswiftError(f"--weight-decay must be a number >= 0, got {self.weight_decay}")
         if seed_problem(self.seed) is not None:
