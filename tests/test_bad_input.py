@@ -277,6 +277,8 @@ def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys
     (["--format", "tokenswift", "--out", "/proc/released"], "cannot write --out '/proc/released'"),
     (["--format", "tokenswift", "--out", "FILE"], "is a file, and --out here is a new directory"),
     (["--out", "FILE"], "is a file, and --out here is a new directory"),  # no .safetensors: the released layout
+    (["--heads", "/nonexistent/h.safetensors", "--out", "x.safetensors"], "heads file '/nonexistent/h.safetensors' "
+                                                                           "does not exist"),
 ])
 def test_export_heads_checks_its_output_before_loading(capsys, tmp_path, no_loading, args, match):
     (tmp_path / "file").write_text("")
@@ -519,21 +521,24 @@ def test_a_bench_where_no_method_can_run_is_refused(capsys, tmp_path, monkeypatc
                                                                   "llamacpp: "), err
 
 
-@pytest.mark.parametrize("case", ["resume", "file", "unwritable", "finished"])
+@pytest.mark.parametrize("case", ["resume", "file", "unwritable", "finished", "done"])
 def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, tmp_path, no_loading, case):
     out = Path("/proc/longswift-heads") if case == "unwritable" else tmp_path / "heads"
     if case == "file":
         out.write_text("a file")
-    if case == "finished":  # a finished run's heads, its checkpoint gone: a new run would replace them
+    if case in ("finished", "done"):  # a finished run's heads (and, done, its checkpoint): never trained over
         out.mkdir()
         (out / "heads.safetensors").write_text("heads")
+    if case == "done":  # not 'pass --resume to continue it': there is nothing left to continue
+        (out / "checkpoint.pt").write_text("checkpoint")
     code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(tmp_path),
                            *(["--resume"] if case == "resume" else []))
     match = {"resume": "nothing to resume", "file": f"--out '{out}' is a file: give a directory",
              "unwritable": f"cannot write --out '{out}': cannot create entries in '/proc'",
-             "finished": f"'{out / 'heads.safetensors'}' exists (the heads of a finished run)"}[case]
+             "finished": f"'{out / 'heads.safetensors'}' exists (the heads of a finished run)",
+             "done": f"'{out}' holds a finished run (heads.safetensors and its checkpoint.pt): choose another"}[case]
     assert_one_line_error(code, err, match)
-    assert out.exists() == (case in ("file", "finished"))
+    assert out.exists() == (case in ("file", "finished", "done"))
     assert case != "finished" or [p.name for p in out.iterdir()] == ["heads.safetensors"]
 
 

@@ -194,7 +194,7 @@ def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_s
                            generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
     code = _run(engine, stream, Outputs(None, None, None, 1024), stop, no_progress=True)
     err = capsys.readouterr().err
-    assert code == 130
+    assert code == 130, err
     assert "longswift: interrupted at 1 of 20 tokens; its state could not be saved (" in err
     assert "give --checkpoint FILE in a writable directory to make a run resumable" in err
     assert not nowhere.parent.exists()
@@ -641,6 +641,34 @@ def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tmp_path, capsys, monkeypatch):
+    """The second signal stops at once, without saving: the checkpoint.pt of the last saved step still
+    resumes (bit for bit), and the interruption says so and how, not only 'interrupted'."""
+    from conftest import tiny_hf_model
+
+    import longswift.cli.heads as heads_cli
+    import longswift.train.train as train_module
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    (tmp_path / "d.txt").write_text(LOREM)
+    capsys.readouterr()
+
+    def cut(engine, windows, cfg, out, **kwargs):  # saved a step, then the second Ctrl-C
+        Path(out).mkdir()
+        (Path(out) / "checkpoint.pt").write_bytes(b"saved")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (None, {}))  # (the tiny model has no tokenizer)
+    monkeypatch.setattr(train_module, "train_heads", cut)
+    out = tmp_path / "h"
+    code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),
+                           "--out", str(out), "--seq-len", "32", "--no-progress")
+    assert code == 130, err
+    assert err.startswith(f"longswift: interrupted; '{out / 'checkpoint.pt'}' holds the last saved step: continue "
+                          "with: longswift train-heads --model "), err
+    assert err.rstrip().endswith(" --resume")
+
+
 def test_train_heads_interrupted_saves_and_resumes_to_the_same_heads(tmp_path, capsys, monkeypatch):
     """Ctrl-C during train-heads finishes the step, saves the checkpoint (not only every
     --checkpoint-every steps), prints the command that continues, and that command ends with the

@@ -11,7 +11,7 @@ from typing import Any
 from ..atomic import check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, config_from_args
+from .flags import add_config_flags, check_heads_flag, config_from_args
 
 FORMATS = ("tokenswift", "longswift")
 
@@ -40,6 +40,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..spec.released import check_exportable, export_tokenswift
 
     runtime = config_from_args(RuntimeConfig, args)
+    check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading
     if args.format is None:
         args.format = "longswift" if args.out.suffix == ".safetensors" else "tokenswift"
     if args.format == "tokenswift":  # before loading: a bad --out costs a second, not a load

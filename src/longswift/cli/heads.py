@@ -147,11 +147,16 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
     stop = StopRequest()  # Ctrl-C / SIGTERM during the steps: finish the step, save the checkpoint, say how to resume
-    trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=not args.no_progress,
-                          extra_meta={"data": info}, stop=stop)
+    argv = list(getattr(args, "argv", None) or ["train-heads", "--out", str(args.out)])
+    again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
+    try:
+        trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=not args.no_progress,
+                              extra_meta={"data": info}, stop=stop)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C stops at once: the last checkpoint saved still resumes
+        if type(exc) is KeyboardInterrupt and (out / CHECKPOINT).exists():
+            raise KeyboardInterrupt(f"'{out / CHECKPOINT}' holds the last saved step: continue with: {again}") from exc
+        raise
     if trainer.interrupted:
-        argv = list(getattr(args, "argv", None) or ["train-heads", "--out", str(args.out)])
-        again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
         print(f"longswift: interrupted at step {trainer.step} of {cfg.steps}; checkpoint saved to "
               f"'{Path(args.out) / CHECKPOINT}'. Continue with: {again}", file=sys.stderr)
         return stop.exit_code

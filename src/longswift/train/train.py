@@ -266,6 +266,9 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     loading the model and distilling): a checkpoint there without --resume, or none with it."""
     out = check_dir_writable(out_dir, "--out")
     checkpoint = out / CHECKPOINT
+    if checkpoint.exists() and (out / HEADS_FILE).exists() and not resume:  # nothing left to continue
+        raise LongswiftError(f"'{out}' holds a finished run ({HEADS_FILE} and its {CHECKPOINT}): choose another --out, "
+                             "or move those files away")
     if checkpoint.exists() and not resume:
         raise LongswiftError(f"'{checkpoint}' exists: pass --resume to continue it, or choose another --out")
     if (out / HEADS_FILE).exists() and not checkpoint.exists():  # a finished run's heads: never trained over
