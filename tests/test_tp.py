@@ -304,12 +304,14 @@ def test_refusals_name_the_world_sizes_that_work(fields, world, why):
 
 
 def _config_dir(path: Path, **fields) -> str:
-    """A model directory holding only config.json (what generate plans from before loading)."""
+    """A model directory holding config.json (what generate plans from before loading) and an empty weights
+    file (load_config checks that a directory's weight files are there, not what they hold)."""
     from transformers import AutoConfig
 
     shape = dict(vocab_size=1000, hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
                  num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
     AutoConfig.for_model("llama", **{**shape, **fields}).save_pretrained(path)
+    (path / "model.safetensors").touch()
     return str(path)
 
 
