@@ -394,6 +394,12 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "copy.safetensors"),
                            "--out", str(tmp_path / "copy.safetensors"))
     assert_one_line_error(code, err, "--heads and --out are the same file")
+    # a model run in bfloat16 holds the heads rounded; the heads file exports its own values
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
+                           "--dtype", "bfloat16", "--out", str(tmp_path / "bf16.safetensors"))
+    assert code == 0, err
+    rounded = load_file(str(tmp_path / "bf16.safetensors"))
+    assert all(torch.equal(rounded[k], v) for k, v in saved.items() if v.is_floating_point()), "rounded on export"
 
 
 def test_info_reports_which_heads_and_where(tmp_path, capsys):

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..atomic import check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError
@@ -36,7 +38,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct
     from ..engine import load
     from ..runtime.loading import load_config, model_files
-    from ..spec.heads import save_heads, training_record
+    from ..spec.heads import load_heads, save_heads, training_record
     from ..spec.released import check_exportable, export_tokenswift
 
     runtime = config_from_args(RuntimeConfig, args)
@@ -66,7 +68,12 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
         training = training_record(engine.heads_file) if engine.heads_file is not None else None
-        save_heads(engine.heads, engine.cfg, engine.fingerprint, args.out,
+        heads = engine.heads
+        if engine.heads_file is not None and engine.model.dtype != torch.float32:
+            # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file exports
+            # its own values, read again at the precision it stores.
+            heads = load_heads(engine.heads_file, engine.cfg, torch.empty(0), engine.fingerprint)
+        save_heads(heads, engine.cfg, engine.fingerprint, args.out,
                    {"exported_from": engine.heads_origin, **({"training": training} if training else {})})
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)
     return 0
