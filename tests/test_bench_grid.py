@@ -479,3 +479,64 @@ def test_lockstep_bytes_add_up_the_graph_pools_only_with_cuda_graphs():
     plans = [plan(100, 0, 7), plan(100, 30, 11)]
     assert lockstep_bytes(plans, graph_pools=False) == 230 + 11
     assert lockstep_bytes(plans, graph_pools=True) == 230 + 18
+
+
+def test_a_results_directory_takes_one_invocation_at_a_time_and_a_batch_at_once(tmp_path):
+    """Two invocations writing one --out-dir ran every run twice (the report took medians over the copies):
+    the second is refused while the first holds it. A batch's records go in one write."""
+    from longswift.bench.report import ResultStore
+
+    first = ResultStore(tmp_path / "d", {"model": "m"})
+    try:
+        with pytest.raises(LongswiftError, match="is being written by another longswift run"):
+            ResultStore(tmp_path / "d", {"model": "m"})
+        first.extend([{"key": "a", "x": 1}, {"key": "b", "x": 2}])
+    finally:
+        first.close()
+    again = ResultStore(tmp_path / "d", {"model": "m"})  # released: the next invocation resumes
+    try:
+        assert [r["key"] for r in again.records] == ["a", "b"] and again.has("b")
+    finally:
+        again.close()
+
+
+def test_a_last_record_without_its_newline_is_not_joined_by_the_next(tmp_path):
+    """A whole last line missing only its newline loaded fine, and the next run's record was appended onto
+    it: the resume after that failed on a line of two records."""
+    from longswift.bench.report import ResultStore
+
+    store = ResultStore(tmp_path, {"model": "m"})
+    store.extend([{"key": "a"}, {"key": "b"}])
+    store.close()
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(path.read_bytes()[:-1])  # cut the final newline
+    store = ResultStore(tmp_path, {"model": "m"})
+    store.append({"key": "c"})
+    store.close()
+    assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["a", "b", "c"]
+
+
+def test_fresh_discards_only_a_bench_directorys_files(tmp_path):
+    """--fresh deleted any config.json in --out-dir, a model's included, before checking it was bench's."""
+    from longswift.bench.report import ResultStore
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(LongswiftError, match="is not a longswift bench config, and --fresh discards only a bench"):
+        ResultStore(tmp_path, {"model": "m"}, fresh=True)
+    assert (tmp_path / "config.json").read_text() == '{"model_type": "llama"}'
+    assert not (tmp_path / "results.jsonl.lock").exists()  # the refusal released the lock
+
+
+def test_bench_outputs_never_replace_the_model_or_heads_it_reads(tmp_path, capsys, no_loading):
+    """bench --json MODEL/config.json replaced the model's config (exit 0); --out-dir MODEL --fresh deleted it."""
+    from conftest import assert_one_line_error, run_cli, tiny_hf_model
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    model = tmp_path / "m"
+    before = (model / "config.json").read_bytes()
+    capsys.readouterr()
+    for args, match in ((["--json", str(model / "config.json")], "--json and --model are the same file"),
+                        (["--out-dir", str(model), "--fresh"], "--out-dir's config.json and --model are the same")):
+        code, _, err = run_cli(capsys, "bench", "--model", str(model), "--methods", "ar", "--lengths", "4", *args)
+        assert_one_line_error(code, err, match)
+    assert (model / "config.json").read_bytes() == before

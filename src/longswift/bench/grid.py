@@ -22,7 +22,7 @@ from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..engine import Engine, GenerationStream, load
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
-from ..runtime.loading import resolve_path
+from ..runtime.loading import model_files, resolve_path
 from ..runtime.memory import MemoryPlan, rope_extension
 from ..runtime.model import fused_kernels
 from ..spec.budget import unpruned_budget
@@ -319,8 +319,11 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             check_writable(p)
     if out_dir is not None:
         check_dir_writable(out_dir, "--out-dir")
+    heads_file = Path(heads).expanduser() if heads is not None else None
     check_distinct([("--out", out), ("--json", json_path), ("--prompt-file", cfg.prompt_file),
-                    *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ()))])
+                    *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ())),
+                    *(("--model", f) for f in model_files(model)),  # (an --out-dir that is the model's: its config.json)
+                    ("--heads", heads_file if heads_file is not None and heads_file.is_file() else None)])
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
@@ -352,87 +355,93 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         check_lockstep_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
     identity = suite_identity(engine, cfg, heads)
     store = ResultStore(out_dir, identity, fresh) if out_dir is not None else MemoryStore(identity)
-    if store.records:
-        log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")
-    ctx = RunContext(identity=identity, command=command or "longswift bench (from the Python API)", skipped=skipped, notes={},
-                     spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells],
-                     resumed=len(store.records),
-                     variants=tuple(methods.variant(m) for m in runnable if m.startswith("tokenswift")))
-    # which rows were measured side by side (random: two invocations can share a second and a process)
-    invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{secrets.token_hex(4)}"
+    try:  # (a results directory is locked while this invocation writes it)
+        if store.records:
+            log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")
+        ctx = RunContext(identity=identity, command=command or "longswift bench (from the Python API)", skipped=skipped, notes={},
+                         spec=cfg.spec, methods=tuple(runnable), cells=[c.describe() for c in cells],
+                         resumed=len(store.records),
+                         variants=tuple(methods.variant(m) for m in runnable if m.startswith("tokenswift")))
+        # which rows were measured side by side (random: two invocations can share a second and a process)
+        invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{secrets.token_hex(4)}"
 
-    plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
-    for cell in cells:
-        sampling = cfg.sampling(cell.preset)
-        for m in runnable:
-            why = methods.skip_reason(m, sampling)
-            if why:
-                skipped[f"{m} ({cell.preset})"] = why
-                continue
-            note = methods.note(m, sampling)
-            if note:
-                ctx.notes[f"{m}, {cell.preset}"] = note
-        for r in range(cfg.runs):
+        plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
+        for cell in cells:
+            sampling = cfg.sampling(cell.preset)
             for m in runnable:
-                if methods.skip_reason(m, sampling):
+                why = methods.skip_reason(m, sampling)
+                if why:
+                    skipped[f"{m} ({cell.preset})"] = why
                     continue
-                key = _key(cell.prompt.name, cell.prompt.ids, cell.length, asdict(sampling), m, methods.variant(m), r)
-                if not store.has(key):
-                    plan.append((cell, r, m, key))
-    log(f"{len(plan)} runs to do over {len(cells)} cells ({', '.join(runnable) or 'no methods'})")
-    if plan and cfg.warmup:
-        warm_prompt = list(plan[0][0].prompt.ids[:64])
-        for m in dict.fromkeys(m for _, _, m, _ in plan):  # allocator, packed kernels, first-call paths
-            log(f"warm-up {m}")
-            methods.run(m, warm_prompt, 4, cfg.sampling("greedy"), None)
-    done = 0
-    for batch in batches(plan, cfg.lockstep):
-        cell, r = batch[0][0], batch[0][1]
-        sampling = cfg.sampling(cell.preset)
-        wheres = {m: f"[{done + j}/{len(plan)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
-                     f"run {r + 1} {m}" for j, (_, _, m, _) in enumerate(batch, 1)}
-        done += len(batch)
-        together = len(batch) > 1
-        for where in wheres.values():
-            log(f"{where}: start{' (in lockstep)' if together else ''}")
-        if cfg.lockstep and not together and batch[0][2] in OURS:  # said here and in its record, and so the report
-            log(f"{next(iter(wheres.values()))}: runs alone (no other method of ours is left to run in this cell and "
-                "run), so not in lockstep")
+                note = methods.note(m, sampling)
+                if note:
+                    ctx.notes[f"{m}, {cell.preset}"] = note
+            for r in range(cfg.runs):
+                for m in runnable:
+                    if methods.skip_reason(m, sampling):
+                        continue
+                    key = _key(cell.prompt.name, cell.prompt.ids, cell.length, asdict(sampling), m, methods.variant(m), r)
+                    if not store.has(key):
+                        plan.append((cell, r, m, key))
+        log(f"{len(plan)} runs to do over {len(cells)} cells ({', '.join(runnable) or 'no methods'})")
+        if plan and cfg.warmup:
+            warm_prompt = list(plan[0][0].prompt.ids[:64])
+            for m in dict.fromkeys(m for _, _, m, _ in plan):  # allocator, packed kernels, first-call paths
+                log(f"warm-up {m}")
+                methods.run(m, warm_prompt, 4, cfg.sampling("greedy"), None)
+        done = 0
+        for batch in batches(plan, cfg.lockstep):
+            cell, r = batch[0][0], batch[0][1]
+            sampling = cfg.sampling(cell.preset)
+            wheres = {m: f"[{done + j}/{len(plan)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
+                         f"run {r + 1} {m}" for j, (_, _, m, _) in enumerate(batch, 1)}
+            done += len(batch)
+            together = len(batch) > 1
+            for where in wheres.values():
+                log(f"{where}: start{' (in lockstep)' if together else ''}")
+            if cfg.lockstep and not together and batch[0][2] in OURS:  # said here and in its record, and so the report
+                log(f"{next(iter(wheres.values()))}: runs alone (no other method of ours is left to run in this cell and "
+                    "run), so not in lockstep")
 
-        def progress(tokens: int, seconds: float, where: str) -> None:
-            log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s{' of its own' if together else ''}")
+            def progress(tokens: int, seconds: float, where: str) -> None:
+                log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s{' of its own' if together else ''}")
 
-        tell: dict[str, Callable[[int, float], None] | None] = {
-            m: functools.partial(progress, where=where) for m, where in wheres.items()}
-        with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
-            if not together:
-                m = batch[0][2]
-                results = {m: methods.run(m, list(cell.prompt.ids), cell.length, sampling, tell[m])}
-            else:
-                results = methods.run_lockstep(list(wheres), list(cell.prompt.ids), cell.length, sampling, tell)
-        for _, _, m, key in batch:
-            ids, timeline, stats = results[m]
-            record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
-            record["command"], record["invocation"] = ctx.command, invocation
-            if cfg.lockstep and m in OURS:  # the methods it ran in lockstep with (none: it ran alone)
-                record["lockstep_with"] = [other for _, _, other, _ in batch if other != m]
-            store.append(record)
-            extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
-            log(f"{wheres[m]}: prefill {record['prefill_seconds']:.2f} s, "
-                f"{record['decode_tokens_per_second']:.2f} tok/s{extra}")
-        write_outputs(store, ctx, out_dir, plots=False)
-    records = store.records
-    report = write_outputs(store, ctx, out_dir, plots=True)
-    print(report)
-    if out is not None:
-        from ..atomic import append_atomic
+            tell: dict[str, Callable[[int, float], None] | None] = {
+                m: functools.partial(progress, where=where) for m, where in wheres.items()}
+            with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
+                if not together:
+                    m = batch[0][2]
+                    results = {m: methods.run(m, list(cell.prompt.ids), cell.length, sampling, tell[m])}
+                else:
+                    results = methods.run_lockstep(list(wheres), list(cell.prompt.ids), cell.length, sampling, tell)
+            made = []
+            for _, _, m, key in batch:
+                ids, timeline, stats = results[m]
+                record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
+                record["command"], record["invocation"] = ctx.command, invocation
+                if cfg.lockstep and m in OURS:  # the methods it ran in lockstep with (none: it ran alone)
+                    record["lockstep_with"] = [other for _, _, other, _ in batch if other != m]
+                made.append(record)
+            store.extend(made)  # a batch's records in one write: a Ctrl-C keeps all of them or none
+            for (_, _, m, _), record in zip(batch, made):
+                extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
+                log(f"{wheres[m]}: prefill {record['prefill_seconds']:.2f} s, "
+                    f"{record['decode_tokens_per_second']:.2f} tok/s{extra}")
+            write_outputs(store, ctx, out_dir, plots=False)
+        records = store.records
+        report = write_outputs(store, ctx, out_dir, plots=True)
+        print(report)
+        if out is not None:
+            from ..atomic import append_atomic
 
-        append_atomic(out, report + "\n")
-    if json_path is not None:
-        from ..atomic import write_atomic
+            append_atomic(out, report + "\n")
+        if json_path is not None:
+            from ..atomic import write_atomic
 
-        write_atomic(json_path, json.dumps({"config": identity, "runs": records}) + "\n")
-    return records
+            write_atomic(json_path, json.dumps({"config": identity, "runs": records}) + "\n")
+        return records
+    finally:
+        store.close()
 
 
 def batches(plan: list[tuple[Cell, int, str, str]], lockstep: bool) -> list[list[tuple[Cell, int, str, str]]]:

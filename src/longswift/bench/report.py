@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_atomic
+from ..atomic import OutputLock, write_atomic
 from ..errors import LongswiftError
 from .metrics import curve_speedup, speedup
 
@@ -39,6 +39,13 @@ class MemoryStore:
         self.records.append(record)
         self._keys.add(record["key"])
 
+    def extend(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            MemoryStore.append(self, record)
+
+    def close(self) -> None:
+        """Nothing to release in memory."""
+
 
 class ResultStore(MemoryStore):
     """A results directory: config.json names what the runs measured; results.jsonl gets one line per
@@ -54,15 +61,28 @@ class ResultStore(MemoryStore):
             raise LongswiftError(f"cannot create --out-dir '{out_dir}': {exc.strerror}") from None
         self.path = out_dir / "results.jsonl"
         config = out_dir / "config.json"
+        # One invocation at a time: two writing one directory ran every run twice (the report took medians over
+        # the copies). Held until close().
+        self._lock = OutputLock([("--out-dir", self.path)])
+        self._lock.__enter__()
+        try:
+            self._open(out_dir, config, identity, fresh)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self, out_dir: Path, config: Path, identity: dict[str, Any], fresh: bool) -> None:
+        if fresh and config.exists() and _stored_identity(config) is None:  # another tool's config.json, not ours
+            raise LongswiftError(f"'{config}' is not a longswift bench config, and --fresh discards only a bench "
+                                 "directory's files: use another --out-dir")
         if fresh:
             for name in OUTPUT_FILES:
                 (out_dir / name).unlink(missing_ok=True)
         wanted = json.loads(json.dumps(identity))
         if config.exists():
-            try:
-                stored = json.loads(config.read_text())["identity"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir") from None
+            stored = _stored_identity(config)
+            if stored is None:
+                raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir")
             if stored != wanted:
                 diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
@@ -76,7 +96,8 @@ class ResultStore(MemoryStore):
         self._file = open(self.path, "a", encoding="utf-8")
 
     def _load(self) -> None:
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        text = self.path.read_text(encoding="utf-8")
+        lines = text.splitlines()
         good = []
         for i, line in enumerate(lines):
             try:
@@ -84,16 +105,38 @@ class ResultStore(MemoryStore):
             except json.JSONDecodeError:
                 if i == len(lines) - 1:  # a run cut off while its line was written: drop it, it reruns
                     write_atomic(self.path, "".join(g + "\n" for g in good))
-                    break
+                    return
                 raise LongswiftError(f"{self.path}:{i + 1} is not JSON: fix or remove the line, or use --fresh") from None
             good.append(line)
             super().append(record)
+        if text and not text.endswith("\n"):  # a whole last record without its newline: the next would join it
+            write_atomic(self.path, "".join(g + "\n" for g in good))
 
     def append(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        self.extend([record])
+
+    def extend(self, records: list[dict[str, Any]]) -> None:
+        """Add records with one write, flushed and fsynced: an interruption keeps all of them or none."""
+        self._file.write("".join(json.dumps(r) + "\n" for r in records))
         self._file.flush()
         os.fsync(self._file.fileno())
-        super().append(record)
+        for record in records:
+            MemoryStore.append(self, record)
+
+    def close(self) -> None:
+        """Close results.jsonl and release the directory's lock."""
+        if not self._file.closed:
+            self._file.close()
+        self._lock.release()
+
+
+def _stored_identity(config: Path) -> dict[str, Any] | None:
+    """The identity a bench directory's config.json holds; None if the file is not one."""
+    try:
+        stored = json.loads(config.read_text())["identity"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    return stored if isinstance(stored, dict) else None
 
 
 @dataclass
