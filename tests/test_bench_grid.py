@@ -540,3 +540,19 @@ def test_bench_outputs_never_replace_the_model_or_heads_it_reads(tmp_path, capsy
         code, _, err = run_cli(capsys, "bench", "--model", str(model), "--methods", "ar", "--lengths", "4", *args)
         assert_one_line_error(code, err, match)
     assert (model / "config.json").read_bytes() == before
+
+
+def test_another_model_at_the_same_path_does_not_resume_into_its_results(tmp_path):
+    """The identity names the model by its path: a different model saved there resumed into the old runs.
+    Its fingerprint now tells them apart; a directory made before it was kept resumes and gets it."""
+    from longswift.bench.report import ResultStore
+
+    ResultStore(tmp_path, {"model": "m"}, model_fingerprint="aaa").close()
+    ResultStore(tmp_path, {"model": "m"}, model_fingerprint="aaa").close()
+    with pytest.raises(LongswiftError, match="holds results of another model at the path 'm'"):
+        ResultStore(tmp_path / ".", {"model": "m"}, model_fingerprint="bbb")
+    old = tmp_path / "old"
+    ResultStore(old, {"model": "m"}).close()  # as made before the fingerprint was kept
+    assert "model_fingerprint" not in json.loads((old / "config.json").read_text())
+    ResultStore(old, {"model": "m"}, model_fingerprint="ccc").close()
+    assert json.loads((old / "config.json").read_text()) == {"identity": {"model": "m"}, "model_fingerprint": "ccc"}

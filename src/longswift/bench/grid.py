@@ -354,7 +354,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     if cfg.lockstep:  # before any run (and any file), not when the longest cell's second cache is allocated
         check_lockstep_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
     identity = suite_identity(engine, cfg, heads)
-    store = ResultStore(out_dir, identity, fresh) if out_dir is not None else MemoryStore(identity)
+    store = ResultStore(out_dir, identity, fresh, engine.fingerprint) if out_dir is not None else MemoryStore(identity)
     try:  # (a results directory is locked while this invocation writes it)
         if store.records:
             log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")

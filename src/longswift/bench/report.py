@@ -51,7 +51,8 @@ class ResultStore(MemoryStore):
     """A results directory: config.json names what the runs measured; results.jsonl gets one line per
     run, flushed and fsynced as it finishes, so an interrupted grid resumes where it stopped."""
 
-    def __init__(self, out_dir: Path, identity: dict[str, Any], fresh: bool = False) -> None:
+    def __init__(self, out_dir: Path, identity: dict[str, Any], fresh: bool = False,
+                 model_fingerprint: str | None = None) -> None:
         super().__init__(identity)
         if out_dir.exists() and not out_dir.is_dir():
             raise LongswiftError(f"--out-dir '{out_dir}' is a file: give a directory")
@@ -66,12 +67,13 @@ class ResultStore(MemoryStore):
         self._lock = OutputLock([("--out-dir", self.path)])
         self._lock.__enter__()
         try:
-            self._open(out_dir, config, identity, fresh)
+            self._open(out_dir, config, identity, fresh, model_fingerprint)
         except BaseException:
             self._lock.release()
             raise
 
-    def _open(self, out_dir: Path, config: Path, identity: dict[str, Any], fresh: bool) -> None:
+    def _open(self, out_dir: Path, config: Path, identity: dict[str, Any], fresh: bool,
+              fingerprint: str | None) -> None:
         if fresh and config.exists() and _stored_identity(config) is None:  # another tool's config.json, not ours
             raise LongswiftError(f"'{config}' is not a longswift bench config, and --fresh discards only a bench "
                                  "directory's files: use another --out-dir")
@@ -87,10 +89,21 @@ class ResultStore(MemoryStore):
                 diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
                                      f"{', '.join(diff)}): use another --out-dir, or --fresh to discard them")
+            # The identity names the model by its path; its fingerprint (config and embedding) tells another model
+            # at that path apart. Kept beside the identity, so that directories made before it still resume (and
+            # get it now).
+            had = json.loads(config.read_text()).get("model_fingerprint")
+            if had is not None and fingerprint is not None and had != fingerprint:
+                raise LongswiftError(f"--out-dir '{out_dir}' holds results of another model at the path "
+                                     f"'{wanted.get('model')}' (its config or embedding differs): use another "
+                                     "--out-dir, or --fresh to discard them")
+            if had is None and fingerprint is not None:
+                write_atomic(config, json.dumps({"identity": wanted, "model_fingerprint": fingerprint}, indent=1) + "\n")
         elif self.path.exists():
             raise LongswiftError(f"'{self.path}' exists without config.json: use another --out-dir or --fresh")
         else:
-            write_atomic(config, json.dumps({"identity": wanted}, indent=1) + "\n")
+            kept = {"model_fingerprint": fingerprint} if fingerprint is not None else {}
+            write_atomic(config, json.dumps({"identity": wanted, **kept}, indent=1) + "\n")
         if self.path.exists():
             self._load()
         self._file = open(self.path, "a", encoding="utf-8")
