@@ -578,7 +578,8 @@ def test_bad_prompt_ids(capsys, no_loading, args, match):
     assert_one_line_error(code, err, match)
 
 
-@pytest.mark.parametrize("command", [["eval-heads"], ["generate", "--prompt", "hi"], ["info"]])
+@pytest.mark.parametrize("command", [["eval-heads"], ["generate", "--prompt", "hi"], ["info"], ["bench"],
+                                     ["export-heads", "--out", "x.safetensors"]])
 @pytest.mark.parametrize("heads", ["/nonexistent", "nope"])
 def test_heads_that_are_neither_a_path_nor_a_hub_id_are_refused_first(capsys, no_loading, command, heads):
     """eval-heads said 'no training data' before a --heads path that is not there."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
-from .flags import MODEL_HELP, add_config_flags, config_from_args, seed_number
+from .flags import MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number
 
 
 def add_parser(sub: Any) -> None:
@@ -80,6 +80,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if prefix_flag and args.prompt_file is not None and (args.chat or args.prompt_file.suffix == ".jsonl"):
         what = "a .jsonl file's prompts" if args.prompt_file.suffix == ".jsonl" else "a chat message"
         raise LongswiftError(f"{prefix_flag} sets prompt lengths, but {what} are sent whole: drop {prefix_flag}")
+    check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading, in flags
     if args.prompt_file is not None and str(args.prompt_file) == STDIN:
         raise LongswiftError("bench --prompt-file needs a file: its content identifies the results, and a resumed grid "
                              "reads it again ('-', standard input, is generate's)")
