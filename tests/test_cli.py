@@ -533,7 +533,7 @@ def test_train_heads_then_eval_heads(tmp_path, capsys):
     assert (out / "heads.safetensors").is_file() and (out / "checkpoint.pt").is_file()
     code, _, err = run_cli(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
                        "--steps", "3", "--batch-size", "2", "--warmup", "1", "--no-progress")
-    assert_one_line_error(code, err, "pass --resume")
+    assert_one_line_error(code, err, "holds a finished run (heads.safetensors and its checkpoint.pt)")
     js = tmp_path / "eval.json"
     code, out_text, err = run_cli(capsys, "eval-heads", "--heads", str(out / "heads.safetensors"), "--data", str(data),
                               "--seq-len", "32", "--alpha-tokens", "24", "--json", str(js), "--no-progress")

@@ -139,8 +139,12 @@ def test_checkpoint_refusals(tiny, tmp_path):
     windows = _windows(tiny, n=3, seed=2)
     cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1)
     train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    with pytest.raises(LongswiftError, match="holds a finished run .heads.safetensors and its checkpoint.pt."):
+        train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    (tmp_path / HEADS_FILE).rename(tmp_path / "kept.safetensors")  # an unfinished run's state: continue it
     with pytest.raises(LongswiftError, match="pass --resume"):
         train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    (tmp_path / "kept.safetensors").rename(tmp_path / HEADS_FILE)
     with pytest.raises(LongswiftError, match="used --lr"):
         train_heads(tiny, windows, TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, lr=0.5), tmp_path,
                     resume=True, progress=False)
