@@ -254,6 +254,31 @@ def test_resuming_a_finished_run_says_it_is_complete_and_writes_its_outputs_agai
     assert json.loads((tmp_path / "o.json").read_text())["token_ids"] == first["token_ids"]
 
 
+def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_path, capsys, monkeypatch):
+    """The resume's memory plan left TokenSwift's buffers out: a run that fits only as AR was refused after
+    the model loaded, not before."""
+    from conftest import tiny_hf_model
+
+    import longswift.cli.generate as generate_cli
+    from longswift import SpecConfig
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--model", "m", "--prompt-ids", "3,4,5", "--max-new-tokens", "4",
+                           "--heads", "random", "--method", "tokenswift", "--checkpoint", "c.json", "--no-progress")
+    assert code == 0, err
+    planned = []
+
+    def plan(model, runtime, gen, prompt_tokens, spec=None):
+        planned.append((prompt_tokens, spec))
+        raise generate_cli.LongswiftError("planned")
+
+    monkeypatch.setattr(generate_cli, "_plan_before_loading", plan)
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--no-progress")
+    assert code == 2 and planned[0][0] == 3 and isinstance(planned[0][1], SpecConfig), err
+
+
 @pytest.mark.slow
 def test_generate_streams_to_stdout(capsys, tmp_path):
     json_file = tmp_path / "o.json"

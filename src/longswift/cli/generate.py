@@ -276,7 +276,11 @@ def _resume(args: argparse.Namespace) -> int:
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")
-    _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids))
+    try:  # TokenSwift's draft cache and tree count too (a resume that fits only as AR: refused before loading)
+        spec = SpecConfig(**ckpt.spec) if ckpt.method == "tokenswift" else None
+    except (TypeError, LongswiftError) as exc:
+        raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
+    _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec)
     heads = args.heads or ckpt.heads_source or "none"
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         engine = ranks.load(model, heads)

@@ -81,7 +81,8 @@ class MemoryPlan:
             raise LongswiftError(
                 f"not enough memory: this run needs {need / GiB:.2f} GiB more "
                 f"({self.describe()}) but {free / GiB:.2f} GiB is free; "
-                "lower --max-new-tokens or the prompt length, use a smaller --dtype, or a smaller --draft-kv-budget"
+                "lower --max-new-tokens or the prompt length, or use a smaller --dtype"
+                + (", a smaller --draft-kv-budget" if self.draft_cache else "")  # (AR has no draft cache)
                 + (f", --tree or --ngram-topk (a step verifies {self.tree_nodes} nodes)" if self.tree_nodes else "")
             )
 
