@@ -230,6 +230,20 @@ def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, mo
     with pytest.raises(KeyboardInterrupt) as info:
         _run(engine, StoppedAtOnce(stream), Outputs(None, None, tmp_path / "c.json", 3), StopRequest(), no_progress=True)
     assert str(info.value) == "the checkpoint saved at 6 tokens is intact: continue with: longswift generate --resume c.json"
+    # a run stopped by an error of its own (another process of a tensor-parallel run lost, say) says the same
+    class Failed(StoppedAtOnce):
+        def __iter__(self):
+            for i, ids in enumerate(self._stream):
+                if i == 7:
+                    raise longswift.LongswiftError("lost contact with the other processes of this run (gloo)")
+                yield ids
+
+    stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar",
+                           generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    with pytest.raises(longswift.LongswiftError) as failed:
+        _run(engine, Failed(stream), Outputs(None, None, tmp_path / "d.json", 3), StopRequest(), no_progress=True)
+    assert str(failed.value) == ("lost contact with the other processes of this run (gloo); the checkpoint saved at 6 "
+                                 "tokens is intact: continue with: longswift generate --resume d.json")
     assert (tmp_path / "c.json").is_file()
     monkeypatch.setattr("longswift.cli.generate.cmd_generate", lambda args: (_ for _ in ()).throw(info.value))
     code, _, err = run_cli(capsys, "generate", "--prompt", "x")
@@ -277,6 +291,23 @@ def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_p
     monkeypatch.setattr(generate_cli, "_plan_before_loading", plan)
     code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--no-progress")
     assert code == 2 and planned[0][0] == 3 and isinstance(planned[0][1], SpecConfig), err
+
+
+@pytest.mark.parametrize("rank,said", [("0", True), ("1", False), (None, True)])
+def test_only_rank_0_says_a_signal_was_received(capsys, monkeypatch, rank, said):
+    """Under torchrun every process gets the signal: the line was printed once per process."""
+    import signal
+
+    from longswift.cli.stop import StopRequest
+
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    stop = StopRequest()
+    stop._handle(signal.SIGINT, None)
+    assert stop.signum == signal.SIGINT
+    assert ("SIGINT received: finishing the current step" in capsys.readouterr().err) == said
 
 
 @pytest.mark.slow

@@ -441,6 +441,11 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
                 f.discard()
         if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
             raise _with_resume_hint(exc, *last_saved) from exc
+        if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
+            shown = _shown(last_saved[0])
+            said = getattr(exc, "cli_message", None) or exc
+            raise LongswiftError(f"{said}; the checkpoint saved at {last_saved[1]} tokens is intact: continue with: "
+                                 f"longswift generate --resume {shlex.quote(shown)}") from exc
         if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
             shown = _shown(last_saved[0])
             raise KeyboardInterrupt(f"the checkpoint saved at {last_saved[1]} tokens is intact: continue with: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -28,8 +29,9 @@ class StopRequest:
                 return
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
-              "(send it again to stop at once)", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0").strip() in ("", "0"):  # under torchrun every rank gets it: rank 0 says so
+            print(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
+                  "(send it again to stop at once)", file=sys.stderr, flush=True)
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
