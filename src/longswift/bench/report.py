@@ -74,7 +74,7 @@ class ResultStore(MemoryStore):
 
     def _open(self, out_dir: Path, config: Path, identity: dict[str, Any], fresh: bool,
               fingerprint: str | None) -> None:
-        if fresh and config.exists() and _stored_identity(config) is None:  # another tool's config.json, not ours
+        if fresh and config.exists() and _stored_config(config) is None:  # another tool's config.json, not ours
             raise LongswiftError(f"'{config}' is not a longswift bench config, and --fresh discards only a bench "
                                  "directory's files: use another --out-dir")
         if fresh:
@@ -82,9 +82,10 @@ class ResultStore(MemoryStore):
                 (out_dir / name).unlink(missing_ok=True)
         wanted = json.loads(json.dumps(identity))
         if config.exists():
-            stored = _stored_identity(config)
-            if stored is None:
+            saved = _stored_config(config)
+            if saved is None:
                 raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir")
+            stored = saved["identity"]
             if stored != wanted:
                 diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
@@ -92,7 +93,7 @@ class ResultStore(MemoryStore):
             # The identity names the model by its path; its fingerprint (config and embedding) tells another model
             # at that path apart. Kept beside the identity, so that directories made before it still resume (and
             # get it now).
-            had = json.loads(config.read_text()).get("model_fingerprint")
+            had = saved.get("model_fingerprint")
             if had is not None and fingerprint is not None and had != fingerprint:
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of another model at the path "
                                      f"'{wanted.get('model')}' (its config or embedding differs): use another "
@@ -133,8 +134,7 @@ class ResultStore(MemoryStore):
         self._file.write("".join(json.dumps(r) + "\n" for r in records))
         self._file.flush()
         os.fsync(self._file.fileno())
-        for record in records:
-            MemoryStore.append(self, record)
+        super().extend(records)
 
     def close(self) -> None:
         """Close results.jsonl and release the directory's lock."""
@@ -143,13 +143,13 @@ class ResultStore(MemoryStore):
         self._lock.release()
 
 
-def _stored_identity(config: Path) -> dict[str, Any] | None:
-    """The identity a bench directory's config.json holds; None if the file is not one."""
+def _stored_config(config: Path) -> dict[str, Any] | None:
+    """A bench directory's config.json (its "identity" an object); None if the file is not one."""
     try:
-        stored = json.loads(config.read_text())["identity"]
-    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
+        kept = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    return stored if isinstance(stored, dict) else None
+    return kept if isinstance(kept, dict) and isinstance(kept.get("identity"), dict) else None
 
 
 @dataclass
