@@ -259,8 +259,8 @@ def _resume(args: argparse.Namespace) -> int:
     args.json = saved.get("json") if args.json is None else args.json
     if args.checkpoint is None:
         args.checkpoint = args.resume
-    outputs = _outputs(args, inputs=_model_inputs(args.model or (None if ckpt.model_source == "<embedded>"
-                                                                  else ckpt.model_source)))
+    model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
+    outputs = _outputs(args, inputs=_model_inputs(model))
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
     try:
         runtime = RuntimeConfig(**{**ckpt.runtime, **moved})
@@ -273,7 +273,6 @@ def _resume(args: argparse.Namespace) -> int:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     if args.threads is not None:  # checked as the first run's was, before the checkpoint can record it
         runtime = replace(runtime, threads=args.threads)
-    model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")
     try:  # TokenSwift's draft cache and tree count too (a resume that fits only as AR: refused before loading)
@@ -442,14 +441,10 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
             raise _with_resume_hint(exc, *last_saved) from exc
         if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
-            shown = _shown(last_saved[0])
             said = getattr(exc, "cli_message", None) or exc
-            raise LongswiftError(f"{said}; the checkpoint saved at {last_saved[1]} tokens is intact: continue with: "
-                                 f"longswift generate --resume {shlex.quote(shown)}") from exc
+            raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc
         if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
-            shown = _shown(last_saved[0])
-            raise KeyboardInterrupt(f"the checkpoint saved at {last_saved[1]} tokens is intact: continue with: "
-                                    f"longswift generate --resume {shlex.quote(shown)}") from exc
+            raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
         raise
     print(summary_line(result.stats, tp.world if tp is not None else 1), file=sys.stderr)
     if interrupted:
@@ -465,12 +460,17 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
     return 0
 
 
+def _resume_hint(path: Path, tokens: int) -> str:
+    """What a run stopped before its end says of the checkpoint it saved last: intact, and the command
+    that continues from it."""
+    return (f"the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume "
+            f"{shlex.quote(_shown(path))}")
+
+
 def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
     """A system error (a full disk) that stopped a run, with on the same line the checkpoint that is
     intact and the command that continues from it."""
-    shown = _shown(path)
-    hint = (f"; the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume "
-            f"{shlex.quote(shown)}")
+    hint = f"; {_resume_hint(path, tokens)}"
     if exc.errno is None or exc.strerror is None:
         return OSError(f"{exc}{hint}")
     where = f": '{exc.filename}'" if exc.filename is not None else ""
