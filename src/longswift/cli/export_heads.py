@@ -13,7 +13,7 @@ import torch
 from ..atomic import check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, check_heads_flag, config_from_args
+from .flags import add_config_flags, check_heads_flag, config_from_args, model_inputs
 
 FORMATS = ("tokenswift", "longswift")
 
@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
 def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct
     from ..engine import load
-    from ..runtime.loading import load_config, model_files
+    from ..runtime.loading import load_config
     from ..spec.heads import load_heads, save_heads, training_record
     from ..spec.released import check_exportable, export_tokenswift
 
@@ -52,7 +52,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
         raise LongswiftError(f"--out '{args.out}' must end in .safetensors for --format longswift")
     else:
         check_writable(args.out)
-        check_distinct([*(("--model", f) for f in model_files(args.model)), ("--out", args.out)])  # never over the model
+        check_distinct([*model_inputs(args.model), ("--out", args.out)])  # never over the model
     if runtime.pack_weights is None:
         runtime.pack_weights = False  # the exported weights are the state dict's; no packed copies needed
     engine = load(args.model, runtime, heads=args.heads)

@@ -95,3 +95,13 @@ def check_heads_flag(heads: str, method: str | None) -> None:
         if parse_hub_id(heads) is None:  # neither a path that is there nor a hub id: said before loading
             raise LongswiftError(f"heads '{heads}' do not exist: pass a heads file, a directory holding one, or a "
                                  "released checkpoint")
+
+
+def model_inputs(model: str | None) -> list[tuple[str, Path | None]]:
+    """The --model's files as check_distinct inputs (runtime.loading.model_files): no output may replace
+    them."""
+    from ..runtime.loading import model_files
+
+    if model is not None and str(model).startswith("<"):  # a checkpoint's Python object: refused on resume
+        return []
+    return [("--model", f) for f in model_files(model)]

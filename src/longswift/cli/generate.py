@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError, LongswiftError
-from .flags import add_config_flags, check_heads_flag, config_from_args, whole_number
+from .flags import add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
 from .stop import StopRequest
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
@@ -187,7 +187,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     heads = args.heads or "auto"
     check_heads_flag(heads, args.method)
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
-                                     *_model_inputs(args.model)])
+                                     *model_inputs(args.model)])
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
     cfg = _plan_before_loading(args.model, runtime, generation, None, spec if tokenswift else None)
@@ -260,7 +260,7 @@ def _resume(args: argparse.Namespace) -> int:
     if args.checkpoint is None:
         args.checkpoint = args.resume
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
-    outputs = _outputs(args, inputs=_model_inputs(model))
+    outputs = _outputs(args, inputs=model_inputs(model))
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
     try:
         runtime = RuntimeConfig(**{**ckpt.runtime, **moved})
@@ -306,15 +306,6 @@ def _spelt_out(flag: str) -> str:
     one of them that argparse accepted was that flag.)"""
     whole = [f for f in (*RESUME_FLAGS, "--resume") if f.startswith(flag)]
     return flag if flag in whole or len(whole) != 1 else whole[0]
-
-
-def _model_inputs(model: str | None) -> list[tuple[str, Path | None]]:
-    """The model's files as check_distinct inputs: no output may replace them."""
-    from ..runtime.loading import model_files
-
-    if model is not None and str(model).startswith("<"):  # a checkpoint's Python object: refused on resume
-        return []
-    return [("--model", f) for f in model_files(model)]
 
 
 def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = ()) -> Outputs:

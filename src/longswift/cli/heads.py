@@ -15,7 +15,7 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number
+from .flags import MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, seed_number
 
 
 def add_parsers(sub: Any) -> None:
@@ -124,7 +124,6 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
 def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct
     from ..engine import load
-    from ..runtime.loading import model_files
     from ..train.data import data_files
     from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
                                run_settings, train_heads)
@@ -140,7 +139,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     # What training writes into --out, never over the data or the model it reads (a --data file named
     # train_log.json in --out was replaced by the log).
     check_distinct([*(("--data", d) for d in (data_files(args.data) if args.data else [])),
-                    *(("--model", f) for f in model_files(args.model)),
+                    *model_inputs(args.model),
                     *((f"--out's {name}", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE))])
     check_seq_len(args, runtime, cfg.seq_len)
     engine = load(args.model, runtime, heads=None)
@@ -175,7 +174,6 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct, check_writable, write_atomic
     from ..engine import load
-    from ..runtime.loading import model_files
     from ..spec.heads import HEADS_FILE
     from ..train.data import data_files
     from ..train.eval import check_alpha_fits, check_window, head_accuracy, held_out_alpha
@@ -189,7 +187,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
         heads_file = heads_file / HEADS_FILE if heads_file.is_dir() else heads_file
         data = data_files(args.data) if args.data else []  # (a --data that is not there: read_data says so below)
         check_distinct([("--heads", heads_file if heads_file.is_file() else None),
-                        *(("--model", f) for f in model_files(args.model)), *(("--data", d) for d in data),
+                        *model_inputs(args.model), *(("--data", d) for d in data),
                         ("--json", args.json)])
     if args.alpha_tokens < 0:
         raise LongswiftError("--alpha-tokens must be >= 0")
