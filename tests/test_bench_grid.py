@@ -535,11 +535,16 @@ def test_bench_outputs_never_replace_the_model_or_heads_it_reads(tmp_path, capsy
     model = tmp_path / "m"
     before = (model / "config.json").read_bytes()
     capsys.readouterr()
+    heads = tmp_path / "h"  # a --heads directory: its heads.safetensors is what is read
+    heads.mkdir()
+    (heads / "heads.safetensors").write_bytes(b"heads")
     for args, match in ((["--json", str(model / "config.json")], "--json and --model are the same file"),
-                        (["--out-dir", str(model), "--fresh"], "--out-dir's config.json and --model are the same")):
+                        (["--out-dir", str(model), "--fresh"], "--out-dir's config.json and --model are the same"),
+                        (["--heads", str(heads), "--json", str(heads / "heads.safetensors")],
+                         "--json and --heads are the same file")):
         code, _, err = run_cli(capsys, "bench", "--model", str(model), "--methods", "ar", "--lengths", "4", *args)
         assert_one_line_error(code, err, match)
-    assert (model / "config.json").read_bytes() == before
+    assert (model / "config.json").read_bytes() == before and (heads / "heads.safetensors").read_bytes() == b"heads"
 
 
 def test_another_model_at_the_same_path_does_not_resume_into_its_results(tmp_path):

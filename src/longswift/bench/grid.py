@@ -26,6 +26,7 @@ from ..runtime.loading import model_files, resolve_path
 from ..runtime.memory import MemoryPlan, rope_extension
 from ..runtime.model import fused_kernels
 from ..spec.budget import unpruned_budget
+from ..spec.heads import named_heads_file
 from .lockstep import run_lockstep
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
@@ -319,11 +320,10 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             check_writable(p)
     if out_dir is not None:
         check_dir_writable(out_dir, "--out-dir")
-    heads_file = Path(heads).expanduser() if heads is not None else None
     check_distinct([("--out", out), ("--json", json_path), ("--prompt-file", cfg.prompt_file),
                     *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ())),
                     *(("--model", f) for f in model_files(model)),  # (an --out-dir that is the model's: its config.json)
-                    ("--heads", heads_file if heads_file is not None and heads_file.is_file() else None)])
+                    ("--heads", named_heads_file(heads))])
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens

@@ -174,7 +174,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct, check_writable, write_atomic
     from ..engine import load
-    from ..spec.heads import HEADS_FILE
+    from ..spec.heads import named_heads_file
     from ..train.data import data_files
     from ..train.eval import check_alpha_fits, check_window, head_accuracy, held_out_alpha
 
@@ -183,10 +183,8 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if args.json:
         check_writable(args.json)
         # --json is written last, over what is there: never over the heads, the model or the data this run reads
-        heads_file = Path(args.heads).expanduser()
-        heads_file = heads_file / HEADS_FILE if heads_file.is_dir() else heads_file
         data = data_files(args.data) if args.data else []  # (a --data that is not there: read_data says so below)
-        check_distinct([("--heads", heads_file if heads_file.is_file() else None),
+        check_distinct([("--heads", named_heads_file(args.heads)),
                         *model_inputs(args.model), *(("--data", d) for d in data),
                         ("--json", args.json)])
     if args.alpha_tokens < 0:

@@ -26,6 +26,16 @@ TRAIN_CHECKPOINT = "checkpoint.pt"  # what train-heads writes next to it as it g
 VERSION = 1
 
 
+def named_heads_file(heads: str | None) -> Path | None:
+    """The heads file a --heads value names on disk (a file, or a directory's heads.safetensors), which no
+    output may replace; None for a keyword, a hub id or a path that holds none."""
+    if heads is None:
+        return None
+    path = Path(heads).expanduser()
+    path = path / HEADS_FILE if path.is_dir() else path
+    return path if path.is_file() else None
+
+
 def model_fingerprint(cfg: ModelConfig, embed: torch.Tensor) -> str:
     """Identity of a base model: shape facts plus a hash of part of its embedding table
     (rounded to bfloat16 so that the same weights loaded in another dtype still match)."""
