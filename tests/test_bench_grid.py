@@ -14,6 +14,7 @@ from conftest import tiny_hf_model
 
 from longswift.bench.metrics import Timeline, checkpoint_targets, curve_speedup, distinct_n, speedup
 from longswift.bench.peers import missing
+from longswift.bench.report import software_versions, versions_lines
 from longswift.bench.prompts import read_instructions
 from longswift.cli import main
 from longswift.config import GenerationConfig, SpecConfig
@@ -147,6 +148,7 @@ def test_suite_writes_files_and_resumes(tmp_path, tiny_dir, capsys):
         assert r["decode_tokens_per_second"] == pytest.approx((r["length"] - 1) / r["decode_seconds"])
         assert r["peak_memory_bytes"] >= r["memory_at_start_bytes"] > 10 * 2**20
         assert (r["alpha"] is None) == (r["method"] != "tokenswift")
+        assert r["versions"] == software_versions()  # what measured it, for a later report of the directory
     for preset in ("greedy", "paper"):  # lossless: same seed, same tokens
         assert by[("tokenswift", preset, 8)]["token_ids"] == by[("ar", preset, 8)]["token_ids"]
     assert by[("hf", "greedy", 8)]["token_ids"] == by[("ar", "greedy", 8)]["token_ids"]
@@ -185,6 +187,18 @@ def test_suite_writes_files_and_resumes(tmp_path, tiny_dir, capsys):
     after = lines(out_dir / "results.jsonl")
     assert "7 runs to do" in err  # the dropped first run + 2 presets x 3 methods at length 4
     assert len(after) == 18 and sorted(r["key"] for r in after) == sorted(set(r["key"] for r in after))
+
+
+def test_the_report_names_the_software_each_run_was_measured_with():
+    now = software_versions()
+    older = {**now, "torch": "0.0.1", "commit": "abc1234"}
+    assert versions_lines([{"versions": now}] * 2) == versions_lines(None)  # one invocation: one line, as before
+    assert versions_lines(None)[0].startswith("- versions: torch ")
+    mixed = versions_lines([{"versions": now}, {"versions": older}, {"versions": older}, {}])
+    assert mixed[0] == "- versions the runs were measured with:"
+    assert "  - torch 0.0.1, " in "\n".join(mixed) and "(commit abc1234): 2 runs" in "\n".join(mixed)
+    assert "  - not recorded (runs measured before bench kept versions): 1 run" in mixed
+    assert mixed[-1].startswith("  - this report was written with: torch ")
 
 
 def test_different_config_is_refused_unless_fresh(tmp_path, tiny_dir, capsys):

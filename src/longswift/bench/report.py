@@ -21,7 +21,7 @@ from .metrics import curve_speedup, speedup
 
 OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
                 "alpha_vs_length.png", "time_to_n_tokens.png")
-CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds", "command")
+CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds", "command", "versions")
 
 
 class MemoryStore:
@@ -232,9 +232,44 @@ def to_csv(records: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def machine_lines(identity: dict[str, Any]) -> list[str]:
+def software_versions() -> dict[str, str | None]:
+    """The software a run is measured with: the libraries' versions and longswift's git commit (None
+    where a library is not installed or the package is not in a git checkout)."""
     from .peers import version
 
+    found: dict[str, str | None] = {name: version(mod) for name, mod in (
+        ("torch", "torch"), ("transformers", "transformers"), ("llama-cpp-python", "llama_cpp"),
+        ("longswift", "longswift"))}
+    found["commit"] = _git_commit()
+    return found
+
+
+def _versions_text(versions: dict[str, str | None]) -> str:
+    commit = versions.get("commit")
+    return (", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items() if k != "commit")
+            + (f" (commit {commit})" if commit else ""))
+
+
+def versions_lines(records: list[dict[str, Any]] | None) -> list[str]:
+    """The report's versions line(s): the software of this invocation, or, for a results directory
+    whose runs were measured by several invocations, the software each group of runs was measured
+    with (records kept from before bench recorded it are counted as such)."""
+    now = _versions_text(software_versions())
+    if not records:
+        return [f"- versions: {now}"]
+    groups: dict[str, int] = {}
+    for r in records:
+        text = _versions_text(r["versions"]) if r.get("versions") else None
+        groups[text or ""] = groups.get(text or "", 0) + 1
+    if list(groups) == [now]:
+        return [f"- versions: {now}"]
+    lines = ["- versions the runs were measured with:"]
+    lines += [f"  - {text or 'not recorded (runs measured before bench kept versions)'}: {n} run{'s' * (n != 1)}"
+              for text, n in groups.items()]
+    return lines + [f"  - this report was written with: {now}"]
+
+
+def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None = None) -> list[str]:
     cpu = "unknown CPU"
     mem = ""
     try:
@@ -243,15 +278,11 @@ def machine_lines(identity: dict[str, Any]) -> list[str]:
         mem = f", {kib / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         pass
-    versions = {name: version(mod) for name, mod in (("torch", "torch"), ("transformers", "transformers"),
-                                                     ("llama-cpp-python", "llama_cpp"), ("longswift", "longswift"))}
-    commit = _git_commit()
     every = identity.get("read_every")
     return [
         f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} logical CPUs{mem}; {identity['threads']} torch threads; "
         f"python {platform.python_version()}",
-        "- versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items())
-        + (f" (commit {commit})" if commit else ""),
+        *versions_lines(records),
         f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
         f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
         f"{', fused kernels (RMSNorm, residual adds, rope)' if identity.get('fused_kernels') else ''}"
@@ -291,7 +322,7 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
     ident = ctx.identity
     prompt = (f"random token ids (seed {ident['seed']})" if ident["prompt_file"] is None
               else f"{ident['prompt_file']}{' as chat messages' if ident['chat'] else ''}")
-    lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident), f"- prompt: {prompt}"]
+    lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident, records), f"- prompt: {prompt}"]
     if ctx.resumed:
         lines.append(f"- resumed: {ctx.resumed} of the {len(records)} runs below were measured by earlier invocations "
                      "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")
