@@ -212,6 +212,27 @@ def test_different_config_is_refused_unless_fresh(tmp_path, tiny_dir, capsys):
     assert [r["run"] for r in lines(out_dir / "results.jsonl")] == [0]
 
 
+def test_a_relative_and_an_absolute_path_to_one_model_resume_into_the_same_results(tmp_path, tiny_dir, capsys,
+                                                                                     monkeypatch):
+    out_dir = tmp_path / "bench"
+    monkeypatch.chdir(tiny_dir.parent)
+    grid = ("--methods", "ar", "--lengths", "4", "--presets", "greedy")
+    argv = ["bench", "--model", tiny_dir.name, "--heads", "random", "--threads", "1", "--no-warmup", "--prefix", "12",
+            *grid, "--out-dir", str(out_dir)]
+    assert main(argv) == 0, capsys.readouterr().err
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["identity"]["model"] == str(tiny_dir.resolve())
+    _, err = bench(capsys, tiny_dir.resolve(), out_dir, *grid)
+    assert "0 runs to do" in err
+    # a directory made when bench kept the path as typed (relative) resumes too, and keeps it absolute from then on
+    config["identity"]["model"] = tiny_dir.name
+    (out_dir / "config.json").write_text(json.dumps(config))
+    _, err = bench(capsys, tiny_dir, out_dir, *grid)
+    assert "0 runs to do" in err
+    assert json.loads((out_dir / "config.json").read_text()) == {**config, "identity": {
+        **config["identity"], "model": str(tiny_dir.resolve())}}
+
+
 def test_hf_peer_bans_eos_like_our_ignore_eos():
     """The hf peer runs what `--ignore-eos` means for us: EOS masked (min_new_tokens = n), never
     emitted, so its greedy tokens are our AR's even where the model's argmax is EOS."""

@@ -31,7 +31,7 @@ from .lockstep import run_lockstep
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest
-from .report import OUTPUT_FILES, MemoryStore, ResultStore, RunContext, software_versions, write_outputs
+from .report import OUTPUT_FILES, MemoryStore, ResultStore, RunContext, absolute, software_versions, write_outputs
 
 OURS = ("ar", "tokenswift", "tokenswift-fused")
 KNOWN_METHODS = (*OURS, *PEERS)
@@ -231,7 +231,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
     device = engine.model.device
     block = engine.runtime.token_block(device)
     attention = resolve_attention(engine.runtime.graph_attention, device)  # auto: length on CUDA where torch can
-    return {"model": str(engine.source), "dtype": str(engine.model.dtype).removeprefix("torch."),
+    return {"model": absolute(str(engine.source)), "dtype": str(engine.model.dtype).removeprefix("torch."),
             "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
             # only where true, so that the identities of result directories made before it still match
             **({"colocated_linears": True} if engine.model.colocated else {}),
@@ -244,7 +244,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             # the old ones (only for paths, so directories of shipped or random heads made before still match)
             **({"heads_digest": heads_fingerprint(engine.heads)}
                if engine.heads is not None and heads not in (None, "auto", "default", "random") else {}),
-            "prompt_file": None if cfg.prompt_file is None else str(cfg.prompt_file),
+            "prompt_file": None if cfg.prompt_file is None else absolute(str(cfg.prompt_file)),
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
             **({"float32_logits": True} if engine.model.float32_logits else {}),

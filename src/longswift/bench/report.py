@@ -24,6 +24,17 @@ OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "spe
 CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds", "command", "versions")
 
 
+def absolute(path: str) -> str:
+    """A path as the identity keeps it: absolute, so that a relative and an absolute path to one model or
+    prompt file resume into the same results ('<embedded>'-style names as they are)."""
+    return path if path.startswith("<") else os.path.abspath(path)
+
+
+def with_absolute_paths(identity: dict[str, Any]) -> dict[str, Any]:
+    """An identity stored before bench kept its paths absolute, with them made absolute from here."""
+    return {**identity, **{k: absolute(identity[k]) for k in ("model", "prompt_file") if identity.get(k)}}
+
+
 class MemoryStore:
     """Records of finished runs, kept in memory only (no --out-dir)."""
 
@@ -86,6 +97,10 @@ class ResultStore(MemoryStore):
             if saved is None:
                 raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir")
             stored = saved["identity"]
+            if stored != wanted and with_absolute_paths(stored) == wanted:  # made when bench kept paths as typed
+                stored = wanted
+                kept = {k: v for k, v in saved.items() if k != "identity"}
+                write_atomic(config, json.dumps({"identity": wanted, **kept}, indent=1) + "\n")
             if stored != wanted:
                 diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
