@@ -385,6 +385,7 @@ def test_torchrun_cli_matches_one_process(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     ar, one, tp = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("ar", "one", "tp"))
     assert len(tp["token_ids"]) == 16 and tp["stats"]["method"] == "tokenswift"
+    assert (tp["stats"]["processes"], one["stats"]["processes"]) == (2, 1)
     assert tp["token_ids"] == one["token_ids"] == ar["token_ids"]
     assert (tp["stats"]["steps"], tp["stats"]["accepted_tokens"]) == (one["stats"]["steps"], one["stats"]["accepted_tokens"])
     assert proc.stdout.split() == [str(t) for t in tp["token_ids"]]  # no tokenizer: ids; rank 1 wrote nothing

@@ -410,7 +410,9 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             text_file.stage()
         if out.json:
             json_file = AtomicFile(out.json)
-            json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+            record = result.to_dict()
+            record["stats"]["processes"] = tp.world if tp is not None else 1  # (tensor parallel: torchrun's ranks)
+            json_file.write(json.dumps(record, ensure_ascii=False) + "\n")
             json_file.stage()
         if interrupted:
             try:
