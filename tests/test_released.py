@@ -381,6 +381,13 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     back = longswift.load(str(base), dtype="float32", heads=str(tmp_path / "back.safetensors"))
     for k, v in back.heads.state_dict().items():
         assert torch.equal(v, saved[k]), k
+    # the heads' training record survives the round trip (kept in the directory's config.json), whether the
+    # directory is the model or names the heads of another copy of the base model
+    assert json.loads((out / "config.json").read_text())["longswift_heads_training"] == {"windows": 5}
+    assert training_record(tmp_path / "back.safetensors") == {"windows": 5}
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(out),
+                           "--out", str(tmp_path / "back2.safetensors"))
+    assert code == 0 and training_record(tmp_path / "back2.safetensors") == {"windows": 5}, err
     capsys.readouterr()
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
                            "--out", str(out))

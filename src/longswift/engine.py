@@ -148,6 +148,7 @@ class Engine:
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
         self.heads_origin = "none"  # which heads set_heads found and where (for `longswift info`)
         self.heads_file: Path | None = None  # the heads file set_heads read them from (export-heads)
+        self.heads_dir: Path | None = None  # ... or the TokenSwift-layout directory (export-heads)
         self.hub_id = loaded.hub_id
         self._checkpoint_heads = loaded.head_tensors  # TokenSwift layout, inside the model checkpoint
         eos = set(loaded.cfg.eos_token_ids)
@@ -171,6 +172,7 @@ class Engine:
         source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
         embed, origin = self.model.embed, "none"
         file: Path | None = None  # the heads file they were read from, if one
+        released: Path | None = None  # ... or the TokenSwift-layout directory
         found: DraftHeads | None
         if heads is None or heads == "none" or isinstance(heads, DraftHeads):
             found = None if heads == "none" else heads  # type: ignore[assignment]
@@ -181,6 +183,7 @@ class Engine:
             found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)
             found = found.to(device=embed.device, dtype=embed.dtype)
             origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
+            released = Path(self.source) if Path(self.source).is_dir() else None
         elif heads in ("auto", "default"):
             path = shipped_heads(self.fingerprint)
             found = load_heads(path, self.cfg, embed, self.fingerprint) if path else None
@@ -194,6 +197,7 @@ class Engine:
             if path.is_dir() and not (path / HEADS_FILE).is_file():
                 found = load_released_heads(path, self.cfg, embed, self.fingerprint)
                 origin = f"from the released checkpoint {path} ({HEAD_PREFIX}*, TokenSwift layout)"
+                released = path
             else:
                 path = path / HEADS_FILE if path.is_dir() else path
                 found = load_heads(path, self.cfg, embed, self.fingerprint)
@@ -204,6 +208,7 @@ class Engine:
             found.requires_grad_(False)
         self.heads, self.heads_source, self.heads_origin = found, source, origin
         self.heads_file = file if found is not None else None
+        self.heads_dir = released if found is not None else None
 
     def _check_given_heads(self, heads: DraftHeads) -> None:
         """A DraftHeads object is refused as a heads file is: made for another model (the fingerprint that

@@ -39,7 +39,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..runtime.loading import load_config
     from ..spec.heads import load_heads, save_heads, training_record
-    from ..spec.released import check_exportable, export_tokenswift
+    from ..spec.released import check_exportable, export_tokenswift, released_training_record
 
     runtime = config_from_args(RuntimeConfig, args)
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading
@@ -61,13 +61,15 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
                              "(train some with `longswift train-heads`)")
     if engine.heads_file is not None:  # rewriting the file being exported would lose it if the write failed
         check_distinct([("--heads", engine.heads_file), ("--out", args.out)])
+    # How the heads were made (train-heads' record), kept by either format and read from either
+    training = (training_record(engine.heads_file) if engine.heads_file is not None
+                else released_training_record(engine.heads_dir) if engine.heads_dir is not None else None)
     if args.format == "tokenswift":
         out = export_tokenswift(args.out, engine.cfg, engine.model.full_state(), engine.heads, engine.tokenizer,
-                                engine.model.dtype)
+                                engine.model.dtype, training)
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
-        training = training_record(engine.heads_file) if engine.heads_file is not None else None
         heads = engine.heads
         if engine.heads_file is not None and engine.model.dtype != torch.float32:
             # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file exports

@@ -99,10 +99,25 @@ def check_exportable(cfg: ModelConfig) -> None:
                              "export the heads alone with --format longswift, or export from the HF checkpoint")
 
 
+# config.json key of an exported TokenSwift directory that keeps the heads' training record (train-heads'
+# metadata of a heads file), so that exporting its heads back to a heads file keeps it; other tools ignore it.
+TRAINING_KEY = "longswift_heads_training"
+
+
+def released_training_record(path: Path) -> dict | None:
+    """The heads' training record an export kept in a TokenSwift directory's config.json, or None."""
+    try:
+        training = json.loads((path / "config.json").read_text()).get(TRAINING_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return training if isinstance(training, dict) else None
+
+
 def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str, torch.Tensor], heads: DraftHeads,
-                      tokenizer: Any, dtype: torch.dtype) -> Path:
+                      tokenizer: Any, dtype: torch.dtype, training: dict | None = None) -> Path:
     """Write base model + heads as a released TokenSwift checkpoint: an HF directory (config.json with
-    `medusa_heads`, model.safetensors, the tokenizer) that transformers and TokenSwift's code load."""
+    `medusa_heads`, model.safetensors, the tokenizer) that transformers and TokenSwift's code load.
+    `training`: the heads' training record, kept in config.json (TRAINING_KEY)."""
     from safetensors.torch import save_file
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -112,6 +127,9 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
     hf["medusa_heads"] = heads.gamma
     hf["architectures"] = hf.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.architecture]]
     hf["dtype"] = hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    hf.pop(TRAINING_KEY, None)  # (a config read from an earlier export: the record is these heads' or none)
+    if training:
+        hf[TRAINING_KEY] = training
     # transformers < 5 (TokenSwift's code pins 4.47) reads rope_theta / rope_scaling, not rope_parameters.
     rope = dict(hf.get("rope_parameters") or {})
     hf.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
