@@ -388,6 +388,9 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(out),
                            "--out", str(tmp_path / "back2.safetensors"))
     assert code == 0 and training_record(tmp_path / "back2.safetensors") == {"windows": 5}, err
+    for argv in (("--model", str(out)), ("--model", str(base), "--heads", str(out))):  # and info says so
+        code, info, err = run_cli(capsys, "info", *argv)
+        assert code == 0 and "TokenSwift layout" in info and "; on 5 windows" in info, err
     capsys.readouterr()
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
                            "--out", str(out))

@@ -175,7 +175,7 @@ def training_record(path: Path) -> dict | None:
     return training if isinstance(training, dict) else None
 
 
-def _training_summary(meta: dict) -> str:
+def training_summary(meta: dict) -> str:
     """What train-heads recorded about how these heads were made, in a few words ('' if nothing)."""
     training = meta.get("training")
     if not isinstance(training, dict):
@@ -212,7 +212,7 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
         return f"{exc}"
     other = _made_for_another(meta["base"], cfg, lambda: model_fingerprint(cfg, embed()))
     fit = f"made for another model ({other}): generate refuses them" if other else "made for this model"
-    training = _training_summary(meta)
+    training = training_summary(meta)
     return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
 
 

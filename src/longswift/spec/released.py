@@ -33,6 +33,7 @@ from .heads import (
     may_have_shipped_heads,
     model_fingerprint,
     shipped_heads,
+    training_summary,
 )
 
 # DraftHeads parameter <- the part of each released layer stacked into it.
@@ -113,6 +114,12 @@ def released_training_record(path: Path) -> dict | None:
     return training if isinstance(training, dict) else None
 
 
+def _trained(path: Path) -> str:
+    """'; trained ...' from the training record an export kept in a TokenSwift directory, else ''."""
+    made = training_summary({"training": released_training_record(path)}) if path.is_dir() else ""
+    return f"; {made}" if made else ""
+
+
 def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str, torch.Tensor], heads: DraftHeads,
                       tokenizer: Any, dtype: torch.dtype, training: dict | None = None) -> Path:
     """Write base model + heads as a released TokenSwift checkpoint: an HF directory (config.json with
@@ -161,7 +168,7 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
             if found:
                 n = len(found) // len(_PARTS)
                 where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
-                return f"{n} heads inside the model checkpoint {where}", True
+                return f"{n} heads inside the model checkpoint {where}{_trained(path)}", True
         if may_have_shipped_heads(cfg):
             embed = read_tensors(path, {EMBED}, torch.float32)[EMBED]
             shipped = shipped_heads(model_fingerprint(cfg, embed))
@@ -174,7 +181,8 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
         raise LongswiftError(f"heads '{path}' do not exist: pass a heads file, a directory holding one, or a "
                              "released checkpoint")
     if path.is_dir() and not (path / HEADS_FILE).is_file():
-        return f"from the released checkpoint {path} (TokenSwift layout; checked against the model when loaded)", True
+        return (f"from the released checkpoint {path} (TokenSwift layout; checked against the model when "
+                f"loaded){_trained(path)}"), True
     file = path / HEADS_FILE if path.is_dir() else path
     model_path = resolve_path(model)
     what = describe_heads_file(file, cfg, lambda: read_tensors(model_path, {EMBED}, torch.float32)[EMBED])
