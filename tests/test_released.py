@@ -317,7 +317,7 @@ def test_hub_id_under_hf_home(tmp_path, monkeypatch):
 def test_missing_hub_model_is_one_line(offline_cache, capsys):
     code, _, err = run_cli(capsys, "generate", "--model", "tiny-org/not-there", "--prompt-ids", "1", "--max-new-tokens", "1")
     assert_one_line_error(code, err, "not in the Hugging Face cache")
-    assert "huggingface-cli download tiny-org/not-there" in err
+    assert "hf download tiny-org/not-there" in err
     code, _, err = run_cli(capsys, "info", "--model", "tiny-org/not-there@v2")
     assert_one_line_error(code, err, "--revision v2")
 

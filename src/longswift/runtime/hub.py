@@ -68,7 +68,7 @@ def resolve_hub_id(source: str, what: str = "model") -> Path:
     repo_id, revision = parsed
     offline = hub_offline()
     cache = hub_cache_dir()
-    get = f"`huggingface-cli download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+    get = f"`hf download {repo_id}" + (f" --revision {revision}`" if revision else "`")
     folder = Path(source).expanduser().parent
     if folder.is_dir():
         local = f"'{source}' does not exist (folder '{folder}' has no '{Path(source).name}'), and as a Hugging Face id "
