@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import os
 import shlex
@@ -125,7 +126,7 @@ def test_the_summary_line_says_when_nothing_was_drafted():
                                    "1.00 tokens/step), prefill 38 tokens in 0.00 s, stop: length")
     drafted = GenerationStats("tokenswift", 38, new_tokens=300, steps=100, decode_seconds=10.0, accepted_tokens=200,
                               draft_positions=400)
-    assert "(30.0 tok/s, alpha 0.50, 3.00 tokens/step) on 2 processes," in summary_line(drafted, processes=2)
+    assert "(30.0 tok/s, alpha 0.50, 3.00 tokens/step) on 2 processes," in summary_line(replace(drafted, processes=2))
     ar = GenerationStats("ar", 38, new_tokens=300, steps=300, decode_seconds=10.0)
     assert summary_line(ar).startswith("ar: 300 tokens in 10.00 s (30.0 tok/s), prefill")
     one = GenerationStats("ar", 38, new_tokens=1, steps=1, decode_seconds=0.001)  # stopped as it began
@@ -265,7 +266,11 @@ def test_resuming_a_finished_run_says_it_is_complete_and_writes_its_outputs_agai
     code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--no-progress")
     assert code == 0, err
     assert "longswift: the run in 'c.json' is complete (4 of 4 tokens, stop: length): its outputs are written again" in err
-    assert json.loads((tmp_path / "o.json").read_text())["token_ids"] == first["token_ids"]
+    again = json.loads((tmp_path / "o.json").read_text())
+    assert again["token_ids"] == first["token_ids"]
+    # nothing was re-read: no resume counted, none claimed in the closing line
+    assert again["stats"]["resumes"] == first["stats"]["resumes"] == 0 and "re-read" not in err
+    assert again["stats"]["prefill_seconds"] == first["stats"]["prefill_seconds"]
 
 
 def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_path, capsys, monkeypatch):

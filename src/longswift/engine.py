@@ -25,7 +25,7 @@ from .runtime.parallel import TensorParallel, shard_config, shard_state
 from .spec.heads import HEADS_FILE, DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
 from .spec.released import heads_from_tensors, heads_location, load_released_heads
 from .spec.tokenswift import tokenswift_steps
-from .stats import GenerationResult, GenerationStats
+from .stats import GenerationResult, GenerationStats, finished
 from .stop_strings import StopStrings
 
 METHODS = ("ar", "tokenswift")
@@ -365,11 +365,14 @@ class Engine:
                                  "resume from an earlier copy")
         if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids):
             raise LongswiftError("the checkpoint's token ids do not fit this model's vocabulary")
-        stats.resumes += 1
-        return self._start(setup, stats, list(c.token_ids))
+        generated = list(c.token_ids)
+        if not (finished(generated, setup.generation, self.eos_ids) or (stats.finish_reason == "stop" and generated)):
+            stats.resumes += 1  # (a finished run's checkpoint gives its result again: nothing re-read, no resume)
+        return self._start(setup, stats, generated)
 
     def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int]) -> GenerationStream:
         check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens)
+        stats.processes = 1 if self.tp is None else self.tp.world
         if self.tp is not None:  # every rank runs the same generation (rank 0 draws: only its seed counts)
             heads = None if self.heads is None else (self.heads.gamma, self.heads_source)
             run = (r.method, r.prompt_ids, generated, replace(r.sampling, seed=None), r.generation, r.spec, heads)

@@ -33,6 +33,7 @@ class GenerationStats:
     graph_captures: int = 0  # CUDA graphs captured (one per step shape, cache bucket and node budget in use)
     graph_capture_seconds: float = 0.0  # their wall time, inside decode_seconds
     resumes: int = 0  # times this generation was continued from a checkpoint (each re-prefills the context)
+    processes: int = 1  # tensor parallel: the processes that ran it (a resumed run: its last part's)
 
     @property
     def tokens_per_second(self) -> float:

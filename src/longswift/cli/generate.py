@@ -410,9 +410,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             text_file.stage()
         if out.json:
             json_file = AtomicFile(out.json)
-            record = result.to_dict()
-            record["stats"]["processes"] = tp.world if tp is not None else 1  # (tensor parallel: torchrun's ranks)
-            json_file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
             json_file.stage()
         if interrupted:
             try:
@@ -439,7 +437,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
             raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
         raise
-    print(summary_line(result.stats, tp.world if tp is not None else 1), file=sys.stderr)
+    print(summary_line(result.stats), file=sys.stderr)
     if interrupted:
         if path is None:
             print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
@@ -470,13 +468,13 @@ def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
     return OSError(exc.errno, f"{exc.strerror}{where}{hint}")
 
 
-def summary_line(s: Any, processes: int = 1) -> str:
+def summary_line(s: Any) -> str:
     """The closing line of a run from its GenerationStats."""
     spec_info = ""
     if s.method == "tokenswift":  # no drafts at all: every step was plain, and alpha is undefined, not 0
         rate = f"alpha {s.alpha:.2f}" if s.draft_positions else "nothing drafted: every step plain"
         spec_info = f", {rate}, {s.tokens_per_step:.2f} tokens/step"
-    ranks = f" on {processes} processes" if processes > 1 else ""
+    ranks = f" on {s.processes} processes" if s.processes > 1 else ""
     graphs = f", {s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s" if s.graph_captures else ""
     # A resumed run's prefill time holds each resume's re-read of prompt + output, not the prompt's alone.
     rereads = f" (with the context re-read at {s.resumes} resume{'s' if s.resumes > 1 else ''})" if s.resumes else ""
