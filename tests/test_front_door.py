@@ -136,7 +136,12 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_is_intact(tmp_
     (["generate", "--prompt", "hi", "--max-new-tokens", "1e9"], "argument --max-new-tokens: expected a whole number, got '1e9'"),
     (["generate", "--prompt", "hi", "--max-new-tokens", "abc"], "argument --max-new-tokens: expected a whole number"),
     (["generate", "--prompt", "hi", "--temperature", "warm"], "argument --temperature: expected a number, got 'warm'"),
-    (["generate", "--prompt", "hi", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["generate", "--prompt", "hi", "--no-such-flag"],
+     "unrecognized arguments: --no-such-flag (see `longswift generate --help`)"),
+    # flags of the decoding loop only where a command decodes: elsewhere they would be accepted and do nothing
+    (["info", "--threads", "2"], "unrecognized arguments: --threads 2 (see `longswift info --help`)"),
+    (["export-heads", "--out", "x.safetensors", "--cuda-graphs", "on"], "unrecognized arguments: --cuda-graphs on"),
+    (["train-heads", "--out", "d", "--read-every", "4"], "unrecognized arguments: --read-every 4"),
     (["generate", "--prompt", "hi", "--method", "beam"], "argument --method: invalid choice: 'beam'"),
     (["generate", "--prompt", "a", "--prompt-ids", "1"], "not allowed with argument"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

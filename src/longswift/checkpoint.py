@@ -42,7 +42,7 @@ class Checkpoint:
     model_source: str  # the path it was loaded from, or "<embedded>" / "<ClassName>"
     model_fingerprint: str
     runtime: dict[str, Any]  # RuntimeConfig fields (dtype, device, rope scaling: they change the numbers)
-    heads_source: str | None  # "default", a path, "random", or None for AR
+    heads_source: str | None  # what set_heads was given ("auto", "default", a path or hub id, "random"); None for AR
     heads_fingerprint: str | None
     method: str
     sampling: dict[str, Any]

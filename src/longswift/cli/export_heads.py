@@ -13,7 +13,7 @@ import torch
 from ..atomic import check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError
-from .flags import add_config_flags, check_heads_flag, config_from_args, model_inputs
+from .flags import DECODING_ONLY, add_config_flags, check_heads_flag, config_from_args, model_inputs
 
 FORMATS = ("tokenswift", "longswift")
 
@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
                         "for an --out ending in .safetensors, else tokenswift)")
     p.add_argument("--out", type=Path, required=True,
                    help="a new (or empty) directory for --format tokenswift; a .safetensors file for longswift")
-    add_config_flags(p, RuntimeConfig)
+    add_config_flags(p, RuntimeConfig, skip=DECODING_ONLY)
 
 
 def cmd_export_heads(args: argparse.Namespace) -> int:

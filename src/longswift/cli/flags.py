@@ -50,13 +50,15 @@ def number(text: str) -> float:
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type,
-                     overrides: dict[str, tuple[Any, str]] | None = None) -> None:
+                     overrides: dict[str, tuple[Any, str]] | None = None, skip: tuple[str, ...] = ()) -> None:
     """One flag per dataclass field: `--field-name`, typed and documented from the field.
-    `overrides` gives a field another default and help text in this command: {name: (default, help)}."""
+    `overrides` gives a field another default and help text in this command: {name: (default, help)}.
+    `skip`: fields this command does not use, which get no flag (config_from_args gives them their default)
+    rather than one that would be accepted and do nothing."""
     group = parser.add_argument_group(TITLES.get(cls.__name__, cls.__name__))
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if "help" not in f.metadata:
+        if "help" not in f.metadata or f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
         kind = hints[f.name]
@@ -76,7 +78,14 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type,
 
 
 def config_from_args(cls: type, args: argparse.Namespace) -> Any:
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if "help" in f.metadata})
+    """The config the flags give (a field the command has no flag for keeps its default)."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if "help" in f.metadata and hasattr(args, f.name)})
+
+
+# RuntimeConfig fields that only the decoding loop reads (CUDA graphs, token blocks, logits precision):
+# commands that never decode (info, train-heads, export-heads) take no flags for them.
+DECODING_ONLY = ("cuda_graphs", "read_every", "graph_attention", "float32_logits")
 
 
 def check_heads_flag(heads: str, method: str | None) -> None:

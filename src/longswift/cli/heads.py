@@ -15,7 +15,7 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, seed_number
+from .flags import DECODING_ONLY, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, seed_number
 
 
 def add_parsers(sub: Any) -> None:
@@ -28,7 +28,7 @@ def add_parsers(sub: Any) -> None:
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     train.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_config_flags(train, TrainConfig)
-    add_config_flags(train, RuntimeConfig)
+    add_config_flags(train, RuntimeConfig, skip=DECODING_ONLY)
 
     ev = sub.add_parser("eval-heads", help="per-head accuracy on held-out text and TokenSwift alpha")
     ev.add_argument("--model", help=MODEL_HELP)

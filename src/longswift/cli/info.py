@@ -18,7 +18,8 @@ def add_parser(sub: Any) -> None:
     info.add_argument("--tokens", type=whole_number, default=None,
                       help="plan for this many tokens, prompt + new (default: the model's context)")
     add_config_flags(info, SpecConfig)
-    add_config_flags(info, RuntimeConfig)
+    # (float32 logits change the memory plan; CUDA graphs, token blocks and threads do not)
+    add_config_flags(info, RuntimeConfig, skip=("cuda_graphs", "read_every", "graph_attention", "threads"))
 
 
 def cmd_info(args: argparse.Namespace) -> int:
