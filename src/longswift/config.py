@@ -362,8 +362,9 @@ class SpecConfig:
     attention_sinks: int = field(default=16, metadata=_help("first positions always kept in the partial cache"))
     walk: str = field(default="auto", metadata=_help(
         "the lossless walk over the verified trie: rows (transform and draw each visited row in turn, "
-        "computing only those rows' logits, or a small trie's in one pass while steps average 1.5+ tokens) or batched (every row at once, one device-to-host read per "
-        "step); the same tokens either way; auto: rows on CPU, batched on GPU", choices=WALKS))
+        "computing only those rows' logits, or a small trie's in one pass while steps average 1.5+ tokens) "
+        "or batched (every row at once, one device-to-host read per step); the same tokens either way; "
+        "auto: rows on CPU, batched on GPU", choices=WALKS))
     adaptive: bool = field(default=True, metadata=_help(
         "per step, use whichever kind of step has been faster: full steps (draft pass + tree), narrow "
         "steps (the same draft, a narrow tree; only with a wide --tree or --ngram-topk), lookup steps "

@@ -15,7 +15,8 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import DECODING_ONLY, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, seed_number
+from .flags import (DECODING_ONLY, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs,
+                    seed_number)
 
 
 def add_parsers(sub: Any) -> None:
