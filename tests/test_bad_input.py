@@ -264,6 +264,28 @@ def test_a_full_disk_at_the_end_leaves_none_of_the_run_outputs(tmp_path, capsys,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "out.txt"]
 
 
+def test_cleanup_after_a_failure_does_not_hide_it(tmp_path, monkeypatch):
+    """A directory made read-only mid-run (a remount): removing the temporary and lock files fails too, and
+    those errors used to replace the one that stopped the run (and its resume hint) on the way out."""
+    from pathlib import Path
+
+    from longswift.atomic import OutputLock
+
+    f = AtomicFile(tmp_path / "out.txt")
+    f.write("text")
+    lock = OutputLock([("--output", tmp_path / "out.txt")])
+    lock.__enter__()
+
+    def refused(self, missing_ok=False):
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(self))
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    f.discard()  # best effort: no error of its own
+    lock.release()
+    monkeypatch.undo()
+    assert lock._held == []
+
+
 def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys, no_loading):
     """/proc says it is writable to root: the check creates a file to find out."""
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--output", "/proc/version")

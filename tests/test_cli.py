@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 import json
 import os
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -525,6 +525,105 @@ def test_a_closed_stdout_stops_quietly():
     finally:
         os.close(write_end)
     assert proc.returncode == 141 and proc.stderr == ""
+
+
+def start_long_run(tmp_path, *extra, stdout=subprocess.DEVNULL, **popen):
+    """A tiny model's AR run of 30,000 tokens (its ids on stdout) that saves `c.json` every 100; returned
+    once the first save is there."""
+    import time
+
+    from conftest import tiny_hf_model
+
+    if not (tmp_path / "m").exists():
+        tiny_hf_model("llama", seed=5, max_position_embeddings=40000).save_pretrained(tmp_path / "m")
+    cmd = [sys.executable, "-m", "longswift.cli", "generate", "--model", "m", "--prompt-ids", "3,4,5",
+           "--max-new-tokens", "30000", "--ignore-eos", "--heads", "none", "--seed", "1", "--no-progress",
+           "--checkpoint", "c.json", "--checkpoint-every", "100", *extra]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=stdout, stderr=subprocess.PIPE, text=True, **popen)
+    deadline = time.time() + 300
+    while not (tmp_path / "c.json").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    return proc
+
+
+def saved_tokens(path):
+    from longswift.checkpoint import read_checkpoint
+
+    return len(read_checkpoint(path).token_ids)
+
+
+def test_a_hangup_stops_and_saves_and_nohup_keeps_running(tmp_path):
+    """SIGHUP (the terminal closed, an SSH session lost) used to kill the run with nothing saved; under
+    nohup, which ignores it, the run goes on."""
+    import signal
+    import time
+
+    proc = start_long_run(tmp_path, "--json", "o.json")
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    done = json.loads((tmp_path / "o.json").read_text())
+    assert done["stats"]["finish_reason"] == "interrupted" and saved_tokens(tmp_path / "c.json") == len(done["token_ids"])
+    (tmp_path / "c.json").unlink()
+    proc = start_long_run(tmp_path, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1)
+    assert proc.poll() is None  # still running
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", None])
+def test_a_run_whose_output_closes_saves_its_state(tmp_path, signame):
+    """`longswift generate ... | tee f` and Ctrl-C: tee dies with the run's pipe, and the run used to exit 141
+    with nothing saved though it had said it was saving. Now it saves where an interrupted run saves (also
+    when the reader just stops, as `| head` does, if the run keeps a checkpoint) and says how to continue."""
+    import signal
+
+    proc = start_long_run(tmp_path, stdout=subprocess.PIPE)
+    periodic = saved_tokens(tmp_path / "c.json")
+    proc.stdout.close()  # the reader is gone: the next token's write fails
+    if signame:
+        proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == (128 + getattr(signal, signame) if signame else 141), err
+    assert "output closed at" in err and "state saved to 'c.json'. Continue with: longswift generate --resume c.json" in err
+    assert saved_tokens(tmp_path / "c.json") >= periodic
+
+
+def test_a_new_run_does_not_replace_an_unfinished_checkpoint_and_a_resume_saves_as_often(tmp_path):
+    """Re-running a stopped job's command replaced its saved state with a new start; a resume went back to
+    saving every 1024 tokens (--checkpoint-every was not kept)."""
+    import signal
+    import time
+
+    proc = start_long_run(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=300)
+    before = (tmp_path / "c.json").read_bytes()
+    start = saved_tokens(tmp_path / "c.json")
+    again = subprocess.run([sys.executable, "-m", "longswift.cli", "generate", "--model", "m", "--prompt-ids", "3,4,5",
+                            "--max-new-tokens", "30000", "--heads", "none", "--checkpoint", "c.json"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert_one_line_error(again.returncode, again.stderr, f"'c.json' (--checkpoint) holds an unfinished run ({start} of "
+                          "30000 tokens): continue it with `longswift generate --resume c.json`, or delete the file")
+    assert (tmp_path / "c.json").read_bytes() == before
+    proc = subprocess.Popen([sys.executable, "-m", "longswift.cli", "generate", "--resume", "c.json", "--no-progress"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while (tmp_path / "c.json").read_bytes() == before and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    first_save = saved_tokens(tmp_path / "c.json")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    # AR saves at exactly every 100 tokens from where it resumed (it went back to 1024 before)
+    assert (first_save - start) % 100 == 0 and 0 < first_save - start < 1024, (start, first_save)
+    from longswift.checkpoint import read_checkpoint
+
+    assert read_checkpoint(tmp_path / "c.json").outputs["checkpoint_every"] == 100
 
 
 def sigterm_then_resume(tmp_path, method_args, signum):

@@ -226,11 +226,17 @@ class AtomicFile:
         os.replace(self.tmp, self.path)
 
     def discard(self) -> None:
+        """Drop the temporary file, best effort: it runs while another error is on its way out, which an
+        error of its own (a directory made read-only mid-run) would hide; a '.partial' left behind is
+        removed by the next run that writes the file."""
         try:
             self.file.close()  # flushes what is buffered: on a full disk that raises, and is moot here
         except OSError:
             pass
-        self.tmp.unlink(missing_ok=True)
+        try:
+            self.tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
@@ -329,6 +335,8 @@ class OutputLock:
         for fd, lock in reversed(self._held):
             try:
                 lock.unlink(missing_ok=True)  # still holding it: nobody else is between open and flock on it
+            except OSError:  # (a directory made read-only meanwhile: a lock file left is taken over by the next run)
+                pass
             finally:
                 os.close(fd)
         self._held.clear()

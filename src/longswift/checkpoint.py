@@ -52,7 +52,8 @@ class Checkpoint:
     token_ids: list[int]  # generated so far (prompt excluded)
     rng_state: str | None  # base64 of the torch.Generator state; None for greedy
     stats: dict[str, Any]
-    outputs: dict[str, str | None] = field(default_factory=dict)  # CLI: where --output / --json went
+    # CLI: where --output / --json went, and --checkpoint-every (so that a resume saves as often)
+    outputs: dict[str, str | int | None] = field(default_factory=dict)
     version: str = field(default_factory=_version)
 
     def to_json(self) -> str:
@@ -132,8 +133,11 @@ def _wrong_field(c: Checkpoint) -> str | None:
     for name, ok, expected in checks:
         if not ok:
             return f"{name} must be {expected}"
-    if not all(optional_str(v) for v in c.outputs.values()):
+    if not all(optional_str(v) for k, v in c.outputs.items() if k != "checkpoint_every"):
         return "outputs must map names to paths"
+    every = c.outputs.get("checkpoint_every")
+    if every is not None and not (_is_id(every) and every > 0):
+        return "outputs.checkpoint_every must be a positive number of tokens"
     return None
 
 

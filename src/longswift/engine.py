@@ -102,7 +102,7 @@ class GenerationStream:
         stats = self.stats if finish_reason is None else replace(self.stats, finish_reason=finish_reason)
         return GenerationResult(list(self.token_ids), text, stats)
 
-    def checkpoint(self, outputs: dict[str, str | None] | None = None) -> Checkpoint:
+    def checkpoint(self, outputs: dict[str, str | int | None] | None = None) -> Checkpoint:
         """The run's state now; call between steps (not from another thread). After a step raised
         (a KeyboardInterrupt inside a step), the state before that step: resuming it gives the
         uninterrupted run's tokens."""

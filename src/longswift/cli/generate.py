@@ -1,9 +1,10 @@
 """`longswift generate`: stream a generation to stdout or files, with checkpoints, resume, and a
-clean stop on SIGINT/SIGTERM (finish the step, write everything, say how to resume)."""
+clean stop on SIGINT/SIGTERM/SIGHUP (finish the step, write everything, say how to resume)."""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import shlex
 import signal
@@ -16,7 +17,7 @@ from typing import Any
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError, LongswiftError
 from .flags import add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
-from .stop import StopRequest
+from .stop import StopRequest, say
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
                 "--heads", "--device", "--debug")
@@ -126,9 +127,11 @@ class Outputs:
                 lock.release()
         raise LongswiftError(f"no free checkpoint name next to '{first}': give --checkpoint FILE")
 
-    def saved(self) -> dict[str, str | None]:
-        """What a checkpoint records, so that --resume writes the same files from any directory."""
-        return {"output": str(self.output) if self.output else None, "json": str(self.json) if self.json else None}
+    def saved(self) -> dict[str, str | int | None]:
+        """What a checkpoint records, so that --resume writes the same files from any directory, and saves
+        as often."""
+        return {"output": str(self.output) if self.output else None, "json": str(self.json) if self.json else None,
+                "checkpoint_every": self.every}
 
     def locked(self) -> Any:
         from ..atomic import OutputLock
@@ -188,6 +191,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_heads_flag(heads, args.method)
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
                                      *model_inputs(args.model)])
+    _keep_unfinished(outputs)
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
     cfg = _plan_before_loading(args.model, runtime, generation, None, spec if tokenswift else None)
@@ -254,9 +258,11 @@ def _resume(args: argparse.Namespace) -> int:
     # Each output not given again goes where the first run wrote it. (Older checkpoints hold paths
     # relative to where they were written: read them from the checkpoint's folder.)
     here = args.resume.expanduser().absolute().parent
-    saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items()}
+    saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items() if k in ("output", "json")}
     args.output = saved.get("output") if args.output is None else args.output
     args.json = saved.get("json") if args.json is None else args.json
+    if "--checkpoint-every" not in given and ckpt.outputs.get("checkpoint_every"):  # saves as often as the first run
+        args.checkpoint_every = ckpt.outputs["checkpoint_every"]
     if args.checkpoint is None:
         args.checkpoint = args.resume
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
@@ -293,6 +299,27 @@ def _resume(args: argparse.Namespace) -> int:
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
         return _run(engine, stream, outputs, stop, args.no_progress,
                     last_saved=(args.resume.expanduser().absolute(), len(ckpt.token_ids)))
+
+
+def _keep_unfinished(out: Outputs) -> None:
+    """Refuse a new run whose checkpoint file holds a run not yet finished: re-running a job's command after
+    it was stopped (a batch script after preemption) would replace hours of saved state with a new start."""
+    from ..checkpoint import read_checkpoint
+
+    path = out.checkpoint or (out.fallback_checkpoint() if out.output or out.json else None)
+    if path is None or not path.is_file():
+        return
+    try:
+        c = read_checkpoint(path)
+    except LongswiftError:  # not a checkpoint we can resume (damaged, another version): nothing to keep
+        return
+    total = c.generation.get("max_new_tokens")
+    if c.stats.get("finish_reason") in ("eos", "stop") or not isinstance(total, int) or len(c.token_ids) >= total:
+        return
+    flag = "--checkpoint" if out.checkpoint else "the checkpoint next to --output/--json"
+    raise LongswiftError(f"'{_shown(path)}' ({flag}) holds an unfinished run ({len(c.token_ids)} of {total} tokens): "
+                         f"continue it with `longswift generate --resume {shlex.quote(_shown(path))}`, or delete "
+                         "the file to start over")
 
 
 def _given(args: argparse.Namespace) -> list[str]:
@@ -429,6 +456,15 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         for f in (text_file, json_file):
             if f:
                 f.discard()
+        if _output_lost(exc) and (stop.signum is not None or out.checkpoint):
+            # The terminal or pipe the run wrote to is gone (Ctrl-C also stopped `| tee`; a hangup): the run
+            # itself is fine, between two steps, and its state is saved as an interrupted run's would be.
+            path = _save_quietly(out, stream, saved)
+            if path is not None:
+                say(f"longswift: output closed at {len(stream.token_ids)} of {stream.max_new_tokens} tokens; state "
+                    f"saved to '{_shown(path)}'. Continue with: longswift generate --resume {shlex.quote(_shown(path))}")
+            if stop.signum is not None:
+                return stop.exit_code
         if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
             raise _with_resume_hint(exc, *last_saved) from exc
         if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
@@ -437,18 +473,32 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
             raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
         raise
-    print(summary_line(result.stats), file=sys.stderr)
+    say(summary_line(result.stats))  # (best effort from here: after a hangup nobody reads stderr)
     if interrupted:
         if path is None:
-            print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
-                  f"({unsaved}): give --checkpoint FILE in a writable directory to make a run resumable",
-                  file=sys.stderr)
+            say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
+                f"({unsaved}): give --checkpoint FILE in a writable directory to make a run resumable")
             return stop.exit_code
         shown = _shown(path)
-        print(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{shown}'. "
-              f"Continue with: longswift generate --resume {shlex.quote(shown)}", file=sys.stderr)
+        say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{shown}'. "
+            f"Continue with: longswift generate --resume {shlex.quote(shown)}")
         return stop.exit_code
     return 0
+
+
+def _output_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the run's terminal or pipe is gone: its reader stopped (EPIPE), or the terminal
+    hung up (EIO)."""
+    return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EIO)
+
+
+def _save_quietly(out: Outputs, stream: Any, saved: dict[str, Any]) -> Path | None:
+    """Save a run whose output was lost as an interrupted one, where an interrupted run saves; None if it
+    cannot (a failed save must not hide why the run stopped)."""
+    try:
+        return out.save_interrupted(stream.checkpoint(saved))
+    except (OSError, LongswiftError):
+        return None
 
 
 def _resume_hint(path: Path, tokens: int) -> str:

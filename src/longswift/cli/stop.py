@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM as a request to stop after the current step (generate, train-heads)."""
+"""Ctrl-C, SIGTERM and SIGHUP as a request to stop after the current step (generate, train-heads)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,18 @@ from types import FrameType
 from typing import Any
 
 
+def _signals() -> list[int]:
+    """SIGINT, SIGTERM, and SIGHUP (the terminal closed, an SSH session lost) unless it is ignored: a run
+    started under `nohup` goes on as nohup promises."""
+    found = [signal.SIGINT, signal.SIGTERM]
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is not None and signal.getsignal(hup) is not signal.SIG_IGN:
+        found.append(hup)
+    return found
+
+
 class StopRequest:
-    """Turns the first SIGINT/SIGTERM into a request to stop after the current step; a second
+    """Turns the first SIGINT/SIGTERM/SIGHUP into a request to stop after the current step; a second
     one interrupts at once (KeyboardInterrupt). Handlers are restored on exit."""
 
     def __init__(self) -> None:
@@ -30,12 +40,12 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signum = signum
         if os.environ.get("RANK", "0").strip() in ("", "0"):  # under torchrun every rank gets it: rank 0 says so
-            print(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
-                  "(send it again to stop at once)", file=sys.stderr, flush=True)
+            say(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
+                "(send it again to stop at once)")
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
+            for s in _signals():
                 self._saved[s] = signal.signal(s, self._handle)
         return self
 
@@ -58,3 +68,12 @@ class StopRequest:
     @property
     def exit_code(self) -> int:
         return 128 + (self.signum or 0)
+
+
+def say(line: str) -> None:
+    """A line on stderr, best effort: after a hangup the terminal is gone, and a failed message must not
+    stop the run from saving its state."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
