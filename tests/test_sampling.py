@@ -161,6 +161,46 @@ def test_eta(eta):
     assert torch.equal(kept(ours), expect)
 
 
+@pytest.mark.parametrize("banned", [(), (3, 17, 40)])
+def test_eta_after_another_filter_or_a_ban_still_filters(banned):
+    """Earlier filters and bans leave -inf logits, whose 0 * -inf terms would make the entropy NaN and turn
+    eta off (the chain above uses an eta too small to drop anything, so it could not tell)."""
+    x = logits_batch(7)
+    cfg = SamplingConfig(top_k=40, eta=0.1, min_p=0, repetition_penalty=1, banned_ids=banned)
+    ours = transform(x, torch.empty(6, 0, dtype=torch.long), cfg)
+    hf = x.clone()
+    if banned:
+        hf[:, list(banned)] = -math.inf
+    hf = EtaLogitsWarper(0.1)(None, TopKLogitsWarper(40)(None, hf))
+    assert torch.equal(kept(ours), kept(hf))
+    assert (kept(ours).sum(-1) < 40).all()  # eta dropped tokens top-k kept
+
+
+def test_top_p_keeps_the_smallest_set_that_reaches_p_exactly():
+    """Four equal tokens and p = 0.5: the first two reach it; the third's mass before it is 0.5, so it goes."""
+    x = torch.zeros(1, 4, dtype=torch.float64)
+    ours = transform(x, torch.empty(1, 0, dtype=torch.long), SamplingConfig(top_p=0.5, min_p=0, repetition_penalty=1))
+    assert kept(ours).tolist() == [[True, True, False, False]]  # (ties go in vocabulary order)
+    assert kept(TopPLogitsWarper(0.5)(None, x.clone())).sum() == 2  # transformers keeps as many (others of the tie)
+
+
+def test_a_draw_never_returns_a_token_of_zero_probability_at_the_uniforms_ends():
+    """u = 0 must not land on a leading -inf token (searchsorted's right side), and u just below 1 must not
+    run past a cdf whose total rounds below 1 onto a trailing -inf token (the target scales by the total)."""
+    cfg = SamplingConfig(seed=0)
+    row = torch.tensor([[-math.inf, 0.0, 1.0]])
+    assert sampling.draw_rows(row, cfg, torch.zeros(1, dtype=torch.float64)).item() == 1
+    for seed in range(1000):  # a row whose cdf total rounds below 1, its last token banned
+        row = torch.randn(1, 10, generator=torch.Generator().manual_seed(seed))
+        row[0, -1] = -math.inf
+        if torch.cumsum(torch.softmax(row.double(), -1), -1)[0, -1].item() < 1.0:
+            break
+    else:
+        pytest.fail("no row with a cdf total below 1")
+    top = torch.tensor([1 - 2**-53], dtype=torch.float64)  # the largest value torch.rand returns in float64
+    assert sampling.draw_rows(row, cfg, top).item() == 8
+
+
 def test_full_chain_matches_transformers_processors_in_order():
     x = logits_batch(99)
     g = torch.Generator().manual_seed(3)
