@@ -81,6 +81,40 @@ def test_resumed_generation_equals_uninterrupted(base, run, sampling, tmp_path):
         assert stats.steps - stats.plain_steps - stats.lookup_steps >= 3
 
 
+@pytest.mark.parametrize("run", ["ar", "tokenswift-paper"])
+def test_an_interrupt_inside_a_sampled_step_resumes_to_the_uninterrupted_output(base, run, monkeypatch):
+    """Ctrl-C inside a step, after the step drew its uniforms (AR: at the drawn token's forward; TokenSwift:
+    between the walk and the commit): the checkpoint is the state before that step, the RNG state of that
+    boundary included, so the resumed run draws what the uninterrupted one drew."""
+    import longswift.runtime.blocks as blocks
+    import longswift.spec.tokenswift as tokenswift
+
+    method, spec = RUNS[run]
+    sampling = SAMPLINGS["sampled"]
+    full = base.generate(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec)
+    module, name = (blocks, "decode") if method == "ar" else (tokenswift, "commit")
+    real, calls = getattr(module, name), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 12:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, interrupted)
+    stream = base.stream(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec)
+    with pytest.raises(KeyboardInterrupt):
+        for _ in stream:
+            pass
+    ckpt = stream.checkpoint()
+    monkeypatch.undo()
+    assert 0 < len(ckpt.token_ids) < GEN.max_new_tokens
+    resumed = engine().resume(ckpt)
+    for _ in resumed:
+        pass
+    assert resumed.result.token_ids == full.token_ids
+
+
 def test_resume_of_a_finished_generation_yields_nothing_more(base):
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
     for _ in stream:
