@@ -128,6 +128,8 @@ def test_compact_keeps_exactly_the_chosen_entries():
     with pytest.raises(ValueError):
         cache.compact(10, [12, 11])  # not increasing
     with pytest.raises(ValueError):
+        cache.compact(10, [11, 11])  # a slot twice
+    with pytest.raises(ValueError):
         cache.compact(10, [15])  # beyond length
 
 

@@ -93,6 +93,15 @@ def test_pruning_keeps_ancestors_even_where_a_child_outscores_its_parent():
     assert all(p < i for i, p in enumerate(pruned.parents) if i)
 
 
+def test_pruning_breaks_score_ties_toward_shallower_nodes():
+    """Equal scores: the documented order is shallower first, then earlier (the random trie above rarely ties)."""
+    trie = Trie.with_root(0)
+    trie.add_path([1, 2], NGRAM, [0.0, 0.0])  # a (depth 1) -> b (depth 2)
+    trie.add_path([3], NGRAM, [0.0])  # c (depth 1), added after b
+    pruned = trie.pruned(3)
+    assert [tuple(pruned.tokens[j] for j in pruned.path(i)) for i in range(1, len(pruned))] == [(1,), (3,)]
+
+
 def test_ngram_path_scores_are_log_shares_of_prefixes():
     table = NGramTable(4)
     for g in [(1, 2, 3, 4)] * 3 + [(1, 2, 3, 5), (1, 2, 6, 7), (1, 8, 8, 8), (1, 9, 9, 9)]:
