@@ -269,6 +269,129 @@ def test_draft_cache_modes_select_as_specified(mode):
             assert s.partial.length == 24 and not torch.equal(s.partial.positions, first)
 
 
+def wiring_state(spec: SpecConfig, prompt: list[int], sampling: SamplingConfig | None = None,
+                 heads_seed: int = 61) -> TokenSwiftState:
+    """A TokenSwift state over a tiny float64 model with its context prefilled (history[n-1] is the root)."""
+    engine = longswift.load(tiny_hf_model("llama", seed=heads_seed), dtype="float64", heads="random")
+    sampling = sampling or SamplingConfig(temperature=0, repetition_penalty=1.0)
+    s = TokenSwiftState(engine.model, engine.heads, prompt, [], sampling, GenerationConfig(max_new_tokens=40,
+                        ignore_eos=True), spec.for_device("cpu"), GenerationStats("tokenswift", len(prompt)),
+                        frozenset(), None)
+    _, s.prev_hidden = s.model.prefill(s.history[: s.n - 1], s.full, 16)
+    return s
+
+
+def test_drafts_are_transformed_with_the_roots_penalty_window(monkeypatch):
+    """The draft's candidates are the target's top tokens after the same transform, penalty included (these
+    wiring tests guard speed, not output: every trie's tokens are verified)."""
+    import longswift.spec.tokenswift as ts
+
+    sampling = SamplingConfig(temperature=0, repetition_penalty=5.0, penalty_window=8)
+    prompt = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.inference_mode():
+        s = wiring_state(SpecConfig(tree="2,2", ngram_topk=0, adaptive=False), prompt, sampling)
+        seen = []
+        real = ts.transform
+        monkeypatch.setattr(ts, "transform", lambda x, w, cfg: seen.append((w, cfg)) or real(x, w, cfg))
+        draft(s)
+    (window, cfg), = seen
+    assert cfg == sampling and torch.equal(window, s.window().expand(window.shape[0], -1))
+    assert window.shape[1] == 8
+
+
+@pytest.mark.parametrize("penalty,excluded", [(1.2, 7), (1.0, 0)])
+def test_the_ngram_table_leaves_out_the_penalty_window(penalty, excluded):
+    prompt = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(4)).tolist()
+    sampling = SamplingConfig(temperature=0, repetition_penalty=penalty, penalty_window=7)
+    with torch.inference_mode():
+        s = wiring_state(SpecConfig(tree="1,1", ngram_topk=2), prompt, sampling)
+    assert s.ngrams.exclude_recent == excluded
+    assert s.ngrams.next_start == len(prompt) - excluded - 3  # every 4-gram that ends before the window
+
+
+def test_a_lookup_step_proposes_the_roots_top_k_continuations():
+    from longswift.spec.tokenswift import lookup_tree
+
+    prompt = [7, 1, 1, 1, 9, 7, 2, 2, 2, 9, 7, 3, 3, 3, 9, 7, 4, 4, 4, 9, 7]  # the root 7: four continuations
+    with torch.inference_mode():
+        s = wiring_state(SpecConfig(tree="1,1", ngram_topk=3, max_nodes=0), prompt)
+        trie = lookup_tree(s)
+    assert sorted(trie.tokens[c] for c in trie.children[0].values()) == [1, 2, 3]
+    assert len(trie) == 1 + 3 * 3
+
+
+def test_ngram_paths_score_from_the_heads_candidate_they_follow():
+    """Where the trie is pruned, an n-gram path after depth-1 candidate i scores that candidate's log-probability
+    plus its log share, so that paths after an unlikely candidate are cut first."""
+    from longswift.spec.tokenswift import Draft, build_tree
+
+    prompt = [5, 1, 1, 1, 5, 1, 1, 1, 5, 2, 2, 2, 8, 3, 3, 3, 7]
+    with torch.inference_mode():
+        s = wiring_state(SpecConfig(tree="2", ngram_topk=2, max_nodes=64), prompt)
+    s.pruning = True  # (this trie is within the budget: pruned() keeps it whole, scores as computed)
+    trie = build_tree(s, Draft([[5, 8]], [[-0.5, -2.0]]))
+    for first, base in ((5, -0.5), (8, -2.0)):
+        node = trie.children[0][first]
+        conts = s.ngrams.table.top(first, 2)
+        expect = path_scores(conts, s.ngrams.table.total_of(first), base)
+        for cont, scores in zip((c for c, _ in conts), expect):
+            child = node
+            for t, score in zip(cont, scores):
+                child = trie.children[child][t]
+                assert trie.scores[child] == pytest.approx(score)
+    assert trie.scores[trie.children[trie.children[0][5]][1]] == pytest.approx(-0.5 + math.log(2 / 3))
+
+
+def test_a_plain_block_leaves_the_fused_heads_state_where_single_steps_do():
+    from longswift.spec.tokenswift import plain_block
+
+    prompt = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(6)).tolist()
+    spec = SpecConfig(tree="1,1,1", ngram_topk=0, draft_mode="fused")
+    with torch.inference_mode():
+        block, single = wiring_state(spec, prompt), wiring_state(spec, prompt)
+        tokens = plain_block(block, 3)
+        singles = [t for _ in range(3) for t in plain_block(single, 1)]
+    assert tokens == singles and block.n == single.n
+    assert torch.equal(block.prev_hidden, single.prev_hidden)
+
+
+def test_the_partial_caches_window_holds_the_full_caches_entries_since_its_selection(monkeypatch):
+    """Plain steps leave the window behind and the next drafting step's catch_up brings it up to date: it
+    then holds the full cache's slots from the selection on, each once, none skipped (drafts, not outputs,
+    depend on it)."""
+    from longswift.spec import schedule
+    from longswift.spec.tokenswift import tokenswift_steps
+
+    kinds = itertools.cycle([schedule.FULL, schedule.PLAIN, schedule.PLAIN, schedule.FULL, schedule.PLAIN])
+    monkeypatch.setattr(schedule.StepSchedule, "choose", lambda self: self._run(next(kinds)))
+    states, selections = [], []
+    init, select = TokenSwiftState.__init__, PartialKVCache.select
+    monkeypatch.setattr(TokenSwiftState, "__init__", lambda self, *a, **k: states.append(self) or init(self, *a, **k))
+    monkeypatch.setattr(PartialKVCache, "select",
+                        lambda self, full, queries: selections.append(full.length) or select(self, full, queries))
+    engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64", heads="random")
+    spec = SpecConfig(tree="1,1", ngram_topk=0, draft_kv_budget=30, draft_window=8, attention_sinks=4).for_device("cpu")
+    prompt = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    stats = GenerationStats("tokenswift", len(prompt))
+    checked = 0
+    with torch.inference_mode():
+        steps = tokenswift_steps(engine.model, engine.heads, prompt, SamplingConfig(temperature=0, repetition_penalty=1.0),
+                                 GenerationConfig(max_new_tokens=60, ignore_eos=True), spec, stats, frozenset(), None)
+        plain = 0
+        for _ in steps:
+            s = states[0]
+            drafted, plain = stats.plain_steps == plain, stats.plain_steps
+            if not (drafted and s.partial.selected):
+                continue
+            start, part = selections[-1], s.partial
+            filled = part.length - part.window_start
+            assert s.partial_from == s.full.length
+            assert filled == min(part.budget - part.window_start, s.full.length - start)
+            assert torch.equal(part.k[:, :, part.window_start : part.length], s.full.k[:, :, start : start + filled])
+            checked += 1
+    assert checked >= 3 and len(selections) >= 2
+
+
 # ---- heads -----------------------------------------------------------------------------------
 
 def test_heads_save_load_round_trip_and_identity(tmp_path):

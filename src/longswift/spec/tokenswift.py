@@ -194,7 +194,7 @@ def draft(s: TokenSwiftState) -> Draft:
     else:
         cache: FullKVCache = s.full
         queries: list[torch.Tensor] | None = None
-        # Draft on the full cache while the context fits the budget; past it, on the partial cache.
+        # Draft on the full cache while the context is below the budget; from the budget on, on the partial cache.
         if s.partial is not None and s.full.length >= s.spec.draft_kv_budget:
             if not s.partial.selected or (s.partial.window_full and s.spec.draft_cache == "dynamic"):
                 queries = []  # draft on the full cache once, then select with the root's queries
