@@ -88,9 +88,38 @@ def test_a_checkpoint_of_a_device_this_machine_lacks_resumes_with_device(tmp_pat
     code, _, err = run_cli(capsys, "generate", "--resume", str(path), "--no-progress")
     assert_one_line_error(code, err, f"checkpoint '{path}' ran on another device: --device cuda requested but no "
                                      "CUDA device is available; use --device cpu")
+    code, _, err = run_cli(capsys, "generate", "--resume", str(path), "--no-progress", "--device", "cuda")
+    assert_one_line_error(code, err, "--device cuda requested but no CUDA device")  # the flag given now, not the run's
+    assert "ran on another device" not in err
     code, out, err = run_cli(capsys, "generate", "--resume", str(path), "--no-progress", "--device", "cpu")
     assert code == 0 and len(out.split()) == 6, err
     assert read_checkpoint(path).runtime["device"] == "cpu"  # the run goes on where it now is
+
+
+def test_a_resume_after_its_job_directory_moved_says_which_output_to_give(tmp_path, capsys, monkeypatch):
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    (tmp_path / "Y").mkdir()
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5", "--heads",
+                           "none", "--max-new-tokens", "6", "--greedy", "--ignore-eos", "--no-progress",
+                           "--output", str(tmp_path / "Y/t.txt"), "--json", str(tmp_path / "Y/t.json"),
+                           "--checkpoint", str(tmp_path / "Y/t.ckpt"))
+    assert code == 0, err
+    (tmp_path / "Y").rename(tmp_path / "Z")
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--no-progress")
+    assert_one_line_error(code, err, f"the checkpoint writes --output to '{tmp_path / 'Y/t.txt'}', whose directory no "
+                                     "longer exists: give --output FILE with --resume to write it elsewhere")
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--no-progress",
+                           "--output", str(tmp_path / "Z/t.txt"), "--json", str(tmp_path / "Z/t.json"))
+    assert code == 0, err
+    # a checkpoint in a directory that cannot be written (root writes anywhere: the check is faked for it)
+    import os
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(tmp_path / "Z") else real(p, mode))
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--no-progress",
+                           "--output", str(tmp_path / "t.txt"), "--json", str(tmp_path / "t.json"))
+    assert_one_line_error(code, err, "its directory is not writable; give --checkpoint FILE with --resume")
 
 
 @pytest.mark.parametrize("text", ["yarn:1e308", "linear:inf", "dynamic:nan", "yarn:1"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import os
 import shlex
 import signal
 import sys
@@ -263,8 +264,15 @@ def _resume(args: argparse.Namespace) -> int:
     args.json = saved.get("json") if args.json is None else args.json
     if "--checkpoint-every" not in given and ckpt.outputs.get("checkpoint_every"):  # saves as often as the first run
         args.checkpoint_every = ckpt.outputs["checkpoint_every"]
+    for flag, path in (("--output", args.output), ("--json", args.json)):  # (a job directory moved since)
+        if path is not None and flag not in given and not path.parent.is_dir():
+            raise LongswiftError(f"the checkpoint writes {flag} to '{path}', whose directory no longer exists: "
+                                 f"give {flag} FILE with --resume to write it elsewhere")
     if args.checkpoint is None:
         args.checkpoint = args.resume
+        if not os.access(args.resume.expanduser().absolute().parent, os.W_OK):
+            raise LongswiftError(f"cannot update the checkpoint '{args.resume}' in place: its directory is not "
+                                 "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     outputs = _outputs(args, inputs=model_inputs(model))
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
@@ -272,6 +280,8 @@ def _resume(args: argparse.Namespace) -> int:
         runtime = RuntimeConfig(**{**ckpt.runtime, **moved})
         gen = GenerationConfig(**ckpt.generation)
     except ConfigError as exc:
+        if exc.cli_message.startswith("--device") and moved:  # the device asked for now is not on this machine
+            raise LongswiftError(exc.cli_message) from None
         if exc.cli_message.startswith("--device"):  # a device this machine does not have: not damage
             raise LongswiftError(f"checkpoint '{args.resume}' ran on another device: {exc.cli_message}") from None
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
