@@ -93,6 +93,28 @@ def test_stream_yields_tokens_and_result_has_stats():
     assert d["stats"]["alpha"] is None and d["stats"]["tokens_per_step"] == 1  # AR drafts nothing: no rate, not 0
 
 
+@pytest.mark.parametrize("method", ["ar", "tokenswift"])
+def test_on_prefill_follows_the_reading_of_the_context_and_of_a_resumes_context(method):
+    engine = longswift.load(tiny_hf_model("llama", seed=3), dtype="float32", heads="random")
+    gen = GenerationConfig(max_new_tokens=12, ignore_eos=True, prefill_chunk=16)
+    prompt = list(range(3, 43))  # 40 tokens: chunks of 16, 16 and 8
+    stream = engine.stream(prompt, generation=gen, sampling=SamplingConfig(temperature=0), method=method)
+    calls = []
+    stream.on_prefill = lambda read, total: calls.append((read, total))
+    assert stream.on_prefill is not None
+    for _ in stream:
+        if len(stream.token_ids) >= 5:
+            break
+    assert calls == [(16, 40), (32, 40), (40, 40)]
+    resumed = engine.resume(stream.checkpoint())
+    again = []
+    resumed.on_prefill = lambda read, total: again.append((read, total))
+    for _ in resumed:
+        pass
+    context = 40 + len(stream.token_ids) - (method == "tokenswift")  # (TokenSwift's last token is the root)
+    assert again[-1] == (context, context) and len(again) >= 3 and again == sorted(again)
+
+
 def test_bad_requests_are_refused():
     engine = longswift.load(tiny_hf_model(seed=16), dtype="float32")
     with pytest.raises(LongswiftError, match=r"= 260 exceeds this model's context of 256 tokens.*--rope-scaling yarn:2"):

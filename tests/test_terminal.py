@@ -68,3 +68,29 @@ def test_streamed_text_is_readable_in_a_terminal(tmp_path):
     status = [line for line in lines if "tok/s" in line]
     assert len(status) == 1 and status[0].startswith(("ar: 64 tokens", "tokenswift: 64 tokens")), screen
     assert all(len(line) <= COLS for line in lines)
+
+
+def test_the_status_says_the_context_is_being_read_until_the_first_token(capsys):
+    """A resume's re-read of a long context takes minutes on a CPU: the status line says so instead of
+    sitting at 0 tokens; the first token's status replaces it."""
+    from types import SimpleNamespace
+
+    from longswift.cli.display import PlainDisplay, TerminalDisplay
+
+    term = TerminalDisplay(total=100, initial=0)
+    term.prefill(12_288, 50_000)
+    assert term.progress.tasks[0].fields["spec"] == "reading the context: 12,288/50,000 tokens"
+    term.prefill(50_000, 50_000)
+    assert term.progress.tasks[0].fields["spec"] == ""
+    term.advance(1, SimpleNamespace(method="ar", steps=1))
+    import io
+
+    from tqdm import tqdm
+
+    plain = PlainDisplay(lambda text: None, total=100, initial=0, progress=True)
+    plain.bar = tqdm(total=100, file=io.StringIO(), disable=False)  # as on a terminal (stderr is captured here)
+    with plain:
+        plain.prefill(16, 40)
+        assert plain.bar.postfix == "reading the context: 16/40 tokens"
+        plain.prefill(40, 40)
+        assert not plain.bar.postfix

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -45,13 +45,29 @@ class RunSetup:
     heads_source: str | None = None
 
 
+class PrefillRelay:
+    """What the steps call as their prefill reads the context: the stream's `on_prefill`, set by the caller
+    after the steps were made (they run at the first iteration)."""
+
+    def __init__(self) -> None:
+        self.fn: Callable[[int, int], None] | None = None
+
+    def __call__(self, read: int, total: int) -> None:
+        if self.fn is not None:
+            self.fn(read, total)
+
+
 class GenerationStream:
     """Iterate to get the token ids of each step; `result` is set once iteration ends.
-    Between steps (in the loop body), `checkpoint()` snapshots the run so it can be resumed."""
+    Between steps (in the loop body), `checkpoint()` snapshots the run so it can be resumed.
+    `on_prefill`: set it to a function of (tokens read, tokens to read) to follow the reading of the
+    context, which the first iteration does (the prompt; on a resume, the prompt and the output so far)."""
 
     def __init__(self, engine: Engine, setup: RunSetup, steps: Iterator[list[int]], stats: GenerationStats,
-                 previous: list[int] | None = None, stop: StopStrings | None = None) -> None:
+                 previous: list[int] | None = None, stop: StopStrings | None = None,
+                 relay: PrefillRelay | None = None) -> None:
         self._engine = engine
+        self._relay = relay or PrefillRelay()
         self._setup = setup
         self._steps = steps
         self._stop = stop
@@ -61,6 +77,14 @@ class GenerationStream:
         # Set when a step raised (a KeyboardInterrupt inside a forward): the RNG state and stats of
         # the step boundary before it, which checkpoint() then uses, since the live ones are mid-step.
         self._interrupted: tuple[torch.Tensor | None, GenerationStats] | None = None
+
+    @property
+    def on_prefill(self) -> Callable[[int, int], None] | None:
+        return self._relay.fn
+
+    @on_prefill.setter
+    def on_prefill(self, fn: Callable[[int, int], None] | None) -> None:
+        self._relay.fn = fn
 
     @property
     def max_new_tokens(self) -> int:
@@ -386,11 +410,13 @@ class Engine:
             stop = StopStrings(self.tokenizer, r.generation.stop, generated)
         if stats.finish_reason == "stop" and generated:  # a run a stop string ended: resuming it goes no further
             return GenerationStream(self, r, iter(()), stats, generated)
+        relay = PrefillRelay()
         if r.method == "ar":
             steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
                              generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
                              read_every=self.runtime.token_block(self.model.device),
-                             graph_attention=resolve_attention(self.runtime.graph_attention, self.model.device))
+                             graph_attention=resolve_attention(self.runtime.graph_attention, self.model.device),
+                             on_prefill=relay)
         else:
             if self.heads is None:
                 raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
@@ -400,8 +426,8 @@ class Engine:
                                      cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
                                      read_every=self.runtime.token_block(self.model.device),
                                      graph_attention=resolve_attention(self.runtime.graph_attention,
-                                                                       self.model.device))
-        return GenerationStream(self, r, _inference(steps), stats, generated, stop)
+                                                                       self.model.device), on_prefill=relay)
+        return GenerationStream(self, r, _inference(steps), stats, generated, stop, relay)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:
         """Run a whole generation and return its result (same options as `stream`)."""

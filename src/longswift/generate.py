@@ -4,7 +4,7 @@ keeping its numbers in a GenerationStats; the caller turns that into a Generatio
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -28,11 +28,13 @@ def ar_steps(
     cuda_graphs: bool = False,
     read_every: int = 1,
     graph_attention: str = "bucketed",
+    on_prefill: Callable[[int, int], None] | None = None,
 ) -> Iterator[list[int]]:
     """Plain autoregressive decoding: one forward and one draw per token. `generated`: tokens an
     earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them.
     `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly);
-    `graph_attention`: how those bodies attend (runtime.cuda_graphs).
+    `graph_attention`: how those bodies attend (runtime.cuda_graphs). `on_prefill(read, total)`: the
+    prefill's progress (Transformer.prefill).
 
     `read_every` N: sampled tokens stay on the device and are read back N at a time (a block), so a
     GPU is never left idle while the host waits for each token; the host queues the block's draws
@@ -55,7 +57,7 @@ def ar_steps(
     # is written (no host copy per token).
     history_dev = history if model.device.type == "cpu" else history.to(model.device)
     t0 = time.perf_counter()
-    logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk, decoded_from=len(prompt))  # [V]
+    logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk, decoded_from=len(prompt), progress=on_prefill)
     stats.prefill_seconds += time.perf_counter() - t0
     graphs = StepGraphs(model, cache, capture=cuda_graphs, attention=graph_attention) if step_bodies(model) else None
     stop = frozenset() if gen.ignore_eos else eos_ids

@@ -37,6 +37,10 @@ def _status(stats: Any) -> str:
     return ""
 
 
+def _reading(read: int, total: int) -> str:
+    return f"reading the context: {read:,}/{total:,} tokens"
+
+
 class PlainDisplay:
     """Text to a file or stdout as it comes; a tqdm bar on stderr if it is a terminal (disable=None)."""
 
@@ -56,6 +60,10 @@ class PlainDisplay:
     def text(self, text: str) -> None:
         if text:
             self.sink(text)
+
+    def prefill(self, read: int, total: int) -> None:
+        """The context being read (before the first token): a note beside the bar, gone at the first token."""
+        self.bar.set_postfix_str(_reading(read, total) if read < total else "", refresh=True)
 
     def advance(self, n: int, stats: Any) -> None:
         self.bar.update(n)
@@ -119,6 +127,10 @@ class TerminalDisplay:
 
     def _emit(self, line: str) -> None:
         self.console.print(Text(line), crop=False, overflow="ignore")
+
+    def prefill(self, read: int, total: int) -> None:
+        """The context being read (before the first token): said in the status line until the first token."""
+        self.progress.update(self.task, spec=_reading(read, total) if read < total else "")
 
     def advance(self, n: int, stats: Any) -> None:
         self.progress.update(self.task, advance=n, spec=_status(stats))

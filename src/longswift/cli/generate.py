@@ -420,6 +420,7 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         stats = stream.stats
         total = stream.max_new_tokens
         display = make_display(text_file, total, len(stream.token_ids), progress=not no_progress)
+        stream.on_prefill = display.prefill  # a long context (a resume's re-read) takes minutes on a CPU
         next_save = len(stream.token_ids) + out.every
         with display:
             display.text(earlier)  # a resumed run's file holds the whole text

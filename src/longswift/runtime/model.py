@@ -334,11 +334,12 @@ class Transformer:
         """Pre-norm hidden states [T, hidden] -> logits [T, V] (float32, float64 for float64 models)."""
         return self.lm_head(self.norm(hidden, self.final_norm)).to(self.acc_dtype)
 
-    def prefill(self, tokens: torch.Tensor, cache: FullKVCache, chunk: int,
-                decoded_from: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, tokens: torch.Tensor, cache: FullKVCache, chunk: int, decoded_from: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed a prompt in chunks (no [S, S] mask is ever built); return the last token's
         logits [V] and hidden state [hidden]. `decoded_from`: where generated tokens begin (a
-        resumed run), which are fed in chunks of their own as `decoded` rows (see forward)."""
+        resumed run), which are fed in chunks of their own as `decoded` rows (see forward).
+        `progress(read, total)`: called after each chunk (a long context takes minutes on a CPU)."""
         if tokens.numel() == 0:
             raise LongswiftError("the prompt is empty: give at least one token of prompt text")
         logits = hidden = None
@@ -349,4 +350,6 @@ class Transformer:
         for lo, hi, decoded in spans:
             pos = torch.arange(cache.length, cache.length + hi - lo, device=self.device)
             logits, hidden = self.forward(tokens[lo:hi], pos, cache, logits_rows=slice(-1, None), decoded=decoded)
+            if progress is not None:
+                progress(hi, n)
         return logits[0], hidden[-1]

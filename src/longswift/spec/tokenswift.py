@@ -6,7 +6,7 @@ State between steps: the full KV cache holds the committed context `history[:n-1
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -331,13 +331,14 @@ def plain_block(s: TokenSwiftState, k: int) -> list[int]:
 def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], sampling: SamplingConfig,
                      gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
                      generator: torch.Generator | None, generated: list[int] | None = None,
-                     cuda_graphs: bool = False, read_every: int = 1,
-                     graph_attention: str = "bucketed") -> Iterator[list[int]]:
+                     cuda_graphs: bool = False, read_every: int = 1, graph_attention: str = "bucketed",
+                     on_prefill: Callable[[int, int], None] | None = None) -> Iterator[list[int]]:
     """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
     `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
     prefill of everything before the last of them, which becomes the root. `read_every`: plain
     steps run as token blocks of up to this many (see StepSchedule.plain_run), as AR's do.
-    `graph_attention`: how the CUDA step bodies attend (runtime.cuda_graphs)."""
+    `graph_attention`: how the CUDA step bodies attend (runtime.cuda_graphs). `on_prefill(read, total)`: the
+    prefill's progress (Transformer.prefill)."""
     generated = generated or []
     if (reason := finished(generated, gen, eos_ids)) is not None:
         stats.finish_reason = reason
@@ -347,11 +348,12 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     schedule = s.schedule
     t0 = time.perf_counter()
     if generated:
-        _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk, decoded_from=len(prompt))
+        _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk, decoded_from=len(prompt),
+                                         progress=on_prefill)
         stats.prefill_seconds += time.perf_counter() - t0
         last = generated[-1]
     else:
-        logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk)
+        logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk, progress=on_prefill)
         stats.prefill_seconds += time.perf_counter() - t0
         t0 = time.perf_counter()
         first = s.pick(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
