@@ -12,6 +12,7 @@ import longswift
 from longswift.runtime.attention import (
     MASK_ALIGN,
     ONEDNN_FROM_ENTRIES,
+    ONEDNN_SPAN,
     SDPA_FROM_TOKENS,
     Attention,
     additive_mask,
@@ -98,6 +99,41 @@ def test_onednn_path_equals_explicit_attention(t, start, tree):
     masks = attn.masks(t, start, G, new)
     got = ungrouped(attn.attend(grouped(q), keys, values, masks), t)
     torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES + 5, False), (8, ONEDNN_FROM_ENTRIES + 300, True)])
+def test_onednn_path_reads_a_rounded_span_whose_padding_weighs_nothing(t, start, tree):
+    """The oneDNN path reads the cache's rows up to a multiple of ONEDNN_SPAN (so that its primitive caches
+    keep a shape per span, not one per step); the slots past the end hold stale entries and weigh 0."""
+    q, keys, values, new = random_case(t, start, tree, torch.float32, seed=5)
+    g = torch.Generator().manual_seed(6)
+    stale = torch.randn(HKV, 2 * ONEDNN_SPAN, D, generator=g) * 30  # past the cache's length: finite, not zero
+    rows_k, rows_v = torch.cat([keys, stale], dim=1), torch.cat([values, stale.flip(1)], dim=1)
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.float32, scale, packed=True, kernel="onednn")
+    masks = attn.masks(t, start, G, new)
+    got = ungrouped(attn.attend(grouped(q), rows_k, rows_v, masks), t)
+    torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=1e-4, atol=1e-5)
+
+
+def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch):
+    """Every key count the oneDNN linear sees is a shape its caches keep (~0.43 MiB each, 1024 of them): a
+    decode run grew by ~440 MiB when each step brought a new one."""
+    seen = set()
+    real = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x, weight, *args):
+        seen.add(tuple(weight.shape))
+        return real(x, weight, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    attn = Attention(torch.device("cpu"), torch.float32, D**-0.5, packed=True)  # the kernel picked by length
+    g = torch.Generator().manual_seed(7)
+    keys, values = torch.randn(HKV, 4096, D, generator=g), torch.randn(HKV, 4096, D, generator=g)
+    qg = torch.randn(HKV, G, D, generator=g)
+    for length in range(ONEDNN_FROM_ENTRIES - 4, ONEDNN_FROM_ENTRIES + 600):  # decoding steps
+        attn.attend(qg, keys, values, attn.masks(1, length, G, None))
+    assert 0 < len(seen) <= 4, sorted(seen)
 
 
 def test_cascade_merge_is_exact():

@@ -34,6 +34,12 @@ SDPA_FROM_TOKENS = 64
 # Cached entries from which the packed CPU path leaves the grouped bmm for per-KV-head oneDNN
 # products; measured on a 2-core CPU, the grouped bmm is faster below about 3K cached entries.
 ONEDNN_FROM_ENTRIES = 3072
+# The oneDNN path hands the cached keys and values to a linear as its "weight", so every key count is a
+# new primitive shape, and oneDNN's primitive cache and ideep's LRU cache (1024 entries each) kept
+# ~0.43 MiB a shape: a decode run grew by ~440 MiB (and allocator holes) over 1K steps. The span it
+# reads is rounded up to a multiple of this within the cache's rows, the slots past the end masked
+# out: one shape per ONEDNN_SPAN decoding steps (at most 8% more keys read, at the 3K threshold).
+ONEDNN_SPAN = 256
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -316,15 +322,18 @@ class Attention:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
         kernel = self._kernel(m.new is None)
+        rows = keys, values  # [Hkv, C, D] each: the oneDNN path reads past the end, masked (ONEDNN_SPAN)
         keys, values = keys[:, : m.end], values[:, : m.end]
         if kernel == "flash" and m.new is None:
             return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
         if kernel in ("cascade", "flash"):
             return cascade(qg, keys, values, m.start, m.rows, self.scale)
-        return self._cpu(qg, keys, values, m, kernel)
+        return self._cpu(qg, keys, values, m, kernel, rows)
+
     def _cpu(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
-             kernel: str | None) -> torch.Tensor:
-        """The CPU kernels with their measured thresholds (or the one `kernel` forces)."""
+             kernel: str | None, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The CPU kernels with their measured thresholds (or the one `kernel` forces). `rows`: the
+        cache's keys and values past the end too, which the oneDNN path reads to a rounded span."""
         bias = m.bias
         if kernel is None:
             if bias is not None and m.t >= self.sdpa_from_tokens:
@@ -337,7 +346,10 @@ class Attention:
             return F.scaled_dot_product_attention(  # [1, Hkv, R, D]: query groups as rows
                 qg.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=bias, scale=self.scale)[0]
         if kernel == "onednn":
-            return self._onednn(qg, keys, values, bias)
+            if rows is not None:
+                span = min(rows[0].shape[1], -(-m.end // ONEDNN_SPAN) * ONEDNN_SPAN)
+                keys, values = rows[0][:, :span], rows[1][:, :span]  # [Hkv, S', D], S' >= S
+            return self._onednn(qg, keys, values, bias, m.end)
         if bias is None:
             scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
         else:
@@ -345,22 +357,27 @@ class Attention:
         probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
         return torch.bmm(probs, values)  # [Hkv, R, D]
 
-    def _onednn(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
+    def _onednn(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
+                end: int) -> torch.Tensor:
+        """keys/values: [Hkv, S', D] whose slots [end, S') lie past the cache's length (zeros or stale
+        entries: finite), masked to -inf, so that they weigh exactly 0; bias: [R, end] or None."""
         op = torch.ops.mkldnn._linear_pointwise
         if bias is None:
             # Decoding: MKL's GEMM with the cache rows as M streams K near bandwidth, and
             # oneDNN reads V for the few-row P @ V product faster than batched GEMM (2-core
             # CPU, embedded model at 6.6K context: a decode step 30.7 -> 29.1 ms against
             # oneDNN for both products; with a tree mask the transposed scores cost more).
-            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S]
+            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S']
+            scores[:, :, end:] = float("-inf")
             probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
             return torch.stack([op(probs[i], values[i].t(), None, "none", [], "") for i in range(qg.shape[0])])
         # oneDNN matmuls per KV head read a long (strided) cache faster than MKL's batched
         # GEMM for these few-row products (30 layers at 6.6K context: 13 ms vs 17 ms).
         outs = []
         for i in range(qg.shape[0]):
-            scores = op(qg[i] * self.scale, keys[i], None, "none", [], "") + bias  # [R, S]
+            scores = op(qg[i] * self.scale, keys[i], None, "none", [], "")  # [R, S']
+            scores[:, :end] += bias
+            scores[:, end:] = float("-inf")
             probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
             outs.append(op(probs, values[i].t(), None, "none", [], ""))  # [R, D]
         return torch.stack(outs)
