@@ -31,7 +31,7 @@ from .lockstep import run_lockstep
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest
-from .report import OUTPUT_FILES, MemoryStore, ResultStore, RunContext, absolute, software_versions, write_outputs
+from .report import OUTPUT_FILES, MemoryStore, ResultStore, RunContext, absolute, write_outputs
 
 OURS = ("ar", "tokenswift", "tokenswift-fused")
 KNOWN_METHODS = (*OURS, *PEERS)
@@ -364,7 +364,6 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                          variants=tuple(methods.variant(m) for m in runnable if m.startswith("tokenswift")))
         # which rows were measured side by side (random: two invocations can share a second and a process)
         invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{secrets.token_hex(4)}"
-        versions = software_versions()  # in every record: a resumed directory's report names what measured each run
 
         plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
         for cell in cells:
@@ -419,7 +418,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             for _, _, m, key in batch:
                 ids, timeline, stats = results[m]
                 record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
-                record["command"], record["invocation"], record["versions"] = ctx.command, invocation, versions
+                # (versions: a resumed directory's report names what measured each run)
+                record["command"], record["invocation"], record["versions"] = ctx.command, invocation, ctx.versions
                 if cfg.lockstep and m in OURS:  # the methods it ran in lockstep with (none: it ran alone)
                     record["lockstep_with"] = [other for _, _, other, _ in batch if other != m]
                 made.append(record)

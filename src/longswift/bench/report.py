@@ -180,6 +180,8 @@ class RunContext:
     cells: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0  # runs found in the results directory when this invocation started
     variants: tuple[str, ...] = ()  # this invocation's TokenSwift variant labels (its options)
+    # the software this invocation measures with (software_versions), kept in its records too
+    versions: dict[str, str | None] = field(default_factory=lambda: software_versions())
 
 
 def cell_id(r: dict[str, Any]) -> tuple:
@@ -265,11 +267,11 @@ def _versions_text(versions: dict[str, str | None]) -> str:
             + (f" (commit {commit})" if commit else ""))
 
 
-def versions_lines(records: list[dict[str, Any]] | None) -> list[str]:
-    """The report's versions line(s): the software of this invocation, or, for a results directory
-    whose runs were measured by several invocations, the software each group of runs was measured
-    with (records kept from before bench recorded it are counted as such)."""
-    now = _versions_text(software_versions())
+def versions_lines(records: list[dict[str, Any]] | None, versions: dict[str, str | None] | None = None) -> list[str]:
+    """The report's versions line(s): the software of this invocation (`versions`, default: found now), or,
+    for a results directory whose runs were measured by several invocations, the software each group of
+    runs was measured with (records kept from before bench recorded it are counted as such)."""
+    now = _versions_text(versions or software_versions())
     if not records:
         return [f"- versions: {now}"]
     groups: dict[str, int] = {}
@@ -284,7 +286,8 @@ def versions_lines(records: list[dict[str, Any]] | None) -> list[str]:
     return lines + [f"  - this report was written with: {now}"]
 
 
-def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None = None) -> list[str]:
+def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None = None,
+                  versions: dict[str, str | None] | None = None) -> list[str]:
     cpu = "unknown CPU"
     mem = ""
     try:
@@ -297,7 +300,7 @@ def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None
     return [
         f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} logical CPUs{mem}; {identity['threads']} torch threads; "
         f"python {platform.python_version()}",
-        *versions_lines(records),
+        *versions_lines(records, versions),
         f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
         f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
         f"{', fused kernels (RMSNorm, residual adds, rope)' if identity.get('fused_kernels') else ''}"
@@ -337,7 +340,7 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
     ident = ctx.identity
     prompt = (f"random token ids (seed {ident['seed']})" if ident["prompt_file"] is None
               else f"{ident['prompt_file']}{' as chat messages' if ident['chat'] else ''}")
-    lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident, records), f"- prompt: {prompt}"]
+    lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident, records, ctx.versions), f"- prompt: {prompt}"]
     if ctx.resumed:
         lines.append(f"- resumed: {ctx.resumed} of the {len(records)} runs below were measured by earlier invocations "
                      "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")
