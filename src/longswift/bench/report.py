@@ -97,10 +97,8 @@ class ResultStore(MemoryStore):
             if saved is None:
                 raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir")
             stored = saved["identity"]
-            if stored != wanted and with_absolute_paths(stored) == wanted:  # made when bench kept paths as typed
+            if with_absolute_paths(stored) == wanted:  # (made when bench kept paths as typed: they are now absolute)
                 stored = wanted
-                kept = {k: v for k, v in saved.items() if k != "identity"}
-                write_atomic(config, json.dumps({"identity": wanted, **kept}, indent=1) + "\n")
             if stored != wanted:
                 diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
@@ -113,8 +111,10 @@ class ResultStore(MemoryStore):
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of another model at the path "
                                      f"'{wanted.get('model')}' (its config or embedding differs): use another "
                                      "--out-dir, or --fresh to discard them")
-            if had is None and fingerprint is not None:
-                write_atomic(config, json.dumps({"identity": wanted, "model_fingerprint": fingerprint}, indent=1) + "\n")
+            added = {"model_fingerprint": fingerprint} if had is None and fingerprint is not None else {}
+            updated = {**saved, "identity": wanted, **added}
+            if updated != saved:  # an older directory brought up to date, in one write
+                write_atomic(config, json.dumps(updated, indent=1) + "\n")
         elif self.path.exists():
             raise LongswiftError(f"'{self.path}' exists without config.json: use another --out-dir or --fresh")
         else:
