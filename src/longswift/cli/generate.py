@@ -258,7 +258,8 @@ def _resume(args: argparse.Namespace) -> int:
     ckpt = read_checkpoint(args.resume)
     # Each output not given again goes where the first run wrote it. (Older checkpoints hold paths
     # relative to where they were written: read them from the checkpoint's folder.)
-    here = args.resume.expanduser().absolute().parent
+    resumed = args.resume.expanduser().absolute()
+    here = resumed.parent
     saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items() if k in ("output", "json")}
     args.output = saved.get("output") if args.output is None else args.output
     args.json = saved.get("json") if args.json is None else args.json
@@ -270,7 +271,7 @@ def _resume(args: argparse.Namespace) -> int:
                                  f"give {flag} FILE with --resume to write it elsewhere")
     if args.checkpoint is None:
         args.checkpoint = args.resume
-        if not os.access(args.resume.expanduser().absolute().parent, os.W_OK):
+        if not os.access(here, os.W_OK):
             raise LongswiftError(f"cannot update the checkpoint '{args.resume}' in place: its directory is not "
                                  "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
@@ -302,13 +303,13 @@ def _resume(args: argparse.Namespace) -> int:
         stream = engine.resume(ckpt)
         if ranks.main:
             done = finished(list(ckpt.token_ids), gen, engine.eos_ids)  # then the loop ends before any re-read
-            print(f"longswift: the run in '{_shown(args.resume.expanduser().absolute())}' is complete "
+            print(f"longswift: the run in '{_shown(resumed)}' is complete "
                   f"({len(ckpt.token_ids)} of {gen.max_new_tokens} tokens, stop: {done}): its outputs are written again"
                   if done else
                   f"longswift: resuming at {len(ckpt.token_ids)} of {gen.max_new_tokens} tokens "
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
         return _run(engine, stream, outputs, stop, args.no_progress,
-                    last_saved=(args.resume.expanduser().absolute(), len(ckpt.token_ids)))
+                    last_saved=(resumed, len(ckpt.token_ids)))
 
 
 def _keep_unfinished(out: Outputs) -> None:

@@ -331,7 +331,7 @@ class Attention:
         return self._cpu(qg, keys, values, m, kernel, rows)
 
     def _cpu(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
-             kernel: str | None, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             kernel: str | None, rows: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The CPU kernels with their measured thresholds (or the one `kernel` forces). `rows`: the
         cache's keys and values past the end too, which the oneDNN path reads to a rounded span."""
         bias = m.bias
@@ -346,9 +346,8 @@ class Attention:
             return F.scaled_dot_product_attention(  # [1, Hkv, R, D]: query groups as rows
                 qg.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=bias, scale=self.scale)[0]
         if kernel == "onednn":
-            if rows is not None:
-                span = min(rows[0].shape[1], -(-m.end // ONEDNN_SPAN) * ONEDNN_SPAN)
-                keys, values = rows[0][:, :span], rows[1][:, :span]  # [Hkv, S', D], S' >= S
+            span = min(rows[0].shape[1], -(-m.end // ONEDNN_SPAN) * ONEDNN_SPAN)
+            keys, values = rows[0][:, :span], rows[1][:, :span]  # [Hkv, S', D], S' >= S
             return self._onednn(qg, keys, values, bias, m.end)
         if bias is None:
             scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
