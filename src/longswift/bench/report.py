@@ -340,7 +340,8 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
     ident = ctx.identity
     prompt = (f"random token ids (seed {ident['seed']})" if ident["prompt_file"] is None
               else f"{ident['prompt_file']}{' as chat messages' if ident['chat'] else ''}")
-    lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident, records, ctx.versions), f"- prompt: {prompt}"]
+    lines = ["## longswift bench", "", f"`{ctx.command}`", "", *machine_lines(ident, records, ctx.versions),
+             f"- prompt: {prompt}"]
     if ctx.resumed:
         lines.append(f"- resumed: {ctx.resumed} of the {len(records)} runs below were measured by earlier invocations "
                      "into the same --out-dir (same model, prompt, seed, dtype and threads; possibly a smaller grid)")

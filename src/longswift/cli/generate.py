@@ -473,8 +473,9 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             # itself is fine, between two steps, and its state is saved as an interrupted run's would be.
             path = _save_quietly(out, stream, saved)
             if path is not None:
+                shown = _shown(path)
                 say(f"longswift: output closed at {len(stream.token_ids)} of {stream.max_new_tokens} tokens; state "
-                    f"saved to '{_shown(path)}'. Continue with: longswift generate --resume {shlex.quote(_shown(path))}")
+                    f"saved to '{shown}'. Continue with: longswift generate --resume {shlex.quote(shown)}")
             if stop.signum is not None:
                 return stop.exit_code
         if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:

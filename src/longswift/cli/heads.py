@@ -135,7 +135,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
     if args.resume:
         # damaged, or other settings: said before loading too
-        check_checkpoint(out / CHECKPOINT, cfg, mmap=True, settings=run_settings(runtime.torch_dtype(), runtime.rope_scaling))
+        check_checkpoint(out / CHECKPOINT, cfg, mmap=True,
+                         settings=run_settings(runtime.torch_dtype(), runtime.rope_scaling))
     texts = read_data(args)
     # What training writes into --out, never over the data or the model it reads (a --data file named
     # train_log.json in --out was replaced by the log).
