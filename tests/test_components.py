@@ -236,20 +236,27 @@ def test_partial_cache_selection_matches_its_definition():
     assert part.window_full
 
 
+def wiring_state(spec: SpecConfig, prompt: list[int], sampling: SamplingConfig | None = None,
+                 heads_seed: int = 61) -> TokenSwiftState:
+    """A TokenSwift state over a tiny float64 model with its context prefilled (history[n-1] is the root)."""
+    engine = longswift.load(tiny_hf_model("llama", seed=heads_seed), dtype="float64", heads="random")
+    sampling = sampling or SamplingConfig(temperature=0, repetition_penalty=1.0)
+    s = TokenSwiftState(engine.model, engine.heads, prompt, [], sampling, GenerationConfig(max_new_tokens=40,
+                        ignore_eos=True), spec.for_device("cpu"), GenerationStats("tokenswift", len(prompt)),
+                        frozenset(), None)
+    _, s.prev_hidden = s.model.prefill(s.history[: s.n - 1], s.full, 16)
+    return s
+
+
 @pytest.mark.parametrize("mode", ["dynamic", "static", "full"])
 def test_draft_cache_modes_select_as_specified(mode):
     """Past the budget the draft pass drafts on the partial cache; a full window is re-selected
     (dynamic) or emptied with the first selection kept (static); `full` never builds one."""
-    engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64", heads="random")
     spec = SpecConfig(tree="1,1", ngram_topk=0, draft_kv_budget=30, draft_window=6, attention_sinks=4,
-                      draft_cache=mode, adaptive=False).for_device("cpu")
+                      draft_cache=mode, adaptive=False)
     prompt = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(5)).tolist()
-    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
-    gen = GenerationConfig(max_new_tokens=30, ignore_eos=True)
     with torch.inference_mode():
-        s = TokenSwiftState(engine.model, engine.heads, prompt, [], greedy, gen, spec, GenerationStats("tokenswift", len(prompt)),
-                            frozenset(), None)
-        s.model.prefill(s.history[: s.n - 1], s.full, 16)  # the committed context; history[n-1] is the root
+        s = wiring_state(spec, prompt)  # the committed context prefilled; history[n-1] is the root
         if mode == "full":
             assert s.partial is None
             draft(s)
@@ -267,18 +274,6 @@ def test_draft_cache_modes_select_as_specified(mode):
             assert torch.equal(s.partial.positions, first) and s.partial.length == 24
         else:
             assert s.partial.length == 24 and not torch.equal(s.partial.positions, first)
-
-
-def wiring_state(spec: SpecConfig, prompt: list[int], sampling: SamplingConfig | None = None,
-                 heads_seed: int = 61) -> TokenSwiftState:
-    """A TokenSwift state over a tiny float64 model with its context prefilled (history[n-1] is the root)."""
-    engine = longswift.load(tiny_hf_model("llama", seed=heads_seed), dtype="float64", heads="random")
-    sampling = sampling or SamplingConfig(temperature=0, repetition_penalty=1.0)
-    s = TokenSwiftState(engine.model, engine.heads, prompt, [], sampling, GenerationConfig(max_new_tokens=40,
-                        ignore_eos=True), spec.for_device("cpu"), GenerationStats("tokenswift", len(prompt)),
-                        frozenset(), None)
-    _, s.prev_hidden = s.model.prefill(s.history[: s.n - 1], s.full, 16)
-    return s
 
 
 def test_drafts_are_transformed_with_the_roots_penalty_window(monkeypatch):
