@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import OpCount, tiny_hf_model
@@ -9,6 +14,8 @@ from conftest import OpCount, tiny_hf_model
 import longswift
 from longswift.errors import LongswiftError
 from longswift.runtime.cache import FullKVCache
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 # A tree of 8 nodes under a root (node 0): parents[i] is i's parent, -1 for the root.
 PARENTS = [-1, 0, 0, 1, 1, 2, 4, 4]
@@ -153,6 +160,40 @@ def test_cache_refuses_to_overflow():
     cache.length = 3
     with pytest.raises(LongswiftError, match="KV cache full"):
         cache.reserve(2)
+
+
+TRIM_SCRIPT = """
+from longswift.runtime.memory import return_freed_memory
+def rss():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) // 1024
+blocks = [bytearray(8192) for _ in range(20000)]  # ~160 MiB in chunks malloc keeps in its heap
+pin = bytearray(8192)  # allocated above them: the heap's top cannot shrink past it on its own
+del blocks
+before = rss()
+print(return_freed_memory(), before, rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; malloc_trim is glibc's")
+def test_freed_memory_goes_back_to_the_system():
+    """Freed small allocations stay resident until return_freed_memory hands them back (a fresh
+    process, so that the heap holds nothing else)."""
+    out = subprocess.run([sys.executable, "-c", TRIM_SCRIPT], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": SRC}).stdout.split()
+    called, before, after = out[0] == "True", int(out[1]), int(out[2])
+    assert called
+    assert before - after > 100, (before, after)  # MiB of the ~160 freed
+
+
+def test_loading_returns_what_it_freed(monkeypatch):
+    """load() trims the heap once the model is built (packed) and its heads set."""
+    import longswift.engine as engine_module
+
+    seen = []
+    monkeypatch.setattr(engine_module, "return_freed_memory", lambda: seen.append(True) or True)
+    longswift.load(tiny_hf_model(), dtype="float32", heads=None)
+    assert seen == [True]
 
 
 @pytest.mark.parametrize("t", [8, 64], ids=["verify-size", "prefill-chunk"])

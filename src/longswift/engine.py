@@ -19,7 +19,7 @@ from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
-from .runtime.memory import check_context
+from .runtime.memory import check_context, return_freed_memory
 from .runtime.model import Transformer
 from .runtime.parallel import TensorParallel, shard_config, shard_state
 from .spec.heads import HEADS_FILE, DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
@@ -498,4 +498,5 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     if model is None:
         engine.model_source = "<embedded>"
     engine.set_heads(heads)
+    return_freed_memory()  # what the load converted and let go (the weights are resident by now)
     return engine
