@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -506,6 +507,10 @@ def test_info_without_heads_plans_an_ar_run(capsys, tmp_path):
     assert code == 0, err
     assert "draft heads: none (AR)" in out and "memory plan for 200 tokens with AR in float32" in out
     assert "draft KV cache" not in out and "TokenSwift" not in out
+    # The process's own memory is named beside the plan: a figure between 50 MiB and 8 GiB (torch alone is more
+    # than the first; this test's process far less than the second).
+    held = re.search(r"not in the plan: the process itself .* holds ([0-9.]+) GiB now", out)
+    assert held and 0.05 < float(held.group(1)) < 8, out
     code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", "random", "--tokens", "200")
     assert code == 0 and "memory plan for 200 tokens with TokenSwift (tree 1,1,1" in out, err
 

@@ -3,14 +3,14 @@ speedup arithmetic, and the peak memory of a run."""
 
 from __future__ import annotations
 
-import os
-import resource
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from ..runtime.memory import current_rss
 
 CHECKPOINTS = 8  # the generation is sampled at every 1/8 of its length (the paper's speedup curve)
 
@@ -148,12 +148,3 @@ class PeakMemory:
             assert self._thread is not None
             self._thread.join()
             self.peak_bytes = max(self.peak_bytes, current_rss())
-
-
-def current_rss() -> int:
-    """Resident set size of this process in bytes (Linux /proc; elsewhere the getrusage high-water mark)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

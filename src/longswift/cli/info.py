@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config, resolve_path
-    from ..runtime.memory import GiB, available_bytes
+    from ..runtime.memory import GiB, available_bytes, current_rss
     from ..spec.budget import run_plan, tree_budget
     from ..spec.released import describe_heads
 
@@ -55,6 +55,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"context: {cfg.context_limit} tokens{scaled}")
     method = f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes)" if tokenswift else "AR"
     print(f"memory plan for {tokens} tokens with {method} in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
+    if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
+        print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
+              f"holds {current_rss() / GiB:.2f} GiB now, already left out of the available figure below")
     if tokens > cfg.context_limit:
         print(f"note: {tokens} tokens exceed the model's context of {cfg.context_limit}: generation will refuse them "
               "unless the context is extended with --rope-scaling")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
+import resource
 import sys
 from dataclasses import dataclass
 
@@ -45,6 +47,15 @@ def available_bytes(device: torch.device) -> int | None:
     except OSError:
         pass
     return None
+
+
+def current_rss() -> int:
+    """Resident set size of this process in bytes (Linux /proc; elsewhere the getrusage high-water mark)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def return_freed_memory() -> bool:
