@@ -4,6 +4,7 @@ table, the verifier's walk and the sampling transform."""
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 import torch
@@ -134,21 +135,30 @@ def test_transform_keeps_the_penalised_argmax_and_a_distribution(logits, window,
         assert math.isfinite(float(out[draw(out, cfg, g)]))  # never a filtered token
 
 
-@FAST
-@given(st.integers(0, V - 1), levels_st, paths_st, st.integers(0, 2**31), sampling_st,
-       st.lists(st.integers(0, V - 1), min_size=1, max_size=10), st.integers(1, 6))
-def test_walk_emits_exactly_the_ar_chain(root, levels, paths, seed, cfg, history, max_tokens):
-    """With logits a function of the sequence so far, the walk over any trie emits what AR
-    would with the same seed: each token one draw from AR's transform, descending only into
-    children, stopping at the first draw that is not one (or at max_tokens)."""
+def walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost):
+    """Walk a trie under a toy model and check it emits what AR would with the same seed; the walk.
+    The toy model's logits are a function of the sequence so far: seeded noise, plus `boost` on the
+    tokens of the trie's children where the sequence follows a trie path (so that walks go deep)."""
     trie = build(root, levels, paths)
     gen_w = torch.Generator().manual_seed(seed)
+    ctx = history + [root]
+
+    def node_of(seq: list[int]) -> int | None:  # the trie node `seq` reaches past the context, if any
+        node = 0
+        for t in seq[len(ctx):]:
+            node = trie.children[node].get(t)  # (token -> child)
+            if node is None:
+                return None
+        return node
 
     def model(seq: list[int]) -> torch.Tensor:  # a deterministic toy LM over the whole sequence
         h = torch.Generator().manual_seed(hash(tuple(seq)) % 2**31)
-        return torch.randn(V, generator=h, dtype=torch.float64) * 3
+        x = torch.randn(V, generator=h, dtype=torch.float64) * 3
+        node = node_of(seq) if seq[:len(ctx)] == ctx else None
+        if node is not None and boost:
+            x[list(trie.children[node])] += boost
+        return x
 
-    ctx = history + [root]
     hist = torch.tensor(ctx, dtype=torch.long)
 
     def row_logits(node: int) -> torch.Tensor:
@@ -174,3 +184,33 @@ def test_walk_emits_exactly_the_ar_chain(root, levels, paths, seed, cfg, history
     if len(walk.tokens) + 1 < max_tokens:
         last = walk.nodes[-1] if walk.nodes else 0
         assert walk.next_root not in trie.children[last]
+    return walk
+
+
+@FAST
+@given(st.integers(0, V - 1), levels_st, paths_st, st.integers(0, 2**31), sampling_st,
+       st.lists(st.integers(0, V - 1), min_size=1, max_size=10), st.integers(1, 6), st.sampled_from([0.0, 12.0]))
+def test_walk_emits_exactly_the_ar_chain(root, levels, paths, seed, cfg, history, max_tokens, boost):
+    """With logits a function of the sequence so far, the walk over any trie emits what AR
+    would with the same seed: each token one draw from AR's transform, descending only into
+    children, stopping at the first draw that is not one (or at max_tokens)."""
+    walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost)
+
+
+def test_deep_walks_see_the_penalty_window_ar_sees():
+    """Walks that accept several tokens under a repetition penalty whose window is shorter than the
+    walk (its oldest tokens leave the window inside the trie), under greedy and sampled decoding:
+    the property test above reaches such walks only when hypothesis draws them, so here they are
+    made on purpose, and counted."""
+    rng = random.Random(7)
+    deep = 0
+    for i in range(120):
+        root = rng.randrange(V)
+        paths = [[rng.randrange(V) for _ in range(5)] for _ in range(rng.randint(1, 4))]
+        levels = [rng.sample(range(V), 2) for _ in range(rng.randint(0, 3))]
+        cfg = SamplingConfig(temperature=0.0 if i % 3 == 0 else 1.0, top_k=0, top_p=1.0, min_p=0.0,
+                             repetition_penalty=rng.choice([1.3, 2.0, 0.7]), penalty_window=rng.randint(1, 3))
+        history = [rng.randrange(V) for _ in range(rng.randint(1, 6))]
+        walk = walk_against_ar(root, levels, paths, rng.randrange(2**31), cfg, history, 6, boost=12.0)
+        deep += len(walk.tokens) > cfg.penalty_window
+    assert deep >= 40, deep  # walks deeper than their penalty window
