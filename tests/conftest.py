@@ -149,3 +149,23 @@ def assert_one_line_error(code, err, match):
     lines = [line for line in err.strip().splitlines() if line]
     assert len(lines) == 1, err
     assert lines[0].startswith("longswift: error: ") and match in lines[0], lines[0]
+
+
+def byte_tokenizer(cleanup: bool = False):
+    """Every byte a token (GPT-2's byte-to-character alphabet), a few merges (" ab", "é"), and a
+    special token <eos>; `cleanup`: transformers' clean_up_tokenization_spaces on, as in Llama 3's
+    tokenizer config (transformers 4 applies it to BPE tokenizers, 5 only when forced)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges = [("Ġ", "a"), ("Ġa", "b"), ("Ã", "©")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>",
+                                        clean_up_tokenization_spaces=cleanup)
+    tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = cleanup
+    return tokenizer

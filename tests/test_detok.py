@@ -8,33 +8,13 @@ import copy
 from types import SimpleNamespace
 
 import pytest
+from conftest import byte_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longswift.detok import IncrementalDecoder, decode_text
 from longswift.engine import GenerationStream
 from longswift.stats import GenerationStats
-
-
-def byte_tokenizer(cleanup: bool = False):
-    """Every byte a token (GPT-2's byte-to-character alphabet), a few merges (" ab", "é"), and a
-    special token <eos>; `cleanup`: transformers' clean_up_tokenization_spaces on, as in Llama 3's
-    tokenizer config (transformers 4 applies it to BPE tokenizers, 5 only when forced)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    merges = [("Ġ", "a"), ("Ġa", "b"), ("Ã", "©")]
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>",
-                                        clean_up_tokenization_spaces=cleanup)
-    tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = cleanup
-    return tokenizer
-
 
 TOKENIZER = byte_tokenizer()
 TEXTS = ["naïve café", "🙂👍🏽", "東京の天気", "\x00\x07\t\r\n", "  ab ab", "𝔘𝔫𝔦", "don't .", "\ufffd"]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, byte_tokenizer, run_cli
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.detok import decode_text
@@ -20,6 +22,38 @@ GREEDY, SAMPLED = SamplingConfig(temperature=0), SamplingConfig(seed=11)
 def first_stop(tokenizer, ids, stop):
     """The number of tokens up to the first whose text completes `stop`, decoding every prefix."""
     return next(k for k in range(1, len(ids) + 1) if stop in decode_text(tokenizer, ids[:k]))
+
+
+BYTES = byte_tokenizer()  # every byte a token: a character of 4 UTF-8 bytes spans 4 tokens
+TEXTS = ["🙂👍🏽 ", "東京の天気", "naïve café ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "ab ab", "x"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(TEXTS), min_size=1, max_size=8), st.integers(0, 10**6), st.integers(1, 8),
+       st.lists(st.integers(1, 5), min_size=1, max_size=6))
+@example(["x", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢"], 1, 6, [3])  # 6 characters of 4 bytes: 24 tokens
+@example(["🙂👍🏽 ", "東京の天気"], 2, 5, [1])
+def test_stop_strings_of_multibyte_characters_end_at_the_completing_token(pieces, start, length, blocks):
+    """A stop string of emoji, CJK or other 4-byte characters (as many tokens as bytes) is found
+    after the token that completes it, with the tokens pushed in blocks of any size: what a decode
+    of every prefix finds (first_stop). A window of 3 tokens a character misses the first example."""
+    text = "".join(pieces)
+    ids = BYTES.encode(text)
+    start %= len(text)
+    stop = text[start:start + length]
+    want = first_stop(BYTES, ids, stop)
+    checker = StopStrings(BYTES, ("\x01", stop))  # (a second string, short: the longest sets the window)
+    pushed = 0
+    for i in range(len(ids)):
+        block = ids[pushed:pushed + blocks[i % len(blocks)]]
+        kept = checker.cut(block)
+        if kept is not None:
+            assert pushed + kept == want
+            return
+        pushed += len(block)
+        if pushed >= len(ids):
+            break
+    pytest.fail(f"stop string {stop!r} never found; expected after token {want}")
 
 
 @pytest.mark.slow
