@@ -5,6 +5,8 @@ are refused with one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -205,6 +207,23 @@ def test_checkpoints_keep_the_eos_semantics_they_were_written_with(run, tmp_path
     for _ in resumed:
         pass
     assert resumed.result is not None and resumed.result.token_ids == full.token_ids
+
+
+def test_the_checkpoint_file_is_the_format_a_resume_reads(base, tmp_path):
+    """The body written once, in canonical form (no deep copy, one serialisation), is the dataclass's
+    fields under the checksum the reader checks; a file in the earlier layout (the body in field
+    order, as dataclasses.asdict wrote it) still reads."""
+    stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
+    ckpt = stop_after(stream, 5)
+    outer = json.loads(ckpt.to_json())
+    assert list(outer) == ["format", "format_version", "sha256", "checkpoint"]
+    assert outer["checkpoint"] == json.loads(json.dumps(dataclasses.asdict(ckpt)))  # (tuples as lists)
+    canonical = json.dumps(dataclasses.asdict(ckpt), sort_keys=True, separators=(",", ":"))
+    assert outer["sha256"] == hashlib.sha256(canonical.encode()).hexdigest()
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({**outer, "checkpoint": dataclasses.asdict(ckpt)}, separators=(",", ":")))
+    ckpt.save(tmp_path / "now.json")
+    assert read_checkpoint(earlier) == read_checkpoint(tmp_path / "now.json")
 
 
 def test_damaged_and_foreign_checkpoint_files(base, tmp_path):

@@ -57,11 +57,14 @@ class Checkpoint:
     version: str = field(default_factory=_version)
 
     def to_json(self) -> str:
-        body = dataclasses.asdict(self)
+        """The file's text: the body serialised once, in its canonical form (sorted keys), which the
+        checksum covers. A save costs O(tokens so far); dataclasses.asdict's deep copy of the token
+        ids and a second serialisation made it 125 ms at 100K tokens (a checkpoint every 1,024)."""
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # (no copy: serialised at once)
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
         digest = hashlib.sha256(canonical.encode()).hexdigest()
-        return json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "sha256": digest, "checkpoint": body},
-                          separators=(",", ":")) + "\n"
+        head = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "sha256": digest}, separators=(",", ":"))
+        return f'{head[:-1]},"checkpoint":{canonical}}}\n'
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""
