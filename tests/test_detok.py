@@ -12,7 +12,7 @@ from conftest import byte_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longswift.detok import IncrementalDecoder, decode_text
+from longswift.detok import FINAL_AFTER, MAX_HELD, IncrementalDecoder, decode_text
 from longswift.engine import GenerationStream
 from longswift.stats import GenerationStats
 
@@ -45,6 +45,35 @@ def stream_text(tokenizer, ids: list[int], cuts: list[int]) -> list[str]:
        st.lists(st.integers(1, 5), min_size=1, max_size=4))
 def test_the_stream_adds_up_to_the_text_at_every_block(ids, cuts):
     assert "".join(stream_text(TOKENIZER, ids, cuts)) == decode_text(TOKENIZER, ids)
+
+
+NO_TEXT = [i for i in range(len(TOKENIZER)) if decode_text(TOKENIZER, [i]) in ("\ufffd", "")]  # lone bytes, <eos>
+RUNS = st.lists(st.sampled_from(NO_TEXT), min_size=1, max_size=3).flatmap(  # a model stuck on a few of them
+    lambda few: st.integers(17, 60).map(lambda n: [few[k % len(few)] for k in range(n)]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(PIECES, RUNS), min_size=1, max_size=6).map(lambda parts: [t for p in parts for t in p]),
+       st.lists(st.integers(1, 5), min_size=1, max_size=4))
+def test_long_runs_of_tokens_without_text_stream_the_same_text(ids, cuts):
+    """Runs longer than MAX_HELD of tokens that complete no text (bytes that are no UTF-8, <eos>)
+    between and inside real text: the stream still adds up to the text at every block."""
+    assert "".join(stream_text(TOKENIZER, ids, cuts)) == decode_text(TOKENIZER, ids)
+
+
+@pytest.mark.parametrize("stuck", ["lone byte", "eos"])
+def test_a_model_stuck_on_a_token_without_text_is_decoded_in_bounded_pieces(stuck, monkeypatch):
+    """Each push decoded the whole run again while it completed no text: 10K such tokens took about
+    a second a 1K. Now no push decodes more than a few dozen tokens."""
+    token = TOKENIZER.encode("東")[0] if stuck == "lone byte" else TOKENIZER.convert_tokens_to_ids("<eos>")
+    assert decode_text(TOKENIZER, [token]) == ("\ufffd" if stuck == "lone byte" else "")
+    ids = TOKENIZER.encode("start ") + [token] * 3000 + TOKENIZER.encode(" end 東京")
+    decoder, longest = IncrementalDecoder(TOKENIZER), [0]
+    decode = decoder._decode
+    monkeypatch.setattr(decoder, "_decode", lambda part: longest.append(len(part)) or decode(part))
+    text = "".join(decoder.push([t]) for t in ids) + decoder.flush()
+    assert text == decode_text(TOKENIZER, ids)
+    assert max(longest[:-2]) <= 2 * MAX_HELD + FINAL_AFTER  # (flush decodes what is left)
 
 
 def test_a_resumed_stream_goes_on_with_the_same_text():

@@ -13,6 +13,10 @@ def decode_text(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
+MAX_HELD = 16  # tokens held back (no complete text yet) after which the text before the last few is emitted
+FINAL_AFTER = 4  # ... the last few: a UTF-8 character spans at most 4 bytes, and a token is at least one
+
+
 class IncrementalDecoder:
     """Turns token ids, pushed a few at a time, into text deltas whose concatenation is the text
     (decode_text of all the ids).
@@ -34,9 +38,23 @@ class IncrementalDecoder:
         before = self._decode(self.ids[self.prefix : self.read])
         after = self._decode(self.ids[self.prefix :])
         if after.endswith("\ufffd") or len(after) <= len(before):
+            if len(self.ids) - self.read > MAX_HELD:
+                return self._move_past_held(before, after)
             return ""
         self.prefix, self.read = self.read, len(self.ids)
         return after[len(before) :]
+
+    def _move_past_held(self, before: str, after: str) -> str:
+        """A long run of tokens that completed no text (bytes that are no UTF-8, special tokens): the
+        text up to FINAL_AFTER tokens back, whatever it is, is final (a character is at most 4 bytes, a
+        token at least 1), so it is emitted and the offsets move there. Without this every push of such
+        a run decoded all of it again: a model stuck on a lone byte for 10K tokens took a second a 1K."""
+        cut = len(self.ids) - FINAL_AFTER
+        text = self._decode(self.ids[self.prefix : cut])
+        if not after.startswith(text) or len(text) < len(before):
+            return ""
+        self.prefix, self.read = self.read, cut
+        return text[len(before) :]
 
     def flush(self) -> str:
         """Whatever is still held back (e.g. a final incomplete character)."""
