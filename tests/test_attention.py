@@ -24,6 +24,7 @@ from longswift.runtime.attention import (
     key_span,
     masked_with_lse,
     merge,
+    onednn_span,
     prefix_attention,
     prefix_with_lse,
 )
@@ -101,13 +102,15 @@ def test_onednn_path_equals_explicit_attention(t, start, tree):
     torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES + 5, False), (8, ONEDNN_FROM_ENTRIES + 300, True)])
+@pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES + 5, False), (8, ONEDNN_FROM_ENTRIES + 300, True),
+                                          (1, 9000, False), (8, 17000, True)])  # (spans of 512 and 1024 keys)
 def test_onednn_path_reads_a_rounded_span_whose_padding_weighs_nothing(t, start, tree):
     """The oneDNN path reads the cache's rows up to a multiple of ONEDNN_SPAN (so that its primitive caches
     keep a shape per span, not one per step); the slots past the end hold stale entries and weigh 0."""
     q, keys, values, new = random_case(t, start, tree, torch.float32, seed=5)
     g = torch.Generator().manual_seed(6)
-    stale = torch.randn(HKV, 2 * ONEDNN_SPAN, D, generator=g) * 30  # past the cache's length: finite, not zero
+    stale = torch.randn(HKV, 4 * ONEDNN_SPAN, D, generator=g) * 30  # past the cache's length: finite, not zero
+    assert onednn_span(start + t) > start + t  # (some of them are read)
     rows_k, rows_v = torch.cat([keys, stale], dim=1), torch.cat([values, stale.flip(1)], dim=1)
     scale = D**-0.5
     attn = Attention(torch.device("cpu"), torch.float32, scale, packed=True, kernel="onednn")
@@ -134,6 +137,16 @@ def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch):
     for length in range(ONEDNN_FROM_ENTRIES - 4, ONEDNN_FROM_ENTRIES + 600):  # decoding steps
         attn.attend(qg, keys, values, attn.masks(1, length, G, None))
     assert 0 < len(seen) <= 4, sorted(seen)
+
+
+def test_onednn_spans_grow_with_the_context_so_that_a_100k_run_makes_few_shapes():
+    """Past 8K entries the span's step doubles with the context: a shape per 256 steps would be ~380
+    shapes (and as many per verify row count) by 100K, ~0.6 MiB each in oneDNN's caches."""
+    spans = [onednn_span(end) for end in range(ONEDNN_FROM_ENTRIES, 100_001)]
+    assert all(end <= span <= end * 17 / 16 or span - end < ONEDNN_SPAN
+               for end, span in zip(range(ONEDNN_FROM_ENTRIES, 100_001), spans))
+    assert len(set(spans)) <= 80
+    assert len({onednn_span(end) for end in range(ONEDNN_FROM_ENTRIES, 8193)}) == 21  # 256 apart to 8K
 
 
 def test_cascade_merge_is_exact():

@@ -35,11 +35,20 @@ SDPA_FROM_TOKENS = 64
 # products; measured on a 2-core CPU, the grouped bmm is faster below about 3K cached entries.
 ONEDNN_FROM_ENTRIES = 3072
 # The oneDNN path hands the cached keys and values to a linear as its "weight", so every key count is a
-# new primitive shape, and oneDNN's primitive cache and ideep's LRU cache (1024 entries each) kept
-# ~0.43 MiB a shape: a decode run grew by ~440 MiB (and allocator holes) over 1K steps. The span it
-# reads is rounded up to a multiple of this within the cache's rows, the slots past the end masked
-# out: one shape per ONEDNN_SPAN decoding steps (at most 8% more keys read, at the 3K threshold).
+# new primitive shape (and, in a verify pass, every row count), and oneDNN's primitive cache and ideep's
+# LRU cache (1024 entries each) kept ~0.43-0.6 MiB a shape: a decode run grew by ~440 MiB (and allocator
+# holes) over 1K steps. The span it reads is rounded up (onednn_span) within the cache's rows, the slots
+# past the end masked out: to a multiple of ONEDNN_SPAN up to 8K entries (at most 8% more keys read, at
+# the 3K threshold), then of a step that doubles with the context, ONEDNN_SPANS_PER_DOUBLING spans from
+# one power of two to the next (at most 1/16 more keys): ~85 shapes per row count to 100K entries, not ~390.
 ONEDNN_SPAN = 256
+ONEDNN_SPANS_PER_DOUBLING = 16
+
+
+def onednn_span(end: int) -> int:
+    """The keys the oneDNN path reads for `end` cached entries (see ONEDNN_SPAN)."""
+    step = max(ONEDNN_SPAN, (1 << (end.bit_length() - 1)) // ONEDNN_SPANS_PER_DOUBLING)
+    return -(-end // step) * step
 
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -322,7 +331,7 @@ class Attention:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
         kernel = self._kernel(m.new is None)
-        rows = keys, values  # [Hkv, C, D] each: the oneDNN path reads past the end, masked (ONEDNN_SPAN)
+        rows = keys, values  # [Hkv, C, D] each: the oneDNN path reads past the end, masked (onednn_span)
         keys, values = keys[:, : m.end], values[:, : m.end]
         if kernel == "flash" and m.new is None:
             return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
@@ -346,7 +355,7 @@ class Attention:
             return F.scaled_dot_product_attention(  # [1, Hkv, R, D]: query groups as rows
                 qg.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=bias, scale=self.scale)[0]
         if kernel == "onednn":
-            span = min(rows[0].shape[1], -(-m.end // ONEDNN_SPAN) * ONEDNN_SPAN)
+            span = min(rows[0].shape[1], onednn_span(m.end))
             keys, values = rows[0][:, :span], rows[1][:, :span]  # [Hkv, S', D], S' >= S
             return self._onednn(qg, keys, values, bias, m.end)
         if bias is None:
