@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -262,13 +263,10 @@ def tiny():
     (lambda e: e.generate([1, True]), "prompt token ids must be whole numbers; got True (bool) at position 1"),
     (lambda e: e.generate([1, 2], sampling={"seed": 1}), "sampling must be a longswift.SamplingConfig; got dict"),
     (lambda e: e.generate([1, 2], chat="yes"), "chat must be True, False or None"),
-    (lambda e: e.generate([1, 2], seed=1), "seed is a SamplingConfig field: pass sampling=longswift.SamplingConfig("
-                                          "seed=...)"),
-    (lambda e: e.stream([1, 2], max_new_tokens=9), "max_new_tokens is a GenerationConfig field: pass "
-                                                   "generation=longswift.GenerationConfig(max_new_tokens=...)"),
-    (lambda e: e.generate([1, 2], tree="1,2"), "tree is a SpecConfig field: pass spec=longswift.SpecConfig(tree=...)"),
     (lambda e: e.generate([1, 2], colour=1), "unexpected keyword argument 'colour': generate and stream take "
-                                            "sampling=, generation=, chat=, method=, spec= and system="),
+                                            "sampling=, generation=, chat=, method=, spec=, system= and the fields of "
+                                            "SamplingConfig, GenerationConfig and SpecConfig"),
+    (lambda e: e.stream([1, 2], max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number"),
     (lambda e: e.resume(42), "resume() takes a Checkpoint or the path of a checkpoint file; got int"),
     (lambda e: GenerationConfig(max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number; got 2.5"),
     (lambda e: SamplingConfig(seed="abc"), "SamplingConfig.seed must be a whole number or None; got 'abc' (str)"),
@@ -436,6 +434,30 @@ def test_load_keywords_given_with_a_runtime_config_are_not_dropped():
         longswift.load(model, runtime=longswift.RuntimeConfig(dtype="float64"), heads=None, threads=0)
     with pytest.raises(TypeError, match="runtime must be a longswift.RuntimeConfig; got dict"):
         longswift.load(model, runtime={"dtype": "float64"}, heads=None)
+
+
+def test_config_fields_as_keywords_are_the_configs_fields(tiny):
+    """generate(prompt, max_new_tokens=12, seed=4, temperature=0.8, tree=...) is the call with the configs
+    built from them; a keyword overrides that field of a config given beside it, and leaves its others."""
+    sampled = SamplingConfig(seed=4, temperature=0.8, top_k=5)
+    configs = tiny.generate([1, 2, 3], sampling=sampled, generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
+    keywords = tiny.generate([1, 2, 3], seed=4, temperature=0.8, top_k=5, max_new_tokens=12, ignore_eos=True)
+    assert keywords.token_ids == configs.token_ids and len(keywords.token_ids) == 12
+    mixed = tiny.generate([1, 2, 3], sampling=replace(sampled, seed=99, top_k=0), seed=4, top_k=5,
+                          generation=GenerationConfig(max_new_tokens=30, ignore_eos=True), max_new_tokens=12)
+    assert mixed.token_ids == configs.token_ids and mixed.stats.seed == 4
+    tiny.set_heads("random")
+    try:
+        spec = longswift.SpecConfig(tree="1,2", adaptive=False)
+        a = tiny.generate([1, 2, 3], method="tokenswift", spec=spec, max_new_tokens=12, temperature=0, ignore_eos=True)
+        b = tiny.generate([1, 2, 3], method="tokenswift", tree="1,2", adaptive=False, max_new_tokens=12, temperature=0,
+                          ignore_eos=True)
+        assert a.token_ids == b.token_ids and a.stats.steps == b.stats.steps
+        assert a.stats.draft_positions == b.stats.draft_positions > 0  # drafted with the given trie
+    finally:
+        tiny.set_heads(None)
+    with pytest.raises(LongswiftError, match="SamplingConfig.top_k must be >= 0"):  # checked as the config checks
+        tiny.generate([1, 2, 3], top_k=-1)
 
 
 def test_a_refused_set_heads_leaves_the_engine_as_it_was(tiny, tmp_path):

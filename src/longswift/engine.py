@@ -320,19 +320,20 @@ class Engine:
         method: str | None = None,
         spec: SpecConfig | None = None,
         system: str | None = None,
-        **misplaced: Any,
+        **fields_given: Any,
     ) -> GenerationStream:
         """Start a generation; iterate the returned stream for token ids as they are committed.
         The method defaults to TokenSwift when heads are set, AR otherwise. `chat` (see encode)
         defaults to False here: the API sends text as given unless asked (the CLI's default is None);
-        `system` (see encode) is the chat's system message. A config field given as a keyword
-        (`max_new_tokens=100`) is refused with the config it belongs in."""
-        if misplaced:
-            raise misplaced_fields(misplaced)
+        `system` (see encode) is the chat's system message. Config fields may also come as keywords
+        (`max_new_tokens=100, temperature=0.7, tree="1,3,3,3"`: each name belongs to one config), and
+        override the fields of a config given beside them."""
         for name, value, cls in (("sampling", sampling, SamplingConfig), ("generation", generation, GenerationConfig),
                                  ("spec", spec, SpecConfig)):
             if value is not None and not isinstance(value, cls):
                 raise ConfigTypeError(f"{name} must be a longswift.{cls.__name__}; got {type(value).__name__}")
+        if fields_given:
+            sampling, generation, spec = with_fields(fields_given, sampling, generation, spec)
         if chat is not None and not isinstance(chat, bool):
             raise ConfigTypeError(f"chat must be True, False or None; got {chat!r}")
         if method is not None and not isinstance(method, str):
@@ -446,14 +447,23 @@ class Engine:
         return stream.result
 
 
-def misplaced_fields(given: dict[str, Any]) -> ConfigTypeError:
-    """The error for keywords stream/generate do not take: where each belongs, if it is a config field."""
-    name = next(iter(given))
-    for key, cls in (("sampling", SamplingConfig), ("generation", GenerationConfig), ("spec", SpecConfig)):
-        if name in {f.name for f in fields(cls)}:
-            return ConfigTypeError(f"{name} is a {cls.__name__} field: pass {key}=longswift.{cls.__name__}({name}=...)")
-    return ConfigTypeError(f"unexpected keyword argument '{name}': generate and stream take sampling=, generation=, "
-                           "chat=, method=, spec= and system=")
+def with_fields(given: dict[str, Any], sampling: SamplingConfig | None, generation: GenerationConfig | None,
+                spec: SpecConfig | None) -> tuple[SamplingConfig, GenerationConfig, SpecConfig]:
+    """The three configs with the fields given as keywords to stream/generate (each name belongs to one
+    config) replacing theirs; a keyword that is no config field is refused."""
+    configs = {"sampling": sampling or SamplingConfig(), "generation": generation or GenerationConfig(),
+               "spec": spec or SpecConfig()}
+    names = {f.name: key for key, config in configs.items() for f in fields(config)}
+    unknown = next((name for name in given if name not in names), None)
+    if unknown is not None:
+        raise ConfigTypeError(f"unexpected keyword argument '{unknown}': generate and stream take sampling=, "
+                              "generation=, chat=, method=, spec=, system= and the fields of SamplingConfig, "
+                              "GenerationConfig and SpecConfig")
+    for key in configs:
+        mine = {name: value for name, value in given.items() if names[name] == key}
+        if mine:
+            configs[key] = replace(configs[key], **mine)  # (validated as the config's own constructor does)
+    return configs["sampling"], configs["generation"], configs["spec"]
 
 
 def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
