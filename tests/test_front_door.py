@@ -440,7 +440,8 @@ def test_config_fields_as_keywords_are_the_configs_fields(tiny):
     """generate(prompt, max_new_tokens=12, seed=4, temperature=0.8, tree=...) is the call with the configs
     built from them; a keyword overrides that field of a config given beside it, and leaves its others."""
     sampled = SamplingConfig(seed=4, temperature=0.8, top_k=5)
-    configs = tiny.generate([1, 2, 3], sampling=sampled, generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
+    configs = tiny.generate([1, 2, 3], sampling=sampled,
+                            generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
     keywords = tiny.generate([1, 2, 3], seed=4, temperature=0.8, top_k=5, max_new_tokens=12, ignore_eos=True)
     assert keywords.token_ids == configs.token_ids and len(keywords.token_ids) == 12
     mixed = tiny.generate([1, 2, 3], sampling=replace(sampled, seed=99, top_k=0), seed=4, top_k=5,
@@ -458,6 +459,27 @@ def test_config_fields_as_keywords_are_the_configs_fields(tiny):
         tiny.set_heads(None)
     with pytest.raises(LongswiftError, match="SamplingConfig.top_k must be >= 0"):  # checked as the config checks
         tiny.generate([1, 2, 3], top_k=-1)
+
+
+def test_a_streams_text_comes_in_pieces_that_add_up_to_its_text():
+    """stream.text(): the text as it comes, on a byte-level tokenizer whose tokens end inside characters
+    (random weights draw bytes that are no UTF-8 too); a resumed stream's pieces begin with the text so far."""
+    from conftest import byte_tokenizer
+
+    engine = longswift.load(tiny_hf_model("llama", seed=5, vocab=260), dtype="float32", heads=None)
+    engine.tokenizer = byte_tokenizer()
+    run = {"max_new_tokens": 80, "ignore_eos": True, "seed": 3}
+    stream = engine.stream([72, 105], **run)
+    pieces = list(stream.text())
+    assert "".join(pieces) == stream.result.text and len(pieces) > 5
+    first = engine.stream([72, 105], **run)
+    for _, _ in zip(range(10), first.text()):  # (between steps: the generator waits after a step's piece)
+        pass
+    rest = engine.resume(first.checkpoint())
+    assert "".join(rest.text()) == stream.result.text
+    with pytest.raises(LongswiftError, match="no tokenizer"):
+        ids_only = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+        next(ids_only.stream([1], max_new_tokens=4).text())
 
 
 def test_a_refused_set_heads_leaves_the_engine_as_it_was(tiny, tmp_path):

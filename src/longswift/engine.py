@@ -14,7 +14,7 @@ import torch
 
 from .checkpoint import Checkpoint, decode_rng, encode_rng, heads_fingerprint, read_checkpoint
 from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
-from .detok import decode_text
+from .detok import IncrementalDecoder, decode_text
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -117,6 +117,26 @@ class GenerationStream:
             if keep is not None:
                 break
         self.result = self.result_so_far()
+
+    def text(self) -> Iterator[str]:
+        """Iterate the stream (in place of its token ids) for the generated text as it comes: pieces that
+        add up to result.text, a piece held back while its last character is incomplete (a token can end
+        inside one). The first piece of a resumed stream (or of one iterated before) is the text so far;
+        checkpoint() and result work as with the ids."""
+        if self._engine.tokenizer is None:
+            raise LongswiftError("this model has no tokenizer, so there is no text: iterate the stream for token ids")
+        decoder = IncrementalDecoder(self._engine.tokenizer)
+        if self.token_ids:
+            earlier = decoder.push(list(self.token_ids))
+            if earlier:
+                yield earlier
+        for ids in self:
+            piece = decoder.push(ids)
+            if piece:
+                yield piece
+        rest = decoder.flush()
+        if rest:
+            yield rest
 
     def result_so_far(self, finish_reason: str | None = None) -> GenerationResult:
         """The ids and text generated so far, with a copy of the stats (and `finish_reason` if given,
