@@ -267,6 +267,15 @@ def tiny():
                                             "sampling=, generation=, chat=, method=, spec=, system= and the fields of "
                                             "SamplingConfig, GenerationConfig and SpecConfig"),
     (lambda e: e.stream([1, 2], max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number"),
+    (lambda e: e.generate([1, 2], threads=1), "threads is a RuntimeConfig setting of the loaded model: give it to "
+                                             "longswift.load()"),
+    (lambda e: e.generate(["Hi", "Hello"]), "prompt is a list of several prompts: a call takes one prompt"),
+    (lambda e: e.generate([[1, 2], [3]]), "prompt is a list of several prompts: a call takes one prompt"),
+    (lambda e: e.generate([{"role": "user", "content": "Hi"}]), "prompt is a list of chat messages: a call takes "
+                                                               "one prompt, as text or a list of token ids (a chat"),
+    (lambda e: longswift.load(colour=1), "unexpected keyword argument 'colour': load takes model, runtime=, heads=, "
+                                         "tensor_parallel= and the fields of RuntimeConfig (device, dtype"),
+    (lambda e: longswift.load(max_new_tokens=5), "max_new_tokens is a generation setting: give it to generate"),
     (lambda e: e.resume(42), "resume() takes a Checkpoint or the path of a checkpoint file; got int"),
     (lambda e: GenerationConfig(max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number; got 2.5"),
     (lambda e: SamplingConfig(seed="abc"), "SamplingConfig.seed must be a whole number or None; got 'abc' (str)"),
@@ -480,6 +489,47 @@ def test_a_streams_text_comes_in_pieces_that_add_up_to_its_text():
     with pytest.raises(LongswiftError, match="no tokenizer"):
         ids_only = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
         next(ids_only.stream([1], max_new_tokens=4).text())
+
+
+def test_a_single_stop_string_and_a_stream_left_unfinished(tiny):
+    """stop="." is one stop string (as transformers, vLLM and OpenAI's API take it); result_so_far() of a
+    stream left after a `break` has no finish reason (it said "length" for 4 tokens of 50)."""
+    assert GenerationConfig(stop=".").stop == (".",) and GenerationConfig(stop=["a", "b"]).stop == ("a", "b")
+    stream = tiny.stream([1, 2, 3], max_new_tokens=50, ignore_eos=True)
+    for _ in zip(range(4), stream):
+        pass
+    assert stream.result is None and stream.result_so_far().stats.finish_reason is None
+    assert stream.result_so_far("interrupted").stats.finish_reason == "interrupted"
+    for _ in stream:
+        pass
+    assert stream.result.stats.finish_reason == "length" and stream.result_so_far().stats.finish_reason == "length"
+
+
+@pytest.mark.parametrize("method", ["ar", "tokenswift"])
+def test_streams_of_one_engine_iterated_in_turn_give_their_own_tokens(tiny, method):
+    """One prompt a call: several prompts are several streams, which may be iterated a step each in turn
+    (each holds its own cache and state)."""
+    tiny.set_heads("random")
+    try:
+        runs = [dict(max_new_tokens=30, ignore_eos=True, seed=s, method=method) for s in (1, 2)]
+        alone = [tiny.generate(p, **r).token_ids for p, r in zip(([1, 2, 3], [4, 5]), runs)]
+        streams = [tiny.stream(p, **r) for p, r in zip(([1, 2, 3], [4, 5]), runs)]
+        active = list(streams)
+        while active:
+            for stream in list(active):
+                if next(iter(stream), None) is None:  # (one step; an ended stream gives nothing)
+                    active.remove(stream)
+        assert [s.token_ids for s in streams] == alone
+    finally:
+        tiny.set_heads(None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_refused_in_the_apis_words():
+    with pytest.raises(LongswiftError, match="RuntimeConfig.device='cuda' but no CUDA device is available: use "
+                                             "device='cpu'") as err:
+        longswift.RuntimeConfig(device="cuda")
+    assert err.value.cli_message == "--device cuda requested but no CUDA device is available; use --device cpu"
 
 
 def test_a_refused_set_heads_leaves_the_engine_as_it_was(tiny, tmp_path):

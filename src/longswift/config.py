@@ -303,7 +303,7 @@ class GenerationConfig:
         default=256, metadata=_help("prompt tokens per prefill forward (bounds the attention mask size)")
     )
     # End after the generated token whose text completes one of these (kept in the output, as with
-    # transformers' stop_strings); the command line's repeatable --stop (stop_strings.py)
+    # transformers' stop_strings; one string is taken as one); the command line's repeatable --stop (stop_strings.py)
     stop: tuple[str, ...] = ()
 
     @_validated
@@ -312,9 +312,11 @@ class GenerationConfig:
             raise LongswiftError("--max-new-tokens must be a positive number of tokens")
         if self.prefill_chunk <= 0:
             raise LongswiftError("--prefill-chunk must be positive")
-        if isinstance(self.stop, str) or not isinstance(self.stop, (tuple, list)):
-            raise ConfigTypeError(f"GenerationConfig.stop must be a tuple or list of strings; got {self.stop!r} "
-                                  f"({type(self.stop).__name__})", "--stop must be text")
+        if isinstance(self.stop, str):  # one stop string, as transformers, vLLM and OpenAI's API take it
+            self.stop = (self.stop,)
+        if not isinstance(self.stop, (tuple, list)):
+            raise ConfigTypeError(f"GenerationConfig.stop must be a string, or a tuple or list of strings; got "
+                                  f"{self.stop!r} ({type(self.stop).__name__})", "--stop must be text")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise LongswiftError("--stop strings must be non-empty text")
         self.stop = tuple(self.stop)  # a checkpoint's JSON gives a list
@@ -464,13 +466,15 @@ class RuntimeConfig:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise LongswiftError(f"--device must be cpu, cuda, cuda:N or auto; got '{self.device}'")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise LongswiftError(f"--device {self.device} requested but no CUDA device is available; use --device cpu")
+            raise ConfigError(f"RuntimeConfig.device='{self.device}' but no CUDA device is available: use device='cpu'",
+                              f"--device {self.device} requested but no CUDA device is available; use --device cpu")
         if self.threads is not None and not 0 < self.threads <= MAX_THREADS:
             raise LongswiftError(f"--threads must be between 1 and {MAX_THREADS}; got {self.threads}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
         if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
-            raise LongswiftError("--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
+            raise ConfigError("RuntimeConfig.cuda_graphs='on' needs a CUDA device: use cuda_graphs='auto' or 'off' here",
+                              "--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
         if self.graph_attention not in ("auto", *GRAPH_ATTENTIONS):
             raise LongswiftError(f"--graph-attention must be one of auto, {', '.join(GRAPH_ATTENTIONS)}; "
                                  f"got '{self.graph_attention}'")

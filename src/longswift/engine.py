@@ -78,6 +78,7 @@ class GenerationStream:
         # the step boundary before it, which checkpoint() then uses, since the live ones are mid-step.
         self._interrupted: tuple[torch.Tensor | None, GenerationStats] | None = None
         self._heads_fingerprint: str | None = None  # the heads' hash, once (a run's heads do not change)
+        self._ended = False  # the steps ran out (length, EOS or a stop string)
 
     @property
     def on_prefill(self) -> Callable[[int, int], None] | None:
@@ -116,6 +117,7 @@ class GenerationStream:
             yield ids
             if keep is not None:
                 break
+        self._ended = True
         self.result = self.result_so_far()
 
     def text(self) -> Iterator[str]:
@@ -140,11 +142,15 @@ class GenerationStream:
 
     def result_so_far(self, finish_reason: str | None = None) -> GenerationResult:
         """The ids and text generated so far, with a copy of the stats (and `finish_reason` if given,
-        e.g. "interrupted" for a run stopped between steps)."""
+        e.g. "interrupted" for a run stopped between steps; None, unless given, while the stream has not
+        ended: after a `break`)."""
         text = None
         if self._engine.tokenizer is not None:
             text = decode_text(self._engine.tokenizer, self.token_ids)
-        stats = self.stats if finish_reason is None else replace(self.stats, finish_reason=finish_reason)
+        if finish_reason is None and not self._ended:
+            stats = replace(self.stats, finish_reason=None)  # type: ignore[arg-type]
+        else:
+            stats = self.stats if finish_reason is None else replace(self.stats, finish_reason=finish_reason)
         return GenerationResult(list(self.token_ids), text, stats)
 
     def checkpoint(self, outputs: dict[str, str | int | None] | None = None) -> Checkpoint:
@@ -291,6 +297,12 @@ class Engine:
                                  "without chat=False (--raw) or token ids")
         if system is not None and not system.strip():
             raise LongswiftError("the system message is empty: give some text or leave it out")
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (str, list, tuple, dict)) for p in prompt):
+            what = "chat messages" if isinstance(prompt[0], dict) else "several prompts"
+            raise ConfigTypeError(f"prompt is a list of {what}: a call takes one prompt, as text or a list of token ids"
+                                  + (" (a chat: its text with chat=True, and system= for the system message)"
+                                     if what == "chat messages" else " (one stream per prompt; streams may be "
+                                                                     "iterated in turn)"))
         if isinstance(prompt, (list, tuple)):
             for i, t in enumerate(prompt):
                 if isinstance(t, bool) or not isinstance(t, numbers.Integral):
@@ -475,6 +487,9 @@ def with_fields(given: dict[str, Any], sampling: SamplingConfig | None, generati
                "spec": spec or SpecConfig()}
     names = {f.name: key for key, config in configs.items() for f in fields(config)}
     unknown = next((name for name in given if name not in names), None)
+    if unknown is not None and unknown in {f.name for f in fields(RuntimeConfig)}:
+        raise ConfigTypeError(f"unexpected keyword argument '{unknown}': {unknown} is a RuntimeConfig setting of the "
+                              f"loaded model: give it to longswift.load()")
     if unknown is not None:
         raise ConfigTypeError(f"unexpected keyword argument '{unknown}': generate and stream take sampling=, "
                               "generation=, chat=, method=, spec=, system= and the fields of SamplingConfig, "
@@ -517,6 +532,13 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     check_heads_type(heads)  # before the weights load
     if runtime is not None and not isinstance(runtime, RuntimeConfig):
         raise ConfigTypeError(f"runtime must be a longswift.RuntimeConfig; got {type(runtime).__name__}")
+    unknown = next((name for name in runtime_fields if name not in {f.name for f in fields(RuntimeConfig)}), None)
+    if unknown is not None:
+        elsewhere = any(unknown in {f.name for f in fields(c)} for c in (SamplingConfig, GenerationConfig, SpecConfig))
+        raise ConfigTypeError(f"unexpected keyword argument '{unknown}': "
+                              + (f"{unknown} is a generation setting: give it to generate() or stream()" if elsewhere
+                                 else "load takes model, runtime=, heads=, tensor_parallel= and the fields of "
+                                      f"RuntimeConfig ({', '.join(f.name for f in fields(RuntimeConfig))})"))
     # Keywords given with a RuntimeConfig override its fields (they were dropped without a word).
     runtime = replace(runtime, **runtime_fields) if runtime is not None else RuntimeConfig(**runtime_fields)
     if runtime.threads:

@@ -208,7 +208,7 @@ def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: i
             advice = shorter
         asked = f"max_new_tokens={max_new_tokens} (--max-new-tokens)"  # the API's name and the flag's: one message
         what = (f"{asked} and a prompt of at least one token" if prompt_tokens is None
-                else f"prompt ({prompt_tokens} tokens) + {asked} = {total}")
+                else f"prompt ({prompt_tokens} token{'' if prompt_tokens == 1 else 's'}) + {asked} = {total}")
         raise LongswiftError(f"{what} exceeds this model's context of {limit} tokens: {advice}")
 
 
