@@ -274,7 +274,7 @@ def tiny():
     (lambda e: e.generate([{"role": "user", "content": "Hi"}]), "prompt is a list of chat messages: a call takes "
                                                                "one prompt, as text or a list of token ids (a chat"),
     (lambda e: longswift.load(colour=1), "unexpected keyword argument 'colour': load takes model, runtime=, heads=, "
-                                         "tensor_parallel= and the fields of RuntimeConfig (device, dtype"),
+                                         "tensor_parallel=, tokenizer= and the fields of RuntimeConfig (device, dtype"),
     (lambda e: longswift.load(max_new_tokens=5), "max_new_tokens is a generation setting: give it to generate"),
     (lambda e: e.resume(42), "resume() takes a Checkpoint or the path of a checkpoint file; got int"),
     (lambda e: GenerationConfig(max_new_tokens=2.5), "GenerationConfig.max_new_tokens must be a whole number; got 2.5"),
@@ -522,6 +522,23 @@ def test_streams_of_one_engine_iterated_in_turn_give_their_own_tokens(tiny, meth
         assert [s.token_ids for s in streams] == alone
     finally:
         tiny.set_heads(None)
+
+
+def test_a_model_object_takes_a_tokenizer():
+    """load(model_object) has no tokenizer: text prompts, stop strings and stream.text() were refused;
+    tokenizer= gives it one (and its EOS id)."""
+    from conftest import byte_tokenizer
+
+    model = tiny_hf_model("llama", seed=5, vocab=260)
+    tok = byte_tokenizer()
+    engine = longswift.load(model, dtype="float32", heads=None, tokenizer=tok)
+    assert engine.encode("hé") == tok.encode("hé") and tok.convert_tokens_to_ids("<eos>") in engine.eos_ids
+    result = engine.generate("hé", max_new_tokens=20, ignore_eos=True, seed=1)
+    assert result.text == tok.decode(result.token_ids, skip_special_tokens=True)
+    with pytest.raises(LongswiftError, match="this tokenizer has 260 tokens and the model's vocabulary 128"):
+        longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None, tokenizer=tok)
+    with pytest.raises(TypeError, match="tokenizer must be a transformers tokenizer"):
+        longswift.load(model, dtype="float32", heads=None, tokenizer="gpt2")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")

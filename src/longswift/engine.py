@@ -297,7 +297,8 @@ class Engine:
                                  "without chat=False (--raw) or token ids")
         if system is not None and not system.strip():
             raise LongswiftError("the system message is empty: give some text or leave it out")
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, (str, list, tuple, dict)) for p in prompt):
+        several = (str, list, tuple, dict)
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, several) for p in prompt):
             what = "chat messages" if isinstance(prompt[0], dict) else "several prompts"
             raise ConfigTypeError(f"prompt is a list of {what}: a call takes one prompt, as text or a list of token ids"
                                   + (" (a chat: its text with chat=True, and system= for the system message)"
@@ -519,7 +520,8 @@ def check_heads_type(heads: Any) -> None:
 
 
 def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
-         heads: DraftHeads | str | None = "auto", tensor_parallel: bool = False, **runtime_fields: Any) -> Engine:
+         heads: DraftHeads | str | None = "auto", tensor_parallel: bool = False, tokenizer: Any = None,
+         **runtime_fields: Any) -> Engine:
     """Load a GGUF file, an HF directory, a Hugging Face model id (`org/name[@revision]`), a transformers
     model object, or (None) the embedded default, and draft heads (see Engine.set_heads; by default
     "auto": the checkpoint's own heads, else those shipped for the model, so released TokenSwift
@@ -528,7 +530,9 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     given with a RuntimeConfig override its fields. `threads` is process-wide: it calls
     torch.set_num_threads, which stays set for every engine and torch call after it.
     `tensor_parallel=True` (every rank of an initialised torch.distributed default group calls it)
-    shards the model across the ranks."""
+    shards the model across the ranks. `tokenizer`: a transformers tokenizer to use instead of the
+    model's own (a model object passed in has none: text prompts, chat, stop strings and stream.text()
+    need one)."""
     check_heads_type(heads)  # before the weights load
     if runtime is not None and not isinstance(runtime, RuntimeConfig):
         raise ConfigTypeError(f"runtime must be a longswift.RuntimeConfig; got {type(runtime).__name__}")
@@ -537,8 +541,8 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
         elsewhere = any(unknown in {f.name for f in fields(c)} for c in (SamplingConfig, GenerationConfig, SpecConfig))
         raise ConfigTypeError(f"unexpected keyword argument '{unknown}': "
                               + (f"{unknown} is a generation setting: give it to generate() or stream()" if elsewhere
-                                 else "load takes model, runtime=, heads=, tensor_parallel= and the fields of "
-                                      f"RuntimeConfig ({', '.join(f.name for f in fields(RuntimeConfig))})"))
+                                 else "load takes model, runtime=, heads=, tensor_parallel=, tokenizer= and the "
+                                      f"fields of RuntimeConfig ({', '.join(f.name for f in fields(RuntimeConfig))})"))
     # Keywords given with a RuntimeConfig override its fields (they were dropped without a word).
     runtime = replace(runtime, **runtime_fields) if runtime is not None else RuntimeConfig(**runtime_fields)
     if runtime.threads:
@@ -548,6 +552,14 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
         # Sharded runs read the checkpoint on the CPU and move only this rank's shard to the device.
         loaded = load_model(model, runtime.torch_dtype(), torch.device("cpu") if tensor_parallel else device,
                             runtime.rope_scaling)
+    if tokenizer is not None:
+        if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
+            raise ConfigTypeError(f"tokenizer must be a transformers tokenizer (with encode and decode); got "
+                                  f"{type(tokenizer).__name__}")
+        if len(tokenizer) > loaded.cfg.vocab_size:
+            raise LongswiftError(f"this tokenizer has {len(tokenizer)} tokens and the model's vocabulary "
+                                 f"{loaded.cfg.vocab_size}: pass the model's own tokenizer")
+        loaded = replace(loaded, tokenizer=tokenizer)
     pack = runtime.pack_weights
     if pack is None:  # a model object passed in is used without copies unless asked otherwise
         pack = model is None or isinstance(model, (str, os.PathLike))
