@@ -155,6 +155,8 @@ def test_refuses_another_model_other_heads_or_settings(base):
     other_heads.set_heads(other_heads.heads.randomize(seed=1))
     with pytest.raises(LongswiftError, match="other draft heads"):
         other_heads.resume(ckpt)
+    with pytest.raises(LongswiftError, match="this engine has no draft heads: load the checkpoint's heads .random"):
+        engine(heads=None).resume(ckpt)
     as_float32 = longswift.load(hf_model(), dtype="float32", heads="random")
     with pytest.raises(LongswiftError, match="made with another model|dtype float64"):
         as_float32.resume(ckpt)

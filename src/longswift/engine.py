@@ -414,9 +414,12 @@ class Engine:
             if c.runtime.get(key, default) != getattr(self.runtime, key):
                 raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key, default)} and this engine has "
                                      f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")
+        if c.method == "tokenswift" and self.heads is None:
+            raise LongswiftError(f"the checkpoint is a TokenSwift run and this engine has no draft heads: load the "
+                                 f"checkpoint's heads ({c.heads_source}; heads= or set_heads, --heads)")
         if c.method == "tokenswift" and heads_fingerprint(self.heads) != c.heads_fingerprint:
             raise LongswiftError(f"the checkpoint was made with other draft heads ({c.heads_source}): "
-                                 "resume with the same heads (--heads)")
+                                 "resume with the same heads (heads= or set_heads, --heads)")
         try:
             setup = RunSetup(c.method, list(c.prompt_ids), SamplingConfig(**c.sampling),
                              GenerationConfig(**c.generation), SpecConfig(**c.spec), decode_rng(c.rng_state))
