@@ -40,7 +40,7 @@ ONEDNN_FROM_ENTRIES = 3072
 # holes) over 1K steps. The span it reads is rounded up (onednn_span) within the cache's rows, the slots
 # past the end masked out: to a multiple of ONEDNN_SPAN up to 8K entries (at most 8% more keys read, at
 # the 3K threshold), then of a step that doubles with the context, ONEDNN_SPANS_PER_DOUBLING spans from
-# one power of two to the next (at most 1/16 more keys): ~85 shapes per row count to 100K entries, not ~390.
+# one power of two to the next (at most 1/16 more keys): ~80 shapes per row count to 100K entries, not ~380.
 ONEDNN_SPAN = 256
 ONEDNN_SPANS_PER_DOUBLING = 16
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import resource
 import sys
 from dataclasses import dataclass
 
@@ -55,6 +54,8 @@ def current_rss() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        import resource  # (Unix only)
+
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
