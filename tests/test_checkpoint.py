@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -117,6 +118,29 @@ def test_an_interrupt_inside_a_sampled_step_resumes_to_the_uninterrupted_output(
     assert resumed.result.token_ids == full.token_ids
 
 
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+@pytest.mark.parametrize("run", RUNS.values(), ids=RUNS.keys())
+def test_a_finished_run_extended_is_the_run_started_with_the_longer_length(base, run, sampling):
+    """resume(ckpt, max_new_tokens=N) goes on past a run that ended at its length: the tokens of a run
+    started with N, whichever step the first length cut (the last step of a drafting run is capped)."""
+    method, spec = run
+    whole = base.generate(PROMPT, sampling=sampling, generation=GEN, method=method, spec=spec)
+    for first in (23, 61):
+        short = base.stream(PROMPT, sampling=sampling, generation=replace(GEN, max_new_tokens=first), method=method,
+                            spec=spec)
+        for _ in short:
+            pass
+        assert short.result.stats.finish_reason == "length" and len(short.token_ids) == first
+        longer = base.resume(short.checkpoint(), max_new_tokens=GEN.max_new_tokens)
+        for _ in longer:
+            pass
+        assert longer.result.token_ids == whole.token_ids, first
+        assert longer.result.stats.resumes == 1 and longer.result.stats.new_tokens == GEN.max_new_tokens
+        with pytest.raises(LongswiftError, match=f"max_new_tokens={first - 1} .--max-new-tokens. is below the "
+                                                 f"{first} tokens the checkpoint holds"):
+            base.resume(short.checkpoint(), max_new_tokens=first - 1)
+
+
 def test_resume_of_a_finished_generation_yields_nothing_more(base):
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
     for _ in stream:
@@ -143,6 +167,8 @@ def test_a_run_resumed_after_its_eos_step_finishes_for_eos(run):
     resumed = e.resume(ckpt)  # (a fresh engine would not know this EOS)
     assert list(resumed) == []
     assert resumed.result.token_ids == full.token_ids and resumed.result.stats.finish_reason == "eos"
+    longer = e.resume(ckpt, max_new_tokens=2 * GEN.max_new_tokens)  # a new length does not reopen an EOS
+    assert list(longer) == [] and longer.result.stats.finish_reason == "eos"
 
 
 def test_refuses_another_model_other_heads_or_settings(base):

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, run_cli, tiny_hf_model
 
 
 @pytest.mark.slow
@@ -624,6 +624,27 @@ def test_a_new_run_does_not_replace_an_unfinished_checkpoint_and_a_resume_saves_
     from longswift.checkpoint import read_checkpoint
 
     assert read_checkpoint(tmp_path / "c.json").outputs["checkpoint_every"] == 100
+
+
+def test_a_finished_run_is_extended_by_resuming_it_with_a_longer_length(tmp_path, capsys, monkeypatch):
+    """`--resume CKPT --max-new-tokens N` continues a run that ended at its length to the output a run of N
+    tokens writes (sampled, TokenSwift); a length below what the checkpoint holds is refused."""
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    run = ["generate", "--model", "m", "--prompt-ids", "3,4,5,3,4,5", "--heads", "random", "--seed", "4",
+           "--ignore-eos", "--no-progress"]
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "60", "--json", "whole.json")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "25", "--json", "part.json", "--checkpoint", "c.json")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "10")
+    assert_one_line_error(code, err, "--max-new-tokens 10 is below the 25 tokens the checkpoint holds")
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "60", "--no-progress")
+    assert code == 0, err
+    assert "resuming at 25 of 60 tokens" in err
+    part, whole = json.loads((tmp_path / "part.json").read_text()), json.loads((tmp_path / "whole.json").read_text())
+    assert part["token_ids"] == whole["token_ids"] and part["stats"]["new_tokens"] == 60
+    assert part["stats"]["resumes"] == 1 and part["stats"]["finish_reason"] == "length"
 
 
 def sigterm_then_resume(tmp_path, method_args, signum):

@@ -397,15 +397,24 @@ class Engine:
         stats = GenerationStats(method=method, prompt_tokens=len(ids), seed=None if sampling.greedy else seed)
         return self._start(RunSetup(method, ids, sampling, generation, spec, generator), stats, [])
 
-    def resume(self, checkpoint: Checkpoint | str | os.PathLike) -> GenerationStream:
+    def resume(self, checkpoint: Checkpoint | str | os.PathLike, max_new_tokens: int | None = None) -> GenerationStream:
         """Continue a checkpointed generation (a Checkpoint, or the path of a checkpoint file): the
         stream yields the tokens after the checkpoint's (its token_ids and result hold all of them)
-        and the stats go on from the checkpoint's. Refused if this engine's model or heads are not the checkpoint's."""
+        and the stats go on from the checkpoint's. Refused if this engine's model or heads are not the checkpoint's.
+        `max_new_tokens`: a new length for the run (at least the tokens it holds), e.g. to extend a
+        finished run; the tokens are those of a run started with that length (one that ended at EOS or
+        a stop string stays ended)."""
         if isinstance(checkpoint, (str, os.PathLike)):
             checkpoint = read_checkpoint(checkpoint)
         if not isinstance(checkpoint, Checkpoint):
             raise ConfigTypeError(f"resume() takes a Checkpoint or the path of a checkpoint file; "
                                   f"got {type(checkpoint).__name__}")
+        if max_new_tokens is not None:
+            length = GenerationConfig(max_new_tokens=max_new_tokens).max_new_tokens  # (type and sign checked there)
+            if length < len(checkpoint.token_ids):
+                raise LongswiftError(f"max_new_tokens={length} (--max-new-tokens) is below the "
+                                     f"{len(checkpoint.token_ids)} tokens the checkpoint holds: give at least that")
+            checkpoint = replace(checkpoint, generation={**checkpoint.generation, "max_new_tokens": length})
         c = checkpoint
         if self.fingerprint != c.model_fingerprint:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "

@@ -21,7 +21,7 @@ from .flags import add_config_flags, check_heads_flag, config_from_args, model_i
 from .stop import StopRequest, say
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
-                "--heads", "--device", "--debug")
+                "--heads", "--device", "--max-new-tokens", "--debug")
 
 
 EXAMPLES = """examples:
@@ -31,6 +31,8 @@ EXAMPLES = """examples:
       a long run saved as it goes; Ctrl-C stops it cleanly and prints the command that continues it
   longswift generate --resume story.ckpt
       continue an interrupted run to exactly the output it would have produced
+  longswift generate --resume story.ckpt --max-new-tokens 12000
+      extend a finished run: the text a run of 12,000 tokens would have written
   torchrun --nproc-per-node 2 -m longswift generate --model hf_dir/ --prompt "Write a story." --json out.json
       one model across 2 processes (tensor parallel: gloo on a CPU, NCCL with a GPU each); rank 0 writes the output
 """
@@ -48,7 +50,8 @@ def add_parser(sub: Any) -> None:
     source.add_argument("--prompt-ids", metavar="IDS",
                         help="the prompt as token ids, e.g. 1,5,9 (sent as they are; for models without a tokenizer)")
     source.add_argument("--resume", type=Path, metavar="CHECKPOINT",
-                        help="continue the generation saved in this checkpoint file, with its settings")
+                        help="continue the generation saved in this checkpoint file, with its settings "
+                             "(--max-new-tokens gives it a new length, e.g. to extend a finished run)")
     fmt = gen.add_argument_group("prompt format")
     template = fmt.add_mutually_exclusive_group()
     template.add_argument("--chat", action="store_true", default=None,
@@ -290,6 +293,12 @@ def _resume(args: argparse.Namespace) -> int:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     if args.threads is not None:  # checked as the first run's was, before the checkpoint can record it
         runtime = replace(runtime, threads=args.threads)
+    length = args.max_new_tokens if "--max-new-tokens" in given else None  # a new length: extends a finished run
+    if length is not None:
+        if length < len(ckpt.token_ids):
+            raise LongswiftError(f"--max-new-tokens {length} is below the {len(ckpt.token_ids)} tokens the checkpoint "
+                                 "holds: give at least that")
+        gen = replace(gen, max_new_tokens=length)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")
     try:  # TokenSwift's draft cache and tree count too (a resume that fits only as AR: refused before loading)
@@ -300,7 +309,7 @@ def _resume(args: argparse.Namespace) -> int:
     heads = args.heads or ckpt.heads_source or "none"
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         engine = ranks.load(model, heads)
-        stream = engine.resume(ckpt)
+        stream = engine.resume(ckpt, max_new_tokens=length)
         if ranks.main:
             done = finished(list(ckpt.token_ids), gen, engine.eos_ids)  # then the loop ends before any re-read
             print(f"longswift: the run in '{_shown(resumed)}' is complete "
