@@ -407,7 +407,7 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--checkpoint", "/nonexistent-dir/c.json"], "does not exist"),
     (["--resume", "/nonexistent/c.json"], "checkpoint '/nonexistent/c.json' does not exist"),
     (["--resume", "c.json", "--temperature", "0.5"], "--temperature cannot be used with --resume"),
-    (["--resume", "c.json", "--max-new-tokens=9"], "--max-new-tokens cannot be used with --resume"),
+    (["--resume", "c.json", "--seed=9"], "--seed cannot be used with --resume"),
 ])
 def test_bad_generate_arguments(capsys, args, match):
     code, out, err = run_cli(capsys, "generate", *args)
