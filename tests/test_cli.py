@@ -559,7 +559,8 @@ def test_a_hangup_stops_and_saves_and_nohup_keeps_running(tmp_path):
     import signal
     import time
 
-    proc = start_long_run(tmp_path, "--json", "o.json")
+    # (SIGHUP's default action, whatever this process inherited: a test suite run under nohup ignores it)
+    proc = start_long_run(tmp_path, "--json", "o.json", preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     proc.send_signal(signal.SIGHUP)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGHUP, err

@@ -107,8 +107,9 @@ def test_a_run_a_stop_string_ended_resumes_to_nothing_more(embedded, tmp_path):
 def test_bad_stop_strings_are_refused(embedded, capsys):
     with pytest.raises(LongswiftError, match="GenerationConfig.stop strings must be non-empty text"):
         GenerationConfig(stop=("",))
-    with pytest.raises(ConfigTypeError, match="GenerationConfig.stop must be a tuple or list of strings"):
-        GenerationConfig(stop="end")
+    with pytest.raises(ConfigTypeError, match="GenerationConfig.stop must be a string, or a tuple or list of strings"):
+        GenerationConfig(stop=5)
+    assert GenerationConfig(stop="end").stop == ("end",)  # one string: one stop string
     assert GenerationConfig(stop=["a", "b"]).stop == ("a", "b")  # a checkpoint's JSON list
     code, _, err = run_cli(capsys, "generate", "--prompt", "Hi", "--stop", "")
     assert_one_line_error(code, err, "--stop strings must be non-empty text")
