@@ -4,7 +4,6 @@ change, and the allocation of a run's full KV cache once its plan fits."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from dataclasses import dataclass
@@ -67,12 +66,9 @@ def return_freed_memory() -> bool:
     API alone after a load)."""
     if not sys.platform.startswith("linux"):
         return False
-    name = ctypes.util.find_library("c")
     try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols: libc's, without looking for its file
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        return False
-    if trim is None:
         return False
     trim(0)
     return True
