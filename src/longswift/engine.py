@@ -78,7 +78,6 @@ class GenerationStream:
         # the step boundary before it, which checkpoint() then uses, since the live ones are mid-step.
         self._interrupted: tuple[torch.Tensor | None, GenerationStats] | None = None
         self._heads_fingerprint: str | None = None  # the heads' hash, once (a run's heads do not change)
-        self._ended = False  # the steps ran out (length, EOS or a stop string)
 
     @property
     def on_prefill(self) -> Callable[[int, int], None] | None:
@@ -117,8 +116,7 @@ class GenerationStream:
             yield ids
             if keep is not None:
                 break
-        self._ended = True
-        self.result = self.result_so_far()
+        self.result = self._result(self.stats)
 
     def text(self) -> Iterator[str]:
         """Iterate the stream (in place of its token ids) for the generated text as it comes: pieces that
@@ -144,13 +142,12 @@ class GenerationStream:
         """The ids and text generated so far, with a copy of the stats (and `finish_reason` if given,
         e.g. "interrupted" for a run stopped between steps; None, unless given, while the stream has not
         ended: after a `break`)."""
-        text = None
-        if self._engine.tokenizer is not None:
-            text = decode_text(self._engine.tokenizer, self.token_ids)
-        if finish_reason is None and not self._ended:
-            stats = replace(self.stats, finish_reason=None)  # type: ignore[arg-type]
-        else:
-            stats = self.stats if finish_reason is None else replace(self.stats, finish_reason=finish_reason)
+        if finish_reason is None and self.result is not None:  # ended: its own reason
+            return self._result(self.stats)
+        return self._result(replace(self.stats, finish_reason=finish_reason))  # type: ignore[arg-type]
+
+    def _result(self, stats: GenerationStats) -> GenerationResult:
+        text = None if self._engine.tokenizer is None else decode_text(self._engine.tokenizer, self.token_ids)
         return GenerationResult(list(self.token_ids), text, stats)
 
     def checkpoint(self, outputs: dict[str, str | int | None] | None = None) -> Checkpoint:
