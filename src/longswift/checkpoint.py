@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .atomic import write_atomic
-from .errors import LongswiftError
+from .errors import ConfigError, LongswiftError
 
 FORMAT = "longswift-checkpoint"
 FORMAT_VERSION = 1
@@ -65,6 +65,17 @@ class Checkpoint:
         digest = hashlib.sha256(canonical.encode()).hexdigest()
         head = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "sha256": digest}, separators=(",", ":"))
         return f'{head[:-1]},"checkpoint":{canonical}}}\n'
+
+    def with_length(self, max_new_tokens: int) -> Checkpoint:
+        """This run with a new length (at least the tokens it holds), e.g. to extend a finished run."""
+        from .config import GenerationConfig
+
+        length = GenerationConfig(max_new_tokens=max_new_tokens).max_new_tokens  # (type and sign checked there)
+        if length < len(self.token_ids):
+            below = f"is below the {len(self.token_ids)} tokens the checkpoint holds: give at least that"
+            raise ConfigError(f"max_new_tokens={length} (--max-new-tokens) {below}",
+                              f"--max-new-tokens {length} {below}")
+        return dataclasses.replace(self, generation={**self.generation, "max_new_tokens": length})
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""

@@ -407,11 +407,7 @@ class Engine:
             raise ConfigTypeError(f"resume() takes a Checkpoint or the path of a checkpoint file; "
                                   f"got {type(checkpoint).__name__}")
         if max_new_tokens is not None:
-            length = GenerationConfig(max_new_tokens=max_new_tokens).max_new_tokens  # (type and sign checked there)
-            if length < len(checkpoint.token_ids):
-                raise LongswiftError(f"max_new_tokens={length} (--max-new-tokens) is below the "
-                                     f"{len(checkpoint.token_ids)} tokens the checkpoint holds: give at least that")
-            checkpoint = replace(checkpoint, generation={**checkpoint.generation, "max_new_tokens": length})
+            checkpoint = checkpoint.with_length(max_new_tokens)
         c = checkpoint
         if self.fingerprint != c.model_fingerprint:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "

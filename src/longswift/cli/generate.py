@@ -259,6 +259,8 @@ def _resume(args: argparse.Namespace) -> int:
         raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
                              f"{', '.join(RESUME_FLAGS[:-1])} apply)")
     ckpt = read_checkpoint(args.resume)
+    if "--max-new-tokens" in given:  # a new length: extends a finished run
+        ckpt = ckpt.with_length(args.max_new_tokens)
     # Each output not given again goes where the first run wrote it. (Older checkpoints hold paths
     # relative to where they were written: read them from the checkpoint's folder.)
     resumed = args.resume.expanduser().absolute()
@@ -293,12 +295,6 @@ def _resume(args: argparse.Namespace) -> int:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     if args.threads is not None:  # checked as the first run's was, before the checkpoint can record it
         runtime = replace(runtime, threads=args.threads)
-    length = args.max_new_tokens if "--max-new-tokens" in given else None  # a new length: extends a finished run
-    if length is not None:
-        if length < len(ckpt.token_ids):
-            raise LongswiftError(f"--max-new-tokens {length} is below the {len(ckpt.token_ids)} tokens the checkpoint "
-                                 "holds: give at least that")
-        gen = replace(gen, max_new_tokens=length)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")
     try:  # TokenSwift's draft cache and tree count too (a resume that fits only as AR: refused before loading)
@@ -309,7 +305,7 @@ def _resume(args: argparse.Namespace) -> int:
     heads = args.heads or ckpt.heads_source or "none"
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         engine = ranks.load(model, heads)
-        stream = engine.resume(ckpt, max_new_tokens=length)
+        stream = engine.resume(ckpt)
         if ranks.main:
             done = finished(list(ckpt.token_ids), gen, engine.eos_ids)  # then the loop ends before any re-read
             print(f"longswift: the run in '{_shown(resumed)}' is complete "
