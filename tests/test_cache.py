@@ -163,10 +163,9 @@ def test_cache_refuses_to_overflow():
 
 
 TRIM_SCRIPT = """
-from longswift.runtime.memory import return_freed_memory
+from longswift.runtime.memory import current_rss, return_freed_memory
 def rss():
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) // 1024
+    return current_rss() // 2**20
 blocks = [bytearray(8192) for _ in range(20000)]  # ~160 MiB in chunks malloc keeps in its heap
 pin = bytearray(8192)  # allocated above them: the heap's top cannot shrink past it on its own
 del blocks
