@@ -49,8 +49,9 @@ class DraftHeads(nn.Module):
     """forward(h0 [T, hidden]) -> normalised head states [gamma, T, hidden], ready for the LM head."""
 
     def __init__(self, hidden_size: int, gamma: int = 3, eps: float = 1e-6,
-                 final_norm: torch.Tensor | None = None) -> None:
+                 final_norm: torch.Tensor | None = None, base_fingerprint: str | None = None) -> None:
         super().__init__()
+        self.base_fingerprint = base_fingerprint  # the base model they were made for (model_fingerprint)
         if gamma <= 0:
             raise LongswiftError("draft heads need gamma >= 1")
         self.gamma, self.eps = gamma, eps
@@ -87,8 +88,8 @@ def new_heads(cfg: ModelConfig, state: dict[str, torch.Tensor], gamma: int = 3,
     """Untrained heads for a base model, in its dtype and on its device; `fingerprint`: the model's
     (Engine.fingerprint; default: its embedding's in `state`)."""
     embed = state["model.embed_tokens.weight"]
-    heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, state["model.norm.weight"])
-    heads.base_fingerprint = fingerprint or model_fingerprint(cfg, embed)  # type: ignore[attr-defined]
+    heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, state["model.norm.weight"],
+                       fingerprint or model_fingerprint(cfg, embed))
     return heads.to(device=embed.device, dtype=embed.dtype)
 
 
@@ -247,7 +248,8 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     if bad is not None:  # they would draft nothing useful (output stays lossless, but every step wasted)
         raise LongswiftError(f"heads file '{path}' holds NaN or infinite values in '{bad}' (a training run that "
                              "diverged, or a damaged file): retrain the heads, with a lower --lr if it diverged")
-    heads = DraftHeads(cfg.hidden_size, meta["gamma"], float(meta.get("eps", cfg.rms_norm_eps)))
+    heads = DraftHeads(cfg.hidden_size, meta["gamma"], float(meta.get("eps", cfg.rms_norm_eps)),
+                       base_fingerprint=fingerprint)
     try:
         heads.load_state_dict(tensors)
     except RuntimeError as exc:  # torch's first line is only "Error(s) in loading state_dict for DraftHeads:"
@@ -255,5 +257,4 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
         detail = lines[1] if len(lines) > 1 else lines[0] if lines else type(exc).__name__
         raise LongswiftError(f"heads file '{path}' is damaged ({detail.rstrip('.')}): re-export or retrain the "
                              "heads") from None
-    heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
     return heads.to(device=embed.device, dtype=embed.dtype)

@@ -43,12 +43,11 @@ _PARTS = {"weights": "linear.weight", "in_norms": "input_layernorm.weight", "out
 def heads_from_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, fingerprint: str) -> DraftHeads:
     """DraftHeads holding exactly these (checked, see loading.take_head_tensors) released-layout tensors."""
     gamma = len(tensors) // len(_PARTS)
-    heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps)
+    heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, base_fingerprint=fingerprint)
     dtype = next(iter(tensors.values())).dtype
     heads.to(dtype)  # no rounding on the way in: the parameters take the tensors' dtype
     heads.load_state_dict({p: torch.stack([tensors[f"{HEAD_PREFIX}{i}.{part}"] for i in range(gamma)])
                            for p, part in _PARTS.items()})
-    heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
     return heads
 
 

@@ -131,9 +131,7 @@ class HeadTrainer:
         model = engine.model
         self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
         heads = new_heads(engine.cfg, model.state, cfg.gamma, fingerprint=engine.fingerprint)
-        fingerprint = heads.base_fingerprint  # type: ignore[attr-defined]
         self.heads = heads.to(torch.promote_types(engine.model.dtype, torch.float32)).requires_grad_(True)
-        self.heads.base_fingerprint = fingerprint  # type: ignore[attr-defined]
         self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
         self.log: list[dict] = []
@@ -193,7 +191,7 @@ class HeadTrainer:
         return {"format": "longswift-train", "version": 1, "config": asdict(self.cfg), "step": self.step,
                 "heads": {k: v.detach().cpu() for k, v in self.heads.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "data_hash": self.data_hash,
-                "base": self.heads.base_fingerprint, "log": self.log,  # type: ignore[attr-defined]
+                "base": self.heads.base_fingerprint, "log": self.log,
                 "settings": self.settings}
 
     def save_checkpoint(self, path: Path) -> None:
@@ -204,7 +202,7 @@ class HeadTrainer:
             raise OSError(f"cannot write the checkpoint '{path}': {str(exc).splitlines()[0]}") from exc
 
     def load_checkpoint(self, path: Path) -> None:
-        ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash,  # type: ignore[attr-defined]
+        ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash,
                              settings=self.settings)
         with torch.no_grad():
             self.heads.load_state_dict(ck["heads"])
@@ -331,6 +329,6 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     bar.close()
     meta = {"training": {"config": asdict(cfg), "settings": trainer.settings, "windows": int(windows.shape[0]),
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
-    save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)  # type: ignore[attr-defined]
+    save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)
     write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
     return trainer
