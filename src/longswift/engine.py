@@ -181,13 +181,15 @@ class Engine:
     the same calls and gets the same tokens (rank 0 draws them)."""
 
     def __init__(self, loaded: LoadedModel, pack_weights: bool = True, runtime: RuntimeConfig | None = None,
-                 tp: TensorParallel | None = None, device: torch.device | None = None) -> None:
+                 tp: TensorParallel | None = None, device: torch.device | None = None,
+                 model_source: str | None = None) -> None:
         self.runtime = runtime or RuntimeConfig()
         self.cfg = loaded.cfg  # the whole model's config (the model's own is its shard's under tp)
         self.tokenizer = loaded.tokenizer
         self.source = loaded.source
         # How to load this model again (checkpoints): "<embedded>", an absolute path, or "<ClassName>".
-        self.model_source = loaded.source if loaded.source.startswith("<") else os.path.abspath(loaded.source)
+        self.model_source = model_source or (
+            loaded.source if loaded.source.startswith("<") else os.path.abspath(loaded.source))
         # The base model's identity (heads files, checkpoints), from its embedding as stored, before the cast.
         corner = loaded.embed_corner if loaded.embed_corner is not None else loaded.state[EMBED]
         self.fingerprint = model_fingerprint(loaded.cfg, corner)
@@ -273,7 +275,7 @@ class Engine:
         if width != self.cfg.hidden_size:
             raise LongswiftError(f"these heads are {width} wide, this model's hidden size is {self.cfg.hidden_size}: "
                                  "they were made for another model; train heads for this model")
-        made_for = getattr(heads, "base_fingerprint", None)
+        made_for = heads.base_fingerprint
         if made_for is not None and made_for != self.fingerprint:
             raise LongswiftError("these heads were made for another model (their base model's fingerprint differs "
                                  "from this model's): train heads for this model")
@@ -571,9 +573,8 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     tp = None
     if tensor_parallel:
         tp = TensorParallel(loaded.cfg, device)
-    engine = Engine(loaded, pack_weights=pack, runtime=runtime, tp=tp, device=device)
-    if model is None:
-        engine.model_source = "<embedded>"
+    engine = Engine(loaded, pack_weights=pack, runtime=runtime, tp=tp, device=device,
+                    model_source="<embedded>" if model is None else None)
     engine.set_heads(heads)
     return_freed_memory()  # what the load converted and let go (the weights are resident by now)
     return engine
