@@ -139,7 +139,7 @@ class GenerationStream:
             yield rest
 
     def result_so_far(self, finish_reason: str | None = None) -> GenerationResult:
-        """The ids and text generated so far, with a copy of the stats (and `finish_reason` if given,
+        """The ids and text generated so far with the stats (a copy while running; `finish_reason` if given,
         e.g. "interrupted" for a run stopped between steps; None, unless given, while the stream has not
         ended: after a `break`)."""
         if finish_reason is None and self.result is not None:  # ended: its own reason

@@ -1,7 +1,7 @@
 """`longswift bench`: our AR and TokenSwift against transformers and llama.cpp on the same model,
 prompt and sampling settings, over a grid of prefix lengths x generation lengths x sampling
 presets; methods interleaved run by run so machine noise hits all alike. Results go to a
-resumable directory (bench_report.py) and a markdown report."""
+resumable directory (bench/report.py) and a markdown report."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class FullKVCache:
 
 
 class PartialKVCache(FullKVCache):
-    """The draft pass's small cache (DESIGN §3): slots `[0, sinks)` hold the first positions,
+    """The draft pass's small cache (TokenSwift's partial KV cache): slots `[0, sinks)` hold the first positions,
     then `retrieved` positions chosen per layer and KV head by importance (the latest query's
     dot products with the keys), then a window of the most recent entries. When the window is
     full, the caller selects again from the full cache ("dynamic partial cache"), or keeps the

@@ -266,9 +266,9 @@ class StepGraphs:
 
     def forward(self, tokens: list[int], positions: torch.Tensor, mask: torch.Tensor | None, logits: bool,
                 budget: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [n], positions [n] long, mask [n, n] bool (None: one token) -> (logits [n', V] or
-        [0, V], hidden [n', hidden]) with n' = the padded budget (rows past n are padding); the cache
-        advances by n, the padding's entries lie past its end."""
+        """tokens [n], positions [n] long, mask [n, n] bool (None: one token) -> (logits [n', V], or
+        [0, hidden] when not `logits`; hidden [n', hidden]) with n' = the padded budget (rows past n are
+        padding); the cache advances by n, the padding's entries lie past its end."""
         n = len(tokens)
         budget = budget or padded_nodes(n)
         slot = self.cache.reserve(budget)

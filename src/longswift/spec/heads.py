@@ -1,4 +1,4 @@
-"""Draft heads (DESIGN §2): gamma sequential residual blocks on the last layer's pre-norm hidden
+"""Draft heads (TokenSwift, arXiv 2502.18890): gamma sequential residual blocks on the last layer's pre-norm hidden
 state, `h_i = h_{i-1} + W_i RMSNorm_i(h_{i-1})`, read out through `RMSNorm'_i` and the base
 model's frozen, shared LM head. Saved as one safetensors file whose metadata names the base."""
 
@@ -18,6 +18,7 @@ from torch import nn
 from ..atomic import replace_atomically
 from ..config import ModelConfig
 from ..errors import LongswiftError
+from ..runtime.loading import EMBED_CORNER
 from ..runtime.model import fused_norm_default, rms_norm
 
 FORMAT = "longswift-heads"
@@ -39,7 +40,7 @@ def named_heads_file(heads: str | None) -> Path | None:
 def model_fingerprint(cfg: ModelConfig, embed: torch.Tensor) -> str:
     """Identity of a base model: shape facts plus a hash of part of its embedding table
     (rounded to bfloat16 so that the same weights loaded in another dtype still match)."""
-    sample = embed[: min(512, embed.shape[0]), : min(64, embed.shape[1])].detach().to("cpu", torch.bfloat16)
+    sample = embed[: EMBED_CORNER[0], : EMBED_CORNER[1]].detach().to("cpu", torch.bfloat16)
     h = hashlib.sha256(sample.view(torch.int16).numpy().tobytes())
     h.update(f"{cfg.architecture}:{cfg.hidden_size}:{cfg.vocab_size}:{cfg.num_layers}".encode())
     return h.hexdigest()[:32]

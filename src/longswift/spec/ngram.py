@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-NGRAM_N = 4  # the order of TokenSwift's n-grams (DESIGN §1: every 4-gram of the prompt and the output)
+NGRAM_N = 4  # the order of TokenSwift's n-grams (TokenSwift: every 4-gram of the prompt and the output)
 
 
 class _Continuations:

@@ -1,6 +1,7 @@
-"""The lossless walk (DESIGN §1 step 5): from the root, draw one token per visited node from
-exactly the distribution AR would use at that position (the penalty window includes the path
-accepted so far); descend while the draw is a child, and emit the first draw that is not.
+"""The lossless walk (the TokenSwift step's verify stage, docs/design.md): from the root, draw one
+token per visited node from exactly the distribution AR would use at that position (the penalty
+window includes the path accepted so far); descend while the draw is a child, and emit the first
+draw that is not.
 
 Every emitted token is one AR draw — same transform, same single uniform from the generator — so
 with the same seed the output is AR's output, token for token, whatever the heads drafted.

@@ -1,4 +1,4 @@
-"""Training the draft heads (DESIGN §2) on a frozen base model.
+"""Training the draft heads (docs/heads.md) on a frozen base model.
 
 The base runs once per window, without autograd, to give the last layer's pre-norm hidden states
 `h0 [N, L, hidden]`; only the heads (and their gradients and AdamW state) train. Loss: the sum over
