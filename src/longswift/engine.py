@@ -22,8 +22,8 @@ from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
 from .runtime.memory import check_context, return_freed_memory
 from .runtime.model import Transformer
 from .runtime.parallel import TensorParallel, shard_config, shard_state
-from .spec.heads import HEADS_FILE, DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
-from .spec.released import heads_from_tensors, heads_location, load_released_heads
+from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
+from .spec.released import choose_heads, heads_from_tensors, load_released_heads
 from .spec.tokenswift import tokenswift_steps
 from .stats import GenerationResult, GenerationStats, finished
 from .stop_strings import StopStrings
@@ -236,29 +236,26 @@ class Engine:
             origin = "none" if found is None else "given as a DraftHeads object"
             if found is not None:
                 self._check_given_heads(found)
-        elif heads == "auto" and self._checkpoint_heads is not None:
-            found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)
-            found = found.to(device=embed.device, dtype=embed.dtype)
-            origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
-            released = Path(self.source) if Path(self.source).is_dir() else None
-        elif heads in ("auto", "default"):
-            path = shipped_heads(self.fingerprint)
-            found = load_heads(path, self.cfg, embed, self.fingerprint) if path else None
-            file = path
-            origin = f"shipped with longswift for this model: {path}" if path else "none"
-        elif heads == "random":
-            found = new_heads(self.cfg, self.model.state, fingerprint=self.fingerprint).randomize(seed=0)
-            origin = "random (seeded, for testing)"
-        else:  # a heads file, or a directory / hub id holding heads.safetensors or a released checkpoint
-            path = heads_location(str(heads))
-            if path.is_dir() and not (path / HEADS_FILE).is_file():
-                found = load_released_heads(path, self.cfg, embed, self.fingerprint)
+        else:
+            choice = choose_heads(heads, lambda: self._checkpoint_heads is not None,
+                                  lambda: shipped_heads(self.fingerprint))
+            found, path = None, choice.path
+            if choice.kind == "checkpoint":
+                found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)
+                found = found.to(device=embed.device, dtype=embed.dtype)
+                origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
+                released = Path(self.source) if Path(self.source).is_dir() else None
+            elif choice.kind == "shipped":
+                found, file = load_heads(path, self.cfg, embed, self.fingerprint), path
+                origin = f"shipped with longswift for this model: {path}"
+            elif choice.kind == "random":
+                found = new_heads(self.cfg, self.model.state, fingerprint=self.fingerprint).randomize(seed=0)
+                origin = "random (seeded, for testing)"
+            elif choice.kind == "released":
+                found, released = load_released_heads(path, self.cfg, embed, self.fingerprint), path
                 origin = f"from the released checkpoint {path} ({HEAD_PREFIX}*, TokenSwift layout)"
-                released = path
-            else:
-                path = path / HEADS_FILE if path.is_dir() else path
-                found = load_heads(path, self.cfg, embed, self.fingerprint)
-                file = path
+            elif choice.kind == "file":
+                found, file = load_heads(path, self.cfg, embed, self.fingerprint), path
                 origin = f"from the heads file {path}"
         if found is not None:
             origin = f"{found.gamma} heads {origin}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,34 @@ def heads_location(source: str) -> Path:
                              f"not finish; continue it with `longswift train-heads --out {path} --resume` and the "
                              "flags it was started with")
     return resolve_hub_id(source, "heads") if not path.exists() and parse_hub_id(source) else path
+
+
+@dataclass(frozen=True)
+class HeadsChoice:
+    """Where `--heads` takes a model's heads from. kind: "none", "random", "checkpoint" (the model
+    checkpoint's own, TokenSwift layout), "shipped" (inside the package, for this model), "released" (a
+    TokenSwift-layout directory) or "file"; `path` for the last three."""
+
+    kind: str
+    path: Path | None = None
+
+
+def choose_heads(heads: str, in_checkpoint: Callable[[], bool], shipped: Callable[[], Path | None]) -> HeadsChoice:
+    """The one order of `--heads` (Engine.set_heads loads by it, `longswift info` describes it): "auto" is
+    the checkpoint's own heads, else the shipped ones, else none; "default" only the shipped ones; else a
+    heads file, a directory holding one, or a released checkpoint (local or a hub id). The callables are
+    asked only when the order reaches them (reading a checkpoint's header, hashing its embedding)."""
+    if heads in ("none", "random"):
+        return HeadsChoice(heads)
+    if heads == "auto" and in_checkpoint():
+        return HeadsChoice("checkpoint")
+    if heads in ("auto", "default"):
+        path = shipped()
+        return HeadsChoice("shipped", path) if path is not None else HeadsChoice("none")
+    path = heads_location(heads)
+    if path.is_dir() and not (path / HEADS_FILE).is_file():
+        return HeadsChoice("released", path)
+    return HeadsChoice("file", path / HEADS_FILE if path.is_dir() else path)
 
 
 def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor, fingerprint: str | None = None) -> DraftHeads:
@@ -157,32 +187,39 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
     """Which heads `--heads` gives this model and where they come from, read from file headers
     (plus the embedding table when shipped heads might match), for `longswift info`; and whether
     there are any (else generation runs AR)."""
-    if heads in ("none", "random"):
-        return ("none (AR)", False) if heads == "none" else ("random heads (testing only)", True)
-    if heads in ("auto", "default"):
-        path = resolve_path(model)
-        if heads == "auto":
-            meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items() if k.startswith(HEAD_PREFIX)}
-            found = take_head_tensors(cfg, meta, str(path))
-            if found:
-                n = len(found) // len(_PARTS)
-                where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
-                return f"{n} heads inside the model checkpoint {where}{_trained(path)}", True
-        if may_have_shipped_heads(cfg):
-            embed = read_tensors(path, {EMBED}, torch.float32)[EMBED]
-            shipped = shipped_heads(model_fingerprint(cfg, embed))
-            if shipped is not None:
-                what = describe_heads_file(shipped, cfg, lambda: embed)
-                return f"heads shipped with longswift for this model: {shipped} ({what})", True
+    if heads == "none":
+        return "none (AR)", False
+    path = resolve_path(model) if heads in ("auto", "default") else None
+    embed: list[torch.Tensor] = []  # read once, if at all
+
+    def model_embed() -> torch.Tensor:
+        if not embed:
+            embed.append(read_tensors(resolve_path(model), {EMBED}, torch.float32)[EMBED])
+        return embed[0]
+
+    def checkpoint_heads() -> list[str]:
+        meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items() if k.startswith(HEAD_PREFIX)}
+        return list(take_head_tensors(cfg, meta, str(path)) or ())
+
+    def shipped() -> Path | None:
+        return shipped_heads(model_fingerprint(cfg, model_embed())) if may_have_shipped_heads(cfg) else None
+
+    choice = choose_heads(heads, lambda: bool(checkpoint_heads()), shipped)
+    if choice.kind == "random":
+        return "random heads (testing only)", True
+    if choice.kind == "none":
         return "none: AR (the checkpoint has no heads and none are shipped for this model)", False
-    path = heads_location(heads)
-    if not path.exists():
-        raise LongswiftError(f"heads '{path}' do not exist: pass a heads file, a directory holding one, or a "
+    if choice.kind == "checkpoint":
+        n = len(checkpoint_heads()) // len(_PARTS)
+        where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
+        return f"{n} heads inside the model checkpoint {where}{_trained(path)}", True
+    if choice.kind == "shipped":
+        return f"heads shipped with longswift for this model: {choice.path} " \
+               f"({describe_heads_file(choice.path, cfg, model_embed)})", True
+    if choice.kind == "released":
+        return (f"from the released checkpoint {choice.path} (TokenSwift layout; checked against the model when "
+                f"loaded){_trained(choice.path)}"), True
+    if not choice.path.exists():
+        raise LongswiftError(f"heads '{choice.path}' do not exist: pass a heads file, a directory holding one, or a "
                              "released checkpoint")
-    if path.is_dir() and not (path / HEADS_FILE).is_file():
-        return (f"from the released checkpoint {path} (TokenSwift layout; checked against the model when "
-                f"loaded){_trained(path)}"), True
-    file = path / HEADS_FILE if path.is_dir() else path
-    model_path = resolve_path(model)
-    what = describe_heads_file(file, cfg, lambda: read_tensors(model_path, {EMBED}, torch.float32)[EMBED])
-    return f"from the heads file {file}: {what}", True
+    return f"from the heads file {choice.path}: {describe_heads_file(choice.path, cfg, model_embed)}", True
