@@ -128,8 +128,7 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
             raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: put its "
                                  "tokenizer files (tokenizer.json, tokenizer_config.json) in the model directory, "
                                  "or pass prompts as token ids")
-        chat = bool(getattr(engine.tokenizer, "chat_template", None))
-        prompts = [engine.encode(p, chat=chat) for p in PROMPTS]
+        prompts = [engine.encode(p, chat=None) for p in PROMPTS]  # the chat template where the model has one
     longest, limit = max((len(p) for p in prompts), default=0), engine.cfg.context_limit
     if longest + new_tokens > limit:
         raise LongswiftError(f"--distill-new-tokens {new_tokens} + the longest prompt's {longest} tokens exceed this "

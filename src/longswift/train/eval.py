@@ -61,8 +61,7 @@ def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: 
 
 def check_alpha_fits(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT) -> None:
     """Refuse, naming --alpha-tokens, a held-out generation longer than the model's context."""
-    chat = bool(getattr(engine.tokenizer, "chat_template", None))
-    total, limit = len(engine.encode(prompt, chat=chat)) + new_tokens, engine.cfg.context_limit
+    total, limit = len(engine.encode(prompt, chat=None)) + new_tokens, engine.cfg.context_limit
     if total > limit:
         raise LongswiftError(f"--alpha-tokens {new_tokens} + the held-out prompt's {total - new_tokens} tokens exceed "
                              f"this model's context of {limit}: lower --alpha-tokens (0 skips the alpha run)")
@@ -77,8 +76,7 @@ def held_out_alpha(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT,
     from tqdm import tqdm
 
     sampling = sampling or SamplingConfig(seed=0)
-    chat = bool(getattr(engine.tokenizer, "chat_template", None))
-    stream = engine.stream(prompt, sampling=sampling, chat=chat, method="tokenswift", spec=spec,
+    stream = engine.stream(prompt, sampling=sampling, chat=None, method="tokenswift", spec=spec,
                            generation=GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True))
     with tqdm(total=new_tokens, desc="alpha generation", unit="tok", disable=not progress) as bar:
         for ids in stream:
