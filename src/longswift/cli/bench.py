@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
-from .flags import MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number
+from .flags import HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number
 
 
 def add_parser(sub: Any) -> None:
@@ -20,10 +20,7 @@ def add_parser(sub: Any) -> None:
                             "(its prompt lookup), llamacpp, llamacpp-pld (llama-cpp-python on the same GGUF). Default: "
                             "ar,tokenswift,hf,hf-pld,llamacpp,llamacpp-pld, skipping those not installed")
     bench.add_argument("--heads", default="auto",
-                       help="draft heads for the tokenswift methods, as generate's --heads: 'auto' (default) = the "
-                            "checkpoint's own heads, else those shipped for the model; 'default' = only shipped heads; "
-                            "a heads file, a directory / hub id holding heads.safetensors or a released checkpoint; "
-                            "'random'")
+                       help=f"draft heads for the tokenswift methods (default: auto): {HEADS_HELP}; 'random'")
     presets = bench.add_mutually_exclusive_group()
     presets.add_argument("--presets", default=None,
                          help="comma list of sampling presets: greedy (no penalty), paper (min-p 0.1, penalty 1.2/1024), "

@@ -15,6 +15,11 @@ from ..errors import LongswiftError
 MODEL_HELP = ("a .gguf file, an HF model directory or a Hugging Face hub id org/name[@revision] "
               "(default: embedded model)")
 
+# Where --heads takes draft heads from (spec.released.choose_heads), for each command's --heads help.
+HEADS_HELP = ("'auto' = the model checkpoint's own heads (released TokenSwift models), else those shipped for the "
+              "model (the embedded model has some), else none; 'default' = only shipped heads; a heads file, or a "
+              "directory / hub id holding heads.safetensors or a released checkpoint")
+
 # Help group titles: what a user looks for, not the class names.
 TITLES = {
     "SamplingConfig": "sampling",

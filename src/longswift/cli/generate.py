@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError, LongswiftError
-from .flags import add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
+from .flags import HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
 from .stop import StopRequest, say
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
@@ -66,10 +66,7 @@ def add_parser(sub: Any) -> None:
     model.add_argument("--method", choices=["ar", "tokenswift"], default=None,
                        help="decoding method (default: tokenswift when the model has heads, else ar)")
     model.add_argument("--heads", default=None,
-                       help="draft heads for TokenSwift: 'auto' (the default) = the model checkpoint's own heads "
-                            "(released TokenSwift models), else those shipped for the model (the embedded model has "
-                            "some), else none; 'default' = only shipped heads; a heads file, or a directory / hub id "
-                            "holding heads.safetensors or a released checkpoint; 'none'; 'random' (testing)")
+                       help=f"draft heads for TokenSwift (default: auto): {HEADS_HELP}; 'none'; 'random' (testing)")
     files = gen.add_argument_group("output (each path distinct; files are written atomically)")
     files.add_argument("--output", type=Path, metavar="FILE", help="write the text here instead of stdout")
     files.add_argument("--json", type=Path, metavar="FILE", help="write {token_ids, text, stats} to this file")

@@ -15,7 +15,7 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import (DECODING_ONLY, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs,
+from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs,
                     seed_number)
 
 
@@ -34,9 +34,7 @@ def add_parsers(sub: Any) -> None:
     ev = sub.add_parser("eval-heads", help="per-head accuracy on held-out text and TokenSwift alpha")
     ev.add_argument("--model", help=MODEL_HELP)
     ev.add_argument("--heads", required=True,
-                    help="the heads to measure: a heads file, a directory / hub id holding heads.safetensors or a "
-                         "released checkpoint, 'default' (the heads shipped for the model: the embedded model has "
-                         "some) or 'auto' (as generate's --heads)")
+                    help=f"the heads to measure: {HEADS_HELP}")
     _add_data_flags(ev)
     ev.add_argument("--seq-len", type=int, default=512,  # train-heads' windows: a self-distilled document fills one
                     help="tokens per evaluation window (default %(default)s, as train-heads)")
