@@ -271,6 +271,7 @@ def tiny():
                                              "longswift.load()"),
     (lambda e: e.generate(["Hi", "Hello"]), "prompt is a list of several prompts: a call takes one prompt"),
     (lambda e: e.generate([[1, 2], [3]]), "prompt is a list of several prompts: a call takes one prompt"),
+    (lambda e: e.generate(torch.tensor([[1, 2], [3, 4]])), "prompt token ids must be one row (a 1-D tensor or array"),
     (lambda e: e.generate([{"role": "user", "content": "Hi"}]), "prompt is a list of chat messages: a call takes "
                                                                "one prompt, as text or a list of token ids (a chat"),
     (lambda e: longswift.load(colour=1), "unexpected keyword argument 'colour': load takes model, runtime=, heads=, "
@@ -289,6 +290,31 @@ def test_wrong_types_say_what_was_expected(tiny, call, match):
     with pytest.raises(TypeError) as info:
         call(tiny)
     assert isinstance(info.value, LongswiftError) and match in str(info.value)
+
+
+def test_token_ids_come_as_a_list_a_tensor_or_an_array(tiny):
+    import numpy as np
+
+    want = tiny.generate([1, 5, 9], max_new_tokens=4, seed=1).token_ids
+    assert tiny.generate(torch.tensor([1, 5, 9]), max_new_tokens=4, seed=1).token_ids == want
+    assert tiny.generate(np.array([1, 5, 9], dtype=np.int64), max_new_tokens=4, seed=1).token_ids == want
+
+
+def test_settings_that_would_be_ignored_are_refused(tiny):
+    """chat=True with token ids (the template wraps text only), and TokenSwift's drafting settings in a run
+    that is AR: each would otherwise change nothing without a word."""
+    with pytest.raises(LongswiftError, match="chat=True wraps prompt text in the chat template, and token ids are "
+                                             "sent as they are: pass the text, or drop chat=True"):
+        tiny.generate([1, 2], chat=True)
+    with pytest.raises(LongswiftError, match="tree sets how TokenSwift drafts and this engine has no draft heads, so "
+                                             "it runs AR: drop it"):
+        tiny.generate([1, 2], tree="1,2", max_new_tokens=2)
+    drafting = longswift.load(tiny_hf_model("llama", seed=3, dtype=torch.float64, vocab=40), dtype="float64",
+                              heads="random")
+    with pytest.raises(LongswiftError, match="draft_kv_budget, tree set how TokenSwift drafts and method='ar': drop them"):
+        drafting.generate([1, 2], method="ar", tree="1,2", draft_kv_budget=4096)
+    assert len(drafting.generate([1, 2], tree="1,2", max_new_tokens=3).token_ids) == 3  # TokenSwift takes them
+    assert len(drafting.generate([1, 2], method="ar", max_new_tokens=3).token_ids) == 3
 
 
 def test_api_messages_name_fields_and_cli_messages_name_flags(capsys):

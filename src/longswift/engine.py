@@ -283,9 +283,9 @@ class Engine:
         return self._checkpoint_heads is not None
 
     def encode(self, prompt: str | list[int], chat: bool | None = False, system: str | None = None) -> list[int]:
-        """Prompt text or ids -> ids. `chat`: wrap text in the model's chat template (True), send it
-        as it is (False), or the template when the model has one (None, the CLI's default). `system`:
-        the chat's system message (instead of the template's default one, where it has one)."""
+        """Prompt text or ids (a list, or a 1-D tensor or array) -> ids. `chat`: wrap text in the model's
+        chat template (True), send it as it is (False), or the template when the model has one (None, the
+        CLI's default). `system`: the chat's system message (instead of the template's default one)."""
         if system is not None and not isinstance(system, str):
             raise ConfigTypeError(f"system must be text (str) or None; got {type(system).__name__}")
         if system is not None and (not isinstance(prompt, str) or chat is False):
@@ -293,6 +293,11 @@ class Engine:
                                  "without chat=False (--raw) or token ids")
         if system is not None and not system.strip():
             raise LongswiftError("the system message is empty: give some text or leave it out")
+        if hasattr(prompt, "tolist") and not isinstance(prompt, str):  # a tensor or numpy array of token ids
+            prompt = prompt.tolist()
+            if not isinstance(prompt, list) or any(isinstance(t, list) for t in prompt):
+                raise ConfigTypeError("prompt token ids must be one row (a 1-D tensor or array, or a list): "
+                                      "a call takes one prompt")
         several = (str, list, tuple, dict)
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, several) for p in prompt):
             what = "chat messages" if isinstance(prompt[0], dict) else "several prompts"
@@ -308,6 +313,9 @@ class Engine:
             ids = [int(t) for t in prompt]
             if any(not 0 <= t < self.cfg.vocab_size for t in ids):
                 raise LongswiftError(f"prompt token ids must be in [0, {self.cfg.vocab_size})")
+            if chat:
+                raise LongswiftError("chat=True wraps prompt text in the chat template, and token ids are sent as they "
+                                     "are: pass the text, or drop chat=True")
         elif not isinstance(prompt, str):
             raise ConfigTypeError(f"prompt must be text (str) or a list of token ids (ints); got {type(prompt).__name__}")
         else:
@@ -374,6 +382,12 @@ class Engine:
             raise LongswiftError("method='tokenswift' (--method tokenswift) needs draft heads and this model has "
                                  "none: train some with `longswift train-heads` and pass them (heads=PATH, --heads PATH; "
                                  "or 'random')")
+        drafting = sorted(set(fields_given) & {f.name for f in fields(SpecConfig)})
+        if method == "ar" and drafting:
+            why = "method='ar'" if self.heads is not None else "this engine has no draft heads, so it runs AR"
+            raise LongswiftError(f"{', '.join(drafting)} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift "
+                                 f"drafts and {why}: drop {'it' if len(drafting) == 1 else 'them'}, or generate with "
+                                 "TokenSwift (draft heads, method='tokenswift')")
         spec = spec or SpecConfig()
         sampling = sampling or SamplingConfig()
         generation = generation or GenerationConfig()
