@@ -10,10 +10,10 @@ from conftest import tiny_hf_model
 
 import longswift
 from longswift.runtime.attention import (
+    FUSED_FROM_TOKENS,
     MASK_ALIGN,
     ONEDNN_FROM_ENTRIES,
     ONEDNN_SPAN,
-    SDPA_FROM_TOKENS,
     Attention,
     additive_mask,
     by_length,
@@ -75,11 +75,11 @@ def random_case(t: int, start: int, tree: bool, dtype: torch.dtype, seed: int):
 CASES = [  # (new tokens, cached entries, tree mask)
     (1, 0, False), (1, 7, False), (1, ONEDNN_FROM_ENTRIES - 1, False), (1, ONEDNN_FROM_ENTRIES, False),
     (8, 0, True), (8, 40, True), (31, ONEDNN_FROM_ENTRIES + 3, True),
-    (SDPA_FROM_TOKENS - 1, 20, False), (SDPA_FROM_TOKENS, 20, False), (SDPA_FROM_TOKENS + 1, 0, False),
+    (FUSED_FROM_TOKENS - 1, 20, False), (FUSED_FROM_TOKENS, 20, False), (FUSED_FROM_TOKENS + 1, 0, False),
 ]
 
 
-@pytest.mark.parametrize("kernel", [None, "explicit", "sdpa", "cascade", "flash"])
+@pytest.mark.parametrize("kernel", [None, "explicit", "cascade", "flash"])
 @pytest.mark.parametrize("t,start,tree", CASES)
 def test_every_path_equals_explicit_attention_in_float64(kernel, t, start, tree):
     q, keys, values, new = random_case(t, start, tree, torch.float64, seed=t * 7919 + start)

@@ -13,6 +13,7 @@ from conftest import OpCount, tiny_hf_model
 
 import longswift
 from longswift.errors import LongswiftError
+from longswift.runtime.attention import FUSED_FROM_TOKENS
 from longswift.runtime.cache import FullKVCache
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -70,17 +71,17 @@ def test_tree_forward_equals_forward_of_each_path(setup):
     check_tree_against_paths(engine.model, prompt, tokens, dtype, 1e-10 if dtype == torch.float64 else 1e-4)
 
 
-@pytest.mark.parametrize("kernel", ["sdpa", "onednn", "cascade", "flash"])
+@pytest.mark.parametrize("kernel", ["fused", "onednn", "cascade", "flash"])
 def test_tree_forward_contract_holds_on_every_attention_kernel(kernel):
-    """The runner picks attention kernels by device and size (SDPA for big masked forwards, oneDNN
-    products for long caches, flash and the cascade on CUDA); force each on a small case so the
-    tree contract is checked on all of them (the flash/cascade ops have CPU versions)."""
+    """The runner picks attention kernels by device and size (the cascade for big masked forwards, picked
+    by its threshold here, oneDNN products for long caches, flash and the cascade on CUDA); force each on a
+    small case so the tree contract is checked on all of them (the flash/cascade ops have CPU versions)."""
     hf = tiny_hf_model("llama", "default", seed=6)
     engine = longswift.load(hf, dtype="float32", pack_weights=True)
     model = engine.model
     assert model.packed
-    if kernel == "sdpa":
-        model.attention.sdpa_from_tokens = 1
+    if kernel == "fused":
+        model.attention.fused_from_tokens = 1
     elif kernel == "onednn":
         model.attention.onednn_from = 0
     else:
@@ -198,7 +199,8 @@ def test_loading_returns_what_it_freed(monkeypatch):
 @pytest.mark.parametrize("t", [8, 64], ids=["verify-size", "prefill-chunk"])
 def test_memory_plan_covers_the_attention_a_masked_forward_allocates(t):
     """The memory plan's attention transient is at least the largest single allocation of a masked
-    forward (the fused SDPA path allocates no [G*T, S] scores, and the plan counts none there)."""
+    forward: the explicit scores over the cache for a verify pass, and for a prefill chunk (the cascade,
+    through flash kernels) nothing of the cache's length: no [G*T, S] scores or mask exist."""
     from torch.profiler import ProfilerActivity, profile
 
     from longswift.runtime.memory import masked_attention_bytes
@@ -216,7 +218,11 @@ def test_memory_plan_covers_the_attention_a_masked_forward_allocates(t):
     largest = max(e.cpu_memory_usage for e in prof.events())
     planned = masked_attention_bytes(cfg, t, cached + t, 4)
     assert largest <= planned, (largest, planned)
-    assert largest >= cfg.group_size * t * cached * 4  # the additive mask is there: the profile saw it
+    scores = cfg.num_heads * t * cached * 4  # [Hkv, G*T, S] float32
+    if t < FUSED_FROM_TOKENS:
+        assert largest >= scores  # the explicit scores are there: the profile saw them
+    else:
+        assert largest < scores / 4
 
 
 def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():
@@ -230,7 +236,8 @@ def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():
     cfg = shape_config("llama-3.1-8b")
     plan = plan_memory(cfg, torch.bfloat16, torch.device("cuda"), 104_096, 1, False, 0, 121)
     tail = masked_attention_bytes(cfg, 128, 104_096, 2, True, BUCKET)
-    assert tail == 2 * 32 * 128 * (128 + 1024) * 4 + 4 * 32 * 128 * 128 * 4  # scores + probs, the merged parts
+    # the [G*T, T] mask, scores + probs, the merged parts
+    assert tail == 4 * 128 * 128 * 2 + 2 * 32 * 128 * (128 + 1024) * 4 + 4 * 32 * 128 * 128 * 4
     activations = 128 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * 2
     assert plan.workspace == tail + sampling_bytes(cfg.vocab_size, 4, 2) + activations
     # float32 on CUDA has no flash kernel: the cascade's cached part is explicit over every entry

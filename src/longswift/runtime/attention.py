@@ -6,7 +6,8 @@ the new tokens the [T, T] mask decides (causal for prefill chunks, the trie's an
 verification). Backends are picked per device and shape:
 
 - CPU: the kernels measured fastest on a 2-core CPU (grouped bmm; oneDNN per KV head beyond ~3K
-  cached entries on the packed path; fused SDPA for masked forwards of 64+ tokens).
+  cached entries on the packed path; the cascade below, through the CPU's flash kernels, for masked
+  forwards of 64+ tokens).
 - CUDA: flash attention for decoding (the grouped-query bmm sends cuBLAS to a slow non-tensor-core
   kernel at long contexts), and the *cascade* for masked forwards: flash attention of all T*G
   query rows over the cached prefix (no mask), returning its log-sum-exp, plus attention over the T
@@ -25,11 +26,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# New tokens per masked forward from which the CPU path goes to the fused SDPA kernel (prefill
-# chunks): it never materialises the [G*T, S] scores. Measured on a 2-core CPU, embedded model at
-# 6.6K context: 64 tokens 416 -> 282 ms a forward, but 32 tokens (tree verification) 95 -> 147 ms,
-# so smaller forwards keep the explicit products. The memory plan counts transients by this rule.
-SDPA_FROM_TOKENS = 64
+# New tokens per masked forward from which the CPU path goes to the cascade (flash kernels with their
+# log-sum-exp, the CPU's own), which never materialises the [G*T, S] scores: prefill chunks. Measured on a
+# 2-core CPU, embedded model: fused kernels at 6.6K context, 64 tokens 416 -> 282 ms a forward, but 32 tokens
+# (tree verification) 95 -> 147 ms, so smaller forwards keep the explicit products; a 4,096-token prompt
+# in chunks of 256, the cascade 9.88-10.12 s against 9.81-10.10 s for fused SDPA (whose mask is dense over
+# the cache) and 10.43-10.65 s for SDPA with the [G*T, S] mask it had. The memory plan counts by this rule.
+FUSED_FROM_TOKENS = 64
 
 # Cached entries from which the packed CPU path leaves the grouped bmm for per-KV-head oneDNN
 # products; measured on a 2-core CPU, the grouped bmm is faster below about 3K cached entries.
@@ -249,7 +252,7 @@ def _used_prefix(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks:
         # token with more heads than KV heads, mha_varlen_fwd swaps the groups back into R query rows per KV
         # head ("seqlenq_ngroups_swapped": each KV head's keys read once for all its rows) and plans a split
         # of the keys across thread blocks; R query tokens of Hkv heads, as before, ran one thread block per
-        # KV head over the whole span (H100, 8B shape, 100K context: 89 ms of attention a step against 4.5 ms).
+        # KV head over the whole span (H100, 8B shape, 100K context: 89 ms of attention a step against 4.8 ms).
         # The swap needs at least two rows: a lone row (one decoding token without GQA) goes twice.
         q = (qg if rows > 1 else qg.expand(hkv, 2, d)).reshape(1, -1, d)  # [1, Hkv*R', D]
         out, lse = torch.ops.aten._flash_attention_forward(
@@ -274,14 +277,15 @@ def by_length(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: Ke
 
 @dataclass
 class Masks:
-    """What one forward's attention needs besides the cache: T new tokens at slots [start, start + T),
-    their [T, T] visibility (None for a single decoding token), and derived per-backend forms."""
+    """What one forward's attention needs besides the cache: T new tokens at slots [start, start + T) and
+    their [T, T] visibility (None for a single decoding token), as the additive [G*T, T] mask of query row
+    g*T + t over the new entries (additive_mask), built once per forward. Every cached slot before `start`
+    is visible to every row, so no backend needs a [G*T, S] mask."""
 
     t: int
     start: int
     new: torch.Tensor | None  # [T, T] bool
-    bias: torch.Tensor | None = None  # CPU explicit/SDPA kernels: additive [G*T, S]
-    rows: torch.Tensor | None = None  # the cascade: the [T, T] mask per query row g*T + t, additive [G*T, T]
+    rows: torch.Tensor | None = None  # [G*T, T] additive, rows g*T + t
 
     @property
     def end(self) -> int:
@@ -290,7 +294,7 @@ class Masks:
 
 class Attention:
     """attend(qg, keys, values, masks) -> [Hkv, R, D]: the backend for one model (device, dtype,
-    packed weights). `kernel` forces one path ("explicit", "sdpa", "onednn", "flash", "cascade")
+    packed weights). `kernel` forces one path ("explicit", "onednn", "flash", "cascade")
     for tests; None picks by device and shape. (The generation loops' CUDA steps go through
     runtime.cuda_graphs, whose bodies use `bucketed` or `by_length`.)"""
 
@@ -299,13 +303,18 @@ class Attention:
         self.device, self.dtype, self.scale, self.packed = device, dtype, scale, packed
         self.acc_dtype = torch.promote_types(dtype, torch.float32)
         self.kernel = kernel
-        self.sdpa_from_tokens = SDPA_FROM_TOKENS
+        self.fused_from_tokens = FUSED_FROM_TOKENS
         self.onednn_from = ONEDNN_FROM_ENTRIES
 
-    def _kernel(self, decoding: bool) -> str | None:
-        if self.kernel is None and self.device.type == "cuda":
-            return "flash" if decoding else "cascade"
-        return self.kernel
+    def _kernel(self, m: Masks) -> str:
+        """The path for this forward: the forced one, else by device and shape (thresholds measured)."""
+        if self.kernel is not None:
+            return self.kernel
+        if self.device.type == "cuda":
+            return "flash" if m.new is None else "cascade"
+        if m.new is not None and m.t >= self.fused_from_tokens:
+            return "cascade"
+        return "onednn" if self.packed and m.end >= self.onednn_from else "explicit"
 
     def masks(self, t: int, start: int, group: int, tree_mask: torch.Tensor | None) -> Masks:
         """Per-forward mask state for T tokens written at slots [start, start + T): causal among
@@ -318,59 +327,33 @@ class Attention:
             if tree_mask.shape != (t, t):
                 raise ValueError(f"tree_mask must be [{t}, {t}], got {list(tree_mask.shape)}")
             new = tree_mask.to(device=self.device, dtype=torch.bool)
-        m = Masks(t, start, new)
-        if self._kernel(False) in ("cascade", "flash"):
-            m.rows = additive_mask(new.repeat(group, 1), self.dtype)  # once per forward, not per layer
-        else:
-            bias = torch.zeros(t, start + t, dtype=self.dtype, device=self.device)  # [T, S]
-            bias[:, start:].masked_fill_(~new, float("-inf"))
-            m.bias = bias.repeat(group, 1)  # [G*T, S], rows g*T + t
-        return m
+        return Masks(t, start, new, additive_mask(new.repeat(group, 1), self.dtype))  # once per forward
 
     def attend(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks) -> torch.Tensor:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
-        kernel = self._kernel(m.new is None)
+        kernel = self._kernel(m)
         rows = keys, values  # [Hkv, C, D] each: the oneDNN path reads past the end, masked (onednn_span)
         keys, values = keys[:, : m.end], values[:, : m.end]
         if kernel == "flash" and m.new is None:
             return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
         if kernel in ("cascade", "flash"):
             return cascade(qg, keys, values, m.start, m.rows, self.scale)
-        return self._cpu(qg, keys, values, m, kernel, rows)
-
-    def _cpu(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
-             kernel: str | None, rows: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """The CPU kernels with their measured thresholds (or the one `kernel` forces). `rows`: the
-        cache's keys and values past the end too, which the oneDNN path reads to a rounded span."""
-        bias = m.bias
-        if kernel is None:
-            if bias is not None and m.t >= self.sdpa_from_tokens:
-                kernel = "sdpa"
-            elif self.packed and keys.shape[1] >= self.onednn_from:
-                kernel = "onednn"
-            else:
-                kernel = "explicit"
-        if kernel == "sdpa" and bias is not None:
-            return F.scaled_dot_product_attention(  # [1, Hkv, R, D]: query groups as rows
-                qg.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=bias, scale=self.scale)[0]
         if kernel == "onednn":
             span = min(rows[0].shape[1], onednn_span(m.end))
-            keys, values = rows[0][:, :span], rows[1][:, :span]  # [Hkv, S', D], S' >= S
-            return self._onednn(qg, keys, values, bias, m.end)
-        if bias is None:
-            scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
-        else:
-            scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=self.scale)
+            return self._onednn(qg, rows[0][:, :span], rows[1][:, :span], m)  # [Hkv, S', D], S' >= S
+        scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
+        if m.rows is not None:
+            scores[:, :, m.start:] += m.rows  # the new entries' [G*T, T] mask; the cached slots are all visible
         probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
         return torch.bmm(probs, values)  # [Hkv, R, D]
 
-    def _onednn(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
-                end: int) -> torch.Tensor:
-        """keys/values: [Hkv, S', D] whose slots [end, S') lie past the cache's length (zeros or stale
-        entries: finite), masked to -inf, so that they weigh exactly 0; bias: [R, end] or None."""
+    def _onednn(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks) -> torch.Tensor:
+        """keys/values: [Hkv, S', D] whose slots [m.end, S') lie past the cache's length (zeros or stale
+        entries: finite), masked to -inf, so that they weigh exactly 0."""
         op = torch.ops.mkldnn._linear_pointwise
-        if bias is None:
+        end = m.end
+        if m.rows is None:
             # Decoding: MKL's GEMM with the cache rows as M streams K near bandwidth, and
             # oneDNN reads V for the few-row P @ V product faster than batched GEMM (2-core
             # CPU, embedded model at 6.6K context: a decode step 30.7 -> 29.1 ms against
@@ -384,7 +367,7 @@ class Attention:
         outs = []
         for i in range(qg.shape[0]):
             scores = op(qg[i] * self.scale, keys[i], None, "none", [], "")  # [R, S']
-            scores[:, :end] += bias
+            scores[:, m.start:end] += m.rows  # [G*T, T]: the new entries' mask
             scores[:, end:] = float("-inf")
             probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
             outs.append(op(probs, values[i].t(), None, "none", [], ""))  # [R, D]

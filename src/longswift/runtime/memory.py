@@ -12,7 +12,7 @@ import torch
 
 from ..config import MAX_ROPE_FACTOR, ModelConfig
 from ..errors import LongswiftError
-from .attention import SDPA_FROM_TOKENS, cuda_flash_fits
+from .attention import FUSED_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
 from .model import Transformer
@@ -120,21 +120,19 @@ class MemoryPlan:
 def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False,
                            tail: int = 0, flash: bool = True) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
-    `capacity` cached entries. CPU kernels: the additive mask ([T, S] and its [G*T, S] copy, model
-    dtype), and below the SDPA threshold also the explicit scores and softmax (float32, all heads).
-    The cascade (CUDA): scores and softmax over the T new entries (and `tail` cached ones: the
-    bucketed step bodies' masked part), and the float32 parts merged; the masked part's fused kernel
-    (float16/bfloat16) holds only its additive mask, so this bounds it from above. Without a flash kernel for
-    the dtype (float32, float64) its cached part is explicit too: scores, their masked copy and
-    softmax over every cached entry."""
-    if cascade:
+    `capacity` cached entries. Every path holds the additive [G*T, T] mask of the new entries (model
+    dtype). The CPU's explicit products (below FUSED_FROM_TOKENS): the scores and their softmax over every
+    entry (float32, all heads). The cascade (CUDA; the CPU from that threshold): scores and softmax over the
+    T new entries (and `tail` cached ones: the bucketed step bodies' masked part), and the float32 parts
+    merged; its fused kernels hold less, so this bounds them from above. Without a flash kernel for the dtype
+    (CUDA in float32, float64) its cached part is explicit too: scores, their masked copy and softmax over
+    every cached entry."""
+    mask = cfg.group_size * t * t * elem
+    if cascade or t >= FUSED_FROM_TOKENS:
         acc = max(elem, 4)
-        if not flash:
-            return 3 * cfg.num_heads * t * capacity * acc + 4 * cfg.num_heads * t * cfg.head_dim * acc
-        return 2 * cfg.num_heads * t * (t + tail) * 4 + 4 * cfg.num_heads * t * cfg.head_dim * 4
-    mask = (1 + cfg.group_size) * t * capacity * elem
-    if t >= SDPA_FROM_TOKENS:  # the fused kernel works on blocks; no [G*T, S] scores exist
-        return mask
+        if cascade and not flash:
+            return mask + 3 * cfg.num_heads * t * capacity * acc + 4 * cfg.num_heads * t * cfg.head_dim * acc
+        return mask + 2 * cfg.num_heads * t * (t + tail) * 4 + 4 * cfg.num_heads * t * cfg.head_dim * 4
     return mask + 2 * cfg.num_heads * t * capacity * 4
 
 
