@@ -173,6 +173,84 @@ def test_an_interrupted_stdout_run_never_replaces_another_runs_checkpoint(tmp_pa
     assert beside.save_interrupted(Saved("a")) == beside.save_interrupted(Saved("b")) == here
 
 
+class Proxy:
+    """A generation stream with something changed, the rest passed through."""
+
+    def __init__(self, stream) -> None:
+        self.__dict__["_stream"] = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._stream, name, value)
+
+    def __iter__(self):
+        return iter(self._stream)
+
+
+@pytest.mark.parametrize("when", ["loading", "reading", "reading-resumed"])
+def test_a_signal_before_the_first_new_token_stops_the_reading_and_writes_nothing(tmp_path, capsys, when):
+    """Ctrl-C while the model loads or the context is read (minutes, for a long one) stops at the next chunk:
+    the run has generated nothing, so no checkpoint of it and no outputs are written (a resumed run's
+    checkpoint stays as it was, and is named). It used to read the whole context, draw a token, and save a
+    checkpoint of that one token."""
+    import signal
+
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.stop import StopRequest
+
+    engine = longswift.load(tiny_hf_model(), heads="random")
+    stop = StopRequest()  # not entered: the signal is set by hand
+    if when == "loading":
+        stop.signum = signal.SIGINT
+    chunks = []
+
+    class SignalledWhileReading(Proxy):
+        def __setattr__(self, name, value):
+            if name == "on_prefill" and value is not None:  # the first chunk brings the signal
+                def reading(read, total, show=value):
+                    chunks.append(read)
+                    stop.signum = stop.signum or signal.SIGINT
+                    show(read, total)
+                value = reading
+            setattr(self._stream, name, value)
+
+    stream = engine.stream(list(range(3, 43)), sampling=SamplingConfig(seed=1),
+                           generation=GenerationConfig(max_new_tokens=20, ignore_eos=True, prefill_chunk=8))
+    out = Outputs(tmp_path / "o.txt", tmp_path / "o.json", tmp_path / "c.json", 4)
+    last = (tmp_path / "c.json", 4) if when == "reading-resumed" else None
+    code = _run(engine, SignalledWhileReading(stream), out, stop, no_progress=True, last_saved=last)
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert chunks == ([] if when == "loading" else [8])  # 1 of the 5 chunks read
+    assert stream.token_ids == [] and list(tmp_path.iterdir()) == []
+    said = "longswift: stopped before the first new token: nothing written"
+    if last is not None:
+        said += "; the checkpoint saved at 4 tokens is intact: continue with: longswift generate --resume"
+    assert said in err
+
+
+def test_a_signal_while_loading_stops_at_once():
+    """Loading has nothing to save: the first signal interrupts it, and is kept for after it too (a
+    KeyboardInterrupt raised while Python runs a __del__ is printed and lost)."""
+    import signal
+
+    from longswift.cli.stop import StopRequest
+
+    stop = StopRequest()
+    with pytest.raises(KeyboardInterrupt), stop.at_once():
+        stop._handle(signal.SIGTERM, None)
+    assert stop.signum == signal.SIGTERM
+    stop2 = StopRequest()
+    stop2._handle(signal.SIGINT, None)  # outside: a request to stop after the step
+    assert stop2.signum == signal.SIGINT
+
+
 def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_status(tmp_path, capsys, monkeypatch):
     """Ctrl-C in a directory where nothing can be written (the start warned of it): the exit status is the
     signal's, and one line says the state could not be saved and what to do, rather than exit 1 on the
@@ -190,10 +268,16 @@ def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_s
     nowhere = tmp_path / "gone" / "longswift.checkpoint.json"  # its directory does not exist
     monkeypatch.setattr(Outputs, "fallback_checkpoint", lambda self: nowhere)
     stop = StopRequest()  # not entered: the signal is set by hand, as if it came during the first step
-    stop.signum = signal.SIGINT
+
+    class SignalledInFirstStep(Proxy):
+        def __iter__(self):
+            for ids in self._stream:
+                stop.signum = signal.SIGINT
+                yield ids
+
     stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1),
                            generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
-    code = _run(engine, stream, Outputs(None, None, None, 1024), stop, no_progress=True)
+    code = _run(engine, SignalledInFirstStep(stream), Outputs(None, None, None, 1024), stop, no_progress=True)
     err = capsys.readouterr().err
     assert code == 130, err
     assert "longswift: interrupted at 1 of 20 tokens; its state could not be saved (" in err

@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError, LongswiftError
 from .flags import HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
-from .stop import StopRequest, say
+from .stop import READING, SAVING, StopRequest, say
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
                 "--heads", "--device", "--max-new-tokens", "--debug")
@@ -199,7 +200,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if isinstance(prompt, list) and any(not 0 <= t < cfg.vocab_size for t in prompt):
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
-        engine = ranks.load(args.model, heads)
+        with stop.at_once():
+            engine = ranks.load(args.model, heads)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec, system=args.system)
         return _run(engine, stream, outputs, stop, args.no_progress)
@@ -301,7 +303,8 @@ def _resume(args: argparse.Namespace) -> int:
     _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec)
     heads = args.heads or ckpt.heads_source or "none"
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
-        engine = ranks.load(model, heads)
+        with stop.at_once():
+            engine = ranks.load(model, heads)
         stream = engine.resume(ckpt)
         if ranks.main:
             done = finished(list(ckpt.token_ids), gen, engine.eos_ids)  # then the loop ends before any re-read
@@ -424,10 +427,16 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         total = stream.max_new_tokens
         display = make_display(text_file, total, len(stream.token_ids), progress=not no_progress)
         stream.on_prefill = display.prefill  # a long context (a resume's re-read) takes minutes on a CPU
+        if tp is None:  # (under tensor parallelism every rank reads on: they stop together after a step)
+            stream.on_prefill = _stop_reading(display.prefill, stop)
+            stop.doing = READING
+            if stop.signum is not None:  # stopped while the model loaded: nothing generated, nothing to write
+                raise StoppedReading
         next_save = len(stream.token_ids) + out.every
         with display:
             display.text(earlier)  # a resumed run's file holds the whole text
             for ids in stream:
+                stop.doing = SAVING
                 display.text(push(ids))
                 display.advance(len(ids), stats)
                 if out.checkpoint and len(stream.token_ids) >= next_save:
@@ -470,6 +479,10 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
         for f in (text_file, json_file):
             if f:
                 f.discard()
+        if isinstance(exc, StoppedReading):
+            say("longswift: stopped before the first new token: nothing written"
+                + (f"; {_resume_hint(*last_saved)}" if last_saved is not None else ""))
+            return stop.exit_code
         if _output_lost(exc) and (stop.signum is not None or out.checkpoint):
             # The terminal or pipe the run wrote to is gone (Ctrl-C also stopped `| tee`; a hangup): the run
             # itself is fine, between two steps, and its state is saved as an interrupted run's would be.
@@ -499,6 +512,23 @@ def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress:
             f"Continue with: longswift generate --resume {shlex.quote(shown)}")
         return stop.exit_code
     return 0
+
+
+class StoppedReading(Exception):
+    """A stop signal came before the first new token (while the model loaded or the context was read):
+    the run ends there, writing nothing (a resumed run's checkpoint stays as it was)."""
+
+
+def _stop_reading(show: Callable[[int, int], None], stop: StopRequest) -> Callable[[int, int], None]:
+    """The stream's on_prefill: show the reading, and end it at the next chunk once a stop is asked for
+    (a long context takes minutes to read: a run that has generated nothing saves nothing)."""
+
+    def reading(read: int, total: int) -> None:
+        show(read, total)
+        if stop.signum is not None:
+            raise StoppedReading
+
+    return reading
 
 
 def _output_lost(exc: BaseException) -> bool:

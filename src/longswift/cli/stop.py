@@ -22,6 +22,10 @@ def _signals() -> list[int]:
     return found
 
 
+SAVING = "finishing the current step and saving"
+READING = "stopping the reading of the context (nothing generated yet, nothing to save)"
+
+
 class StopRequest:
     """Turns the first SIGINT/SIGTERM/SIGHUP into a request to stop after the current step; a second
     one interrupts at once (KeyboardInterrupt). Handlers are restored on exit."""
@@ -31,8 +35,13 @@ class StopRequest:
         self._saved: dict[int, Any] = {}
         self._held = False  # inside held(): a second signal waits for its end
         self._pending = False
+        self._at_once = False  # inside at_once(): the first signal stops at once too
+        self.doing = SAVING  # what the first signal makes the run do, as said to the user
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._at_once:
+            self.signum = signum  # (kept: a KeyboardInterrupt raised inside a __del__ is lost, this is not)
+            raise KeyboardInterrupt
         if self.signum is not None:
             if self._held:
                 self._pending = True
@@ -40,8 +49,7 @@ class StopRequest:
             raise KeyboardInterrupt
         self.signum = signum
         if os.environ.get("RANK", "0").strip() in ("", "0"):  # under torchrun every rank gets it: rank 0 says so
-            say(f"\nlongswift: {signal.Signals(signum).name} received: finishing the current step and saving "
-                "(send it again to stop at once)")
+            say(f"\nlongswift: {signal.Signals(signum).name} received: {self.doing} (send it again to stop at once)")
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
@@ -52,6 +60,15 @@ class StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for s, handler in self._saved.items():
             signal.signal(s, handler)
+
+    @contextmanager
+    def at_once(self) -> Iterator[None]:
+        """A section with nothing to save, such as loading the model: any signal stops the command at once."""
+        self._at_once = True
+        try:
+            yield
+        finally:
+            self._at_once = False
 
     @contextmanager
     def held(self) -> Iterator[None]:
