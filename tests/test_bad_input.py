@@ -537,9 +537,17 @@ def test_a_prompt_that_alone_fills_the_context_is_told_to_shrink(capsys):
     with pytest.raises(LongswiftError, match=r"= 266 exceeds this model's context of 256 tokens: shorten the "
                                              r"prompt, or extend"):
         check_context(cfg, 256, 10)
-    with pytest.raises(LongswiftError, match="= 300 exceeds this model's context of 256 tokens: lower "
-                                             "--max-new-tokens, or extend"):
+    with pytest.raises(LongswiftError) as info:
         check_context(cfg, 200, 100)
+    assert str(info.value) == ("prompt (200 tokens) + max_new_tokens=100 = 300 exceeds this model's context of 256 "
+                               "tokens: lower max_new_tokens, or extend the context on purpose with "
+                               "load(..., rope_scaling='yarn:2')")
+    assert info.value.cli_message == ("prompt (200 tokens) + --max-new-tokens 100 = 300 exceeds this model's context "
+                                      "of 256 tokens: lower --max-new-tokens, or extend the context on purpose with "
+                                      "--rope-scaling yarn:2")
+    with pytest.raises(LongswiftError) as info:  # a resumed run keeps its checkpoint's rope: no scaling advised
+        check_context(cfg, 200, 100, rescalable=False)
+    assert str(info.value).endswith("256 tokens: lower max_new_tokens")
 
 
 def test_a_run_that_could_not_save_an_interrupt_here_warns_as_it_starts(tmp_path, capsys, monkeypatch):

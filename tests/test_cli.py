@@ -481,7 +481,7 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
     (["--max-new-tokens", "5"], "give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS"),
     (["--prompt", "hi", "--max-new-tokens", "100000"],
-     "max_new_tokens=100000 (--max-new-tokens) and a prompt of at least one token exceeds this model's context of 8192 tokens: lower "
+     "--max-new-tokens 100000 and a prompt of at least one token exceeds this model's context of 8192 tokens: lower "
      "--max-new-tokens, or extend the context on purpose with --rope-scaling yarn:13"),  # not tokenized yet: no count
     (["--prompt", "hi", "--max-new-tokens", "1000000000000"], "exceeds this model's context"),
     (["--prompt", "hi", "--max-new-tokens", "8000000", "--rope-scaling", "yarn:1024"], "not enough memory"),
@@ -724,6 +724,10 @@ def test_a_finished_run_is_extended_by_resuming_it_with_a_longer_length(tmp_path
     assert code == 0, err
     code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "10")
     assert_one_line_error(code, err, "--max-new-tokens 10 is below the 25 tokens the checkpoint holds")
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "300")
+    assert_one_line_error(code, err, "prompt (6 tokens) + --max-new-tokens 300 = 306 exceeds this model's context "
+                                     "of 256 tokens: lower --max-new-tokens")
+    assert "rope" not in err  # --resume keeps the checkpoint's rope scaling: the flag would be refused
     code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "60", "--no-progress")
     assert code == 0, err
     assert "resuming at 25 of 60 tokens" in err

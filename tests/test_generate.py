@@ -117,14 +117,14 @@ def test_on_prefill_follows_the_reading_of_the_context_and_of_a_resumes_context(
 
 def test_bad_requests_are_refused():
     engine = longswift.load(tiny_hf_model(seed=16), dtype="float32")
-    with pytest.raises(LongswiftError, match=r"= 260 exceeds this model's context of 256 tokens.*--rope-scaling yarn:2"):
+    with pytest.raises(LongswiftError, match=r"= 260 exceeds this model's context of 256 tokens.*rope_scaling='yarn:2'"):
         engine.generate(PROMPT, generation=GenerationConfig(max_new_tokens=250))
     huge = longswift.load(tiny_hf_model(seed=16, max_position_embeddings=10**12), dtype="float32")
     with pytest.raises(LongswiftError, match="not enough memory"):
         huge.generate(PROMPT, generation=GenerationConfig(max_new_tokens=10**11))
     with pytest.raises(LongswiftError) as info:  # past what any rope factor (at most 1024) reaches
         engine.generate(PROMPT, generation=GenerationConfig(max_new_tokens=10**6))
-    assert str(info.value).endswith("exceeds this model's context of 256 tokens: lower --max-new-tokens")
+    assert str(info.value).endswith("exceeds this model's context of 256 tokens: lower max_new_tokens")
     vocab = engine.cfg.vocab_size
     with pytest.raises(LongswiftError, match=f"every one of this model's {vocab} token ids is banned"):
         engine.generate(PROMPT, sampling=SamplingConfig(banned_ids=tuple(range(vocab))))

@@ -449,6 +449,7 @@ class Engine:
                                  "resume from an earlier copy")
         if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids):
             raise LongswiftError("the checkpoint's token ids do not fit this model's vocabulary")
+        check_context(self.cfg, len(setup.prompt_ids), setup.generation.max_new_tokens, rescalable=False)
         generated = list(c.token_ids)
         if not (finished(generated, setup.generation, self.eos_ids) or (stats.finish_reason == "stop" and generated)):
             stats.resumes += 1  # (a finished run's checkpoint gives its result again: nothing re-read, no resume)

@@ -300,7 +300,7 @@ def _resume(args: argparse.Namespace) -> int:
         spec = SpecConfig(**ckpt.spec) if ckpt.method == "tokenswift" else None
     except (TypeError, LongswiftError) as exc:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
-    _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec)
+    _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec, resumed=True)
     heads = args.heads or ckpt.heads_source or "none"
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
@@ -371,9 +371,10 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
 
 
 def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: GenerationConfig, prompt_tokens: int | None,
-                         spec: SpecConfig | None = None) -> Any:
+                         spec: SpecConfig | None = None, resumed: bool = False) -> Any:
     """Refuse, before reading any weights, a run whose weights + KV cache for its prompt and new tokens
-    cannot fit (with TokenSwift's tree and draft cache when `spec` is given). A new run (`prompt_tokens`
+    cannot fit (with TokenSwift's tree and draft cache when `spec` is given; `resumed`: a run that keeps its
+    checkpoint's rope scaling). A new run (`prompt_tokens`
     None: not tokenized yet) plans for a one-token prompt: the exact plan, with the prompt, is checked again
     before the cache is allocated. Under torchrun, a model that does not split across the processes is
     refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
@@ -384,7 +385,7 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     from ..spec.budget import run_plan
 
     cfg = load_config(model, runtime.rope_scaling)
-    check_context(cfg, prompt_tokens, gen.max_new_tokens)
+    check_context(cfg, prompt_tokens, gen.max_new_tokens, rescalable=not resumed)
     tokens = (prompt_tokens or 1) + gen.max_new_tokens
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     held = cfg  # what one process holds

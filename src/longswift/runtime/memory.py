@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import MAX_ROPE_FACTOR, ModelConfig
-from ..errors import LongswiftError
+from ..errors import ConfigError, LongswiftError
 from .attention import FUSED_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
@@ -186,25 +186,32 @@ def rope_extension(cfg: ModelConfig, total: int) -> int | None:
     return factor if cfg.scaled_rope is None and factor <= MAX_ROPE_FACTOR else None
 
 
-def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: int) -> None:
-    """Refuse a generation longer than the model's context (trained, or extended by rope scaling).
-    `prompt_tokens` None: the prompt is not tokenized yet (the command line, before loading): one at least."""
+def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: int, rescalable: bool = True) -> None:
+    """Refuse a generation longer than the model's context (trained, or extended by rope scaling), in the
+    API's words (cli_message: the flags'). `prompt_tokens` None: the prompt is not tokenized yet (the command
+    line, before loading): one at least. `rescalable`: whether a rope scaling may be advised (not to a
+    resumed run, which keeps its checkpoint's)."""
     counted = 1 if prompt_tokens is None else prompt_tokens
     total, limit = counted + max_new_tokens, cfg.context_limit
-    if total > limit:
-        full = counted >= limit  # the prompt alone: fewer new tokens would not help
-        shorter = "shorten the prompt" if full else "lower --max-new-tokens"
-        factor = rope_extension(cfg, total)
+    if total <= limit:
+        return
+    full = counted >= limit  # the prompt alone: fewer new tokens would not help
+    factor = rope_extension(cfg, total) if rescalable else None
+
+    def say(length: str, asked: str, rope: str) -> str:
+        shorter = "shorten the prompt" if full else f"lower {length}"
         if factor is not None:
-            advice = f"{shorter}, or extend the context on purpose with --rope-scaling yarn:{factor}"
-        elif cfg.scaled_rope is not None:
-            advice = shorter if full else "lower --max-new-tokens or shorten the prompt"
-        else:  # no extension reaches that far
+            advice = f"{shorter}, or extend the context on purpose with {rope}"
+        elif cfg.scaled_rope is not None and not full:
+            advice = f"lower {length} or shorten the prompt"
+        else:  # no extension reaches that far (or none may be used)
             advice = shorter
-        asked = f"max_new_tokens={max_new_tokens} (--max-new-tokens)"  # the API's name and the flag's: one message
         what = (f"{asked} and a prompt of at least one token" if prompt_tokens is None
                 else f"prompt ({prompt_tokens} token{'' if prompt_tokens == 1 else 's'}) + {asked} = {total}")
-        raise LongswiftError(f"{what} exceeds this model's context of {limit} tokens: {advice}")
+        return f"{what} exceeds this model's context of {limit} tokens: {advice}"
+
+    api = say("max_new_tokens", f"max_new_tokens={max_new_tokens}", f"load(..., rope_scaling='yarn:{factor}')")
+    raise ConfigError(api, say("--max-new-tokens", f"--max-new-tokens {max_new_tokens}", f"--rope-scaling yarn:{factor}"))
 
 
 def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0,
