@@ -412,6 +412,18 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     assert all(torch.equal(rounded[k], v) for k, v in saved.items() if v.is_floating_point()), "rounded on export"
 
 
+@pytest.mark.parametrize("command", ["generate", "info", "eval-heads", "export-heads"])
+def test_a_directory_without_heads_is_refused_as_heads(tmp_path, capsys, command):
+    """An empty directory (a train-heads --out stopped before its first checkpoint, say) as --heads was read
+    as a model directory ("has no config.json: pass an HF model directory"), and `info` called it a released
+    checkpoint."""
+    (tmp_path / "empty").mkdir()
+    extra = {"generate": ["--prompt", "hi"], "export-heads": ["--out", str(tmp_path / "out")]}.get(command, [])
+    code, _, err = run_cli(capsys, command, "--heads", str(tmp_path / "empty"), *extra)
+    assert_one_line_error(code, err, f"heads '{tmp_path / 'empty'}' is a directory without heads.safetensors or a "
+                                     "released checkpoint (config.json): pass a heads file")
+
+
 def test_info_reports_which_heads_and_where(tmp_path, capsys):
     save_released(tiny_hf_model("llama", "default"), tmp_path)
     code, out, _ = run_cli(capsys, "info", "--model", str(tmp_path))

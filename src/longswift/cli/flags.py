@@ -100,9 +100,10 @@ def check_heads_flag(heads: str, method: str | None) -> None:
     if heads.endswith(".safetensors") and not Path(heads).expanduser().is_file():
         raise LongswiftError(f"heads file '{heads}' does not exist: pass a file written by `longswift train-heads`")
     if Path(heads).expanduser().is_dir():
-        from ..spec.released import heads_location
+        from ..spec.released import choose_heads
 
-        heads_location(heads)  # an unfinished train-heads --out: said before loading
+        # a directory with no heads, or an unfinished train-heads --out: said before loading
+        choose_heads(heads, in_checkpoint=lambda: False, shipped=lambda: None)
     elif heads not in ("auto", "default", "random", "none") and not Path(heads).expanduser().exists():
         from ..runtime.hub import parse_hub_id
 

@@ -97,6 +97,9 @@ def choose_heads(heads: str, in_checkpoint: Callable[[], bool], shipped: Callabl
         return HeadsChoice("shipped", path) if path is not None else HeadsChoice("none")
     path = heads_location(heads)
     if path.is_dir() and not (path / HEADS_FILE).is_file():
+        if not (path / "config.json").is_file():
+            raise LongswiftError(f"heads '{path}' is a directory without {HEADS_FILE} or a released checkpoint "
+                                 "(config.json): pass a heads file, a directory holding one, or a released checkpoint")
         return HeadsChoice("released", path)
     return HeadsChoice("file", path / HEADS_FILE if path.is_dir() else path)
 
