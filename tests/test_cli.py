@@ -420,6 +420,19 @@ def test_info_prints_config_and_memory_plan(capsys):
     assert code == 0 and "context: 131072 tokens (yarn rope scaling)" in out and "exceed" not in out
 
 
+def test_info_plans_for_the_prefill_chunk_given(capsys):
+    """The prompt's chunk sizes the largest masked forward (its [G*T, T] mask and activations): info takes
+    generate's --prefill-chunk, and its plan is the one generate makes."""
+    import re
+
+    def workspace(*flags):
+        code, out, err = run_cli(capsys, "info", *flags)
+        assert code == 0, err
+        return float(re.search(r"workspace ([0-9.]+) GiB", out).group(1))
+
+    assert workspace("--prefill-chunk", "4096") > 8 * workspace()
+
+
 @pytest.mark.slow
 def test_bench_smoke(tmp_path, capsys):
     md, js = tmp_path / "b.md", tmp_path / "b.json"

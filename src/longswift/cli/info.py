@@ -18,6 +18,9 @@ def add_parser(sub: Any) -> None:
     info.add_argument("--tokens", type=whole_number, default=None,
                       help="plan for this many tokens, prompt + new (default: the model's context)")
     add_config_flags(info, SpecConfig)
+    # the prompt's chunk sizes the largest masked forward: the one generation setting the plan depends on
+    add_config_flags(info, GenerationConfig,
+                     skip=tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "prefill_chunk"))
     # (float32 logits change the memory plan; CUDA graphs, token blocks and threads do not)
     add_config_flags(info, RuntimeConfig, skip=("cuda_graphs", "read_every", "graph_attention", "threads"))
 
@@ -40,7 +43,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     spec = spec.for_device(device)
     heads, tokenswift = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
     nodes = tree_budget(spec) if tokenswift else 0
-    plan = run_plan(cfg, dtype, device, tokens, GenerationConfig().prefill_chunk, packed, runtime.float32_logits,
+    chunk = config_from_args(GenerationConfig, args).prefill_chunk
+    plan = run_plan(cfg, dtype, device, tokens, chunk, packed, runtime.float32_logits,
                     spec if tokenswift else None)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):

@@ -117,22 +117,32 @@ class MemoryPlan:
             )
 
 
+def cpu_flash_buffer_bytes(head_dim: int) -> int:
+    """What the CPU's flash kernel allocates for its blocks: per thread at most a 256-query x 512-key block
+    of scores with its row maxima, sums and output rows (float32), and as much again for a reduced-precision
+    copy (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)."""
+    return torch.get_num_threads() * (256 * 512 + 256 * (2 + head_dim)) * 4 * 2
+
+
 def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False,
                            tail: int = 0, flash: bool = True) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
     `capacity` cached entries. Every path holds the additive [G*T, T] mask of the new entries (model
-    dtype). The CPU's explicit products (below FUSED_FROM_TOKENS): the scores and their softmax over every
-    entry (float32, all heads). The cascade (CUDA; the CPU from that threshold): scores and softmax over the
-    T new entries (and `tail` cached ones: the bucketed step bodies' masked part), and the float32 parts
-    merged; its fused kernels hold less, so this bounds them from above. Without a flash kernel for the dtype
-    (CUDA in float32, float64) its cached part is explicit too: scores, their masked copy and softmax over
-    every cached entry."""
+    dtype), and the cascade's parts merged (float32 or better). The CPU's explicit products (below
+    FUSED_FROM_TOKENS): the scores and their softmax over every entry (float32, all heads); from it the CPU's
+    cascade runs flash kernels, which work on blocks. The CUDA cascade (`cascade`): scores and softmax over
+    the T new entries (and `tail` cached ones: the bucketed step bodies' masked part), which its fused
+    kernels do not all hold, so this bounds them from above. Without a flash kernel for the dtype (CUDA in
+    float32, float64) its cached part is explicit too: scores, their masked copy and softmax over every
+    cached entry."""
     mask = cfg.group_size * t * t * elem
-    if cascade or t >= FUSED_FROM_TOKENS:
-        acc = max(elem, 4)
-        if cascade and not flash:
-            return mask + 3 * cfg.num_heads * t * capacity * acc + 4 * cfg.num_heads * t * cfg.head_dim * acc
-        return mask + 2 * cfg.num_heads * t * (t + tail) * 4 + 4 * cfg.num_heads * t * cfg.head_dim * 4
+    merged = 4 * cfg.num_heads * t * cfg.head_dim * max(elem, 4)  # each part's output and log-sum-exp, the merge
+    if cascade:
+        if not flash:
+            return mask + 3 * cfg.num_heads * t * capacity * max(elem, 4) + merged
+        return mask + 2 * cfg.num_heads * t * (t + tail) * 4 + merged
+    if t >= FUSED_FROM_TOKENS:  # the CPU's flash kernels work on blocks: no scores over the cache exist
+        return mask + merged + cpu_flash_buffer_bytes(cfg.head_dim)
     return mask + 2 * cfg.num_heads * t * capacity * 4
 
 
