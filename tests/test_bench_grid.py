@@ -596,3 +596,17 @@ def test_another_model_at_the_same_path_does_not_resume_into_its_results(tmp_pat
     assert "model_fingerprint" not in json.loads((old / "config.json").read_text())
     ResultStore(old, {"model": "m"}, model_fingerprint="ccc").close()
     assert json.loads((old / "config.json").read_text()) == {"identity": {"model": "m"}, "model_fingerprint": "ccc"}
+
+
+@pytest.mark.parametrize("flags,lines", [([], True), (["--no-progress"], False)])
+def test_bench_no_progress_logs_each_runs_start_only(tmp_path, capsys, flags, lines):
+    """--no-progress, as generate, train-heads and eval-heads take it: the runs' token counts are not logged."""
+    from conftest import run_cli, tiny_hf_model
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    code, _, err = run_cli(capsys, "bench", "--model", str(tmp_path / "m"), "--methods", "ar", "--prompt-tokens", "8",
+                           "--new-tokens", "16", "--runs", "1", "--no-warmup", "--out-dir", str(tmp_path / "b"),
+                           *flags)
+    assert code == 0, err
+    assert "run 1 ar: start" in err
+    assert ("run 1 ar: 16/16 tokens" in err) == lines, err

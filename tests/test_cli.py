@@ -1024,3 +1024,20 @@ def test_eval_heads_defaults_make_self_distilled_windows():
 
     args = build_parser().parse_args(["eval-heads", "--heads", "default", "--self-distill", "64"])
     assert args.seq_len == TrainConfig.seq_len <= args.distill_new_tokens
+
+
+@pytest.mark.parametrize("tty,no_progress,shown", [(True, False, True), (False, False, False), (True, True, False)])
+def test_progress_bars_only_on_a_terminal(monkeypatch, tty, no_progress, shown):
+    """train-heads and eval-heads drew their bars into a redirected stderr (5 KB of carriage-return redraws
+    in a log file); generate's display already kept to a terminal."""
+    import argparse
+    import io
+
+    from longswift.cli.flags import show_progress
+
+    class Stderr(io.StringIO):
+        def isatty(self):
+            return tty
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    assert show_progress(argparse.Namespace(no_progress=no_progress)) == shown

@@ -311,8 +311,10 @@ def default_lengths(engine: Engine, prompt_tokens: int, log: Callable[[str], Non
 def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads: str | None = None,
               out: Path | None = None, json_path: Path | None = None, out_dir: Path | None = None,
               fresh: bool = False, command: str | None = None,
-              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict[str, Any]]:
-    """Run the grid; return every run's record (those resumed from `out_dir` included)."""
+              log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+              show_progress: bool = True) -> list[dict[str, Any]]:
+    """Run the grid; return every run's record (those resumed from `out_dir` included). `show_progress`:
+    log each run's tokens as it goes, not only its start."""
     from ..atomic import check_dir_writable, check_distinct, check_writable
 
     for p in (out, json_path):
@@ -407,7 +409,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                 log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s{' of its own' if together else ''}")
 
             tell: dict[str, Callable[[int, float], None] | None] = {
-                m: functools.partial(progress, where=where) for m, where in wheres.items()}
+                m: functools.partial(progress, where=where) if show_progress else None for m, where in wheres.items()}
             with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
                 if not together:
                     m = batch[0][2]

@@ -52,6 +52,8 @@ def add_parser(sub: Any) -> None:
                             "rerunning the same command resumes, skipping finished runs")
     bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
     bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
+    bench.add_argument("--no-progress", action="store_true",
+                       help="log only each run's start on stderr, not its tokens as it goes")
     bench.add_argument("--lockstep", action="store_true",
                        help="run our methods (ar, tokenswift, tokenswift-fused) of each cell and run together, a step "
                             "at a time, the one furthest behind in tokens next, each timed on its own clock, so that "
@@ -98,5 +100,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       seed=args.seed, pld_tokens=args.pld_tokens, warmup=not args.no_warmup, lockstep=args.lockstep,
                       spec=config_from_args(SpecConfig, args), **kwargs)
     run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json, out_dir=args.out_dir,
-              fresh=args.fresh, command="longswift " + shlex.join(args.argv))
+              fresh=args.fresh, command="longswift " + shlex.join(args.argv), show_progress=not args.no_progress)
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,12 @@ def config_from_args(cls: type, args: argparse.Namespace) -> Any:
 # RuntimeConfig fields that only the decoding loop reads (CUDA graphs, token blocks, logits precision):
 # commands that never decode (info, train-heads, export-heads) take no flags for them.
 DECODING_ONLY = ("cuda_graphs", "read_every", "graph_attention", "float32_logits")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether a command draws progress bars: asked (no --no-progress) and stderr is a terminal, where a
+    bar redrawn with carriage returns reads as one line (in a redirected file it is kilobytes of them)."""
+    return not args.no_progress and sys.stderr.isatty()
 
 
 def check_heads_flag(heads: str, method: str | None) -> None:

@@ -15,8 +15,8 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
-from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs,
-                    seed_number)
+from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
+                    model_inputs, seed_number, show_progress)
 
 
 def add_parsers(sub: Any) -> None:
@@ -109,7 +109,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
     if args.self_distill:
         t0 = time.perf_counter()
         docs = self_distill(engine, args.self_distill, args.distill_new_tokens, args.distill_batch,
-                            SamplingConfig(seed=seed), progress=not args.no_progress, window=seq_len)
+                            SamplingConfig(seed=seed), progress=show_progress(args), window=seq_len)
         documents += docs
         info["self_distill"] = {"tokens": args.self_distill, "new_tokens_per_document": args.distill_new_tokens,
                                 "documents": len(docs), "sampling": asdict(SamplingConfig(seed=seed)),
@@ -149,7 +149,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     argv = list(getattr(args, "argv", None) or ["train-heads", "--out", str(args.out)])
     again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
     try:
-        trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=not args.no_progress,
+        trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=show_progress(args),
                               extra_meta={"data": info}, stop=stop)
     except KeyboardInterrupt as exc:  # a second Ctrl-C stops at once: the last checkpoint saved still resumes
         if type(exc) is KeyboardInterrupt and (out / CHECKPOINT).exists():
@@ -204,11 +204,11 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if args.alpha_tokens:
         check_alpha_fits(engine, args.alpha_tokens)  # before the windows, which may distill for minutes
     windows, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
-    acc = head_accuracy(engine, engine.heads, windows, progress=not args.no_progress)
+    acc = head_accuracy(engine, engine.heads, windows, progress=show_progress(args))
     print(f"held-out accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
-        s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=not args.no_progress)
+        s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=show_progress(args))
         print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {s.alpha:.3f} "
               f"({s.verify_steps} of {s.steps} steps drafted), {s.tokens_per_step:.2f} tokens/step, "
               f"n-gram share {s.ngram_accepted / max(1, s.accepted_tokens):.2f}")
