@@ -329,6 +329,11 @@ def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys
     (["--format", "tokenswift", "--out", "/proc/released"], "cannot write --out '/proc/released'"),
     (["--format", "tokenswift", "--out", "FILE"], "is a file, and --out here is a new directory"),
     (["--out", "FILE"], "is a file, and --out here is a new directory"),  # no .safetensors: the released layout
+    (["--format", "tokenswift", "--out", "x.safetensors"], "--format tokenswift writes a directory, and --out "
+                                                           "'x.safetensors' names a file: give a directory name, or "
+                                                           "drop --format for one heads file"),
+    (["--out", "x.bin"], "--format tokenswift writes a directory, and --out 'x.bin' names a file: give a directory "
+                         "name"),  # (made a directory named x.bin)
     (["--heads", "/nonexistent/h.safetensors", "--out", "x.safetensors"], "heads file '/nonexistent/h.safetensors' "
                                                                            "does not exist"),
 ])

@@ -18,6 +18,10 @@ from .flags import DECODING_ONLY, HEADS_HELP, add_config_flags, check_heads_flag
 FORMATS = ("tokenswift", "longswift")
 
 
+# What a file's name ends in, not a directory's: --format tokenswift made a directory "heads.safetensors".
+FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".txt")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("export-heads", help="write draft heads as a TokenSwift checkpoint directory or a heads file")
     p.add_argument("--model", help="the base model: a .gguf file, an HF directory or a hub id (default: embedded model)")
@@ -45,6 +49,10 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     if args.format is None:
         args.format = "longswift" if args.out.suffix == ".safetensors" else "tokenswift"
     if args.format == "tokenswift":  # before loading: a bad --out costs a second, not a load
+        if args.out.suffix.lower() in FILE_SUFFIXES:
+            raise LongswiftError(f"--format tokenswift writes a directory, and --out '{args.out}' names a file: give a "
+                                 "directory name"
+                                 + (", or drop --format for one heads file" if args.out.suffix == ".safetensors" else ""))
         check_new_dir(args.out)
         check_exportable(load_config(args.model, runtime.rope_scaling))
     elif args.out.suffix != ".safetensors":
