@@ -281,6 +281,10 @@ def test_train_config_errors():
             TrainConfig(lr=bad)
     with pytest.raises(LongswiftError, match="--seq-len must be at least"):
         TrainConfig(seq_len=3)
+    with pytest.raises(LongswiftError, match=r"--warmup \(500 steps\) must be below --steps \(300\): lower --warmup"):
+        TrainConfig(warmup=500)  # the learning rate would never reach its peak nor decay
+    with pytest.raises(LongswiftError, match="must be below --steps"):
+        TrainConfig(steps=20)  # the default warmup of 50: say so rather than train at a rising rate throughout
     for bad in (float("nan"), float("inf"), -0.1):  # nan: torch's ValueError after loading; inf: NaN heads saved
         with pytest.raises(LongswiftError, match="--weight-decay must be a number >= 0"):
             TrainConfig(weight_decay=bad)

@@ -52,6 +52,9 @@ class TrainConfig:
                 raise LongswiftError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.warmup < 0:
             raise LongswiftError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.warmup >= self.steps:  # the learning rate would never reach --lr, nor decay
+            raise LongswiftError(f"--warmup ({self.warmup} steps) must be below --steps ({self.steps}): lower --warmup "
+                                 "(0: none), or train longer")
         if not 0 < self.lr <= MAX_LR:  # (nan fails too) AdamW's step lr / (1 - beta1) overflowed float32 at 1e38
             raise LongswiftError(f"--lr must be a positive number up to {MAX_LR:g} (AdamW's peak learning rate; "
                                  f"the default is {TrainConfig.lr}), got {self.lr}")
