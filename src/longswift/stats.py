@@ -66,9 +66,11 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         """The fields and the derived numbers; alpha is None for a run that drafted nothing (AR, or
-        TokenSwift whose adaptive steps were all plain), whose acceptance rate is not 0 but undefined."""
+        TokenSwift whose adaptive steps were all plain), whose acceptance rate is not 0 but undefined, and
+        tokens_per_second for a run of one token, the prefill's draw (as the summary line says)."""
         alpha = round(self.alpha, 4) if self.draft_positions else None
-        return asdict(self) | {"tokens_per_second": round(self.tokens_per_second, 3), "alpha": alpha,
+        rate = round(self.tokens_per_second, 3) if self.new_tokens > 1 else None
+        return asdict(self) | {"tokens_per_second": rate, "alpha": alpha,
                                "tokens_per_step": round(self.tokens_per_step, 3)}
 
 
