@@ -136,6 +136,9 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_is_intact(tmp_
 @pytest.mark.parametrize("argv,match", [
     (["generate", "--prompt", "hi", "--max-new-tokens", "1e9"], "argument --max-new-tokens: expected a whole number, got '1e9'"),
     (["generate", "--prompt", "hi", "--max-new-tokens", "abc"], "argument --max-new-tokens: expected a whole number"),
+    (["bench", "--runs", "abc"], "argument --runs: expected a whole number, got 'abc'"),  # as generate says it
+    (["bench-steps", "--layers", "2.5"], "argument --layers: expected a whole number, got '2.5'"),
+    (["eval-heads", "--heads", "x", "--seq-len", "1e3"], "argument --seq-len: expected a whole number, got '1e3'"),
     (["generate", "--prompt", "hi", "--temperature", "warm"], "argument --temperature: expected a number, got 'warm'"),
     (["generate", "--prompt", "hi", "--no-such-flag"],
      "unrecognized arguments: --no-such-flag (see `longswift generate --help`)"),

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
-from .flags import HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number
+from .flags import (HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number,
+                    whole_number)
 
 
 def add_parser(sub: Any) -> None:
@@ -31,11 +32,11 @@ def add_parser(sub: Any) -> None:
     lengths.add_argument("--lengths", default=None,
                          help="comma list of generation lengths (default: those of 2048,4096,8192 that fit the "
                               "model's context after the prompt)")
-    lengths.add_argument("--new-tokens", type=int, default=None, help="a single generation length")
+    lengths.add_argument("--new-tokens", type=whole_number, default=None, help="a single generation length")
     prefixes = bench.add_mutually_exclusive_group()
     prefixes.add_argument("--prefix", default=None, help="comma list of prompt (prefix) lengths in tokens (default 2048)")
-    prefixes.add_argument("--prompt-tokens", type=int, default=None, help="a single prefix length")
-    bench.add_argument("--runs", type=int, default=1,
+    prefixes.add_argument("--prompt-tokens", type=whole_number, default=None, help="a single prefix length")
+    bench.add_argument("--runs", type=whole_number, default=1,
                        help="timed runs per method and cell (interleaved); medians reported (default %(default)s)")
     bench.add_argument("--prompt-file", type=Path,
                        help="prompt text: a .txt file is repeated to each prefix length (or, with --chat, sent as a "
@@ -44,7 +45,7 @@ def add_parser(sub: Any) -> None:
     bench.add_argument("--chat", action="store_true", help="send the prompt(s) through the model's chat template")
     bench.add_argument("--seed", type=seed_number, default=0,
                        help="seed of the sampled presets and of random prompts (default %(default)s)")
-    bench.add_argument("--pld-tokens", type=int, default=10,
+    bench.add_argument("--pld-tokens", type=whole_number, default=10,
                        help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld; default %(default)s)")
     bench.add_argument("--out-dir", type=Path,
                        help="write results.jsonl (a line per finished run), results.csv, PNG plots, report.md and "

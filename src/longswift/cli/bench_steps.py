@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
-from .flags import add_config_flags, config_from_args, seed_number
+from .flags import add_config_flags, config_from_args, seed_number, whole_number
 
 
 def _default(name: str) -> Any:
@@ -26,23 +26,23 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("bench-steps", help="per-step costs (AR, draft, verify by tree size) on random weights of a "
                                            "real model's shape at long contexts, the bandwidth floor, and projections")
     p.add_argument("--shape", required=True, choices=sorted(SHAPES), help="model shape (public config.json values)")
-    p.add_argument("--layers", type=int, default=None, help="run this many layers instead of the shape's depth "
+    p.add_argument("--layers", type=whole_number, default=None, help="run this many layers instead of the shape's depth "
                                                             "(to fit a smaller machine; reported as such)")
     p.add_argument("--contexts", default=None, help="comma list of cached-token counts to measure at (default: "
                    f"{','.join(map(str, GPU_CONTEXTS))} on CUDA, {','.join(map(str, CPU_CONTEXTS))} on CPU)")
     p.add_argument("--tree-nodes", default=None,
                    help=f"comma list of verify-pass sizes, root included (default {','.join(map(str, TREE_NODES))})")
-    p.add_argument("--reps", type=int, default=_default("reps"),
+    p.add_argument("--reps", type=whole_number, default=_default("reps"),
                    help="timed repetitions per cost (median reported; default %(default)s)")
-    p.add_argument("--warmup", type=int, default=_default("warmup"),
+    p.add_argument("--warmup", type=whole_number, default=_default("warmup"),
                    help="untimed repetitions before them (default %(default)s)")
     p.add_argument("--alpha", default=None, help="comma list of acceptance rates in [0, 1] (accepted draft tokens / "
                    "draft positions, e.g. measured by `longswift bench`) to project TokenSwift's time with")
-    p.add_argument("--prefix", type=int, default=_default("prefix"),
+    p.add_argument("--prefix", type=whole_number, default=_default("prefix"),
                    help="prefix length of the projection (default %(default)s)")
-    p.add_argument("--new-tokens", type=int, default=None, help="tokens the projection generates (default: "
+    p.add_argument("--new-tokens", type=whole_number, default=None, help="tokens the projection generates (default: "
                    f"{GPU_NEW_TOKENS} on CUDA; on CPU up to the largest context)")
-    p.add_argument("--bandwidth-mib", type=int, default=None,
+    p.add_argument("--bandwidth-mib", type=whole_number, default=None,
                    help="buffer summed to measure read bandwidth (default: max(1 GiB, 4x the last-level cache))")
     p.add_argument("--seed", type=seed_number, default=_default("seed"),
                    help="seed of the random weights, caches and tries (default %(default)s)")

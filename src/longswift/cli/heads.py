@@ -16,7 +16,7 @@ import torch
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
-                    model_inputs, seed_number, show_progress)
+                    model_inputs, seed_number, show_progress, whole_number)
 
 
 def add_parsers(sub: Any) -> None:
@@ -36,12 +36,12 @@ def add_parsers(sub: Any) -> None:
     ev.add_argument("--heads", required=True,
                     help=f"the heads to measure: {HEADS_HELP}")
     _add_data_flags(ev)
-    ev.add_argument("--seq-len", type=int, default=512,  # train-heads' windows: a self-distilled document fills one
+    ev.add_argument("--seq-len", type=whole_number, default=512,  # train-heads' windows: a self-distilled document fills one
                     help="tokens per evaluation window (default %(default)s, as train-heads)")
     ev.add_argument("--seed", type=seed_number, default=1,
                     help="sampling seed of --self-distill data (default %(default)s; training uses its own --seed, 0 "
                          "by default)")
-    ev.add_argument("--alpha-tokens", type=int, default=1024,
+    ev.add_argument("--alpha-tokens", type=whole_number, default=1024,
                     help="tokens of held-out TokenSwift generation for alpha (paper sampling; 0 skips; default "
                          "%(default)s)")
     ev.add_argument("--json", type=Path, help="write the results here (atomically)")
@@ -57,11 +57,11 @@ def add_parsers(sub: Any) -> None:
 def _add_data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", default=[], metavar="FILE_OR_DIR",
                    help="text (.txt/.md), JSONL with a 'text' field, or a directory of them; repeatable")
-    p.add_argument("--self-distill", type=int, default=0, metavar="N",
+    p.add_argument("--self-distill", type=whole_number, default=0, metavar="N",
                    help="first generate N tokens with the model itself (paper sampling, cached) and use them")
-    p.add_argument("--distill-new-tokens", type=int, default=512,
+    p.add_argument("--distill-new-tokens", type=whole_number, default=512,
                    help="tokens generated per self-distill document (default %(default)s)")
-    p.add_argument("--distill-batch", type=int, default=32,
+    p.add_argument("--distill-batch", type=whole_number, default=32,
                    help="self-distill documents generated at once (default %(default)s)")
 
 
