@@ -610,3 +610,17 @@ def test_bench_no_progress_logs_each_runs_start_only(tmp_path, capsys, flags, li
     assert code == 0, err
     assert "run 1 ar: start" in err
     assert ("run 1 ar: 16/16 tokens" in err) == lines, err
+
+
+def test_bench_writes_its_report_into_the_out_dir_it_makes(tmp_path, capsys):
+    """`--out-dir b --out b/r.md` with b not there yet was refused ("directory 'b' does not exist"), though
+    --out-dir makes it."""
+    from conftest import run_cli, tiny_hf_model
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    out_dir = tmp_path / "new" / "b"
+    code, _, err = run_cli(capsys, "bench", "--model", str(tmp_path / "m"), "--methods", "ar", "--prompt-tokens", "8",
+                           "--new-tokens", "4", "--runs", "1", "--no-warmup", "--out-dir", str(out_dir),
+                           "--out", str(out_dir / "r.md"), "--json", str(out_dir / "r.json"))
+    assert code == 0, err
+    assert "| ar |" in (out_dir / "r.md").read_text() and (out_dir / "r.json").is_file()

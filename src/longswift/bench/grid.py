@@ -317,11 +317,13 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     log each run's tokens as it goes, not only its start."""
     from ..atomic import check_dir_writable, check_distinct, check_writable
 
-    for p in (out, json_path):
-        if p is not None:
-            check_writable(p)
     if out_dir is not None:
         check_dir_writable(out_dir, "--out-dir")
+    for p in (out, json_path):
+        # (a file in an --out-dir not made yet is checked with it: the grid makes it before any run)
+        if p is not None and not (out_dir is not None and not out_dir.exists()
+                                  and Path(p).expanduser().absolute().parent == Path(out_dir).expanduser().absolute()):
+            check_writable(p)
     check_distinct([("--out", out), ("--json", json_path), ("--prompt-file", cfg.prompt_file),
                     *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ())),
                     *(("--model", f) for f in model_files(model)),  # (an --out-dir that is the model's: its config.json)
