@@ -118,7 +118,7 @@ def test_the_summary_line_counts_graph_captures(capsys, monkeypatch, tmp_path):
 def test_the_summary_line_says_when_nothing_was_drafted():
     """Alpha is a rate over drafted positions: a TokenSwift run whose adaptive steps were all plain
     drafted none, and its line says so instead of alpha 0.00."""
-    from longswift.cli.generate import summary_line
+    from longswift.cli.display import summary_line
     from longswift.stats import GenerationStats
 
     plain = GenerationStats("tokenswift", 38, new_tokens=300, steps=300, decode_seconds=60.0, plain_steps=300)
@@ -136,7 +136,7 @@ def test_the_summary_line_says_when_nothing_was_drafted():
 def test_the_summary_line_of_a_resumed_run_says_its_prefill_time_holds_the_re_reads():
     """prefill_seconds adds each resume's re-prefill of prompt + output: 'prefill 39 tokens in 2.85 s'
     after four resumes read as a slow prefill of the prompt alone."""
-    from longswift.cli.generate import summary_line
+    from longswift.cli.display import summary_line
     from longswift.stats import GenerationStats
 
     resumed = GenerationStats("ar", 39, new_tokens=250, steps=250, decode_seconds=10.0, prefill_seconds=2.85, resumes=4)
@@ -151,7 +151,7 @@ def test_an_interrupted_stdout_run_never_replaces_another_runs_checkpoint(tmp_pa
     """Runs on stdout alone save to ./longswift.checkpoint.json when interrupted; one that is already
     there (another run's state) or being written (locked) is left alone: the next free name is taken."""
     from longswift.atomic import OutputLock
-    from longswift.cli.generate import Outputs
+    from longswift.cli.outputs import Outputs
 
     class Saved:
         def __init__(self, text: str) -> None:
@@ -201,7 +201,7 @@ def test_a_signal_before_the_first_new_token_stops_the_reading_and_writes_nothin
 
     import longswift
     from longswift import GenerationConfig, SamplingConfig
-    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.outputs import Outputs, write_run
     from longswift.cli.stop import StopRequest
 
     engine = longswift.load(tiny_hf_model(), heads="random")
@@ -224,7 +224,7 @@ def test_a_signal_before_the_first_new_token_stops_the_reading_and_writes_nothin
                            generation=GenerationConfig(max_new_tokens=20, ignore_eos=True, prefill_chunk=8))
     out = Outputs(tmp_path / "o.txt", tmp_path / "o.json", tmp_path / "c.json", 4)
     last = (tmp_path / "c.json", 4) if when == "reading-resumed" else None
-    code = _run(engine, SignalledWhileReading(stream), out, stop, no_progress=True, last_saved=last)
+    code = write_run(engine, SignalledWhileReading(stream), out, stop, no_progress=True, last_saved=last)
     err = capsys.readouterr().err
     assert code == 130, err
     assert chunks == ([] if when == "loading" else [8])  # 1 of the 5 chunks read
@@ -261,7 +261,7 @@ def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_s
 
     import longswift
     from longswift import GenerationConfig, SamplingConfig
-    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.outputs import Outputs, write_run
     from longswift.cli.stop import StopRequest
 
     engine = longswift.load(tiny_hf_model(), heads="random")
@@ -277,7 +277,7 @@ def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_s
 
     stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1),
                            generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
-    code = _run(engine, SignalledInFirstStep(stream), Outputs(None, None, None, 1024), stop, no_progress=True)
+    code = write_run(engine, SignalledInFirstStep(stream), Outputs(None, None, None, 1024), stop, no_progress=True)
     err = capsys.readouterr().err
     assert code == 130, err
     assert "longswift: interrupted at 1 of 20 tokens; its state could not be saved (" in err
@@ -292,7 +292,7 @@ def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, mo
 
     import longswift
     from longswift import GenerationConfig, SamplingConfig
-    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.outputs import Outputs, write_run
     from longswift.cli.stop import StopRequest
 
     class StoppedAtOnce:  # the stream, cut by a KeyboardInterrupt after 7 steps
@@ -313,7 +313,7 @@ def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, mo
                            generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(KeyboardInterrupt) as info:
-        _run(engine, StoppedAtOnce(stream), Outputs(None, None, tmp_path / "c.json", 3), StopRequest(), no_progress=True)
+        write_run(engine, StoppedAtOnce(stream), Outputs(None, None, tmp_path / "c.json", 3), StopRequest(), no_progress=True)
     assert str(info.value) == "the checkpoint saved at 6 tokens is intact: continue with: longswift generate --resume c.json"
     # a run stopped by an error of its own (another process of a tensor-parallel run lost, say) says the same
     class Failed(StoppedAtOnce):
@@ -326,7 +326,7 @@ def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, mo
     stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar",
                            generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
     with pytest.raises(longswift.LongswiftError) as failed:
-        _run(engine, Failed(stream), Outputs(None, None, tmp_path / "d.json", 3), StopRequest(), no_progress=True)
+        write_run(engine, Failed(stream), Outputs(None, None, tmp_path / "d.json", 3), StopRequest(), no_progress=True)
     assert str(failed.value) == ("lost contact with the other processes of this run (gloo); the checkpoint saved at 6 "
                                  "tokens is intact: continue with: longswift generate --resume d.json")
     assert (tmp_path / "c.json").is_file()
@@ -373,13 +373,13 @@ def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_p
     assert code == 0, err
     planned = []
 
-    def plan(model, runtime, gen, prompt_tokens, spec=None):
-        planned.append((prompt_tokens, spec))
+    def plan(model, runtime, gen, prompt_tokens, spec=None, resumed=False):
+        planned.append((prompt_tokens, spec, resumed))
         raise generate_cli.LongswiftError("planned")
 
     monkeypatch.setattr(generate_cli, "_plan_before_loading", plan)
     code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--no-progress")
-    assert code == 2 and planned[0][0] == 3 and isinstance(planned[0][1], SpecConfig), err
+    assert code == 2 and planned[0][0] == 3 and isinstance(planned[0][1], SpecConfig) and planned[0][2], err
 
 
 @pytest.mark.parametrize("rank,said", [("0", True), ("1", False), (None, True)])

@@ -153,7 +153,7 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
 
 def _stop_on_rank_0(tmp: Path) -> int:
     """The CLI's loop when rank 0 alone got SIGTERM (before its first token): its exit status on this rank."""
-    from longswift.cli.generate import Outputs, _run
+    from longswift.cli.outputs import Outputs, write_run
     from longswift.cli.stop import StopRequest
 
     e = engine("gqa", tensor_parallel=True)
@@ -161,7 +161,7 @@ def _stop_on_rank_0(tmp: Path) -> int:
     stop.signum = signal.SIGTERM if dist.get_rank() == 0 else None
     stream = e.stream(prompt(3, e.cfg.vocab_size), sampling=GREEDY, spec=SPECS["paper"],
                       generation=GenerationConfig(max_new_tokens=30, ignore_eos=True))
-    return _run(e, stream, Outputs(None, tmp / "stopped.json", tmp / "stopped.ckpt", 1024), stop, no_progress=True)
+    return write_run(e, stream, Outputs(None, tmp / "stopped.json", tmp / "stopped.ckpt", 1024), stop, no_progress=True)
 
 
 @pytest.fixture(scope="module")

@@ -154,3 +154,20 @@ def _fits(text: str, width: int) -> int:
         if cells > width:
             return i
     return len(text)
+
+
+def summary_line(s: Any) -> str:
+    """The closing line of a run from its GenerationStats."""
+    spec_info = ""
+    if s.method == "tokenswift":  # no drafts at all: every step was plain, and alpha is undefined, not 0
+        rate = f"alpha {s.alpha:.2f}" if s.draft_positions else "nothing drafted: every step plain"
+        spec_info = f", {rate}, {s.tokens_per_step:.2f} tokens/step"
+    ranks = f" on {s.processes} processes" if s.processes > 1 else ""
+    graphs = f", {s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s" if s.graph_captures else ""
+    # A resumed run's prefill time holds each resume's re-read of prompt + output, not the prompt's alone.
+    rereads = f" (with the context re-read at {s.resumes} resume{'s' if s.resumes > 1 else ''})" if s.resumes else ""
+    # One token (a run stopped as it began) is the prefill's draw: no rate to speak of.
+    rate = f"{s.tokens_per_second:.1f} tok/s" if s.new_tokens > 1 else "no rate from one token"
+    count = f"{s.new_tokens} token{'' if s.new_tokens == 1 else 's'}"
+    return (f"{s.method}: {count} in {s.decode_seconds:.2f} s ({rate}{spec_info}){ranks}{graphs}, prefill "
+            f"{s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s{rereads}, stop: {s.finish_reason}")

@@ -1,25 +1,22 @@
-"""`longswift generate`: stream a generation to stdout or files, with checkpoints, resume, and a
-clean stop on SIGINT/SIGTERM/SIGHUP (finish the step, write everything, say how to resume)."""
+"""`longswift generate`: its flags, a new run or a resumed one, checked and planned before the model loads;
+the run itself writes through cli.outputs (checkpoints, a clean stop on SIGINT/SIGTERM/SIGHUP)."""
 
 from __future__ import annotations
 
 import argparse
-import errno
-import json
 import os
 import shlex
-import signal
 import sys
-from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ConfigError, LongswiftError
 from .flags import HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
-from .stop import READING, SAVING, StopRequest, say
+from .outputs import Outputs, shown, write_run
+from .stop import StopRequest
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
                 "--heads", "--device", "--max-new-tokens", "--debug")
@@ -88,64 +85,6 @@ def add_parser(sub: Any) -> None:
         add_config_flags(gen, cls)
 
 
-@dataclass
-class Outputs:
-    """Where this run writes: text file (or stdout), JSON result, checkpoint; all absolute paths."""
-
-    output: Path | None
-    json: Path | None
-    checkpoint: Path | None
-    every: int
-
-    def fallback_checkpoint(self) -> Path:
-        """Where an interrupted run without --checkpoint saves its state (on stdout alone, the first free
-        name from there on: see save_interrupted)."""
-        base = self.output or self.json
-        return base.with_name(base.name + ".checkpoint.json") if base else Path("longswift.checkpoint.json").absolute()
-
-    def save_interrupted(self, ckpt: Any) -> Path:
-        """Save an interrupted run's checkpoint; return where. A run on stdout alone has no file of its
-        own to put it beside: it takes the first of ./longswift.checkpoint.json, .2.json, ... that no
-        other run holds or has written, so it never replaces another run's state."""
-        from ..atomic import OutputLock
-
-        if self.checkpoint or self.output or self.json:
-            path = self.checkpoint or self.fallback_checkpoint()
-            ckpt.save(path)
-            return path
-        first = self.fallback_checkpoint()
-        for n in range(1, 10_000):
-            path = first if n == 1 else first.with_name(f"longswift.checkpoint.{n}.json")
-            lock = OutputLock([("--checkpoint", path)])
-            try:
-                lock.__enter__()
-            except LongswiftError:  # another run is saving there right now
-                continue
-            try:
-                if not path.exists():
-                    ckpt.save(path)
-                    return path
-            finally:
-                lock.release()
-        raise LongswiftError(f"no free checkpoint name next to '{first}': give --checkpoint FILE")
-
-    def saved(self) -> dict[str, str | int | None]:
-        """What a checkpoint records, so that --resume writes the same files from any directory, and saves
-        as often."""
-        return {"output": str(self.output) if self.output else None, "json": str(self.json) if self.json else None,
-                "checkpoint_every": self.every}
-
-    def locked(self) -> Any:
-        from ..atomic import OutputLock
-
-        def note(stale: Path) -> None:
-            print(f"longswift: removed '{_shown(stale)}', left by a run that was killed while writing it",
-                  file=sys.stderr)
-
-        return OutputLock([(flag, p) for flag, p in (("--output", self.output), ("--json", self.json),
-                                                     ("--checkpoint", self.checkpoint)) if p is not None], note)
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     """Every argument is checked before the model is loaded: a mistake costs no loading time."""
     from ..prompts import STDIN, read_prompt_file
@@ -204,7 +143,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             engine = ranks.load(args.model, heads)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec, system=args.system)
-        return _run(engine, stream, outputs, stop, args.no_progress)
+        return write_run(engine, stream, outputs, stop, args.no_progress)
 
 
 def parse_prompt_ids(text: str) -> list[int]:
@@ -308,12 +247,12 @@ def _resume(args: argparse.Namespace) -> int:
         stream = engine.resume(ckpt)
         if ranks.main:
             done = finished(list(ckpt.token_ids), gen, engine.eos_ids)  # then the loop ends before any re-read
-            print(f"longswift: the run in '{_shown(resumed)}' is complete "
+            print(f"longswift: the run in '{shown(resumed)}' is complete "
                   f"({len(ckpt.token_ids)} of {gen.max_new_tokens} tokens, stop: {done}): its outputs are written again"
                   if done else
                   f"longswift: resuming at {len(ckpt.token_ids)} of {gen.max_new_tokens} tokens "
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
-        return _run(engine, stream, outputs, stop, args.no_progress,
+        return write_run(engine, stream, outputs, stop, args.no_progress,
                     last_saved=(resumed, len(ckpt.token_ids)))
 
 
@@ -333,8 +272,8 @@ def _keep_unfinished(out: Outputs) -> None:
     if c.stats.get("finish_reason") in ("eos", "stop") or not isinstance(total, int) or len(c.token_ids) >= total:
         return
     flag = "--checkpoint" if out.checkpoint else "the checkpoint next to --output/--json"
-    raise LongswiftError(f"'{_shown(path)}' ({flag}) holds an unfinished run ({len(c.token_ids)} of {total} tokens): "
-                         f"continue it with `longswift generate --resume {shlex.quote(_shown(path))}`, or delete "
+    raise LongswiftError(f"'{shown(path)}' ({flag}) holds an unfinished run ({len(c.token_ids)} of {total} tokens): "
+                         f"continue it with `longswift generate --resume {shlex.quote(shown(path))}`, or delete "
                          "the file to start over")
 
 
@@ -400,190 +339,3 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     return cfg
 
 
-def _run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool,
-         last_saved: tuple[Path, int] | None = None) -> int:
-    """`last_saved`: the checkpoint a resumed run started from, and its tokens (named if the run fails)."""
-    from ..atomic import AtomicFile
-    from ..detok import IncrementalDecoder
-    from .display import make_display
-
-    tp = engine.tp
-    if tp is not None and tp.rank != 0:  # other ranks: same steps, rank 0's stop decisions and exit status, no output
-        for _ in stream:
-            signum = tp.broadcast_int(0)  # the signal rank 0 stops at, or 0
-            if signum:
-                stop.signum = signum
-                return stop.exit_code
-        return 0
-    saved = out.saved()
-    text_file = AtomicFile(out.output) if out.output else None
-    json_file: AtomicFile | None = None
-    path: Path | None = None  # where an interrupted run's state went; None with `unsaved`, why it could not
-    unsaved: Exception | None = None
-    try:
-        decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
-        push = decoder.push if decoder else (lambda ids: "".join(f" {t}" for t in ids))  # no tokenizer: the ids
-        earlier = push(list(stream.token_ids)) if stream.token_ids else ""
-        stats = stream.stats
-        total = stream.max_new_tokens
-        display = make_display(text_file, total, len(stream.token_ids), progress=not no_progress)
-        stream.on_prefill = display.prefill  # a long context (a resume's re-read) takes minutes on a CPU
-        if tp is None:  # (under tensor parallelism every rank reads on: they stop together after a step)
-            stream.on_prefill = _stop_reading(display.prefill, stop)
-            stop.doing = READING
-            if stop.signum is not None:  # stopped while the model loaded: nothing generated, nothing to write
-                raise StoppedReading
-        next_save = len(stream.token_ids) + out.every
-        with display:
-            display.text(earlier)  # a resumed run's file holds the whole text
-            for ids in stream:
-                stop.doing = SAVING
-                display.text(push(ids))
-                display.advance(len(ids), stats)
-                if out.checkpoint and len(stream.token_ids) >= next_save:
-                    stream.checkpoint(saved).save(out.checkpoint)
-                    last_saved = (out.checkpoint, len(stream.token_ids))
-                    next_save = len(stream.token_ids) + out.every
-                stopping = stop.signum is not None
-                if tp is not None:  # every rank must stop after the same step, with this signal's status
-                    stopping = bool(tp.broadcast_int(stop.signum or 0))
-                if stopping:
-                    stop.signum = stop.signum or signal.SIGTERM
-                    break
-            if decoder:
-                display.text(decoder.flush())
-            if not text_file:
-                display.text("\n")
-        interrupted = stop.signum is not None and stream.result is None
-        result = stream.result_so_far(finish_reason="interrupted") if interrupted else stream.result
-        # All that can fail on a full disk comes before the first rename: the outputs appear together or not at all.
-        if text_file:
-            text_file.stage()
-        if out.json:
-            json_file = AtomicFile(out.json)
-            json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
-            json_file.stage()
-        if interrupted:
-            try:
-                path = out.save_interrupted(stream.checkpoint(saved))
-                last_saved = (path, len(stream.token_ids))
-            except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands
-                path, unsaved = None, exc
-        elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
-            stream.checkpoint(saved).save(out.checkpoint)
-            last_saved = (out.checkpoint, len(stream.token_ids))
-        with stop.held():  # a second Ctrl-C here would leave one output renamed and not the other
-            for f in (text_file, json_file):
-                if f:
-                    f.commit()
-    except BaseException as exc:
-        for f in (text_file, json_file):
-            if f:
-                f.discard()
-        if isinstance(exc, StoppedReading):
-            say("longswift: stopped before the first new token: nothing written"
-                + (f"; {_resume_hint(*last_saved)}" if last_saved is not None else ""))
-            return stop.exit_code
-        if _output_lost(exc) and (stop.signum is not None or out.checkpoint):
-            # The terminal or pipe the run wrote to is gone (Ctrl-C also stopped `| tee`; a hangup): the run
-            # itself is fine, between two steps, and its state is saved as an interrupted run's would be.
-            path = _save_quietly(out, stream, saved)
-            if path is not None:
-                shown = _shown(path)
-                say(f"longswift: output closed at {len(stream.token_ids)} of {stream.max_new_tokens} tokens; state "
-                    f"saved to '{shown}'. Continue with: longswift generate --resume {shlex.quote(shown)}")
-            if stop.signum is not None:
-                return stop.exit_code
-        if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
-            raise _with_resume_hint(exc, *last_saved) from exc
-        if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
-            said = getattr(exc, "cli_message", None) or exc
-            raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc
-        if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
-            raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
-        raise
-    say(summary_line(result.stats))  # (best effort from here: after a hangup nobody reads stderr)
-    if interrupted:
-        if path is None:
-            say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
-                f"({unsaved}): give --checkpoint FILE in a writable directory to make a run resumable")
-            return stop.exit_code
-        shown = _shown(path)
-        say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{shown}'. "
-            f"Continue with: longswift generate --resume {shlex.quote(shown)}")
-        return stop.exit_code
-    return 0
-
-
-class StoppedReading(Exception):
-    """A stop signal came before the first new token (while the model loaded or the context was read):
-    the run ends there, writing nothing (a resumed run's checkpoint stays as it was)."""
-
-
-def _stop_reading(show: Callable[[int, int], None], stop: StopRequest) -> Callable[[int, int], None]:
-    """The stream's on_prefill: show the reading, and end it at the next chunk once a stop is asked for
-    (a long context takes minutes to read: a run that has generated nothing saves nothing)."""
-
-    def reading(read: int, total: int) -> None:
-        show(read, total)
-        if stop.signum is not None:
-            raise StoppedReading
-
-    return reading
-
-
-def _output_lost(exc: BaseException) -> bool:
-    """Whether `exc` says the run's terminal or pipe is gone: its reader stopped (EPIPE), or the terminal
-    hung up (EIO)."""
-    return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EIO)
-
-
-def _save_quietly(out: Outputs, stream: Any, saved: dict[str, Any]) -> Path | None:
-    """Save a run whose output was lost as an interrupted one, where an interrupted run saves; None if it
-    cannot (a failed save must not hide why the run stopped)."""
-    try:
-        return out.save_interrupted(stream.checkpoint(saved))
-    except (OSError, LongswiftError):
-        return None
-
-
-def _resume_hint(path: Path, tokens: int) -> str:
-    """What a run stopped before its end says of the checkpoint it saved last: intact, and the command
-    that continues from it."""
-    return (f"the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume "
-            f"{shlex.quote(_shown(path))}")
-
-
-def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
-    """A system error (a full disk) that stopped a run, with on the same line the checkpoint that is
-    intact and the command that continues from it."""
-    hint = f"; {_resume_hint(path, tokens)}"
-    if exc.errno is None or exc.strerror is None:
-        return OSError(f"{exc}{hint}")
-    where = f": '{exc.filename}'" if exc.filename is not None else ""
-    return OSError(exc.errno, f"{exc.strerror}{where}{hint}")
-
-
-def summary_line(s: Any) -> str:
-    """The closing line of a run from its GenerationStats."""
-    spec_info = ""
-    if s.method == "tokenswift":  # no drafts at all: every step was plain, and alpha is undefined, not 0
-        rate = f"alpha {s.alpha:.2f}" if s.draft_positions else "nothing drafted: every step plain"
-        spec_info = f", {rate}, {s.tokens_per_step:.2f} tokens/step"
-    ranks = f" on {s.processes} processes" if s.processes > 1 else ""
-    graphs = f", {s.graph_captures} CUDA graphs captured in {s.graph_capture_seconds:.2f} s" if s.graph_captures else ""
-    # A resumed run's prefill time holds each resume's re-read of prompt + output, not the prompt's alone.
-    rereads = f" (with the context re-read at {s.resumes} resume{'s' if s.resumes > 1 else ''})" if s.resumes else ""
-    # One token (a run stopped as it began) is the prefill's draw: no rate to speak of.
-    rate = f"{s.tokens_per_second:.1f} tok/s" if s.new_tokens > 1 else "no rate from one token"
-    count = f"{s.new_tokens} token{'' if s.new_tokens == 1 else 's'}"
-    return (f"{s.method}: {count} in {s.decode_seconds:.2f} s ({rate}{spec_info}){ranks}{graphs}, prefill "
-            f"{s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s{rereads}, stop: {s.finish_reason}")
-
-
-def _shown(path: Path) -> str:
-    """A path as short as it can be said from here (relative below the current directory)."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)

@@ -1,0 +1,249 @@
+"""Where a `longswift generate` run writes and how it ends: the outputs (text, JSON, checkpoint), the loop
+that streams tokens into them, and a stop by signal, a closed pipe or an error: the outputs appear together
+or not at all, the state is saved, and one line says how to continue."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shlex
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import LongswiftError
+from .display import summary_line
+from .stop import READING, SAVING, StopRequest, say
+
+
+@dataclass
+class Outputs:
+    """Where this run writes: text file (or stdout), JSON result, checkpoint; all absolute paths."""
+
+    output: Path | None
+    json: Path | None
+    checkpoint: Path | None
+    every: int
+
+    def fallback_checkpoint(self) -> Path:
+        """Where an interrupted run without --checkpoint saves its state (on stdout alone, the first free
+        name from there on: see save_interrupted)."""
+        base = self.output or self.json
+        return base.with_name(base.name + ".checkpoint.json") if base else Path("longswift.checkpoint.json").absolute()
+
+    def save_interrupted(self, ckpt: Any) -> Path:
+        """Save an interrupted run's checkpoint; return where. A run on stdout alone has no file of its
+        own to put it beside: it takes the first of ./longswift.checkpoint.json, .2.json, ... that no
+        other run holds or has written, so it never replaces another run's state."""
+        from ..atomic import OutputLock
+
+        if self.checkpoint or self.output or self.json:
+            path = self.checkpoint or self.fallback_checkpoint()
+            ckpt.save(path)
+            return path
+        first = self.fallback_checkpoint()
+        for n in range(1, 10_000):
+            path = first if n == 1 else first.with_name(f"longswift.checkpoint.{n}.json")
+            lock = OutputLock([("--checkpoint", path)])
+            try:
+                lock.__enter__()
+            except LongswiftError:  # another run is saving there right now
+                continue
+            try:
+                if not path.exists():
+                    ckpt.save(path)
+                    return path
+            finally:
+                lock.release()
+        raise LongswiftError(f"no free checkpoint name next to '{first}': give --checkpoint FILE")
+
+    def saved(self) -> dict[str, str | int | None]:
+        """What a checkpoint records, so that --resume writes the same files from any directory, and saves
+        as often."""
+        return {"output": str(self.output) if self.output else None, "json": str(self.json) if self.json else None,
+                "checkpoint_every": self.every}
+
+    def locked(self) -> Any:
+        from ..atomic import OutputLock
+
+        def note(stale: Path) -> None:
+            print(f"longswift: removed '{shown(stale)}', left by a run that was killed while writing it",
+                  file=sys.stderr)
+
+        return OutputLock([(flag, p) for flag, p in (("--output", self.output), ("--json", self.json),
+                                                     ("--checkpoint", self.checkpoint)) if p is not None], note)
+
+
+def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool,
+         last_saved: tuple[Path, int] | None = None) -> int:
+    """`last_saved`: the checkpoint a resumed run started from, and its tokens (named if the run fails)."""
+    from ..atomic import AtomicFile
+    from ..detok import IncrementalDecoder
+    from .display import make_display
+
+    tp = engine.tp
+    if tp is not None and tp.rank != 0:  # other ranks: same steps, rank 0's stop decisions and exit status, no output
+        for _ in stream:
+            signum = tp.broadcast_int(0)  # the signal rank 0 stops at, or 0
+            if signum:
+                stop.signum = signum
+                return stop.exit_code
+        return 0
+    saved = out.saved()
+    text_file = AtomicFile(out.output) if out.output else None
+    json_file: AtomicFile | None = None
+    path: Path | None = None  # where an interrupted run's state went; None with `unsaved`, why it could not
+    unsaved: Exception | None = None
+    try:
+        decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
+        push = decoder.push if decoder else (lambda ids: "".join(f" {t}" for t in ids))  # no tokenizer: the ids
+        earlier = push(list(stream.token_ids)) if stream.token_ids else ""
+        stats = stream.stats
+        total = stream.max_new_tokens
+        display = make_display(text_file, total, len(stream.token_ids), progress=not no_progress)
+        stream.on_prefill = display.prefill  # a long context (a resume's re-read) takes minutes on a CPU
+        if tp is None:  # (under tensor parallelism every rank reads on: they stop together after a step)
+            stream.on_prefill = _stop_reading(display.prefill, stop)
+            stop.doing = READING
+            if stop.signum is not None:  # stopped while the model loaded: nothing generated, nothing to write
+                raise StoppedReading
+        next_save = len(stream.token_ids) + out.every
+        with display:
+            display.text(earlier)  # a resumed run's file holds the whole text
+            for ids in stream:
+                stop.doing = SAVING
+                display.text(push(ids))
+                display.advance(len(ids), stats)
+                if out.checkpoint and len(stream.token_ids) >= next_save:
+                    stream.checkpoint(saved).save(out.checkpoint)
+                    last_saved = (out.checkpoint, len(stream.token_ids))
+                    next_save = len(stream.token_ids) + out.every
+                stopping = stop.signum is not None
+                if tp is not None:  # every rank must stop after the same step, with this signal's status
+                    stopping = bool(tp.broadcast_int(stop.signum or 0))
+                if stopping:
+                    stop.signum = stop.signum or signal.SIGTERM
+                    break
+            if decoder:
+                display.text(decoder.flush())
+            if not text_file:
+                display.text("\n")
+        interrupted = stop.signum is not None and stream.result is None
+        result = stream.result_so_far(finish_reason="interrupted") if interrupted else stream.result
+        # All that can fail on a full disk comes before the first rename: the outputs appear together or not at all.
+        if text_file:
+            text_file.stage()
+        if out.json:
+            json_file = AtomicFile(out.json)
+            json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+            json_file.stage()
+        if interrupted:
+            try:
+                path = out.save_interrupted(stream.checkpoint(saved))
+                last_saved = (path, len(stream.token_ids))
+            except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands
+                path, unsaved = None, exc
+        elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
+            stream.checkpoint(saved).save(out.checkpoint)
+            last_saved = (out.checkpoint, len(stream.token_ids))
+        with stop.held():  # a second Ctrl-C here would leave one output renamed and not the other
+            for f in (text_file, json_file):
+                if f:
+                    f.commit()
+    except BaseException as exc:
+        for f in (text_file, json_file):
+            if f:
+                f.discard()
+        if isinstance(exc, StoppedReading):
+            say("longswift: stopped before the first new token: nothing written"
+                + (f"; {_resume_hint(*last_saved)}" if last_saved is not None else ""))
+            return stop.exit_code
+        if _output_lost(exc) and (stop.signum is not None or out.checkpoint):
+            # The terminal or pipe the run wrote to is gone (Ctrl-C also stopped `| tee`; a hangup): the run
+            # itself is fine, between two steps, and its state is saved as an interrupted run's would be.
+            path = _save_quietly(out, stream, saved)
+            if path is not None:
+                where = shown(path)
+                say(f"longswift: output closed at {len(stream.token_ids)} of {stream.max_new_tokens} tokens; state "
+                    f"saved to '{where}'. Continue with: longswift generate --resume {shlex.quote(where)}")
+            if stop.signum is not None:
+                return stop.exit_code
+        if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
+            raise _with_resume_hint(exc, *last_saved) from exc
+        if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
+            said = getattr(exc, "cli_message", None) or exc
+            raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc
+        if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
+            raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
+        raise
+    say(summary_line(result.stats))  # (best effort from here: after a hangup nobody reads stderr)
+    if interrupted:
+        if path is None:
+            say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
+                f"({unsaved}): give --checkpoint FILE in a writable directory to make a run resumable")
+            return stop.exit_code
+        where = shown(path)
+        say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{where}'. "
+            f"Continue with: longswift generate --resume {shlex.quote(where)}")
+        return stop.exit_code
+    return 0
+
+
+class StoppedReading(Exception):
+    """A stop signal came before the first new token (while the model loaded or the context was read):
+    the run ends there, writing nothing (a resumed run's checkpoint stays as it was)."""
+
+
+def _stop_reading(show: Callable[[int, int], None], stop: StopRequest) -> Callable[[int, int], None]:
+    """The stream's on_prefill: show the reading, and end it at the next chunk once a stop is asked for
+    (a long context takes minutes to read: a run that has generated nothing saves nothing)."""
+
+    def reading(read: int, total: int) -> None:
+        show(read, total)
+        if stop.signum is not None:
+            raise StoppedReading
+
+    return reading
+
+
+def _output_lost(exc: BaseException) -> bool:
+    """Whether `exc` says the run's terminal or pipe is gone: its reader stopped (EPIPE), or the terminal
+    hung up (EIO)."""
+    return isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno == errno.EIO)
+
+
+def _save_quietly(out: Outputs, stream: Any, saved: dict[str, Any]) -> Path | None:
+    """Save a run whose output was lost as an interrupted one, where an interrupted run saves; None if it
+    cannot (a failed save must not hide why the run stopped)."""
+    try:
+        return out.save_interrupted(stream.checkpoint(saved))
+    except (OSError, LongswiftError):
+        return None
+
+
+def _resume_hint(path: Path, tokens: int) -> str:
+    """What a run stopped before its end says of the checkpoint it saved last: intact, and the command
+    that continues from it."""
+    return (f"the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume "
+            f"{shlex.quote(shown(path))}")
+
+
+def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
+    """A system error (a full disk) that stopped a run, with on the same line the checkpoint that is
+    intact and the command that continues from it."""
+    hint = f"; {_resume_hint(path, tokens)}"
+    if exc.errno is None or exc.strerror is None:
+        return OSError(f"{exc}{hint}")
+    where = f": '{exc.filename}'" if exc.filename is not None else ""
+    return OSError(exc.errno, f"{exc.strerror}{where}{hint}")
+
+
+def shown(path: Path) -> str:
+    """A path as short as it can be said from here (relative below the current directory)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
