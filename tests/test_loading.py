@@ -355,8 +355,9 @@ def test_info_says_a_gguf_rope_freqs_scaling_in_a_line(tmp_path, capsys):
     assert f"  rope_freq_factors: {n} factors from " in out and " to 8 (the GGUF's rope_freqs)" in out, out
     assert "(llama3 rope scaling)" in out, out
     cfg = load_config(path)
-    with pytest.raises(LongswiftError, match="lower --max-new-tokens or shorten the prompt$"):
-        check_context(cfg, 10, cfg.context_limit)
+    with pytest.raises(LongswiftError, match="lower max_new_tokens or shorten the prompt$") as info:
+        check_context(cfg, 10, cfg.context_limit)  # scaled already: no further rope scaling is advised
+    assert info.value.cli_message.endswith("lower --max-new-tokens or shorten the prompt")
 
 
 @pytest.mark.parametrize("key, value", [("head_count", 0), ("block_count", 0), ("feed_forward_length", 0)])
