@@ -255,11 +255,11 @@ def test_the_checkpoint_file_is_the_format_a_resume_reads(base, tmp_path):
 
 
 def test_a_run_hashes_its_heads_once_for_all_its_checkpoints(base, monkeypatch):
-    import longswift.engine as engine_module
+    import longswift.stream as stream_module
 
     calls = []
-    real = engine_module.heads_fingerprint
-    monkeypatch.setattr(engine_module, "heads_fingerprint", lambda heads: calls.append(1) or real(heads))
+    real = stream_module.heads_fingerprint
+    monkeypatch.setattr(stream_module, "heads_fingerprint", lambda heads: calls.append(1) or real(heads))
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift")
     saved = [stream.checkpoint() for _ in zip(stream, range(4))]
     assert len(calls) == 1

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longswift.detok import FINAL_AFTER, MAX_HELD, IncrementalDecoder, decode_text
-from longswift.engine import GenerationStream
+from longswift.stream import GenerationStream
 from longswift.stats import GenerationStats
 
 TOKENIZER = byte_tokenizer()

@@ -27,13 +27,14 @@ __all__ = [
 ]
 
 # each name of __all__ -> the module that defines it
-_HOME = {"Engine": "engine", "GenerationStream": "engine", "load": "engine", "LongswiftError": "errors",
+_HOME = {"Engine": "engine", "GenerationStream": "stream", "load": "engine", "LongswiftError": "errors",
          "GenerationResult": "stats", "GenerationStats": "stats", "GenerationConfig": "config",
          "ModelConfig": "config", "RuntimeConfig": "config", "SamplingConfig": "config", "SpecConfig": "config"}
 
 if _TYPE_CHECKING:
     from .config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig
-    from .engine import Engine, GenerationStream, load
+    from .engine import Engine, load
+    from .stream import GenerationStream
     from .errors import LongswiftError
     from .stats import GenerationResult, GenerationStats
 else:

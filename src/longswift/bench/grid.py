@@ -19,7 +19,8 @@ from typing import Any
 
 from ..checkpoint import heads_fingerprint
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
-from ..engine import Engine, GenerationStream, load
+from ..engine import Engine, load
+from ..stream import GenerationStream
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.loading import model_files, resolve_path
