@@ -6,7 +6,7 @@ thread. Session 34 found with it that the oneDNN span's 256-row steps still grew
 (docs/benchmarks.md). Run it for two checkouts with PYTHONPATH=CHECKOUT/src to compare them.
 
 python docs/scripts/long_run_rss.py [N] [--every K]"""
-import argparse, os, sys, time
+import argparse, os, time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 import longswift

@@ -3,7 +3,7 @@ embedded model, docs/prompts/clockmaker.txt as raw text, seed 3, EOS ignored, on
 with it that the oneDNN attention path grew a run by ~0.5 GiB past 3K context (docs/benchmarks.md).
 
 python docs/scripts/rss_curve.py ar|tokenswift N [--every K] [--trim K] [--pyobj] [--tensors] [--tm] [--out FILE]"""
-import argparse, ctypes, gc, json, os, sys, time, tracemalloc
+import argparse, ctypes, gc, json, os, time, tracemalloc
 
 ap = argparse.ArgumentParser()
 ap.add_argument("method"); ap.add_argument("n", type=int)

@@ -412,7 +412,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                 log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s{' of its own' if together else ''}")
 
             tell: dict[str, Callable[[int, float], None] | None] = {
-                m: functools.partial(progress, where=where) if show_progress else None for m, where in wheres.items()}
+                m: functools.partial(progress, where=where) if show_progress else None
+                for m, where in wheres.items()}
             with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
                 if not together:
                     m = batch[0][2]

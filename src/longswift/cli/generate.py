@@ -253,7 +253,7 @@ def _resume(args: argparse.Namespace) -> int:
                   f"longswift: resuming at {len(ckpt.token_ids)} of {gen.max_new_tokens} tokens "
                   f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
         return write_run(engine, stream, outputs, stop, args.no_progress,
-                    last_saved=(resumed, len(ckpt.token_ids)))
+                         last_saved=(resumed, len(ckpt.token_ids)))
 
 
 def _keep_unfinished(out: Outputs) -> None:
@@ -313,9 +313,8 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
                          spec: SpecConfig | None = None, resumed: bool = False) -> Any:
     """Refuse, before reading any weights, a run whose weights + KV cache for its prompt and new tokens
     cannot fit (with TokenSwift's tree and draft cache when `spec` is given; `resumed`: a run that keeps its
-    checkpoint's rope scaling). A new run (`prompt_tokens`
-    None: not tokenized yet) plans for a one-token prompt: the exact plan, with the prompt, is checked again
-    before the cache is allocated. Under torchrun, a model that does not split across the processes is
+    checkpoint's rope scaling). A new run (`prompt_tokens` None: not tokenized yet) plans for a one-token
+    prompt: the exact plan, with the prompt, is checked again before the cache is allocated. Under torchrun, a model that does not split across the processes is
     refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
     from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config

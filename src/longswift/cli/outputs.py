@@ -78,8 +78,9 @@ class Outputs:
 
 
 def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool,
-         last_saved: tuple[Path, int] | None = None) -> int:
-    """`last_saved`: the checkpoint a resumed run started from, and its tokens (named if the run fails)."""
+              last_saved: tuple[Path, int] | None = None) -> int:
+    """Stream the run into its outputs and end it as the way it stopped asks; the exit status. `last_saved`:
+    the checkpoint a resumed run started from, and its tokens (named if the run fails)."""
     from ..atomic import AtomicFile
     from ..detok import IncrementalDecoder
     from .display import make_display
@@ -104,9 +105,10 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
         stats = stream.stats
         total = stream.max_new_tokens
         display = make_display(text_file, total, len(stream.token_ids), progress=not no_progress)
-        stream.on_prefill = display.prefill  # a long context (a resume's re-read) takes minutes on a CPU
-        if tp is None:  # (under tensor parallelism every rank reads on: they stop together after a step)
-            stream.on_prefill = _stop_reading(display.prefill, stop)
+        # A long context (a resume's re-read) takes minutes on a CPU: shown as it is read, and a stop ends the
+        # reading (under tensor parallelism every rank reads on: they stop together after the first step).
+        stream.on_prefill = display.prefill if tp is not None else _stop_reading(display.prefill, stop)
+        if tp is None:
             stop.doing = READING
             if stop.signum is not None:  # stopped while the model loaded: nothing generated, nothing to write
                 raise StoppedReading

@@ -24,7 +24,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 # New tokens per masked forward from which the CPU path goes to the cascade (flash kernels with their
 # log-sum-exp, the CPU's own), which never materialises the [G*T, S] scores: prefill chunks. Measured on a

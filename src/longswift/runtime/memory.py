@@ -221,7 +221,8 @@ def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: i
         return f"{what} exceeds this model's context of {limit} tokens: {advice}"
 
     api = say("max_new_tokens", f"max_new_tokens={max_new_tokens}", f"load(..., rope_scaling='yarn:{factor}')")
-    raise ConfigError(api, say("--max-new-tokens", f"--max-new-tokens {max_new_tokens}", f"--rope-scaling yarn:{factor}"))
+    cli = say("--max-new-tokens", f"--max-new-tokens {max_new_tokens}", f"--rope-scaling yarn:{factor}")
+    raise ConfigError(api, cli)
 
 
 def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0,

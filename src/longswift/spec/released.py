@@ -217,8 +217,8 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
         where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
         return f"{n} heads inside the model checkpoint {where}{_trained(path)}", True
     if choice.kind == "shipped":
-        return f"heads shipped with longswift for this model: {choice.path} " \
-               f"({describe_heads_file(choice.path, cfg, model_embed)})", True
+        what = describe_heads_file(choice.path, cfg, model_embed)
+        return f"heads shipped with longswift for this model: {choice.path} ({what})", True
     if choice.kind == "released":
         return (f"from the released checkpoint {choice.path} (TokenSwift layout; checked against the model when "
                 f"loaded){_trained(choice.path)}"), True
