@@ -14,7 +14,7 @@ from conftest import tiny_hf_model
 
 from longswift.bench.metrics import Timeline, checkpoint_targets, curve_speedup, distinct_n, speedup
 from longswift.bench.peers import missing
-from longswift.bench.report import software_versions, versions_lines
+from longswift.bench.machine import software_versions, versions_lines
 from longswift.bench.prompts import read_instructions
 from longswift.cli import main
 from longswift.config import GenerationConfig, SpecConfig
@@ -519,7 +519,7 @@ def test_lockstep_bytes_add_up_the_graph_pools_only_with_cuda_graphs():
 def test_a_results_directory_takes_one_invocation_at_a_time_and_a_batch_at_once(tmp_path):
     """Two invocations writing one --out-dir ran every run twice (the report took medians over the copies):
     the second is refused while the first holds it. A batch's records go in one write."""
-    from longswift.bench.report import ResultStore
+    from longswift.bench.store import ResultStore
 
     first = ResultStore(tmp_path / "d", {"model": "m"})
     try:
@@ -538,7 +538,7 @@ def test_a_results_directory_takes_one_invocation_at_a_time_and_a_batch_at_once(
 def test_a_last_record_without_its_newline_is_not_joined_by_the_next(tmp_path):
     """A whole last line missing only its newline loaded fine, and the next run's record was appended onto
     it: the resume after that failed on a line of two records."""
-    from longswift.bench.report import ResultStore
+    from longswift.bench.store import ResultStore
 
     store = ResultStore(tmp_path, {"model": "m"})
     store.extend([{"key": "a"}, {"key": "b"}])
@@ -553,7 +553,7 @@ def test_a_last_record_without_its_newline_is_not_joined_by_the_next(tmp_path):
 
 def test_fresh_discards_only_a_bench_directorys_files(tmp_path):
     """--fresh deleted any config.json in --out-dir, a model's included, before checking it was bench's."""
-    from longswift.bench.report import ResultStore
+    from longswift.bench.store import ResultStore
 
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(LongswiftError, match="is not a longswift bench config, and --fresh discards only a bench"):
@@ -585,7 +585,7 @@ def test_bench_outputs_never_replace_the_model_or_heads_it_reads(tmp_path, capsy
 def test_another_model_at_the_same_path_does_not_resume_into_its_results(tmp_path):
     """The identity names the model by its path: a different model saved there resumed into the old runs.
     Its fingerprint now tells them apart; a directory made before it was kept resumes and gets it."""
-    from longswift.bench.report import ResultStore
+    from longswift.bench.store import ResultStore
 
     ResultStore(tmp_path, {"model": "m"}, model_fingerprint="aaa").close()
     ResultStore(tmp_path, {"model": "m"}, model_fingerprint="aaa").close()

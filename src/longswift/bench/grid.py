@@ -1,7 +1,7 @@
 """`longswift bench`: our AR and TokenSwift against transformers and llama.cpp on the same model,
 prompt and sampling settings, over a grid of prefix lengths x generation lengths x sampling
 presets; methods interleaved run by run so machine noise hits all alike. Results go to a
-resumable directory (bench/report.py) and a markdown report."""
+resumable directory (bench/store.py) and a markdown report (bench/report.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from .lockstep import run_lockstep
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing
 from .prompts import Prompt, build_prompts, file_digest
-from .report import OUTPUT_FILES, MemoryStore, ResultStore, RunContext, absolute, write_outputs
+from .report import RunContext, write_outputs
+from .store import OUTPUT_FILES, MemoryStore, ResultStore, absolute
 
 OURS = ("ar", "tokenswift", "tokenswift-fused")
 KNOWN_METHODS = (*OURS, *PEERS)

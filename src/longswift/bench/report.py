@@ -1,170 +1,22 @@
-"""Benchmark outputs: the resumable results directory (config.json + results.jsonl, one line per
-finished run), results.csv, PNG plots (matplotlib, if installed) and report.md."""
+"""Benchmark outputs from the stored runs (store.py: the resumable results directory): results.csv, PNG
+plots (matplotlib, if installed) and report.md."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
 import io
-import json
-import os
-import platform
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..atomic import OutputLock, write_atomic
-from ..errors import LongswiftError
+from ..atomic import write_atomic
+from .machine import machine_lines, software_versions
 from .metrics import curve_speedup, speedup
+from .store import MemoryStore
 
-OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
-                "alpha_vs_length.png", "time_to_n_tokens.png")
 CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds", "command", "versions")
-
-
-def absolute(path: str) -> str:
-    """A path as the identity keeps it: absolute, so that a relative and an absolute path to one model or
-    prompt file resume into the same results ('<embedded>'-style names as they are)."""
-    return path if path.startswith("<") else os.path.abspath(path)
-
-
-def with_absolute_paths(identity: dict[str, Any]) -> dict[str, Any]:
-    """An identity stored before bench kept its paths absolute, with them made absolute from here."""
-    return {**identity, **{k: absolute(identity[k]) for k in ("model", "prompt_file") if identity.get(k)}}
-
-
-class MemoryStore:
-    """Records of finished runs, kept in memory only (no --out-dir)."""
-
-    def __init__(self, identity: dict[str, Any]) -> None:
-        self.identity = identity
-        self.records: list[dict[str, Any]] = []
-        self._keys: set[str] = set()
-
-    def has(self, key: str) -> bool:
-        return key in self._keys
-
-    def append(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
-        self._keys.add(record["key"])
-
-    def extend(self, records: list[dict[str, Any]]) -> None:
-        for record in records:
-            MemoryStore.append(self, record)
-
-    def close(self) -> None:
-        """Nothing to release in memory."""
-
-
-class ResultStore(MemoryStore):
-    """A results directory: config.json names what the runs measured; results.jsonl gets one line per
-    run, flushed and fsynced as it finishes, so an interrupted grid resumes where it stopped."""
-
-    def __init__(self, out_dir: Path, identity: dict[str, Any], fresh: bool = False,
-                 model_fingerprint: str | None = None) -> None:
-        super().__init__(identity)
-        if out_dir.exists() and not out_dir.is_dir():
-            raise LongswiftError(f"--out-dir '{out_dir}' is a file: give a directory")
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise LongswiftError(f"cannot create --out-dir '{out_dir}': {exc.strerror}") from None
-        self.path = out_dir / "results.jsonl"
-        config = out_dir / "config.json"
-        # One invocation at a time: two writing one directory ran every run twice (the report took medians over
-        # the copies). Held until close().
-        self._lock = OutputLock([("--out-dir", self.path)])
-        self._lock.__enter__()
-        try:
-            self._open(out_dir, config, identity, fresh, model_fingerprint)
-        except BaseException:
-            self._lock.release()
-            raise
-
-    def _open(self, out_dir: Path, config: Path, identity: dict[str, Any], fresh: bool,
-              fingerprint: str | None) -> None:
-        if fresh and config.exists() and _stored_config(config) is None:  # another tool's config.json, not ours
-            raise LongswiftError(f"'{config}' is not a longswift bench config, and --fresh discards only a bench "
-                                 "directory's files: use another --out-dir")
-        if fresh:
-            for name in OUTPUT_FILES:
-                (out_dir / name).unlink(missing_ok=True)
-        wanted = json.loads(json.dumps(identity))
-        if config.exists():
-            saved = _stored_config(config)
-            if saved is None:
-                raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir")
-            stored = saved["identity"]
-            if with_absolute_paths(stored) == wanted:  # (made when bench kept paths as typed: they are now absolute)
-                stored = wanted
-            if stored != wanted:
-                diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
-                raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
-                                     f"{', '.join(diff)}): use another --out-dir, or --fresh to discard them")
-            # The identity names the model by its path; its fingerprint (config and embedding) tells another model
-            # at that path apart. Kept beside the identity, so that directories made before it still resume (and
-            # get it now).
-            had = saved.get("model_fingerprint")
-            if had is not None and fingerprint is not None and had != fingerprint:
-                raise LongswiftError(f"--out-dir '{out_dir}' holds results of another model at the path "
-                                     f"'{wanted.get('model')}' (its config or embedding differs): use another "
-                                     "--out-dir, or --fresh to discard them")
-            added = {"model_fingerprint": fingerprint} if had is None and fingerprint is not None else {}
-            updated = {**saved, "identity": wanted, **added}
-            if updated != saved:  # an older directory brought up to date, in one write
-                write_atomic(config, json.dumps(updated, indent=1) + "\n")
-        elif self.path.exists():
-            raise LongswiftError(f"'{self.path}' exists without config.json: use another --out-dir or --fresh")
-        else:
-            kept = {"model_fingerprint": fingerprint} if fingerprint is not None else {}
-            write_atomic(config, json.dumps({"identity": wanted, **kept}, indent=1) + "\n")
-        if self.path.exists():
-            self._load()
-        self._file = open(self.path, "a", encoding="utf-8")
-
-    def _load(self) -> None:
-        text = self.path.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        good = []
-        for i, line in enumerate(lines):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                if i == len(lines) - 1:  # a run cut off while its line was written: drop it, it reruns
-                    write_atomic(self.path, "".join(g + "\n" for g in good))
-                    return
-                raise LongswiftError(f"{self.path}:{i + 1} is not JSON: fix or remove the line, or use --fresh") from None
-            good.append(line)
-            super().append(record)
-        if text and not text.endswith("\n"):  # a whole last record without its newline: the next would join it
-            write_atomic(self.path, "".join(g + "\n" for g in good))
-
-    def append(self, record: dict[str, Any]) -> None:
-        self.extend([record])
-
-    def extend(self, records: list[dict[str, Any]]) -> None:
-        """Add records with one write, flushed and fsynced: an interruption keeps all of them or none."""
-        self._file.write("".join(json.dumps(r) + "\n" for r in records))
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        super().extend(records)
-
-    def close(self) -> None:
-        """Close results.jsonl and release the directory's lock."""
-        if not self._file.closed:
-            self._file.close()
-        self._lock.release()
-
-
-def _stored_config(config: Path) -> dict[str, Any] | None:
-    """A bench directory's config.json (its "identity" an object); None if the file is not one."""
-    try:
-        kept = json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return kept if isinstance(kept, dict) and isinstance(kept.get("identity"), dict) else None
 
 
 @dataclass
@@ -247,79 +99,6 @@ def to_csv(records: list[dict[str, Any]]) -> str:
         writer.writeheader()
         writer.writerows(rows)
     return buf.getvalue()
-
-
-def software_versions() -> dict[str, str | None]:
-    """The software a run is measured with: the libraries' versions and longswift's git commit (None
-    where a library is not installed or the package is not in a git checkout)."""
-    from .peers import version
-
-    found: dict[str, str | None] = {name: version(mod) for name, mod in (
-        ("torch", "torch"), ("transformers", "transformers"), ("llama-cpp-python", "llama_cpp"),
-        ("longswift", "longswift"))}
-    found["commit"] = _git_commit()
-    return found
-
-
-def _versions_text(versions: dict[str, str | None]) -> str:
-    commit = versions.get("commit")
-    return (", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items() if k != "commit")
-            + (f" (commit {commit})" if commit else ""))
-
-
-def versions_lines(records: list[dict[str, Any]] | None, versions: dict[str, str | None] | None = None) -> list[str]:
-    """The report's versions line(s): the software of this invocation (`versions`, default: found now), or,
-    for a results directory whose runs were measured by several invocations, the software each group of
-    runs was measured with (records kept from before bench recorded it are counted as such)."""
-    now = _versions_text(versions or software_versions())
-    if not records:
-        return [f"- versions: {now}"]
-    groups: dict[str, int] = {}
-    for r in records:
-        text = _versions_text(r["versions"]) if r.get("versions") else None
-        groups[text or ""] = groups.get(text or "", 0) + 1
-    if list(groups) == [now]:
-        return [f"- versions: {now}"]
-    lines = ["- versions the runs were measured with:"]
-    lines += [f"  - {text or 'not recorded (runs measured before bench kept versions)'}: {n} run{'s' * (n != 1)}"
-              for text, n in groups.items()]
-    return lines + [f"  - this report was written with: {now}"]
-
-
-def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None = None,
-                  versions: dict[str, str | None] | None = None) -> list[str]:
-    cpu = "unknown CPU"
-    mem = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-        kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-        mem = f", {kib / 2**20:.0f} GiB RAM"
-    except (OSError, StopIteration, ValueError):
-        pass
-    every = identity.get("read_every")
-    return [
-        f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} logical CPUs{mem}; {identity['threads']} torch threads; "
-        f"python {platform.python_version()}",
-        *versions_lines(records, versions),
-        f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
-        f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
-        f"{', fused kernels (RMSNorm, residual adds, rope)' if identity.get('fused_kernels') else ''}"
-        f"{', float32 logits' if identity.get('float32_logits') else ''}"
-        f"{', graph attention ' + identity['graph_attention'] if identity.get('graph_attention') else ''}"
-        f"{', rope scaling ' + identity['rope_scaling'] if identity.get('rope_scaling') else ''}"
-        f"{', CUDA graphs off' if identity.get('cuda_graphs') is False else ''}"
-        f"{f', AR reads its tokens {every} at a time (--read-every)' if every else ''}; "
-        f"heads: {identity['heads']}",
-    ]
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:

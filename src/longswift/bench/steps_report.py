@@ -7,7 +7,7 @@ from typing import Any
 
 from ..spec.budget import draft_levels
 from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
-from .report import machine_lines
+from .machine import machine_lines
 from .steps import StepBenchConfig, StepBenchResult
 
 

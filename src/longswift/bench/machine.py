@@ -1,0 +1,82 @@
+"""What a report says of where it ran: the machine, the software versions and the commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def software_versions() -> dict[str, str | None]:
+    """The software a run is measured with: the libraries' versions and longswift's git commit (None
+    where a library is not installed or the package is not in a git checkout)."""
+    from .peers import version
+
+    found: dict[str, str | None] = {name: version(mod) for name, mod in (
+        ("torch", "torch"), ("transformers", "transformers"), ("llama-cpp-python", "llama_cpp"),
+        ("longswift", "longswift"))}
+    found["commit"] = _git_commit()
+    return found
+
+
+def _versions_text(versions: dict[str, str | None]) -> str:
+    commit = versions.get("commit")
+    return (", ".join(f"{k} {v or 'not installed'}" for k, v in versions.items() if k != "commit")
+            + (f" (commit {commit})" if commit else ""))
+
+
+def versions_lines(records: list[dict[str, Any]] | None, versions: dict[str, str | None] | None = None) -> list[str]:
+    """The report's versions line(s): the software of this invocation (`versions`, default: found now), or,
+    for a results directory whose runs were measured by several invocations, the software each group of
+    runs was measured with (records kept from before bench recorded it are counted as such)."""
+    now = _versions_text(versions or software_versions())
+    if not records:
+        return [f"- versions: {now}"]
+    groups: dict[str, int] = {}
+    for r in records:
+        text = _versions_text(r["versions"]) if r.get("versions") else None
+        groups[text or ""] = groups.get(text or "", 0) + 1
+    if list(groups) == [now]:
+        return [f"- versions: {now}"]
+    lines = ["- versions the runs were measured with:"]
+    lines += [f"  - {text or 'not recorded (runs measured before bench kept versions)'}: {n} run{'s' * (n != 1)}"
+              for text, n in groups.items()]
+    return lines + [f"  - this report was written with: {now}"]
+
+
+def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None = None,
+                  versions: dict[str, str | None] | None = None) -> list[str]:
+    cpu = "unknown CPU"
+    mem = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
+        mem = f", {kib / 2**20:.0f} GiB RAM"
+    except (OSError, StopIteration, ValueError):
+        pass
+    every = identity.get("read_every")
+    return [
+        f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} logical CPUs{mem}; {identity['threads']} torch threads; "
+        f"python {platform.python_version()}",
+        *versions_lines(records, versions),
+        f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
+        f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
+        f"{', fused kernels (RMSNorm, residual adds, rope)' if identity.get('fused_kernels') else ''}"
+        f"{', float32 logits' if identity.get('float32_logits') else ''}"
+        f"{', graph attention ' + identity['graph_attention'] if identity.get('graph_attention') else ''}"
+        f"{', rope scaling ' + identity['rope_scaling'] if identity.get('rope_scaling') else ''}"
+        f"{', CUDA graphs off' if identity.get('cuda_graphs') is False else ''}"
+        f"{f', AR reads its tokens {every} at a time (--read-every)' if every else ''}; "
+        f"heads: {identity['heads']}",
+    ]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
