@@ -305,14 +305,15 @@ class Engine:
                                  "resume from an earlier copy")
         if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids):
             raise LongswiftError("the checkpoint's token ids do not fit this model's vocabulary")
-        check_context(self.cfg, len(setup.prompt_ids), setup.generation.max_new_tokens, rescalable=False)
         generated = list(c.token_ids)
         if not (finished(generated, setup.generation, self.eos_ids) or (stats.finish_reason == "stop" and generated)):
             stats.resumes += 1  # (a finished run's checkpoint gives its result again: nothing re-read, no resume)
-        return self._start(setup, stats, generated)
+        return self._start(setup, stats, generated, resumed=True)
 
-    def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int]) -> GenerationStream:
-        check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens)
+    def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int],
+               resumed: bool = False) -> GenerationStream:
+        """`resumed`: a checkpoint's run, which keeps its rope scaling (none is advised when it is too long)."""
+        check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens, rescalable=not resumed)
         stats.processes = 1 if self.tp is None else self.tp.world
         if self.tp is not None:  # every rank runs the same generation (rank 0 draws: only its seed counts)
             heads = None if self.heads is None else (self.heads.gamma, self.heads_source)

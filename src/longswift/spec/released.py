@@ -193,7 +193,8 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
     if heads == "none":
         return "none (AR)", False
     path = resolve_path(model) if heads in ("auto", "default") else None
-    embed: list[torch.Tensor] = []  # read once, if at all
+    embed: list[torch.Tensor] = []  # each read once, if at all
+    heads_in_checkpoint: list[list[str]] = []
 
     def model_embed() -> torch.Tensor:
         if not embed:
@@ -201,8 +202,11 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
         return embed[0]
 
     def checkpoint_heads() -> list[str]:
-        meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items() if k.startswith(HEAD_PREFIX)}
-        return list(take_head_tensors(cfg, meta, str(path)) or ())
+        if not heads_in_checkpoint:
+            meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items()
+                    if k.startswith(HEAD_PREFIX)}
+            heads_in_checkpoint.append(list(take_head_tensors(cfg, meta, str(path)) or ()))
+        return heads_in_checkpoint[0]
 
     def shipped() -> Path | None:
         return shipped_heads(model_fingerprint(cfg, model_embed())) if may_have_shipped_heads(cfg) else None
