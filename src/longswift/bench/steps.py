@@ -17,11 +17,10 @@ import torch
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
-from ..runtime.linear import packing_supported
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer, fused_kernels
 from ..sampling import draw, penalty_window, transform, uniforms
-from ..spec.budget import draft_cache_tokens, draft_levels, tree_budget, walk_rows
+from ..spec.budget import draft_cache_tokens, draft_levels, tree_budget, walk_rows, will_pack
 from ..spec.heads import DraftHeads, new_heads
 from ..spec.ngram import NGRAM_N
 from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, TokenSwiftState, Verified, draft, verify
@@ -360,7 +359,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     device, dtype = runtime.torch_device(), runtime.torch_dtype()
     bench = bench.for_device(device)
     cfg = shape_config(bench.shape, bench.layers, runtime.rope_scaling)
-    packed = runtime.pack_weights is not False and packing_supported(dtype, device)
+    packed = will_pack(runtime)
     gamma = max(3, len(bench.spec.levels) - 1)
     buffer = bandwidth_buffer_bytes(bench, device)
     plan = plan_steps(cfg, bench, dtype, device, packed, gamma, runtime.float32_logits)

@@ -316,25 +316,21 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     checkpoint's rope scaling). A new run (`prompt_tokens` None: not tokenized yet) plans for a one-token
     prompt: the exact plan, with the prompt, is checked again before the cache is allocated. Under torchrun, a model that does not split across the processes is
     refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
-    from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config
     from ..runtime.memory import check_context
     from ..runtime.parallel import env_world_size, plan_shards, shard_config
-    from ..spec.budget import run_plan
+    from ..spec.budget import plan_before_loading
 
     cfg = load_config(model, runtime.rope_scaling)
     check_context(cfg, prompt_tokens, gen.max_new_tokens, rescalable=not resumed)
     tokens = (prompt_tokens or 1) + gen.max_new_tokens
-    dtype, device = runtime.torch_dtype(), runtime.torch_device()
     held = cfg  # what one process holds
     if env_world_size() > 1:
         shard = shard_config(cfg, plan_shards(cfg, 0, env_world_size()))
         # A GPU holds its process's shard (the LM head counted whole); on a CPU the processes share the
         # host's memory, and each reads the whole checkpoint while loading.
-        held = shard if device.type == "cuda" else cfg
-    packed = runtime.pack_weights is not False and packing_supported(dtype, device)
-    run_plan(held, dtype, device, tokens, gen.prefill_chunk, packed, runtime.float32_logits,
-             None if spec is None else spec.for_device(device)).check(weights_loaded=False)
+        held = shard if runtime.torch_device().type == "cuda" else cfg
+    plan_before_loading(held, runtime, tokens, gen.prefill_chunk, spec).check(weights_loaded=False)
     return cfg
 
 

@@ -26,10 +26,9 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..runtime.linear import packing_supported
     from ..runtime.loading import load_config, resolve_path
     from ..runtime.memory import GiB, available_bytes, current_rss
-    from ..spec.budget import run_plan, tree_budget
+    from ..spec.budget import plan_before_loading, tree_budget
     from ..spec.released import describe_heads
 
     runtime = config_from_args(RuntimeConfig, args)
@@ -39,13 +38,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     cfg = load_config(args.model, runtime.rope_scaling)
     tokens = cfg.context_limit if args.tokens is None else args.tokens
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
-    packed = runtime.pack_weights is not False and packing_supported(dtype, device)
     spec = spec.for_device(device)
     heads, tokenswift = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
     nodes = tree_budget(spec) if tokenswift else 0
     chunk = config_from_args(GenerationConfig, args).prefill_chunk
-    plan = run_plan(cfg, dtype, device, tokens, chunk, packed, runtime.float32_logits,
-                    spec if tokenswift else None)
+    plan = plan_before_loading(cfg, runtime, tokens, chunk, spec if tokenswift else None)
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)

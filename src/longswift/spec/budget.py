@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelConfig, SpecConfig
+from ..config import ModelConfig, RuntimeConfig, SpecConfig
 from ..runtime.cuda_graphs import padded_nodes
+from ..runtime.linear import packing_supported
 from ..runtime.memory import MemoryPlan, plan_memory
 from .ngram import NGRAM_N
 
@@ -62,3 +63,17 @@ def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens:
     draft = draft_cache_tokens(spec, tokens) if spec is not None else 0
     rows = walk_rows(spec) if spec is not None else 1
     return plan_memory(cfg, dtype, device, tokens + nodes, chunk, packed, draft, nodes, float32_logits, rows)
+
+
+def will_pack(runtime: RuntimeConfig) -> bool:
+    """Whether a model loaded with `runtime` gets oneDNN-packed linears (known before loading it)."""
+    return runtime.pack_weights is not False and packing_supported(runtime.torch_dtype(), runtime.torch_device())
+
+
+def plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, tokens: int, chunk: int,
+                        spec: SpecConfig | None) -> MemoryPlan:
+    """run_plan for a model not loaded yet: its dtype, device and packing as `runtime` will give them,
+    TokenSwift's `spec` (None: AR) resolved for that device."""
+    device = runtime.torch_device()
+    return run_plan(cfg, runtime.torch_dtype(), device, tokens, chunk, will_pack(runtime), runtime.float32_logits,
+                    None if spec is None else spec.for_device(device))
