@@ -73,7 +73,7 @@ class Checkpoint:
         length = GenerationConfig(max_new_tokens=max_new_tokens).max_new_tokens  # (type and sign checked there)
         if length < len(self.token_ids):
             below = f"is below the {len(self.token_ids)} tokens the checkpoint holds: give at least that"
-            raise ConfigError(f"max_new_tokens={length} (--max-new-tokens) {below}",
+            raise ConfigError(f"max_new_tokens={length} {below}",
                               f"--max-new-tokens {length} {below}")
         return dataclasses.replace(self, generation={**self.generation, "max_new_tokens": length})
 
