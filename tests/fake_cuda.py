@@ -1,0 +1,170 @@
+"""A CUDA device for machines without one: tensors on "cuda" are fake (torch's FakeTensorMode: shape,
+dtype and device only, each op checked by its meta kernel, including that its tensors share a device),
+while host tensors and host code stay real. The CUDA branches of the model, the attention backends, the
+step bodies and the generation loops then run on a CPU-only CI machine, at real model shapes (fake
+weights take no memory), and every read of device memory by the host is recorded where it happens.
+
+What it cannot check: values (a read answers zeros), kernel limits that only the CUDA kernels enforce
+(head sizes, alignment), CUDA graph capture, and speed: tests/test_cuda.py does that on a GPU.
+
+Three ways the Python bindings reach CUDA's device guard, which a CPU build of torch lacks, are routed to
+the aten ops beneath them: indexing (`t[...]`, `t[...] = v`), `~t`, and host-to-device copies."""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+CUDA = torch.device("cuda")
+PACKAGE = str(Path(__file__).resolve().parents[1] / "src" / "longswift")
+
+
+@dataclass(frozen=True)
+class Read:
+    """One read of device memory by the host: the call (tolist, item, int, ...), the tensor's shape,
+    and the package function and line that made it."""
+
+    call: str
+    shape: tuple[int, ...]
+    where: str  # "function:line" of the innermost frame in src/longswift
+
+
+def _caller() -> str:
+    frames = [f for f in traceback.extract_stack() if f.filename.startswith(PACKAGE)]
+    return f"{frames[-1].name}:{frames[-1].lineno}" if frames else "?"
+
+
+def _on_cuda(x: object) -> bool:
+    if not isinstance(x, (str, torch.device)):
+        return False
+    try:
+        return torch.device(x).type == "cuda"
+    except RuntimeError:
+        return False
+
+
+def _index(x: torch.Tensor, key: object) -> torch.Tensor:
+    """x[key] through aten ops: ints, slices (any step), None, Ellipsis and tensor indices (advanced
+    indexing, the indexed dimensions first as aten.index puts them when adjacent)."""
+    key = key if isinstance(key, tuple) else (key,)
+    used = sum(1 for k in key if k is not None and k is not Ellipsis)
+    parts: list[object] = []
+    for k in key:
+        parts.extend([slice(None)] * (x.dim() - used) if k is Ellipsis else [k])
+    dim, tensors = 0, {}
+    for k in parts:
+        if k is None:
+            x = torch.ops.aten.unsqueeze(x, dim)
+            dim += 1
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(x.shape[dim])
+            x = torch.ops.aten.slice(x, dim, start, max(start, stop), step)
+            dim += 1
+        elif isinstance(k, torch.Tensor):
+            tensors[dim] = k
+            dim += 1
+        elif isinstance(k, int):
+            x = torch.ops.aten.select(x, dim, k)
+        else:
+            raise NotImplementedError(f"fake CUDA indexing by {k!r}")
+    if tensors:
+        x = torch.ops.aten.index(x, [tensors.get(d) for d in range(max(tensors) + 1)])
+    return x
+
+
+READS = {torch.Tensor.item: "item", torch.Tensor.__int__: "int", torch.Tensor.__bool__: "bool",
+         torch.Tensor.__float__: "float", torch.Tensor.__index__: "index"}
+
+
+class FakeCuda(TorchFunctionMode):
+    """Host code real, device code fake; `reads` records the host's reads of device memory, each
+    answered with zeros."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[Read] = []
+
+    def record(self, call: str, x: torch.Tensor) -> None:
+        self.reads.append(Read(call, tuple(x.shape), _caller()))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        flat, _ = tree_flatten((args, kwargs))
+        if not any(isinstance(a, FakeTensor) or _on_cuda(a) for a in flat):
+            with unset_fake_temporarily():  # the host's own work: real tensors, real values
+                return func(*args, **kwargs)
+        if func in READS and isinstance(args[0], FakeTensor):
+            self.record(READS[func], args[0])
+            return False if func is torch.Tensor.__bool__ else 0
+        if func is torch.Tensor.__getitem__:
+            return _index(args[0], args[1])
+        if func is torch.Tensor.__setitem__:
+            target, key, value = args
+            view = _index(target, key)
+            if isinstance(value, torch.Tensor):
+                torch.ops.aten.copy_(view, value.expand_as(view))
+            else:
+                torch.ops.aten.fill_(view, value)
+            return None
+        if func is torch.Tensor.__invert__:
+            return torch.ops.aten.bitwise_not(args[0])
+        if func is torch.Tensor.copy_:
+            non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+            return torch.ops.aten.copy_(args[0], args[1], bool(non_blocking))
+        if func in (torch.Tensor.to, torch.Tensor.cuda) and not isinstance(args[0], FakeTensor):
+            x, device, dtype = args[0], kwargs.get("device"), kwargs.get("dtype")
+            for a in args[1:]:
+                if isinstance(a, (str, torch.device)):
+                    device = a
+                elif isinstance(a, torch.dtype):
+                    dtype = a
+            if func is torch.Tensor.cuda or _on_cuda(device):  # a host tensor to the device
+                return torch.ops.aten._to_copy(x, dtype=dtype or x.dtype, device=CUDA)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
+    """Run the block with the fake device (torch.inference_mode, as generation runs); torch.cuda's
+    synchronize and mem_get_info (80 GiB free) stand in for the driver's."""
+    mode = FakeCuda()
+
+    def tolist(self: FakeTensor) -> list:
+        mode.record("tolist", self)
+        with unset_fake_temporarily():
+            return torch.zeros(self.shape, dtype=self.dtype).tolist()
+
+    monkeypatch.setattr(FakeTensor, "tolist", tolist, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a, **k: (80 << 30, 80 << 30))
+    with FakeTensorMode(allow_non_fake_inputs=True), mode, torch.inference_mode():
+        yield mode
+
+
+def fake_state(names_shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A state dict of fake CUDA tensors (call inside fake_cuda): an untied LM head shares the
+    embedding, as bench-steps' random models do."""
+    state = {name: torch.ones(shape, dtype=dtype, device=CUDA) for name, shape in names_shapes.items()
+             if name != "lm_head.weight"}
+    if "lm_head.weight" in names_shapes:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    return state
+
+
+def fake_heads(hidden: int, gamma: int, eps: float, dtype: torch.dtype):
+    """DraftHeads whose parameters are fake CUDA tensors (call inside fake_cuda): nn.Module.to would
+    swap a real parameter for a fake one, which torch refuses."""
+    from longswift.spec.heads import DraftHeads
+
+    heads = DraftHeads(hidden, gamma, eps, None, "fake")
+    for name, p in list(heads.named_parameters()):
+        setattr(heads, name, torch.nn.Parameter(torch.ones(p.shape, dtype=dtype, device=CUDA), requires_grad=False))
+    return heads

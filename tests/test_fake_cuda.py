@@ -1,0 +1,146 @@
+"""The CUDA paths on a machine without CUDA (tests/fake_cuda.py: device tensors fake, host code real),
+at the real shapes of the 7-8B models and the embedded one (two layers each): the forwards and step
+bodies the loops run on CUDA take the CUDA kernels (flash, memory-efficient, colocated linears, fused
+norms) with consistent shapes, dtypes and devices, and never read the device; the generation loops
+read it only where the design says: once a token block, once for the draft's candidates, once for the
+batched walk. tests/test_cuda.py checks values and graphs on a real GPU."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+
+import pytest
+import torch
+from conftest import OpCount
+from fake_cuda import fake_cuda, fake_heads, fake_state
+
+from longswift.bench.shapes import expected_shapes, shape_config
+from longswift.config import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.generate import ar_steps
+from longswift.runtime.cache import FullKVCache
+from longswift.runtime.cuda_graphs import StepGraphs, step_bodies
+from longswift.runtime.model import Transformer
+from longswift.spec.tokenswift import draft_logits, tokenswift_steps
+from longswift.stats import GenerationStats
+
+# runtime.linear.row_blocks tells colocated weights by their storages' data pointers, which fake tensors
+# still give (one per storage), with a deprecation warning.
+pytestmark = pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+
+SHAPES = ["llama-3.1-8b", "qwen2.5-7b", "smollm2-135m"]
+PAPER = SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.2, penalty_window=1024)
+FLASH_OPS = {"aten._flash_attention_forward", "aten._scaled_dot_product_flash_attention",
+             "aten._scaled_dot_product_efficient_attention"}
+
+
+def fake_model(shape: str, dtype: torch.dtype, float32_logits: bool = False):
+    cfg = shape_config(shape, 2)
+    return Transformer(cfg, fake_state(expected_shapes(cfg), dtype), pack=True, float32_logits=float32_logits)
+
+
+@pytest.mark.parametrize("attention", ["length", "bucketed"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_cuda_forwards_run_at_real_shapes_without_reading_the_device(shape, dtype, attention, monkeypatch):
+    with fake_cuda(monkeypatch) as fake:
+        model = fake_model(shape, dtype)
+        cfg, v = model.cfg, model.cfg.vocab_size
+        assert model.device.type == "cuda" and model.colocated and step_bodies(model)
+        heads = fake_heads(cfg.hidden_size, 3, cfg.rms_norm_eps, dtype)
+        cache = FullKVCache(cfg, 2048, dtype, model.device)
+        ops = OpCount()
+        with ops:
+            logits, hidden = model.prefill(torch.arange(300) % v, cache, 128)  # chunks of 128, 128, 44
+            graphs = StepGraphs(model, cache, capture=False, attention=attention,
+                                draft=partial(draft_logits, model, heads, 4))
+            decoded, _ = graphs.decode(7, 300)
+            tree = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]],
+                                dtype=torch.bool)
+            verified, verified_hidden = graphs.forward([3, 4, 5, 6, 7], torch.arange(301, 306), tree, logits=True)
+            cache.truncate(301)
+            no_logits, hidden_only = graphs.forward([3, 4, 5, 6, 7], torch.arange(301, 306), tree, logits=False)
+            cache.truncate(301)
+            drafted, _ = graphs.draft(5, 301)
+            cache.truncate(301)
+            history = torch.zeros(2048, dtype=torch.long, device=model.device)
+            graphs.bind_sampling(history, PAPER)
+            sampled, _ = graphs.sample_decode(decoded, torch.rand(1, dtype=torch.float64).to(model.device), 301)
+        acc = torch.promote_types(dtype, torch.float32)
+        assert logits.shape == (v,) and logits.dtype == acc and logits.device.type == "cuda"
+        assert hidden.shape == (cfg.hidden_size,) and decoded.shape == (v,)
+        assert verified.shape == (8, v) and verified_hidden.shape == (8, cfg.hidden_size)  # padded to 8 nodes
+        assert no_logits.shape == (0, cfg.hidden_size) and hidden_only.shape == (8, cfg.hidden_size)
+        assert drafted.shape == (4, v) and sampled.shape == (v,)
+        assert cache.length == 302
+    assert fake.reads == [], fake.reads  # no body, and no prefill, reads the device
+    flash = FLASH_OPS & set(ops.names)
+    if dtype == torch.float32:  # CUDA's flash kernels take half types only: explicit products
+        assert not flash, ops.names
+    elif attention == "length":  # flash's variable-length kernel by the length in device memory
+        assert {"aten._flash_attention_forward", "aten._scaled_dot_product_efficient_attention"} <= flash, flash
+    else:
+        assert {"aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention"} <= flash
+
+
+def run_loop(fake, method: str, sampling: SamplingConfig, spec: SpecConfig, generated: list[int] | None = None,
+             float32_logits: bool = False):
+    """40 new tokens after a 300-token prompt on the 8B shape (two layers), blocks of 16, `generated`
+    the tokens of a resumed run -> (stats, reads per package function, tokens per block read)."""
+    model = fake_model("llama-3.1-8b", torch.bfloat16, float32_logits)
+    cfg = model.cfg
+    prompt, generated = list(range(5, 305)), generated or []
+    stats = GenerationStats(method, len(prompt))
+    gen, g, eos = GenerationConfig(max_new_tokens=40), torch.Generator().manual_seed(0), frozenset({2})
+    if method == "ar":
+        steps = ar_steps(model, prompt, sampling, gen, stats, eos, g, generated, read_every=16,
+                         graph_attention="length")
+    else:
+        heads = fake_heads(cfg.hidden_size, 3, cfg.rms_norm_eps, torch.bfloat16)
+        steps = tokenswift_steps(model, heads, prompt, sampling, gen, spec, stats, eos, g, generated, read_every=16,
+                                 graph_attention="length")
+    emitted = [t for block in steps for t in block]
+    assert len(emitted) == 40 - len(generated) and stats.new_tokens == 40 - len(generated)
+    sites = Counter(r.where.split(":")[0] for r in fake.reads)
+    blocks = [r.shape[0] for r in fake.reads if r.where.startswith("sample_block:")]
+    return stats, sites, blocks
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), PAPER], ids=["greedy", "paper"])
+def test_ar_on_fake_cuda_reads_the_device_once_a_token_block(sampling, monkeypatch):
+    with fake_cuda(monkeypatch) as fake:
+        stats, sites, blocks = run_loop(fake, "ar", sampling, SpecConfig())
+    assert sites == {"sample_block": 3} and blocks == [16, 16, 8], fake.reads
+
+
+def test_a_resumed_ar_run_with_float32_logits_on_fake_cuda(monkeypatch):
+    """A resume's prefill (the generated tokens fed as decoded rows) and the float32 LM head."""
+    with fake_cuda(monkeypatch) as fake:
+        stats, sites, blocks = run_loop(fake, "ar", PAPER, SpecConfig(), generated=[9] * 10, float32_logits=True)
+    assert sites == {"sample_block": 2} and blocks == [16, 14], fake.reads
+
+
+@pytest.mark.parametrize("draft_mode", ["paper", "fused"])
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), PAPER], ids=["greedy", "paper"])
+def test_tokenswift_on_fake_cuda_reads_the_device_once_a_block_or_stage(sampling, draft_mode, monkeypatch):
+    """Every read is one of: the first token's draw, a plain token block's tokens, a draft pass's
+    candidates (values and ids: two copies after one wait), the batched walk's draws (one per verify
+    pass). The stand-in zeros make the steps' kinds arbitrary; each kind below must have run."""
+    spec = SpecConfig(draft_mode=draft_mode, adaptive=False) if draft_mode == "fused" else SpecConfig()
+    with fake_cuda(monkeypatch) as fake:
+        stats, sites, blocks = run_loop(fake, "tokenswift", sampling, spec)
+    drafted = stats.verify_steps - stats.lookup_steps
+    assert stats.verify_steps > 0 and drafted > 0, vars(stats)
+    assert set(sites) <= {"draw", "sample_block", "draft", "batched_walk"}, fake.reads
+    assert sites["draw"] == 1  # the first token, after the prefill
+    assert sites["batched_walk"] == stats.verify_steps
+    assert sites["draft"] == (2 * drafted if draft_mode == "paper" else 2 * stats.verify_steps)
+    assert sum(blocks) == stats.plain_steps and all(1 <= b <= 16 for b in blocks)
+
+
+def test_a_resumed_tokenswift_run_with_float32_logits_on_fake_cuda(monkeypatch):
+    with fake_cuda(monkeypatch) as fake:
+        stats, sites, blocks = run_loop(fake, "tokenswift", PAPER, SpecConfig(), generated=[9] * 10,
+                                        float32_logits=True)
+    assert "draw" not in sites  # the resumed run's root is its last generated token: no first draw
+    assert sites["batched_walk"] == stats.verify_steps > 0 and sum(blocks) == stats.plain_steps
