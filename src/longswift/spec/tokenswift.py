@@ -219,13 +219,12 @@ def draft(s: TokenSwiftState) -> Draft:
     window = s.window()
     x = transform(depth_logits, window.expand(depth_logits.shape[0], -1), s.sampling)  # every depth sees the root's window
     top = torch.topk(x, min(max(s.levels), x.shape[-1]), dim=-1)  # [depths, k]: the widest depth's count
-    if s.pruning:  # the candidates' log-probabilities rank the trie's nodes
-        values = (top.values - torch.logsumexp(x, dim=-1, keepdim=True)).tolist()  # [depths, k]
-    else:
-        values = top.values.tolist()
-    indices = top.indices.tolist()  # [depths, k]: with the values, two copies after one wait for the device
+    # The candidates' log-probabilities rank the trie's nodes where it is pruned.
+    scores = top.values - torch.logsumexp(x, dim=-1, keepdim=True) if s.pruning else top.values  # [depths, k]
+    # Ids (below 2^24) are exact in the scores' float32 or float64: one copy to the host for both.
+    values, indices = torch.stack([scores, top.indices.to(scores.dtype)]).tolist()  # [depths, k] each
     neg = float("-inf")
-    levels = [[t for t, v in zip(ids[:k], vs[:k]) if v > neg] for k, ids, vs in zip(s.levels, indices, values)]
+    levels = [[int(t) for t, v in zip(ids[:k], vs[:k]) if v > neg] for k, ids, vs in zip(s.levels, indices, values)]
     logprobs = [[v for v in vs[:k] if v > neg] for k, vs in zip(s.levels, values)] if s.pruning else None
     return Draft(levels, logprobs)
 
