@@ -88,8 +88,9 @@ class FakeCuda(TorchFunctionMode):
     """Host code real, device code fake; `reads` records the host's reads of device memory, each
     answered with zeros."""
 
-    def __init__(self) -> None:
+    def __init__(self, fake_mode: FakeTensorMode) -> None:
         super().__init__()
+        self.fake_mode = fake_mode
         self.reads: list[Read] = []
 
     def record(self, call: str, x: torch.Tensor) -> None:
@@ -127,7 +128,7 @@ class FakeCuda(TorchFunctionMode):
                 elif isinstance(a, torch.dtype):
                     dtype = a
             if func is torch.Tensor.cuda or _on_cuda(device):  # a host tensor to the device
-                return torch.ops.aten._to_copy(x, dtype=dtype or x.dtype, device=CUDA)
+                return torch.ops.aten._to_copy(self.fake_mode.from_tensor(x), dtype=dtype or x.dtype, device=CUDA)
         return func(*args, **kwargs)
 
 
@@ -135,7 +136,8 @@ class FakeCuda(TorchFunctionMode):
 def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     """Run the block with the fake device (torch.inference_mode, as generation runs); torch.cuda's
     synchronize and mem_get_info (80 GiB free) stand in for the driver's."""
-    mode = FakeCuda()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = FakeCuda(fake_mode)
 
     def tolist(self: FakeTensor) -> list:
         mode.record("tolist", self)
@@ -145,7 +147,7 @@ def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     monkeypatch.setattr(FakeTensor, "tolist", tolist, raising=False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a, **k: (80 << 30, 80 << 30))
-    with FakeTensorMode(allow_non_fake_inputs=True), mode, torch.inference_mode():
+    with fake_mode, mode, torch.inference_mode():
         yield mode
 
 
