@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from ..errors import LongswiftError
 from . import bench, bench_steps, export_heads, generate, heads, info
+from .flags import seed_number, whole_number
 
 
 def _prefix() -> str:
@@ -62,7 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():  # --debug is accepted after the command name too
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help="show tracebacks for errors")
+        _name_values(command)
     return parser
+
+
+def _name_values(command: argparse.ArgumentParser) -> None:
+    """Give the options that name no metavar one by their type, as the config flags have (flags.py): N
+    for a whole number or a seed, FILE for a path (argparse would print the option's name: SEQ_LEN)."""
+    names = {whole_number: "N", seed_number: "N", Path: "FILE"}
+    for action in command._actions:
+        if action.option_strings and action.metavar is None and action.nargs is None and action.type in names:
+            action.metavar = names[action.type]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
                        help="seed of the sampled presets and of random prompts (default %(default)s)")
     bench.add_argument("--pld-tokens", type=whole_number, default=10,
                        help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld; default %(default)s)")
-    bench.add_argument("--out-dir", type=Path,
+    bench.add_argument("--out-dir", type=Path, metavar="DIR",
                        help="write results.jsonl (a line per finished run), results.csv, PNG plots, report.md and "
                             "config.json (what the runs share) here; "
                             "rerunning the same command resumes, skipping finished runs")

@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
                         "model and heads, tokenizer), as TokenSwift's released checkpoints; longswift: one heads "
                         ".safetensors file with base-model identity and its training record (default: longswift "
                         "for an --out ending in .safetensors, else tokenswift)")
-    p.add_argument("--out", type=Path, required=True,
+    p.add_argument("--out", type=Path, required=True, metavar="DIR|FILE",
                    help="a new (or empty) directory for --format tokenswift; a .safetensors file for longswift")
     add_config_flags(p, RuntimeConfig, skip=DECODING_ONLY)
 

@@ -24,7 +24,7 @@ def add_parsers(sub: Any) -> None:
 
     train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
     train.add_argument("--model", help=MODEL_HELP)
-    train.add_argument("--out", type=Path, required=True, help="directory for checkpoint.pt, heads.safetensors, train_log.json")
+    train.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for checkpoint.pt, heads.safetensors, train_log.json")
     _add_data_flags(train)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     train.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
