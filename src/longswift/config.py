@@ -449,7 +449,7 @@ class RuntimeConfig:
     graph_attention: str = field(default="auto", metadata=_help(
         "how the CUDA step bodies attend over a cache that grows while their shapes stay fixed: length "
         "(flash reads the cached length from device memory; a graph per doubling of the context and node "
-        "budget) or bucketed (flash over whole 1,024-slot buckets plus an explicit tail; a graph per bucket "
+        "budget) or bucketed (flash over whole 1,024-slot buckets plus a masked part over the rest; a graph per bucket "
         "and node budget); the same attention in other float sums. auto: length where this torch's flash "
         "kernel takes seqused_k, else bucketed (on an H100, 8B shape, length's AR step is the faster: "
         "docs/benchmarks.md)",

@@ -1,5 +1,5 @@
-"""The Python API: `longswift.load(...)` returns an Engine with `generate` and `stream` (stream.py: the
-GenerationStream it returns)."""
+"""The Python API: `longswift.load(...)` returns an Engine with `generate`, `stream` and `resume` (stream.py:
+the GenerationStream they return) and `set_heads`."""
 
 from __future__ import annotations
 

@@ -1,2 +1,3 @@
-"""Benchmarks: the grid next to peers (grid, metrics, peers, plots, prompts, report) and bench-steps
-(steps, projection, shapes, steps_report)."""
+"""Benchmarks: the grid next to peers (grid, lockstep, metrics, peers, plots, prompts, timing; its
+results directory in store, the report in report and machine) and bench-steps (steps, projection,
+shapes, steps_report)."""

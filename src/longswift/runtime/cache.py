@@ -1,4 +1,5 @@
-"""The full KV cache: preallocated once, written by index, compacted after verification."""
+"""The KV caches: the full cache (preallocated once, written by index, compacted after verification) and
+the draft pass's partial cache (attention sinks, the entries the root's queries select, a recent window)."""
 
 from __future__ import annotations
 

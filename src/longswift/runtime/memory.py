@@ -171,7 +171,7 @@ def plan_memory(
     # the activations.
     cuda = torch.device(device).type == "cuda"  # runtime.attention picks the cascade there
     # CUDA runs the verify pass through the step bodies (runtime.cuda_graphs): padded to a node
-    # budget, and (bucketed) with an explicit part over up to a bucket of cached slots.
+    # budget, and (bucketed) with a masked part over up to a bucket of cached slots.
     verify_rows = padded_nodes(tree_nodes) if cuda and tree_nodes else tree_nodes
     rows = max(chunk, verify_rows)
     flash = cuda_flash_fits(torch.device("cuda"), dtype, cfg.head_dim)  # (the flag counts only where cuda)
