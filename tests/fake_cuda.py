@@ -102,6 +102,10 @@ class FakeCuda(TorchFunctionMode):
         if not any(isinstance(a, FakeTensor) or _on_cuda(a) for a in flat):
             with unset_fake_temporarily():  # the host's own work: real tensors, real values
                 return func(*args, **kwargs)
+        if func is torch.tensor:  # made on the host, then copied (made on the device, it fails in inference mode)
+            with unset_fake_temporarily():
+                host = func(*args, **{k: v for k, v in kwargs.items() if k != "device"})
+            return torch.ops.aten._to_copy(self.fake_mode.from_tensor(host), device=CUDA)
         if func in READS and isinstance(args[0], FakeTensor):
             self.record(READS[func], args[0])
             return False if func is torch.Tensor.__bool__ else 0

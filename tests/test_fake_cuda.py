@@ -18,7 +18,7 @@ from fake_cuda import fake_cuda, fake_heads, fake_state
 from longswift.bench.shapes import expected_shapes, shape_config
 from longswift.config import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.generate import ar_steps
-from longswift.runtime.cache import FullKVCache
+from longswift.runtime.cache import FullKVCache, PartialKVCache
 from longswift.runtime.cuda_graphs import StepGraphs, step_bodies
 from longswift.runtime.model import Transformer
 from longswift.spec.tokenswift import draft_logits, tokenswift_steps
@@ -144,3 +144,19 @@ def test_a_resumed_tokenswift_run_with_float32_logits_on_fake_cuda(monkeypatch):
                                         float32_logits=True)
     assert "draw" not in sites  # the resumed run's root is its last generated token: no first draw
     assert sites["batched_walk"] == stats.verify_steps > 0 and sum(blocks) == stats.plain_steps
+
+
+@pytest.mark.parametrize("draft_cache", ["dynamic", "static"])
+def test_the_partial_cache_on_fake_cuda(draft_cache, monkeypatch):
+    """Past the draft KV budget the paper mode drafts on the partial cache: selected by the root's
+    queries on the full cache, then a window of recent entries refilled or restarted (its own step
+    bodies, whose graphs it keeps). No read of the device beyond the draft's and the walk's."""
+    spec = SpecConfig(draft_kv_budget=96, draft_window=8, attention_sinks=4, draft_cache=draft_cache, adaptive=False)
+    selections, select = [], PartialKVCache.select
+    monkeypatch.setattr(PartialKVCache, "select", lambda self, *a: selections.append(1) or select(self, *a))
+    with fake_cuda(monkeypatch) as fake:
+        stats, sites, blocks = run_loop(fake, "tokenswift", PAPER, spec)
+    # 40 tokens through a window of 8: the dynamic cache selects again each time the window fills, the static once
+    assert len(selections) > 1 if draft_cache == "dynamic" else len(selections) == 1, len(selections)
+    assert stats.verify_steps == stats.steps - 1  # every step after the first token drafts (adaptive off)
+    assert set(sites) == {"draw", "draft", "batched_walk"} and sites["draft"] == sites["batched_walk"] == stats.verify_steps
