@@ -184,14 +184,16 @@ def model_dir(tmp_path):
     (["eval-heads", "--model", "{m}", "--heads", "random", "--data", "{d}", "--json", "{m}/config.json"],
      "--model and --json are the same file"),
     (["train-heads", "--model", "{m}", "--data", "{d}/train_log.json", "--out", "{d}"],
-     "--data and --out's train_log.json are the same file"),
-    (["train-heads", "--model", "{m}", "--data", "{d}", "--out", "{d}"], "--data and --out's train_log.json are the "),
+     "train_log.json' exists, which a run writes at its end"),
+    (["train-heads", "--model", "{m}", "--data", "{d}", "--out", "{d}"], "train_log.json' exists, which a run writes"),
+    (["train-heads", "--model", "{m}", "--data", "{d}", "--out", "{d}/heads"], "--out '{d}/heads' is inside --data"),
 ])
 def test_no_output_replaces_the_model_or_the_data_a_command_reads(tmp_path, model_dir, capsys, no_loading, argv,
                                                                   match):
     """Outputs over inputs: export-heads wrote heads over the model's weights, eval-heads --json over a data file
-    in a --data directory or the model's config, train-heads its log over a --data file named train_log.json.
-    Refused before loading, and the files are as they were."""
+    in a --data directory or the model's config, train-heads its log over a --data file named train_log.json,
+    or its files into a --data directory (the next run read them as documents and failed). Refused before
+    loading, and the files are as they were."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "doc.txt").write_text("some text " * 50)
@@ -199,7 +201,7 @@ def test_no_output_replaces_the_model_or_the_data_a_command_reads(tmp_path, mode
     before = {p: p.read_bytes() for p in [*model_dir.iterdir(), *data.iterdir()]}
     capsys.readouterr()
     code, _, err = run_cli(capsys, *[a.format(m=model_dir, d=data) for a in argv])
-    assert_one_line_error(code, err, match)
+    assert_one_line_error(code, err, match.format(d=data))
     assert {p: p.read_bytes() for p in [*model_dir.iterdir(), *data.iterdir()]} == before
 
 

@@ -3,6 +3,7 @@ bad data fails clearly; self-distillation samples what our own AR would."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -141,10 +142,14 @@ def test_checkpoint_refusals(tiny, tmp_path):
     train_heads(tiny, windows, cfg, tmp_path, progress=False)
     with pytest.raises(LongswiftError, match="holds a finished run .heads.safetensors and its checkpoint.pt."):
         train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    with pytest.raises(LongswiftError, match="finished run .*--resume has nothing left to do"):  # (it redid the
+        train_heads(tiny, windows, cfg, tmp_path, resume=True, progress=False)  # hidden states and rewrote the heads)
     (tmp_path / HEADS_FILE).rename(tmp_path / "kept.safetensors")  # an unfinished run's state: continue it
+    (tmp_path / "train_log.json").rename(tmp_path / "kept.json")
     with pytest.raises(LongswiftError, match="pass --resume"):
         train_heads(tiny, windows, cfg, tmp_path, progress=False)
-    (tmp_path / "kept.safetensors").rename(tmp_path / HEADS_FILE)
+    with pytest.raises(LongswiftError, match="was trained with --bf16-lm-head: resume with the same settings"):
+        train_heads(tiny, windows, dataclasses.replace(cfg, bf16_lm_head=False), tmp_path, resume=True, progress=False)
     with pytest.raises(LongswiftError, match="used --lr"):
         train_heads(tiny, windows, TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, lr=0.5), tmp_path,
                     resume=True, progress=False)
@@ -156,6 +161,24 @@ def test_checkpoint_refusals(tiny, tmp_path):
     ck.write_bytes(ck.read_bytes()[:1000])
     with pytest.raises(LongswiftError, match="damaged"):
         train_heads(tiny, windows, cfg, tmp_path, resume=True, progress=False)
+    (tmp_path / "other").mkdir()  # a directory that holds someone's train_log.json: never written over
+    (tmp_path / "other" / "train_log.json").write_text('{"my": "log"}')
+    with pytest.raises(LongswiftError, match="train_log.json' exists, which a run writes at its end"):
+        train_heads(tiny, windows, cfg, tmp_path / "other", progress=False)
+    assert (tmp_path / "other" / "train_log.json").read_text() == '{"my": "log"}'
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_half_precision_model_trains_without_bf16_autocast(tmp_path, dtype):
+    """--no-bf16-lm-head on a bfloat16/float16 model multiplied the float32 heads' states by the model's
+    half-precision LM head and crashed ("expected m1 and m2 to have the same dtype"): the products now
+    take a copy of the head in the heads' precision."""
+    half = longswift.load(tiny_hf_model("llama", seed=3, vocab=96), dtype=dtype, pack_weights=False)
+    windows = _windows(half, n=3, seed=4)
+    cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=2, bf16_lm_head=False)
+    trainer = train_heads(half, windows, cfg, tmp_path, progress=False)
+    assert trainer.lm_head.dtype == torch.float32 and half.model.dtype == getattr(torch, dtype)
+    assert all(math.isfinite(m["loss"]) for m in trainer.log) and len(trainer.log) == 2
 
 
 def test_resume_refuses_another_base_or_other_data_before_the_hidden_states(tiny, tmp_path, monkeypatch):
@@ -166,6 +189,8 @@ def test_resume_refuses_another_base_or_other_data_before_the_hidden_states(tiny
     windows = _windows(tiny, n=3, seed=2)
     cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1)
     train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    (tmp_path / HEADS_FILE).rename(tmp_path / "finished.safetensors")  # the checkpoint alone: a run to continue
+    (tmp_path / "train_log.json").unlink()
     monkeypatch.setattr(train_module, "base_hidden", lambda *a, **k: pytest.fail("hidden states before refusing"))
     with pytest.raises(LongswiftError, match="was trained on other data"):
         train_heads(tiny, windows.flip(0), cfg, tmp_path, resume=True, progress=False)
@@ -179,7 +204,7 @@ def test_resume_refuses_another_base_or_other_data_before_the_hidden_states(tiny
         train_heads(wider, windows, cfg, tmp_path, resume=True, progress=False)
     from longswift.spec.heads import training_record
 
-    assert training_record(tmp_path / HEADS_FILE)["settings"] == {"dtype": "float32", "rope_scaling": None}
+    assert training_record(tmp_path / "finished.safetensors")["settings"] == {"dtype": "float32", "rope_scaling": None}
 
 
 def test_a_diverged_step_stops_training_before_it_updates_the_heads(tiny, tmp_path, monkeypatch):

@@ -135,6 +135,10 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         # damaged, or other settings: said before loading too
         check_checkpoint(out / CHECKPOINT, cfg, mmap=True,
                          settings=run_settings(runtime.torch_dtype(), runtime.rope_scaling))
+    for d in args.data or []:  # its checkpoint, heads and log would be read as documents by the next run
+        if Path(d).is_dir() and out.resolve().is_relative_to(Path(d).resolve()):
+            raise LongswiftError(f"--out '{args.out}' is inside --data '{d}', whose documents the next run would read "
+                                 "with this run's files among them: choose an --out outside it")
     texts = read_data(args)
     # What training writes into --out, never over the data or the model it reads (a --data file named
     # train_log.json in --out was replaced by the log).

@@ -134,7 +134,10 @@ class HeadTrainer:
         model = engine.model
         self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
         heads = new_heads(engine.cfg, model.state, cfg.gamma, fingerprint=engine.fingerprint)
-        self.heads = heads.to(torch.promote_types(engine.model.dtype, torch.float32)).requires_grad_(True)
+        dtype = torch.promote_types(engine.model.dtype, torch.float32)  # the heads train in float32 or better
+        self.heads = heads.to(dtype).requires_grad_(True)
+        if not cfg.bf16_lm_head and self.lm_head.dtype != dtype:  # a bfloat16/float16 model's head, without
+            self.lm_head = self.lm_head.to(dtype)  # autocast: a copy in the heads' precision (the products' inputs agree)
         self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
         self.log: list[dict] = []
@@ -234,8 +237,12 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings:
     differ = [k for k, v in asdict(cfg).items() if k != "checkpoint_every" and ck["config"].get(k) != v]
     if differ:
         k = differ[0]
-        raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {ck['config'].get(k)}, "
-                             f"not {getattr(cfg, k)}: resume with the same settings")
+        flag, was = k.replace("_", "-"), ck["config"].get(k)
+        if isinstance(was, bool):  # a switch: its two spellings
+            raise LongswiftError(f"checkpoint '{path}' was trained with --{'' if was else 'no-'}{flag}: resume with "
+                                 "the same settings")
+        raise LongswiftError(f"checkpoint '{path}' used --{flag} {was}, not {getattr(cfg, k)}: resume with the same "
+                             "settings")
     theirs = ck.get("settings")  # (checkpoints before session 32 have none)
     if settings is not None and isinstance(theirs, dict):
         for k, v in settings.items():
@@ -267,9 +274,10 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     loading the model and distilling): a checkpoint there without --resume, or none with it."""
     out = check_dir_writable(out_dir, "--out")
     checkpoint = out / CHECKPOINT
-    if checkpoint.exists() and (out / HEADS_FILE).exists() and not resume:  # nothing left to continue
-        raise LongswiftError(f"'{out}' holds a finished run ({HEADS_FILE} and its {CHECKPOINT}): choose another --out, "
-                             "or move those files away")
+    if checkpoint.exists() and (out / HEADS_FILE).exists():  # nothing left to continue
+        done = "; --resume has nothing left to do (a run cannot add steps)" if resume else ""
+        raise LongswiftError(f"'{out}' holds a finished run ({HEADS_FILE} and its {CHECKPOINT}){done}: choose another "
+                             "--out, or move those files away")
     if checkpoint.exists() and not resume:
         raise LongswiftError(f"'{checkpoint}' exists: pass --resume to continue it, or choose another --out")
     if (out / HEADS_FILE).exists() and not checkpoint.exists():  # a finished run's heads: never trained over
@@ -277,6 +285,9 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
                              "move that file away")
     if resume and not checkpoint.exists():
         raise LongswiftError(f"nothing to resume: '{checkpoint}' does not exist")
+    if (out / LOG_FILE).exists() and not checkpoint.exists():  # another run's log (or a file of that name)
+        raise LongswiftError(f"'{out / LOG_FILE}' exists, which a run writes at its end: choose another --out, or "
+                             "move that file away")
     return out
 
 
