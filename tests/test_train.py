@@ -26,6 +26,7 @@ from longswift.train.train import (
     head_losses,
     head_targets,
     learning_rate,
+    not_converged,
     train_heads,
 )
 
@@ -428,3 +429,13 @@ def test_held_out_alpha_shows_its_progress_and_equals_a_plain_generation(capsys)
         same.new_tokens, same.accepted_tokens, same.draft_positions)
     held_out_alpha(engine, 4, prompt=prompt)
     assert capsys.readouterr().err == ""
+
+
+def test_a_run_whose_loss_rose_is_told_its_heads_did_not_learn():
+    """--lr 10 on the embedded model ended at loss 1339 from 19, exit 0, with no word: a finite loss is not
+    caught as divergence, so a finished run compares its last step's loss with its first's."""
+    log = [{"loss": 19.0}, {"loss": 40.0}, {"loss": 1339.1}]
+    assert not_converged(log, 10.0) == ("the last step's loss (1339.100) is above the first's (19.000): the heads "
+                                        "did not learn; train again into a new --out with a lower --lr (now 10)")
+    assert not_converged([{"loss": 19.0}, {"loss": 25.0}, {"loss": 17.5}], 0.03) is None  # a bump on the way down
+    assert not_converged([{"loss": 19.0}], 0.03) is None

@@ -125,7 +125,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..train.data import data_files
     from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
-                               run_settings, train_heads)
+                               not_converged, run_settings, train_heads)
     from .stop import StopRequest
 
     cfg = config_from_args(TrainConfig, args)
@@ -172,6 +172,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
           f"{resumed} in {time.perf_counter() - t0:.0f} s; last step loss {loss:.3f}, top-1 accuracy per head {acc}",
           file=sys.stderr)
     print(f"heads: {Path(args.out) / HEADS_FILE} (use with --heads)", file=sys.stderr)
+    if (warning := not_converged(trainer.log, cfg.lr)) is not None:
+        print(f"longswift: warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -209,7 +211,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
         check_alpha_fits(engine, args.alpha_tokens)  # before the windows, which may distill for minutes
     windows, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
     acc = head_accuracy(engine, engine.heads, windows, progress=show_progress(args))
-    print(f"held-out accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
+    print(f"accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
         s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=show_progress(args))

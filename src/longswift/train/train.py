@@ -291,6 +291,15 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     return out
 
 
+def not_converged(log: list[dict], lr: float) -> str | None:
+    """What a finished run whose last step's loss is above its first's should be told (a --lr too high
+    for the data moves the heads away from any minimum without a non-finite loss), else None."""
+    if len(log) < 2 or log[-1]["loss"] <= log[0]["loss"]:
+        return None
+    return (f"the last step's loss ({log[-1]['loss']:.3f}) is above the first's ({log[0]['loss']:.3f}): the heads did "
+            f"not learn; train again into a new --out with a lower --lr (now {lr:g})")
+
+
 def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
                 resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
                 stop: Any = None) -> HeadTrainer:
