@@ -953,6 +953,36 @@ def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tm
     assert err.rstrip().endswith(" --resume")
 
 
+@pytest.mark.parametrize("when", ["loading", "hidden states"])
+def test_train_heads_stopped_before_its_steps_writes_nothing(tmp_path, capsys, monkeypatch, when):
+    """SIGTERM while the model loads or the hidden states are computed (80 s for the shipped heads'
+    windows) has nothing to save: the command stops at once with the signal's status and one line,
+    leaving no --out, no lock file. (It died with no word, leaving *.lock files in --out.)"""
+    import os
+    import signal
+
+    import longswift.engine as engine_module
+    import longswift.train.train as train_module
+
+    data = tmp_path / "d.txt"
+    data.write_text(LOREM)
+    module, name = (engine_module, "load") if when == "loading" else (train_module, "base_hidden")
+    real = getattr(module, name)
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, at once
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, signalled)
+    out = tmp_path / "heads"
+    code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(data), "--seq-len", "32",
+                           "--steps", "2", "--warmup", "1", "--no-progress", "--threads", "1")
+    assert code == 143, err
+    assert err.strip().splitlines()[-1] == "longswift: stopped before a checkpoint was saved: nothing written", err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["d.txt"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back
+
+
 def test_train_heads_interrupted_saves_and_resumes_to_the_same_heads(tmp_path, capsys, monkeypatch):
     """Ctrl-C during train-heads finishes the step, saves the checkpoint (not only every
     --checkpoint-every steps), prints the command that continues, and that command ends with the

@@ -126,7 +126,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..train.data import data_files
     from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
                                not_converged, run_settings, train_heads)
-    from .stop import StopRequest
+    from .stop import StopRequest, say
 
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
@@ -146,18 +146,28 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                     *model_inputs(args.model),
                     *((f"--out's {name}", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE))])
     check_seq_len(args, runtime, cfg.seq_len)
-    engine = load(args.model, runtime, heads=None)
-    t0 = time.perf_counter()
-    windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
-    stop = StopRequest()  # Ctrl-C / SIGTERM during the steps: finish the step, save the checkpoint, say how to resume
+    made = not out.exists()  # (an empty --out this run made goes again if it stops before the first step)
+    # Ctrl-C / SIGTERM / SIGHUP while loading, sampling or computing hidden states: stop at once, nothing to
+    # save; during the steps: finish the step, save the checkpoint, say how to resume.
+    stop = StopRequest()
     argv = list(getattr(args, "argv", None) or ["train-heads", "--out", str(args.out)])
     again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
+    t0 = time.perf_counter()
     try:
-        trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=show_progress(args),
-                              extra_meta={"data": info}, stop=stop)
-    except KeyboardInterrupt as exc:  # a second Ctrl-C stops at once: the last checkpoint saved still resumes
+        with stop:
+            with stop.at_once():
+                engine = load(args.model, runtime, heads=None)
+                windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
+            trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=show_progress(args),
+                                  extra_meta={"data": info}, stop=stop)
+    except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
         if type(exc) is KeyboardInterrupt and (out / CHECKPOINT).exists():
             raise KeyboardInterrupt(f"'{out / CHECKPOINT}' holds the last saved step: continue with: {again}") from exc
+        if type(exc) is KeyboardInterrupt and stop.signum is not None:
+            if made and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
+            say("longswift: stopped before a checkpoint was saved: nothing written")
+            return stop.exit_code
         raise
     if trainer.interrupted:
         print(f"longswift: interrupted at step {trainer.step} of {cfg.steps}; checkpoint saved to "

@@ -28,7 +28,8 @@ READING = "stopping the reading of the context (nothing generated yet, nothing t
 
 class StopRequest:
     """Turns the first SIGINT/SIGTERM/SIGHUP into a request to stop after the current step; a second
-    one interrupts at once (KeyboardInterrupt). Handlers are restored on exit."""
+    one interrupts at once (KeyboardInterrupt). Handlers are restored on exit (of the outermost `with`:
+    a command may hold it around more than the library function it passes it to enters it for)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -37,6 +38,7 @@ class StopRequest:
         self._pending = False
         self._at_once = False  # inside at_once(): the first signal stops at once too
         self.doing = SAVING  # what the first signal makes the run do, as said to the user
+        self._depth = 0  # nested `with`s: the outermost installs and restores the handlers
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._at_once:
@@ -52,14 +54,18 @@ class StopRequest:
             say(f"\nlongswift: {signal.Signals(signum).name} received: {self.doing} (send it again to stop at once)")
 
     def __enter__(self) -> StopRequest:
-        if threading.current_thread() is threading.main_thread():
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
             for s in _signals():
                 self._saved[s] = signal.signal(s, self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for s, handler in self._saved.items():
-            signal.signal(s, handler)
+        self._depth -= 1
+        if self._depth == 0:
+            for s, handler in self._saved.items():
+                signal.signal(s, handler)
+            self._saved.clear()
 
     @contextmanager
     def at_once(self) -> Iterator[None]:

@@ -304,7 +304,8 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
                 resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
                 stop: Any = None) -> HeadTrainer:
     """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
-    `stop`: a context manager (cli.stop.StopRequest) entered for the optimizer steps only; once its
+    `stop`: a context manager (cli.stop.StopRequest) entered from the hidden states on, which a signal
+    interrupts at once (its `at_once()`: nothing to save yet); during the optimizer steps, once its
     `signum` is set, training stops after the current step, saves the checkpoint and returns the
     trainer with `interrupted` set (no heads file: `resume=True` finishes the run)."""
     out = check_out_dir(out_dir, resume)
@@ -332,12 +333,13 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     if resume:  # another base model or other data: said before the hidden states, which take minutes
         check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True,
                         settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling))
-    hidden = base_hidden(engine.model, windows, progress)
-    trainer = HeadTrainer(engine, windows, hidden, cfg)
-    if resume:
-        trainer.load_checkpoint(checkpoint)
-    bar = tqdm(total=cfg.steps, initial=trainer.step, desc="train heads", unit="step", disable=not progress)
     with stop if stop is not None else nullcontext():
+        with stop.at_once() if stop is not None else nullcontext():
+            hidden = base_hidden(engine.model, windows, progress)
+        trainer = HeadTrainer(engine, windows, hidden, cfg)
+        if resume:
+            trainer.load_checkpoint(checkpoint)
+        bar = tqdm(total=cfg.steps, initial=trainer.step, desc="train heads", unit="step", disable=not progress)
         while trainer.step < cfg.steps:
             m = trainer.run_step()
             bar.update(1)
