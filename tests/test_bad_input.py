@@ -707,6 +707,21 @@ def test_heads_dir_of_an_unfinished_training_run_says_so(capsys, tmp_path, no_lo
                                      "--resume`")
 
 
+def test_a_training_checkpoint_given_as_heads_says_what_it_is(tmp_path):
+    """--heads DIR/checkpoint.pt said "header too large; it is truncated or not a heads file"."""
+    import torch
+
+    from longswift.spec.heads import load_heads
+
+    torch.save({"format": "longswift-train", "step": 3}, tmp_path / "checkpoint.pt")
+    with pytest.raises(LongswiftError, match="checkpoint.pt' is a train-heads training checkpoint, not heads: pass "
+                                             "the run's heads.safetensors"):
+        load_heads(tmp_path / "checkpoint.pt", None, None)
+    (tmp_path / "other.pt").write_bytes((tmp_path / "checkpoint.pt").read_bytes())  # another name: as before
+    with pytest.raises(LongswiftError, match="it is truncated or not a heads file"):
+        load_heads(tmp_path / "other.pt", None, None)
+
+
 @pytest.mark.parametrize("command", ["train-heads", "eval-heads"])
 def test_heads_commands_refuse_windows_beyond_the_context_before_loading(capsys, tmp_path, no_loading, command):
     """--seq-len beyond the model's context trained (minutes of work) on hidden states generation never

@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -231,6 +232,9 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
             raw = (f.metadata() or {}).get(FORMAT)
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
+        if path.name == TRAIN_CHECKPOINT and zipfile.is_zipfile(path):  # torch.save's format, not safetensors
+            raise LongswiftError(f"'{path}' is a train-heads training checkpoint, not heads: pass the run's "
+                                 f"{HEADS_FILE} (or its directory), which the run writes when it finishes") from None
         raise LongswiftError(f"cannot read heads file '{path}': {exc}; it is truncated or not a heads file") from None
     if raw is None:
         raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
