@@ -166,11 +166,8 @@ def fake_state(names_shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> 
 
 
 def fake_heads(hidden: int, gamma: int, eps: float, dtype: torch.dtype):
-    """DraftHeads whose parameters are fake CUDA tensors (call inside fake_cuda): nn.Module.to would
-    swap a real parameter for a fake one, which torch refuses."""
+    """DraftHeads made on the fake device (call inside fake_cuda; nn.Module.to would swap a real
+    parameter for a fake one, which torch refuses)."""
     from longswift.spec.heads import DraftHeads
 
-    heads = DraftHeads(hidden, gamma, eps, None, "fake")
-    for name, p in list(heads.named_parameters()):
-        setattr(heads, name, torch.nn.Parameter(torch.ones(p.shape, dtype=dtype, device=CUDA), requires_grad=False))
-    return heads
+    return DraftHeads(hidden, gamma, eps, None, "fake", device=CUDA, dtype=dtype).requires_grad_(False)

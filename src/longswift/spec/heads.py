@@ -51,15 +51,19 @@ class DraftHeads(nn.Module):
     """forward(h0 [T, hidden]) -> normalised head states [gamma, T, hidden], ready for the LM head."""
 
     def __init__(self, hidden_size: int, gamma: int = 3, eps: float = 1e-6,
-                 final_norm: torch.Tensor | None = None, base_fingerprint: str | None = None) -> None:
+                 final_norm: torch.Tensor | None = None, base_fingerprint: str | None = None,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.base_fingerprint = base_fingerprint  # the base model they were made for (model_fingerprint)
         if gamma <= 0:
             raise LongswiftError("draft heads need gamma >= 1")
         self.gamma, self.eps = gamma, eps
-        self.in_norms = nn.Parameter(torch.ones(gamma, hidden_size))  # RMSNorm_i
-        self.weights = nn.Parameter(torch.zeros(gamma, hidden_size, hidden_size))  # W_i, zero: h_i = h_0
-        out = final_norm.detach().float().expand(gamma, -1).clone() if final_norm is not None else torch.ones(gamma, hidden_size)
+        # Made where and in the precision they run (an 8B model's are 200 MB in float32: not made on the host first).
+        like = {"device": device, "dtype": dtype}
+        self.in_norms = nn.Parameter(torch.ones(gamma, hidden_size, **like))  # RMSNorm_i
+        self.weights = nn.Parameter(torch.zeros(gamma, hidden_size, hidden_size, **like))  # W_i, zero: h_i = h_0
+        out = (final_norm.detach().to(**like).expand(gamma, -1).clone() if final_norm is not None
+               else torch.ones(gamma, hidden_size, **like))
         self.out_norms = nn.Parameter(out)  # RMSNorm'_i, initialised to the base model's final norm
         # A reduced dtype's norms in one op, scaled in float32 and rounded once (Transformer.norm): None =
         # on CUDA, where each op is a kernel; off elsewhere, the reference's LlamaRMSNorm rounding.
@@ -90,9 +94,8 @@ def new_heads(cfg: ModelConfig, state: dict[str, torch.Tensor], gamma: int = 3,
     """Untrained heads for a base model, in its dtype and on its device; `fingerprint`: the model's
     (Engine.fingerprint; default: its embedding's in `state`)."""
     embed = state["model.embed_tokens.weight"]
-    heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, state["model.norm.weight"],
-                       fingerprint or model_fingerprint(cfg, embed))
-    return heads.to(device=embed.device, dtype=embed.dtype)
+    return DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, state["model.norm.weight"],
+                      fingerprint or model_fingerprint(cfg, embed), device=embed.device, dtype=embed.dtype)
 
 
 def save_heads(heads: DraftHeads, cfg: ModelConfig, fingerprint: str, path: str | os.PathLike,
