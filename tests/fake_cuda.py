@@ -138,8 +138,9 @@ class FakeCuda(TorchFunctionMode):
 
 @contextlib.contextmanager
 def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
-    """Run the block with the fake device (torch.inference_mode, as generation runs); torch.cuda's
-    synchronize and mem_get_info (80 GiB free) stand in for the driver's."""
+    """Run the block with the fake device (torch.inference_mode, as generation runs). torch.cuda
+    answers as for one device of compute capability 9.0 with 80 GiB free, and synchronize does nothing;
+    graph capture and CUDA generators stay unavailable (run with cuda_graphs off)."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     mode = FakeCuda(fake_mode)
 
@@ -151,6 +152,10 @@ def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     monkeypatch.setattr(FakeTensor, "tolist", tolist, raising=False)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a, **k: (80 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     with fake_mode, mode, torch.inference_mode():
         yield mode
 
