@@ -7,8 +7,9 @@ weights take no memory), and every read of device memory by the host is recorded
 What it cannot check: values (a read answers zeros), kernel limits that only the CUDA kernels enforce
 (head sizes, alignment), CUDA graph capture, and speed: tests/test_cuda.py does that on a GPU.
 
-Three ways the Python bindings reach CUDA's device guard, which a CPU build of torch lacks, are routed to
-the aten ops beneath them: indexing (`t[...]`, `t[...] = v`), `~t`, and host-to-device copies."""
+The Python bindings that reach CUDA's device guard, which a CPU build of torch lacks, are routed to the
+aten ops beneath them: indexing (`t[...]`, `t[...] = v`), `~t`, `contiguous()`, `torch.tensor(device=)`
+and host-to-device copies."""
 
 from __future__ import annotations
 
@@ -121,6 +122,9 @@ class FakeCuda(TorchFunctionMode):
             return None
         if func is torch.Tensor.__invert__:
             return torch.ops.aten.bitwise_not(args[0])
+        if func is torch.Tensor.contiguous:
+            x = args[0]
+            return x if x.is_contiguous() else torch.ops.aten.clone(x, memory_format=torch.contiguous_format)
         if func is torch.Tensor.copy_:
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             return torch.ops.aten.copy_(args[0], args[1], bool(non_blocking))

@@ -195,3 +195,27 @@ def test_generate_on_the_command_line_on_fake_cuda(monkeypatch, tmp_path, capsys
     assert code == 0, err
     result = json.loads((tmp_path / "out.json").read_text())
     assert len(result["token_ids"]) == 20 and result["stats"]["method"] == "tokenswift"
+
+
+@pytest.mark.parametrize("attention", ["length", "bucketed"])
+def test_bench_steps_rig_runs_its_cuda_steps_at_100k_tokens_on_fake_cuda(attention, monkeypatch):
+    """bench-steps, the first measurement a lent GPU runs: its rig's AR step (eager and as the replayed
+    body), draft pass, partial-cache refill, verify passes and walks on the 8B shape at 2K and 100K
+    cached tokens, in the GPU's defaults (paper tree cut to 32 nodes, batched walk); fake tensors hold
+    a 100K-token cache in no memory. (Timings here mean nothing; the GPU's are in docs/benchmarks.md.)"""
+    from longswift.bench.steps import StepBenchConfig, StepRig, random_trie
+
+    bench = StepBenchConfig(shape="llama-3.1-8b", layers=2, contexts=(2048, 100_000), tree_nodes=(1, 8, 32), reps=1,
+                            warmup=0).for_device(torch.device("cuda"))
+    with fake_cuda(monkeypatch) as fake:
+        model = fake_model("llama-3.1-8b", torch.bfloat16)
+        heads = fake_heads(model.cfg.hidden_size, 3, model.cfg.rms_norm_eps, torch.bfloat16)
+        rig = StepRig(model, heads, bench, graphs=False, graph_attention=attention)
+        gen = torch.Generator().manual_seed(0)
+        tries = {n: random_trie(n, bench.depth, rig.root, gen) for n in bench.measured_nodes()}
+        costs = [rig.measure(c, tries, lambda: None) for c in (2048, 100_000)]
+    assert [c.context for c in costs] == [2048, 100_000]
+    assert costs[0].reselect is None and costs[1].reselect is not None  # past the draft KV budget (4,096) at 100K
+    assert all(c.ar_eager is not None and set(c.verify) == {1, 8, 32} and set(c.walk_batched) == {1, 8, 32}
+               for c in costs)
+    assert {r.where.split(":")[0] for r in fake.reads} <= {"draw", "draft", "batched_walk", "lossless_walk"}
