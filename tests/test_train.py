@@ -395,6 +395,39 @@ def test_self_distill_caches_where_the_tokenizer_cache_does(tiny, tmp_path, monk
                         cache_dir=blocked / "distill") == first
 
 
+def test_self_distill_stopped_between_batches_goes_on_from_the_batches_it_finished(tiny, tmp_path, monkeypatch):
+    """Sampling the shipped heads' documents took 8-9 minutes, and a Ctrl-C threw every finished batch
+    away (the cache was written at the end only): each batch is now kept as it finishes, and the next run
+    with the same settings samples only the rest, to the documents an uninterrupted run writes."""
+    import longswift.train.distill as distill
+
+    sampling = SamplingConfig(seed=3)
+    prompts = [[5, 9, 11, 4], [7, 8], [20, 21, 22]]
+    run = dict(new_tokens=8, batch_size=2, sampling=sampling, progress=False, prompts=prompts)
+    whole = self_distill(tiny, 40, cache_dir=None, **run)  # 5 documents: batches of 2, 2, 1
+    real, calls = distill._sampler, []
+
+    class Twin:
+        def __init__(self, engine, stop_at):
+            self.twin, self.stop_at = real(engine), stop_at
+
+        def generate(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == self.stop_at:
+                raise KeyboardInterrupt
+            return self.twin.generate(*args, **kwargs)
+
+    monkeypatch.setattr(distill, "_sampler", lambda engine: Twin(engine, stop_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        self_distill(tiny, 40, cache_dir=tmp_path, **run)
+    assert [p.name.endswith(".partial.json") for p in tmp_path.iterdir()] == [True]
+    calls.clear()
+    monkeypatch.setattr(distill, "_sampler", lambda engine: Twin(engine, stop_at=0))
+    assert self_distill(tiny, 40, cache_dir=tmp_path, **run) == whole
+    assert len(calls) == 1  # the last batch only
+    assert [p.name.endswith(".partial.json") for p in tmp_path.iterdir()] == [False]  # the whole entry, alone
+
+
 def test_self_distill_sampled_rows_follow_the_transform(tiny, tmp_path):
     """Sampled self-distill draws only tokens the transform keeps (min-p here), and is seeded."""
     sampling = SamplingConfig(temperature=1.0, min_p=0.3, repetition_penalty=1.0, seed=4)

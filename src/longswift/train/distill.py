@@ -150,9 +150,13 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     pad = 0
     hf_cfg = HFGenerationConfig(do_sample=not sampling.greedy, temperature=None, top_k=None, top_p=None,
                                 max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=pad)
-    documents: list[list[int]] = []
-    bar = tqdm(total=n_docs * new_tokens, desc="self-distill", unit="tok", disable=not progress)
-    for lo in range(0, n_docs, batch_size):
+    # Each batch is seeded on its own (seed + its first document), so a run stopped between batches goes on
+    # from the batches it finished (kept beside the cache entry as they finish) to the same documents.
+    partial = None if path is None else path.with_name(f"{key}.partial.json")
+    documents = _finished_batches(partial, batch_size)
+    bar = tqdm(total=n_docs * new_tokens, initial=len(documents) * new_tokens, desc="self-distill", unit="tok",
+               disable=not progress)
+    for lo in range(len(documents), n_docs, batch_size):
         group = prompts[lo : lo + batch_size]
         width = max(len(p) for p in group)
         pad_lengths = torch.tensor([width - len(p) for p in group])
@@ -165,14 +169,37 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
                                 logits_processor=[_LongswiftTransform(sampling, pad_lengths.to(ids.device))])
         for row, p in zip(out.tolist(), group):
             documents.append(row[width - len(p) :])
+        if partial is not None and lo + batch_size < n_docs:
+            _write_quietly(partial, documents)
     bar.close()
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps({"documents": documents}))
-        except (OSError, LongswiftError):
-            pass  # a cache that cannot be written is skipped, as the tokenizer cache does
+    if path is not None and _write_quietly(path, documents) and partial is not None:
+        partial.unlink(missing_ok=True)
     return documents
+
+
+def _finished_batches(partial: Path | None, batch_size: int) -> list[list[int]]:
+    """The documents of the batches an earlier, stopped run of the same key finished (none if there is no
+    such file, or it is damaged)."""
+    if partial is None or not partial.is_file():
+        return []
+    try:
+        documents = json.loads(partial.read_text())["documents"]
+    except (json.JSONDecodeError, KeyError, UnicodeDecodeError, OSError):
+        return []
+    if not isinstance(documents, list) or len(documents) % batch_size:
+        return []
+    return documents
+
+
+def _write_quietly(path: Path, documents: list[list[int]]) -> bool:
+    """Write a cache file; False if it cannot be (a cache that cannot be written is skipped, as the
+    tokenizer cache does)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"documents": documents}))
+        return True
+    except (OSError, LongswiftError):
+        return False
 
 
 class _Progress:
