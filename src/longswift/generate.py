@@ -13,6 +13,7 @@ from .runtime.blocks import sample_block
 from .runtime.cuda_graphs import StepGraphs, step_bodies
 from .runtime.memory import new_cache
 from .runtime.model import Transformer
+from .sampling import token_history
 from .stats import GenerationStats, finished
 
 
@@ -50,12 +51,8 @@ def ar_steps(
         read_every = 1
     capacity = len(prompt) + gen.max_new_tokens
     cache = new_cache(model, capacity, gen.prefill_chunk)
-    history = torch.empty(capacity, dtype=torch.long)  # prompt + generated ids, on the CPU
+    history, history_dev = token_history(prompt + generated, capacity, model.device)  # host; model's device
     n = len(prompt) + len(generated)
-    history[:n] = torch.tensor(prompt + generated, dtype=torch.long)
-    # The same ids on the model's device, where the penalty window is cut from and each drawn token
-    # is written (no host copy per token).
-    history_dev = history if model.device.type == "cpu" else history.to(model.device)
     t0 = time.perf_counter()
     logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk, decoded_from=len(prompt), progress=on_prefill)
     stats.prefill_seconds += time.perf_counter() - t0

@@ -15,6 +15,15 @@ import torch
 from .config import SamplingConfig
 
 
+def token_history(ids: list[int], capacity: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A generation's ids (prompt + output) in a buffer of its whole `capacity` [capacity] long, on the
+    CPU, and the same on the model's device, where penalty windows are cut from and drawn tokens are
+    written (no host copy per token); one tensor where the device is the CPU. ids fill the start."""
+    host = torch.empty(capacity, dtype=torch.long)
+    host[: len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return host, host if device.type == "cpu" else host.to(device)
+
+
 def penalty_window(history: torch.Tensor, length: int, window: int) -> torch.Tensor:
     """The last `window` tokens of `history[:length]` — the tokens the contextual penalty sees."""
     return history[max(0, length - window) : length]

@@ -19,7 +19,7 @@ from ..runtime.cache import FullKVCache, PartialKVCache
 from ..runtime.cuda_graphs import StepGraphs, padded_nodes, step_bodies
 from ..runtime.memory import new_cache
 from ..runtime.model import Transformer
-from ..sampling import draw, penalty_window, transform
+from ..sampling import draw, penalty_window, token_history, transform
 from ..stats import GenerationStats, finished
 from .budget import draft_cache_tokens, draft_levels, tree_budget, unpruned_budget, walk_rows
 from .heads import DraftHeads
@@ -114,12 +114,10 @@ class TokenSwiftState:
             if self.partial is not None:  # its length goes down at every refill: keep every bucket's graphs
                 self.graphs[id(self.partial)] = StepGraphs(model, self.partial, capture=cuda_graphs, evict=False,
                                                            attention=graph_attention, draft=heads_out)
-        self.history = torch.empty(total, dtype=torch.long)  # prompt + output, on the CPU
         self.tokens = list(prompt) + list(generated)  # prompt + output as a list, for the n-gram table
         self.n = len(self.tokens)  # committed length (the root, once drawn, is history[n-1])
-        self.history[: self.n] = torch.tensor(self.tokens, dtype=torch.long)
-        # The same ids on the model's device, where the penalty windows are cut from (no host copy per draw).
-        self.history_dev = self.history if model.device.type == "cpu" else self.history.to(model.device)
+        # Prompt + output on the CPU, and on the model's device, where the penalty windows are cut from.
+        self.history, self.history_dev = token_history(self.tokens, total, model.device)
         self.produced = len(generated)
         exclude = sampling.penalized_window
         self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
