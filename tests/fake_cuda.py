@@ -2,7 +2,9 @@
 dtype and device only, each op checked by its meta kernel, including that its tensors share a device),
 while host tensors and host code stay real. The CUDA branches of the model, the attention backends, the
 step bodies and the generation loops then run on a CPU-only CI machine, at real model shapes (fake
-weights take no memory), and every read of device memory by the host is recorded where it happens.
+weights take no memory), and the host's reads of device memory are recorded where they happen: values
+(tolist, item, int, bool, float), copies to the host (cpu(), to("cpu"), numpy()) and copies into host
+tensors (copy_, assignment), each answered with zeros.
 
 What it cannot check: values (a read answers zeros), kernel limits that only the CUDA kernels enforce
 (head sizes, alignment), CUDA graph capture, and speed: tests/test_cuda.py does that on a GPU.
@@ -52,6 +54,12 @@ def _on_cuda(x: object) -> bool:
         return False
 
 
+def _to_host(args: tuple, kwargs: dict) -> bool:
+    """Whether Tensor.to(*args, **kwargs) names the CPU as its device."""
+    device = kwargs.get("device", next((a for a in args if isinstance(a, (str, torch.device))), None))
+    return device is not None and torch.device(device).type == "cpu"
+
+
 def _index(x: torch.Tensor, key: object) -> torch.Tensor:
     """x[key] through aten ops: ints, slices (any step), None, Ellipsis and tensor indices (advanced
     indexing, the indexed dimensions first as aten.index puts them when adjacent)."""
@@ -97,6 +105,13 @@ class FakeCuda(TorchFunctionMode):
     def record(self, call: str, x: torch.Tensor) -> None:
         self.reads.append(Read(call, tuple(x.shape), _caller()))
 
+    def to_host(self, call: str, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A copy of device memory to the host: recorded, answered with zeros (a real CPU tensor)."""
+        self.record(call, x)
+        with unset_fake_temporarily():
+            zeros = torch.zeros(x.shape, dtype=dtype or x.dtype)
+            return zeros.numpy() if call == "numpy" else zeros
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         flat, _ = tree_flatten((args, kwargs))
@@ -109,11 +124,20 @@ class FakeCuda(TorchFunctionMode):
             return torch.ops.aten._to_copy(self.fake_mode.from_tensor(host), device=CUDA)
         if func in READS and isinstance(args[0], FakeTensor):
             self.record(READS[func], args[0])
-            return False if func is torch.Tensor.__bool__ else 0
+            return {torch.Tensor.__bool__: False, torch.Tensor.__float__: 0.0}.get(func, 0)
+        if func in (torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.numpy) and isinstance(args[0], FakeTensor):
+            if func is not torch.Tensor.to or _to_host(args[1:], kwargs):  # the device's values to the host
+                dtype = kwargs.get("dtype", next((a for a in args[1:] if isinstance(a, torch.dtype)), None))
+                return self.to_host(func.__name__, args[0], dtype)
         if func is torch.Tensor.__getitem__:
             return _index(args[0], args[1])
         if func is torch.Tensor.__setitem__:
             target, key, value = args
+            if isinstance(value, FakeTensor) and not isinstance(target, FakeTensor):  # into a host tensor
+                self.to_host("setitem", value)
+                with unset_fake_temporarily():
+                    target[key] = 0
+                return None
             view = _index(target, key)
             if isinstance(value, torch.Tensor):
                 torch.ops.aten.copy_(view, value.expand_as(view))
@@ -126,6 +150,10 @@ class FakeCuda(TorchFunctionMode):
             x = args[0]
             return x if x.is_contiguous() else torch.ops.aten.clone(x, memory_format=torch.contiguous_format)
         if func is torch.Tensor.copy_:
+            if isinstance(args[1], FakeTensor) and not isinstance(args[0], FakeTensor):  # into a host tensor
+                self.to_host("copy_", args[1])
+                with unset_fake_temporarily():
+                    return args[0].zero_()
             non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
             return torch.ops.aten.copy_(args[0], args[1], bool(non_blocking))
         if func in (torch.Tensor.to, torch.Tensor.cuda) and not isinstance(args[0], FakeTensor):
