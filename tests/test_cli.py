@@ -953,11 +953,12 @@ def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tm
     assert err.rstrip().endswith(" --resume")
 
 
-@pytest.mark.parametrize("when", ["loading", "hidden states"])
+@pytest.mark.parametrize("when", ["loading", "hidden states", "resumed"])
 def test_train_heads_stopped_before_its_steps_writes_nothing(tmp_path, capsys, monkeypatch, when):
     """SIGTERM while the model loads or the hidden states are computed (80 s for the shipped heads'
     windows) has nothing to save: the command stops at once with the signal's status and one line,
-    leaving no --out, no lock file. (It died with no word, leaving *.lock files in --out.)"""
+    leaving no --out (nor the parents it would have made), no lock file; a resumed run names the
+    checkpoint it started from. (It died with no word, leaving *.lock files in --out.)"""
     import os
     import signal
 
@@ -966,7 +967,17 @@ def test_train_heads_stopped_before_its_steps_writes_nothing(tmp_path, capsys, m
 
     data = tmp_path / "d.txt"
     data.write_text(LOREM)
-    module, name = (engine_module, "load") if when == "loading" else (train_module, "base_hidden")
+    common = ["--data", str(data), "--seq-len", "32", "--steps", "2", "--warmup", "1", "--no-progress",
+              "--threads", "1"]
+    out = tmp_path / "runs" / "new" / "heads"
+    if when == "resumed":  # a checkpoint whose run has not written its heads yet
+        out = tmp_path / "heads"
+        code, _, err = run_cli(capsys, "train-heads", "--out", str(out), *common)
+        assert code == 0, err
+        (out / "heads.safetensors").unlink()
+        (out / "train_log.json").unlink()
+        saved = (out / "checkpoint.pt").read_bytes()
+    module, name = (train_module, "base_hidden") if when == "hidden states" else (engine_module, "load")
     real = getattr(module, name)
 
     def signalled(*args, **kwargs):
@@ -974,12 +985,17 @@ def test_train_heads_stopped_before_its_steps_writes_nothing(tmp_path, capsys, m
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, name, signalled)
-    out = tmp_path / "heads"
-    code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(data), "--seq-len", "32",
-                           "--steps", "2", "--warmup", "1", "--no-progress", "--threads", "1")
+    resume = ["--resume"] if when == "resumed" else []
+    code, _, err = run_cli(capsys, "train-heads", "--out", str(out), *common, *resume)
     assert code == 143, err
-    assert err.strip().splitlines()[-1] == "longswift: stopped before a checkpoint was saved: nothing written", err
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["d.txt"]
+    if when == "resumed":
+        assert err.strip().splitlines()[-1].startswith(f"longswift: interrupted; '{out / 'checkpoint.pt'}' holds the "
+                                                       "last saved step: continue with: longswift train-heads"), err
+        assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
+        assert (out / "checkpoint.pt").read_bytes() == saved
+    else:
+        assert err.strip().splitlines()[-1] == "longswift: stopped before a checkpoint was saved: nothing written", err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d.txt"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back
 
 

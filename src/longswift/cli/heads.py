@@ -24,9 +24,10 @@ def add_parsers(sub: Any) -> None:
 
     train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
     train.add_argument("--model", help=MODEL_HELP)
-    train.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for checkpoint.pt, heads.safetensors, train_log.json")
+    train.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="directory for checkpoint.pt, heads.safetensors, train_log.json")
     _add_data_flags(train)
-    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    train.add_argument("--resume", action="store_true", help="continue from --out's checkpoint.pt")
     train.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     add_config_flags(train, TrainConfig)
     add_config_flags(train, RuntimeConfig, skip=DECODING_ONLY)
@@ -56,7 +57,8 @@ def add_parsers(sub: Any) -> None:
 
 def _add_data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", default=[], metavar="FILE_OR_DIR",
-                   help="text (.txt/.md/.text), JSONL with a 'text' field (.jsonl/.json), or a directory of them; repeatable")
+                   help="text (.txt/.md/.text), JSONL with a 'text' field (.jsonl/.json), or a directory of them; "
+                        "repeatable")
     p.add_argument("--self-distill", type=whole_number, default=0, metavar="N",
                    help="first generate N tokens with the model itself (paper sampling, cached) and use them")
     p.add_argument("--distill-new-tokens", type=whole_number, default=512,
@@ -136,7 +138,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         check_checkpoint(out / CHECKPOINT, cfg, mmap=True,
                          settings=run_settings(runtime.torch_dtype(), runtime.rope_scaling))
     for d in args.data or []:  # its checkpoint, heads and log would be read as documents by the next run
-        if Path(d).is_dir() and out.resolve().is_relative_to(Path(d).resolve()):
+        if Path(d).expanduser().is_dir() and out.resolve().is_relative_to(Path(d).expanduser().resolve()):
             raise LongswiftError(f"--out '{args.out}' is inside --data '{d}', whose documents the next run would read "
                                  "with this run's files among them: choose an --out outside it")
     texts = read_data(args)
@@ -146,7 +148,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                     *model_inputs(args.model),
                     *((f"--out's {name}", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE))])
     check_seq_len(args, runtime, cfg.seq_len)
-    made = not out.exists()  # (an empty --out this run made goes again if it stops before the first step)
+    made = _missing_from(out)  # directories this run will make: gone again if it stops before saving anything
     # Ctrl-C / SIGTERM / SIGHUP while loading, sampling or computing hidden states: stop at once, nothing to
     # save; during the steps: finish the step, save the checkpoint, say how to resume.
     stop = StopRequest()
@@ -161,14 +163,21 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
             trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=show_progress(args),
                                   extra_meta={"data": info}, stop=stop)
     except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
-        if type(exc) is KeyboardInterrupt and (out / CHECKPOINT).exists():
-            raise KeyboardInterrupt(f"'{out / CHECKPOINT}' holds the last saved step: continue with: {again}") from exc
-        if type(exc) is KeyboardInterrupt and stop.signum is not None:
-            if made and out.is_dir() and not any(out.iterdir()):
-                out.rmdir()
-            say("longswift: stopped before a checkpoint was saved: nothing written")
-            return stop.exit_code
-        raise
+        if type(exc) is not KeyboardInterrupt:
+            raise
+        if (out / CHECKPOINT).exists():
+            kept = f"'{out / CHECKPOINT}' holds the last saved step: continue with: {again}"
+            if stop.signum is None:
+                raise KeyboardInterrupt(kept) from exc
+            say(f"longswift: interrupted; {kept}")
+            return stop.exit_code  # (the signal's: 143 for SIGTERM)
+        if stop.signum is None:
+            raise
+        for d in made:  # innermost first: each is empty once what it held is gone
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        say("longswift: stopped before a checkpoint was saved: nothing written")
+        return stop.exit_code
     if trainer.interrupted:
         print(f"longswift: interrupted at step {trainer.step} of {cfg.steps}; checkpoint saved to "
               f"'{Path(args.out) / CHECKPOINT}'. Continue with: {again}", file=sys.stderr)
@@ -185,6 +194,15 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     if (warning := not_converged(trainer.log, cfg.lr)) is not None:
         print(f"longswift: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _missing_from(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, innermost first (what mkdir(parents=True) makes)."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 def cmd_eval_heads(args: argparse.Namespace) -> int:
