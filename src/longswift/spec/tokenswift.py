@@ -219,7 +219,9 @@ def draft(s: TokenSwiftState) -> Draft:
     top = torch.topk(x, min(max(s.levels), x.shape[-1]), dim=-1)  # [depths, k]: the widest depth's count
     # The candidates' log-probabilities rank the trie's nodes where it is pruned.
     scores = top.values - torch.logsumexp(x, dim=-1, keepdim=True) if s.pruning else top.values  # [depths, k]
-    # Ids (below 2^24) are exact in the scores' float32 or float64: one copy to the host for both.
+    # One copy to the host for both: ids are exact in float32 below 2^24 (a larger vocabulary takes float64).
+    if x.shape[-1] > 1 << 24:
+        scores = scores.double()
     values, indices = torch.stack([scores, top.indices.to(scores.dtype)]).tolist()  # [depths, k] each
     neg = float("-inf")
     levels = [[int(t) for t, v in zip(ids[:k], vs[:k]) if v > neg] for k, ids, vs in zip(s.levels, indices, values)]

@@ -20,7 +20,8 @@ def _files(source: Path) -> list[Path]:
     if source.is_dir():
         found = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES)
         if not found:
-            raise LongswiftError(f"directory '{source}' holds no .txt/.md/.text/.jsonl/.json files: point --data at text files")
+            raise LongswiftError(f"directory '{source}' holds no .txt/.md/.text/.jsonl/.json files: point --data at "
+                                 "text files")
         return found
     if not source.is_file():
         raise LongswiftError(f"training data '{source}' does not exist: pass a text file, a .jsonl file or a directory")

@@ -137,7 +137,7 @@ class HeadTrainer:
         dtype = torch.promote_types(engine.model.dtype, torch.float32)  # the heads train in float32 or better
         self.heads = heads.to(dtype).requires_grad_(True)
         if not cfg.bf16_lm_head and self.lm_head.dtype != dtype:  # a bfloat16/float16 model's head, without
-            self.lm_head = self.lm_head.to(dtype)  # autocast: a copy in the heads' precision (the products' inputs agree)
+            self.lm_head = self.lm_head.to(dtype)  # autocast: a copy in the heads' precision (the products agree)
         self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.step = 0
         self.log: list[dict] = []
@@ -291,13 +291,21 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     return out
 
 
+CONVERGENCE_STEPS = 8  # steps a run needs before its losses are compared, and how many of its last it averages
+
+
 def not_converged(log: list[dict], lr: float) -> str | None:
-    """What a finished run whose last step's loss is above its first's should be told (a --lr too high
-    for the data moves the heads away from any minimum without a non-finite loss), else None."""
-    if len(log) < 2 or log[-1]["loss"] <= log[0]["loss"]:
+    """What a finished run whose last steps' mean loss is above its first step's should be told (a --lr too
+    high for the data moves the heads away from any minimum without a non-finite loss), else None. Runs
+    shorter than CONVERGENCE_STEPS are not judged: a step's loss is one batch's, and noisy."""
+    if len(log) < CONVERGENCE_STEPS:
         return None
-    return (f"the last step's loss ({log[-1]['loss']:.3f}) is above the first's ({log[0]['loss']:.3f}): the heads did "
-            f"not learn; train again into a new --out with a lower --lr (now {lr:g})")
+    last = sum(m["loss"] for m in log[-CONVERGENCE_STEPS:]) / CONVERGENCE_STEPS
+    if last <= log[0]["loss"]:
+        return None
+    return (f"the last {CONVERGENCE_STEPS} steps' mean loss ({last:.3f}) is above the first step's "
+            f"({log[0]['loss']:.3f}): the heads did not learn; train again into a new --out with a lower --lr "
+            f"(now {lr:g})")
 
 
 def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
