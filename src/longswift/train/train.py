@@ -271,7 +271,9 @@ def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: s
 
 def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     """Refuse an --out that cannot be trained into, creating nothing (train-heads calls this before
-    loading the model and distilling): a checkpoint there without --resume, or none with it."""
+    loading the model and distilling): a finished run there (its heads, with or without their checkpoint;
+    --resume has nothing left to do), a checkpoint without --resume, none with it, or a train_log.json
+    that no unfinished run of this directory wrote."""
     out = check_dir_writable(out_dir, "--out")
     checkpoint = out / CHECKPOINT
     if checkpoint.exists() and (out / HEADS_FILE).exists():  # nothing left to continue
