@@ -33,11 +33,13 @@ PACKAGE = str(Path(__file__).resolve().parents[1] / "src" / "longswift")
 @dataclass(frozen=True)
 class Read:
     """One read of device memory by the host: the call (tolist, item, int, ...), the tensor's shape,
-    and the package function and line that made it."""
+    and the package function and line that made it; `capturing`: made while a CUDA graph was being
+    captured (on a GPU, an error: a capture may not wait for the device)."""
 
     call: str
     shape: tuple[int, ...]
     where: str  # "function:line" of the innermost frame in src/longswift
+    capturing: bool = False
 
 
 def _caller() -> str:
@@ -101,9 +103,12 @@ class FakeCuda(TorchFunctionMode):
         super().__init__()
         self.fake_mode = fake_mode
         self.reads: list[Read] = []
+        self.capturing = False  # inside torch.cuda.graph (FakeGraphs)
+        self.captured: list[FakeGraph] = []
+        self.replays = 0
 
     def record(self, call: str, x: torch.Tensor) -> None:
-        self.reads.append(Read(call, tuple(x.shape), _caller()))
+        self.reads.append(Read(call, tuple(x.shape), _caller(), self.capturing))
 
     def to_host(self, call: str, x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """A copy of device memory to the host: recorded, answered with zeros (a real CPU tensor)."""
@@ -168,11 +173,54 @@ class FakeCuda(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class FakeGraph:
+    """torch.cuda.CUDAGraph's stand-in: capture runs the body once (as a capture does, whose outputs are
+    the graph's static tensors), replay runs nothing (the static outputs keep their shapes, and fake
+    tensors have no values to update)."""
+
+    def __init__(self, mode: FakeCuda) -> None:
+        self.mode = mode
+
+    def replay(self) -> None:
+        assert self in self.mode.captured, "replay of a graph that was never captured"
+        self.mode.replays += 1
+
+
+class FakeStream:
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def wait_stream(self, other: FakeStream) -> None:
+        pass
+
+
+def _fake_graphs(monkeypatch, mode: FakeCuda) -> None:
+    """torch.cuda's graph capture, streams and device contexts for the fake device: captures are counted,
+    and a host read during one is marked (Read.capturing)."""
+
+    @contextlib.contextmanager
+    def graph(g: FakeGraph, pool: object = None, stream: object = None) -> Iterator[None]:
+        mode.capturing = True
+        try:
+            yield
+        finally:
+            mode.capturing = False
+        mode.captured.append(g)
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: FakeGraph(mode))
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+
+
 @contextlib.contextmanager
 def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     """Run the block with the fake device (torch.inference_mode, as generation runs). torch.cuda
-    answers as for one device of compute capability 9.0 with 80 GiB free, and synchronize does nothing;
-    graph capture and CUDA generators stay unavailable (run with cuda_graphs off)."""
+    answers as for one device of compute capability 9.0 with 80 GiB free, synchronize does nothing, and
+    graphs are FakeGraphs (captured by running the body; replays counted); CUDA generators stay unavailable."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     mode = FakeCuda(fake_mode)
 
@@ -188,6 +236,7 @@ def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    _fake_graphs(monkeypatch, mode)
     with fake_mode, mode, torch.inference_mode():
         yield mode
 

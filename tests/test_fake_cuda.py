@@ -222,3 +222,40 @@ def test_bench_steps_rig_runs_its_cuda_steps_at_100k_tokens_on_fake_cuda(attenti
     assert all(c.ar_eager is not None and set(c.verify) == {1, 8, 32} and set(c.walk_batched) == {1, 8, 32}
                for c in costs)
     assert {r.where.split(":")[0] for r in fake.reads} <= {"draw", "draft", "batched_walk", "lossless_walk"}
+
+
+@pytest.mark.parametrize("method", ["ar", "tokenswift"])
+def test_generation_with_cuda_graphs_on_captures_without_reading_the_device(method, monkeypatch, tmp_path):
+    """--cuda-graphs on, as a GPU runs it by default: the step bodies are captured (FakeGraph runs the
+    body once) and replayed; no capture reads the device (on a GPU that is an error), the generation's
+    stats count every capture, and every replayed graph was captured first."""
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path / "m")
+    with fake_cuda(monkeypatch) as fake:
+        engine = longswift.load(tmp_path / "m", device="cuda", dtype="bfloat16", heads="random", cuda_graphs="on")
+        result = engine.generate([3, 4, 5], max_new_tokens=40, method=method, temperature=1.0, seed=1)
+    assert result.token_ids == [0] * 40
+    assert fake.captured and fake.replays > 0
+    assert result.stats.graph_captures == len(fake.captured)
+    assert not [r for r in fake.reads if r.capturing], fake.reads
+
+
+@pytest.mark.parametrize("attention", ["length", "bucketed"])
+def test_decode_graphs_over_100k_tokens_on_the_8b_shape(attention, monkeypatch):
+    """A 100K-token run after a 4K prompt on the 8B shape, a decode step every 512 slots: length captures
+    one graph per doubling span (five: 8K, 16K, 32K, 64K, then the cache's capacity), bucketed one per
+    1,024-slot bucket; a growing cache keeps only its current graph (the others are freed)."""
+    from longswift.runtime.cuda_graphs import BUCKET, span_for
+
+    slots = range(4096, 104_096, 512)
+    with fake_cuda(monkeypatch) as fake:
+        model = fake_model("llama-3.1-8b", torch.bfloat16)
+        cache = FullKVCache(model.cfg, 104_096 + 8, torch.bfloat16, model.device)
+        graphs = StepGraphs(model, cache, capture=True, attention=attention)
+        for slot in slots:
+            cache.length = slot
+            graphs.decode(7, slot)
+    expected = ({span_for(s + 1, BUCKET, cache.capacity) for s in slots} if attention == "length"
+                else {s - s % BUCKET for s in slots})
+    assert graphs.captures == len(fake.captured) == len(expected) == (5 if attention == "length" else 98)
+    assert fake.replays == len(slots) and len(graphs.graphs) == 1
+    assert fake.reads == []
