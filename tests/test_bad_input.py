@@ -613,6 +613,37 @@ def test_train_heads_checks_its_out_before_loading_and_creates_nothing(capsys, t
     assert case != "finished" or [p.name for p in out.iterdir()] == ["heads.safetensors"]
 
 
+def test_a_second_train_heads_into_a_busy_out_is_refused_before_loading(capsys, tmp_path, no_loading):
+    """Another run holding --out: refused at once, not after the model loaded and the data was distilled
+    and run through it (minutes); the other run's directory is left as it is."""
+    from longswift.atomic import OutputLock
+
+    (tmp_path / "a.txt").write_text("some text " * 50)
+    out = tmp_path / "heads"
+    out.mkdir()
+    with OutputLock([("--out", out / name) for name in ("checkpoint.pt", "heads.safetensors", "train_log.json")]):
+        code, _, err = run_cli(capsys, "train-heads", "--out", str(out), "--data", str(tmp_path / "a.txt"))
+        assert_one_line_error(code, err, f"'{out / 'checkpoint.pt'}' is being written by another longswift run")
+    assert out.is_dir() and list(out.iterdir()) == []
+
+
+def test_train_heads_that_fails_before_saving_leaves_no_out(capsys, tmp_path, monkeypatch):
+    """A run refused after --out was made and claimed (here the weights cannot be read) takes the
+    directories it made away again: nothing was saved in them."""
+    made = []
+
+    def unreadable(*args, **kwargs):
+        made.append((tmp_path / "runs" / "heads").is_dir())
+        raise LongswiftError("cannot read the weights")
+
+    monkeypatch.setattr("longswift.engine.load_model", unreadable)
+    (tmp_path / "a.txt").write_text("some text " * 50)
+    code, _, err = run_cli(capsys, "train-heads", "--out", str(tmp_path / "runs" / "heads"), "--data",
+                           str(tmp_path / "a.txt"))
+    assert_one_line_error(code, err, "cannot read the weights")
+    assert made == [True] and not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("case,flags,match", [
     ("settings", ["--lr", "0.1"], "used --lr 0.03, not 0.1: resume with the same settings"),
     ("settings", ["--seq-len", "64"], "used --seq-len 512, not 64: resume with the same settings"),

@@ -938,7 +938,7 @@ def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tm
     capsys.readouterr()
 
     def cut(engine, windows, cfg, out, **kwargs):  # saved a step, then the second Ctrl-C
-        Path(out).mkdir()
+        assert Path(out).is_dir() and kwargs["claimed"]  # (made and held before loading)
         (Path(out) / "checkpoint.pt").write_bytes(b"saved")
         raise KeyboardInterrupt
 

@@ -127,7 +127,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..train.data import data_files
     from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
-                               not_converged, run_settings, train_heads)
+                               claimed_out_dir, not_converged, run_settings, train_heads)
     from .stop import StopRequest, say
 
     cfg = config_from_args(TrainConfig, args)
@@ -156,12 +156,16 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
     t0 = time.perf_counter()
     try:
-        with stop:
+        # --out is held from here on, so that a second run into it is refused now, not after minutes of loading
+        with stop, claimed_out_dir(out, args.resume):
             with stop.at_once():
                 engine = load(args.model, runtime, heads=None)
                 windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
-            trainer = train_heads(engine, windows, cfg, args.out, resume=args.resume, progress=show_progress(args),
-                                  extra_meta={"data": info}, stop=stop)
+            trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
+                                  extra_meta={"data": info}, stop=stop, claimed=True)
+    except LongswiftError:  # (a model that cannot load, data too short, ...): nothing was saved
+        _remove_empty(made)
+        raise
     except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
         if type(exc) is not KeyboardInterrupt:
             raise
@@ -173,9 +177,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
             return stop.exit_code  # (the signal's: 143 for SIGTERM)
         if stop.signum is None:
             raise
-        for d in made:  # innermost first: each is empty once what it held is gone
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
+        _remove_empty(made)
         say("longswift: stopped before a checkpoint was saved: nothing written")
         return stop.exit_code
     if trainer.interrupted:
@@ -194,6 +196,13 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     if (warning := not_converged(trainer.log, cfg.lr)) is not None:
         print(f"longswift: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """Remove the directories a run made (innermost first) that are empty: each is, once what it held is gone."""
+    for d in made:
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
 
 
 def _missing_from(path: Path) -> list[Path]:

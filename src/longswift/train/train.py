@@ -12,6 +12,8 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -310,14 +312,11 @@ def not_converged(log: list[dict], lr: float) -> str | None:
             f"(now {lr:g})")
 
 
-def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
-                resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
-                stop: Any = None) -> HeadTrainer:
-    """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
-    `stop`: a context manager (cli.stop.StopRequest) entered from the hidden states on, which a signal
-    interrupts at once (its `at_once()`: nothing to save yet); during the optimizer steps, once its
-    `signum` is set, training stops after the current step, saves the checkpoint and returns the
-    trainer with `interrupted` set (no heads file: `resume=True` finishes the run)."""
+@contextmanager
+def claimed_out_dir(out_dir: str | os.PathLike, resume: bool) -> Iterator[Path]:
+    """Check --out (check_out_dir), make it, and hold it for this run: one run at a time per --out, since a
+    second one would overwrite the first's checkpoint and heads. The lock also removes temp files a killed
+    run left (`checkpoint.pt.<random>.partial`). Yields the directory."""
     out = check_out_dir(out_dir, resume)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -325,10 +324,23 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
         raise LongswiftError(f"cannot create output directory '{out}': {exc.strerror}") from None
     if not os.access(out, os.W_OK):
         raise LongswiftError(f"output directory '{out}' is not writable: choose another --out")
-    # One run at a time per --out: a second one would overwrite the first's checkpoint and heads. The
-    # lock also removes temp files a killed run left (`checkpoint.pt.<random>.partial`).
     with OutputLock([("--out", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE)]):
         check_out_dir(out, resume)  # a run that held the lock before this one may have written a checkpoint
+        yield out
+
+
+def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
+                resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
+                stop: Any = None, claimed: bool = False) -> HeadTrainer:
+    """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
+    `stop`: a context manager (cli.stop.StopRequest) entered from the hidden states on, which a signal
+    interrupts at once (its `at_once()`: nothing to save yet); during the optimizer steps, once its
+    `signum` is set, training stops after the current step, saves the checkpoint and returns the
+    trainer with `interrupted` set (no heads file: `resume=True` finishes the run). `claimed`: the caller
+    holds `claimed_out_dir(out_dir)` already (train-heads takes it before loading the model)."""
+    if claimed:
+        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop)
+    with claimed_out_dir(out_dir, resume) as out:
         return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop)
 
 
