@@ -237,8 +237,21 @@ def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     _fake_graphs(monkeypatch, mode)
-    with fake_mode, mode, torch.inference_mode():
-        yield mode
+    # Caches of device facts and tensors (the ban's index tensor, flash's capability) are emptied before and
+    # after: a fake tensor or a fake capability must not outlive the block (on a GPU machine, later tests
+    # would get them).
+    from longswift.runtime.attention import _flash_capable
+    from longswift.sampling import banned_index
+
+    caches = (banned_index, _flash_capable)
+    for cache in caches:
+        cache.cache_clear()
+    try:
+        with fake_mode, mode, torch.inference_mode():
+            yield mode
+    finally:
+        for cache in caches:
+            cache.cache_clear()
 
 
 def fake_state(names_shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ from longswift.generate import ar_steps
 from longswift.runtime.cache import FullKVCache, PartialKVCache
 from longswift.runtime.cuda_graphs import StepGraphs, step_bodies
 from longswift.runtime.model import Transformer
+from longswift.sampling import banned_index
 from longswift.spec.tokenswift import draft_logits, tokenswift_steps
 from longswift.stats import GenerationStats
 
@@ -232,8 +233,10 @@ def test_generation_with_cuda_graphs_on_captures_without_reading_the_device(meth
     tiny_hf_model("llama", seed=3).save_pretrained(tmp_path / "m")
     with fake_cuda(monkeypatch) as fake:
         engine = longswift.load(tmp_path / "m", device="cuda", dtype="bfloat16", heads="random", cuda_graphs="on")
-        result = engine.generate([3, 4, 5], max_new_tokens=40, method=method, temperature=1.0, seed=1)
+        result = engine.generate([3, 4, 5], max_new_tokens=40, method=method, temperature=1.0, seed=1,
+                                 ignore_eos=True)  # (the ban's index tensor is made on the device, before a capture)
     assert result.token_ids == [0] * 40
+    assert banned_index.cache_info().currsize == 0  # no fake tensor outlives the block
     assert fake.captured and fake.replays > 0
     assert result.stats.graph_captures == len(fake.captured)
     assert not [r for r in fake.reads if r.capturing], fake.reads
