@@ -154,12 +154,12 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     stop = StopRequest()
     argv = list(getattr(args, "argv", None) or ["train-heads", "--out", str(args.out)])
     again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
-    t0 = time.perf_counter()
     try:
         # --out is held from here on, so that a second run into it is refused now, not after minutes of loading
         with stop, claimed_out_dir(out, args.resume):
             with stop.at_once():
                 engine = load(args.model, runtime, heads=None)
+                t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)
                 windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
             trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
                                   extra_meta={"data": info}, stop=stop, claimed=True)
