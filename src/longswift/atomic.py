@@ -120,6 +120,25 @@ def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     return check_dir_writable(p, flag)
 
 
+def absent_dirs(path: Path) -> list[Path]:
+    """`path` and those of its ancestors that do not exist yet, nearest first: what mkdir(parents=True)
+    makes, and what remove_made takes away again."""
+    path = path.absolute()
+    return [d for d in (path, *path.parents) if not d.exists()]
+
+
+def remove_made(dirs: list[Path]) -> None:
+    """Remove directories a run made (absent_dirs, nearest first) as long as each is empty: once the one
+    below it is gone, the next holds nothing of anyone else's."""
+    for d in dirs:
+        if not d.is_dir():  # never made (the run stopped before), or already gone
+            continue
+        try:
+            d.rmdir()
+        except OSError:  # not empty: neither are the ones above it ours to remove
+            break
+
+
 def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
     """Have `write` fill a temporary directory, then move it into place. An absent `path` is the
     temporary sibling renamed: it appears whole or not at all, and parents made for it go on failure.
@@ -127,7 +146,7 @@ def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None])
     identity and gets each complete file by one rename; a failure takes back those already moved."""
     p = check_new_dir(path)
     existing = p.exists()
-    made = [a for a in p.absolute().parents if not a.exists()]  # nearest first
+    made = absent_dirs(p.parent)  # nearest first
     if not existing:
         p.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".longswift-", suffix=".partial", dir=p if existing else p.parent))
@@ -154,11 +173,7 @@ def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None])
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
-        for parent in made:  # nearest first: each is empty once the one below it is gone
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+        remove_made(made)
         raise
     return p
 

@@ -123,7 +123,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
 
 
 def cmd_train_heads(args: argparse.Namespace) -> int:
-    from ..atomic import check_distinct
+    from ..atomic import absent_dirs, check_distinct, remove_made
     from ..engine import load
     from ..train.data import data_files
     from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
@@ -148,7 +148,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                     *model_inputs(args.model),
                     *((f"--out's {name}", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE))])
     check_seq_len(args, runtime, cfg.seq_len)
-    made = _missing_from(out)  # directories this run will make: gone again if it stops before saving anything
+    made = absent_dirs(out)  # directories this run will make: gone again if it stops before saving anything
     # Ctrl-C / SIGTERM / SIGHUP while loading, sampling or computing hidden states: stop at once, nothing to
     # save; during the steps: finish the step, save the checkpoint, say how to resume.
     stop = StopRequest()
@@ -164,7 +164,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
             trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
                                   extra_meta={"data": info}, stop=stop, claimed=True)
     except LongswiftError:  # (a model that cannot load, data too short, ...): nothing was saved
-        _remove_empty(made)
+        remove_made(made)
         raise
     except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
         if type(exc) is not KeyboardInterrupt:
@@ -177,7 +177,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
             return stop.exit_code  # (the signal's: 143 for SIGTERM)
         if stop.signum is None:
             raise
-        _remove_empty(made)
+        remove_made(made)
         say("longswift: stopped before a checkpoint was saved: nothing written")
         return stop.exit_code
     if trainer.interrupted:
@@ -196,22 +196,6 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     if (warning := not_converged(trainer.log, cfg.lr)) is not None:
         print(f"longswift: warning: {warning}", file=sys.stderr)
     return 0
-
-
-def _remove_empty(made: list[Path]) -> None:
-    """Remove the directories a run made (innermost first) that are empty: each is, once what it held is gone."""
-    for d in made:
-        if d.is_dir() and not any(d.iterdir()):
-            d.rmdir()
-
-
-def _missing_from(path: Path) -> list[Path]:
-    """`path` and those of its parents that do not exist yet, innermost first (what mkdir(parents=True) makes)."""
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
 
 
 def cmd_eval_heads(args: argparse.Namespace) -> int:
