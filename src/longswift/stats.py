@@ -40,6 +40,11 @@ class GenerationStats:
         return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
     @property
+    def has_rate(self) -> bool:
+        """Whether tokens_per_second means anything: a run of one token is the prefill's draw alone."""
+        return self.new_tokens > 1
+
+    @property
     def alpha(self) -> float:
         """Acceptance rate as the paper defines it: accepted draft tokens / draft positions."""
         return self.accepted_tokens / self.draft_positions if self.draft_positions else 0.0
@@ -69,7 +74,7 @@ class GenerationStats:
         TokenSwift whose adaptive steps were all plain), whose acceptance rate is not 0 but undefined, and
         tokens_per_second for a run of one token, the prefill's draw (as the summary line says)."""
         alpha = round(self.alpha, 4) if self.draft_positions else None
-        rate = round(self.tokens_per_second, 3) if self.new_tokens > 1 else None
+        rate = round(self.tokens_per_second, 3) if self.has_rate else None
         return asdict(self) | {"tokens_per_second": rate, "alpha": alpha,
                                "tokens_per_step": round(self.tokens_per_step, 3)}
 

@@ -167,7 +167,7 @@ def summary_line(s: Any) -> str:
     # A resumed run's prefill time holds each resume's re-read of prompt + output, not the prompt's alone.
     rereads = f" (with the context re-read at {s.resumes} resume{'s' if s.resumes > 1 else ''})" if s.resumes else ""
     # One token (a run stopped as it began) is the prefill's draw: no rate to speak of.
-    rate = f"{s.tokens_per_second:.1f} tok/s" if s.new_tokens > 1 else "no rate from one token"
+    rate = f"{s.tokens_per_second:.1f} tok/s" if s.has_rate else "no rate from one token"
     count = f"{s.new_tokens} token{'' if s.new_tokens == 1 else 's'}"
     return (f"{s.method}: {count} in {s.decode_seconds:.2f} s ({rate}{spec_info}){ranks}{graphs}, prefill "
             f"{s.prompt_tokens} tokens in {s.prefill_seconds:.2f} s{rereads}, stop: {s.finish_reason}")
