@@ -32,10 +32,9 @@ import torch
 # (100-113 ms at 32), the explicit less at 48 (151 against 175 ms), the cascade less from 64 (170-179 against
 # 184-192 ms; 128 tokens 307-312 against 514-553); at 6K, against oneDNN, the same up to 16 tokens, the cascade
 # slower at 32 (190-205 against 174 ms), mixed at 48, no worse at 64 (312-363 against 345-550 ms) and better at
-# 128 (580-595 ms against 1,225-1,287 explicit). Tree
-# verification (a few nodes on the CPU) keeps the explicit or oneDNN products. A 4,096-token prompt in chunks of
-# 256: the cascade 9.30-9.36 s, SDPA with the [G*T, S] mask it replaced 9.57-9.58 s (session 35). The memory
-# plan counts by this rule.
+# 128 (580-595 ms against 1,225-1,287 explicit). Tree verification (a few nodes on the CPU) keeps the explicit
+# or oneDNN products. A 4,096-token prompt in chunks of 256: the cascade 9.30-9.36 s, SDPA with the [G*T, S]
+# mask it replaced 9.57-9.58 s (session 35). The memory plan counts by this rule.
 FUSED_FROM_TOKENS = 64
 
 # Cached entries from which the packed CPU path leaves the grouped bmm for per-KV-head oneDNN

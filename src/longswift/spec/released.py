@@ -5,6 +5,7 @@ and `.post_layernorm.weight` (RMSNorm'_i), in the model dtype. That is DraftHead
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -193,20 +194,15 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
     if heads == "none":
         return "none (AR)", False
     path = resolve_path(model) if heads in ("auto", "default") else None
-    embed: list[torch.Tensor] = []  # each read once, if at all
-    heads_in_checkpoint: list[list[str]] = []
 
+    @functools.cache  # each read once, if at all
     def model_embed() -> torch.Tensor:
-        if not embed:
-            embed.append(read_tensors(resolve_path(model), {EMBED}, torch.float32)[EMBED])
-        return embed[0]
+        return read_tensors(resolve_path(model), {EMBED}, torch.float32)[EMBED]
 
+    @functools.cache
     def checkpoint_heads() -> list[str]:
-        if not heads_in_checkpoint:
-            meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items()
-                    if k.startswith(HEAD_PREFIX)}
-            heads_in_checkpoint.append(list(take_head_tensors(cfg, meta, str(path)) or ()))
-        return heads_in_checkpoint[0]
+        meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items() if k.startswith(HEAD_PREFIX)}
+        return list(take_head_tensors(cfg, meta, str(path)) or ())
 
     def shipped() -> Path | None:
         return shipped_heads(model_fingerprint(cfg, model_embed())) if may_have_shipped_heads(cfg) else None
