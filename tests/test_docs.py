@@ -98,3 +98,86 @@ def test_doc_scripts_import_what_the_package_has():
                 for alias in node.names:
                     if alias.name.split(".")[0] == "longswift":
                         importlib.import_module(alias.name)
+
+
+def issue16_targets():
+    """docs/scripts/issue16_targets.py as a module (scripts are not a package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("issue16_targets", ROOT / "docs" / "scripts" / "issue16_targets.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def target_rows(text: str) -> dict[str, tuple[str, str]]:
+    """The summary's table -> {target: (measured, verdict)}."""
+    rows = [line.strip("|").split(" | ") for line in text.splitlines()[2:]]
+    return {r[0].strip(): (r[1], r[2]) for r in rows}
+
+
+def test_gpu_targets_summary_gives_session_28s_verdicts(tmp_path):
+    """The targets' summary that a GPU session's one call ends with (gpu_session.sh first), on the files
+    session 28 measured on an H100: the figures and verdicts docs/benchmarks.md states for them."""
+    import shutil
+
+    s28 = ROOT / "docs" / "bench" / "gpu" / "session28-h100"
+    (tmp_path / "cell").mkdir()
+    for name in ("steps-length.json", "ar-smollm2-135m.txt", "tests.txt"):
+        shutil.copy(s28 / name, tmp_path / name)
+    rows = target_rows(issue16_targets().report(tmp_path))  # no cell yet: the shape's AR is the proxy
+    assert rows["tests/test_cuda.py, test_attention.py, test_cuda_graphs.py pass on the GPU"][1] == "**met**"
+    assert rows["AR step >= 70% of the bandwidth floor at 4K"] == ("66% at 4,096 (7.93 ms, floor 5.26 ms)",
+                                                                   "**not met**")
+    assert rows["AR step >= 70% of the bandwidth floor at 100K"][1] == "**met**"
+    assert rows["default verify pass at 100K <= 1.3x an AR step"] == ("1.35x at 100,000 (32 nodes: 16.29 ms)",
+                                                                      "**not met**")
+    assert rows["100K new tokens after 4K at alpha 0.8 projected under 10 min"][0].startswith("8.9 min")
+    assert rows["embedded model AR >= 296 tok/s (5x 59.2)"][0].startswith("571.8 tok/s on the shape")
+    assert rows["TokenSwift >= 0.97x AR in every bench cell"][1] == "not measured"
+    shutil.copy(s28 / "embedded" / "results.csv", tmp_path / "cell" / "results.csv")
+    rows = target_rows(issue16_targets().report(tmp_path))
+    assert rows["embedded model AR >= 296 tok/s (5x 59.2)"] == (
+        "473.0 tok/s (the slowest of 2 cells: paper, 2048+4096)", "**met**")
+    assert rows["TokenSwift >= 0.97x AR in every bench cell"] == (
+        "slowest 0.95x (tokenswift paper 2048+4096; 4 cells)", "**not met**")
+    (tmp_path / "tests.txt").write_text("...F\n1 failed, 150 passed in 30.1s\n")
+    assert target_rows(issue16_targets().report(tmp_path))[
+        "tests/test_cuda.py, test_attention.py, test_cuda_graphs.py pass on the GPU"][1] == "**not met**"
+
+
+def test_gpu_targets_summary_reads_what_bench_steps_writes_now(tmp_path, capsys, monkeypatch):
+    """The summary reads the JSON of today's bench-steps (a tiny shape on the CPU), not only session 28's,
+    and says 'not measured' for what is missing rather than failing."""
+    from conftest import run_cli
+    from test_bench_steps import TINY, TINY_RUN
+
+    from longswift.bench.shapes import SHAPES
+
+    monkeypatch.setitem(SHAPES, "tiny", TINY)
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64,256", "--alpha", "0.8", "--tree-nodes",
+                           "1,4,7", "--prefix", "100", "--new-tokens", "150",
+                           "--json", str(tmp_path / "steps-length.json"))
+    assert code == 0, err
+    rows = target_rows(issue16_targets().report(tmp_path))
+    for target in ("AR step >= 70% of the bandwidth floor at 4K", "default verify pass at 100K <= 1.3x an AR step",
+                   "100K new tokens after 4K at alpha 0.8 projected under 10 min"):
+        assert rows[target][1] in ("**met**", "**not met**"), rows[target]
+    share = rows["AR step >= 70% of the bandwidth floor at 4K"][0]
+    assert re.fullmatch(r"\d+% at 256 \([\d.]+ ms, floor [\d.]+ ms\)", share), share
+    assert rows["embedded model AR >= 296 tok/s (5x 59.2)"][1] == "not measured"
+
+
+def test_gpu_session_script_parses_and_knows_its_first_parts():
+    import subprocess
+
+    script = ROOT / "docs" / "scripts" / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    first = re.search(r'for entry in (.*?); do', text).group(1)
+    parts = {p.strip('"').split()[0] for p in re.findall(r'"[^"]+"', first)}
+    assert parts == {"tests", "steps", "ar"}
+    for part in parts:
+        assert re.search(rf"^  {part}\)", text, flags=re.M), part

@@ -1,6 +1,14 @@
 #!/usr/bin/env bash
-# What a session lent a GPU runs first for issue #16, in parts that each fit one call of the device
-# tool (10 minutes), from the project root, writing what it saw under $OUT (default ./gpu-out):
+# What a session lent a GPU runs first for issue #16, from the project root, writing what it saw under
+# $OUT (default ./gpu-out). A session now gets 15 minutes of device time in all, the machine's start
+# included, so its first call should be the one that measures every target:
+#
+#   bash docs/scripts/gpu_session.sh first   # in one call of at most BUDGET seconds (default 420): tests,
+#                                            # `steps length`, `ar`, then `steps fused` while time is left,
+#                                            # each part cut off at what remains (timeout); then targets.md:
+#                                            # issue #16's targets against the figures (issue16_targets.py)
+#
+# or in parts, each fitting one call of the device tool (10 minutes):
 #
 #   bash docs/scripts/gpu_session.sh tests   # the CUDA tests (tests/test_cuda.py and the CPU-side ones)
 #   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
@@ -27,7 +35,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh tests|steps [bucketed|length|separate|fused]|ar [8b]|plain|profile [small]|cell GGUF}
+part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|fused]|ar [8b]|plain|profile [small]|cell GGUF}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -52,6 +60,25 @@ EOF
 cat "$out/versions.txt"
 
 case $part in
+  first)
+    budget=${BUDGET:-420}
+    : > "$out/first.log"
+    # Each part runs as its own process under what is left of the budget (and at most its own cap), so that
+    # one slow part cannot take the targets' summary with it; a part cut off says so in first.log.
+    for entry in "tests 150" "steps length 240" "ar 150" "steps fused 180"; do
+      set -- $entry
+      cap=${@: -1}
+      left=$((budget - SECONDS - 15))
+      if ((left < 30)); then
+        echo "first: skipped '${*:1:$#-1}': ${left}s of the ${budget}s budget left" | tee -a "$out/first.log"
+        continue
+      fi
+      start=$SECONDS
+      OUT=$out timeout -k 10 $((cap < left ? cap : left)) bash "$0" "${@:1:$#-1}"
+      echo "first: '${*:1:$#-1}' exited $? after $((SECONDS - start))s" | tee -a "$out/first.log"
+    done
+    $py docs/scripts/issue16_targets.py "$out" > "$out/targets.md"
+    cat "$out/targets.md" ;;
   tests)
     $py -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_attention.py tests/test_cuda_graphs.py \
       > "$out/tests.txt" 2>&1
@@ -97,6 +124,6 @@ case $part in
     tail -5 "$out/cell.log"
     grep -A8 '^### ' "$out/cell/report.md" ;;
   *)
-    echo "unknown part '$part': use tests, steps, ar, plain, profile or cell" >&2
+    echo "unknown part '$part': use first, tests, steps, ar, plain, profile or cell" >&2
     exit 2 ;;
 esac
