@@ -91,6 +91,20 @@ def test_every_path_equals_explicit_attention_in_float64(kernel, t, start, tree)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 300, False), (7, 300, True), (8, 40, True),
+                                          (1, ONEDNN_FROM_ENTRIES, False), (7, ONEDNN_FROM_ENTRIES + 2, True)])
+def test_bfloat16_cpu_paths_equal_attention_up_to_bfloat16_rounding(t, start, tree, packed):
+    """bfloat16 on the CPU: the scores come from keys @ q^T, read transposed (the CPU's bfloat16 bmm copies a
+    transposed operand first), below the oneDNN threshold and above it."""
+    q, keys, values, new = random_case(t, start, tree, torch.bfloat16, seed=t + start)
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.bfloat16, scale, packed=packed)
+    assert attn.keys_first
+    got = ungrouped(attn.attend(grouped(q), keys, values, attn.masks(t, start, G, new if tree else None)), t)
+    torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES, False), (8, ONEDNN_FROM_ENTRIES + 1, True)])
 def test_onednn_path_equals_explicit_attention(t, start, tree):
     """oneDNN products run in float32 (the packed path's dtypes), so the bound is float32's."""

@@ -308,6 +308,13 @@ class Attention:
         self.kernel = kernel
         self.fused_from_tokens = FUSED_FROM_TOKENS
         self.onednn_from = ONEDNN_FROM_ENTRIES
+        # The CPU's bfloat16 bmm copies a transposed operand before it multiplies: q @ keys^T copied the whole
+        # [Hkv, D, S] key span every layer of every step (a 2K-context decode step of the embedded model: 10 of
+        # its 42 ms). keys @ q^T reads the cache as it lies, and its [Hkv, S, R] scores are read transposed
+        # (docs/scripts/cpu_attention_layouts.py, one layer of 3 KV heads: 429 -> 224 us at 2K entries, 1,754 ->
+        # 710 at 8K for a decoding token, 664 -> 519 for 21 rows at 2K; float32 is faster the other way round,
+        # float16 the same either way; a decode step at 2K context 42 -> 35 ms: docs/benchmarks.md, session 37).
+        self.keys_first = device.type == "cpu" and dtype == torch.bfloat16
 
     def _kernel(self, m: Masks) -> str:
         """The path for this forward: the forced one, else by device and shape (thresholds measured)."""
@@ -345,7 +352,10 @@ class Attention:
         if kernel == "onednn":
             span = min(rows[0].shape[1], onednn_span(m.end))
             return self._onednn(qg, rows[0][:, :span], rows[1][:, :span], m)  # [Hkv, S', D], S' >= S
-        scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
+        if self.keys_first:
+            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S] (strided)
+        else:
+            scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
         if m.rows is not None:
             scores[:, :, m.start:] += m.rows  # the new entries' [G*T, T] mask; the cached slots are all visible
         probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)

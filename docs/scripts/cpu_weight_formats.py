@@ -1,0 +1,81 @@
+"""What the linear maps of one decoding step of the embedded model's shape cost on this CPU per weight format:
+`python docs/scripts/cpu_weight_formats.py [ROWS [REPS]]` (default 1 row, 5 reps; one thread).
+
+The 30 layers' products in their order (q/k/v 960x576, o 576x576, gate/up 3072x576, down 576x1536), each
+weight its own tensor, so that they are read from memory as in a forward (425 MB in float32: no cache holds
+them), through:
+- float32 and bfloat16 weights packed for oneDNN (`mkldnn._linear_pointwise`, what the runner uses on CPU);
+- 4-bit weights with a scale and an offset per 32 inputs, the GGUF's Q4_1 layout (the embedded model's),
+  through torch's CPU kernel for them (`aten._weight_int4pack_mm_for_cpu`, float32 activations): its
+  products equal the dequantized float32 weights' to float rounding (checked below), so the model would be
+  the same one, read at an eighth of the bytes.
+Prints each format's best pass over REPS and the bytes it read per second."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+GROUP = 32
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [out, in] of one layer's products
+LAYERS = 30
+
+
+def q4_1(out: int, inp: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random Q4_1-like weights: 4-bit codes [out, in], scales and offsets [out, in / 32]; w = d * q + m."""
+    q = torch.randint(0, 16, (out, inp), dtype=torch.int32, generator=gen)
+    d = torch.rand(out, inp // GROUP, generator=gen) * 0.01
+    m = -torch.rand(out, inp // GROUP, generator=gen) * 0.08
+    return q, d, m
+
+
+def main() -> None:
+    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    fp32, bf16, int4, widths = [], [], [], []
+    bytes_fp32 = bytes_int4 = 0
+    for _ in range(LAYERS):
+        for out, inp in SHAPES:
+            q, d, m = q4_1(out, inp, gen)
+            w = (q.view(out, -1, GROUP).float() * d[..., None] + m[..., None]).view(out, inp)  # dequantized
+            fp32.append(torch.ops.mkldnn._reorder_linear_weight(w))
+            bf16.append(torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()))
+            # The kernel computes (q - 8) * scale + zero per group: zero = m + 8 d.
+            sz = torch.stack([d.t(), (m + 8 * d).t()], dim=-1).contiguous()  # [in / 32, out, 2]
+            int4.append((torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), sz))
+            widths.append(inp)
+            bytes_fp32 += w.numel() * 4
+            bytes_int4 += w.numel() // 2 + sz.numel() * 4
+            if len(int4) == 1:
+                x = torch.randn(rows, inp, generator=gen)
+                err = (torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4[0][0], GROUP, sz) - x @ w.t()).abs().max()
+                print(f"int4 kernel against the dequantized float32 product: max abs difference {float(err):.2e}")
+    xs = {inp: torch.randn(rows, inp, generator=gen) for inp in set(widths)}  # [rows, in] per input width
+    xb = {inp: x.bfloat16() for inp, x in xs.items()}
+
+    def onednn(weights: list[torch.Tensor], inputs: dict[int, torch.Tensor]):
+        return lambda: [torch.ops.mkldnn._linear_pointwise(inputs[i], w, None, "none", [], "")
+                        for w, i in zip(weights, widths)]
+
+    def int4_pass():
+        return [torch.ops.aten._weight_int4pack_mm_for_cpu(xs[i], p, GROUP, sz) for (p, sz), i in zip(int4, widths)]
+
+    passes = {"float32 oneDNN": (onednn(fp32, xs), bytes_fp32),
+              "bfloat16 oneDNN": (onednn(bf16, xb), bytes_fp32 // 2),
+              "4-bit (Q4_1 layout) int4pack": (int4_pass, bytes_int4)}
+    for name, (fn, nbytes) in passes.items():
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        print(f"{name}: {best * 1e3:.1f} ms for {LAYERS} layers' products of {rows} row(s), "
+              f"{nbytes / 2**20:.0f} MiB of weights, {nbytes / best / 1e9:.1f} GB/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
