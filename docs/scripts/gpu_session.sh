@@ -6,7 +6,10 @@
 #   bash docs/scripts/gpu_session.sh first   # in one call of at most BUDGET seconds (default 420): tests,
 #                                            # `steps length`, `ar`, then `steps fused` while time is left,
 #                                            # each part cut off at what remains (timeout); then targets.md:
-#                                            # issue #16's targets against the figures (issue16_targets.py)
+#                                            # issue #16's targets against the figures (issue16_targets.py).
+#                                            # The device tool brings back at most 8 files from $OUT: the parts
+#                                            # write under $OUT/parts, which ends up as $OUT/parts.tar.gz beside
+#                                            # targets.md, first.log and versions.txt
 #
 # or in parts, each fitting one call of the device tool (10 minutes):
 #
@@ -74,10 +77,11 @@ case $part in
         continue
       fi
       start=$SECONDS
-      OUT=$out timeout -k 10 $((cap < left ? cap : left)) bash "$0" "${@:1:$#-1}"
+      OUT=$out/parts timeout -k 10 $((cap < left ? cap : left)) bash "$0" "${@:1:$#-1}"
       echo "first: '${*:1:$#-1}' exited $? after $((SECONDS - start))s" | tee -a "$out/first.log"
     done
-    $py docs/scripts/issue16_targets.py "$out" > "$out/targets.md"
+    $py docs/scripts/issue16_targets.py "$out/parts" > "$out/targets.md"
+    tar czf "$out/parts.tar.gz" -C "$out" parts && rm -rf "$out/parts"
     cat "$out/targets.md" ;;
   tests)
     $py -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_attention.py tests/test_cuda_graphs.py \
