@@ -316,16 +316,14 @@ def test_sampled_first_tokens_follow_the_exact_ar_distribution():
 
 def best_of_paths_walk(trie, row_logits, history, length, sampling, generator, stop_ids=frozenset(), max_tokens=None,
                        pick=None):
-    """The reference code's acceptance (docs/design.md), which is not lossless: an independent target draw at
-    every position of every root-to-leaf path, and the path that matched longest kept, so a node shared by k
-    paths gets k chances to be accepted (best-of-N)."""
+    """The reference code's acceptance (docs/design.md, "accept"), which is not lossless: an independent target
+    draw at every position of every root-to-leaf path, and the path that matched longest kept (the first of
+    equals), so a node shared by k paths gets k chances to be accepted (best-of-N). Its penalty window slides
+    over the path as ours does: the reference's other fault (one window for every depth) is left out."""
     w = sampling.penalty_window
     best = None
     for leaf in [i for i in range(len(trie)) if not trie.children[i]]:
-        path = []  # the nodes from the root (excluded) to the leaf
-        while leaf:
-            path.insert(0, leaf)
-            leaf = trie.parents[leaf]
+        path = trie.path(leaf)  # the nodes from the root (excluded) to the leaf
         node, nodes, tokens = 0, [], []
         while True:
             d = len(tokens)

@@ -8,7 +8,7 @@ them), through:
 - 4-bit weights with a scale and an offset per 32 inputs, the GGUF's Q4_1 layout (the embedded model's),
   through torch's CPU kernel for them (`aten._weight_int4pack_mm_for_cpu`, float32 activations): its
   products equal the dequantized float32 weights' to float rounding (checked below), so the model would be
-  the same one, read at an eighth of the bytes.
+  the same one, read at a fifth of the bytes (the scales and offsets included).
 Prints each format's best pass over REPS and the bytes it read per second."""
 
 from __future__ import annotations

@@ -34,14 +34,15 @@ def main() -> None:
     if i is None:
         print(f"{preset}: {method}'s tokens are AR's")
         return
-    cfg = SamplingConfig(**{k: tuple(v) if k == "banned_ids" else v for k, v in ar["sampling"].items()})
-    if cfg.greedy:
+    recorded = SamplingConfig(**{k: tuple(v) if k == "banned_ids" else v for k, v in ar["sampling"].items()})
+    if recorded.greedy:
         sys.exit(f"{preset} is greedy: no uniform decides its tokens")
-    u = float(uniforms(torch.Generator().manual_seed(cfg.seed), i + 1)[i])
+    u = float(uniforms(torch.Generator().manual_seed(recorded.seed), i + 1)[i])
     tokens = ar["token_ids"][i], other["token_ids"][i]
     print(f"{preset}: new token {i}: ar drew {tokens[0]}, {method} {tokens[1]}; u = {u:.17g}")
     for dtype in ("float32", "float64"):
         engine = longswift.load(identity.get("model"), dtype=dtype)
+        cfg = engine.ban_eos(recorded)  # bench runs ignore EOS, which bans it (not in the recorded settings)
         prompt = dict(build_prompts(engine, Path(identity["prompt_file"]) if identity.get("prompt_file") else None,
                                     identity.get("chat", False), (ar["prefix"],), identity.get("seed", 0)))
         seq = list(prompt.get(ar["prefix"], next(iter(prompt.values()))).ids) + ar["token_ids"][:i]

@@ -3,10 +3,12 @@
 # $OUT (default ./gpu-out). A session now gets 15 minutes of device time in all, the machine's start
 # included, so its first call should be the one that measures every target:
 #
-#   bash docs/scripts/gpu_session.sh first   # in one call of at most BUDGET seconds (default 420): tests,
-#                                            # `steps length`, `ar`, then `steps fused` while time is left,
-#                                            # each part cut off at what remains (timeout); then targets.md:
-#                                            # issue #16's targets against the figures (issue16_targets.py).
+#   bash docs/scripts/gpu_session.sh first   # in one call of at most BUDGET seconds (default 420; give the
+#                                            # device call a timeout_s of at least BUDGET + 60): tests, `ar`,
+#                                            # `steps length`, then `steps fused` while time is left, each
+#                                            # part cut off at what remains (timeout); then targets.md: issue
+#                                            # #16's targets against the figures (issue16_targets.py), all but
+#                                            # the bench cell's, which `cell` measures with the GGUF carried.
 #                                            # The device tool brings back at most 8 files from $OUT: the parts
 #                                            # write under $OUT/parts, which ends up as $OUT/parts.tar.gz beside
 #                                            # targets.md, first.log and versions.txt
@@ -44,6 +46,7 @@ mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
 
+if [[ -z ${GPU_SESSION_PART:-} ]]; then  # a part that `first` runs shares its versions.txt
 $py - > "$out/versions.txt" 2>&1 <<'EOF'
 from importlib.metadata import PackageNotFoundError, version
 
@@ -61,25 +64,39 @@ print("flash variable-length options:", sorted(varlen_features()), "|",
       length_unsupported(torch.device("cuda")) or "--graph-attention length can run")
 EOF
 cat "$out/versions.txt"
+fi
+
+# `first`: one part as its own process, cut off at what is left of the budget (at most `cap` seconds), so that
+# one slow part cannot take the targets' summary with it. timeout puts the part in a process group of its
+# own, which a stop of this script would not reach: a stop is passed on to it.
+run_part() {
+  local cap=$1 left=$((budget - SECONDS - 15)) start=$SECONDS pid status
+  shift
+  if ((left < 30)); then
+    echo "first: skipped '$*': ${left}s of the ${budget}s budget left" | tee -a "$out/first.log"
+    return
+  fi
+  GPU_SESSION_PART=1 OUT=$out/parts timeout -k 10 $((cap < left ? cap : left)) bash "$0" "$@" &
+  pid=$!
+  trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 143' INT TERM
+  wait $pid
+  status=$?
+  trap - INT TERM
+  case $status in
+    124|137) echo "first: '$*' cut off after $((SECONDS - start))s (the budget)" | tee -a "$out/first.log" ;;
+    *) echo "first: '$*' exited $status after $((SECONDS - start))s" | tee -a "$out/first.log" ;;
+  esac
+}
 
 case $part in
   first)
     budget=${BUDGET:-420}
     : > "$out/first.log"
-    # Each part runs as its own process under what is left of the budget (and at most its own cap), so that
-    # one slow part cannot take the targets' summary with it; a part cut off says so in first.log.
-    for entry in "tests 150" "steps length 240" "ar 150" "steps fused 180"; do
-      set -- $entry
-      cap=${@: -1}
-      left=$((budget - SECONDS - 15))
-      if ((left < 30)); then
-        echo "first: skipped '${*:1:$#-1}': ${left}s of the ${budget}s budget left" | tee -a "$out/first.log"
-        continue
-      fi
-      start=$SECONDS
-      OUT=$out/parts timeout -k 10 $((cap < left ? cap : left)) bash "$0" "${@:1:$#-1}"
-      echo "first: '${*:1:$#-1}' exited $? after $((SECONDS - start))s" | tee -a "$out/first.log"
-    done
+    rm -rf "$out/parts" && mkdir -p "$out/parts" && cp "$out/versions.txt" "$out/parts/"
+    run_part 150 tests
+    run_part 120 ar  # the embedded shape's AR: cheap, and the only source of its target's row here
+    run_part 240 steps length
+    run_part 150 steps fused
     $py docs/scripts/issue16_targets.py "$out/parts" > "$out/targets.md"
     tar czf "$out/parts.tar.gz" -C "$out" parts && rm -rf "$out/parts"
     cat "$out/targets.md" ;;
