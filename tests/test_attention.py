@@ -96,12 +96,15 @@ def test_every_path_equals_explicit_attention_in_float64(kernel, t, start, tree)
                                           (1, ONEDNN_FROM_ENTRIES, False), (7, ONEDNN_FROM_ENTRIES + 2, True)])
 def test_bfloat16_cpu_paths_equal_attention_up_to_bfloat16_rounding(t, start, tree, packed):
     """bfloat16 on the CPU: the scores come from keys @ q^T, read transposed (the CPU's bfloat16 bmm copies a
-    transposed operand first), below the oneDNN threshold and above it."""
+    transposed operand first), over a rounded span whose slots past the end (stale, finite) weigh nothing,
+    below the oneDNN threshold and above it."""
     q, keys, values, new = random_case(t, start, tree, torch.bfloat16, seed=t + start)
+    stale = (torch.randn(HKV, ONEDNN_SPAN, D, generator=torch.Generator().manual_seed(9)) * 30).bfloat16()
+    rows_k, rows_v = torch.cat([keys, stale], dim=1), torch.cat([values, stale.flip(1)], dim=1)  # read, weigh 0
     scale = D**-0.5
     attn = Attention(torch.device("cpu"), torch.bfloat16, scale, packed=packed)
     assert attn.keys_first
-    got = ungrouped(attn.attend(grouped(q), keys, values, attn.masks(t, start, G, new if tree else None)), t)
+    got = ungrouped(attn.attend(grouped(q), rows_k, rows_v, attn.masks(t, start, G, new if tree else None)), t)
     torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=2e-2, atol=2e-2)
 
 
@@ -151,6 +154,28 @@ def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch):
     for length in range(ONEDNN_FROM_ENTRIES - 4, ONEDNN_FROM_ENTRIES + 600):  # decoding steps
         attn.attend(qg, keys, values, attn.masks(1, length, G, None))
     assert 0 < len(seen) <= 4, sorted(seen)
+
+
+def test_bfloat16_cpu_products_see_a_shape_per_span_not_per_step(monkeypatch):
+    """The CPU's bfloat16 bmm runs on oneDNN, which keeps a primitive per shape (~1 MiB each): a bfloat16 run
+    below the oneDNN threshold grew by ~1 GiB over 1K decoding steps when each brought a new key count."""
+    seen = set()
+    real = torch.bmm
+
+    def spy(a, b):
+        seen.add((tuple(a.shape), tuple(b.shape)))
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "bmm", spy)
+    attn = Attention(torch.device("cpu"), torch.bfloat16, D**-0.5, packed=True)
+    g = torch.Generator().manual_seed(8)
+    keys, values = (torch.randn(HKV, 4096, D, generator=g).bfloat16() for _ in range(2))
+    for length in range(100, 700):  # decoding steps, then 7-node tries
+        attn.attend(torch.randn(HKV, G, D, generator=g).bfloat16(), keys, values, attn.masks(1, length, G, None))
+    tree = torch.ones(7, 7, dtype=torch.bool).tril_()
+    for length in range(100, 700, 7):
+        attn.attend(torch.randn(HKV, 7 * G, D, generator=g).bfloat16(), keys, values, attn.masks(7, length, G, tree))
+    assert len(seen) <= 2 * 2 * 3, sorted(seen)  # (scores, values) x (decode, tree) x the spans 256, 512, 768
 
 
 def test_onednn_spans_grow_with_the_context_so_that_a_100k_run_makes_few_shapes():

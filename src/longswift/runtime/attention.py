@@ -353,11 +353,17 @@ class Attention:
             span = min(rows[0].shape[1], onednn_span(m.end))
             return self._onednn(qg, rows[0][:, :span], rows[1][:, :span], m)  # [Hkv, S', D], S' >= S
         if self.keys_first:
-            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S] (strided)
+            # The CPU's bfloat16 bmm runs on oneDNN, which keeps a primitive per shape (~1 MiB each): a key count
+            # per step grew a run by ~1 GiB over 1K steps. Read a span rounded as the oneDNN path's, the slots
+            # past the end (zeros or stale entries: finite) masked out, so that a run adds a shape per span.
+            span = min(rows[0].shape[1], onednn_span(m.end))
+            keys, values = rows[0][:, :span], rows[1][:, :span]  # [Hkv, S', D], S' >= S
+            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S'] (strided)
+            scores[:, :, m.end:] = float("-inf")
         else:
             scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
         if m.rows is not None:
-            scores[:, :, m.start:] += m.rows  # the new entries' [G*T, T] mask; the cached slots are all visible
+            scores[:, :, m.start : m.end] += m.rows  # the new entries' [G*T, T] mask; the cached slots are all visible
         probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
         return torch.bmm(probs, values)  # [Hkv, R, D]
 
