@@ -188,6 +188,24 @@ def test_refuses_another_model_other_heads_or_settings(base):
         as_float32.resume(ckpt)
 
 
+def test_a_checkpoint_of_dtype_auto_resumes_on_the_dtype_auto_names():
+    """The CLI's default, --dtype auto, is float32 on the CPU: its checkpoint resumes on an engine loaded with
+    dtype='float32' (it was refused for naming 'auto'), to the uninterrupted tokens, and not on bfloat16."""
+    auto = longswift.load(tiny_hf_model("llama", "default", seed=31, vocab=VOCAB), heads="random")
+    assert auto.runtime.dtype == "auto" and auto.model.dtype == torch.float32
+    whole = auto.generate(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift")
+    ckpt = stop_after(auto.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift"), 10)
+    as_float32 = longswift.load(tiny_hf_model("llama", "default", seed=31, vocab=VOCAB), dtype="float32",
+                                heads="random")
+    stream = as_float32.resume(ckpt)
+    list(stream)
+    assert stream.result.token_ids == whole.token_ids
+    as_bf16 = longswift.load(tiny_hf_model("llama", "default", seed=31, vocab=VOCAB), dtype="bfloat16",
+                             heads="random")
+    with pytest.raises(LongswiftError, match=r"made with dtype auto \(float32 here\) and this engine has bfloat16"):
+        as_bf16.resume(ckpt)
+
+
 def rewrite(path, edit) -> None:
     """Edit a checkpoint's body and re-sign it (a well-formed file with other contents)."""
     import hashlib

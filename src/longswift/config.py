@@ -536,6 +536,11 @@ _DTYPES = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> 'bfloat16', the name --dtype and the reports use."""
+    return str(dtype).removeprefix("torch.")
+
+
 def parse_tree(spec: str) -> tuple[int, ...]:
     """'1,3,3,3' -> (1, 3, 3, 3): the number of candidates taken at each depth."""
     try:

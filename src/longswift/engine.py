@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
-from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -281,7 +281,18 @@ class Engine:
         if self.fingerprint != c.model_fingerprint:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "
                                  "resume with that model (--model)")
-        for key, default in (("dtype", None), ("rope_scaling", None), ("float32_logits", False)):
+        # The dtype the checkpoint's setting names on this engine's device ('auto' follows the device, as a run
+        # continued on another device with --device does): a checkpoint of the CLI's 'auto' resumes on float32.
+        made, this = c.runtime.get("dtype"), self.runtime.torch_dtype()
+        try:
+            made_dtype = None if made is None else replace(self.runtime, dtype=made).torch_dtype()
+        except LongswiftError:
+            raise LongswiftError(f"the checkpoint's settings are damaged (dtype {made!r})") from None
+        if made_dtype != this:
+            said = f"auto ({dtype_name(made_dtype)} here)" if made == "auto" else made
+            raise LongswiftError(f"the checkpoint was made with dtype {said} and this engine has {dtype_name(this)}: "
+                                 "load the model with the checkpoint's dtype")
+        for key, default in (("rope_scaling", None), ("float32_logits", False)):
             if c.runtime.get(key, default) != getattr(self.runtime, key):
                 raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key, default)} and this engine has "
                                      f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")

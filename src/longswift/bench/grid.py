@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import heads_fingerprint
-from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
+from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name, seed_problem
 from ..engine import Engine, load
 from ..stream import GenerationStream
 from ..errors import LongswiftError
@@ -233,7 +233,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
     device = engine.model.device
     block = engine.runtime.token_block(device)
     attention = resolve_attention(engine.runtime.graph_attention, device)  # auto: length on CUDA where torch can
-    return {"model": absolute(str(engine.source)), "dtype": str(engine.model.dtype).removeprefix("torch."),
+    return {"model": absolute(str(engine.source)), "dtype": dtype_name(engine.model.dtype),
             "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
             # only where true, so that the identities of result directories made before it still match
             **({"colocated_linears": True} if engine.model.colocated else {}),

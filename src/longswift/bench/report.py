@@ -133,8 +133,10 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
                      f"{'on' if ctx.spec.adaptive else 'off'}"
                      + ("; rows measured with other options name theirs in the variant column" if others else ""))
         if ident["dtype"] != "float64":
+            # float32 keeps ~7 digits; bfloat16 ~3 and float16 ~4 (their logits move by tenths)
+            rounding = "~1e-6 relative" if ident["dtype"] == "float32" else "~1e-3 to 1e-2 relative"
             lines.append(f"- tokenswift outputs equal ar's token for token in float64; in {ident['dtype']} the verify "
-                         "pass's multi-token sums round differently (~1e-6 relative) from the decode step's, so a "
+                         f"pass's multi-token sums round differently ({rounding}) from the decode step's, so a "
                          "draw within that rounding of a boundary between two tokens can go the other way (the "
                          "'first differs' lines below; rare in float32, common in bfloat16)")
     if any(m.startswith("llamacpp") for m in ctx.methods):

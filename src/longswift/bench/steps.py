@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, seed_problem
+from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name, seed_problem
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
@@ -343,7 +343,7 @@ def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, devic
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
-            "dtype": str(dtype).removeprefix("torch."), "device": str(device), "device_name": name,
+            "dtype": dtype_name(dtype), "device": str(device), "device_name": name,
             **linears, "cuda_graphs": runtime.cuda_graphs,
             "graph_attention": resolve_attention(runtime.graph_attention, device),
             "float32_logits": runtime.float32_logits, "threads": torch.get_num_threads(), "torch": torch.__version__,

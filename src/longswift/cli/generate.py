@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig
+from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
 from ..errors import ConfigError, LongswiftError
 from .flags import HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
 from .outputs import Outputs, shown, write_run
@@ -251,7 +251,10 @@ def _resume(args: argparse.Namespace) -> int:
                   f"({len(ckpt.token_ids)} of {gen.max_new_tokens} tokens, stop: {done}): its outputs are written again"
                   if done else
                   f"longswift: resuming at {len(ckpt.token_ids)} of {gen.max_new_tokens} tokens "
-                  f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)", file=sys.stderr)
+                  f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)"
+                  + (f"; in {dtype} the re-read cache rounds otherwise than the steps that wrote it: the rest "
+                     "follows the model's distribution, not the uninterrupted run's tokens"
+                     if (dtype := dtype_name(engine.model.dtype)) in ("bfloat16", "float16") else ""), file=sys.stderr)
         return write_run(engine, stream, outputs, stop, args.no_progress,
                          last_saved=(resumed, len(ckpt.token_ids)))
 

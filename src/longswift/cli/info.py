@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from ..config import GenerationConfig, RuntimeConfig, SpecConfig
+from ..config import GenerationConfig, RuntimeConfig, SpecConfig, dtype_name
 from ..errors import LongswiftError
 from .flags import MODEL_HELP, add_config_flags, config_from_args, whole_number
 
@@ -55,7 +55,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     scaled = "" if cfg.scaled_rope is None else f" ({cfg.scaled_rope} rope scaling)"
     print(f"context: {cfg.context_limit} tokens{scaled}")
     method = f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes)" if tokenswift else "AR"
-    print(f"memory plan for {tokens} tokens with {method} in {str(dtype).removeprefix('torch.')}: {plan.describe()}")
+    print(f"memory plan for {tokens} tokens with {method} in {dtype_name(dtype)}: {plan.describe()}")
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
               f"holds {current_rss() / GiB:.2f} GiB now, already left out of the available figure below")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..atomic import check_new_dir, write_dir_atomically
-from ..config import ModelConfig
+from ..config import ModelConfig, dtype_name
 from ..errors import LongswiftError
 from ..runtime.hub import parse_hub_id, resolve_hub_id
 from ..runtime.loading import (
@@ -166,7 +166,7 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
     hf = cfg.hf_config.to_dict()
     hf["medusa_heads"] = heads.gamma
     hf["architectures"] = hf.get("architectures") or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[cfg.architecture]]
-    hf["dtype"] = hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    hf["dtype"] = hf["torch_dtype"] = dtype_name(dtype)
     hf.pop(TRAINING_KEY, None)  # (a config read from an earlier export: the record is these heads' or none)
     if training:
         hf[TRAINING_KEY] = training

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
-from ..config import _help, seed_problem, torch_seed
+from ..config import _help, dtype_name, seed_problem, torch_seed
 from ..errors import LongswiftError
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 
@@ -222,7 +222,7 @@ class HeadTrainer:
 def run_settings(dtype: torch.dtype, rope_scaling: str | None) -> dict[str, str | None]:
     """The settings besides TrainConfig that change the base model's hidden states, and so the heads a
     run trains: a resume must use the same (kept in the checkpoint and the heads file's record)."""
-    return {"dtype": str(dtype).removeprefix("torch."), "rope_scaling": rope_scaling}
+    return {"dtype": dtype_name(dtype), "rope_scaling": rope_scaling}
 
 
 def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings: dict | None = None) -> dict:
