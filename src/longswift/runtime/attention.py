@@ -343,29 +343,33 @@ class Attention:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
         kernel = self._kernel(m)
-        rows = keys, values  # [Hkv, C, D] each: the oneDNN path reads past the end, masked (onednn_span)
-        keys, values = keys[:, : m.end], values[:, : m.end]
-        if kernel == "flash" and m.new is None:
-            return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
-        if kernel in ("cascade", "flash"):
-            return cascade(qg, keys, values, m.start, m.rows, self.scale)
-        if kernel == "onednn":
-            span = min(rows[0].shape[1], onednn_span(m.end))
-            return self._onednn(qg, rows[0][:, :span], rows[1][:, :span], m)  # [Hkv, S', D], S' >= S
-        if self.keys_first:
-            # The CPU's bfloat16 bmm runs on oneDNN, which keeps a primitive per shape (~1 MiB each): a key count
-            # per step grew a run by ~1 GiB over 1K steps. Read a span rounded as the oneDNN path's, the slots
-            # past the end (zeros or stale entries: finite) masked out, so that a run adds a shape per span.
-            span = min(rows[0].shape[1], onednn_span(m.end))
-            keys, values = rows[0][:, :span], rows[1][:, :span]  # [Hkv, S', D], S' >= S
-            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S'] (strided)
-            scores[:, :, m.end:] = float("-inf")
+        if kernel == "onednn" or (kernel == "explicit" and self.keys_first):
+            # oneDNN keeps a primitive per shape (the CPU's bfloat16 bmm runs on it too: ~1 MiB each, a key count
+            # per step grew a bfloat16 run by ~1 GiB over 1K steps): read a span rounded up (onednn_span), the
+            # slots past the end (zeros or stale entries: finite) masked out, a shape per span.
+            span = min(keys.shape[1], onednn_span(m.end))
+            keys, values = keys[:, :span], values[:, :span]  # [Hkv, S', D], S' >= S
+            if kernel == "onednn":
+                return self._onednn(qg, keys, values, m)
+            scores = self._keys_first_scores(qg, keys, m.end)  # [Hkv, R, S']
         else:
+            keys, values = keys[:, : m.end], values[:, : m.end]  # [Hkv, S, D]
+            if kernel == "flash" and m.new is None:
+                return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
+            if kernel in ("cascade", "flash"):
+                return cascade(qg, keys, values, m.start, m.rows, self.scale)
             scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
         if m.rows is not None:
-            scores[:, :, m.start : m.end] += m.rows  # the new entries' [G*T, T] mask; the cached slots are all visible
+            scores[:, :, m.start : m.end] += m.rows  # the new entries' [G*T, T] mask; cached slots all visible
         probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
         return torch.bmm(probs, values)  # [Hkv, R, D]
+
+    def _keys_first_scores(self, qg: torch.Tensor, keys: torch.Tensor, end: int) -> torch.Tensor:
+        """Scaled scores [Hkv, R, S'] as keys @ q^T read transposed (the cache rows as the product's M), the
+        slots from `end` on (past the cache's length) -inf. qg: [Hkv, R, D], keys: [Hkv, S', D]."""
+        scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S'] (strided)
+        scores[:, :, end:] = float("-inf")
+        return scores
 
     def _onednn(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks) -> torch.Tensor:
         """keys/values: [Hkv, S', D] whose slots [m.end, S') lie past the cache's length (zeros or stale
@@ -377,9 +381,7 @@ class Attention:
             # oneDNN reads V for the few-row P @ V product faster than batched GEMM (2-core
             # CPU, embedded model at 6.6K context: a decode step 30.7 -> 29.1 ms against
             # oneDNN for both products; with a tree mask the transposed scores cost more).
-            scores = torch.bmm(keys, qg.transpose(1, 2)).transpose(1, 2).mul_(self.scale)  # [Hkv, R, S']
-            scores[:, :, end:] = float("-inf")
-            probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+            probs = torch.softmax(self._keys_first_scores(qg, keys, end), dim=-1, dtype=self.acc_dtype).to(self.dtype)
             return torch.stack([op(probs[i], values[i].t(), None, "none", [], "") for i in range(qg.shape[0])])
         # oneDNN matmuls per KV head read a long (strided) cache faster than MKL's batched
         # GEMM for these few-row products (30 layers at 6.6K context: 13 ms vs 17 ms).
