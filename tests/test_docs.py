@@ -183,6 +183,7 @@ def test_gpu_session_first_runs_its_parts_within_the_budget(tmp_path):
     """`gpu_session.sh first` with a stand-in for the GPU machine's python (its parts' commands answered
     with session 28's files): every part runs, the files come back packed with the targets' table; with a
     budget too small for more, later parts are skipped and said to be, and the table still comes."""
+    import os
     import subprocess
     import sys
     import tarfile
@@ -202,7 +203,7 @@ esac
     stub.chmod(0o755)
 
     def first(out, budget, sleep=0):
-        env = {**__import__("os").environ, "PYTHON": str(stub), "OUT": str(out), "BUDGET": str(budget),
+        env = {**os.environ, "PYTHON": str(stub), "OUT": str(out), "BUDGET": str(budget),
                "STUB_SLEEP": str(sleep), "PYTHONPATH": str(ROOT / "src")}
         done = subprocess.run(["bash", "docs/scripts/gpu_session.sh", "first"], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=120)
