@@ -76,6 +76,7 @@ def test_resumed_generation_equals_uninterrupted(base, run, sampling, tmp_path):
     assert third.result.token_ids == full.token_ids
     stats = third.result.stats
     assert stats.resumes == 2 and stats.new_tokens == GEN.max_new_tokens and stats.method == method
+    assert (stats.device, stats.dtype) == ("cpu", str(base.model.dtype).removeprefix("torch."))
     if method == "tokenswift" and not spec.adaptive:
         assert stats.steps < GEN.max_new_tokens and stats.accepted_tokens > 0
     elif method == "tokenswift":

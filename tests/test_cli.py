@@ -23,6 +23,7 @@ def test_generate_writes_output_and_json(tmp_path, capsys):
     data = json.loads(json_file.read_text())
     assert set(data) == {"token_ids", "text", "stats"}
     assert len(data["token_ids"]) == 24 and data["stats"]["new_tokens"] == 24
+    assert (data["stats"]["device"], data["stats"]["dtype"]) == ("cpu", "float32")  # what ran it (--dtype auto)
     assert out_file.read_text() == data["text"]
     assert not (tmp_path / "out.txt.partial").exists()
     assert "24 tokens in" in err and "tok/s" in err  # the summary line; the bar also went to stderr

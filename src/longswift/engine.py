@@ -326,6 +326,7 @@ class Engine:
         """`resumed`: a checkpoint's run, which keeps its rope scaling (none is advised when it is too long)."""
         check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens, rescalable=not resumed)
         stats.processes = 1 if self.tp is None else self.tp.world
+        stats.device, stats.dtype = str(self.model.device), dtype_name(self.model.dtype)
         if self.tp is not None:  # every rank runs the same generation (rank 0 draws: only its seed counts)
             heads = None if self.heads is None else (self.heads.gamma, self.heads_source)
             run = (r.method, r.prompt_ids, generated, replace(r.sampling, seed=None), r.generation, r.spec, heads)

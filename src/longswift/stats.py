@@ -34,6 +34,8 @@ class GenerationStats:
     graph_capture_seconds: float = 0.0  # their wall time, inside decode_seconds
     resumes: int = 0  # times this generation was continued from a checkpoint (each re-prefills the context)
     processes: int = 1  # tensor parallel: the processes that ran it (a resumed run: its last part's)
+    device: str | None = None  # where it ran, as torch names it ("cpu", "cuda:0"; a resumed run: its last part's)
+    dtype: str | None = None  # the model's compute dtype ("float32", "bfloat16"; a resumed run: its last part's)
 
     @property
     def tokens_per_second(self) -> float:
