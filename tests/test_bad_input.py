@@ -901,3 +901,41 @@ def test_a_disk_that_fills_mid_run_says_which_checkpoint_is_intact(tmp_path, cap
     code, _, err = run_cli(capsys, "generate", "--resume", "ck.json", "--no-progress")
     assert code == 0, err
     assert json.loads((tmp_path / "out.json").read_text())["token_ids"] == whole
+
+
+# ---- the Python API's configs (a report-only audit of the API, session 38) ------------------------
+
+@pytest.mark.parametrize("fields,match", [
+    ({"temperature": 1e-45}, "SamplingConfig.temperature must be 0 (greedy) or a finite number >= 1e-06"),
+    ({"repetition_penalty": 1e-300}, "SamplingConfig.repetition_penalty must be in [1e-06, 1e+06]"),
+    ({"repetition_penalty": 1e300}, "SamplingConfig.repetition_penalty must be in [1e-06, 1e+06]"),
+])
+def test_temperatures_and_penalties_that_overflow_the_logits_are_refused(fields, match):
+    """logits / 1e-45 overflowed to inf, the softmax gave NaN and the draw returned the vocabulary's last
+    id at every step; the smallest values allowed still draw what they approach (the argmax)."""
+    with pytest.raises(LongswiftError, match=re.escape(match)):
+        SamplingConfig(**fields)
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+    greedy = engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, temperature=0).token_ids
+    assert engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, temperature=1e-6, seed=1).token_ids == greedy
+    penalized = engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, repetition_penalty=1e-6, seed=1).token_ids
+    assert penalized != [engine.cfg.vocab_size - 1] * 8  # the NaN draw's: the vocabulary's last id every step
+
+
+def test_a_config_changed_after_a_run_began_does_not_reach_it():
+    """A run takes its own checked copies of its configs: reusing (changing) one for the next request left
+    the first run shorter, greedy while its stats said seed 5, and its checkpoint unresumable; a field set
+    to a wrong type after construction reached torch as a raw TypeError."""
+    from longswift import GenerationConfig
+
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
+    gen, sampling = GenerationConfig(max_new_tokens=40, ignore_eos=True), SamplingConfig(seed=5)
+    alone = engine.generate([1, 5, 9, 7, 3], sampling=sampling, generation=gen).token_ids
+    first = engine.stream([1, 5, 9, 7, 3], sampling=sampling, generation=gen)
+    gen.max_new_tokens, sampling.temperature = 8, 0.0
+    engine.generate([4, 4, 4], sampling=sampling, generation=gen)
+    assert list(first) and first.result.token_ids == alone
+    assert engine.resume(first.checkpoint()).token_ids == alone
+    sampling.top_k = 2.5
+    with pytest.raises(LongswiftError, match="SamplingConfig.top_k must be"):
+        engine.stream([1, 5, 9], sampling=sampling)

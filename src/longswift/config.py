@@ -232,6 +232,10 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
+MIN_TEMPERATURE = 1e-6  # logits of |x| < 1e30 divided by it stay finite in float32
+PENALTY_RANGE = (1e-6, 1e6)  # a positive logit divided by the penalty, a negative one multiplied, stay finite
+
+
 @dataclass
 class SamplingConfig:
     """The logits transform: banned tokens, contextual penalty, then temperature, top-k, top-p, min-p, eta."""
@@ -265,13 +269,16 @@ class SamplingConfig:
         # a list from JSON, numpy ids, repeats: one canonical form of Python ints
         self.banned_ids = tuple(sorted({int(t) for t in self.banned_ids}))
         checks = [
-            (self.temperature >= 0 and math.isfinite(self.temperature), "--temperature must be a finite number >= 0"),
+            # Below MIN_TEMPERATURE (or a penalty outside its range), logits / temperature overflow float32: the
+            # draw would see NaN, not the argmax such a temperature approaches (temperature 0 is that argmax).
+            (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf,
+             f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}"),
             (self.top_k >= 0, "--top-k must be >= 0"),
             (0 < self.top_p <= 1, "--top-p must be in (0, 1]"),
             (0 <= self.min_p < 1, "--min-p must be in [0, 1)"),
             (0 <= self.eta < 1, "--eta must be in [0, 1)"),
-            (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty),
-             "--repetition-penalty must be > 0"),
+            (PENALTY_RANGE[0] <= self.repetition_penalty <= PENALTY_RANGE[1],
+             f"--repetition-penalty must be in [{PENALTY_RANGE[0]:g}, {PENALTY_RANGE[1]:g}] (1 disables)"),
             (self.penalty_window >= 0, "--penalty-window must be >= 0"),
         ]
         for ok, message in checks:

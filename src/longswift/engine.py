@@ -244,9 +244,11 @@ class Engine:
             raise LongswiftError(f"{', '.join(drafting)} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift "
                                  f"drafts and {why}: drop {'it' if len(drafting) == 1 else 'them'}, or generate with "
                                  "TokenSwift (draft heads, method='tokenswift')")
-        spec = spec or SpecConfig()
-        sampling = sampling or SamplingConfig()
-        generation = generation or GenerationConfig()
+        # The run's own copies, checked again: a config changed after it was made (reused for the next request)
+        # neither reaches a run already going nor skips its checks.
+        spec = replace(spec) if spec is not None else SpecConfig()
+        sampling = replace(sampling) if sampling is not None else SamplingConfig()
+        generation = replace(generation) if generation is not None else GenerationConfig()
         if any(t >= self.cfg.vocab_size for t in sampling.banned_ids):
             raise LongswiftError(f"banned token ids must be in [0, {self.cfg.vocab_size})")
         if generation.ignore_eos:  # --ignore-eos bans every EOS id of the model (resolved once per run)
