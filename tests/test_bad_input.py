@@ -939,3 +939,39 @@ def test_a_config_changed_after_a_run_began_does_not_reach_it():
     sampling.top_k = 2.5
     with pytest.raises(LongswiftError, match="SamplingConfig.top_k must be"):
         engine.stream([1, 5, 9], sampling=sampling)
+
+
+def test_the_apis_smaller_refusals(tmp_path):
+    """From the same audit: a heads path as a pathlib.Path, a stream's on_prefill, a Checkpoint object
+    changed in memory and checkpoint(outputs=...) are checked as their string / file forms are; a bad
+    value is a ValueError as Python code expects; result_so_far's stats are a copy."""
+    from dataclasses import replace
+
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
+    with pytest.raises(LongswiftError, match="does not exist"):  # was: TypeError: expected string or bytes-like
+        engine.set_heads(tmp_path / "missing.safetensors")
+    with pytest.raises(ValueError, match="SamplingConfig.top_p"):
+        SamplingConfig(top_p=5.0)
+    stream = engine.stream([1, 5, 9, 7, 3], max_new_tokens=12, seed=3)
+    with pytest.raises(TypeError, match="on_prefill must be a function"):
+        stream.on_prefill = 5
+    taken = []
+    for ids in stream:
+        taken.append(ids)
+        if len(taken) == 2:
+            break
+    so_far = stream.result_so_far()
+    seen = dict(so_far.stats.stage_seconds)
+    ckpt = stream.checkpoint()
+    for bad, match in ((replace(ckpt, token_ids=[1.5]), "token_ids must be a list of token ids"),
+                       (replace(ckpt, runtime=None), "runtime must be an object")):
+        with pytest.raises(LongswiftError, match=f"the checkpoint is not valid: {match}"):
+            engine.resume(bad)
+    with pytest.raises(TypeError, match="outputs must be a dict"):
+        stream.checkpoint(outputs=5)
+    with pytest.raises(TypeError, match="outputs must map names to paths"):
+        stream.checkpoint(outputs={"output": 5})
+    list(stream)
+    assert so_far.stats.stage_seconds == seen and stream.result.stats.stage_seconds != seen
+    resumed = engine.resume(ckpt)  # what the checks let through still resumes to the uninterrupted run
+    assert list(resumed) and resumed.result.token_ids == stream.result.token_ids

@@ -77,6 +77,10 @@ class Checkpoint:
                               f"--max-new-tokens {length} {below}")
         return dataclasses.replace(self, generation={**self.generation, "max_new_tokens": length})
 
+    def wrong_field(self) -> str | None:
+        """What is of the wrong type in this checkpoint (as read_checkpoint refuses a file for), or None."""
+        return _wrong_field(self)
+
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""
         write_atomic(path, self.to_json())

@@ -81,6 +81,8 @@ class Engine:
         for this same base model); "random" (seeded random heads: correct but slow, for testing);
         or None / "none" (AR only)."""
         check_heads_type(heads)
+        if isinstance(heads, os.PathLike):  # a pathlib.Path: read as the same path given as a string
+            heads = os.fspath(heads)
         # Built in locals and set together at the end: a refused heads file leaves the engine as it was.
         source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
         embed, origin = self.model.embed, "none"
@@ -277,6 +279,9 @@ class Engine:
         if not isinstance(checkpoint, Checkpoint):
             raise ConfigTypeError(f"resume() takes a Checkpoint or the path of a checkpoint file; "
                                   f"got {type(checkpoint).__name__}")
+        wrong = checkpoint.wrong_field()  # (a file's were checked as it was read; a Checkpoint object's are here)
+        if wrong:
+            raise LongswiftError(f"the checkpoint is not valid: {wrong}")
         if max_new_tokens is not None:
             checkpoint = checkpoint.with_length(max_new_tokens)
         c = checkpoint

@@ -5,7 +5,7 @@ class LongswiftError(Exception):
     """A user-facing error; the CLI prints its message on one line and exits with status 2."""
 
 
-class ConfigError(LongswiftError):
+class ConfigError(LongswiftError, ValueError):
     """A bad config value. The message names the field as the Python API spells it
     (`SamplingConfig.top_k`); `cli_message` names the command-line flag (`--top-k`) instead."""
 

@@ -12,7 +12,7 @@ import torch
 from .checkpoint import Checkpoint, encode_rng, heads_fingerprint
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .detok import IncrementalDecoder, decode_text
-from .errors import LongswiftError
+from .errors import ConfigTypeError, LongswiftError
 from .spec.heads import DraftHeads
 from .stats import GenerationResult, GenerationStats
 from .stop_strings import StopStrings
@@ -72,6 +72,9 @@ class GenerationStream:
 
     @on_prefill.setter
     def on_prefill(self, fn: Callable[[int, int], None] | None) -> None:
+        if fn is not None and not callable(fn):
+            raise ConfigTypeError(f"on_prefill must be a function of (tokens read, tokens to read) or None; "
+                                  f"got {type(fn).__name__}")
         self._relay.fn = fn
 
     @property
@@ -131,7 +134,9 @@ class GenerationStream:
         ended: after a `break`)."""
         if finish_reason is None and self.result is not None:  # ended: its own reason
             return self._result(self.stats)
-        return self._result(replace(self.stats, finish_reason=finish_reason))  # type: ignore[arg-type]
+        # (its own stage_seconds: the running stream's dict goes on changing)
+        return self._result(replace(self.stats, finish_reason=finish_reason,  # type: ignore[arg-type]
+                                    stage_seconds=dict(self.stats.stage_seconds)))
 
     def _result(self, stats: GenerationStats) -> GenerationResult:
         text = None if self._engine.tokenizer is None else decode_text(self._engine.tokenizer, self.token_ids)
@@ -141,12 +146,14 @@ class GenerationStream:
         """The run's state now; call between steps (not from another thread). After a step raised
         (a KeyboardInterrupt inside a step), the state before that step: resuming it gives the
         uninterrupted run's tokens."""
+        if outputs is not None and not isinstance(outputs, dict):
+            raise ConfigTypeError(f"outputs must be a dict of names to paths; got {type(outputs).__name__}")
         e, r = self._engine, self._setup
         rng_state, stats = encode_rng(r.generator), self.stats
         if self._interrupted is not None:
             state, stats = self._interrupted
             rng_state = None if state is None else encode_rng(torch.Generator(device="cpu").set_state(state))
-        return Checkpoint(
+        ckpt = Checkpoint(
             model_source=e.model_source, model_fingerprint=e.fingerprint,
             runtime=asdict(e.runtime), heads_source=r.heads_source if r.method == "tokenswift" else None,
             heads_fingerprint=self._heads_hash() if r.method == "tokenswift" else None,
@@ -154,6 +161,10 @@ class GenerationStream:
             prompt_ids=list(r.prompt_ids), token_ids=list(self.token_ids), rng_state=rng_state,
             stats=stats.to_dict(), outputs=dict(outputs or {}),
         )
+        wrong = ckpt.wrong_field()  # (only `outputs` can be: a file that read_checkpoint would refuse)
+        if wrong:
+            raise ConfigTypeError(f"checkpoint(outputs=...): {wrong}")
+        return ckpt
 
     def _heads_hash(self) -> str | None:
         """The run's heads' fingerprint, hashed at the first checkpoint only: it reads every weight (0.3 s
