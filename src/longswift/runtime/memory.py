@@ -108,13 +108,14 @@ class MemoryPlan:
             return
         need = self.total - (self.weights + self.packed_weights if weights_loaded else 0)
         if need > free:
-            raise LongswiftError(
-                f"not enough memory: this run needs {need / GiB:.2f} GiB more "
-                f"({self.describe()}) but {free / GiB:.2f} GiB is free; "
-                "lower --max-new-tokens or the prompt length, or use a smaller --dtype"
-                + (", a smaller --draft-kv-budget" if self.draft_cache else "")  # (AR has no draft cache)
-                + (f", --tree or --ngram-topk (a step verifies {self.tree_nodes} nodes)" if self.tree_nodes else "")
-            )
+            def advice(length: str, dtype: str, budget: str, tree: str, topk: str) -> str:
+                return (f"not enough memory: this run needs {need / GiB:.2f} GiB more ({self.describe()}) but "
+                        f"{free / GiB:.2f} GiB is free; lower {length} or the prompt length, or use a smaller {dtype}"
+                        + (f", a smaller {budget}" if self.draft_cache else "")  # (AR has no draft cache)
+                        + (f", {tree} or {topk} (a step verifies {self.tree_nodes} nodes)" if self.tree_nodes else ""))
+
+            raise LongswiftError(advice("max_new_tokens", "dtype", "draft_kv_budget", "tree", "ngram_topk"),
+                                 advice("--max-new-tokens", "--dtype", "--draft-kv-budget", "--tree", "--ngram-topk"))
 
 
 def cpu_flash_buffer_bytes(head_dim: int) -> int:
@@ -173,6 +174,7 @@ def plan_memory(
     # CUDA runs the verify pass through the step bodies (runtime.cuda_graphs): padded to a node
     # budget, and (bucketed) with a masked part over up to a bucket of cached slots.
     verify_rows = padded_nodes(tree_nodes) if cuda and tree_nodes else tree_nodes
+    chunk = min(chunk, capacity)  # no prefill reads more than the cache holds (a prefill_chunk of 10**6)
     rows = max(chunk, verify_rows)
     flash = cuda_flash_fits(torch.device("cuda"), dtype, cfg.head_dim)  # (the flag counts only where cuda)
     scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash),
