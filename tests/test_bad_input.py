@@ -975,3 +975,17 @@ def test_the_apis_smaller_refusals(tmp_path):
     assert so_far.stats.stage_seconds == seen and stream.result.stats.stage_seconds != seen
     resumed = engine.resume(ckpt)  # what the checks let through still resumes to the uninterrupted run
     assert list(resumed) and resumed.result.token_ids == stream.result.token_ids
+
+
+def test_a_run_that_cannot_be_is_refused_by_stream_itself():
+    """A tree deeper than the heads, or a run too big for memory, was refused at the stream's first token,
+    which then marked the stream broken and advised a resume that would fail the same way."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
+    with pytest.raises(LongswiftError, match="has 6 depths but the heads draft only 4"):
+        engine.stream([1, 5, 9, 7, 3], max_new_tokens=5, tree="1,1,1,1,1,1")
+    huge = longswift.load(tiny_hf_model(seed=16, max_position_embeddings=10**12), dtype="float32", heads="random")
+    for method in ("ar", "tokenswift"):
+        with pytest.raises(LongswiftError, match="not enough memory"):
+            huge.stream([1, 5, 9, 7, 3], max_new_tokens=10**11, method=method)
+    stream = engine.stream([1, 5, 9, 7, 3], max_new_tokens=5, tree="1,1,1")  # the engine is as it was
+    assert len(list(stream)) >= 1 and len(stream.result.token_ids) == 5

@@ -347,23 +347,23 @@ class Engine:
             stop = StopStrings(self.tokenizer, r.generation.stop, generated)
         if stats.finish_reason == "stop" and generated:  # a run a stop string ended: resuming it goes no further
             return GenerationStream(self, r, iter(()), stats, generated)
+        if r.method == "tokenswift" and self.heads is None:
+            raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
+                                 "heads (heads=..., --heads)")
         relay = PrefillRelay()
-        if r.method == "ar":
-            steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
-                             generated, cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
-                             read_every=self.runtime.token_block(self.model.device),
-                             graph_attention=resolve_attention(self.runtime.graph_attention, self.model.device),
-                             on_prefill=relay)
-        else:
-            if self.heads is None:
-                raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
-                                     "heads (heads=..., --heads)")
-            steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
-                                     self.eos_ids, r.generator, generated,
-                                     cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
-                                     read_every=self.runtime.token_block(self.model.device),
-                                     graph_attention=resolve_attention(self.runtime.graph_attention,
-                                                                       self.model.device), on_prefill=relay)
+        device = self.model.device
+        loop = dict(cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
+                    read_every=self.runtime.token_block(device),
+                    graph_attention=resolve_attention(self.runtime.graph_attention, device), on_prefill=relay)
+        # The run is checked and its caches made here, as the steps will use them (inference tensors): a run
+        # that cannot be is refused by stream() itself, not at its first token, which would break the stream.
+        with torch.inference_mode():
+            if r.method == "ar":
+                steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
+                                 generated, **loop)
+            else:
+                steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
+                                         self.eos_ids, r.generator, generated, **loop)
         return GenerationStream(self, r, _inference(steps), stats, generated, stop, relay)
 
     def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:

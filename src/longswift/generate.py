@@ -31,7 +31,9 @@ def ar_steps(
     graph_attention: str = "bucketed",
     on_prefill: Callable[[int, int], None] | None = None,
 ) -> Iterator[list[int]]:
-    """Plain autoregressive decoding: one forward and one draw per token. `generated`: tokens an
+    """Plain autoregressive decoding: one forward and one draw per token. The call plans the run's memory
+    and allocates its cache (a run that cannot be is refused here, not at the first token); the iterator
+    it returns prefills and decodes. `generated`: tokens an
     earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them.
     `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly);
     `graph_attention`: how those bodies attend (runtime.cuda_graphs). `on_prefill(read, total)`: the
@@ -46,36 +48,41 @@ def ar_steps(
     generated = generated or []
     if (reason := finished(generated, gen, eos_ids)) is not None:
         stats.finish_reason = reason
-        return
+        return iter(())
     if model.tp is not None:  # rank 0 draws and broadcasts each token: one at a time
         read_every = 1
     capacity = len(prompt) + gen.max_new_tokens
     cache = new_cache(model, capacity, gen.prefill_chunk)
     history, history_dev = token_history(prompt + generated, capacity, model.device)  # host; model's device
-    n = len(prompt) + len(generated)
-    t0 = time.perf_counter()
-    logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk, decoded_from=len(prompt), progress=on_prefill)
-    stats.prefill_seconds += time.perf_counter() - t0
-    graphs = StepGraphs(model, cache, capture=cuda_graphs, attention=graph_attention) if step_bodies(model) else None
-    stop = frozenset() if gen.ignore_eos else eos_ids
-    pick = None if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws, all ranks get it
-    i = len(generated)
-    while i < gen.max_new_tokens:
+
+    def steps() -> Iterator[list[int]]:  # the checks and the cache above are made when the run is asked for
+        n = len(prompt) + len(generated)
         t0 = time.perf_counter()
-        k = min(read_every, gen.max_new_tokens - i)  # tokens in this block
-        block = sample_block(model, cache, graphs, logits, history_dev, n, k, sampling, generator, stop,
-                             forward_last=i + k < gen.max_new_tokens, pick=pick)  # the run's last token needs none
-        tokens, logits = block.tokens, block.logits
-        if history_dev is not history:
-            history[n : n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        n += len(tokens)
-        i += len(tokens)
-        stats.decode_seconds += time.perf_counter() - t0
-        stats.new_tokens += len(tokens)
-        stats.steps += len(tokens)
-        if graphs is not None:
-            stats.add_captures([graphs])
-        yield tokens
-        if tokens[-1] in stop:
-            stats.finish_reason = "eos"
-            return
+        logits, _ = model.prefill(history[:n], cache, gen.prefill_chunk, decoded_from=len(prompt), progress=on_prefill)
+        stats.prefill_seconds += time.perf_counter() - t0
+        bodies = step_bodies(model)
+        graphs = StepGraphs(model, cache, capture=cuda_graphs, attention=graph_attention) if bodies else None
+        stop = frozenset() if gen.ignore_eos else eos_ids
+        pick = None if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws, all ranks get it
+        i = len(generated)
+        while i < gen.max_new_tokens:
+            t0 = time.perf_counter()
+            k = min(read_every, gen.max_new_tokens - i)  # tokens in this block
+            block = sample_block(model, cache, graphs, logits, history_dev, n, k, sampling, generator, stop,
+                                 forward_last=i + k < gen.max_new_tokens, pick=pick)  # the run's last token needs none
+            tokens, logits = block.tokens, block.logits
+            if history_dev is not history:
+                history[n : n + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            n += len(tokens)
+            i += len(tokens)
+            stats.decode_seconds += time.perf_counter() - t0
+            stats.new_tokens += len(tokens)
+            stats.steps += len(tokens)
+            if graphs is not None:
+                stats.add_captures([graphs])
+            yield tokens
+            if tokens[-1] in stop:
+                stats.finish_reason = "eos"
+                return
+
+    return steps()

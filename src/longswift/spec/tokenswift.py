@@ -332,88 +332,94 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
                      generator: torch.Generator | None, generated: list[int] | None = None,
                      cuda_graphs: bool = False, read_every: int = 1, graph_attention: str = "bucketed",
                      on_prefill: Callable[[int, int], None] | None = None) -> Iterator[list[int]]:
-    """Self-speculative decoding; yields the tokens each step commits (its output is AR's).
-    `generated`: tokens an earlier run already produced (resume): the cache is rebuilt by a
-    prefill of everything before the last of them, which becomes the root. `read_every`: plain
-    steps run as token blocks of up to this many (see StepSchedule.plain_run), as AR's do.
-    `graph_attention`: how the CUDA step bodies attend (runtime.cuda_graphs). `on_prefill(read, total)`: the
-    prefill's progress (Transformer.prefill)."""
+    """Self-speculative decoding; yields the tokens each step commits (its output is AR's). The call checks
+    the tree against the heads, plans the run's memory and allocates its caches (a run that cannot be is
+    refused here, not at the first token); the iterator it returns prefills and decodes. `generated`:
+    tokens an earlier run already produced (resume): the cache is rebuilt by a prefill of everything
+    before the last of them, which becomes the root. `read_every`: plain steps run as token blocks of up
+    to this many (see StepSchedule.plain_run), as AR's do. `graph_attention`: how the CUDA step bodies
+    attend (runtime.cuda_graphs). `on_prefill(read, total)`: the prefill's progress (Transformer.prefill)."""
     generated = generated or []
     if (reason := finished(generated, gen, eos_ids)) is not None:
         stats.finish_reason = reason
-        return
+        return iter(())
     s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs,
                         read_every, graph_attention)
-    schedule = s.schedule
-    t0 = time.perf_counter()
-    if generated:
-        _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk, decoded_from=len(prompt),
-                                         progress=on_prefill)
-        stats.prefill_seconds += time.perf_counter() - t0
-        last = generated[-1]
-    else:
-        logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk, progress=on_prefill)
-        stats.prefill_seconds += time.perf_counter() - t0
+
+    def steps() -> Iterator[list[int]]:  # the checks and the caches above are made when the run is asked for
+        schedule = s.schedule
         t0 = time.perf_counter()
-        first = s.pick(transform(logits[None], s.window().to(logits.device)[None], sampling)[0], sampling, generator)
-        s.prev_hidden = hidden
-        s.emit([first])
-        stats.decode_seconds += time.perf_counter() - t0
-        stats.new_tokens, stats.steps = 1, 1
-        yield [first]
-        last = first
-    while s.produced < gen.max_new_tokens and last not in s.stop_ids:
-        t0 = time.perf_counter()
-        captures, s.one_off = s.captures(), False
-        kind = schedule.choose()
-        if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
-            kind = schedule.kinds[model.tp.broadcast_int(schedule.kinds.index(kind))]
-        trie = None
-        if kind != PLAIN:
-            s.catch_up()
-            if kind == LOOKUP:
-                trie = lookup_tree(s)
-                if len(trie) == 1:  # no n-gram continues the root: a plain step, counted and timed as one
-                    kind = PLAIN
-        if kind == PLAIN:  # AR's step through AR's code: one, or a token block of them where plain steps lead
-            emitted = plain_block(s, 1 if trie is not None else
-                                  schedule.plain_run(s.read_every, gen.max_new_tokens - s.produced))
-            schedule.skip(len(emitted) - 1)
-            t = _stage_done(s, "plain", t0)
+        if generated:
+            _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk, decoded_from=len(prompt),
+                                             progress=on_prefill)
+            stats.prefill_seconds += time.perf_counter() - t0
+            last = generated[-1]
+        else:
+            logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk, progress=on_prefill)
+            stats.prefill_seconds += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            window = s.window().to(logits.device)[None]
+            first = s.pick(transform(logits[None], window, sampling)[0], sampling, generator)
+            s.prev_hidden = hidden
+            s.emit([first])
+            stats.decode_seconds += time.perf_counter() - t0
+            stats.new_tokens, stats.steps = 1, 1
+            yield [first]
+            last = first
+        while s.produced < gen.max_new_tokens and last not in s.stop_ids:
+            t0 = time.perf_counter()
+            captures, s.one_off = s.captures(), False
+            kind = schedule.choose()
+            if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
+                kind = schedule.kinds[model.tp.broadcast_int(schedule.kinds.index(kind))]
+            trie = None
+            if kind != PLAIN:
+                s.catch_up()
+                if kind == LOOKUP:
+                    trie = lookup_tree(s)
+                    if len(trie) == 1:  # no n-gram continues the root: a plain step, counted and timed as one
+                        kind = PLAIN
+            if kind == PLAIN:  # AR's step through AR's code: one, or a token block of them where plain steps lead
+                emitted = plain_block(s, 1 if trie is not None else
+                                      schedule.plain_run(s.read_every, gen.max_new_tokens - s.produced))
+                schedule.skip(len(emitted) - 1)
+                t = _stage_done(s, "plain", t0)
+                stats.decode_seconds += t - t0
+                seconds = None if s.captures() != captures else (t - t0) / len(emitted)
+                for _ in emitted:  # timed as that many plain steps of the block's average cost
+                    schedule.record(PLAIN, 1, seconds)
+                stats.new_tokens += len(emitted)
+                stats.steps += len(emitted)
+                stats.plain_steps += len(emitted)
+                stats.add_captures(s.graphs.values())
+                last = emitted[-1]
+                yield emitted
+                continue
+            t = t0
+            if kind in (FULL, NARROW):
+                d = draft(s)
+                t = _stage_done(s, "draft", t0)
+                trie = build_tree(s, d, narrow=kind == NARROW)
+            assert trie is not None
+            stats.lookup_steps += kind == LOOKUP
+            stats.narrow_steps += kind == NARROW
+            stats.verified_nodes += len(trie)
+            stats.verify_steps += 1
+            t = _stage_done(s, "tree", t)
+            v = verify(s, trie)
+            t = _stage_done(s, "verify", t)
+            walk = accept(s, trie, v)
+            t = _stage_done(s, "accept", t)
+            emitted = commit(s, trie, v, walk)
+            t = _stage_done(s, "commit", t)
             stats.decode_seconds += t - t0
-            seconds = None if s.captures() != captures else (t - t0) / len(emitted)
-            for _ in emitted:  # timed as that many plain steps of the block's average cost
-                schedule.record(PLAIN, 1, seconds)
+            schedule.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
             stats.new_tokens += len(emitted)
-            stats.steps += len(emitted)
-            stats.plain_steps += len(emitted)
+            stats.steps += 1
             stats.add_captures(s.graphs.values())
             last = emitted[-1]
             yield emitted
-            continue
-        t = t0
-        if kind in (FULL, NARROW):
-            d = draft(s)
-            t = _stage_done(s, "draft", t0)
-            trie = build_tree(s, d, narrow=kind == NARROW)
-        assert trie is not None
-        stats.lookup_steps += kind == LOOKUP
-        stats.narrow_steps += kind == NARROW
-        stats.verified_nodes += len(trie)
-        stats.verify_steps += 1
-        t = _stage_done(s, "tree", t)
-        v = verify(s, trie)
-        t = _stage_done(s, "verify", t)
-        walk = accept(s, trie, v)
-        t = _stage_done(s, "accept", t)
-        emitted = commit(s, trie, v, walk)
-        t = _stage_done(s, "commit", t)
-        stats.decode_seconds += t - t0
-        schedule.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
-        stats.new_tokens += len(emitted)
-        stats.steps += 1
-        stats.add_captures(s.graphs.values())
-        last = emitted[-1]
-        yield emitted
-    if last in s.stop_ids:
-        stats.finish_reason = "eos"
+        if last in s.stop_ids:
+            stats.finish_reason = "eos"
+
+    return steps()
