@@ -987,5 +987,37 @@ def test_a_run_that_cannot_be_is_refused_by_stream_itself():
     for method in ("ar", "tokenswift"):
         with pytest.raises(LongswiftError, match="not enough memory"):
             huge.stream([1, 5, 9, 7, 3], max_new_tokens=10**11, method=method)
+    with pytest.raises(LongswiftError, match="tree sets how TokenSwift drafts and method='ar'"):  # was ignored
+        engine.stream([1, 5, 9, 7, 3], method="ar", spec=longswift.SpecConfig(tree="1,3"))
     stream = engine.stream([1, 5, 9, 7, 3], max_new_tokens=5, tree="1,1,1")  # the engine is as it was
     assert len(list(stream)) >= 1 and len(stream.result.token_ids) == 5
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--method", "ar", "--tree", "1,3"], "--tree sets how TokenSwift drafts and --method ar is given"),
+    (["--heads", "none", "--ngram-topk", "3", "--max-nodes", "9"],
+     "--ngram-topk, --max-nodes set how TokenSwift drafts and --heads none runs AR: drop them"),
+])
+def test_tokenswift_flags_on_an_ar_run_are_refused_before_loading(args, why, capsys, no_loading):
+    """They were silently ignored (as a SpecConfig given with method='ar' was in the API)."""
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", *args)
+    assert_one_line_error(code, err, why)
+
+
+@pytest.mark.parametrize("argv", [
+    ["eval-heads", "--heads", "random", "--data", "{d}", "--json"],
+    ["generate", "--prompt", "hi", "--json"],
+    ["generate", "--prompt", "hi", "--checkpoint"],
+])
+def test_a_json_output_never_replaces_a_file_that_is_not_json(argv, tmp_path, capsys, no_loading):
+    """`eval-heads --json run/heads.safetensors` replaced a trained heads file with its JSON (exit 0)."""
+    (tmp_path / "doc.txt").write_text("Some text to evaluate on. " * 20)
+    from safetensors.torch import save_file
+
+    heads = tmp_path / "heads.safetensors"
+    save_file({"w": torch.ones(4)}, str(heads))  # as a heads file begins: the header's length, then its JSON
+    before = heads.read_bytes()
+    flag = argv[-1]
+    code, _, err = run_cli(capsys, *[a.replace("{d}", str(tmp_path / "doc.txt")) for a in argv], str(heads))
+    assert_one_line_error(code, err, f"{flag} '{heads}' exists and is not a JSON file, which {flag} would replace")
+    assert heads.read_bytes() == before

@@ -403,7 +403,13 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     assert training_record(tmp_path / "copy.safetensors") == {"windows": 5}
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "copy.safetensors"),
                            "--out", str(tmp_path / "copy.safetensors"))
-    assert_one_line_error(code, err, "--heads and --out are the same file")
+    assert_one_line_error(code, err, f"'{tmp_path / 'copy.safetensors'}' exists: choose a new --out")
+    # nor is any other heads file (hours of training) replaced: it replaced another run's heads silently
+    before = (tmp_path / "copy.safetensors").read_bytes()
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", "random",
+                           "--out", str(tmp_path / "copy.safetensors"))
+    assert_one_line_error(code, err, "exists: choose a new --out, or remove that file first to replace it")
+    assert (tmp_path / "copy.safetensors").read_bytes() == before
     # a model run in bfloat16 holds the heads rounded; the heads file exports its own values
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
                            "--dtype", "bfloat16", "--out", str(tmp_path / "bf16.safetensors"))

@@ -78,6 +78,21 @@ def check_writable(path: str | os.PathLike, flag: str | None = None) -> Path:
     return p
 
 
+def check_json_output(path: Path, flag: str) -> None:
+    """Refuse a JSON output (--json, --checkpoint) whose path holds a file that is not JSON (a heads file named by
+    mistake: replacing it would lose hours of training); an empty file or a JSON one is replaced as usual."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64).lstrip()
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    except OSError:  # unreadable: check_writable says what it can
+        return
+    if head and head[:1] not in (b"{", b"["):
+        raise LongswiftError(f"{flag} '{path}' exists and is not a JSON file, which {flag} would replace: choose "
+                             "another file name")
+
+
 def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
     """Refuse two of a command's files (named by their flags; None: not given) that are one file:
     of two outputs only the one written last would be left, and an output would overwrite an input."""

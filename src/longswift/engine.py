@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
-from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
+from .config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
+                     spec_on_ar)
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -240,12 +241,11 @@ class Engine:
             raise LongswiftError("method='tokenswift' (--method tokenswift) needs draft heads and this model has "
                                  "none: train some with `longswift train-heads` and pass them (heads=PATH, --heads PATH; "
                                  "or 'random')")
-        drafting = sorted(set(fields_given) & {f.name for f in fields(SpecConfig)})
+        # TokenSwift's settings, given as keywords or as a SpecConfig's fields changed from their defaults
+        drafting = sorted((set(fields_given) & {f.name for f in fields(SpecConfig)})
+                          | set(changed_spec_fields(spec) if spec is not None else ()))
         if method == "ar" and drafting:
-            why = "method='ar'" if self.heads is not None else "this engine has no draft heads, so it runs AR"
-            raise LongswiftError(f"{', '.join(drafting)} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift "
-                                 f"drafts and {why}: drop {'it' if len(drafting) == 1 else 'them'}, or generate with "
-                                 "TokenSwift (draft heads, method='tokenswift')")
+            raise LongswiftError(*spec_on_ar(drafting, "method" if self.heads is not None else "no heads"))
         # The run's own copies, checked again: a config changed after it was made (reused for the next request)
         # neither reaches a run already going nor skips its checks.
         spec = replace(spec) if spec is not None else SpecConfig()

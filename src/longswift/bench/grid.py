@@ -212,7 +212,7 @@ class Methods:
         if method == "tokenswift-fused":
             spec = dataclasses.replace(spec, draft_mode="fused")
         return self.engine.stream(prompt, sampling=sampling, generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
-                                  method="ar" if method == "ar" else "tokenswift", spec=spec)
+                                  method="ar" if method == "ar" else "tokenswift", spec=None if method == "ar" else spec)
 
     def _ours(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
               progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:

@@ -60,6 +60,8 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     else:
         check_writable(args.out)
         check_distinct([*model_inputs(args.model), ("--out", args.out)])  # never over the model
+        if args.out.exists():  # heads files are hours of training: never replaced unasked, as train-heads' are not
+            raise LongswiftError(f"'{args.out}' exists: choose a new --out, or remove that file first to replace it")
     if runtime.pack_weights is None:
         runtime.pack_weights = False  # the exported weights are the state dict's; no packed copies needed
     engine = load(args.model, runtime, heads=args.heads)

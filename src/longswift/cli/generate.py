@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
+from ..config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
+                      spec_on_ar)
 from ..errors import ConfigError, LongswiftError
 from .flags import HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
 from .outputs import Outputs, shown, write_run
@@ -130,6 +131,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chat = args.chat  # None: the chat template when the model has one
     heads = args.heads or "auto"
     check_heads_flag(heads, args.method)
+    drafting = changed_spec_fields(spec)  # refused before loading where AR is asked for (once loaded: no heads)
+    if drafting and (args.method == "ar" or heads == "none"):
+        raise LongswiftError(spec_on_ar(drafting, "method" if args.method == "ar" else "heads none")[1])
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
                                      *model_inputs(args.model)])
     _keep_unfinished(outputs)
@@ -296,10 +300,13 @@ def _spelt_out(flag: str) -> str:
 def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = ()) -> Outputs:
     """The output paths, made absolute, checked writable and distinct (from each other and from the
     input files): two outputs on one file would leave only the one written last."""
-    from ..atomic import check_distinct, check_writable
+    from ..atomic import check_distinct, check_json_output, check_writable
 
     named = {flag: check_writable(p, flag).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
                                                                  ("--checkpoint", args.checkpoint)) if p is not None}
+    for flag in ("--json", "--checkpoint"):
+        if flag in named:
+            check_json_output(named[flag], flag)
     out = Outputs(named.get("--output"), named.get("--json"), named.get("--checkpoint"), args.checkpoint_every)
     if out.checkpoint is None:
         fallback = named["the checkpoint written when interrupted"] = out.fallback_checkpoint()

@@ -199,7 +199,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_heads(args: argparse.Namespace) -> int:
-    from ..atomic import check_distinct, check_writable, write_atomic
+    from ..atomic import check_distinct, check_json_output, check_writable, write_atomic
     from ..engine import load
     from ..spec.heads import named_heads_file
     from ..train.data import data_files
@@ -208,7 +208,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
     if args.json:
-        check_writable(args.json)
+        check_json_output(check_writable(args.json), "--json")
         # --json is written last, over what is there: never over the heads, the model or the data this run reads
         data = data_files(args.data) if args.data else []  # (a --data that is not there: read_data says so below)
         check_distinct([("--heads", named_heads_file(args.heads)),
