@@ -1021,3 +1021,30 @@ def test_a_json_output_never_replaces_a_file_that_is_not_json(argv, tmp_path, ca
     code, _, err = run_cli(capsys, *[a.replace("{d}", str(tmp_path / "doc.txt")) for a in argv], str(heads))
     assert_one_line_error(code, err, f"{flag} '{heads}' exists and is not a JSON file, which {flag} would replace")
     assert heads.read_bytes() == before
+
+
+def test_a_checkpoint_names_its_heads_file_so_it_resumes_from_any_directory(tmp_path, capsys, monkeypatch):
+    """--heads given relative was recorded as typed: resuming from another directory said the heads file
+    did not exist and advised dropping --heads, which no resume can."""
+    from longswift.spec.heads import save_heads
+
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads="random")
+    save_heads(engine.heads, engine.cfg, engine.fingerprint, tmp_path / "h.safetensors")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    run = ["generate", "--model", "m", "--prompt-ids", "3,4,5", "--max-new-tokens", "30", "--greedy", "--ignore-eos",
+           "--no-progress", "--heads", "h.safetensors"]
+    code, _, err = run_cli(capsys, *run, "--json", "whole.json")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "12", "--checkpoint", "ck.json", "--json", "part.json")
+    assert code == 0, err
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "ck.json"), "--max-new-tokens", "30",
+                           "--no-progress")
+    assert code == 0, err
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    assert json.loads((tmp_path / "part.json").read_text())["token_ids"] == whole["token_ids"]
+    assert json.loads((tmp_path / "part.json").read_text())["stats"]["method"] == "tokenswift"

@@ -86,6 +86,9 @@ class Engine:
             heads = os.fspath(heads)
         # Built in locals and set together at the end: a refused heads file leaves the engine as it was.
         source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
+        if isinstance(heads, str) and heads not in ("auto", "default", "random", "none") \
+                and Path(heads).expanduser().exists():  # a local file or directory: recorded (checkpoints) absolute,
+            source = str(Path(heads).expanduser().absolute())  # so that a run resumes from any directory, as its model
         embed, origin = self.model.embed, "none"
         file: Path | None = None  # the heads file they were read from, if one
         released: Path | None = None  # ... or the TokenSwift-layout directory
