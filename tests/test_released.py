@@ -497,3 +497,28 @@ def test_bench_tells_heads_retrained_into_the_same_file_apart(tmp_path, capsys):
         capsys.readouterr()
         code, _, err = run_cli(capsys, *argv)
         assert expect in err and code == (2 if seed == 5 else 0), err
+
+
+def test_a_sigterm_while_exporting_leaves_nothing_behind(tmp_path, capsys, monkeypatch):
+    """export-heads stopped by SIGTERM left a hidden half-written directory (a model's size) inside or beside
+    --out, which no later run removed; like Ctrl-C, it now stops at once, removes it and exits 128 + 15."""
+    import os
+    import signal
+
+    import safetensors.torch
+
+    base = tmp_path / "base"
+    tiny_hf_model("llama", seed=3).save_pretrained(base)
+    real = safetensors.torch.save_file
+
+    def killed_while_writing(tensors, path, metadata=None):
+        real(tensors, path, metadata=metadata)
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill` from outside, once the big file is written
+
+    monkeypatch.setattr(safetensors.torch, "save_file", killed_while_writing)
+    handler = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "export"
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", "random", "--out", str(out))
+    assert code == 128 + signal.SIGTERM and "interrupted" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no --out, no .longswift-*.partial
+    assert signal.getsignal(signal.SIGTERM) == handler  # the command's handler is gone with it

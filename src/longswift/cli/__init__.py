@@ -12,6 +12,7 @@ from typing import NoReturn
 from ..errors import LongswiftError
 from . import bench, bench_steps, export_heads, generate, heads, info
 from .flags import seed_number, whole_number
+from .stop import StopRequest
 
 
 def _prefix() -> str:
@@ -107,11 +108,17 @@ def _main(argv: list[str]) -> int:
                 "eval-heads": heads.cmd_eval_heads, "export-heads": export_heads.cmd_export_heads}
     from ..runtime.parallel import env_world_size
 
+    # generate and train-heads stop after a step and save at a signal; the other commands stop at once, SIGTERM
+    # and SIGHUP as Ctrl-C does (an export's half-written directory was left behind by a SIGTERM)
+    stop = StopRequest()
     try:
         if env_world_size() > 1 and args.command != "generate":
             raise LongswiftError(f"only `generate` runs across several processes: run `longswift {args.command}` "
                                  "without torchrun")
-        return commands[args.command](args)
+        if args.command in ("generate", "train-heads"):
+            return commands[args.command](args)
+        with stop, stop.at_once():
+            return commands[args.command](args)
     except LongswiftError as exc:
         if args.debug:
             raise
@@ -127,4 +134,4 @@ def _main(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt as exc:  # (a run stopped at once may say where it can continue from)
         print(f"longswift: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
-        return 130
+        return stop.exit_code if stop.signum is not None else 130
