@@ -1105,3 +1105,33 @@ def test_progress_bars_only_on_a_terminal(monkeypatch, tty, no_progress, shown):
 
     monkeypatch.setattr(sys, "stderr", Stderr())
     assert show_progress(argparse.Namespace(no_progress=no_progress)) == shown
+
+
+def test_a_disk_error_in_train_heads_names_the_checkpoint_to_continue_from(tmp_path, capsys, monkeypatch):
+    """A write that failed after a checkpoint was saved (the heads file on a directory made read-only, a
+    full disk) said only the system's reason: the saved step and how to continue are said on the same line."""
+    import errno
+
+    from conftest import tiny_hf_model
+
+    import longswift.cli.heads as heads_cli
+    import longswift.train.train as train_module
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    (tmp_path / "d.txt").write_text(LOREM)
+    capsys.readouterr()
+
+    def full(engine, windows, cfg, out, **kwargs):  # saved a step, then the disk refused the heads file
+        (Path(out) / "checkpoint.pt").write_bytes(b"saved")
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(out) / "heads.safetensors.x1.partial"))
+
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (None, {}))  # (the tiny model has no tokenizer)
+    monkeypatch.setattr(train_module, "train_heads", full)
+    out = tmp_path / "h"
+    code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),
+                           "--out", str(out), "--seq-len", "32", "--no-progress")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"longswift: error: [Errno 28] No space left on device: '{out / 'heads.safetensors.x1.partial'}'; "
+                          f"'{out / 'checkpoint.pt'}' holds the last saved step: continue with: longswift train-heads "
+                          "--model "), err
+    assert err.rstrip().endswith(" --resume (--debug shows where)")

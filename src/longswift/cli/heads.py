@@ -17,6 +17,7 @@ from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
                     model_inputs, seed_number, show_progress, whole_number)
+from .outputs import os_error_with
 
 
 def add_parsers(sub: Any) -> None:
@@ -166,6 +167,10 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     except LongswiftError:  # (a model that cannot load, data too short, ...): nothing was saved
         remove_made(made)
         raise
+    except OSError as exc:  # a disk that fills, a directory made read-only: the last checkpoint saved still resumes
+        if isinstance(exc, BrokenPipeError) or not (out / CHECKPOINT).exists():
+            raise
+        raise os_error_with(exc, f"'{out / CHECKPOINT}' holds the last saved step: continue with: {again}") from exc
     except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
         if type(exc) is not KeyboardInterrupt:
             raise

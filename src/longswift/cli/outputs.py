@@ -236,11 +236,15 @@ def _resume_hint(path: Path, tokens: int) -> str:
 def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
     """A system error (a full disk) that stopped a run, with on the same line the checkpoint that is
     intact and the command that continues from it."""
-    hint = f"; {_resume_hint(path, tokens)}"
+    return os_error_with(exc, _resume_hint(path, tokens))
+
+
+def os_error_with(exc: OSError, hint: str) -> OSError:
+    """The system error `exc` (its reason and file) with `hint` after it on the same line."""
     if exc.errno is None or exc.strerror is None:
-        return OSError(f"{exc}{hint}")
+        return OSError(f"{exc}; {hint}")
     where = f": '{exc.filename}'" if exc.filename is not None else ""
-    return OSError(exc.errno, f"{exc.strerror}{where}{hint}")
+    return OSError(exc.errno, f"{exc.strerror}{where}; {hint}")
 
 
 def shown(path: Path) -> str:
