@@ -1090,7 +1090,8 @@ def test_eval_heads_defaults_make_self_distilled_windows():
     assert args.seq_len == TrainConfig.seq_len <= args.distill_new_tokens
 
 
-@pytest.mark.parametrize("tty,no_progress,shown", [(True, False, True), (False, False, False), (True, True, False)])
+@pytest.mark.parametrize("tty,no_progress,shown", [(True, False, True), (False, False, False), (True, True, False),
+                                                   (False, True, False)])
 def test_progress_bars_only_on_a_terminal(monkeypatch, tty, no_progress, shown):
     """train-heads and eval-heads drew their bars into a redirected stderr (5 KB of carriage-return redraws
     in a log file); generate's display already kept to a terminal."""
@@ -1105,6 +1106,14 @@ def test_progress_bars_only_on_a_terminal(monkeypatch, tty, no_progress, shown):
 
     monkeypatch.setattr(sys, "stderr", Stderr())
     assert show_progress(argparse.Namespace(no_progress=no_progress)) == shown
+    # ... and where no bar is drawn for want of a terminal, plain lines now and then (train-heads under nohup)
+    from longswift.cli.flags import progress_lines
+
+    lines = progress_lines(argparse.Namespace(no_progress=no_progress))
+    assert (lines is not None) == (not tty and not no_progress)
+    if lines is not None:
+        lines("step 50/300")
+        assert sys.stderr.getvalue() == "longswift: step 50/300\n"
 
 
 def test_a_disk_error_in_train_heads_names_the_checkpoint_to_continue_from(tmp_path, capsys, monkeypatch):

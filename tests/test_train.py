@@ -131,7 +131,11 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):
     for _ in range(3):
         part.run_step()
     part.save_checkpoint(tmp_path / "b" / "checkpoint.pt")
-    resumed = train_heads(tiny, windows, cfg, tmp_path / "b", resume=True, progress=False)
+    lines: list[str] = []  # what a log file under nohup reads, where no bar is drawn
+    resumed = train_heads(tiny, windows, cfg, tmp_path / "b", resume=True, progress=False, log=lines.append)
+    assert lines[:2] == ["base model's hidden states of 5 windows",
+                         "training 6 steps, from step 3; a line at each checkpoint (every 3 steps)"]
+    assert len(lines) == 3 and lines[2].startswith("step 6/6: loss ") and "checkpoint saved" in lines[2]
     for k, v in whole.heads.state_dict().items():
         assert torch.equal(v, resumed.heads.state_dict()[k]), k
     assert [m["loss"] for m in whole.log] == [m["loss"] for m in resumed.log]

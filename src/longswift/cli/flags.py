@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,14 @@ def show_progress(args: argparse.Namespace) -> bool:
     """Whether a command draws progress bars: asked (no --no-progress) and stderr is a terminal, where a
     bar redrawn with carriage returns reads as one line (in a redirected file it is kilobytes of them)."""
     return not args.no_progress and sys.stderr.isatty()
+
+
+def progress_lines(args: argparse.Namespace) -> Callable[[str], None] | None:
+    """Where a long command says how far it is when stderr is no terminal (a log under nohup, where bars are
+    not drawn): plain lines, now and then; None on a terminal (the bars say it) or with --no-progress."""
+    if args.no_progress or sys.stderr.isatty():
+        return None
+    return lambda line: print(f"longswift: {line}", file=sys.stderr, flush=True)
 
 
 def check_heads_flag(heads: str, method: str | None) -> None:

@@ -16,7 +16,7 @@ import torch
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
-                    model_inputs, seed_number, show_progress, whole_number)
+                    model_inputs, progress_lines, seed_number, show_progress, whole_number)
 from .outputs import os_error_with
 
 
@@ -111,6 +111,8 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
         info["data"] = [str(d) for d in args.data]
     if args.self_distill:
         t0 = time.perf_counter()
+        if (log := progress_lines(args)) is not None:
+            log(f"self-distill: the model writes {args.self_distill:,} tokens of training text")
         docs = self_distill(engine, args.self_distill, args.distill_new_tokens, args.distill_batch,
                             SamplingConfig(seed=seed), progress=show_progress(args), window=seq_len)
         documents += docs
@@ -163,7 +165,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)
                 windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
             trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
-                                  extra_meta={"data": info}, stop=stop, claimed=True)
+                                  extra_meta={"data": info}, stop=stop, claimed=True, log=progress_lines(args))
     except LongswiftError:  # (a model that cannot load, data too short, ...): nothing was saved
         remove_made(made)
         raise

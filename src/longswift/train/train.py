@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -331,21 +331,24 @@ def claimed_out_dir(out_dir: str | os.PathLike, resume: bool) -> Iterator[Path]:
 
 def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
                 resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
+                log: Callable[[str], None] | None = None,
                 stop: Any = None, claimed: bool = False) -> HeadTrainer:
     """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
     `stop`: a context manager (cli.stop.StopRequest) entered from the hidden states on, which a signal
     interrupts at once (its `at_once()`: nothing to save yet); during the optimizer steps, once its
     `signum` is set, training stops after the current step, saves the checkpoint and returns the
     trainer with `interrupted` set (no heads file: `resume=True` finishes the run). `claimed`: the caller
-    holds `claimed_out_dir(out_dir)` already (train-heads takes it before loading the model)."""
+    holds `claimed_out_dir(out_dir)` already (train-heads takes it before loading the model). `log`: where to
+    say, in plain lines, what it starts and each checkpoint's step, loss and accuracy (a log file's progress,
+    where no bar is drawn)."""
     if claimed:
-        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop)
+        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log)
     with claimed_out_dir(out_dir, resume) as out:
-        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop)
+        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop, log)
 
 
 def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resume: bool, progress: bool,
-           extra_meta: dict | None, stop: Any) -> HeadTrainer:
+           extra_meta: dict | None, stop: Any, log: Callable[[str], None] | None = None) -> HeadTrainer:
     from contextlib import nullcontext
 
     from tqdm import tqdm
@@ -357,10 +360,16 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                         settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling))
     with stop if stop is not None else nullcontext():
         with stop.at_once() if stop is not None else nullcontext():
+            if log:
+                log(f"base model's hidden states of {windows.shape[0]:,} windows")
             hidden = base_hidden(engine.model, windows, progress)
         trainer = HeadTrainer(engine, windows, hidden, cfg)
         if resume:
             trainer.load_checkpoint(checkpoint)
+        if log:
+            log(f"training {cfg.steps} steps" + (f", from step {trainer.step}" if trainer.step else "")
+                + f"; a line at each checkpoint (every {cfg.checkpoint_every} steps)")
+        t0 = time.perf_counter()
         bar = tqdm(total=cfg.steps, initial=trainer.step, desc="train heads", unit="step", disable=not progress)
         while trainer.step < cfg.steps:
             m = trainer.run_step()
@@ -369,6 +378,10 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
             stopping = stop is not None and stop.signum is not None
             if trainer.step % cfg.checkpoint_every == 0 or trainer.step == cfg.steps or stopping:
                 trainer.save_checkpoint(checkpoint)
+                if log:
+                    acc = "/".join(f"{a:.3f}" for a in m.head_acc)
+                    log(f"step {trainer.step}/{cfg.steps}: loss {m.loss:.3f}, top-1 accuracy per head {acc}; "
+                        f"checkpoint saved ({time.perf_counter() - t0:.0f} s)")
             if stopping and trainer.step < cfg.steps:
                 bar.close()
                 trainer.interrupted = True
