@@ -1048,3 +1048,14 @@ def test_a_checkpoint_names_its_heads_file_so_it_resumes_from_any_directory(tmp_
     whole = json.loads((tmp_path / "whole.json").read_text())
     assert json.loads((tmp_path / "part.json").read_text())["token_ids"] == whole["token_ids"]
     assert json.loads((tmp_path / "part.json").read_text())["stats"]["method"] == "tokenswift"
+
+
+def test_heads_default_on_a_model_without_shipped_heads_is_refused(capsys):
+    """'default' means only the heads shipped for the model: on another model generate ran AR silently,
+    where eval-heads and export-heads refused."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+    with pytest.raises(LongswiftError, match="no draft heads are shipped with longswift for this model"):
+        engine.set_heads("default")
+    assert engine.heads is None
+    engine.set_heads("auto")  # 'auto' may find none: AR, as documented
+    assert engine.heads is None

@@ -304,9 +304,6 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
 
     named = {flag: check_writable(p, flag).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
                                                                  ("--checkpoint", args.checkpoint)) if p is not None}
-    for flag in ("--json", "--checkpoint"):
-        if flag in named:
-            check_json_output(named[flag], flag)
     out = Outputs(named.get("--output"), named.get("--json"), named.get("--checkpoint"), args.checkpoint_every)
     if out.checkpoint is None:
         fallback = named["the checkpoint written when interrupted"] = out.fallback_checkpoint()
@@ -316,6 +313,9 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
             print(f"longswift: warning: {exc}, where an interrupted run saves its state: give --checkpoint FILE "
                   "to make this run resumable", file=sys.stderr)
     check_distinct([*named.items(), *inputs])
+    for flag in ("--json", "--checkpoint"):  # nor over a file that is not JSON (a heads file named by mistake)
+        if flag in named:
+            check_json_output(named[flag], flag)
     return out
 
 

@@ -215,12 +215,13 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
     if args.json:
-        check_json_output(check_writable(args.json), "--json")
+        check_writable(args.json)
         # --json is written last, over what is there: never over the heads, the model or the data this run reads
         data = data_files(args.data) if args.data else []  # (a --data that is not there: read_data says so below)
         check_distinct([("--heads", named_heads_file(args.heads)),
                         *model_inputs(args.model), *(("--data", d) for d in data),
                         ("--json", args.json)])
+        check_json_output(args.json, "--json")  # nor over any other file that is not JSON (a heads file)
     if args.alpha_tokens < 0:
         raise LongswiftError("--alpha-tokens must be >= 0")
     if args.seq_len < 2:
