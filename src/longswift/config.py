@@ -431,23 +431,6 @@ def changed_spec_fields(spec: SpecConfig) -> list[str]:
     return [f.name for f in dataclasses.fields(SpecConfig) if getattr(spec, f.name) != getattr(default, f.name)]
 
 
-def spec_on_ar(drafting: list[str], why: str) -> tuple[str, str]:
-    """The refusal of TokenSwift's settings (SpecConfig field names) for a run that is AR, in the API's words
-    and the command line's. why: "method" (AR chosen), "no heads" (the model has none), "heads none"."""
-    one = len(drafting) == 1
-
-    def say(names: list[str], reason: str, fix: str) -> str:
-        return (f"{', '.join(names)} {'sets' if one else 'set'} how TokenSwift drafts and {reason}: drop "
-                f"{'it' if one else 'them'}, or generate with TokenSwift ({fix})")
-
-    api_why = {"method": "method='ar'", "no heads": "this engine has no draft heads, so it runs AR",
-               "heads none": "heads=None runs AR"}[why]
-    cli_why = {"method": "--method ar is given", "no heads": "this model has no draft heads, so it runs AR",
-               "heads none": "--heads none runs AR"}[why]
-    return (say(drafting, api_why, "draft heads, method='tokenswift'"),
-            say([f"--{name.replace('_', '-')}" for name in drafting], cli_why, "draft heads, --method tokenswift"))
-
-
 @dataclass
 class RuntimeConfig:
     """Where and in what precision the model runs."""

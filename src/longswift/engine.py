@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
-from .config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
-                     spec_on_ar)
+from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -82,6 +81,9 @@ class Engine:
         for this same base model); "random" (seeded random heads: correct but slow, for testing);
         or None / "none" (AR only)."""
         check_heads_type(heads)
+        if isinstance(heads, str) and not heads.strip():
+            raise LongswiftError("heads is an empty string: give a heads file or directory, 'auto', 'default', "
+                                 "'random', 'none' or None")
         if isinstance(heads, os.PathLike):  # a pathlib.Path: read as the same path given as a string
             heads = os.fspath(heads)
         # Built in locals and set together at the end: a refused heads file leaves the engine as it was.
@@ -244,11 +246,14 @@ class Engine:
             raise LongswiftError("method='tokenswift' (--method tokenswift) needs draft heads and this model has "
                                  "none: train some with `longswift train-heads` and pass them (heads=PATH, --heads PATH; "
                                  "or 'random')")
-        # TokenSwift's settings, given as keywords or as a SpecConfig's fields changed from their defaults
-        drafting = sorted((set(fields_given) & {f.name for f in fields(SpecConfig)})
-                          | set(changed_spec_fields(spec) if spec is not None else ()))
+        # TokenSwift's settings given as keywords are refused for AR; a SpecConfig (one object shared by the
+        # runs of both methods, as bench's) is not read by AR
+        drafting = sorted(set(fields_given) & {f.name for f in fields(SpecConfig)})
         if method == "ar" and drafting:
-            raise LongswiftError(*spec_on_ar(drafting, "method" if self.heads is not None else "no heads"))
+            why = "method='ar'" if self.heads is not None else "this engine has no draft heads, so it runs AR"
+            raise LongswiftError(f"{', '.join(drafting)} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift "
+                                 f"drafts and {why}: drop {'it' if len(drafting) == 1 else 'them'}, or generate with "
+                                 "TokenSwift (draft heads, method='tokenswift')")
         # The run's own copies, checked again: a config changed after it was made (reused for the next request)
         # neither reaches a run already going nor skips its checks.
         spec = replace(spec) if spec is not None else SpecConfig()

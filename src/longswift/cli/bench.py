@@ -9,8 +9,8 @@ from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
-from .flags import (HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, seed_number,
-                    whole_number)
+from .flags import (HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value,
+                    seed_number, whole_number)
 
 
 def add_parser(sub: Any) -> None:
@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
                        help="comma list of: ar, tokenswift, tokenswift-fused (ours); hf (transformers generate), hf-pld "
                             "(its prompt lookup), llamacpp, llamacpp-pld (llama-cpp-python on the same GGUF). Default: "
                             "ar,tokenswift,hf,hf-pld,llamacpp,llamacpp-pld, skipping those not installed")
-    bench.add_argument("--heads", default="auto",
+    bench.add_argument("--heads", type=heads_value, default="auto",
                        help=f"draft heads for the tokenswift methods (default: auto): {HEADS_HELP}; 'random'")
     presets = bench.add_mutually_exclusive_group()
     presets.add_argument("--presets", default=None,

@@ -13,7 +13,8 @@ import torch
 from ..atomic import check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError
-from .flags import DECODING_ONLY, HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs
+from .flags import (DECODING_ONLY, HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value,
+                    model_inputs)
 
 FORMATS = ("tokenswift", "longswift")
 
@@ -25,7 +26,7 @@ FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".txt"
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("export-heads", help="write draft heads as a TokenSwift checkpoint directory or a heads file")
     p.add_argument("--model", help="the base model: a .gguf file, an HF directory or a hub id (default: embedded model)")
-    p.add_argument("--heads", default="auto",
+    p.add_argument("--heads", type=heads_value, default="auto",
                    help=f"the heads to export (default: auto): {HEADS_HELP}")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="tokenswift: an HF directory (config.json with medusa_heads, model.safetensors holding base "

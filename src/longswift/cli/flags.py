@@ -109,6 +109,14 @@ def progress_lines(args: argparse.Namespace) -> Callable[[str], None] | None:
     return lambda line: print(f"longswift: {line}", file=sys.stderr, flush=True)
 
 
+def heads_value(text: str) -> str:
+    """--heads as argparse takes it: an empty value (an unset shell variable) is refused, not read as the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?): give a heads file or directory, 'auto', "
+                                         "'default', 'random' or 'none'")
+    return text
+
+
 def check_heads_flag(heads: str, method: str | None) -> None:
     """--heads checked before the model loads: a missing heads file, an unfinished train-heads --out."""
     if method == "tokenswift" and heads == "none":

@@ -12,10 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
-                      spec_on_ar)
+from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name
 from ..errors import ConfigError, LongswiftError
-from .flags import HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, model_inputs, whole_number
+from .flags import (HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value, model_inputs,
+                    whole_number)
 from .outputs import Outputs, shown, write_run
 from .stop import StopRequest
 
@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
                                        "org/name[@revision] (default: embedded SmolLM2-135M-Instruct)")
     model.add_argument("--method", choices=["ar", "tokenswift"], default=None,
                        help="decoding method (default: tokenswift when the model has heads, else ar)")
-    model.add_argument("--heads", default=None,
+    model.add_argument("--heads", type=heads_value, default=None,
                        help=f"draft heads for TokenSwift (default: auto): {HEADS_HELP}; 'none'; 'random' (testing)")
     files = gen.add_argument_group("output (each path distinct; files are written atomically)")
     files.add_argument("--output", type=Path, metavar="FILE", help="write the text here instead of stdout")
@@ -131,9 +131,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chat = args.chat  # None: the chat template when the model has one
     heads = args.heads or "auto"
     check_heads_flag(heads, args.method)
-    drafting = changed_spec_fields(spec)  # refused before loading where AR is asked for (once loaded: no heads)
+    drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
     if drafting and (args.method == "ar" or heads == "none"):
-        raise LongswiftError(spec_on_ar(drafting, "method" if args.method == "ar" else "heads none")[1])
+        flags = ", ".join(f"--{name.replace('_', '-')}" for name in drafting)
+        print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
+              f"{'--method ar' if args.method == 'ar' else '--heads none'} runs AR, which does not draft",
+              file=sys.stderr)
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
                                      *model_inputs(args.model)])
     _keep_unfinished(outputs)
@@ -145,6 +148,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
             engine = ranks.load(args.model, heads)
+        if heads == "default" and engine.heads is None:  # asked for by name: not AR without a word
+            raise LongswiftError("no draft heads are shipped with longswift for this model, and --heads default takes "
+                                 "only those: pass --heads FILE_OR_DIR, or --heads auto (AR where none are found)")
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec, system=args.system)
         return write_run(engine, stream, outputs, stop, args.no_progress)

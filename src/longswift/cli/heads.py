@@ -16,7 +16,7 @@ import torch
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
-                    model_inputs, progress_lines, seed_number, show_progress, whole_number)
+                    heads_value, model_inputs, progress_lines, seed_number, show_progress, whole_number)
 from .outputs import os_error_with
 
 
@@ -35,7 +35,7 @@ def add_parsers(sub: Any) -> None:
 
     ev = sub.add_parser("eval-heads", help="per-head accuracy on held-out text and TokenSwift alpha")
     ev.add_argument("--model", help=MODEL_HELP)
-    ev.add_argument("--heads", required=True,
+    ev.add_argument("--heads", type=heads_value, required=True,
                     help=f"the heads to measure: {HEADS_HELP}")
     _add_data_flags(ev)
     ev.add_argument("--seq-len", type=whole_number, default=512,  # train-heads' windows: a self-distilled document fills one

@@ -8,13 +8,13 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SpecConfig, dtype_name
 from ..errors import LongswiftError
-from .flags import MODEL_HELP, add_config_flags, config_from_args, whole_number
+from .flags import MODEL_HELP, add_config_flags, config_from_args, heads_value, whole_number
 
 
 def add_parser(sub: Any) -> None:
     info = sub.add_parser("info", help="model config, parameter count and memory plan")
     info.add_argument("--model", help=MODEL_HELP)
-    info.add_argument("--heads", default="auto", help="which draft heads to report (as generate's --heads; default: auto)")
+    info.add_argument("--heads", type=heads_value, default="auto", help="which draft heads to report (as generate's --heads; default: auto)")
     info.add_argument("--tokens", type=whole_number, default=None,
                       help="plan for this many tokens, prompt + new (default: the model's context)")
     add_config_flags(info, SpecConfig)

@@ -95,9 +95,6 @@ def choose_heads(heads: str, in_checkpoint: Callable[[], bool], shipped: Callabl
         return HeadsChoice("checkpoint")
     if heads in ("auto", "default"):
         path = shipped()
-        if path is None and heads == "default":  # asked for by name: not silently AR
-            raise LongswiftError("no draft heads are shipped with longswift for this model, and 'default' (--heads "
-                                 "default) takes only those: pass a heads file or directory, or 'auto'")
         return HeadsChoice("shipped", path) if path is not None else HeadsChoice("none")
     path = heads_location(heads)
     if path.is_dir() and not (path / HEADS_FILE).is_file():
