@@ -200,7 +200,8 @@ def test_resume_refuses_another_base_or_other_data_before_the_hidden_states(tiny
     with pytest.raises(LongswiftError, match="was trained on other data"):
         train_heads(tiny, windows.flip(0), cfg, tmp_path, resume=True, progress=False)
     other = longswift.load(tiny_hf_model("llama", seed=4, vocab=96), pack_weights=False)
-    with pytest.raises(LongswiftError, match="was trained on another base model: use a new --out"):
+    with pytest.raises(LongswiftError, match="was trained on another base model: resume with the --model it was "
+                                             "started with, or train this model into a new --out"):
         train_heads(other, windows, cfg, tmp_path, resume=True, progress=False)
     # The same model in another dtype gives other hidden states, so other heads: a resume that mixed the
     # two was neither the first run nor a new one (the checkpoint and the heads file record the settings).

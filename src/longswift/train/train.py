@@ -265,7 +265,8 @@ def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: s
     """check_checkpoint, and refuse a checkpoint of another base model (`fingerprint`) or other windows."""
     ck = check_checkpoint(path, cfg, mmap=mmap, settings=settings)
     if ck["base"] != fingerprint:
-        raise LongswiftError(f"checkpoint '{path}' was trained on another base model: use a new --out")
+        raise LongswiftError(f"checkpoint '{path}' was trained on another base model: resume with the --model it "
+                             "was started with, or train this model into a new --out")
     if ck["data_hash"] != data_hash:
         raise LongswiftError(f"checkpoint '{path}' was trained on other data: pass the same --data/--self-distill")
     return ck
