@@ -1073,3 +1073,5 @@ def test_an_empty_heads_string_is_refused_by_the_api():
     engine = longswift.load(tiny_hf_model("llama", seed=5), heads=None)
     with pytest.raises(LongswiftError, match="heads is an empty string"):
         engine.set_heads("")
+    with pytest.raises(LongswiftError, match="heads file '/dev/null' is not a regular file"):  # was: does not exist
+        engine.set_heads("/dev/null")

@@ -228,6 +228,9 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     from safetensors import SafetensorError, safe_open
 
     path = Path(path).expanduser()
+    if path.exists() and not path.is_file():  # a device or pipe (/dev/null), not a missing file
+        raise LongswiftError(f"heads file '{path}' is not a regular file: pass a heads file written by `longswift "
+                             "train-heads`")
     if not path.is_file():
         raise LongswiftError(f"heads file '{path}' does not exist: train heads with `longswift train-heads` or drop heads= (--heads)")
     try:
