@@ -39,7 +39,9 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float:
-        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        """New tokens per decode second; 0.0 where there is no rate (has_rate: a run of one token is the
+        prefill's draw alone; to_dict says null there)."""
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 and self.has_rate else 0.0
 
     @property
     def has_rate(self) -> bool:
