@@ -906,20 +906,22 @@ def test_a_disk_that_fills_mid_run_says_which_checkpoint_is_intact(tmp_path, cap
 # ---- the Python API's configs (a report-only audit of the API, session 38) ------------------------
 
 @pytest.mark.parametrize("fields,match", [
-    ({"temperature": 1e-45}, "SamplingConfig.temperature must be 0 (greedy) or a finite number >= 1e-06"),
+    ({"temperature": 1e-45}, "SamplingConfig.temperature must be 0 (greedy) or a finite number >= 1e-30"),
     ({"repetition_penalty": 1e-300}, "SamplingConfig.repetition_penalty must be in [1e-06, 1e+06]"),
     ({"repetition_penalty": 1e300}, "SamplingConfig.repetition_penalty must be in [1e-06, 1e+06]"),
 ])
 def test_temperatures_and_penalties_that_overflow_the_logits_are_refused(fields, match):
     """logits / 1e-45 overflowed to inf, the softmax gave NaN and the draw returned the vocabulary's last
-    id at every step; the smallest values allowed still draw what they approach (the argmax)."""
+    id at every step (a penalty of 1e-300 is 0 in float32: a division by zero). The extremes allowed, the
+    smallest temperature with the strongest penalties, still draw what a temperature near 0 approaches: the
+    argmax of the penalized logits, which greedy decoding with the same penalty draws."""
     with pytest.raises(LongswiftError, match=re.escape(match)):
         SamplingConfig(**fields)
     engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
-    greedy = engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, temperature=0).token_ids
-    assert engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, temperature=1e-6, seed=1).token_ids == greedy
-    penalized = engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, repetition_penalty=1e-6, seed=1).token_ids
-    assert penalized != [engine.cfg.vocab_size - 1] * 8  # the NaN draw's: the vocabulary's last id every step
+    for penalty in (1e-6, 1.0, 1e6):
+        greedy = engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, temperature=0, repetition_penalty=penalty)
+        cold = engine.generate([1, 5, 9, 7, 3], max_new_tokens=8, temperature=1e-30, repetition_penalty=penalty, seed=1)
+        assert cold.token_ids == greedy.token_ids, penalty
 
 
 def test_a_config_changed_after_a_run_began_does_not_reach_it():
@@ -995,6 +997,7 @@ def test_a_run_that_cannot_be_is_refused_by_stream_itself():
     (["--method", "ar", "--tree", "1,3"], "--tree sets how TokenSwift drafts, and --method ar runs AR"),
     (["--heads", "none", "--ngram-topk", "3", "--max-nodes", "9"],
      "--ngram-topk, --max-nodes set how TokenSwift drafts, and --heads none runs AR, which does not draft"),
+    (["--tree", "1,3"], "--tree sets how TokenSwift drafts, and this model has no draft heads, so the run is AR"),
 ])
 def test_tokenswift_flags_on_an_ar_run_are_said_to_do_nothing(args, note, tmp_path, capsys):
     """They were ignored without a word; refusing them would break one command line run with each method."""
@@ -1009,6 +1012,8 @@ def test_tokenswift_flags_on_an_ar_run_are_said_to_do_nothing(args, note, tmp_pa
     ["eval-heads", "--heads", "random", "--data", "{d}", "--json"],
     ["generate", "--prompt", "hi", "--json"],
     ["generate", "--prompt", "hi", "--checkpoint"],
+    ["bench", "--methods", "ar", "--json"],
+    ["bench-steps", "--shape", "smollm2-135m", "--json"],
 ])
 def test_a_json_output_never_replaces_a_file_that_is_not_json(argv, tmp_path, capsys, no_loading):
     """`eval-heads --json run/heads.safetensors` replaced a trained heads file with its JSON (exit 0)."""
@@ -1075,3 +1080,22 @@ def test_an_empty_heads_string_is_refused_by_the_api():
         engine.set_heads("")
     with pytest.raises(LongswiftError, match="heads file '/dev/null' is not a regular file"):  # was: does not exist
         engine.set_heads("/dev/null")
+
+
+@pytest.mark.parametrize("command", ["generate", "export-heads"])
+def test_a_sigterm_while_loading_exits_with_sigterms_status(command, tmp_path, capsys, monkeypatch):
+    """A signal that stops a command at once exits 128 + it: generate, stopped while its model loaded, said
+    130 (Ctrl-C's) for a SIGTERM."""
+    import signal
+
+    def killed(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("the signal should have stopped the command")
+
+    monkeypatch.setattr("longswift.engine.load_model", killed)
+    monkeypatch.setattr("longswift.runtime.loading.load_model", killed)
+    handler = signal.getsignal(signal.SIGTERM)
+    args = ["--prompt", "hi"] if command == "generate" else ["--out", str(tmp_path / "h.safetensors")]
+    code, _, err = run_cli(capsys, command, *args)
+    assert code == 128 + signal.SIGTERM and "interrupted" in err, err
+    assert signal.getsignal(signal.SIGTERM) == handler

@@ -477,8 +477,8 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
 
 @pytest.mark.parametrize("args,match", [
     (["--prompt", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
-    (["--prompt", "hi", "--temperature", "-1"], "--temperature must be 0 (greedy) or a finite number >= 1e-06"),
-    (["--prompt", "hi", "--temperature", "inf"], "--temperature must be 0 (greedy) or a finite number >= 1e-06"),
+    (["--prompt", "hi", "--temperature", "-1"], "--temperature must be 0 (greedy) or a finite number >= 1e-30"),
+    (["--prompt", "hi", "--temperature", "inf"], "--temperature must be 0 (greedy) or a finite number >= 1e-30"),
     (["--prompt", "hi", "--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint FILE"),
     (["--prompt", "hi", "--checkpoint-e=5"], "--checkpoint-every needs --checkpoint FILE"),
     (["--prompt", "hi", "--output", "-"], "--output '-' would write a file named '-'"),

@@ -232,8 +232,11 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
-MIN_TEMPERATURE = 1e-6  # logits of |x| < 1e30 divided by it stay finite in float32
-PENALTY_RANGE = (1e-6, 1e6)  # a positive logit divided by the penalty, a negative one multiplied, stay finite
+# Logits of |x| <= 300, through a penalty in PENALTY_RANGE (a positive logit divided by it, a negative one
+# multiplied) and then divided by a temperature of at least MIN_TEMPERATURE, stay finite in float32 (3.4e38);
+# below it the draw saw NaN (1e-45 gave the vocabulary's last id at every step).
+MIN_TEMPERATURE = 1e-30
+PENALTY_RANGE = (1e-6, 1e6)
 
 
 @dataclass
@@ -269,8 +272,8 @@ class SamplingConfig:
         # a list from JSON, numpy ids, repeats: one canonical form of Python ints
         self.banned_ids = tuple(sorted({int(t) for t in self.banned_ids}))
         checks = [
-            # Below MIN_TEMPERATURE (or a penalty outside its range), logits / temperature overflow float32: the
-            # draw would see NaN, not the argmax such a temperature approaches (temperature 0 is that argmax).
+            # Below MIN_TEMPERATURE (or a penalty outside its range), logits / temperature can overflow float32:
+            # the draw would see NaN, not the argmax such a temperature approaches (temperature 0 is that argmax).
             (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf,
              f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}"),
             (self.top_k >= 0, "--top-k must be >= 0"),

@@ -317,7 +317,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
               show_progress: bool = True) -> list[dict[str, Any]]:
     """Run the grid; return every run's record (those resumed from `out_dir` included). `show_progress`:
     log each run's tokens as it goes, not only its start."""
-    from ..atomic import check_dir_writable, check_distinct, check_writable
+    from ..atomic import check_dir_writable, check_distinct, check_json_output, check_writable
 
     if out_dir is not None:
         check_dir_writable(out_dir, "--out-dir")
@@ -330,6 +330,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                     *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ())),
                     *(("--model", f) for f in model_files(model)),  # (an --out-dir that is the model's: its config.json)
                     ("--heads", named_heads_file(heads))])
+    if json_path is not None:  # nor over a file that is not JSON (a heads file named by mistake)
+        check_json_output(Path(json_path).expanduser(), "--json")
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens

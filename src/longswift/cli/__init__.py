@@ -111,6 +111,7 @@ def _main(argv: list[str]) -> int:
     # generate and train-heads stop after a step and save at a signal; the other commands stop at once, SIGTERM
     # and SIGHUP as Ctrl-C does (an export's half-written directory was left behind by a SIGTERM)
     stop = StopRequest()
+    StopRequest.stopped_by = None
     try:
         if env_world_size() > 1 and args.command != "generate":
             raise LongswiftError(f"only `generate` runs across several processes: run `longswift {args.command}` "
@@ -134,4 +135,4 @@ def _main(argv: list[str]) -> int:
         return 1
     except KeyboardInterrupt as exc:  # (a run stopped at once may say where it can continue from)
         print(f"longswift: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
-        return stop.exit_code if stop.signum is not None else 130
+        return 128 + StopRequest.stopped_by if StopRequest.stopped_by is not None else 130

@@ -85,6 +85,8 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
             # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file exports
             # its own values, read again at the precision it stores.
             heads = load_heads(engine.heads_file, engine.cfg, torch.empty(0), engine.fingerprint)
+        if args.out.exists():  # made while the model loaded: still not replaced
+            raise LongswiftError(f"'{args.out}' exists: choose a new --out, or remove that file first to replace it")
         save_heads(heads, engine.cfg, engine.fingerprint, args.out,
                    {"exported_from": engine.heads_origin, **({"training": training} if training else {})})
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)

@@ -106,7 +106,9 @@ def progress_lines(args: argparse.Namespace) -> Callable[[str], None] | None:
     not drawn): plain lines, now and then; None on a terminal (the bars say it) or with --no-progress."""
     if args.no_progress or sys.stderr.isatty():
         return None
-    return lambda line: print(f"longswift: {line}", file=sys.stderr, flush=True)
+    from .stop import say  # best effort: a reader of stderr that went away (| tee, closed) must not stop the run
+
+    return lambda line: say(f"longswift: {line}")
 
 
 def heads_value(text: str) -> str:
@@ -122,6 +124,9 @@ def check_heads_flag(heads: str, method: str | None) -> None:
     if method == "tokenswift" and heads == "none":
         raise LongswiftError("--method tokenswift needs draft heads: drop --heads none (or use --method ar)")
     if heads.endswith(".safetensors") and not Path(heads).expanduser().is_file():
+        if Path(heads).expanduser().exists():  # a device, pipe or directory: there, but no heads file
+            raise LongswiftError(f"heads file '{heads}' is not a regular file: pass a file written by `longswift "
+                                 "train-heads`")
         raise LongswiftError(f"heads file '{heads}' does not exist: pass a file written by `longswift train-heads`")
     if Path(heads).expanduser().is_dir():
         from ..spec.released import choose_heads

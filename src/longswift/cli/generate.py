@@ -131,12 +131,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chat = args.chat  # None: the chat template when the model has one
     heads = args.heads or "auto"
     check_heads_flag(heads, args.method)
-    drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
-    if drafting and (args.method == "ar" or heads == "none"):
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in drafting)
-        print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
-              f"{'--method ar' if args.method == 'ar' else '--heads none'} runs AR, which does not draft",
-              file=sys.stderr)
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
                                      *model_inputs(args.model)])
     _keep_unfinished(outputs)
@@ -151,6 +145,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if heads == "default" and engine.heads is None:  # asked for by name: not AR without a word
             raise LongswiftError("no draft heads are shipped with longswift for this model, and --heads default takes "
                                  "only those: pass --heads FILE_OR_DIR, or --heads auto (AR where none are found)")
+        drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
+        if drafting and ranks.main and (args.method == "ar" or engine.heads is None):
+            flags = ", ".join(f"--{name.replace('_', '-')}" for name in drafting)
+            why = ("--method ar runs AR" if args.method == "ar" else "--heads none runs AR" if heads == "none"
+                   else "this model has no draft heads, so the run is AR")
+            print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
+                  f"{why}, which does not draft", file=sys.stderr)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec, system=args.system)
         return write_run(engine, stream, outputs, stop, args.no_progress)

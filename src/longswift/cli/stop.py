@@ -40,14 +40,21 @@ class StopRequest:
         self.doing = SAVING  # what the first signal makes the run do, as said to the user
         self._depth = 0  # nested `with`s: the outermost installs and restores the handlers
 
+    # The signal that last stopped a command at once (its KeyboardInterrupt), whichever StopRequest took it: the
+    # command line exits with 128 + it (143 for SIGTERM, not Ctrl-C's 130). Reset as a command starts.
+    stopped_by: int | None = None
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._at_once:
             self.signum = signum  # (kept: a KeyboardInterrupt raised inside a __del__ is lost, this is not)
+            StopRequest.stopped_by = signum
             raise KeyboardInterrupt
         if self.signum is not None:
             if self._held:
                 self._pending = True
+                StopRequest.stopped_by = signum  # (held() raises it at its end)
                 return
+            StopRequest.stopped_by = signum
             raise KeyboardInterrupt
         self.signum = signum
         if os.environ.get("RANK", "0").strip() in ("", "0"):  # under torchrun every rank gets it: rank 0 says so
