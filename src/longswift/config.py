@@ -552,6 +552,10 @@ _DTYPES = {
 }
 
 
+# What --heads and heads= take besides a heads file, a directory or a hub id (Engine.set_heads).
+HEADS_WORDS = ("auto", "default", "random", "none")
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """torch.bfloat16 -> 'bfloat16', the name --dtype and the reports use."""
     return str(dtype).removeprefix("torch.")

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
-from .config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
+from .config import HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
 from .errors import ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -88,7 +88,7 @@ class Engine:
             heads = os.fspath(heads)
         # Built in locals and set together at the end: a refused heads file leaves the engine as it was.
         source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
-        if isinstance(heads, str) and heads not in ("auto", "default", "random", "none") \
+        if isinstance(heads, str) and heads not in HEADS_WORDS \
                 and Path(heads).expanduser().exists():  # a local file or directory: recorded (checkpoints) absolute,
             source = str(Path(heads).expanduser().absolute())  # so that a run resumes from any directory, as its model
         embed, origin = self.model.embed, "none"

@@ -61,8 +61,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     else:
         check_writable(args.out)
         check_distinct([*model_inputs(args.model), ("--out", args.out)])  # never over the model
-        if args.out.exists():  # heads files are hours of training: never replaced unasked, as train-heads' are not
-            raise LongswiftError(f"'{args.out}' exists: choose a new --out, or remove that file first to replace it")
+        _refuse_existing(args.out)  # heads files are hours of training: never replaced unasked, as train-heads' are not
     if runtime.pack_weights is None:
         runtime.pack_weights = False  # the exported weights are the state dict's; no packed copies needed
     engine = load(args.model, runtime, heads=args.heads)
@@ -85,9 +84,13 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
             # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file exports
             # its own values, read again at the precision it stores.
             heads = load_heads(engine.heads_file, engine.cfg, torch.empty(0), engine.fingerprint)
-        if args.out.exists():  # made while the model loaded: still not replaced
-            raise LongswiftError(f"'{args.out}' exists: choose a new --out, or remove that file first to replace it")
+        _refuse_existing(args.out)  # (made while the model loaded: still not replaced)
         save_heads(heads, engine.cfg, engine.fingerprint, args.out,
                    {"exported_from": engine.heads_origin, **({"training": training} if training else {})})
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)
     return 0
+
+
+def _refuse_existing(out: Path) -> None:
+    if out.exists():
+        raise LongswiftError(f"'{out}' exists: choose a new --out, or remove that file first to replace it")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import seed_problem
+from ..config import HEADS_WORDS, seed_problem
 from ..errors import LongswiftError
 
 # --model of every command but generate (whose help names the embedded model) and export-heads (the base model)
@@ -133,7 +133,7 @@ def check_heads_flag(heads: str, method: str | None) -> None:
 
         # a directory with no heads, or an unfinished train-heads --out: said before loading
         choose_heads(heads, in_checkpoint=lambda: False, shipped=lambda: None)
-    elif heads not in ("auto", "default", "random", "none") and not Path(heads).expanduser().exists():
+    elif heads not in HEADS_WORDS and not Path(heads).expanduser().exists():
         from ..runtime.hub import parse_hub_id
 
         if parse_hub_id(heads) is None:  # neither a path that is there nor a hub id: said before loading

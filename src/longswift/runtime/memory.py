@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -108,14 +109,15 @@ class MemoryPlan:
             return
         need = self.total - (self.weights + self.packed_weights if weights_loaded else 0)
         if need > free:
-            def advice(length: str, dtype: str, budget: str, tree: str, topk: str) -> str:
+            def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
                 return (f"not enough memory: this run needs {need / GiB:.2f} GiB more ({self.describe()}) but "
-                        f"{free / GiB:.2f} GiB is free; lower {length} or the prompt length, or use a smaller {dtype}"
-                        + (f", a smaller {budget}" if self.draft_cache else "")  # (AR has no draft cache)
-                        + (f", {tree} or {topk} (a step verifies {self.tree_nodes} nodes)" if self.tree_nodes else ""))
+                        f"{free / GiB:.2f} GiB is free; lower {name('max_new_tokens')} or the prompt length, or use a "
+                        f"smaller {name('dtype')}"
+                        + (f", a smaller {name('draft_kv_budget')}" if self.draft_cache else "")  # (AR has none)
+                        + (f", {name('tree')} or {name('ngram_topk')} (a step verifies {self.tree_nodes} nodes)"
+                           if self.tree_nodes else ""))
 
-            raise LongswiftError(advice("max_new_tokens", "dtype", "draft_kv_budget", "tree", "ngram_topk"),
-                                 advice("--max-new-tokens", "--dtype", "--draft-kv-budget", "--tree", "--ngram-topk"))
+            raise LongswiftError(advice(lambda field: field), advice(lambda field: "--" + field.replace("_", "-")))
 
 
 def cpu_flash_buffer_bytes(head_dim: int) -> int:
