@@ -1074,6 +1074,18 @@ def test_an_empty_heads_value_is_refused(command, capsys, no_loading):
     assert_one_line_error(code, err, "argument --heads: is empty (an unset variable?)")
 
 
+def test_heads_default_without_shipped_heads_is_refused_by_the_api():
+    """set_heads('default') (and load(heads='default')) gave AR without a word where no heads are shipped;
+    the refusal names the API's words, and the engine keeps the heads it had."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), heads="random")
+    with pytest.raises(LongswiftError, match="heads='default' takes only those") as caught:
+        engine.set_heads("default")
+    assert "--heads default" in caught.value.cli_message
+    assert engine.heads is not None and engine.heads_source == "random"
+    with pytest.raises(LongswiftError, match="heads='default' takes only those"):
+        longswift.load(tiny_hf_model("llama", seed=5), heads="default")
+
+
 def test_an_empty_heads_string_is_refused_by_the_api():
     engine = longswift.load(tiny_hf_model("llama", seed=5), heads=None)
     with pytest.raises(LongswiftError, match="heads is an empty string"):

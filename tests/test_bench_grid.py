@@ -386,16 +386,20 @@ def test_default_lengths_are_those_that_fit_the_context(tmp_path, tiny_dir, caps
 
 def test_heads_auto_resumes_results_of_heads_default(tmp_path, tiny_dir, capsys):
     """bench's --heads default is 'auto' (a released checkpoint's own heads first, as generate's); on a model
-    without heads of its own that is what 'default' took, recorded the same, so older directories resume."""
+    without heads of its own that is what 'default' took, recorded the same, so older directories resume.
+    'default' itself takes only shipped heads: refused on a model that has none, as by every command."""
     out_dir = tmp_path / "bench"
     bench_args = ["bench", "--model", str(tiny_dir), "--threads", "1", "--no-warmup", "--methods", "ar",
                   "--prefix", "12", "--lengths", "4", "--out-dir", str(out_dir)]
-    assert main([*bench_args, "--heads", "default"]) == 0
+    assert main([*bench_args, "--heads", "auto"]) == 0
+    assert json.loads((out_dir / "config.json").read_text())["identity"]["heads"] == "default"
     capsys.readouterr()
     for heads in (["--heads", "auto"], []):  # given, and as the default
         assert main([*bench_args, *heads]) == 0
         assert "0 runs to do" in capsys.readouterr().err
     assert json.loads((out_dir / "config.json").read_text())["identity"]["heads"] == "default"
+    assert main([*bench_args, "--heads", "default"]) == 2
+    assert "no draft heads are shipped with longswift for this model, and --heads default" in capsys.readouterr().err
 
 
 def test_lockstep_takes_turns_and_times_each_run_on_its_own_clock(monkeypatch):

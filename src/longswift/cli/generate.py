@@ -142,9 +142,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
             engine = ranks.load(args.model, heads)
-        if heads == "default" and engine.heads is None:  # asked for by name: not AR without a word
-            raise LongswiftError("no draft heads are shipped with longswift for this model, and --heads default takes "
-                                 "only those: pass --heads FILE_OR_DIR, or --heads auto (AR where none are found)")
         drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
         if drafting and ranks.main and (args.method == "ar" or engine.heads is None):
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in drafting)
