@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import torch
 from conftest import assert_one_line_error, run_cli, tiny_hf_model
 
 import longswift
-from longswift import LongswiftError, SamplingConfig
+from longswift import GenerationConfig, LongswiftError, SamplingConfig, SpecConfig
 from longswift.atomic import AtomicFile, check_writable, replace_atomically, write_atomic, write_dir_atomically
 from longswift.checkpoint import Checkpoint
 from longswift.config import SEED_MAX, SEED_MIN, RuntimeConfig, parse_rope_scaling
@@ -59,8 +60,9 @@ def test_thread_counts_past_any_machine_are_refused_before_loading(capsys, no_lo
 
 def test_resume_checks_a_new_thread_count_before_the_checkpoint_records_it(tmp_path, capsys, no_loading):
     path = tmp_path / "c.json"
-    Checkpoint(model_source="<embedded>", model_fingerprint="0" * 32, runtime={}, heads_source=None,
-               heads_fingerprint=None, method="ar", sampling={}, generation={"max_new_tokens": 8}, spec={},
+    Checkpoint(model_source="<embedded>", model_fingerprint="0" * 32, runtime=asdict(RuntimeConfig()),
+               heads_source=None, heads_fingerprint=None, method="ar", sampling=asdict(SamplingConfig()),
+               generation=asdict(GenerationConfig(max_new_tokens=8)), spec=asdict(SpecConfig()),
                prompt_ids=[1, 2, 3], token_ids=[4, 5], rng_state=None, stats={}).save(path)
     before = path.read_bytes()
     code, _, err = run_cli(capsys, "generate", "--resume", str(path), "--threads", "0")
@@ -966,7 +968,11 @@ def test_the_apis_smaller_refusals(tmp_path):
     seen = dict(so_far.stats.stage_seconds)
     ckpt = stream.checkpoint()
     for bad, match in ((replace(ckpt, token_ids=[1.5]), "token_ids must be a list of token ids"),
-                       (replace(ckpt, runtime=None), "runtime must be an object")):
+                       (replace(ckpt, runtime=None), "runtime must be an object"),
+                       # a config with fields left out resumed at their defaults (another sampling, silently)
+                       (replace(ckpt, sampling={}), "sampling lacks temperature, top_k"),
+                       (replace(ckpt, runtime={k: v for k, v in ckpt.runtime.items() if k != "dtype"}), "runtime lacks dtype$"),
+                       (replace(ckpt, spec={k: v for k, v in ckpt.spec.items() if k != "tree"}), "spec lacks tree$")):
         with pytest.raises(LongswiftError, match=f"the checkpoint is not valid: {match}"):
             engine.resume(bad)
     with pytest.raises(TypeError, match="outputs must be a dict"):
@@ -977,6 +983,19 @@ def test_the_apis_smaller_refusals(tmp_path):
     assert so_far.stats.stage_seconds == seen and stream.result.stats.stage_seconds != seen
     resumed = engine.resume(ckpt)  # what the checks let through still resumes to the uninterrupted run
     assert list(resumed) and resumed.result.token_ids == stream.result.token_ids
+
+
+def test_the_fields_every_checkpoint_holds_are_config_fields():
+    """ALWAYS_HELD names fields of the configs (a rename must be seen here), and a checkpoint written now holds
+    every field of each config, those added since the format's first version too."""
+    from dataclasses import fields
+
+    from longswift.checkpoint import ALWAYS_HELD
+
+    configs = {"runtime": RuntimeConfig, "sampling": SamplingConfig, "generation": GenerationConfig, "spec": SpecConfig}
+    assert set(ALWAYS_HELD) == set(configs)
+    for name, held in ALWAYS_HELD.items():
+        assert set(held) <= {f.name for f in fields(configs[name])}, name
 
 
 def test_a_run_that_cannot_be_is_refused_by_stream_itself():

@@ -12,14 +12,14 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
 from conftest import assert_one_line_error, run_cli, tiny_hf_model
 
 import longswift
-from longswift import GenerationConfig, LongswiftError, SamplingConfig
+from longswift import GenerationConfig, LongswiftError, RuntimeConfig, SamplingConfig, SpecConfig
 from longswift.atomic import AtomicFile, OutputLock
 from longswift.checkpoint import Checkpoint, heads_fingerprint, read_checkpoint
 
@@ -184,8 +184,9 @@ def test_memory_refusal_for_a_huge_tree_names_the_flags_before_loading(capsys, n
 
 
 def fake_checkpoint(**changes) -> Checkpoint:
-    fields = dict(model_source="<embedded>", model_fingerprint="0" * 32, runtime={}, heads_source=None,
-                  heads_fingerprint=None, method="ar", sampling={}, generation={"max_new_tokens": 8}, spec={},
+    fields = dict(model_source="<embedded>", model_fingerprint="0" * 32, runtime=asdict(RuntimeConfig()),
+                  heads_source=None, heads_fingerprint=None, method="ar", sampling=asdict(SamplingConfig()),
+                  generation=asdict(GenerationConfig(max_new_tokens=8)), spec=asdict(SpecConfig()),
                   prompt_ids=[1, 2, 3], token_ids=[4, 5], rng_state=None, stats={})
     return Checkpoint(**{**fields, **changes})
 
@@ -204,7 +205,8 @@ def rehash(path, edit) -> None:
     (lambda b: b["prompt_ids"].__setitem__(1, 2.5), "prompt_ids must be a list of token ids"),
     (lambda b: b.__setitem__("sampling", [1]), "sampling must be an object"),
     (lambda b: b.__setitem__("method", 7), "method must be a string"),
-    (lambda b: b.__setitem__("generation", {"max_new_tokens": "9"}), "holds damaged settings"),
+    (lambda b: b["generation"].__setitem__("max_new_tokens", "9"), "holds damaged settings"),
+    (lambda b: b["sampling"].pop("repetition_penalty"), "is not valid: sampling lacks repetition_penalty;"),
 ])
 def test_hand_edited_checkpoint_with_wrong_types_is_refused_in_one_line(tmp_path, capsys, no_loading, edit, match):
     path = tmp_path / "c.json"

@@ -23,10 +23,19 @@ from typing import Any
 import torch
 
 from .atomic import write_atomic
+from .config import GenerationConfig
 from .errors import ConfigError, LongswiftError
 
 FORMAT = "longswift-checkpoint"
 FORMAT_VERSION = 1
+# The config fields every checkpoint of this format holds (those of its first version). Fields added since
+# may be absent from an older checkpoint, which resumes with their defaults, the behaviour it was made with.
+ALWAYS_HELD = {
+    "runtime": ("device", "dtype", "threads", "rope_scaling", "pack_weights"),
+    "sampling": ("temperature", "top_k", "top_p", "min_p", "eta", "repetition_penalty", "penalty_window", "seed"),
+    "generation": ("max_new_tokens", "ignore_eos", "prefill_chunk"),
+    "spec": ("tree", "ngram_topk", "draft_mode", "draft_kv_budget", "draft_window", "attention_sinks", "adaptive"),
+}
 
 
 def _version() -> str:
@@ -68,8 +77,6 @@ class Checkpoint:
 
     def with_length(self, max_new_tokens: int) -> Checkpoint:
         """This run with a new length (at least the tokens it holds), e.g. to extend a finished run."""
-        from .config import GenerationConfig
-
         length = GenerationConfig(max_new_tokens=max_new_tokens).max_new_tokens  # (type and sign checked there)
         if length < len(self.token_ids):
             below = f"is below the {len(self.token_ids)} tokens the checkpoint holds: give at least that"
@@ -151,6 +158,10 @@ def _wrong_field(c: Checkpoint) -> str | None:
     for name, ok, expected in checks:
         if not ok:
             return f"{name} must be {expected}"
+    for name, held in ALWAYS_HELD.items():  # one left out would resume at its default: another run, silently
+        missing = [key for key in held if key not in getattr(c, name)]
+        if missing:
+            return f"{name} lacks {', '.join(missing)}"
     if not all(optional_str(v) for k, v in c.outputs.items() if k != "checkpoint_every"):
         return "outputs must map names to paths"
     every = c.outputs.get("checkpoint_every")
