@@ -1084,6 +1084,8 @@ def test_heads_default_on_a_model_without_shipped_heads_is_refused(tmp_path, cap
                            "--max-new-tokens", "4", "--heads", "default", "--json", str(tmp_path / "out.json"))
     assert_one_line_error(code, err, "no draft heads are shipped with longswift for this model, and --heads default")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", "default")  # said AR
+    assert_one_line_error(code, err, "no draft heads are shipped with longswift for this model, and --heads default")
 
 
 @pytest.mark.parametrize("command", ["generate", "info", "bench", "eval-heads", "export-heads"])

@@ -628,3 +628,13 @@ def test_bench_writes_its_report_into_the_out_dir_it_makes(tmp_path, capsys):
                            "--out", str(out_dir / "r.md"), "--json", str(out_dir / "r.json"))
     assert code == 0, err
     assert "| ar |" in (out_dir / "r.md").read_text() and (out_dir / "r.json").is_file()
+
+
+def test_output_directories_are_made_with_their_parents_and_files_need_theirs(tmp_path, tiny_dir, capsys):
+    """README's rule: bench's --out-dir is made with its parents; its --out and --json files need their directory."""
+    base = ["bench", "--model", str(tiny_dir), "--threads", "1", "--no-warmup", "--methods", "ar", "--prefix", "12",
+            "--lengths", "4"]
+    code = main([*base, "--out", str(tmp_path / "missing" / "r.md")])
+    assert code == 2 and "directory" in capsys.readouterr().err and not (tmp_path / "missing").exists()
+    assert main([*base, "--out-dir", str(tmp_path / "a" / "b" / "run")]) == 0
+    assert (tmp_path / "a" / "b" / "run" / "results.jsonl").is_file()

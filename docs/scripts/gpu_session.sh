@@ -20,7 +20,7 @@
 #                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call;
 #                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated;
 #                                            # `steps fused`: the fused draft mode's projection, no draft forward,
-#                                            # tree 1,3,3,3 + 6 n-gram paths = 112 nodes like the paper's 121;
+#                                            # tree 1,3,3,3 + 6 n-gram paths = at most 94 nodes (the paper's 121);
 #                                            # every projection verifies the GPU's default node budget, 32 rows)
 #   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / colocated /
 #                                            # fused kernels off / length (`ar 8b`: the Llama-3.1-8B shape, 256 tokens)

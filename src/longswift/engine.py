@@ -103,12 +103,6 @@ class Engine:
         else:
             choice = choose_heads(heads, lambda: self._checkpoint_heads is not None,
                                   lambda: shipped_heads(self.fingerprint))
-            if heads == "default" and choice.kind == "none":  # asked for by name: not AR without a word
-                raise LongswiftError(
-                    "no draft heads are shipped with longswift for this model, and heads='default' takes only those: "
-                    "pass a heads file or directory, or heads='auto' (AR where none are found)",
-                    cli_message="no draft heads are shipped with longswift for this model, and --heads default takes "
-                                "only those: pass --heads FILE_OR_DIR, or --heads auto (AR where none are found)")
             found, path = None, choice.path
             if choice.kind == "checkpoint":
                 found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)

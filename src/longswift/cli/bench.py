@@ -54,7 +54,7 @@ def add_parser(sub: Any) -> None:
     bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
     bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
     bench.add_argument("--no-progress", action="store_true",
-                       help="log only each run's start on stderr, not its tokens as it goes")
+                       help="log each run's start and result on stderr, not its tokens as it goes")
     bench.add_argument("--lockstep", action="store_true",
                        help="run our methods (ar, tokenswift, tokenswift-fused) of each cell and run together, a step "
                             "at a time, the one furthest behind in tokens next, each timed on its own clock, so that "

@@ -26,12 +26,12 @@ RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--n
 EXAMPLES = """examples:
   longswift generate --prompt "Write a long story about a lighthouse keeper." --max-new-tokens 2000
       stream a story (the embedded model's chat template is applied; --raw sends the text as it is)
-  longswift generate --prompt-file notes.txt --max-new-tokens 6000 --seed 1 --output story.txt --json story.json --checkpoint story.ckpt
+  longswift generate --prompt-file notes.txt --max-new-tokens 4000 --seed 1 --output story.txt --json story.json --checkpoint story.ckpt
       a long run saved as it goes; Ctrl-C stops it cleanly and prints the command that continues it
   longswift generate --resume story.ckpt
       continue an interrupted run to exactly the output it would have produced
-  longswift generate --resume story.ckpt --max-new-tokens 12000
-      extend a finished run: the text a run of 12,000 tokens would have written
+  longswift generate --resume story.ckpt --max-new-tokens 7000
+      extend a finished run: the text a run of 7,000 tokens would have written
   torchrun --nproc-per-node 2 -m longswift generate --model hf_dir/ --prompt "Write a story." --json out.json
       one model across 2 processes (tensor parallel: gloo on a CPU, NCCL with a GPU each); rank 0 writes the output
 """

@@ -86,7 +86,8 @@ class HeadsChoice:
 
 def choose_heads(heads: str, in_checkpoint: Callable[[], bool], shipped: Callable[[], Path | None]) -> HeadsChoice:
     """The one order of `--heads` (Engine.set_heads loads by it, `longswift info` describes it): "auto" is
-    the checkpoint's own heads, else the shipped ones, else none; "default" only the shipped ones; else a
+    the checkpoint's own heads, else the shipped ones, else none; "default" only the shipped ones (refused
+    where there are none); else a
     heads file, a directory holding one, or a released checkpoint (local or a hub id). The callables are
     asked only when the order reaches them (reading a checkpoint's header, hashing its embedding)."""
     if heads in ("none", "random"):
@@ -95,6 +96,12 @@ def choose_heads(heads: str, in_checkpoint: Callable[[], bool], shipped: Callabl
         return HeadsChoice("checkpoint")
     if heads in ("auto", "default"):
         path = shipped()
+        if path is None and heads == "default":  # asked for by name: not AR without a word
+            raise LongswiftError(
+                "no draft heads are shipped with longswift for this model, and heads='default' takes only those: "
+                "pass a heads file or directory, or heads='auto' (AR where none are found)",
+                cli_message="no draft heads are shipped with longswift for this model, and --heads default takes "
+                            "only those: pass --heads FILE_OR_DIR, or --heads auto (AR where none are found)")
         return HeadsChoice("shipped", path) if path is not None else HeadsChoice("none")
     path = heads_location(heads)
     if path.is_dir() and not (path / HEADS_FILE).is_file():
