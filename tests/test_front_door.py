@@ -631,3 +631,14 @@ def test_a_checkpoint_names_the_heads_its_stream_ran_with(tiny):
         assert (checkpoint.heads_source, checkpoint.heads_fingerprint) == ("random", ran_with)
     finally:
         tiny.set_heads(None)
+
+
+def test_generate_shows_streams_parameters():
+    """generate(prompt, **kwargs) hid its options from IDEs and help(): it names stream's, in stream's order."""
+    import inspect
+
+    def params(f):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+
+    assert params(longswift.Engine.generate) == params(longswift.Engine.stream)
+    assert [p[0] for p in params(longswift.Engine.generate)][:3] == ["self", "prompt", "sampling"]

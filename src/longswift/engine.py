@@ -6,11 +6,12 @@ from __future__ import annotations
 import numbers
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
@@ -30,6 +31,8 @@ from .stop_strings import StopStrings
 from .stream import GenerationStream, PrefillRelay, RunSetup
 
 METHODS = ("ar", "tokenswift")
+# A prompt: text, or one row of token ids (a list or tuple of ints, a 1-D tensor or numpy array).
+Prompt = str | Sequence[int] | torch.Tensor | np.ndarray
 
 
 class Engine:
@@ -146,7 +149,7 @@ class Engine:
         """Whether the model checkpoint carries its own heads (what heads="auto" takes first)."""
         return self._checkpoint_heads is not None
 
-    def encode(self, prompt: str | list[int], chat: bool | None = False, system: str | None = None) -> list[int]:
+    def encode(self, prompt: Prompt, chat: bool | None = False, system: str | None = None) -> list[int]:
         """Prompt text or ids (a list, or a 1-D tensor or array) -> ids. `chat`: wrap text in the model's
         chat template (True), send it as it is (False), or the template when the model has one (None, the
         CLI's default). `system`: the chat's system message (instead of the template's default one)."""
@@ -214,7 +217,7 @@ class Engine:
 
     def stream(
         self,
-        prompt: str | list[int],
+        prompt: Prompt,
         sampling: SamplingConfig | None = None,
         generation: GenerationConfig | None = None,
         chat: bool | None = False,
@@ -374,9 +377,19 @@ class Engine:
                                          self.eos_ids, r.generator, generated, **loop)
         return GenerationStream(self, r, _inference(steps), stats, generated, stop, relay)
 
-    def generate(self, prompt: str | list[int], **kwargs: Any) -> GenerationResult:
-        """Run a whole generation and return its result (same options as `stream`)."""
-        stream = self.stream(prompt, **kwargs)
+    def generate(
+        self,
+        prompt: Prompt,
+        sampling: SamplingConfig | None = None,
+        generation: GenerationConfig | None = None,
+        chat: bool | None = False,
+        method: str | None = None,
+        spec: SpecConfig | None = None,
+        system: str | None = None,
+        **fields_given: Any,
+    ) -> GenerationResult:
+        """Run a whole generation and return its result (the options are `stream`'s)."""
+        stream = self.stream(prompt, sampling, generation, chat, method, spec, system, **fields_given)
         for _ in stream:
             pass
         assert stream.result is not None
