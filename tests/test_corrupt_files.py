@@ -117,6 +117,7 @@ def test_damaged_heads_file(tmp_path):
     ("missing", 'Missing key(s) in state_dict: "out_norms"): re-export'),
     ("shape", "size mismatch for in_norms"),
     ("nan", "holds NaN or infinite values in 'weights'"),
+    ("int32", "its 'weights' tensor holds torch.int32 values, not floating-point weights"),  # loaded, truncated
 ])
 def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
     """A heads file whose metadata is intact but whose tensors are not DraftHeads' says which tensor is
@@ -137,6 +138,8 @@ def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
         del tensors["out_norms"]
     elif edit == "nan":
         tensors["weights"][0, 0, 0] = float("nan")
+    elif edit == "int32":
+        tensors["weights"] = (tensors["weights"] * 100).to(torch.int32)
     else:
         tensors["in_norms"] = tensors["in_norms"][:, :10].contiguous()
     save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)

@@ -255,7 +255,11 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
         shape = None if weights is None else list(weights.shape)
         raise LongswiftError(f"heads file '{path}' is damaged: its metadata says {meta['gamma']} heads, its "
                              f"'weights' tensor has shape {shape}; re-export or retrain the heads")
-    bad = next((k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    whole = next((k for k, t in tensors.items() if not t.is_floating_point()), None)
+    if whole is not None:  # load_state_dict would copy integers into the float weights without a word
+        raise LongswiftError(f"heads file '{path}' is damaged: its '{whole}' tensor holds {tensors[whole].dtype} "
+                             "values, not floating-point weights; re-export or retrain the heads")
+    bad = next((k for k, t in tensors.items() if not torch.isfinite(t).all()), None)
     if bad is not None:  # they would draft nothing useful (output stays lossless, but every step wasted)
         raise LongswiftError(f"heads file '{path}' holds NaN or infinite values in '{bad}' (a training run that "
                              "diverged, or a damaged file): retrain the heads, with a lower --lr if it diverged")
