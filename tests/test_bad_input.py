@@ -1132,3 +1132,40 @@ def test_a_sigterm_while_loading_exits_with_sigterms_status(command, tmp_path, c
     code, _, err = run_cli(capsys, command, *args)
     assert code == 128 + signal.SIGTERM and "interrupted" in err, err
     assert signal.getsignal(signal.SIGTERM) == handler
+
+
+def test_an_exception_between_a_step_and_its_record_keeps_the_stream_resumable():
+    """An exception (a KeyboardInterrupt) after a step ran but before its tokens were recorded, as in the stop
+    strings' check: the stream went on without that step's tokens and its checkpoint resumed to other tokens.
+    Now it refuses to go on, and its checkpoint (the state before the step) resumes to the uninterrupted run."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
+    whole = engine.generate([1, 5, 9, 7, 3], max_new_tokens=24, seed=7, ignore_eos=True).token_ids
+
+    class Interrupting:  # stands in for the stop strings' check: raises at its third step
+        calls = 0
+
+        def cut(self, ids):
+            self.calls += 1
+            if self.calls == 3:
+                raise KeyboardInterrupt
+            return None
+
+    stream = engine.stream([1, 5, 9, 7, 3], max_new_tokens=24, seed=7, ignore_eos=True)
+    stream._stop = Interrupting()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in stream:
+            pass
+    with pytest.raises(LongswiftError, match="cannot go on"):
+        next(iter(stream))
+    resumed = engine.resume(stream.checkpoint())
+    list(resumed)
+    assert resumed.result.token_ids == whole
+
+
+def test_result_so_far_takes_only_the_finish_reasons():
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+    stream = engine.stream([1, 5, 9], max_new_tokens=4)
+    next(iter(stream))
+    with pytest.raises(ValueError, match="finish_reason must be one of length, eos, stop, interrupted or None"):
+        stream.result_so_far("bogus")
+    assert stream.result_so_far("interrupted").stats.finish_reason == "interrupted"

@@ -692,12 +692,13 @@ def test_a_run_whose_output_closes_saves_its_state(tmp_path, signame):
     assert saved_tokens(tmp_path / "c.json") >= periodic
 
 
-def test_a_new_run_does_not_replace_an_unfinished_checkpoint_and_a_resume_saves_as_often(tmp_path):
+def test_a_new_run_does_not_replace_an_unfinished_checkpoint_and_a_resume_saves_as_often(tmp_path, capsys, monkeypatch):
     """Re-running a stopped job's command replaced its saved state with a new start; a resume went back to
     saving every 1024 tokens (--checkpoint-every was not kept)."""
     import signal
     import time
 
+    monkeypatch.chdir(tmp_path)
     proc = start_long_run(tmp_path)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=300)
@@ -709,6 +710,17 @@ def test_a_new_run_does_not_replace_an_unfinished_checkpoint_and_a_resume_saves_
     assert_one_line_error(again.returncode, again.stderr, f"'c.json' (--checkpoint) holds an unfinished run ({start} of "
                           "30000 tokens): continue it with `longswift generate --resume c.json`, or delete the file")
     assert (tmp_path / "c.json").read_bytes() == before
+    # Nor any other output named on it: --json / --output of a new run (a checkpoint is JSON), --checkpoint of
+    # another run's resume (all replaced it, exit 0)
+    (tmp_path / "other.json").write_bytes(before)
+    capsys.readouterr()
+    for flags, named in ((["--prompt-ids", "3,4", "--max-new-tokens", "3", "--json", "c.json"], "--json"),
+                         (["--prompt-ids", "3,4", "--max-new-tokens", "3", "--output", "c.json"], "--output"),
+                         (["--resume", "other.json", "--checkpoint", "c.json"], "--checkpoint")):
+        model = [] if "--resume" in flags else ["--model", "m", "--heads", "none"]
+        again = run_cli(capsys, "generate", *model, *flags)
+        assert_one_line_error(again[0], again[2], f"'c.json' ({named}) holds an unfinished run ({start} of 30000 tokens)")
+        assert (tmp_path / "c.json").read_bytes() == before
     proc = subprocess.Popen([sys.executable, "-m", "longswift.cli", "generate", "--resume", "c.json", "--no-progress"],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
@@ -1144,3 +1156,62 @@ def test_a_disk_error_in_train_heads_names_the_checkpoint_to_continue_from(tmp_p
                           f"'{out / 'checkpoint.pt'}' holds the last saved step: continue with: longswift train-heads "
                           "--model "), err
     assert err.rstrip().endswith(" --resume (--debug shows where)")
+
+
+def test_a_signal_during_the_last_step_leaves_a_complete_run(tmp_path, capsys, monkeypatch):
+    """A SIGTERM that lands while the run's last step runs: every token is there, so the outputs say how the
+    run ended ("length"), not "interrupted", and the command exits 0 (it said interrupted and exited 143)."""
+    import signal
+
+    import longswift.cli.display as display
+
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    made = display.make_display
+
+    def signalling(text_file, total, initial, progress):
+        shown = made(text_file, total, initial, progress)
+        advance = shown.advance
+
+        def then_signal(n, stats):
+            advance(n, stats)
+            if stats.new_tokens >= total:
+                os.kill(os.getpid(), signal.SIGTERM)  # (StopRequest's handler notes it; the loop then asks)
+        shown.advance = then_signal
+        return shown
+
+    monkeypatch.setattr(display, "make_display", signalling)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5", "--heads",
+                           "none", "--max-new-tokens", "6", "--ignore-eos", "--no-progress", "--json",
+                           str(tmp_path / "o.json"))
+    assert code == 0, err
+    done = json.loads((tmp_path / "o.json").read_text())
+    assert len(done["token_ids"]) == 6 and done["stats"]["finish_reason"] == "length", done["stats"]
+
+
+def test_resuming_a_run_a_stop_string_ended_or_whose_model_moved(tmp_path, capsys, monkeypatch):
+    """A stop string's run resumed with a longer length said "resuming at ... (re-reading ...)" and then generated
+    nothing; a checkpoint whose model directory moved said only that the path does not exist."""
+    import hashlib
+
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5", "--heads", "none",
+                           "--max-new-tokens", "8", "--ignore-eos", "--no-progress", "--json", "o.json",
+                           "--checkpoint", "c.json")
+    assert code == 0, err
+    outer = json.loads((tmp_path / "c.json").read_text())  # as a stop string would have ended it, at 8 tokens
+    outer["checkpoint"]["stats"]["finish_reason"] = "stop"
+    outer["checkpoint"]["generation"]["max_new_tokens"] = 10
+    canonical = json.dumps(outer["checkpoint"], sort_keys=True, separators=(",", ":"))
+    outer["sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
+    (tmp_path / "c.json").write_text(json.dumps(outer))
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "20")
+    assert code == 0, err
+    assert "the run in 'c.json' is complete (8 of 20 tokens, stop: stop)" in err and "re-reading" not in err
+    (tmp_path / "m").rename(tmp_path / "moved")
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json")
+    assert_one_line_error(code, err, f"the checkpoint's model '{tmp_path / 'm'}' no longer exists: give --model PATH "
+                                     "with --resume")
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--model", "moved")
+    assert code == 0, err

@@ -26,7 +26,7 @@ from .runtime.parallel import TensorParallel, shard_config, shard_state
 from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
 from .spec.released import choose_heads, heads_from_tensors, load_released_heads
 from .spec.tokenswift import tokenswift_steps
-from .stats import GenerationResult, GenerationStats, finished
+from .stats import GenerationResult, GenerationStats, ended
 from .stop_strings import StopStrings
 from .stream import GenerationStream, PrefillRelay, RunSetup
 
@@ -335,7 +335,7 @@ class Engine:
         if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids):
             raise LongswiftError("the checkpoint's token ids do not fit this model's vocabulary")
         generated = list(c.token_ids)
-        if not (finished(generated, setup.generation, self.eos_ids) or (stats.finish_reason == "stop" and generated)):
+        if not ended(generated, setup.generation, self.eos_ids, stats.finish_reason):
             stats.resumes += 1  # (a finished run's checkpoint gives its result again: nothing re-read, no resume)
         return self._start(setup, stats, generated, resumed=True)
 

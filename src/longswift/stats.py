@@ -8,6 +8,9 @@ from typing import Any
 
 from .config import GenerationConfig, check_types
 
+# Why a run ended: its length, an EOS, a stop string, or a stop between steps (the CLI's signal; a caller's break).
+FINISH_REASONS = ("length", "eos", "stop", "interrupted")
+
 
 @dataclass
 class GenerationStats:
@@ -20,7 +23,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     seed: int | None = None
-    finish_reason: str = "length"
+    finish_reason: str = "length"  # one of FINISH_REASONS
     accepted_tokens: int = 0  # drafted tokens the lossless walk accepted
     draft_positions: int = 0  # deepest drafted position per step, summed (alpha's denominator; 4 for 1,3,3,3)
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
@@ -102,3 +105,9 @@ def finished(generated: list[int], gen: GenerationConfig, eos_ids: frozenset[int
     if generated and generated[-1] in eos_ids and not gen.ignore_eos:
         return "eos"
     return "length" if len(generated) >= gen.max_new_tokens else None
+
+
+def ended(generated: list[int], gen: GenerationConfig, eos_ids: frozenset[int], finish_reason: str | None) -> str | None:
+    """`finished`, or "stop" for a run a stop string ended (its stats' `finish_reason`): why a run with these
+    tokens goes no further (a resume of it generates nothing), or None."""
+    return finished(generated, gen, eos_ids) or ("stop" if finish_reason == "stop" and generated else None)

@@ -12,9 +12,9 @@ import torch
 from .checkpoint import Checkpoint, encode_rng, heads_fingerprint
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .detok import IncrementalDecoder, decode_text
-from .errors import ConfigTypeError, LongswiftError
+from .errors import ConfigError, ConfigTypeError, LongswiftError
 from .spec.heads import DraftHeads
-from .stats import GenerationResult, GenerationStats
+from .stats import FINISH_REASONS, GenerationResult, GenerationStats, ended
 from .stop_strings import StopStrings
 
 
@@ -89,19 +89,19 @@ class GenerationStream:
         while True:
             boundary = (None if generator is None else generator.get_state(),
                         replace(self.stats, stage_seconds=dict(self.stats.stage_seconds)))
-            try:
+            try:  # until the step's tokens are recorded: an exception before that leaves the state mid-step
                 ids = next(self._steps)
+                keep = self._stop.cut(ids) if self._stop is not None else None
+                if keep is not None:  # a stop string ends the run: the tokens after it in this step are dropped
+                    self.stats.new_tokens -= len(ids) - keep
+                    self.stats.finish_reason = "stop"
+                    ids = ids[:keep]
+                    self._steps.close()  # type: ignore[attr-defined]
             except StopIteration:
                 break
             except BaseException:
                 self._interrupted = boundary
                 raise
-            keep = self._stop.cut(ids) if self._stop is not None else None
-            if keep is not None:  # a stop string ends the run: the tokens after it in this step are dropped
-                self.stats.new_tokens -= len(ids) - keep
-                self.stats.finish_reason = "stop"
-                ids = ids[:keep]
-                self._steps.close()  # type: ignore[attr-defined]
             self.token_ids.extend(ids)
             yield ids
             if keep is not None:
@@ -128,10 +128,17 @@ class GenerationStream:
         if rest:
             yield rest
 
+    def complete(self) -> bool:
+        """Whether the run holds all its tokens (its length, an EOS, a stop string): iterating on would end it
+        without another step."""
+        return ended(self.token_ids, self._setup.generation, self._engine.eos_ids, self.stats.finish_reason) is not None
+
     def result_so_far(self, finish_reason: str | None = None) -> GenerationResult:
         """The ids and text generated so far with the stats (a copy while running; `finish_reason` if given,
         e.g. "interrupted" for a run stopped between steps; None, unless given, while the stream has not
         ended: after a `break`)."""
+        if finish_reason is not None and finish_reason not in FINISH_REASONS:
+            raise ConfigError(f"finish_reason must be one of {', '.join(FINISH_REASONS)} or None; got {finish_reason!r}")
         if finish_reason is None and self.result is not None:  # ended: its own reason
             return self._result(self.stats)
         # (its own stage_seconds: the running stream's dict goes on changing)

@@ -197,7 +197,7 @@ class Ranks:
 
 def _resume(args: argparse.Namespace) -> int:
     from ..checkpoint import read_checkpoint
-    from ..stats import finished
+    from ..stats import ended
 
     given = _given(args)
     extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
@@ -226,7 +226,9 @@ def _resume(args: argparse.Namespace) -> int:
             raise LongswiftError(f"cannot update the checkpoint '{args.resume}' in place: its directory is not "
                                  "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
+    _moved_since(args, ckpt)
     outputs = _outputs(args, inputs=model_inputs(model))
+    _keep_unfinished(outputs, resuming=resumed)
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
     try:
         runtime = RuntimeConfig(**{**ckpt.runtime, **moved})
@@ -254,7 +256,7 @@ def _resume(args: argparse.Namespace) -> int:
             engine = ranks.load(model, heads)
         stream = engine.resume(ckpt)
         if ranks.main:
-            done = finished(list(ckpt.token_ids), gen, engine.eos_ids)  # then the loop ends before any re-read
+            done = ended(list(ckpt.token_ids), gen, engine.eos_ids, ckpt.stats.get("finish_reason"))  # no re-read then
             print(f"longswift: the run in '{shown(resumed)}' is complete "
                   f"({len(ckpt.token_ids)} of {gen.max_new_tokens} tokens, stop: {done}): its outputs are written again"
                   if done else
@@ -267,25 +269,44 @@ def _resume(args: argparse.Namespace) -> int:
                          last_saved=(resumed, len(ckpt.token_ids)))
 
 
-def _keep_unfinished(out: Outputs) -> None:
-    """Refuse a new run whose checkpoint file holds a run not yet finished: re-running a job's command after
-    it was stopped (a batch script after preemption) would replace hours of saved state with a new start."""
+def _keep_unfinished(out: Outputs, resuming: Path | None = None) -> None:
+    """Refuse a run whose outputs would replace a checkpoint of a run not yet finished: re-running a job's
+    command after it was stopped (a batch script after preemption), or an output named by mistake (--json on
+    a checkpoint, --checkpoint on another job's), would replace hours of saved state. `resuming`: the
+    checkpoint this run continues, which it updates."""
     from ..checkpoint import read_checkpoint
 
-    path = out.checkpoint or (out.fallback_checkpoint() if out.output or out.json else None)
-    if path is None or not path.is_file():
-        return
-    try:
-        c = read_checkpoint(path)
-    except LongswiftError:  # not a checkpoint we can resume (damaged, another version): nothing to keep
-        return
-    total = c.generation.get("max_new_tokens")
-    if c.stats.get("finish_reason") in ("eos", "stop") or not isinstance(total, int) or len(c.token_ids) >= total:
-        return
-    flag = "--checkpoint" if out.checkpoint else "the checkpoint next to --output/--json"
-    raise LongswiftError(f"'{shown(path)}' ({flag}) holds an unfinished run ({len(c.token_ids)} of {total} tokens): "
-                         f"continue it with `longswift generate --resume {shlex.quote(shown(path))}`, or delete "
-                         "the file to start over")
+    fallback = out.fallback_checkpoint() if out.checkpoint is None and (out.output or out.json) else None
+    for flag, path in (("--checkpoint", out.checkpoint), ("the checkpoint next to --output/--json", fallback),
+                       ("--output", out.output), ("--json", out.json)):
+        if path is None or not path.is_file() or (resuming is not None and path.resolve() == resuming.resolve()):
+            continue
+        try:
+            with open(path, "rb") as f:
+                if f.read(1) != b"{":  # (a text output, read no further)
+                    continue
+            c = read_checkpoint(path)
+        except (OSError, LongswiftError):  # not a checkpoint we can resume (damaged, another version): nothing to keep
+            continue
+        total = c.generation.get("max_new_tokens")
+        if c.stats.get("finish_reason") in ("eos", "stop") or not isinstance(total, int) or len(c.token_ids) >= total:
+            continue
+        instead = "delete the file to start over" if "checkpoint" in flag else f"give {flag} another file"
+        raise LongswiftError(f"'{shown(path)}' ({flag}) holds an unfinished run ({len(c.token_ids)} of {total} tokens): "
+                             f"continue it with `longswift generate --resume {shlex.quote(shown(path))}`, or {instead}")
+
+
+def _moved_since(args: argparse.Namespace, ckpt: Any) -> None:
+    """Refuse, naming the flag that says where they are now, a resume whose checkpoint's model or heads path
+    is gone (a job directory moved or copied to another machine)."""
+    source = ckpt.model_source  # "<embedded>", "<ClassName>", a hub id, or a local path recorded absolute
+    if args.model is None and os.path.isabs(source) and not os.path.exists(source):
+        raise LongswiftError(f"the checkpoint's model '{source}' no longer exists: give --model PATH with "
+                             "--resume (where that model is now)")
+    heads = ckpt.heads_source
+    if args.heads is None and heads is not None and os.path.isabs(heads) and not os.path.exists(heads):
+        raise LongswiftError(f"the checkpoint's draft heads '{heads}' no longer exist: give --heads PATH with --resume "
+                             "(where those heads are now)")
 
 
 def _given(args: argparse.Namespace) -> list[str]:

@@ -128,7 +128,8 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                     stopping = bool(tp.broadcast_int(stop.signum or 0))
                 if stopping:
                     stop.signum = stop.signum or signal.SIGTERM
-                    break
+                    if not stream.complete():  # (one that is ends at the next iteration, which runs no step)
+                        break
             if decoder:
                 display.text(decoder.flush())
             if not text_file:
