@@ -373,3 +373,17 @@ def test_cuda_graphs_setting_resolves_per_model():
 def test_cuda_graphs_on_without_cuda_is_refused_before_loading():
     with pytest.raises(LongswiftError, match="cuda_graphs.*needs a CUDA device"):
         longswift.load(tiny_hf_model("llama", "default", seed=1), device="cpu", dtype="float32", cuda_graphs="on")
+
+
+def test_a_bucketed_body_past_the_first_bucket_has_a_warm_up_of_its_own():
+    """The first bucket's body attends without a flash part (nothing before the bucket), so a later bucket's
+    body, whose capture would launch flash for the first time, is warmed up on its own; by length a body is
+    the same at every span, and one warm-up serves them all."""
+    model = longswift.load(tiny_hf_model("llama", seed=3), dtype="float32").model
+    cache = FullKVCache(model.cfg, 64, model.dtype, model.device)
+    bucketed = StepGraphs(model, cache, capture=False, bucket=16, attention="bucketed")
+    assert bucketed._warm_key((0, 1, "logits")) != bucketed._warm_key((16, 1, "logits"))
+    assert bucketed._warm_key((16, 1, "logits")) == bucketed._warm_key((32, 1, "logits"))
+    assert bucketed._warm_key((16, 1, "logits")) != bucketed._warm_key((16, 8, "logits"))
+    by_length = StepGraphs(model, cache, capture=False, bucket=16, attention="length")
+    assert by_length._warm_key((16, 1, "logits")) == by_length._warm_key((32, 1, "logits"))

@@ -262,3 +262,18 @@ def test_decode_graphs_over_100k_tokens_on_the_8b_shape(attention, monkeypatch):
     assert graphs.captures == len(fake.captured) == len(expected) == (5 if attention == "length" else 98)
     assert fake.replays == len(slots) and len(graphs.graphs) == 1
     assert fake.reads == []
+
+
+def test_the_memory_plan_asks_the_planned_gpu_whether_flash_runs(monkeypatch):
+    """A plan for cuda:1 asked the current GPU (cuda:0) for flash support: on a machine mixing an Ampere and
+    an older GPU it counted the other one's attention transient."""
+    import longswift.runtime.attention as attention
+    from longswift.runtime.memory import plan_memory
+
+    asked: list[int | None] = []
+    monkeypatch.setattr(attention, "_flash_capable", lambda index: asked.append(index) or index != 1)
+    cfg = shape_config("llama-3.1-8b", layers=2)
+    on_1 = plan_memory(cfg, torch.bfloat16, torch.device("cuda:1"), 4096, 512, False, 0, 32)
+    on_0 = plan_memory(cfg, torch.bfloat16, torch.device("cuda:0"), 4096, 512, False, 0, 32)
+    assert asked == [1, 0]
+    assert on_1.workspace > on_0.workspace  # no flash on cuda:1: its cached part is explicit

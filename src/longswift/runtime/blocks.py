@@ -44,7 +44,8 @@ def decode(model: Transformer, cache: FullKVCache, graphs: StepGraphs | None, to
     if graphs is not None:
         return graphs.decode(token, position)
     ids = token if isinstance(token, torch.Tensor) else torch.tensor([token], device=model.device)
-    logits, hidden = model.forward(ids, torch.tensor([position], device=model.device), cache)
+    # (the position on the host: dynamic NTK rope reads its maximum there, which a device tensor would make a sync)
+    logits, hidden = model.forward(ids, torch.tensor([position]), cache)
     return logits[0], hidden[0]
 
 

@@ -143,7 +143,7 @@ class StepGraphs:
         self.capture_stream: torch.cuda.Stream | None = None  # made at the first capture, on the model's device
         self.captures = 0
         self.capture_seconds = 0.0  # wall time of the captures (warm-up run included), a one-off cost per graph
-        self.warmed: set[tuple[int, str]] = set()  # (N, output) bodies run once eagerly before a capture
+        self.warmed: set[tuple[int, str, bool]] = set()  # bodies run once eagerly before a capture (_warm_key)
         self._taken = (0, 0.0)
         # What a SAMPLED body reads (bind_sampling): the device history and the transform, the logits it
         # draws from and the draw's uniform, in buffers whose addresses the graphs keep.
@@ -241,13 +241,13 @@ class StepGraphs:
         # Warm-up (lazy inits, workspaces) off the capture, the first time a body of this shape is captured; the
         # same body for a later bucket or span runs the same ops on other lengths, so it needs none (on an H100 the
         # embedded model's 11 captures, each with a warm-up, took 0.37 s of a 9 s, 4,096-token run).
-        if key[1:] not in self.warmed:
+        if self._warm_key(key) not in self.warmed:
             side = torch.cuda.Stream(self.model.device)
             side.wait_stream(torch.cuda.current_stream(self.model.device))
             with torch.cuda.stream(side):  # same writes as the replay
                 self.body(*key)
             torch.cuda.current_stream(self.model.device).wait_stream(side)
-            self.warmed.add(key[1:])
+            self.warmed.add(self._warm_key(key))
         graph = torch.cuda.CUDAGraph()
         if self.capture_stream is None:
             self.capture_stream = torch.cuda.Stream(self.model.device)
@@ -263,6 +263,13 @@ class StepGraphs:
                 del self.graphs[old]
         self.graphs[key] = (graph, *out)
         return self.graphs[key]
+
+    def _warm_key(self, key: tuple[int, int, str]) -> tuple[int, str, bool]:
+        """Which warm-up serves the body of `key`: one per (N, output), and, bucketed, per whether the body
+        attends over whole buckets before its own. The first bucket's body has no flash part (runtime.attention
+        cascade's start 0), so a later bucket's body would otherwise launch flash for the first time inside its
+        capture (a prompt within the first bucket, one prefill chunk, never ran it)."""
+        return key[1], key[2], self.attention == "bucketed" and key[0] > 0
 
     def forward(self, tokens: list[int], positions: torch.Tensor, mask: torch.Tensor | None, logits: bool,
                 budget: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,7 +328,7 @@ class StepGraphs:
             banned_index(sampling.banned_ids, history.device)
         for key in [k for k in self.graphs if k[2] == SAMPLED]:
             del self.graphs[key]
-        self.warmed.discard((1, SAMPLED))
+        self.warmed = {w for w in self.warmed if w[1] != SAMPLED}
 
     def sample_decode(self, logits: torch.Tensor, u: torch.Tensor | None, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw the token at `position` (its history index) from `logits` [V] with the uniform `u` ([1]

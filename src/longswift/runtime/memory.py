@@ -178,7 +178,7 @@ def plan_memory(
     verify_rows = padded_nodes(tree_nodes) if cuda and tree_nodes else tree_nodes
     chunk = min(chunk, capacity)  # no prefill reads more than the cache holds (a prefill_chunk of 10**6)
     rows = max(chunk, verify_rows)
-    flash = cuda_flash_fits(torch.device("cuda"), dtype, cfg.head_dim)  # (the flag counts only where cuda)
+    flash = cuda_flash_fits(torch.device(device), dtype, cfg.head_dim)  # the planned GPU's own (cuda:1's, not the current one's)
     scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash),
                  masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
     logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), 4 if float32_logits else elem)

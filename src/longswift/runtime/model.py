@@ -266,7 +266,8 @@ class Transformer:
         queries: list[torch.Tensor] | None = None,
         decoded: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens, positions: [T] long. Writes T KV entries at the cache's end (advancing it) and
+        """tokens, positions: [T] long (positions on the host or the device; dynamic NTK rope reads their
+        maximum, a wait for the device where they live there). Writes T KV entries at the cache's end (advancing it) and
         returns logits [T', V] (float32, float64 for float64 models) for `logits_rows` (default all T) and the last layer's
         pre-norm hidden states [T, hidden]. Without a cache, attention is causal among the tokens.
         If `queries` is a list, each layer appends the last token's query [H, D] (after rope).

@@ -207,7 +207,7 @@ def draft(s: TokenSwiftState) -> Draft:
             depth_logits = graphs.draft(root, s.n - 1)[0]  # forward, heads and LM head in one replay
         else:
             tokens = torch.tensor([root], device=model.device)
-            pos = torch.tensor([s.n - 1], device=model.device)
+            pos = torch.tensor([s.n - 1])  # on the host, as runtime.blocks.decode's
             h = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)[1][-1]
             depth_logits = draft_logits(model, s.heads, len(s.levels), h[None])
         cache.truncate(start)
