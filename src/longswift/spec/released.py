@@ -87,9 +87,9 @@ class HeadsChoice:
 def choose_heads(heads: str, in_checkpoint: Callable[[], bool], shipped: Callable[[], Path | None]) -> HeadsChoice:
     """The one order of `--heads` (Engine.set_heads loads by it, `longswift info` describes it): "auto" is
     the checkpoint's own heads, else the shipped ones, else none; "default" only the shipped ones (refused
-    where there are none); else a
-    heads file, a directory holding one, or a released checkpoint (local or a hub id). The callables are
-    asked only when the order reaches them (reading a checkpoint's header, hashing its embedding)."""
+    where there are none); else a heads file, a directory holding one, or a released checkpoint (local or a
+    hub id). The callables are asked only when the order reaches them (reading a checkpoint's header,
+    hashing its embedding)."""
     if heads in ("none", "random"):
         return HeadsChoice(heads)
     if heads == "auto" and in_checkpoint():
