@@ -638,3 +638,25 @@ def test_output_directories_are_made_with_their_parents_and_files_need_theirs(tm
     assert code == 2 and "directory" in capsys.readouterr().err and not (tmp_path / "missing").exists()
     assert main([*base, "--out-dir", str(tmp_path / "a" / "b" / "run")]) == 0
     assert (tmp_path / "a" / "b" / "run" / "results.jsonl").is_file()
+
+
+def test_a_heads_file_given_relative_or_absolute_is_one_identity_and_records_alphas_parts(tmp_path, tiny_dir, capsys,
+                                                                                           monkeypatch):
+    """The same heads file given as h.safetensors and then by its absolute path was refused ("differs in: heads");
+    records keep accepted_tokens and draft_positions, alpha's parts, so tokens per drafting step can be computed."""
+    import longswift
+    from longswift.spec.heads import save_heads
+
+    engine = longswift.load(str(tiny_dir), heads="random")
+    save_heads(engine.heads, engine.cfg, engine.fingerprint, tmp_path / "h.safetensors")
+    monkeypatch.chdir(tmp_path)
+    out_dir = tmp_path / "bench"
+    args = ["bench", "--model", str(tiny_dir), "--threads", "1", "--no-warmup", "--methods", "ar,tokenswift",
+            "--prefix", "12", "--lengths", "8", "--out-dir", str(out_dir)]
+    assert main([*args, "--heads", "h.safetensors"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--heads", str(tmp_path / "h.safetensors")]) == 0
+    assert "0 runs to do" in capsys.readouterr().err
+    record = next(r for r in lines(out_dir / "results.jsonl") if r["method"] == "tokenswift")
+    assert record["draft_positions"] > 0 and 0 <= record["accepted_tokens"] <= record["draft_positions"]
+    assert record["alpha"] == pytest.approx(record["accepted_tokens"] / record["draft_positions"])

@@ -216,8 +216,8 @@ class Methods:
 
     def _ours(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
               progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
+        stream = self._stream(method, prompt, n, sampling)  # its caches made before the clock starts, as in lockstep
         timeline = Timeline(n, progress=progress)
-        stream = self._stream(method, prompt, n, sampling)
         stats, count = stream.stats, 0
         for ids in stream:
             count += len(ids)
@@ -241,7 +241,9 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             # 'auto' on a checkpoint without heads of its own takes what 'default' takes, and is recorded so:
             # result directories made when bench's --heads default was 'default' still resume
             "threads": torch.get_num_threads(),
-            "heads": "default" if heads == "auto" and not engine.has_checkpoint_heads else str(heads),
+            # a local heads path as set_heads recorded it (absolute: the same file given relative or absolute)
+            "heads": "default" if heads == "auto" and not engine.has_checkpoint_heads else str(
+                engine.heads_source if engine.heads_source is not None and heads not in (None, "none") else heads),
             # heads from a path: their weights too, so heads retrained into the same file are not taken for
             # the old ones (only for paths, so directories of shipped or random heads made before still match)
             **({"heads_digest": heads_fingerprint(engine.heads)}
@@ -476,7 +478,7 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
                 stats: Any, mem: PeakMemory, sampling: SamplingConfig) -> dict[str, Any]:
     """One run as a flat JSON-able dict (a line of results.jsonl)."""
     if len(ids) != cell.length:
-        raise RuntimeError(f"{method} produced {len(ids)} tokens instead of {cell.length}")
+        raise LongswiftError(f"{method} produced {len(ids)} tokens instead of {cell.length}: leave it out of --methods")
     spec = stats is not None and stats.method == "tokenswift"
     return {
         "key": key, **cell.describe(), "method": method, "variant": variant, "run": run,
@@ -485,6 +487,10 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "decode_tokens_per_second": timeline.decode_rate(len(ids)), "first_tokens": timeline.first_tokens,
         "checkpoints": timeline.checkpoints, "checkpoint_alpha": timeline.checkpoint_alpha if spec else None,
         "alpha": stats.alpha if spec else None,
+        # alpha's parts: the deepest drafted position of each drafting step's trie, summed, can be below the
+        # tree's depth times verify_steps (short n-gram paths, --max-nodes), which bench-steps' projection assumes
+        "accepted_tokens": stats.accepted_tokens if spec else None,
+        "draft_positions": stats.draft_positions if spec else None,
         "ngram_alpha": (stats.ngram_accepted / stats.draft_positions if stats.draft_positions else 0.0) if spec else None,
         "tokens_per_step": stats.tokens_per_step if spec else None,
         "lookup_steps": stats.lookup_steps if spec else None,

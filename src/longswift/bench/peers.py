@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..config import SamplingConfig
+from ..errors import LongswiftError
 from .metrics import Timeline
 
 PEERS = ("hf", "hf-pld", "llamacpp", "llamacpp-pld")
@@ -102,7 +103,7 @@ class HFRunner:
                                       streamer=streamer, pad_token_id=0, eos_token_id=list(self.eos_ids) or None, **kwargs)
         tokens = out[0, len(prompt):].tolist()
         if len(tokens) != n:
-            raise RuntimeError(f"transformers generated {len(tokens)} tokens instead of {n}")
+            raise LongswiftError(f"transformers generated {len(tokens)} tokens instead of {n}: leave hf out of --methods")
         return PeerOutput(tokens, timeline)
 
 
@@ -118,8 +119,11 @@ class LlamaCppRunner:
         self.n_ctx = n_ctx
         self.seed = seed
         draft = LlamaPromptLookupDecoding(num_pred_tokens=pld) if pld else None
-        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                         logits_all=bool(pld), draft_model=draft, seed=seed, verbose=False)
+        try:
+            self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                             logits_all=bool(pld), draft_model=draft, seed=seed, verbose=False)
+        except (ValueError, RuntimeError, OSError) as exc:  # llama.cpp's own refusal (an architecture it lacks)
+            raise LongswiftError(f"llama.cpp cannot load '{gguf}' ({exc}): leave llamacpp out of --methods") from None
 
     @staticmethod
     def sampler_note(s: SamplingConfig) -> str | None:
@@ -135,7 +139,8 @@ class LlamaCppRunner:
 
     def run(self, prompt: list[int], n: int, s: SamplingConfig, progress: Progress | None = None) -> PeerOutput:
         if len(prompt) + n > self.n_ctx:
-            raise RuntimeError(f"llama.cpp context {self.n_ctx} < {len(prompt) + n} tokens")
+            raise LongswiftError(f"llama.cpp's context of {self.n_ctx} tokens is below the {len(prompt) + n} of this run: "
+                                 "leave llamacpp out of --methods")
         self.llm.set_seed(s.seed or self.seed)
         self.llm.last_n_tokens_size = max(1, s.penalty_window)  # the penalty window, read when generate() starts
         self.llm.reset()  # n_tokens = 0: no reuse of the previous run's KV cache for a shared prompt prefix

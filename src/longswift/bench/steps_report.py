@@ -51,7 +51,8 @@ def render(r: StepBenchResult) -> str:
                      "does not depend on positions, but such a model would not be run there")
     lines += [
         f"- read bandwidth: {r.bandwidth / 1e9:.1f} GB/s (best of 10 `sum()`s over a "
-        f"{r.bandwidth_buffer / 2**20:.0f} MiB float32 buffer, before and after the timing)",
+        f"{r.bandwidth_buffer / 2**20:.0f} MiB float32 buffer, before and after the timing); a floor above the "
+        "step (marked (!)) means the step read faster than that sum(), e.g. a few layers' weights in the cache",
         f"- bytes per AR step: {r.weight_bytes / 1e6:.0f} MB of weights + {r.kv_bytes_per_token / 1e3:.1f} KB of KV "
         "per cached token; floor = those bytes / the bandwidth",
         f"- each cost is the median of {b.reps} repetitions after {b.warmup} warm-ups; caches hold random keys and "
@@ -74,7 +75,8 @@ def render(r: StepBenchResult) -> str:
     for c in r.costs:
         floor = r.floor(c.context)
         entries = f" ({c.draft_cache})" if spec.draft_mode == "paper" else ""
-        lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(c.ar_eager)} | {_ms(floor)} | {floor / c.ar:.0%} "
+        above = " (!)" if floor > c.ar else ""  # the sum() read slower than the step's own products
+        lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(c.ar_eager)} | {_ms(floor)} | {floor / c.ar:.0%}{above} "
                      f"| {_ms(c.draft)}{entries} | {_ms(c.reselect)} | {_ms(c.walk_row)} "
                      f"| {_ms(c.walk_row_cached)} |")
     nodes = sorted(r.costs[0].verify)
@@ -111,7 +113,9 @@ def render(r: StepBenchResult) -> str:
                      f"verify pass, a trie of at most {BATCHED_LOGITS_NODES} nodes in steps of {BATCH_FROM_TOKENS:g}+ "
                      "tokens, the verify pass's LM head over all rows plus tau x the walk row without it)") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
-                  f"{b.depth} draft positions per step)" + _refills(b)
+                  f"{b.depth} draft positions per step; `bench` counts each step's deepest trie position, which short "
+                  "n-gram paths or --max-nodes can make shallower: its records' accepted_tokens / verify_steps + 1 are "
+                  "the tokens its drafting steps committed)" + _refills(b)
                   + ". Not included: trie building, cache compaction, n-gram "
                   "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
                   "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
