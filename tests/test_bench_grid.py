@@ -320,18 +320,22 @@ def test_spec_label_names_the_node_budget_only_where_it_cuts_the_trie():
     assert ", at most 32 nodes" in spec_label(gpu, "tokenswift", "batched")
 
 
-def test_token_blocks_are_timed_after_the_first_and_a_run_of_one_block_reports(tmp_path, tiny_dir, capsys):
-    """With --read-every 4, AR's first arrival is 4 tokens: its rate counts the 4 after them (it counted
-    7 over the time of 4); a 4-token run arrives whole, has no decode time, and the report says '-'
-    where it raised 'rates must be positive' (a traceback, on every rerun into the directory)."""
+def test_our_methods_decode_from_the_end_of_their_prefill_blocks_included(tmp_path, tiny_dir, capsys):
+    """Our methods' decode time starts where their prefill ends. With --read-every 4, AR's first arrival is a
+    block of 4 whose steps were left out of its decode time (and its 4 tokens out of the count); a 4-token run
+    had no decode time at all. Without blocks, AR's first arrival came after it had forwarded that token: its
+    rate counted n-1 tokens over n-2 forwards."""
     out_dir = tmp_path / "bench"
     report, _ = bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "4,8",
                       "--presets", "greedy", "--read-every", "4")
-    ar = {r["length"]: r for r in lines(out_dir / "results.jsonl") if r["method"] == "ar"}
-    assert ar[8]["first_tokens"] == 4
-    assert ar[8]["decode_tokens_per_second"] == pytest.approx(4 / ar[8]["decode_seconds"])
-    assert ar[4]["decode_tokens_per_second"] == 0.0
-    assert "| ar | - | 1 | " in report and report.count("| - | - | - | - | - | - | - |") == 1  # rate, ms, vs, alphas
+    records = lines(out_dir / "results.jsonl")
+    for r in records:
+        assert r["first_tokens"] == 1
+        assert r["decode_tokens_per_second"] == pytest.approx((r["length"] - 1) / r["decode_seconds"])
+        assert r["prefill_seconds"] < r["checkpoints"][0][1]  # the first arrival came after the prefill ended
+    ar = {r["length"]: r for r in records if r["method"] == "ar"}
+    assert ar[4]["decode_tokens_per_second"] > 0  # the block's 3 tokens after the first, over its steps
+    assert "| ar | - | 1 | " in report and "| - | - | - | - | - | - | - |" not in report
 
 
 @pytest.mark.parametrize("flags, field", [(["--rope-scaling", "yarn:2"], "rope_scaling"),

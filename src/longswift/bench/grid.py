@@ -205,6 +205,8 @@ class Methods:
         alpha: dict[str, Callable[[], float | None]] = {
             m: (lambda: None) if m == "ar" else (lambda s=streams[m].stats: s.alpha) for m in ours}
         run_lockstep({m: iter(s) for m, s in streams.items()}, timelines, self.engine.model.device, alpha)
+        for m, s in streams.items():  # each clock started with its first step, which prefilled first
+            timelines[m].decode_from(s.stats.prefill_seconds)
         return {m: (list(s.token_ids), timelines[m], s.stats) for m, s in streams.items()}
 
     def _stream(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig) -> GenerationStream:
@@ -222,6 +224,7 @@ class Methods:
         for ids in stream:
             count += len(ids)
             timeline.record(count, alpha=stats.alpha if method != "ar" else None)
+        timeline.decode_from(timeline.start + stats.prefill_seconds)  # (the loop starts on the clock's start)
         return list(stream.token_ids), timeline, stats
 
 

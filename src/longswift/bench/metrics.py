@@ -74,6 +74,15 @@ class Timeline:
                 self.progress(tokens, now - self.start)
         return crossed
 
+    def decode_from(self, when: float) -> None:
+        """Our methods: decoding starts where the loop's own prefill ended (`when`, on this timeline's clock),
+        and every token after the prefill's first counts. Their first arrival can already hold decode work (AR
+        forwards its first token before handing it over; a token block holds several steps), which the first
+        arrival as the start left out: AR's rate was one forward fast (n-1 tokens in n-2 forwards), a block's
+        tokens went uncounted. Peers, whose prefill is not known apart, keep their first arrival."""
+        assert self.first is not None, "no token recorded"
+        self.first, self.first_tokens = min(when, self.first), 1
+
     @property
     def prefill_seconds(self) -> float:
         assert self.first is not None, "no token recorded"
