@@ -245,8 +245,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             # result directories made when bench's --heads default was 'default' still resume
             "threads": torch.get_num_threads(),
             # a local heads path as set_heads recorded it (absolute: the same file given relative or absolute)
-            "heads": "default" if heads == "auto" and not engine.has_checkpoint_heads else str(
-                engine.heads_source if engine.heads_source is not None and heads not in (None, "none") else heads),
+            "heads": "default" if heads == "auto" and not engine.has_checkpoint_heads else str(engine.heads_source),
             # heads from a path: their weights too, so heads retrained into the same file are not taken for
             # the old ones (only for paths, so directories of shipped or random heads made before still match)
             **({"heads_digest": heads_fingerprint(engine.heads)}
