@@ -235,8 +235,10 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
         for (m, variant), runs in rows.items():
             if m == "ar":
                 continue
-            curve = dict(curve_speedup(ar[0]["checkpoints"], runs[0]["checkpoints"], ar[0]["prefill_seconds"],
-                                       runs[0]["prefill_seconds"]))
-            cells = [next((f"{v:.2f}x" for n2, v in curve.items() if n2 >= n), "-") for n in header]
+            # at ar's own token counts (the header): this method's time interpolated to each (its checkpoints fall
+            # where its steps end, past them; a cell showed the value at the next one, under ar's count)
+            inverse = dict(curve_speedup(runs[0]["checkpoints"], ar[0]["checkpoints"], runs[0]["prefill_seconds"],
+                                         ar[0]["prefill_seconds"]))
+            cells = [f"{1 / inverse[n]:.2f}x" if n in inverse else "-" for n in header]
             lines.append(f"| {_row_label(rows, m, variant)} | " + " | ".join(cells) + " |")
     return lines
