@@ -664,3 +664,21 @@ def test_a_heads_file_given_relative_or_absolute_is_one_identity_and_records_alp
     record = next(r for r in lines(out_dir / "results.jsonl") if r["method"] == "tokenswift")
     assert record["draft_positions"] > 0 and 0 <= record["accepted_tokens"] <= record["draft_positions"]
     assert record["alpha"] == pytest.approx(record["accepted_tokens"] / record["draft_positions"])
+
+
+def test_lockstep_ratios_pair_each_run_with_the_run_it_was_timed_with():
+    """In lockstep a method's run and ar's run of the same index met the same drift: "vs ar" is the median of
+    those paired ratios (it was the ratio of the medians, which pairs nothing), and the CSV's per-run speedup
+    divides by its own partner; runs timed apart keep the ratio of medians."""
+    from longswift.bench.report import vs
+
+    def run(method, i, rate, together=True):
+        return {"method": method, "run": i, "decode_tokens_per_second": rate,
+                "lockstep_with": (["ar"] if method != "ar" else ["tokenswift"]) if together else None}
+
+    ar = [run("ar", 0, 10.0), run("ar", 1, 20.0), run("ar", 2, 12.0)]
+    ts = [run("tokenswift", 0, 21.0), run("tokenswift", 1, 30.0), run("tokenswift", 2, 30.0)]
+    assert vs(ts, ar) == pytest.approx(2.1)  # ratios 2.1, 1.5, 2.5; the medians' ratio is 30/12 = 2.5
+    apart = [run("tokenswift", i, r["decode_tokens_per_second"], together=False) for i, r in enumerate(ts)]
+    assert vs(apart, ar) == pytest.approx(2.5)
+    assert vs(ar, ar) == pytest.approx(1.0) and vs(ts, None) is None

@@ -60,6 +60,27 @@ def baseline(rows: dict[tuple[str, str], list[dict[str, Any]]], method: str) -> 
     return next((runs for (m, _), runs in rows.items() if m == method), None)
 
 
+def partner(run: dict[str, Any], base: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The baseline's run that `run` was timed in lockstep with (the same run index, the baseline named in its
+    lockstep_with), or None."""
+    if base and base[0]["method"] in (run.get("lockstep_with") or []):
+        return next((b for b in base if b["run"] == run["run"]), None)
+    return None
+
+
+def vs(runs: list[dict[str, Any]], base: list[dict[str, Any]] | None) -> float | None:
+    """How many times faster `runs` are than the baseline's: the median of the per-run ratios where every run
+    was timed in lockstep with the baseline's run (the pairing lockstep exists for: both met the same drift),
+    else the ratio of the medians; None where a rate is 0 (nothing timed)."""
+    if not base:
+        return None
+    pairs = [(r["decode_tokens_per_second"], p["decode_tokens_per_second"]) for r in runs if (p := partner(r, base))]
+    if len(pairs) == len(runs) and all(a > 0 and b > 0 for a, b in pairs):
+        return statistics.median(a / b for a, b in pairs)
+    rate, base_rate = median_rate(runs), median_rate(base)
+    return speedup(rate, base_rate) if rate > 0 and base_rate > 0 else None
+
+
 def write_outputs(store: MemoryStore, ctx: RunContext, out_dir: Path | None, plots: bool) -> str:
     """(Re)write results.csv, the plots and report.md from every record; return the report."""
     records = store.records
@@ -86,11 +107,11 @@ def to_csv(records: list[dict[str, Any]]) -> str:
         row = {k: v for k, v in r.items() if k not in CSV_SKIP}
         if isinstance(row.get("lockstep_with"), list):  # a list in one cell: the methods joined by '+'
             row["lockstep_with"] = "+".join(row["lockstep_with"])
-        for base in ("ar", "hf"):
+        for base in ("ar", "hf"):  # against the run it was timed in lockstep with, else the baseline's median
             runs = baseline(cells[cell_id(r)], base)
-            row[f"speedup_vs_{base}"] = (round(speedup(r["decode_tokens_per_second"], median_rate(runs)), 4)
-                                         if runs and r["decode_tokens_per_second"] > 0 and median_rate(runs) > 0
-                                         else "")
+            paired = partner(r, runs) if runs else None
+            ratio = vs([r], [paired] if paired else runs)
+            row[f"speedup_vs_{base}"] = round(ratio, 4) if ratio is not None else ""
         rows.append(row)
     buf = io.StringIO()
     if rows:
@@ -219,13 +240,13 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]])
     for (m, variant), runs in rows.items():
         rate = median_rate(runs)
         med = lambda k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None  # noqa: E731
-        vs = [f"{speedup(rate, median_rate(b)):.2f}x" if b and rate > 0 and median_rate(b) > 0 else "-"
-              for b in (ar, hf)]
+        ratios = [vs(runs, b) for b in (ar, hf)]
+        cols = [f"{x:.2f}x" if x is not None else "-" for x in ratios]
         distinct = "/".join(f"{med(f'distinct_{n}'):.2f}" for n in (1, 2, 3, 4))
         timed = rate > 0  # 0: every token arrived in one block, no decode time to divide by
         lines.append(f"| {m} | {variant or '-'} | {len(runs)} | {med('prefill_seconds'):.2f} | "
                      f"{_fmt(rate if timed else None, '.1f')} | {_fmt(1e3 / rate if timed else None, '.1f')} | "
-                     f"{vs[0]} | {vs[1]} | {_fmt(med('alpha'))}{_drafted(runs)} | "
+                     f"{cols[0]} | {cols[1]} | {_fmt(med('alpha'))}{_drafted(runs)} | "
                      f"{_fmt(med('ngram_alpha'))} | {_fmt(med('tokens_per_step'))} | {distinct} | "
                      f"{_memory(runs)} |")
     if ar and len(rows) > 1:
