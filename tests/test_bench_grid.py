@@ -682,3 +682,13 @@ def test_lockstep_ratios_pair_each_run_with_the_run_it_was_timed_with():
     apart = [run("tokenswift", i, r["decode_tokens_per_second"], together=False) for i, r in enumerate(ts)]
     assert vs(apart, ar) == pytest.approx(2.5)
     assert vs(ar, ar) == pytest.approx(1.0) and vs(ts, None) is None
+
+
+def test_a_rerun_with_warm_ups_into_a_directory_made_without_is_refused(tmp_path, tiny_dir, capsys):
+    """--no-warmup changes how a first run is timed (its one-off costs): one way per directory, as --lockstep."""
+    base = ["bench", "--model", str(tiny_dir), "--threads", "1", "--methods", "ar", "--prefix", "12", "--lengths", "4",
+            "--out-dir", str(tmp_path / "b")]
+    assert main([*base, "--no-warmup"]) == 0
+    capsys.readouterr()
+    assert main(base) == 2
+    assert "holds results of a different configuration (differs in: warmup)" in capsys.readouterr().err

@@ -259,6 +259,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             **({"rope_scaling": engine.runtime.rope_scaling} if engine.runtime.rope_scaling else {}),
             **({"read_every": block} if block != RuntimeConfig().token_block(device) else {}),
             **({"lockstep": True} if cfg.lockstep else {}),  # how runs were timed: one way per directory
+            **({"warmup": False} if not cfg.warmup else {}),  # (a first run without a warm-up pays one-off costs)
             **({"cuda_graphs": False} if device.type == "cuda" and not use_graphs(engine.runtime.cuda_graphs,
                                                                                    engine.model) else {})}
 
