@@ -692,3 +692,16 @@ def test_a_rerun_with_warm_ups_into_a_directory_made_without_is_refused(tmp_path
     capsys.readouterr()
     assert main(base) == 2
     assert "holds results of a different configuration (differs in: warmup)" in capsys.readouterr().err
+
+
+def test_a_resumed_report_keeps_the_notes_of_rows_measured_earlier(tmp_path, tiny_dir, capsys):
+    """A rerun into the same --out-dir with fewer methods dropped the notes of the rows still shown: hf's
+    sampler under the paper preset, and TokenSwift's float32 rounding."""
+    base = ["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--prefix", "12",
+            "--lengths", "4", "--presets", "paper", "--out-dir", str(tmp_path / "b")]
+    assert main([*base, "--methods", "ar,tokenswift,hf"]) == 0
+    first = (tmp_path / "b" / "report.md").read_text()
+    assert main([*base, "--methods", "ar"]) == 0
+    again = (tmp_path / "b" / "report.md").read_text()
+    for line in ("- sampler of hf, paper:", "- tokenswift outputs equal ar's token for token in float64"):
+        assert line in first and line in again, line

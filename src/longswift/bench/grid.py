@@ -30,7 +30,7 @@ from ..spec.budget import unpruned_budget
 from ..spec.heads import named_heads_file
 from .lockstep import run_lockstep
 from .metrics import PeakMemory, Timeline, distinct_n
-from .peers import PEERS, HFRunner, LlamaCppRunner, missing
+from .peers import PEERS, HFRunner, LlamaCppRunner, missing, sampler_note
 from .prompts import Prompt, build_prompts, file_digest
 from .report import RunContext, write_outputs
 from .store import OUTPUT_FILES, MemoryStore, ResultStore, absolute
@@ -163,12 +163,6 @@ class Methods:
             return f"{self.cfg.pld_tokens} lookup tokens"
         return ""
 
-    def note(self, method: str, sampling: SamplingConfig) -> str | None:
-        if method.startswith("hf"):
-            return HFRunner.sampler_note(sampling)
-        if method.startswith("llamacpp"):
-            return LlamaCppRunner.sampler_note(sampling)
-        return None
 
     def run(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
             progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
@@ -386,7 +380,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                 if why:
                     skipped[f"{m} ({cell.preset})"] = why
                     continue
-                note = methods.note(m, sampling)
+                note = sampler_note(m, sampling)
                 if note:
                     ctx.notes[f"{m}, {cell.preset}"] = note
             for r in range(cfg.runs):

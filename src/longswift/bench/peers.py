@@ -107,6 +107,15 @@ class HFRunner:
         return PeerOutput(tokens, timeline)
 
 
+def sampler_note(method: str, sampling: SamplingConfig) -> str | None:
+    """How a peer's sampling differs from ours under `sampling` (None for ours, or where it does not)."""
+    if method.startswith("hf"):
+        return HFRunner.sampler_note(sampling)
+    if method.startswith("llamacpp"):
+        return LlamaCppRunner.sampler_note(sampling)
+    return None
+
+
 class LlamaCppRunner:
     """llama-cpp-python on the same GGUF file: llama.cpp's own kernels on the file's (possibly
     quantized) weights; with `pld`, its prompt-lookup draft model (which needs logits_all=True)."""

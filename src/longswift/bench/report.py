@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import write_atomic
+from ..config import SamplingConfig
 from .machine import machine_lines, software_versions
 from .metrics import curve_speedup, speedup
+from .peers import sampler_note
 from .store import MemoryStore
 
 CSV_SKIP = ("token_ids", "checkpoints", "checkpoint_alpha", "sampling", "key", "stage_seconds", "command", "versions")
@@ -153,6 +155,7 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
                      f"draft KV budget {ctx.spec.draft_kv_budget} ({ctx.spec.draft_cache}), adaptive steps "
                      f"{'on' if ctx.spec.adaptive else 'off'}"
                      + ("; rows measured with other options name theirs in the variant column" if others else ""))
+    if any(r["method"].startswith("tokenswift") for r in records):  # (an earlier invocation's rows too)
         if ident["dtype"] != "float64":
             # float32 keeps ~7 digits; bfloat16 ~3 and float16 ~4 (their logits move by tenths)
             rounding = "~1e-6 relative" if ident["dtype"] == "float32" else "~1e-3 to 1e-2 relative"
@@ -160,17 +163,24 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
                          f"pass's multi-token sums round differently ({rounding}) from the decode step's, so a "
                          "draw within that rounding of a boundary between two tokens can go the other way (the "
                          "'first differs' lines below; rare in float32, common in bfloat16)")
-    if any(m.startswith("llamacpp") for m in ctx.methods):
+    if any(r["method"].startswith("llamacpp") for r in records):
         lines.append("- llama.cpp runs its own kernels on the GGUF's stored weights (quantized types stay quantized), "
                      "while longswift and transformers run the weights dequantized to the dtype above: its speed is "
                      "that of a different numeric format and its tokens are not comparable with ours")
-    for what, note in ctx.notes.items():
+    # every row's sampler note, those an earlier invocation measured included (ctx.notes holds this one's)
+    notes = dict(ctx.notes)
+    for r in records:
+        note = sampler_note(r["method"], SamplingConfig(**r["sampling"]))
+        if note:
+            notes.setdefault(f"{r['method']}, {r['preset']}", note)
+    for what, note in notes.items():
         lines.append(f"- sampler of {what}: {note}")
     for what, why in ctx.skipped.items():
         lines.append(f"- {what}: skipped ({why})")
-    lines.append("- decode tok/s counts the tokens after the first arrival (the first token; AR's first block where "
-                 "--read-every reads several at once, which prefill s then includes) over the time after it; "
-                 "medians over runs; "
+    lines.append("- decode tok/s counts the tokens after the first: ours over the time after their own prefill "
+                 "(prefill s), a peer's over the time after its first token arrived; "
+                 "medians over runs (lockstep rows: \"vs ar\" is the median of each run's ratio to the ar run it ran "
+                 "with); "
                  "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
                  "includes every method loaded so far; the part in parentheses is what the run added on top")
     if ctx.identity.get("lockstep"):
