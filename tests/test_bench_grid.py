@@ -705,3 +705,21 @@ def test_a_resumed_report_keeps_the_notes_of_rows_measured_earlier(tmp_path, tin
     again = (tmp_path / "b" / "report.md").read_text()
     for line in ("- sampler of hf, paper:", "- tokenswift outputs equal ar's token for token in float64"):
         assert line in first and line in again, line
+
+
+def test_lockstep_plans_the_fused_mode_without_a_partial_draft_cache(tiny_dir, monkeypatch):
+    """tokenswift-fused drafts without a draft pass, so without the paper mode's partial cache; the lockstep
+    memory check planned it with one, and could refuse grids that fit."""
+    import longswift.bench.grid as grid
+    import longswift.runtime.memory as memory
+    from longswift.bench.prompts import Prompt
+    from longswift.engine import load
+
+    engine = load(str(tiny_dir), heads="random", threads=1)
+    cell = grid.Cell(Prompt("p", tuple(range(12)), False), 12, "paper", 200)
+    cfg = grid.BenchConfig(spec=SpecConfig(draft_kv_budget=48, draft_window=16, attention_sinks=4))
+    planned = []
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 40)
+    monkeypatch.setattr(grid, "lockstep_bytes", lambda plans, graphs: planned.extend(plans) or 0)
+    grid.check_lockstep_memory(engine, cfg, cell, ["ar", "tokenswift", "tokenswift-fused"])
+    assert [p.draft_tokens for p in planned] == [0, 48, 0]

@@ -204,11 +204,8 @@ class Methods:
         return {m: (list(s.token_ids), timelines[m], s.stats) for m, s in streams.items()}
 
     def _stream(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig) -> GenerationStream:
-        spec = self.cfg.spec
-        if method == "tokenswift-fused":
-            spec = dataclasses.replace(spec, draft_mode="fused")
         return self.engine.stream(prompt, sampling=sampling, generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
-                                  method="ar" if method == "ar" else "tokenswift", spec=None if method == "ar" else spec)
+                                  method="ar" if method == "ar" else "tokenswift", spec=method_spec(method, self.cfg.spec))
 
     def _ours(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
               progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
@@ -220,6 +217,13 @@ class Methods:
             timeline.record(count, alpha=stats.alpha if method != "ar" else None)
         timeline.decode_from(timeline.start + stats.prefill_seconds)  # (the loop starts on the clock's start)
         return list(stream.token_ids), timeline, stats
+
+
+def method_spec(method: str, spec: SpecConfig) -> SpecConfig | None:
+    """The TokenSwift options a bench method runs with: none for ar, the fused draft mode for tokenswift-fused."""
+    if method == "ar":
+        return None
+    return dataclasses.replace(spec, draft_mode="fused") if method == "tokenswift-fused" else spec
 
 
 def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, Any]:
@@ -289,7 +293,7 @@ def check_lockstep_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: li
     model, tokens = engine.model, len(cell.prompt.ids) + cell.length
     spec = (cfg.spec or SpecConfig()).for_device(model.device)
     plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, GenerationConfig().prefill_chunk, model.packed,
-                      model.float32_logits, None if m == "ar" else spec) for m in ours]
+                      model.float32_logits, method_spec(m, spec)) for m in ours]
     need = lockstep_bytes(plans, model.device.type == "cuda" and use_graphs(engine.runtime.cuda_graphs, model))
     if need > free:
         raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {need / GiB:.2f} GiB for "
