@@ -110,9 +110,7 @@ def to_csv(records: list[dict[str, Any]]) -> str:
         if isinstance(row.get("lockstep_with"), list):  # a list in one cell: the methods joined by '+'
             row["lockstep_with"] = "+".join(row["lockstep_with"])
         for base in ("ar", "hf"):  # against the run it was timed in lockstep with, else the baseline's median
-            runs = baseline(cells[cell_id(r)], base)
-            paired = partner(r, runs) if runs else None
-            ratio = vs([r], [paired] if paired else runs)
+            ratio = vs([r], baseline(cells[cell_id(r)], base))
             row[f"speedup_vs_{base}"] = round(ratio, 4) if ratio is not None else ""
         rows.append(row)
     buf = io.StringIO()
