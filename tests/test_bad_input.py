@@ -9,7 +9,9 @@ import json
 import os
 import re
 import stat
+import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -361,6 +363,58 @@ def test_an_exported_directory_appears_whole_or_not_at_all(tmp_path):
     assert [p.name for p in out.iterdir()] == ["config.json"]
     with pytest.raises(LongswiftError, match="is a directory that is not empty"):
         write_dir_atomically(out, lambda tmp: None)
+
+
+def _writer_that_hangs(out: Path, ready: Path) -> subprocess.Popen:
+    """A process in the middle of write_dir_atomically(out): it has written a file, and waits."""
+    code = ("import sys, time; from pathlib import Path; from longswift.atomic import write_dir_atomically\n"
+            "def write(tmp):\n"
+            "    (tmp / 'model.safetensors').write_bytes(b'x' * 1000)\n"
+            "    Path(sys.argv[2]).write_text('')\n"
+            "    time.sleep(120)\n"
+            "write_dir_atomically(sys.argv[1], write)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out), str(ready)])
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the writer did not start"
+        time.sleep(0.05)
+    return proc
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock")
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_killed_exports_temporary_directory_is_removed_by_the_next_one(tmp_path, existing):
+    """kill -9 (or a power cut) during an export leaves its `.longswift-*.partial` directory (gigabytes for a
+    large model): the next export in the same place removes it and says so, but never a live writer's
+    directory, nor a directory that only looks like one."""
+    out = tmp_path / "released"
+    if existing:
+        out.mkdir()
+    where = out if existing else tmp_path
+
+    def partial() -> set[Path]:
+        return {d for d in tmp_path.rglob(".longswift-*.partial")}
+
+    alive = _writer_that_hangs(tmp_path / "other", tmp_path / "ready1")  # (writing into `out` would refuse the rest)
+    try:
+        live = partial()
+        killed = _writer_that_hangs(out, tmp_path / "ready2")
+        killed.kill()
+        killed.wait()
+        (stale,) = partial() - live
+        assert stale.parent == where and (stale / "model.safetensors").exists()
+        lookalike = tmp_path / ".longswift-mine.partial"  # the user's own, without a writer's mark (swept past
+        # where out is new; inside an existing out it is an entry of the user's, which refuses the export)
+        lookalike.mkdir()
+        heard: list[Path] = []
+        write_dir_atomically(out, lambda tmp: (tmp / "config.json").write_text("{}"), heard.append)
+        assert heard == [stale] and not stale.exists()
+        assert sorted(p.name for p in out.iterdir() if p != lookalike) == ["config.json"]  # without the mark
+        assert lookalike.is_dir() and partial() == live | {lookalike}
+        assert alive.poll() is None
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_an_export_into_an_existing_empty_directory_keeps_that_directory(tmp_path, monkeypatch):

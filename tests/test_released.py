@@ -361,10 +361,15 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
                {"training": {"windows": 5}})
     saved = load_file(str(tmp_path / "heads.safetensors"))
     out = tmp_path / "released"
+    killed = tmp_path / ".longswift-3v9q_x1z.partial"  # what an export killed by kill -9 leaves: marked, unlocked
+    killed.mkdir()
+    (killed / ".longswift-writing").write_text("")
+    (killed / "model.safetensors").write_bytes(b"x" * 100)
     capsys.readouterr()
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(tmp_path / "heads.safetensors"),
                            "--format", "tokenswift", "--out", str(out))
     assert code == 0, err
+    assert not killed.exists() and f"removed '{killed}', left by a run that was killed" in err
     assert json.loads((out / "config.json").read_text())["medusa_heads"] == GAMMA
     assert load_file(str(out / "model.safetensors"))[f"{PREFIX}2.linear.weight"].dtype == torch.float32
     loaded = longswift.load(str(out), dtype="float32")
@@ -375,9 +380,12 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     for k, v in hf.state_dict().items():
         assert torch.equal(again[k], v), k
     # and back: the released directory's heads as a longswift heads file for the base model
+    killed = tmp_path / "back.safetensors.a1b2c3d4.partial"
+    killed.write_bytes(b"x" * 100)
     code, _, err = run_cli(capsys, "export-heads", "--model", str(out), "--format", "longswift",
                            "--out", str(tmp_path / "back.safetensors"))
     assert code == 0, err
+    assert not killed.exists() and f"removed '{killed}', left by a run that was killed" in err
     back = longswift.load(str(base), dtype="float32", heads=str(tmp_path / "back.safetensors"))
     for k, v in back.heads.state_dict().items():
         assert torch.equal(v, saved[k]), k

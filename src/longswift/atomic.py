@@ -130,7 +130,7 @@ def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise LongswiftError(f"'{p}' is a file, and {flag} here is a new directory: choose a new {flag}")
-    if p.exists() and any(p.iterdir()):
+    if p.exists() and any(not _left_by_killed_writer(e) for e in p.iterdir()):  # (those the write removes)
         raise LongswiftError(f"'{p}' is a directory that is not empty: choose a new {flag}")
     return check_dir_writable(p, flag)
 
@@ -154,26 +154,38 @@ def remove_made(dirs: list[Path]) -> None:
             break
 
 
-def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None],
+                         on_stale: Callable[[Path], None] | None = None) -> Path:
     """Have `write` fill a temporary directory, then move it into place. An absent `path` is the
     temporary sibling renamed: it appears whole or not at all, and parents made for it go on failure.
     An existing empty directory (the working directory, a mount point, a symlink's target) keeps its
-    identity and gets each complete file by one rename; a failure takes back those already moved."""
+    identity and gets each complete file by one rename; a failure takes back those already moved.
+
+    The temporary directory (`.longswift-<random>.partial`) holds a lock while it is written; one that
+    a killed run left (kill -9, a power cut: an export of a large model leaves gigabytes) is removed by
+    the next write in the same place, and `on_stale` hears of it."""
     p = check_new_dir(path)
     existing = p.exists()
     made = absent_dirs(p.parent)  # nearest first
     if not existing:
         p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".longswift-", suffix=".partial", dir=p if existing else p.parent))
+    where = p if existing else p.parent
+    for stale in remove_stale_dirs(where):
+        if on_stale:
+            on_stale(stale)
+    tmp = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX, suffix=".partial", dir=where))
     moved: list[Path] = []
+    held = None
     try:
+        held = _hold_dir(tmp)
         os.chmod(tmp, 0o777 & ~_umask())
         write(tmp)
         for f in tmp.rglob("*"):
-            if f.is_file():
+            if f.is_file() and f.name != _WRITING:
                 os.chmod(f, 0o666 & ~_umask())  # as open() makes them (safetensors makes its files 0600)
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+        (tmp / _WRITING).unlink(missing_ok=True)  # still held: a sweep from here on finds no mark and keeps it
         if existing:
             for entry in sorted(tmp.iterdir()):
                 os.replace(entry, p / entry.name)
@@ -190,7 +202,56 @@ def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None])
                 entry.unlink(missing_ok=True)
         remove_made(made)
         raise
+    finally:
+        if held is not None:
+            os.close(held)
     return p
+
+
+_DIR_PREFIX = ".longswift-"
+_WRITING = ".longswift-writing"  # the mark inside a temporary directory, locked by its writer while it writes
+
+
+def _hold_dir(tmp: Path) -> int | None:
+    """Mark a new temporary directory as being written: a file inside it, flock'ed until the writer is
+    done (the lock goes with the process, however it ends). None where there is no flock (Windows)."""
+    if fcntl is None:
+        return None
+    fd = os.open(tmp / _WRITING, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # new and ours alone: taken at once
+    return fd
+
+
+def remove_stale_dirs(where: Path) -> list[Path]:
+    """Remove the temporary directories in `where` that write_dir_atomically's writers left when they were
+    killed; returns those removed."""
+    removed = []
+    for d in sorted(where.iterdir()):
+        if _left_by_killed_writer(d):
+            shutil.rmtree(d, ignore_errors=True)
+            if not d.exists():
+                removed.append(d)
+    return removed
+
+
+def _left_by_killed_writer(d: Path) -> bool:
+    """Whether `d` is a temporary directory of write_dir_atomically's whose writer is gone: marked as being
+    written, with nobody holding the mark's lock (a writer's death releases it, and no writer ever takes a
+    directory it did not make). Without the mark it is not ours to judge: someone else's, or a writer's
+    between its last file and its rename."""
+    if fcntl is None or not (d.name.startswith(_DIR_PREFIX) and d.name.endswith(".partial")):
+        return False
+    try:
+        fd = os.open(d / _WRITING, os.O_RDWR)
+    except OSError:  # no mark, or not a directory
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # its writer is alive
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _umask() -> int:

@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
-from ..atomic import check_new_dir, check_writable
+from ..atomic import OutputLock, check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value,
                     model_inputs)
+from .outputs import note_stale
 
 FORMATS = ("tokenswift", "longswift")
 
@@ -75,7 +76,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
                 else released_training_record(engine.heads_dir) if engine.heads_dir is not None else None)
     if args.format == "tokenswift":
         out = export_tokenswift(args.out, engine.cfg, engine.model.full_state(), engine.heads, engine.tokenizer,
-                                engine.model.dtype, training)
+                                engine.model.dtype, training, on_stale=note_stale)
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
@@ -84,9 +85,10 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
             # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file exports
             # its own values, read again at the precision it stores.
             heads = load_heads(engine.heads_file, engine.cfg, torch.empty(0), engine.fingerprint)
-        _refuse_existing(args.out)  # (made while the model loaded: still not replaced)
-        save_heads(heads, engine.cfg, engine.fingerprint, args.out,
-                   {"exported_from": engine.heads_origin, **({"training": training} if training else {})})
+        with OutputLock([("--out", args.out)], note_stale):  # (and a killed export's temporary file goes)
+            _refuse_existing(args.out)  # (made while the model loaded: still not replaced)
+            save_heads(heads, engine.cfg, engine.fingerprint, args.out,
+                       {"exported_from": engine.heads_origin, **({"training": training} if training else {})})
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)
     return 0
 

@@ -69,12 +69,8 @@ class Outputs:
     def locked(self) -> Any:
         from ..atomic import OutputLock
 
-        def note(stale: Path) -> None:
-            print(f"longswift: removed '{shown(stale)}', left by a run that was killed while writing it",
-                  file=sys.stderr)
-
         return OutputLock([(flag, p) for flag, p in (("--output", self.output), ("--json", self.json),
-                                                     ("--checkpoint", self.checkpoint)) if p is not None], note)
+                                                     ("--checkpoint", self.checkpoint)) if p is not None], note_stale)
 
 
 def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool,
@@ -246,6 +242,11 @@ def os_error_with(exc: OSError, hint: str) -> OSError:
         return OSError(f"{exc}; {hint}")
     where = f": '{exc.filename}'" if exc.filename is not None else ""
     return OSError(exc.errno, f"{exc.strerror}{where}; {hint}")
+
+
+def note_stale(stale: Path) -> None:
+    """Say that a temporary file or directory a killed run left was removed (see atomic.OutputLock)."""
+    print(f"longswift: removed '{shown(stale)}', left by a run that was killed while writing it", file=sys.stderr)
 
 
 def shown(path: Path) -> str:

@@ -161,10 +161,12 @@ def _trained(path: Path) -> str:
 
 
 def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str, torch.Tensor], heads: DraftHeads,
-                      tokenizer: Any, dtype: torch.dtype, training: dict | None = None) -> Path:
+                      tokenizer: Any, dtype: torch.dtype, training: dict | None = None,
+                      on_stale: Callable[[Path], None] | None = None) -> Path:
     """Write base model + heads as a released TokenSwift checkpoint: an HF directory (config.json with
     `medusa_heads`, model.safetensors, the tokenizer) that transformers and TokenSwift's code load.
-    `training`: the heads' training record, kept in config.json (TRAINING_KEY)."""
+    `training`: the heads' training record, kept in config.json (TRAINING_KEY). `on_stale`: hears of each
+    temporary directory a killed export left there, which this one removes (write_dir_atomically)."""
     from safetensors.torch import save_file
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -191,7 +193,7 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
             tokenizer.save_pretrained(str(tmp))
         (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
 
-    return write_dir_atomically(out, write)
+    return write_dir_atomically(out, write, on_stale)
 
 
 def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str, bool]:
