@@ -543,6 +543,20 @@ def test_a_results_directory_takes_one_invocation_at_a_time_and_a_batch_at_once(
         again.close()
 
 
+def test_a_results_directory_drops_the_temporary_files_a_killed_invocation_left(tmp_path):
+    """kill -9 while the report or a plot was being written left `report.md.<random>.partial` and the like;
+    the next invocation, holding the directory, removes them (and nothing else)."""
+    from longswift.bench.store import OUTPUT_FILES, ResultStore
+
+    tmp_path.joinpath("d").mkdir()
+    left = [tmp_path / "d" / f"{name}.k1ll3d_x.partial" for name in OUTPUT_FILES]
+    kept = [tmp_path / "d" / "notes.txt.k1ll3d_x.partial", tmp_path / "d" / "report.md.partial"]
+    for f in left + kept:
+        f.write_text("half")
+    ResultStore(tmp_path / "d", {"model": "m"}).close()
+    assert not any(f.exists() for f in left) and all(f.exists() for f in kept)
+
+
 def test_a_last_record_without_its_newline_is_not_joined_by_the_next(tmp_path):
     """A whole last line missing only its newline loaded fine, and the next run's record was appended onto
     it: the resume after that failed on a line of two records."""

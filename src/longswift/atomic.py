@@ -366,6 +366,16 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -
         raise
 
 
+def remove_stale_files(path: Path, on_stale: Callable[[Path], None] | None = None) -> None:
+    """Remove the `<name>.<random>.partial` files beside `path` that writers killed while writing it left.
+    Only for a caller that holds `path`'s OutputLock (or one that covers it): no other run writes it then."""
+    for stale in sorted(path.parent.glob(glob.escape(path.name) + "." + "?" * _TEMP_CHARS + ".partial")):
+        if stale.is_file():
+            stale.unlink(missing_ok=True)
+            if on_stale:
+                on_stale(stale)
+
+
 class OutputLock:
     """An advisory lock (flock) on `<name>.lock` next to each output file, held for a whole run, so
     a second run writing the same file is refused at once instead of interleaving with the first.
@@ -416,11 +426,7 @@ class OutputLock:
         self._held.append((fd, lock))  # held from here on: released (and removed) even if the pid cannot be written
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-        for stale in sorted(path.parent.glob(glob.escape(path.name) + "." + "?" * _TEMP_CHARS + ".partial")):
-            if stale.is_file():
-                stale.unlink(missing_ok=True)
-                if self.on_stale:
-                    self.on_stale(stale)
+        remove_stale_files(path, self.on_stale)
 
     def release(self) -> None:
         for fd, lock in reversed(self._held):

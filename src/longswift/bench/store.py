@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..atomic import OutputLock, write_atomic
+from ..atomic import OutputLock, remove_stale_files, write_atomic
 from ..errors import LongswiftError
 
 # What a results directory holds (all of it bench's: --fresh discards these, and outputs may not replace them).
@@ -69,7 +69,9 @@ class ResultStore(MemoryStore):
         # the copies). Held until close().
         self._lock = OutputLock([("--out-dir", self.path)])
         self._lock.__enter__()
-        try:
+        try:  # the lock covers the directory's other files, whose temporary copies a killed run left too
+            for name in OUTPUT_FILES:
+                remove_stale_files(out_dir / name)
             self._open(out_dir, config, identity, fresh, model_fingerprint)
         except BaseException:
             self._lock.release()
