@@ -217,7 +217,8 @@ def test_no_output_replaces_the_model_or_the_data_a_command_reads(tmp_path, mode
     ('{"base": {}}', "gamma must be a positive whole number, got None"),
     ('{"gamma": "3", "base": {}}', "gamma must be a positive whole number, got '3'"),
     ('{"gamma": 0, "base": {}}', "gamma must be a positive whole number, got 0"),
-    ('{"gamma": 3, "eps": "x", "base": {}}', "eps must be a number >= 0"),
+    ('{"gamma": 3, "eps": "x", "base": {}}', "eps (the norms' epsilon) must be a number from 0 to 1, got 'x'"),
+    ('{"gamma": 3, "eps": 1e300, "base": {}}', "must be a number from 0 to 1, got 1e+300"),
     ('{"gamma": 3, "base": [1]}', "base must be an object"),
 ])
 def test_heads_with_damaged_metadata_are_one_line(tmp_path, meta, match):
@@ -242,8 +243,32 @@ def test_a_heads_count_the_tensors_do_not_hold_is_refused_before_allocating_it(t
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads(f.metadata()[FORMAT])
     save_file(load_file(str(path)), str(path), metadata={FORMAT: json.dumps({**meta, "gamma": 10**12})})
-    with pytest.raises(LongswiftError, match=r"its metadata says 1000000000000 heads, its 'weights' tensor has "
-                                             r"shape \[3, 64, 64\]"):
+    with pytest.raises(LongswiftError, match=r"its metadata says 1000000000000 heads, and the model's hidden size is "
+                                             r"64, but its 'weights' tensor has shape \[3, 64, 64\]"):
+        load_heads(path, engine.cfg, engine.model.embed)
+    # tensors of that many heads, each of no size: DraftHeads allocated 200,000 [64, 64] matrices before
+    # load_state_dict found them wrong (for the embedded model's hidden size, 265 GB)
+    empty = {"weights": torch.zeros(200_000, 0, 0), "in_norms": torch.zeros(200_000, 0),
+             "out_norms": torch.zeros(200_000, 0)}
+    save_file(empty, str(path), metadata={FORMAT: json.dumps({**meta, "gamma": 200_000})})
+    with pytest.raises(LongswiftError, match=r"shape \[200000, 0, 0\]"):
+        load_heads(path, engine.cfg, engine.model.embed)
+
+
+def test_heads_of_float8_values_are_refused_as_another_kind_of_file(tmp_path):
+    """float8 tensors failed torch.isfinite with a NotImplementedError traceback."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    engine = longswift.load(tiny_hf_model("llama", seed=7), dtype="float32", heads=None)
+    path = tmp_path / "heads.safetensors"
+    heads = new_heads(engine.cfg, engine.model.state)
+    save_heads(heads, engine.cfg, heads.base_fingerprint, path)
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    save_file({k: v.to(torch.float8_e4m3fn) for k, v in load_file(str(path)).items()}, str(path), metadata=metadata)
+    with pytest.raises(LongswiftError, match="its 'in_norms' tensor holds torch.float8_e4m3fn values, where heads are "
+                                             "float32, float16 or bfloat16 weights"):
         load_heads(path, engine.cfg, engine.model.embed)
 
 

@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -520,6 +521,25 @@ def test_a_streams_text_comes_in_pieces_that_add_up_to_its_text():
     with pytest.raises(LongswiftError, match="no tokenizer"):
         ids_only = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
         next(ids_only.stream([1], max_new_tokens=4).text())
+
+
+@pytest.mark.parametrize("template, system, match", [
+    ("{% for m in messages %}{{ m.content ", None, "is not a valid template (unexpected end of template"),
+    ("{{ raise_exception('nope') }}", None, "refuses this prompt (nope): send the prompt as it is (chat=False)"),
+    ("{{ raise_exception('nope') }}", "be brief", "refuses a system message (nope): write it into the prompt"),
+    ("{{ messages[0].content / 0 }}", None, "fails ("),
+])
+def test_a_chat_template_that_fails_is_one_line(template, system, match):
+    """A template that does not compile, or whose code fails, was jinja's traceback; one that refused the
+    messages was called a refusal of the system message even with none."""
+    from conftest import byte_tokenizer
+
+    engine = longswift.load(tiny_hf_model("llama", seed=5, vocab=260), dtype="float32", heads=None)
+    engine.tokenizer = byte_tokenizer()
+    engine.tokenizer.chat_template = template
+    with pytest.raises(LongswiftError, match=re.escape(match)) as info:
+        engine.encode("hi", chat=True, system=system)
+    assert "\n" not in str(info.value) and (system or "(--raw)" in info.value.cli_message)
 
 
 def test_a_single_stop_string_and_a_stream_left_unfinished(tiny):

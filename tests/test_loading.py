@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 
 import numpy as np
@@ -413,3 +414,93 @@ def test_a_gguf_stops_where_llama_cpp_does_at_the_end_of_a_turn(tmp_path):
     assert load_config(path).eos_token_ids == (2, 7, 9)  # what `info` and the plan before loading read
     write_gguf(path, hf, meta={"tokenizer.ggml.eos_token_id": 2})
     assert load_model(path, torch.float32, CPU).cfg.eos_token_ids == (2,)
+
+
+def write_small_gguf(path, meta: dict, tokens: int = 0) -> None:
+    """A llama GGUF of valid sizes (one layer, hidden 64 over 4 heads) with `meta` added or replacing the
+    rope base, and a vocabulary of `tokens` tokens (none: no tokenizer metadata)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, size in {"block_count": 1, "embedding_length": 64, "feed_forward_length": 96, "head_count": 4}.items():
+        getattr(w, f"add_{name}")(size)
+    for key, value in meta.items():
+        add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
+        add(key, value)
+    if tokens:
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list([f"t{i}" for i in range(tokens)])
+        w.add_token_merges([])
+    w.add_tensor("token_embd.weight", np.zeros((max(tokens, 4), 64), dtype=np.float32))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
+
+@pytest.mark.parametrize("meta, match", [
+    ({"llama.rope.freq_base": "abc"}, "has llama.rope.freq_base = 'abc': expected a number; the file is damaged"),
+    ({"llama.context_length": "4096"}, "has llama.context_length = '4096': expected a whole number"),
+    ({"llama.attention.head_count_kv": 2.5}, "has llama.attention.head_count_kv = 2.5: expected a whole number"),
+    ({"llama.rope.freq_base": 0.0}, "config has rope_theta = 0.0: expected a finite positive number"),
+    ({"llama.attention.layer_norm_rms_epsilon": float("nan")}, "config has rms_norm_eps = nan: expected a finite "),
+    ({"llama.attention.layer_norm_rms_epsilon": -1.0}, "config has rms_norm_eps = -1.0: expected a finite positive"),
+])
+def test_gguf_numbers_of_the_wrong_type_or_range_are_one_line(tmp_path, meta, match):
+    """A rope base written as a string was a ValueError traceback; a zero or NaN rope base or norm epsilon ran."""
+    write_small_gguf(tmp_path / "g.gguf", meta)
+    check_error(tmp_path / "g.gguf", match)
+
+
+@pytest.mark.parametrize("field, value", [("rope_theta", "abc"), ("rope_theta", 0), ("rms_norm_eps", -1.0),
+                                          ("rms_norm_eps", float("nan"))])
+def test_hf_config_numbers_of_the_wrong_type_or_range_are_one_line(tmp_path, field, value):
+    """A rope_theta of "abc" was a TypeError traceback from the rope; NaN or negative values ran."""
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw[field] = value
+    raw.get("rope_parameters", {}).pop(field, None)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    check_error(tmp_path, f"config has {field} = {value!r}: expected a finite positive number")
+
+
+def test_hf_config_errors_of_transformers_are_one_line_without_its_warnings(tmp_path, capfd):
+    """transformers' validators say the reason on a second line (under the validator's name), and it logged
+    warnings above our error (an unknown rope type)."""
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "num_attention_heads": 5}))
+    check_error(tmp_path, r"cannot read the config in '.*': The hidden size \(64\) is not a multiple of the number of "
+                          r"attention heads \(5\)\.$")
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "rope_scaling": {"rope_type": "weird", "factor": 2.0}}))
+    capfd.readouterr()
+    check_error(tmp_path, "unsupported rope type 'weird'")
+    assert "Missing validation function" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["x", [1, 2], -1, 100_000_000])
+def test_a_released_config_declaring_bad_head_counts_is_one_line(tmp_path, value):
+    """medusa_heads of "x" or a list was a ValueError or TypeError traceback; 100,000,000 listed the names of
+    that many heads' tensors (a MemoryError after half a minute) before saying the first was missing."""
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "medusa_heads": value}))
+    match = (r"tensor 'model.medusa_layers.0.linear.weight' is missing \(config medusa_heads 100000000"
+             if value == 100_000_000 else f"config.json has medusa_heads = {re.escape(repr(value))}, not a number")
+    check_error(tmp_path, match)
+
+
+def test_gguf_special_token_ids_outside_the_vocabulary_are_one_line(tmp_path):
+    """An EOS id past the vocabulary failed transformers' tokenizer conversion: "list index out of range"."""
+    write_small_gguf(tmp_path / "g.gguf", {"tokenizer.ggml.eos_token_id": 999}, tokens=8)
+    check_error(tmp_path / "g.gguf", "has tokenizer.ggml.eos_token_id = 999, outside its vocabulary of 8 tokens")
+
+
+def test_a_gguf_tensor_type_the_gguf_package_cannot_read_names_the_remedy(tmp_path, monkeypatch):
+    import gguf
+
+    write_small_gguf(tmp_path / "g.gguf", {})
+
+    def not_implemented(data, qtype):
+        raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
+
+    monkeypatch.setattr(gguf.quants, "dequantize", not_implemented)
+    check_error(tmp_path / "g.gguf", "cannot read GGUF tensor 'token_embd.weight': the gguf package does not "
+                                     "dequantize its type F32; use a file of another type")

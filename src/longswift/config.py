@@ -167,6 +167,14 @@ class ModelConfig:
         if factors is not None and rope_type != "default":
             raise LongswiftError(f"rope frequency factors (a GGUF's rope_freqs) with {rope_type} rope scaling on top "
                                  "are not supported")
+        # Numbers transformers does not check (a string, NaN, 0 or a negative rope base or epsilon ran or failed
+        # with a traceback deep in the rope or the norms).
+        _positive_number("rms_norm_eps", getattr(hf, "rms_norm_eps", None))
+        _positive_number("rope_theta", rope.get("rope_theta"))
+        for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+                    "beta_fast", "beta_slow", "attention_factor"):
+            if rope.get(key) is not None:
+                _positive_number(f"rope_parameters.{key}", rope[key])
         eos = getattr(hf, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
         attention_bias = bool(getattr(hf, "attention_bias", False))
@@ -230,6 +238,13 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+def _positive_number(name: str, value: Any) -> None:
+    """Refuse a model config's number that is not a finite positive one (a hand-edited config.json, a GGUF's metadata)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise LongswiftError(f"the model's config has {name} = {value!r}: expected a finite positive number; fix the "
+                             "config (or re-download the model)")
 
 
 # Logits of |x| <= 300, through a penalty in PENALTY_RANGE (a positive logit divided by it, a negative one

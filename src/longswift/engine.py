@@ -16,7 +16,7 @@ import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
 from .config import HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
-from .errors import ConfigTypeError, LongswiftError
+from .errors import ConfigTypeError, LongswiftError, reason_of
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
@@ -206,13 +206,24 @@ class Engine:
         return ids
 
     def _apply_template(self, messages: list[dict[str, str]]) -> list[int]:
+        from jinja2 import TemplateError, TemplateSyntaxError
+
+        def refused(what: str, remedy: str) -> LongswiftError:  # (the API's spelling, and the command line's)
+            return LongswiftError(f"this model's chat template {what}: {remedy.format('chat=False')}",
+                                  f"this model's chat template {what}: {remedy.format('--raw')}")
+
         try:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except Exception as exc:  # the template's own refusal (jinja's raise_exception), e.g. of a system role
-            if not any(m["role"] == "system" for m in messages):
-                raise
-            raise LongswiftError(f"this model's chat template refuses a system message ({exc}): write it into the "
-                                 "prompt text instead") from None
+        except TemplateSyntaxError as exc:  # a damaged or hand-edited template
+            raise refused(f"is not a valid template ({reason_of(exc)})",
+                          "fix it in the model's tokenizer config, or send the prompt as it is ({})") from None
+        except TemplateError as exc:  # the template's own refusal (jinja's raise_exception), e.g. of a system role
+            if any(m["role"] == "system" for m in messages):
+                raise LongswiftError(f"this model's chat template refuses a system message ({reason_of(exc)}): write "
+                                     "it into the prompt text instead") from None
+            raise refused(f"refuses this prompt ({reason_of(exc)})", "send the prompt as it is ({})") from None
+        except Exception as exc:  # an error inside the template's code (it reads a field the messages lack)
+            raise refused(f"fails ({reason_of(exc)})", "send the prompt as it is ({}), or fix the template") from None
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def stream(

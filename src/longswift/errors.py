@@ -1,5 +1,7 @@
 """The one exception type users see: a one-line message that says what is wrong and what to do."""
 
+import re
+
 
 class LongswiftError(Exception):
     """A user-facing error; the CLI prints its message on one line and exits with status 2. Where the
@@ -17,3 +19,11 @@ class ConfigError(LongswiftError, ValueError):
 
 class ConfigTypeError(ConfigError, TypeError):
     """A value of the wrong type (a LongswiftError and a TypeError): says what was expected."""
+
+
+def reason_of(exc: BaseException, limit: int = 300) -> str:
+    """Another library's error as the one-line reason of ours: its last line (transformers' validators put the
+    reason there, under a line naming the validator), without the exception's type, cut at `limit` characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    reason = re.sub(r"^[A-Za-z_]*(Error|Exception): ", "", lines[-1]) if lines else type(exc).__name__
+    return reason if len(reason) <= limit else reason[: limit - 3] + "..."

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import LongswiftError
+from ..errors import LongswiftError, reason_of
+from .hub import quiet_transformers
 
 # GGUF architecture -> transformers model_type. Mistral GGUFs are written as "llama".
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -107,6 +108,32 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return f.contents()
 
 
+def _number(reader: Any, key: str, default: Any, path: Path, whole: bool = False) -> Any:
+    """A numeric metadata field (`default` where absent): a whole number where `whole`, else any real one. A
+    string or a list there was a ValueError or TypeError traceback; its sign and range are checked later."""
+    value = _field(reader, key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+        raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}: expected a "
+                             f"{'whole number' if whole else 'number'}; the file is damaged or hand-edited")
+    return int(value) if whole else float(value)
+
+
+def check_token_ids(reader: Any, path: Path) -> None:
+    """Refuse special token ids (BOS, EOS, ...) outside the GGUF's vocabulary: transformers' conversion of its
+    tokenizer failed on them with "list index out of range"."""
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        return
+    count = len(field.data)
+    for key in sorted(k for k in reader.fields if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):
+        value = _field(reader, key)
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= value < count:
+            raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}, outside its vocabulary of {count} tokens: "
+                                 "the file is damaged or hand-edited")
+
+
 def gguf_end_ids(reader: Any) -> list[Any]:
     """The ids besides EOS at which llama.cpp ends a generation (None where the file names none): the
     end of a turn (Llama 3 Instruct's <|eot_id|>) and of a message (Llama 3.1's <|eom_id|>)."""
@@ -136,31 +163,31 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise LongswiftError(f"GGUF file '{path}' has no token_embd.weight tensor: it is not a complete model")
-    vocab = _field(reader, f"{a}.vocab_size") or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
-    rope: dict[str, Any] = {"rope_theta": float(_field(reader, f"{a}.rope.freq_base", 10000.0)), "rope_type": "default"}
+    vocab = _number(reader, f"{a}.vocab_size", None, path, whole=True) or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
+    rope: dict[str, Any] = {"rope_theta": _number(reader, f"{a}.rope.freq_base", 10000.0, path), "rope_type": "default"}
     scaling = _field(reader, f"{a}.rope.scaling.type")
     if scaling and scaling != "none":
-        rope |= {"rope_type": scaling, "factor": float(_field(reader, f"{a}.rope.scaling.factor", 1.0))}
-        orig = _field(reader, f"{a}.rope.scaling.original_context_length")
+        rope |= {"rope_type": scaling, "factor": _number(reader, f"{a}.rope.scaling.factor", 1.0, path)}
+        orig = _number(reader, f"{a}.rope.scaling.original_context_length", None, path, whole=True)
         if orig:
             rope["original_max_position_embeddings"] = int(orig)
     yarn = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
             # llama.cpp's converter writes a transformers config's YaRN attention_factor here
             "yarn_attn_factor": "attention_factor"} if scaling == "yarn" else {}
     for key, name in yarn.items():
-        value = _field(reader, f"{a}.rope.scaling.{key}")
+        value = _number(reader, f"{a}.rope.scaling.{key}", None, path)
         if value is not None:
-            rope[name] = float(value)
+            rope[name] = value
     # Attention scales llama.cpp applies on top of a rope scaling; transformers' configs say them otherwise
     # (or not at all), so a file that sets one is refused rather than run without it.
     for key, neutral in (("attn_factor", (1.0,)), ("yarn_attn_factor", (1.0,)), ("yarn_ext_factor", (-1.0, 1.0)),
                          ("yarn_log_multiplier", (0.0,))):
-        value = _field(reader, f"{a}.rope.scaling.{key}")
-        if value is not None and key not in yarn and float(value) not in neutral:
+        value = _number(reader, f"{a}.rope.scaling.{key}", None, path)
+        if value is not None and key not in yarn and value not in neutral:
             raise LongswiftError(f"GGUF file '{path}' sets {a}.rope.scaling.{key} = {value}, which longswift does not "
                                  "implement: load the model from its Hugging Face checkpoint instead")
     names = {t.name for t in reader.tensors}
-    head_dim = int(_field(reader, f"{a}.attention.key_length", hidden // heads))
+    head_dim = _number(reader, f"{a}.attention.key_length", hidden // heads, path, whole=True)
     # Llama 3.1/3.2's llama3 rope scaling: llama.cpp's converter writes no scaling type but the factor that
     # divides each frequency, as the tensor rope_freqs (the rope of 3.1 at every position, not only past 8K).
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
@@ -176,10 +203,10 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
         intermediate_size=int(_field(reader, f"{a}.feed_forward_length")),
         num_hidden_layers=int(_field(reader, f"{a}.block_count")),
         num_attention_heads=heads,
-        num_key_value_heads=int(_field(reader, f"{a}.attention.head_count_kv", heads)),
+        num_key_value_heads=_number(reader, f"{a}.attention.head_count_kv", heads, path, whole=True),
         head_dim=head_dim,
-        rms_norm_eps=float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-        max_position_embeddings=int(_field(reader, f"{a}.context_length", 4096)),
+        rms_norm_eps=_number(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6, path),
+        max_position_embeddings=_number(reader, f"{a}.context_length", 4096, path, whole=True),
         tie_word_embeddings="output.weight" not in names,
         rope_parameters=rope,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
@@ -189,11 +216,11 @@ def gguf_hf_config(reader: Any, path: Path) -> Any:
         kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
         kwargs["mlp_bias"] = "blk.0.ffn_gate.bias" in names
     try:
-        config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
+        with quiet_transformers():
+            config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
     except Exception as exc:  # transformers' validation: e.g. a hidden size that is not a multiple of the heads
-        lines = str(exc.__cause__ or exc).strip().splitlines()
-        reason = lines[-1].strip() if lines else type(exc.__cause__ or exc).__name__
-        raise LongswiftError(f"GGUF file '{path}' describes no valid {arch} model: {reason}") from None
+        raise LongswiftError(f"GGUF file '{path}' describes no valid {arch} model: {reason_of(exc.__cause__ or exc)}"
+                             ) from None
     if factors is not None:
         config.rope_freq_factors = factors  # read by ModelConfig.from_hf
     return config
@@ -258,8 +285,13 @@ def gguf_dequantize(t: Any) -> np.ndarray:
 
     try:
         return gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:  # the gguf package reads most types, not all (Q8_K, integer tensors)
+        kind = getattr(t.tensor_type, "name", t.tensor_type)
+        raise LongswiftError(f"cannot read GGUF tensor '{t.name}': the gguf package does not dequantize its type {kind}; "
+                             "use a file of another type (F32, F16, BF16, Q8_0, Q4_K_M...) or the model's Hugging Face "
+                             "checkpoint") from None
     except Exception as exc:
-        raise LongswiftError(f"cannot dequantize GGUF tensor '{t.name}': {exc}") from None
+        raise LongswiftError(f"cannot dequantize GGUF tensor '{t.name}': {reason_of(exc)}") from None
 
 
 def rest_is(tensor_name: str, kind: str) -> bool:

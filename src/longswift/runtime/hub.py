@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import LongswiftError
@@ -98,3 +100,17 @@ def resolve_hub_id(source: str, what: str = "model") -> Path:
         raise LongswiftError(f"cannot download '{repo_id}': {str(exc).splitlines()[0]}; retry, or get it with "
                              f"{get}") from None
     return Path(path)
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings held back (errors still show) while it reads a config or tokenizer that
+    longswift checks itself: a config it refuses came with warning lines above the one-line error."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import numbers
 import os
 from dataclasses import dataclass, replace
 from importlib import metadata
@@ -17,9 +18,9 @@ from typing import Any
 import torch
 
 from ..config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
-from ..errors import LongswiftError
-from .gguf import gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
-from .hub import parse_hub_id, resolve_hub_id
+from ..errors import LongswiftError, reason_of
+from .gguf import check_token_ids, gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
+from .hub import parse_hub_id, quiet_transformers, resolve_hub_id
 from .model import check_state_dict
 from .tokenizer_cache import gguf_tokenizer
 
@@ -191,11 +192,19 @@ def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: 
     if not found and not declared:
         return None
     h = cfg.hidden_size
+    where = f"TokenSwift draft heads in '{source}'"
+    if declared is not None and (not isinstance(declared, numbers.Integral) or isinstance(declared, bool)
+                                 or declared < 0):
+        raise LongswiftError(f"{where}: config.json has medusa_heads = {declared!r}, not a number of heads; fix it "
+                             "(TokenSwift's released checkpoints say 3)")
     indices = sorted({int(k.split(".")[2]) for k in found if k.split(".")[2].isdigit()})
     count = int(declared) if declared else (indices[-1] + 1 if indices else 0)
+    gap = next((i for i, index in enumerate(indices) if index != i), len(indices))  # the first head index absent
+    if gap < count:  # (said before the expected names are listed: a config may declare millions)
+        raise LongswiftError(f"{where}: tensor '{HEAD_PREFIX}{gap}.{HEAD_PARTS[0]}' is missing (config medusa_heads "
+                             f"{declared}; the heads are partial)")
     expected = {f"{HEAD_PREFIX}{i}.{part}": (h, h) if part == "linear.weight" else (h,)
                 for i in range(count) for part in HEAD_PARTS}
-    where = f"TokenSwift draft heads in '{source}'"
     for name in sorted(found):
         if name not in expected:
             raise LongswiftError(f"{where}: unexpected tensor '{name}' (config medusa_heads {declared}; heads have "
@@ -216,6 +225,7 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
     state = gguf_state_dict(reader, hf_config, dtype, device,
                             before_cast=lambda name, t: corner.append(embed_corner(t)) if name == EMBED else None)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
+    check_token_ids(reader, path)
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
     # The weights are copies now: let the map go, or the file's pages stay in the process (its size).
     _gguf_header.cache_clear()
@@ -240,9 +250,10 @@ def _hf_dir_config(path: Path) -> Any:
             f"unsupported architecture '{model_type}' in '{path}': longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     try:
-        return AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with quiet_transformers():  # (its warnings about a config it then refuses, or one we refuse below)
+            return AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
-        raise LongswiftError(f"cannot read the config in '{path}': {exc}") from None
+        raise LongswiftError(f"cannot read the config in '{path}': {reason_of(exc)}") from None
 
 
 def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:

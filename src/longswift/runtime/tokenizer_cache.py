@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import LongswiftError
+from ..errors import LongswiftError, reason_of
+from .hub import quiet_transformers
 
 FORMAT = 1  # bump when what an entry holds changes
 MARKER = "longswift-tokenizer.json"
@@ -75,9 +76,13 @@ def _convert(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except KeyError as exc:  # transformers reads the metadata's fields by name
+        raise LongswiftError(f"cannot build a tokenizer from the GGUF metadata of '{path}': it lacks the field "
+                             f"{exc}; the file is damaged or was converted without its tokenizer's parts") from None
     except Exception as exc:
-        raise LongswiftError(f"cannot build a tokenizer from the GGUF metadata of '{path}': {exc}") from None
+        raise LongswiftError(f"cannot build a tokenizer from the GGUF metadata of '{path}': {reason_of(exc)}") from None
 
 
 def _read(entry: Path) -> Any | None:

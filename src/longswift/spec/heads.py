@@ -156,8 +156,8 @@ def _read_meta(path: Path, raw: str) -> dict:
     gamma, eps, base = meta.get("gamma"), meta.get("eps", 1e-5), meta.get("base", {})
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma <= 0:
         raise damaged(f"gamma must be a positive whole number, got {gamma!r}")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or eps < 0:
-        raise damaged(f"eps must be a number >= 0, got {eps!r}")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not math.isfinite(eps) or not 0 <= eps <= 1:
+        raise damaged(f"eps (the norms' epsilon) must be a number from 0 to 1, got {eps!r}")
     if not isinstance(base, dict):
         raise damaged(f"base must be an object, got {base!r}")
     return {**meta, "base": base}
@@ -222,6 +222,9 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
     return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
 
 
+_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # what heads files hold (float8: refused)
+
+
 def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, fingerprint: str | None = None) -> DraftHeads:
     """Load heads for this base model (its embedding `embed`, whose device and dtype they take), refusing
     files made for another model. `fingerprint`: the model's (Engine.fingerprint; default: embed's)."""
@@ -250,15 +253,18 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     if other:
         raise LongswiftError(f"heads '{path}' were made for another model ({other}): train heads for this model")
     weights = tensors.get("weights")
-    if weights is None or weights.dim() != 3 or weights.shape[0] != meta["gamma"]:
+    h = cfg.hidden_size
+    if weights is None or tuple(weights.shape) != (meta["gamma"], h, h):
         # before DraftHeads allocates gamma [hidden, hidden] matrices for a gamma the file does not hold
         shape = None if weights is None else list(weights.shape)
-        raise LongswiftError(f"heads file '{path}' is damaged: its metadata says {meta['gamma']} heads, its "
-                             f"'weights' tensor has shape {shape}; re-export or retrain the heads")
-    whole = next((k for k, t in tensors.items() if not t.is_floating_point()), None)
+        raise LongswiftError(f"heads file '{path}' is damaged: its metadata says {meta['gamma']} heads, and the "
+                             f"model's hidden size is {h}, but its 'weights' tensor has shape {shape}; re-export or "
+                             "retrain the heads")
+    whole = next((k for k, t in tensors.items() if t.dtype not in _WEIGHT_DTYPES), None)
     if whole is not None:  # load_state_dict would copy integers into the float weights without a word
-        raise LongswiftError(f"heads file '{path}' is damaged: its '{whole}' tensor holds {tensors[whole].dtype} "
-                             "values, not floating-point weights; re-export or retrain the heads")
+        raise LongswiftError(f"heads file '{path}' is damaged or of another kind: its '{whole}' tensor holds "
+                             f"{tensors[whole].dtype} values, where heads are float32, float16 or bfloat16 weights; "
+                             "re-export or retrain the heads")
     bad = next((k for k, t in tensors.items() if not torch.isfinite(t).all()), None)
     if bad is not None:  # they would draft nothing useful (output stays lossless, but every step wasted)
         raise LongswiftError(f"heads file '{path}' holds NaN or infinite values in '{bad}' (a training run that "
