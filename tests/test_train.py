@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -171,6 +172,36 @@ def test_checkpoint_refusals(tiny, tmp_path):
     with pytest.raises(LongswiftError, match="train_log.json' exists, which a run writes at its end"):
         train_heads(tiny, windows, cfg, tmp_path / "other", progress=False)
     assert (tmp_path / "other" / "train_log.json").read_text() == '{"my": "log"}'
+
+
+def test_an_edited_training_checkpoint_is_refused_as_damaged(tiny, tmp_path):
+    """A valid torch file whose parts were edited (a part removed, of another type, heads of another shape, a
+    negative step, another optimizer's state) was a KeyError, AttributeError, RuntimeError, ZeroDivisionError or
+    ValueError traceback on --resume."""
+    windows = _windows(tiny, n=3, seed=2)
+    cfg = TrainConfig(steps=4, seq_len=24, batch_size=1, warmup=1, checkpoint_every=2)
+    part = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
+    part.run_step()
+    good = part.checkpoint_state()
+    heads = good["heads"]
+    edits = {
+        "it lacks 'config'": lambda ck: ck.pop("config"),
+        "its 'config' is NoneType, not dict": lambda ck: ck.update(config=None),
+        "it lacks 'heads'": lambda ck: ck.pop("heads"),
+        "its 'step' is str, not int": lambda ck: ck.update(step="x"),
+        "its step is -5": lambda ck: ck.update(step=-5),
+        "size mismatch for weights": lambda ck: ck.update(heads={**heads, "weights": heads["weights"][:, :2]}),
+        "parameter group": lambda ck: ck["optimizer"].update(param_groups=[]),
+    }
+    for match, edit in edits.items():
+        ck = {**good, "optimizer": {**good["optimizer"]}}
+        edit(ck)
+        path = tmp_path / match.replace(" ", "_").replace("'", "")
+        path.mkdir()
+        torch.save(ck, path / "checkpoint.pt")
+        with pytest.raises(LongswiftError, match=re.escape(match)) as info:
+            train_heads(tiny, windows, cfg, path, resume=True, progress=False)
+        assert "is damaged (" in str(info.value) and str(info.value).endswith("delete it to start over"), match
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, dtype_name, seed_problem, torch_seed
-from ..errors import LongswiftError
+from ..errors import LongswiftError, reason_of
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 
 CHECKPOINT = TRAIN_CHECKPOINT
@@ -212,9 +212,13 @@ class HeadTrainer:
     def load_checkpoint(self, path: Path) -> None:
         ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash,
                              settings=self.settings)
-        with torch.no_grad():
-            self.heads.load_state_dict(ck["heads"])
-        self.optimizer.load_state_dict(ck["optimizer"])
+        try:
+            with torch.no_grad():
+                self.heads.load_state_dict(ck["heads"])
+            self.optimizer.load_state_dict(ck["optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # heads of another shape, an optimizer's
+            raise LongswiftError(f"checkpoint '{path}' is damaged ({reason_of(exc)}): delete it to start over"
+                                 ) from None
         self.step, self.log = int(ck["step"]), list(ck["log"])
         self.resumed_at = self.step
 
@@ -236,6 +240,9 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings:
                              "delete it to start over") from None
     if not isinstance(ck, dict) or ck.get("format") != "longswift-train":
         raise LongswiftError(f"'{path}' is not a longswift training checkpoint")
+    wrong = _wrong_part(ck)
+    if wrong:  # (a hand-edited file: a KeyError, AttributeError or ZeroDivisionError traceback further on)
+        raise LongswiftError(f"checkpoint '{path}' is damaged ({wrong}): delete it to start over")
     differ = [k for k, v in asdict(cfg).items() if k != "checkpoint_every" and ck["config"].get(k) != v]
     if differ:
         k = differ[0]
@@ -253,6 +260,26 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings:
                 raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {was}, not {now}: resume with "
                                      "the same settings")
     return ck
+
+
+# What every training checkpoint holds, and of which type (settings: from session 32 on, not required).
+_PARTS: dict[str, type | tuple[type, ...]] = {"config": dict, "step": int, "heads": dict, "optimizer": dict,
+                                              "data_hash": str, "base": str, "log": list}
+
+
+def _wrong_part(ck: dict) -> str | None:
+    """What is missing or of the wrong type in a training checkpoint, or None."""
+    for key, kind in _PARTS.items():
+        value = ck.get(key)
+        if key not in ck:
+            return f"it lacks '{key}'"
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"its '{key}' is {type(value).__name__}, not {getattr(kind, '__name__', kind)}"
+    if ck["step"] < 0:
+        return f"its step is {ck['step']}"
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in ck["heads"].items()):
+        return "its 'heads' are not named tensors"
+    return None
 
 
 def window_hash(windows: torch.Tensor) -> str:
