@@ -73,8 +73,8 @@ def random_case(t: int, start: int, tree: bool, dtype: torch.dtype, seed: int):
 
 
 CASES = [  # (new tokens, cached entries, tree mask)
-    (1, 0, False), (1, 7, False), (1, ONEDNN_FROM_ENTRIES - 1, False), (1, ONEDNN_FROM_ENTRIES, False),
-    (8, 0, True), (8, 40, True), (31, ONEDNN_FROM_ENTRIES + 3, True),
+    (1, 0, False), (1, 1, False), (1, 7, False), (1, ONEDNN_FROM_ENTRIES - 1, False), (1, ONEDNN_FROM_ENTRIES, False),
+    (8, 0, True), (8, 1, True), (8, 40, True), (31, ONEDNN_FROM_ENTRIES + 3, True),
     (FUSED_FROM_TOKENS - 1, 20, False), (FUSED_FROM_TOKENS, 20, False), (FUSED_FROM_TOKENS + 1, 0, False),
 ]
 

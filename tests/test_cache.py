@@ -154,6 +154,25 @@ def test_compact_reads_nothing_back_from_the_device():
     assert count.names.get("aten.index_select", 0) == 2  # keys and values moved on the device
 
 
+def test_truncating_to_the_length_is_a_no_op_and_outside_it_is_refused():
+    """truncate(length) keeps every entry (the draft pass truncates to where it started, which is the length
+    when it wrote nothing); a length past the entries held, or below 0, is refused rather than reading stale
+    slots or making the length negative."""
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    cache = FullKVCache(cfg, 32, torch.float32, torch.device("cpu"))
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.length = 20
+    before = cache.k.clone()
+    cache.truncate(20)
+    assert cache.length == 20 and torch.equal(cache.k, before)
+    for bad in (21, -1):
+        with pytest.raises(ValueError, match=f"cannot truncate a cache of length 20 to {bad}"):
+            cache.truncate(bad)
+        assert cache.length == 20
+    cache.truncate(0)
+    assert cache.length == 0
+
+
 def test_cache_refuses_to_overflow():
     cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
     cache = FullKVCache(cfg, 4, torch.float32, torch.device("cpu"))

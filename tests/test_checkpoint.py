@@ -363,3 +363,67 @@ def test_a_checkpoint_of_another_version_is_named_as_such_whatever_its_fields(ba
         rewrite(path, edit)
         with pytest.raises(LongswiftError, match="written by longswift 9.9.9 and this is"):
             read_checkpoint(path)
+
+
+# The config fields the first version of the format wrote, which every checkpoint must hold (written out here,
+# not read from the module, so that a field dropped from checkpoint.ALWAYS_HELD fails the test below).
+FIRST_VERSION_FIELDS = {
+    "runtime": ("device", "dtype", "threads", "rope_scaling", "pack_weights"),
+    "sampling": ("temperature", "top_k", "top_p", "min_p", "eta", "repetition_penalty", "penalty_window", "seed"),
+    "generation": ("max_new_tokens", "ignore_eos", "prefill_chunk"),
+    "spec": ("tree", "ngram_topk", "draft_mode", "draft_kv_budget", "draft_window", "attention_sinks", "adaptive"),
+}
+
+
+def test_a_checkpoint_lacking_any_first_version_config_field_is_refused(base, tmp_path):
+    """Each field the format has always held, removed (checksum recomputed), is refused, naming the group and
+    the field: one that resumed at its default (penalty_window's 64 for the run's 8, say) would be another run,
+    silently. Fields added since may be absent (an older checkpoint; see the banned_ids test above)."""
+    from longswift.checkpoint import ALWAYS_HELD
+
+    assert {group: set(keys) for group, keys in ALWAYS_HELD.items()} == {
+        group: set(keys) for group, keys in FIRST_VERSION_FIELDS.items()}
+    good = tmp_path / "good.json"
+    spec = RUNS["tokenswift-paper"][1]
+    stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift", spec=spec),
+               5).save(good)
+    read_checkpoint(good)  # whole, it reads
+    path = tmp_path / "edited.json"
+    for group, keys in FIRST_VERSION_FIELDS.items():
+        for key in keys:
+            path.write_bytes(good.read_bytes())
+            rewrite(path, lambda c: c[group].pop(key))
+            with pytest.raises(LongswiftError, match=rf"is not valid: {group} lacks {key}; resume from an unedited"):
+                read_checkpoint(path)
+
+
+def test_a_new_length_equal_to_the_tokens_held_is_taken_and_finishes_at_once(base):
+    """with_length(n) for a checkpoint holding exactly n tokens is a finished run of length n, not a refusal
+    (only a length below the tokens held is): its resume adds nothing and ends for "length"."""
+    ckpt = stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 5)
+    assert len(ckpt.token_ids) == 5
+    same = ckpt.with_length(5)
+    assert same.generation["max_new_tokens"] == 5 and same.token_ids == ckpt.token_ids
+    resumed = base.resume(ckpt, max_new_tokens=5)
+    assert list(resumed) == []
+    assert resumed.result.token_ids == ckpt.token_ids and resumed.result.stats.finish_reason == "length"
+    with pytest.raises(LongswiftError, match="max_new_tokens=4 is below the 5 tokens"):
+        ckpt.with_length(4)
+
+
+def test_checkpoint_every_must_be_a_positive_whole_number_of_tokens(base, tmp_path):
+    """outputs.checkpoint_every (--checkpoint-every, which a resume saves as often as) of 0, below 0, a
+    boolean or a fraction is refused on reading (0 would save after every step, or never); null and a
+    positive count read."""
+    good = tmp_path / "good.json"
+    stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 5).save(good)
+    path = tmp_path / "edited.json"
+    for every, ok in ((64, True), (1, True), (None, True), (0, False), (-1, False), (True, False), (2.5, False)):
+        path.write_bytes(good.read_bytes())
+        rewrite(path, lambda c: c["outputs"].update(checkpoint_every=every))
+        if ok:
+            assert read_checkpoint(path).outputs["checkpoint_every"] == every
+        else:
+            with pytest.raises(LongswiftError, match=r"is not valid: outputs.checkpoint_every must be a positive "
+                                                     r"number of tokens; resume from an unedited copy$"):
+                read_checkpoint(path)

@@ -294,6 +294,36 @@ def test_drafts_are_transformed_with_the_roots_penalty_window(monkeypatch):
     assert window.shape[1] == 8
 
 
+def test_a_pruned_drafts_scores_are_the_transformed_depths_log_probabilities(monkeypatch):
+    """Where the trie is cut to the node budget, each candidate scores its log-probability under the depth's
+    transformed distribution (log_softmax at the chosen id), so that summed along a path they rank the paths
+    by how likely the target draws them. Scores from the raw logits (or the untransformed ones) rank the
+    nodes otherwise: the output stays the target's (every node is verified), only fewer tokens are accepted,
+    which no output test sees."""
+    import longswift.spec.tokenswift as ts
+    from longswift.spec.tokenswift import build_tree
+
+    sampling = SamplingConfig(seed=1, temperature=0.7, top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.3,
+                              penalty_window=8)
+    prompt = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(8)).tolist()
+    with torch.inference_mode():
+        s = wiring_state(SpecConfig(tree="3,3", ngram_topk=0, max_nodes=6, adaptive=False), prompt, sampling)
+        assert s.pruning  # 13 nodes for a budget of 6
+        seen = []
+        real = ts.transform
+        monkeypatch.setattr(ts, "transform", lambda x, w, cfg: seen.append(real(x, w, cfg)) or seen[-1])
+        d = draft(s)
+        trie = build_tree(s, d)
+    (x,) = seen  # [depths, V]: the transformed depth logits
+    assert d.logprobs is not None and [len(level) for level in d.levels] == [3, 3]
+    expect = torch.log_softmax(x.double(), dim=-1)
+    for depth, (ids, scores) in enumerate(zip(d.levels, d.logprobs)):
+        assert ids == torch.topk(x[depth], 3).indices.tolist()
+        assert all(score <= 0 for score in scores)
+        assert scores == pytest.approx(expect[depth, ids].tolist(), rel=1e-9, abs=1e-12)
+    assert len(trie) == 6
+
+
 @pytest.mark.parametrize("penalty,excluded", [(1.2, 7), (1.0, 0)])
 def test_the_ngram_table_leaves_out_the_penalty_window(penalty, excluded):
     prompt = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(4)).tolist()
@@ -385,6 +415,30 @@ def test_the_partial_caches_window_holds_the_full_caches_entries_since_its_selec
             assert torch.equal(part.k[:, :, part.window_start : part.length], s.full.k[:, :, start : start + filled])
             checked += 1
     assert checked >= 3 and len(selections) >= 2
+
+
+def test_verified_nodes_count_every_node_of_every_verified_trie(monkeypatch):
+    """stats.verified_nodes is the sum of the verified tries' sizes, the root included, and verify_steps the
+    number of verify passes (the nodes a step pays for, which the reports divide by; an off-by-one per step
+    changes no output, so only a count of the tries themselves can see it)."""
+    import longswift.spec.tokenswift as ts
+    from longswift.spec.tokenswift import tokenswift_steps
+
+    sizes = []
+    real = ts.verify
+    monkeypatch.setattr(ts, "verify", lambda s, trie: sizes.append(len(trie)) or real(s, trie))
+    engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64", heads="random")
+    spec = SpecConfig(tree="2,2", ngram_topk=2, max_nodes=0, adaptive=False).for_device("cpu")
+    prompt = [7, 1, 1, 1, 9, 7, 2, 2, 2, 9, 7, 3, 3, 3, 9, 7] * 2
+    stats = GenerationStats("tokenswift", len(prompt))
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    with torch.inference_mode():
+        for _ in tokenswift_steps(engine.model, engine.heads, prompt, greedy,
+                                  GenerationConfig(max_new_tokens=40, ignore_eos=True), spec, stats, frozenset(), None):
+            pass
+    assert len(sizes) == stats.verify_steps >= 3
+    assert sum(sizes) == stats.verified_nodes
+    assert max(sizes) > 1
 
 
 # ---- heads -----------------------------------------------------------------------------------

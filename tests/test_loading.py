@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 
@@ -504,3 +505,44 @@ def test_a_gguf_tensor_type_the_gguf_package_cannot_read_names_the_remedy(tmp_pa
     monkeypatch.setattr(gguf.quants, "dequantize", not_implemented)
     check_error(tmp_path / "g.gguf", "cannot read GGUF tensor 'token_embd.weight': the gguf package does not "
                                      "dequantize its type F32; use a file of another type")
+
+
+def test_weights_this_user_may_not_read_are_said_to_be_so(tmp_path, monkeypatch):
+    """safetensors says "No such file or directory" for a file it may not read, which was reported as a truncated
+    or corrupt file to re-download. (The suite may run as root, who reads any file: access is denied by hand.)"""
+    import safetensors
+    import safetensors.torch
+
+    from longswift.spec.heads import load_heads
+
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if str(p).endswith(".safetensors")
+                        else real_access(p, mode, *a, **k))
+
+    def denied(*args, **kwargs):
+        raise OSError(2, "No such file or directory")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", denied)
+    monkeypatch.setattr(safetensors, "safe_open", denied)
+    check_error(tmp_path, r"cannot read '.*model.safetensors': permission denied; give this user read access")
+    with pytest.raises(LongswiftError, match="cannot read heads file .*: permission denied"):
+        load_heads(tmp_path / "model.safetensors", load_config(tmp_path), torch.zeros(1))
+
+
+def test_tokenizer_files_that_cannot_be_read_are_not_called_no_tokenizer(tmp_path):
+    """A damaged tokenizer.json was swallowed: "this model has no tokenizer: pass the prompt as token ids"."""
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    assert load_model(tmp_path, torch.float32, CPU).tokenizer is None  # none there: ids only, as before
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0",\n')
+    check_error(tmp_path, r"cannot load the tokenizer in '.*' \(tokenizer.json\): .*; fix or re-download those files")
+
+
+def test_an_empty_model_name_is_refused_not_read_as_the_current_directory(tmp_path, capsys, monkeypatch):
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    monkeypatch.chdir(tmp_path)  # (a model here: Path("") would have loaded it)
+    with pytest.raises(LongswiftError, match="the model is an empty name"):
+        longswift.load("")
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "info", "--model", "")
+    assert_one_line_error(code, err, "--model is empty: give a .gguf file, a model directory or a hub id")

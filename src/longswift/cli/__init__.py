@@ -131,7 +131,8 @@ def _main(argv: list[str]) -> int:
     except OSError as exc:  # a disk that fills, a file system that refuses: the system's reason, on one line
         if args.debug:
             raise
-        print(f"{_prefix()}: error: {exc} (--debug shows where)", file=sys.stderr)
+        access = "; give this user access to it, or choose another path" if isinstance(exc, PermissionError) else ""
+        print(f"{_prefix()}: error: {exc}{access} (--debug shows where)", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # (a run stopped at once may say where it can continue from)
         print(f"longswift: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)

@@ -78,6 +78,10 @@ def default_model_path() -> Path:
 def resolve_path(source: str | os.PathLike | None) -> Path:
     """The checkpoint path for `source` (None: the embedded default; `org/name[@revision]` that is
     not a local path: its snapshot in the Hugging Face cache, downloaded if online), checked to exist."""
+    if isinstance(source, str) and not source.strip():  # Path("") is ".": the current directory, silently
+        raise LongswiftError("the model is an empty name: give a .gguf file, a model directory or a hub id, or None for "
+                             "the embedded model", "--model is empty: give a .gguf file, a model directory or a hub id, "
+                             "or leave --model out for the embedded model")
     path = default_model_path() if source is None else Path(source).expanduser()
     if not path.exists() and isinstance(source, str) and parse_hub_id(source):
         path = resolve_hub_id(source)
@@ -267,10 +271,19 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception:
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        present = [name for name in TOKENIZER_FILES if (path / name).exists()]
+        if present:  # files that are there but cannot be read: not "no tokenizer"
+            raise LongswiftError(f"cannot load the tokenizer in '{path}' ({', '.join(present)}): {reason_of(exc)}; "
+                                 "fix or re-download those files") from None
         tokenizer = None  # token ids still work through the API; text needs a tokenizer
     return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=corner)
+
+
+# The files a Hugging Face tokenizer is read from; a directory with none of them has no tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
 
 
 def with_eos(cfg: ModelConfig, eos: Any) -> ModelConfig:
@@ -323,8 +336,16 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(str(f)))
         except (SafetensorError, OSError, ValueError) as exc:
-            raise LongswiftError(f"cannot read '{f}': {exc}; the file is truncated or corrupt, re-download it") from None
+            raise weights_unreadable(f, exc) from None
     return state
+
+
+def weights_unreadable(f: Path, exc: BaseException) -> LongswiftError:
+    """Why safetensors could not read `f`: access to it (its reader said "No such file or directory" for a file
+    this user may not read), or damage."""
+    if not os.access(f, os.R_OK):
+        return LongswiftError(f"cannot read '{f}': permission denied; give this user read access to it (chmod a+r)")
+    return LongswiftError(f"cannot read '{f}': {reason_of(exc)}; the file is truncated or corrupt, re-download it")
 
 
 def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
@@ -358,7 +379,7 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
             with safe_open(str(f), framework="pt") as st:
                 shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
         except (SafetensorError, OSError, ValueError) as exc:
-            raise LongswiftError(f"cannot read '{f}': {exc}; the file is truncated or corrupt, re-download it") from None
+            raise weights_unreadable(f, exc) from None
     return shapes
 
 
@@ -377,5 +398,5 @@ def read_tensors(path: Path, names: set[str], dtype: torch.dtype | None = None) 
                 for k in [k for k in st.keys() if k in names]:
                     out[k] = st.get_tensor(k) if dtype is None else st.get_tensor(k).to(dtype)
         except (SafetensorError, OSError, ValueError) as exc:
-            raise LongswiftError(f"cannot read '{f}': {exc}; the file is truncated or corrupt, re-download it") from None
+            raise weights_unreadable(f, exc) from None
     return out
