@@ -319,8 +319,9 @@ def test_settings_that_would_be_ignored_are_refused(tiny):
                               heads="random")
     with pytest.raises(LongswiftError, match="draft_kv_budget, tree set how TokenSwift drafts and method='ar': drop them"):
         drafting.generate([1, 2], method="ar", tree="1,2", draft_kv_budget=4096)
-    assert len(drafting.generate([1, 2], tree="1,2", max_new_tokens=3).token_ids) == 3  # TokenSwift takes them
-    assert len(drafting.generate([1, 2], method="ar", max_new_tokens=3).token_ids) == 3
+    # (unseeded sampling by default: an EOS drawn early would end a run short, so EOS is ignored)
+    assert len(drafting.generate([1, 2], tree="1,2", max_new_tokens=3, ignore_eos=True).token_ids) == 3  # TokenSwift
+    assert len(drafting.generate([1, 2], method="ar", max_new_tokens=3, ignore_eos=True).token_ids) == 3  # takes them
 
 
 def test_api_messages_name_fields_and_cli_messages_name_flags(capsys):
@@ -662,3 +663,20 @@ def test_generate_shows_streams_parameters():
 
     assert params(longswift.Engine.generate) == params(longswift.Engine.stream)
     assert [p[0] for p in params(longswift.Engine.generate)][:3] == ["self", "prompt", "sampling"]
+
+
+@pytest.mark.slow
+def test_prompt_text_far_longer_than_the_context_is_refused_before_tokenizing(embedded, monkeypatch):
+    """A 20 MB prompt file took 21 s and 4 GB to tokenize before the context refused it (200 MB would run out of
+    memory): text longer than the context could hold at the vocabulary's longest entry per token is refused at
+    once; text just under that bound is still tokenized and judged by its tokens."""
+    longest = max(len(t) for t in embedded.tokenizer.get_vocab())
+    limit = embedded.cfg.context_limit
+    calls = []
+    real = embedded.tokenizer.encode
+    monkeypatch.setattr(embedded.tokenizer, "encode", lambda text, *a, **k: calls.append(len(text)) or real(text, *a, **k))
+    with pytest.raises(LongswiftError, match=f"the prompt text \\({2 * longest * limit + 1:,} characters\\) is far "
+                                             f"longer than this model's context of {limit:,} tokens can hold"):
+        embedded.encode("a" * (2 * longest * limit + 1))
+    assert calls == []
+    assert embedded.encode("word " * 100) and calls == [500]

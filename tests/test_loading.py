@@ -526,7 +526,7 @@ def test_weights_this_user_may_not_read_are_said_to_be_so(tmp_path, monkeypatch)
     monkeypatch.setattr(safetensors.torch, "load_file", denied)
     monkeypatch.setattr(safetensors, "safe_open", denied)
     check_error(tmp_path, r"cannot read '.*model.safetensors': permission denied; give this user read access")
-    with pytest.raises(LongswiftError, match="cannot read heads file .*: permission denied"):
+    with pytest.raises(LongswiftError, match="cannot read (heads file )?'.*': permission denied"):
         load_heads(tmp_path / "model.safetensors", load_config(tmp_path), torch.zeros(1))
 
 
@@ -546,3 +546,14 @@ def test_an_empty_model_name_is_refused_not_read_as_the_current_directory(tmp_pa
     capsys.readouterr()
     code, _, err = run_cli(capsys, "info", "--model", "")
     assert_one_line_error(code, err, "--model is empty: give a .gguf file, a model directory or a hub id")
+
+
+def test_a_config_with_more_layers_than_its_weights_is_refused_before_planning_memory(tmp_path, capsys):
+    """num_hidden_layers of 10,000,000 over weights of 2 layers was refused by the memory plan ("lower
+    --max-new-tokens"), which sized the cache for the config's layers."""
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": 10_000_000}))
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path), "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    assert_one_line_error(code, err, "says 10,000,000 layers, its weights hold 2; fix the config")

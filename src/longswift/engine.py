@@ -16,7 +16,7 @@ import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
 from .config import HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
-from .errors import ConfigTypeError, LongswiftError, reason_of
+from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
@@ -45,6 +45,7 @@ class Engine:
         self.runtime = runtime or RuntimeConfig()
         self.cfg = loaded.cfg  # the whole model's config (the model's own is its shard's under tp)
         self.tokenizer = loaded.tokenizer
+        self._longest_token: tuple[Any, int] | None = None  # (the tokenizer, its longest entry's length)
         self.source = loaded.source
         # How to load this model again (checkpoints): "<embedded>", an absolute path, or "<ClassName>".
         self.model_source = model_source or (
@@ -190,6 +191,7 @@ class Engine:
                 raise LongswiftError("the prompt is empty: give some prompt text")
             if self.tokenizer is None:
                 raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids")
+            self._check_prompt_length(prompt)
             template = bool(getattr(self.tokenizer, "chat_template", None))
             if chat and not template:
                 raise LongswiftError("this model has no chat template: drop chat=True (--chat)")
@@ -204,6 +206,17 @@ class Engine:
         if not ids:
             raise LongswiftError("the prompt is empty: give at least one token of prompt text")
         return ids
+
+    def _check_prompt_length(self, text: str) -> None:
+        """Refuse text that cannot fit the context, before tokenizing it: a token covers at most as many characters
+        as its vocabulary entry has (twice that, for normalizers that merge characters), so text longer than that
+        many per token of context is longer than the context (a 20 MB file took 21 s and 4 GB to be refused)."""
+        if self._longest_token is None or self._longest_token[0] is not self.tokenizer:  # (a tokenizer set since)
+            self._longest_token = (self.tokenizer, max((len(t) for t in self.tokenizer.get_vocab()), default=1))
+        limit = self.cfg.context_limit
+        if len(text) > 2 * self._longest_token[1] * limit:
+            raise ConfigError(f"the prompt text ({len(text):,} characters) is far longer than this model's context of "
+                              f"{limit:,} tokens can hold: shorten it")
 
     def _apply_template(self, messages: list[dict[str, str]]) -> list[int]:
         from jinja2 import TemplateError, TemplateSyntaxError

@@ -153,7 +153,17 @@ def load_config(source: str | os.PathLike | None, rope_scaling: str | None = Non
     cfg = _path_config(path, rope_scaling)
     if path.is_dir():
         _weight_files(path)
+        _check_layer_count(cfg, tensor_shapes(path), path)
     return cfg
+
+
+def _check_layer_count(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], path: Path) -> None:
+    """Refuse a config whose layer count the weights do not hold, from their names alone (before a memory plan
+    sized for the config's layers refuses the run for its length)."""
+    held = {int(name.split(".")[2]) for name in shapes if name.startswith("model.layers.") and name.split(".")[2].isdigit()}
+    if held and len(held) != cfg.num_layers:
+        raise LongswiftError(f"checkpoint does not match its config: '{path / 'config.json'}' says {cfg.num_layers:,} "
+                             f"layers, its weights hold {len(held):,}; fix the config or re-download the model")
 
 
 def _path_config(path: Path, rope_scaling: str | None) -> ModelConfig:
