@@ -117,6 +117,10 @@ def test_a_resume_after_its_job_directory_moved_says_which_output_to_give(tmp_pa
     code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--no-progress",
                            "--output", str(tmp_path / "Z/t.txt"), "--json", str(tmp_path / "Z/t.json"))
     assert code == 0, err
+    # an output over the checkpoint being continued names --resume, which named it (it said --checkpoint)
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--output",
+                           str(tmp_path / "Z/t.ckpt"))
+    assert_one_line_error(code, err, "--output and --resume are the same file")
     # a checkpoint in a directory that cannot be written (root writes anywhere: the check is faked for it)
     import os
 
@@ -746,7 +750,8 @@ def test_train_heads_resume_checks_its_checkpoint_before_loading(capsys, tmp_pat
     out = tmp_path / "heads"
     out.mkdir()
     state = {"format": "longswift-train", "version": 1, "config": asdict(TrainConfig()), "step": 3,
-             "settings": {"dtype": "float32", "rope_scaling": None}}
+             "settings": {"dtype": "float32", "rope_scaling": None}, "heads": {}, "optimizer": {}, "data_hash": "d",
+             "base": "b", "log": []}
     torch.save(state if case != "foreign" else {"state_dict": {}}, out / "checkpoint.pt")
     if case == "damaged":
         (out / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes()[:100])
@@ -759,6 +764,7 @@ def test_train_heads_resume_checks_its_checkpoint_before_loading(capsys, tmp_pat
 @pytest.mark.parametrize("flags,match", [
     ([], "no training data: pass --data FILE_OR_DIR and/or --self-distill N"),
     (["--data", "MISSING"], "training data 'MISSING' does not exist"),
+    (["--data", "PIPE"], "training data 'PIPE' is a pipe or device, not a file: save the data to a file"),
     (["--data", "EMPTY"], "no text in EMPTY: the training data is empty"),
     (["--data", "BINARY"], "looks binary (it holds NUL bytes)"),
     (["--self-distill", "-5"], "--self-distill must be a number of tokens >= 0, got -5"),
@@ -768,7 +774,9 @@ def test_train_heads_resume_checks_its_checkpoint_before_loading(capsys, tmp_pat
 def test_heads_commands_check_their_data_before_loading(capsys, tmp_path, no_loading, command, flags, match):
     (tmp_path / "empty.txt").write_text("  \n")
     (tmp_path / "binary.txt").write_bytes(b"text\x00more")
-    names = {"MISSING": tmp_path / "missing.txt", "EMPTY": tmp_path / "empty.txt", "BINARY": tmp_path / "binary.txt"}
+    os.mkfifo(tmp_path / "pipe")  # what a shell's <(...) gives: it exists, and is no file (it said "does not exist")
+    names = {"MISSING": tmp_path / "missing.txt", "EMPTY": tmp_path / "empty.txt", "BINARY": tmp_path / "binary.txt",
+             "PIPE": tmp_path / "pipe"}
     flags = [str(names[f]) if f in names else f for f in flags]
     match = next((match.replace(k, str(v)) for k, v in names.items() if k in match), match)
     where = ["--out", str(tmp_path / "heads")] if command == "train-heads" else ["--heads", "default"]

@@ -557,3 +557,32 @@ def test_a_config_with_more_layers_than_its_weights_is_refused_before_planning_m
     capsys.readouterr()
     code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path), "--prompt-ids", "1,2", "--max-new-tokens", "2")
     assert_one_line_error(code, err, "says 10,000,000 layers, its weights hold 2; fix the config")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_weights_holding_nan_or_infinity_are_refused(tmp_path, bad):
+    """They loaded and ran, writing garbage (heads with NaN were refused; the model's weights were not)."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_hf_model("llama", seed=3)
+    hf.save_pretrained(tmp_path / "hf")
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    state["model.layers.1.mlp.down_proj.weight"][3, 5] = bad
+    save_file(state, str(tmp_path / "hf" / "model.safetensors"))
+    check_error(tmp_path / "hf", "hold NaN or infinite values in 'model.layers.1.mlp.down_proj.weight': the file is "
+                                 "damaged")
+    write_gguf(tmp_path / "g.gguf", AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32))
+    check_error(tmp_path / "g.gguf", "hold NaN or infinite values in 'model.layers.1.mlp.down_proj.weight'")
+
+
+def test_weights_of_integer_or_bool_values_are_refused(tmp_path):
+    """Cast to the model's dtype without a word, they ran as weights."""
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("llama", seed=3)
+    hf.save_pretrained(tmp_path)
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    state["model.norm.weight"] = torch.ones(64, dtype=torch.int32)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    check_error(tmp_path, "holds torch.int32 values in 'model.norm.weight', where longswift reads floating-point weights")

@@ -212,9 +212,10 @@ class Engine:
         as its vocabulary entry has (twice that, for normalizers that merge characters), so text longer than that
         many per token of context is longer than the context (a 20 MB file took 21 s and 4 GB to be refused)."""
         if self._longest_token is None or self._longest_token[0] is not self.tokenizer:  # (a tokenizer set since)
-            self._longest_token = (self.tokenizer, max((len(t) for t in self.tokenizer.get_vocab()), default=1))
-        limit = self.cfg.context_limit
-        if len(text) > 2 * self._longest_token[1] * limit:
+            vocab = getattr(self.tokenizer, "get_vocab", None)  # (a tokenizer of the caller's may lack it: no bound)
+            self._longest_token = (self.tokenizer, max((len(t) for t in vocab()), default=1) if vocab else 0)
+        limit, longest = self.cfg.context_limit, self._longest_token[1]
+        if longest and len(text) > 2 * longest * limit:
             raise ConfigError(f"the prompt text ({len(text):,} characters) is far longer than this model's context of "
                               f"{limit:,} tokens can hold: shorten it")
 
@@ -339,11 +340,11 @@ class Engine:
                 raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key, default)} and this engine has "
                                      f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")
         if c.method == "tokenswift" and self.heads is None:
-            raise LongswiftError(f"the checkpoint is a TokenSwift run and this engine has no draft heads: load the "
-                                 f"checkpoint's heads ({c.heads_source}; heads= or set_heads, --heads)")
+            said = f"the checkpoint is a TokenSwift run and this engine has no draft heads: load the checkpoint's heads"
+            raise LongswiftError(f"{said} ({c.heads_source}; heads= or set_heads)", f"{said} (--heads {c.heads_source})")
         if c.method == "tokenswift" and heads_fingerprint(self.heads) != c.heads_fingerprint:
-            raise LongswiftError(f"the checkpoint was made with other draft heads ({c.heads_source}): "
-                                 "resume with the same heads (heads= or set_heads, --heads)")
+            said = f"the checkpoint was made with other draft heads ({c.heads_source}): resume with the same heads"
+            raise LongswiftError(f"{said} (heads= or set_heads)", f"{said} (--heads)")
         try:
             setup = RunSetup(c.method, list(c.prompt_ids), SamplingConfig(**c.sampling),
                              GenerationConfig(**c.generation), SpecConfig(**c.spec), decode_rng(c.rng_state))

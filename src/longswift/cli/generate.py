@@ -227,7 +227,8 @@ def _resume(args: argparse.Namespace) -> int:
                                  "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     _moved_since(args, ckpt)
-    outputs = _outputs(args, inputs=model_inputs(model))
+    outputs = _outputs(args, inputs=model_inputs(model), checkpoint_flag="--checkpoint" if "--checkpoint" in given
+                       else "--resume")
     _keep_unfinished(outputs, resuming=resumed)
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
     try:
@@ -322,14 +323,16 @@ def _spelt_out(flag: str) -> str:
     return flag if flag in whole or len(whole) != 1 else whole[0]
 
 
-def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = ()) -> Outputs:
+def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (),
+             checkpoint_flag: str = "--checkpoint") -> Outputs:
     """The output paths, made absolute, checked writable and distinct (from each other and from the
-    input files): two outputs on one file would leave only the one written last."""
+    input files): two outputs on one file would leave only the one written last. `checkpoint_flag`: the flag
+    that named the checkpoint (a resume updates the file --resume names)."""
     from ..atomic import check_distinct, check_json_output, check_writable
 
     named = {flag: check_writable(p, flag).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
-                                                                 ("--checkpoint", args.checkpoint)) if p is not None}
-    out = Outputs(named.get("--output"), named.get("--json"), named.get("--checkpoint"), args.checkpoint_every)
+                                                                 (checkpoint_flag, args.checkpoint)) if p is not None}
+    out = Outputs(named.get("--output"), named.get("--json"), named.get(checkpoint_flag), args.checkpoint_every)
     if out.checkpoint is None:
         fallback = named["the checkpoint written when interrupted"] = out.fallback_checkpoint()
         try:
@@ -338,7 +341,7 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
             print(f"longswift: warning: {exc}, where an interrupted run saves its state: give --checkpoint FILE "
                   "to make this run resumable", file=sys.stderr)
     check_distinct([*named.items(), *inputs])
-    for flag in ("--json", "--checkpoint"):  # nor over a file that is not JSON (a heads file named by mistake)
+    for flag in ("--json", checkpoint_flag):  # nor over a file that is not JSON (a heads file named by mistake)
         if flag in named:
             check_json_output(named[flag], flag)
     return out

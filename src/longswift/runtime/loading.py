@@ -191,7 +191,18 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
             loaded.hub_id = source
     loaded.head_tensors = take_head_tensors(loaded.cfg, loaded.state, loaded.source)
     check_state_dict(loaded.cfg, loaded.state)
+    check_finite(loaded.state, loaded.source)
     return loaded
+
+
+def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights holding NaN or infinite values (a damaged file, a diverged fine-tune): they ran and wrote
+    garbage. One float32-accumulated sum per tensor (~0.02 s for the embedded model); a NaN or an infinity
+    makes it non-finite (sums of real weights are far from float32's range)."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.sum(t, dtype=torch.float32).isfinite()):
+            raise LongswiftError(f"the weights in '{source}' hold NaN or infinite values in '{name}': the file is damaged "
+                                 "(or a training run diverged); re-download or re-export the model")
 
 
 HEAD_PREFIX = "model.medusa_layers."
@@ -275,6 +286,11 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
 
     cfg = _path_config(path, rope_scaling)
     stored = {k.removeprefix("_orig_mod."): v for k, v in _read_safetensors(path).items()}
+    whole = next((k for k, v in stored.items() if not v.is_floating_point()), None)
+    if whole is not None:  # cast to the model's dtype without a word, they ran as weights
+        raise LongswiftError(f"'{path}' holds {stored[whole].dtype} values in '{whole}', where longswift reads "
+                             "floating-point weights: a quantized or damaged checkpoint; use its float16/bfloat16/float32 "
+                             "release, or a GGUF of it")
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.to(device=device, dtype=dtype) for k, v in stored.items()}
     del stored

@@ -23,6 +23,9 @@ def _files(source: Path) -> list[Path]:
             raise LongswiftError(f"directory '{source}' holds no .txt/.md/.text/.jsonl/.json files: point --data at "
                                  "text files")
         return found
+    if source.exists() and not source.is_file():  # (a shell's <(...) is a pipe: it exists, and is read once)
+        raise LongswiftError(f"training data '{source}' is a pipe or device, not a file: save the data to a file and "
+                             "pass that (a text file, a .jsonl file or a directory)")
     if not source.is_file():
         raise LongswiftError(f"training data '{source}' does not exist: pass a text file, a .jsonl file or a directory")
     return [source]
