@@ -117,7 +117,7 @@ def test_damaged_heads_file(tmp_path):
     ("missing", 'Missing key(s) in state_dict: "out_norms"): re-export'),
     ("shape", "size mismatch for in_norms"),
     ("nan", "holds NaN or infinite values in 'weights'"),
-    ("int32", "its 'weights' tensor holds torch.int32 values, not floating-point weights"),  # loaded, truncated
+    ("int32", "its 'weights' tensor holds torch.int32 values, where heads are float32, float16 or bfloat16"),  # loaded, truncated
 ])
 def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
     """A heads file whose metadata is intact but whose tensors are not DraftHeads' says which tensor is

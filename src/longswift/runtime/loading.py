@@ -153,7 +153,11 @@ def load_config(source: str | os.PathLike | None, rope_scaling: str | None = Non
     cfg = _path_config(path, rope_scaling)
     if path.is_dir():
         _weight_files(path)
-        _check_layer_count(cfg, tensor_shapes(path), path)
+        try:
+            shapes = tensor_shapes(path)
+        except LongswiftError:  # a file whose header cannot be read: loading says so (the plan is of the config)
+            shapes = {}
+        _check_layer_count(cfg, shapes, path)
     return cfg
 
 
@@ -191,18 +195,16 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
             loaded.hub_id = source
     loaded.head_tensors = take_head_tensors(loaded.cfg, loaded.state, loaded.source)
     check_state_dict(loaded.cfg, loaded.state)
-    check_finite(loaded.state, loaded.source)
     return loaded
 
 
-def check_finite(state: dict[str, torch.Tensor], source: str) -> None:
-    """Refuse weights holding NaN or infinite values (a damaged file, a diverged fine-tune): they ran and wrote
-    garbage. One float32-accumulated sum per tensor (~0.02 s for the embedded model); a NaN or an infinity
-    makes it non-finite (sums of real weights are far from float32's range)."""
-    for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.sum(t, dtype=torch.float32).isfinite()):
-            raise LongswiftError(f"the weights in '{source}' hold NaN or infinite values in '{name}': the file is damaged "
-                                 "(or a training run diverged); re-download or re-export the model")
+def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike) -> None:
+    """Refuse a weight holding NaN or infinite values (a damaged file, a diverged fine-tune): it ran and wrote
+    garbage. Checked as read, on the CPU before the cast: one float32-accumulated sum (~0.02 s for the embedded
+    model's tensors), which a NaN or an infinity makes non-finite (sums of real weights are far from its range)."""
+    if t.is_floating_point() and not bool(torch.sum(t, dtype=torch.float32).isfinite()):
+        raise LongswiftError(f"the weights in '{source}' hold NaN or infinite values in '{name}': the file is damaged "
+                             "(or a training run diverged); re-download or re-export the model")
 
 
 HEAD_PREFIX = "model.medusa_layers."
@@ -247,8 +249,13 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
     reader, hf_config = gguf_header(path)  # the parse the CLI's memory plan made, if it made one
     cfg = _path_config(path, rope_scaling)
     corner: list[torch.Tensor] = []
-    state = gguf_state_dict(reader, hf_config, dtype, device,
-                            before_cast=lambda name, t: corner.append(embed_corner(t)) if name == EMBED else None)
+
+    def before_cast(name: str, t: torch.Tensor) -> None:
+        check_finite(name, t, path)
+        if name == EMBED:
+            corner.append(embed_corner(t))
+
+    state = gguf_state_dict(reader, hf_config, dtype, device, before_cast=before_cast)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     check_token_ids(reader, path)
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
@@ -291,6 +298,8 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
         raise LongswiftError(f"'{path}' holds {stored[whole].dtype} values in '{whole}', where longswift reads "
                              "floating-point weights: a quantized or damaged checkpoint; use its float16/bfloat16/float32 "
                              "release, or a GGUF of it")
+    for name, t in stored.items():
+        check_finite(name, t, path)
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.to(device=device, dtype=dtype) for k, v in stored.items()}
     del stored
