@@ -427,3 +427,29 @@ def test_checkpoint_every_must_be_a_positive_whole_number_of_tokens(base, tmp_pa
             with pytest.raises(LongswiftError, match=r"is not valid: outputs.checkpoint_every must be a positive "
                                                      r"number of tokens; resume from an unedited copy$"):
                 read_checkpoint(path)
+
+
+def test_the_checkpoint_after_an_interrupted_step_holds_the_stats_of_the_boundary_before_it(base, monkeypatch):
+    """A TokenSwift step interrupted in its commit has already counted its trie (verified nodes, verify steps,
+    stage times): the checkpoint holds the stats of the step boundary before it, as its tokens and RNG state
+    are, or the resumed run's stats count the interrupted step twice."""
+    import longswift.spec.tokenswift as tokenswift
+
+    method, spec = RUNS["tokenswift-paper"]
+    real, calls = tokenswift.commit, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 8:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tokenswift, "commit", interrupted)
+    stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method=method, spec=spec)
+    boundary = None
+    with pytest.raises(KeyboardInterrupt):
+        for _ in stream:
+            boundary = stream.checkpoint()
+    ckpt = stream.checkpoint()
+    assert stream.stats.verify_steps == boundary.stats["verify_steps"] + 1  # the live stats: mid-step
+    assert ckpt.stats == boundary.stats and ckpt.token_ids == boundary.token_ids

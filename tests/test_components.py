@@ -17,7 +17,7 @@ from longswift import GenerationConfig, SamplingConfig
 from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
 from longswift.runtime.cache import FullKVCache, PartialKVCache
-from longswift.spec.heads import load_heads, model_fingerprint, new_heads, save_heads
+from longswift.spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, save_heads
 from longswift.spec.ngram import NGramTable, NGramTracker, path_scores
 from longswift.spec.tokenswift import TokenSwiftState, draft
 from longswift.spec.tree import HEADS, NGRAM, Trie
@@ -600,3 +600,92 @@ def test_commit_keeps_the_root_and_the_accepted_path_in_the_cache_in_order():
     assert cache.k[:, :, :base].eq(slots[:, :, :base]).all()  # the context before the root is untouched
     assert torch.equal(s.prev_hidden, hidden[6])  # the last accepted node's state predicted the new root
     assert (s.stats.accepted_tokens, s.stats.ngram_accepted, s.stats.draft_positions) == (3, 1, 3)
+
+
+def test_heads_are_sequential_residual_blocks_read_out_through_their_own_norms():
+    """Each head is h_i = h_{i-1} + W_i RMSNorm_i(h_{i-1}), read out as RMSNorm'_i(h_i) (arXiv 2502.18890),
+    computed by hand here in float64 with every norm and weight random: a head normalising h_0 instead of
+    the previous head's state drafted (and trained) another architecture, which no output would show."""
+    hidden, gamma, eps = 16, 3, 1e-5
+    heads = DraftHeads(hidden, gamma, eps, dtype=torch.float64).randomize(seed=4, scale=3.0)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        heads.in_norms.copy_(1 + 0.3 * torch.randn(gamma, hidden, generator=g, dtype=torch.float64))
+        heads.out_norms.copy_(1 + 0.3 * torch.randn(gamma, hidden, generator=g, dtype=torch.float64))
+        h0 = torch.randn(4, hidden, generator=g, dtype=torch.float64)
+
+        def norm(x, w):
+            return w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+        h, want = h0, []
+        for i in range(gamma):
+            h = h + norm(h, heads.in_norms[i]) @ heads.weights[i].T
+            want.append(norm(h, heads.out_norms[i]))
+        assert torch.allclose(heads(h0), torch.stack(want), rtol=1e-12, atol=1e-12)
+
+
+def test_loaded_heads_keep_the_epsilon_their_file_names(tmp_path):
+    """A heads file records its norms' epsilon; loading it keeps that one, not the base model's (the two
+    differ when heads were made with another eps), so the loaded heads compute what the saved ones did."""
+    engine = longswift.load(tiny_hf_model("llama", seed=71), dtype="float32")
+    heads = new_heads(engine.cfg, engine.model.state).randomize(seed=2)
+    heads.eps = 1e-2  # the model's is 1e-6
+    path = tmp_path / "heads.safetensors"
+    save_heads(heads, engine.cfg, heads.base_fingerprint, path)
+    loaded = load_heads(path, engine.cfg, engine.model.embed)
+    h0 = 0.01 * torch.randn(5, engine.cfg.hidden_size)  # small states, where eps weighs
+    with torch.no_grad():
+        assert loaded.eps == 1e-2 and torch.equal(loaded(h0), heads(h0))
+
+
+@pytest.mark.parametrize("position", [20, 40])  # below and past the trained context (32: dynamic NTK scales)
+def test_the_paper_drafts_first_depth_is_the_base_models_own_next_token_logits(position, monkeypatch):
+    """In paper mode the draft pass forwards the root at its position (n - 1) and its first depth is the base
+    model's own next-token logits there (the final norm, then the LM head): exactly the logits an AR decode
+    step of the root computes. The root forwarded one position on, or read out without the final norm,
+    still verified to AR's tokens, but drafted worse."""
+    import longswift.spec.tokenswift as ts
+
+    engine = longswift.load(tiny_hf_model("llama", "dynamic", seed=61, max_position_embeddings=32),
+                            dtype="float64", heads="random")
+    prompt = torch.randint(0, 128, (position,), generator=torch.Generator().manual_seed(3)).tolist()
+    spec = SpecConfig(tree="2,2", ngram_topk=0, adaptive=False).for_device("cpu")
+    with torch.inference_mode():
+        s = TokenSwiftState(engine.model, engine.heads, prompt, [], SamplingConfig(temperature=0, repetition_penalty=1.0),
+                            GenerationConfig(max_new_tokens=8, ignore_eos=True), spec,
+                            GenerationStats("tokenswift", len(prompt)), frozenset(), None)
+        s.model.prefill(s.history[: s.n - 1], s.full, 16)
+        seen = []
+        real = ts.transform
+        monkeypatch.setattr(ts, "transform", lambda x, w, cfg: seen.append(x) or real(x, w, cfg))
+        draft(s)
+        assert s.full.length == s.n - 1  # the draft's entry is dropped
+        ar, _ = s.model.forward(torch.tensor([prompt[-1]]), torch.tensor([s.n - 1]), s.full)
+    (depth_logits,) = seen
+    assert depth_logits.shape[0] == 2 and torch.allclose(depth_logits[0], ar[0], rtol=0, atol=1e-12)
+
+
+def test_a_lookup_step_that_finds_no_continuation_runs_and_counts_as_a_plain_step(monkeypatch):
+    """A lookup step whose root continues no n-gram has a trie of the root alone: it runs as a plain step
+    (AR's code, no verify pass) and is counted and timed as one, so the lookup kind's rate measures lookups."""
+    import longswift.spec.tokenswift as ts
+    from longswift.spec import schedule
+    from longswift.spec.tokenswift import tokenswift_steps
+
+    monkeypatch.setattr(schedule.StepSchedule, "choose", lambda self: self._run(schedule.LOOKUP))
+    recorded, verified = [], []
+    record = schedule.StepSchedule.record
+    monkeypatch.setattr(schedule.StepSchedule, "record",
+                        lambda self, kind, tokens, seconds: recorded.append(kind) or record(self, kind, tokens, seconds))
+    real = ts.verify
+    monkeypatch.setattr(ts, "verify", lambda s, trie: verified.append(len(trie)) or real(s, trie))
+    engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64", heads="random")
+    prompt = list(range(3, 23))  # no token repeats: no n-gram continues any root at first
+    stats = GenerationStats("tokenswift", len(prompt))
+    with torch.inference_mode():
+        for _ in tokenswift_steps(engine.model, engine.heads, prompt, SamplingConfig(temperature=0, repetition_penalty=1.0),
+                                  GenerationConfig(max_new_tokens=12, ignore_eos=True),
+                                  SpecConfig(tree="1,1", ngram_topk=0).for_device("cpu"), stats, frozenset(), None):
+            pass
+    assert stats.new_tokens == 12 and stats.plain_steps == 11 and stats.lookup_steps == 0 and stats.verify_steps == 0
+    assert verified == [] and recorded == [schedule.PLAIN] * 11

@@ -95,3 +95,86 @@ def test_the_text_is_the_models_whatever_the_tokenizers_clean_up_setting(text):
     result = GenerationStream(SimpleNamespace(tokenizer=tokenizer), None, iter([]),
                               GenerationStats("ar", 1), previous=ids).result_so_far()
     assert result.text == text
+
+
+def sentencepiece_tokenizer():
+    """Llama 2's kind of tokenizer: words with a leading "▁", byte fallback, and a decoder that strips
+    the first space of what it decodes, so that a word decoded without the token before it loses its space."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{b:02X}>": 3 + b for b in range(256)}
+    for word in ["▁hello", "▁world", "▁the", "▁end", "▁"]:
+        vocab[word] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", bos_token="<s>", unk_token="<unk>")
+
+
+@pytest.mark.parametrize("cuts", [[1], [2], [1, 3]])
+def test_a_sentencepiece_words_leading_space_survives_streaming(cuts):
+    """The decoder keeps the token before each delta as left context: decoded alone, "▁world" is "world"
+    (SentencePiece decoders strip the first space), so a decoder that moved its context offset up to the
+    read offset streamed "helloworld", and one that moved both past a token with no text (</s>, which
+    decodes to "" like the text before it) lost the space of the word after it."""
+    tokenizer = sentencepiece_tokenizer()
+    words = ["▁hello", "▁world", "</s>", "▁the", "▁end", "<0xF0>", "<0x9F>", "<0x99>", "<0x82>", "▁hello"]
+    ids = tokenizer.convert_tokens_to_ids(words)
+    assert decode_text(tokenizer, ids) == "hello world the end🙂 hello"
+    assert decode_text(tokenizer, ids[1:2]) == "world"  # the strip the left context is there for
+    assert "".join(stream_text(tokenizer, ids, cuts)) == "hello world the end🙂 hello"
+
+
+def test_a_character_split_by_a_token_without_text_is_held_back_whole():
+    """After a long held run the text up to FINAL_AFTER tokens back is emitted as final. An <eos> inside a
+    4-byte character (its bytes join when the special token is left out) makes its incomplete head span 4
+    tokens, so keeping back only 3 emitted the head as "\\ufffd" and then the whole character after it."""
+    lone = TOKENIZER.convert_tokens_to_ids(TOKENIZER.convert_ids_to_tokens(TOKENIZER.encode("東"))[1])
+    emoji, eos = TOKENIZER.encode("🙂"), TOKENIZER.convert_tokens_to_ids("<eos>")
+    assert decode_text(TOKENIZER, [lone]) == "\ufffd" and len(emoji) == 4
+    for held in range(MAX_HELD - 6, 3 * MAX_HELD):  # (the held-back run moves on every MAX_HELD + 1 tokens)
+        for split in range(1, 4):
+            ids = TOKENIZER.encode("a ") + [lone] * held + emoji[:split] + [eos] + emoji[split:]
+            assert "".join(stream_text(TOKENIZER, ids, [1])) == decode_text(TOKENIZER, ids), (held, split)
+
+
+def fake_stream(tokenizer, steps: list[list[int]], previous: list[int] | None = None, stop=None) -> GenerationStream:
+    """A GenerationStream over given steps (each counted in the stats as the loops count them), no model."""
+    from longswift.stop_strings import StopStrings
+
+    stats = GenerationStats("ar", 1)
+
+    def run():
+        for ids in steps:
+            stats.new_tokens += len(ids)
+            yield ids
+
+    checker = None if stop is None else StopStrings(tokenizer, stop, previous)
+    return GenerationStream(SimpleNamespace(tokenizer=tokenizer), SimpleNamespace(generator=None), run(), stats,
+                            previous=previous, stop=checker)
+
+
+def test_a_streams_text_ends_with_what_its_last_token_left_incomplete_and_begins_with_a_resumes_text():
+    """stream.text() flushes at the end (a run that ends inside a character yields its "\\ufffd", as
+    result.text holds it), and a resumed stream's first piece is the text so far, decoded before the new
+    tokens as their left context."""
+    emoji = TOKENIZER.encode("🙂")
+    steps = [TOKENIZER.encode("ab "), TOKENIZER.encode("東") + emoji[:2]]
+    stream = fake_stream(TOKENIZER, steps)
+    pieces = list(stream.text())
+    assert pieces == ["ab ", "東\ufffd"] and "".join(pieces) == stream.result.text  # (held back whole, then flushed)
+    resumed = fake_stream(TOKENIZER, [emoji, TOKENIZER.encode("!")], previous=TOKENIZER.encode("ab 東"))
+    pieces = list(resumed.text())
+    assert pieces[0] == "ab 東" and "".join(pieces) == resumed.result.text == "ab 東🙂!"
+
+
+def test_a_stop_string_counts_only_the_tokens_it_keeps():
+    """The step whose tokens complete a stop string is cut after the completing token, and the stats count
+    the tokens kept (new_tokens equals the output's length), not one more or the whole step."""
+    step = TOKENIZER.encode("xy STOP and more")
+    stream = fake_stream(TOKENIZER, [TOKENIZER.encode("ab "), step, TOKENIZER.encode("never")], stop=("STOP",))
+    assert [len(ids) for ids in stream] == [3, 7]
+    assert stream.result.text == "ab xy STOP"
+    assert stream.stats.new_tokens == len(stream.result.token_ids) == 10 and stream.stats.finish_reason == "stop"

@@ -379,3 +379,18 @@ def test_the_memory_plan_counts_what_a_packed_model_holds(tie):
     plan = plan_memory(model.cfg, torch.float32, CPU, 64, 16, packed=True)
     assert held == plan.weights + plan.packed_weights
     assert plan.packed_weights == (model.cfg.vocab_size * model.cfg.hidden_size * 4 if tie else 0)
+
+
+def test_prefill_returns_the_last_tokens_logits_and_hidden_state():
+    """prefill's hidden state is the last prompt token's (fused drafting and a resumed TokenSwift run start
+    their heads from it), whatever the chunking: the first row of the last chunk (hidden[0]) changed no
+    output, TokenSwift verifying every draft, and only drafted worse."""
+    engine = longswift.load(tiny_hf_model("llama", seed=4, max_position_embeddings=CTX), dtype="float32")
+    ids = torch.randint(0, 128, (45,), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        logits, hidden = engine.model.forward(ids, torch.arange(45), None)
+        for chunk in (16, 45, 64):  # last chunks of 13 and 45 tokens
+            cache = FullKVCache(engine.cfg, 45, torch.float32, CPU)
+            last, h = engine.model.prefill(ids, cache, chunk=chunk)
+            assert h.shape == (engine.cfg.hidden_size,) and last.shape == (128,)
+            assert rel_err(h, hidden[-1]) < 1e-5 and rel_err(last, logits[-1]) < 1e-5, chunk

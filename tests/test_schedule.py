@@ -136,3 +136,37 @@ def test_adaptive_choice_follows_measured_rates():
     assert s.rate(LOOKUP) == pytest.approx(15.0, rel=0.1)
     s.adaptive = False  # --no-adaptive
     assert s.choose() == FULL
+
+
+def test_a_plain_block_leaves_every_kinds_counter_where_single_plain_steps_do():
+    """A token block of k plain steps (choose, plain_run, skip) counts as k single plain steps on the probe
+    schedule, plain steps' own counter included: `skip` counting the block's rest for PLAIN too left it k - 1
+    steps ahead, so once plain steps lost the lead their first probe came k - 1 steps early."""
+
+    def schedule() -> StepSchedule:
+        return StepSchedule(step_tokens=dict.fromkeys(KINDS, 1.0), step_seconds={FULL: 1.0, LOOKUP: 0.5, PLAIN: 0.25})
+
+    single, blocked = schedule(), schedule()
+    assert [single.choose() for _ in range(8)] == [PLAIN] * 8
+    assert blocked.choose() == PLAIN
+    assert blocked.plain_run(8, tokens_left=10**6) == 8
+    blocked.skip(7)
+    assert blocked.since == single.since == {FULL: 8, LOOKUP: 8, PLAIN: 0}
+    for s in (single, blocked):  # lookup steps become the fastest: plain steps are probed from now on
+        s.step_seconds[LOOKUP] = 0.1
+    picks = [[s.choose() for _ in range(800)] for s in (single, blocked)]
+    assert PLAIN in picks[0] and picks[0] == picks[1]
+
+
+def test_a_due_probe_is_not_put_off_by_the_follow_up_of_a_kind_that_took_the_lead():
+    """A probe that beat the leader is followed up; but where its rate took the lead at the next choice it is
+    the leader, and a probe of another kind due then runs first, as for any leader. Following it up as a
+    probe (the check `follow != best` dropped) put the due probe off."""
+    s = StepSchedule(step_tokens=dict.fromkeys(KINDS, 1.0), step_seconds={FULL: 0.1, LOOKUP: 0.05, PLAIN: 0.02})
+    assert s.choose() == PLAIN and s.best == PLAIN  # 50 tok/s leads
+    s.since[LOOKUP] = MAX_PROBE_EVERY  # due, whatever its interval
+    s.record(FULL, 3, 0.01)  # a full probe at 300 tok/s: followed up ...
+    assert s.follow == FULL
+    s.step_tokens[FULL], s.step_seconds[FULL] = 3.0, 0.01  # ... and its rate now leads by far
+    assert s.choose() == LOOKUP and s.best == FULL
+    assert s.choose() == FULL

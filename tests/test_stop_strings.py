@@ -128,3 +128,15 @@ def test_the_command_line_stops_at_stop(embedded, tmp_path, capsys):
     k = first_stop(embedded.tokenizer, free["token_ids"], word)
     assert data["token_ids"] == free["token_ids"][:k] and data["stats"]["finish_reason"] == "stop"
     assert word in data["text"] and out == data["text"] + "\n" and "stop: stop" in err
+
+
+@pytest.mark.parametrize("stop", ["STOP", "🙂👍🏽"])
+def test_a_stop_string_begun_before_a_resume_ends_the_resumed_run(stop):
+    """A resumed run's checker starts from the last tokens generated before (`previous`): a stop string whose
+    first tokens came before the checkpoint and whose last come after it ends the run at its completing
+    token, as the uninterrupted run ends; a checker that forgot them let the run go on."""
+    ids = BYTES.encode("ab " + stop + " more")
+    want = first_stop(BYTES, ids, stop)
+    for cut in range(4, want):  # every checkpoint inside the stop string
+        checker = StopStrings(BYTES, (stop,), previous=ids[:cut])
+        assert cut + checker.cut(ids[cut:]) == want, cut

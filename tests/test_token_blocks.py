@@ -179,3 +179,71 @@ def test_a_plain_step_runs_the_ops_of_an_ar_step(sampling, bodies, monkeypatch):
 
     per_token = {m: (ops(m, 41) - ops(m, 9)) / 32 for m in ("ar", "tokenswift")}
     assert per_token["tokenswift"] <= per_token["ar"] + 1, per_token
+
+
+@pytest.mark.parametrize("every", [2, 3])
+def test_an_end_of_sequence_token_at_any_place_in_a_block_gives_back_the_rest_of_its_uniforms(engine, every):
+    """Wherever an EOS falls in a sampled block (the first token of a block of 2, the next-to-last of any),
+    the generator is left having drawn one uniform per emitted token, as reading each token leaves it:
+    a rewind skipped for blocks of 2, or for an EOS one before a block's end, left it a draw ahead."""
+    sampling = SAMPLINGS[1]
+    free = sum(run(engine, sampling, GenerationConfig(max_new_tokens=40, ignore_eos=True), 1)[0], [])
+    firsts = {}
+    for i, t in enumerate(free):
+        firsts.setdefault(t, i)
+    offsets = set()
+    for stop, first in firsts.items():
+        if first % every == every - 1 or first % every in offsets:
+            continue  # an EOS that ends its block exactly gives nothing back
+        offsets.add(first % every)
+        blocks, stats, state = run(engine, sampling, GenerationConfig(max_new_tokens=40), every, eos=frozenset({stop}))
+        assert sum(blocks, []) == free[: first + 1] and stats.finish_reason == "eos"
+        fresh = torch.Generator().manual_seed(5)
+        torch.rand(first + 1, generator=fresh, dtype=torch.float64)
+        assert torch.equal(state, fresh.get_state()), (every, first)
+    assert offsets == set(range(every - 1))
+
+
+@pytest.mark.parametrize("every", [1, 4])
+def test_ar_runs_no_forward_after_the_runs_last_token(engine, every, monkeypatch):
+    """AR forwards each drawn token to get the next one's logits, except the run's last, which nothing
+    follows: a block that forwarded it too (forward_last at the run's end) cost one decode forward a run."""
+    from longswift.runtime.model import Transformer
+
+    calls = []
+    forward = Transformer.forward
+    monkeypatch.setattr(Transformer, "forward", lambda self, tokens, *a, **k: calls.append(int(tokens.shape[0]))
+                        or forward(self, tokens, *a, **k))
+    blocks, stats, _ = run(engine, SAMPLINGS[1], GenerationConfig(max_new_tokens=10, ignore_eos=True), every)
+    assert sum(len(b) for b in blocks) == 10
+    assert calls == [len(PROMPT)] + [1] * 9  # the prompt's prefill, then one forward per token but the last
+
+
+def test_tokenswift_plain_blocks_keep_the_loops_probe_schedule_and_time_each_step_as_its_share(monkeypatch):
+    """In the loop, a plain block of k tokens counts as k plain steps: the kinds of step chosen, token by
+    token, are those of reading each token (a block that counted k steps on the probe schedule for its
+    k - 1 extra tokens brought probes on early), and each of its k steps is recorded at the block's time
+    divided by k (recording the whole block's time for each made plain steps look k times slower)."""
+    hf = tiny_hf_model("llama", seed=22, vocab=32)
+    prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
+    gen = GenerationConfig(max_new_tokens=90, ignore_eos=True)
+    spec = longswift.SpecConfig(tree="1,2,2", ngram_topk=2)
+    monkeypatch.setattr(StepSchedule, "rate", lambda self, kind: FIXED_RATES[kind])  # no timing: deterministic
+    record, kinds, plain_seconds = StepSchedule.record, [], []
+
+    def logged(self, kind, tokens, seconds):
+        kinds.append(kind)
+        if kind == PLAIN:
+            plain_seconds.append(seconds)
+        return record(self, kind, tokens, seconds)
+
+    monkeypatch.setattr(StepSchedule, "record", logged)
+    runs = {}
+    for every in (1, 8):
+        kinds.clear(), plain_seconds.clear()
+        engine = longswift.load(hf, device="cpu", dtype="float64", heads="random", read_every=every)
+        result = engine.generate(prompt, method="tokenswift", sampling=SAMPLINGS[0], generation=gen, spec=spec)
+        runs[every] = list(kinds), result.token_ids
+        assert sum(plain_seconds) == pytest.approx(result.stats.stage_seconds["plain"])
+    assert runs[8] == runs[1]
+    assert runs[8][0].count(PLAIN) >= 10 and len(set(runs[8][0])) > 1  # plain blocks ran between probes
