@@ -130,14 +130,16 @@ def test_a_sentencepiece_words_leading_space_survives_streaming(cuts):
 def test_a_character_split_by_a_token_without_text_is_held_back_whole():
     """After a long held run the text up to FINAL_AFTER tokens back is emitted as final. An <eos> inside a
     4-byte character (its bytes join when the special token is left out) makes its incomplete head span 4
-    tokens, so keeping back only 3 emitted the head as "\\ufffd" and then the whole character after it."""
+    tokens, so keeping back only 3 emitted the head as "\\ufffd" and then the whole character after it. Two
+    <eos> there cut it even with 4 kept back: tokens of no text are not counted among them."""
     lone = TOKENIZER.convert_tokens_to_ids(TOKENIZER.convert_ids_to_tokens(TOKENIZER.encode("東"))[1])
     emoji, eos = TOKENIZER.encode("🙂"), TOKENIZER.convert_tokens_to_ids("<eos>")
     assert decode_text(TOKENIZER, [lone]) == "\ufffd" and len(emoji) == 4
     for held in range(MAX_HELD - 6, 3 * MAX_HELD):  # (the held-back run moves on every MAX_HELD + 1 tokens)
         for split in range(1, 4):
-            ids = TOKENIZER.encode("a ") + [lone] * held + emoji[:split] + [eos] + emoji[split:]
-            assert "".join(stream_text(TOKENIZER, ids, [1])) == decode_text(TOKENIZER, ids), (held, split)
+            for eoses in (1, 2, 5):
+                ids = TOKENIZER.encode("a ") + [lone] * held + emoji[:split] + [eos] * eoses + emoji[split:]
+                assert "".join(stream_text(TOKENIZER, ids, [1])) == decode_text(TOKENIZER, ids), (held, split, eoses)
 
 
 def fake_stream(tokenizer, steps: list[list[int]], previous: list[int] | None = None, stop=None) -> GenerationStream:

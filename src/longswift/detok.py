@@ -29,6 +29,7 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.prefix = 0  # decoding starts here, so tokenizers see some left context
         self.read = 0  # text of ids[:read] has been emitted
+        self.special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())  # tokens of no text (skipped)
 
     def _decode(self, ids: list[int]) -> str:
         return decode_text(self.tokenizer, ids)
@@ -48,8 +49,16 @@ class IncrementalDecoder:
         """A long run of tokens that completed no text (bytes that are no UTF-8, special tokens): the
         text up to FINAL_AFTER tokens back, whatever it is, is final (a character is at most 4 bytes, a
         token at least 1), so it is emitted and the offsets move there. Without this every push of such
-        a run decoded all of it again: a model stuck on a lone byte for 10K tokens took a second a 1K."""
-        cut = len(self.ids) - FINAL_AFTER
+        a run decoded all of it again: a model stuck on a lone byte for 10K tokens took a second a 1K.
+        Special tokens decode to nothing, so they are not counted among those kept back where the run has
+        enough others (two inside a character cut it, and its first bytes went out as "\ufffd"); a run of
+        them alone (a model stuck on EOS) moves on as before."""
+        cut, counted = len(self.ids), 0
+        while counted < FINAL_AFTER and cut > self.read:
+            cut -= 1
+            counted += self.ids[cut] not in self.special
+        if counted < FINAL_AFTER:  # too few tokens of text: keep back the last few tokens, as before
+            cut = len(self.ids) - FINAL_AFTER
         text = self._decode(self.ids[self.prefix : cut])
         if not after.startswith(text) or len(text) < len(before):
             return ""
