@@ -266,8 +266,8 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
             corner.append(embed_corner(t))
 
     state = gguf_state_dict(reader, hf_config, dtype, device, before_cast=before_cast)
-    # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     check_token_ids(reader, path)
+    # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
     # The weights are copies now: let the map go, or the file's pages stay in the process (its size).
     _gguf_header.cache_clear()
