@@ -122,7 +122,8 @@ def test_the_summary_line_says_when_nothing_was_drafted():
     from longswift.cli.display import summary_line
     from longswift.stats import GenerationStats
 
-    plain = GenerationStats("tokenswift", 38, new_tokens=300, steps=300, decode_seconds=60.0, plain_steps=300)
+    plain = GenerationStats("tokenswift", 38, new_tokens=300, steps=300, decode_seconds=60.0, plain_steps=300,
+                            finish_reason="length")
     assert summary_line(plain) == ("tokenswift: 300 tokens in 60.00 s (5.0 tok/s, nothing drafted: every step plain, "
                                    "1.00 tokens/step), prefill 38 tokens in 0.00 s, stop: length")
     drafted = GenerationStats("tokenswift", 38, new_tokens=300, steps=100, decode_seconds=10.0, accepted_tokens=200,
@@ -140,7 +141,8 @@ def test_the_summary_line_of_a_resumed_run_says_its_prefill_time_holds_the_re_re
     from longswift.cli.display import summary_line
     from longswift.stats import GenerationStats
 
-    resumed = GenerationStats("ar", 39, new_tokens=250, steps=250, decode_seconds=10.0, prefill_seconds=2.85, resumes=4)
+    resumed = GenerationStats("ar", 39, new_tokens=250, steps=250, decode_seconds=10.0, prefill_seconds=2.85, resumes=4,
+                              finish_reason="length")
     assert summary_line(resumed).endswith(", prefill 39 tokens in 2.85 s (with the context re-read at 4 resumes), "
                                           "stop: length")
     once = GenerationStats("ar", 39, new_tokens=250, steps=250, decode_seconds=10.0, prefill_seconds=0.5, resumes=1)

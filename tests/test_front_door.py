@@ -557,6 +557,32 @@ def test_a_single_stop_string_and_a_stream_left_unfinished(tiny):
     assert stream.result.stats.finish_reason == "length" and stream.result_so_far().stats.finish_reason == "length"
 
 
+def test_a_running_stream_has_no_finish_reason_until_it_ends(tiny):
+    """The live stats name no reason while the run goes on (they said "length" from the first token), nor does a
+    mid-run checkpoint; a resumed run is running again, also from a file that says "length" (an older file, or a
+    finished run's extended), and ends with its own reason."""
+    stream = tiny.stream([1, 2, 3], max_new_tokens=6, ignore_eos=True, seed=4)
+    ckpt = None
+    live = []
+    for _ in stream:
+        ckpt = ckpt or stream.checkpoint()
+        live.append(stream.stats.finish_reason)
+    assert live == [None] * len(live) and len(live) >= 2 and stream.result.stats.finish_reason == "length"
+    assert ckpt.stats["finish_reason"] is None
+    for stats in (ckpt.stats, ckpt.stats | {"finish_reason": "length"}):
+        resumed = tiny.resume(replace(ckpt, stats=stats))
+        live = [resumed.stats.finish_reason for _ in resumed]
+        assert live and live == [None] * len(live) and resumed.result.stats.finish_reason == "length"
+        assert resumed.result.token_ids == stream.result.token_ids
+    done = tiny.stream([1, 2, 3], max_new_tokens=3, ignore_eos=True)
+    for _ in done:
+        pass
+    longer = tiny.resume(done.checkpoint(), max_new_tokens=5)
+    live = [longer.stats.finish_reason for _ in longer]
+    assert live and live == [None] * len(live) and len(longer.result.token_ids) == 5
+    assert longer.result.stats.finish_reason == "length"
+
+
 @pytest.mark.parametrize("method", ["ar", "tokenswift"])
 def test_streams_of_one_engine_iterated_in_turn_give_their_own_tokens(tiny, method):
     """One prompt a call: several prompts are several streams, which may be iterated a step each in turn

@@ -362,6 +362,7 @@ class Engine:
         generated = list(c.token_ids)
         if not ended(generated, setup.generation, self.eos_ids, stats.finish_reason):
             stats.resumes += 1  # (a finished run's checkpoint gives its result again: nothing re-read, no resume)
+            stats.finish_reason = None  # running again (an extended run's file, and older mid-run files, say "length")
         return self._start(setup, stats, generated, resumed=True)
 
     def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int],

@@ -23,7 +23,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     seed: int | None = None
-    finish_reason: str = "length"  # one of FINISH_REASONS
+    finish_reason: str | None = None  # one of FINISH_REASONS once the run has ended; None while it runs
     accepted_tokens: int = 0  # drafted tokens the lossless walk accepted
     draft_positions: int = 0  # deepest drafted position per step, summed (alpha's denominator; 4 for 1,3,3,3)
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
@@ -53,7 +53,8 @@ class GenerationStats:
 
     @property
     def alpha(self) -> float:
-        """Acceptance rate as the paper defines it: accepted draft tokens / draft positions."""
+        """Acceptance rate as the paper defines it: accepted draft tokens / draft positions; 0.0 for a run that
+        drafted nothing (AR, or only plain steps), where it is undefined (to_dict says null there)."""
         return self.accepted_tokens / self.draft_positions if self.draft_positions else 0.0
 
     @property

@@ -106,6 +106,8 @@ class GenerationStream:
             yield ids
             if keep is not None:
                 break
+        if self.stats.finish_reason is None:  # the loop ran out of tokens to make (an EOS or stop string says so)
+            self.stats.finish_reason = "length"
         self.result = self._result(self.stats)
 
     def text(self) -> Iterator[str]:
@@ -142,7 +144,7 @@ class GenerationStream:
         if finish_reason is None and self.result is not None:  # ended: its own reason
             return self._result(self.stats)
         # (its own stage_seconds: the running stream's dict goes on changing)
-        return self._result(replace(self.stats, finish_reason=finish_reason,  # type: ignore[arg-type]
+        return self._result(replace(self.stats, finish_reason=finish_reason,
                                     stage_seconds=dict(self.stats.stage_seconds)))
 
     def _result(self, stats: GenerationStats) -> GenerationResult:
