@@ -276,6 +276,29 @@ def test_draft_cache_modes_select_as_specified(mode):
             assert s.partial.length == 24 and not torch.equal(s.partial.positions, first)
 
 
+def test_the_partial_cache_is_made_only_for_runs_that_draft_on_it(monkeypatch):
+    """The last draft pass of a run of `total` tokens sees total - 2 cached entries: a run of budget + 1 tokens
+    never reaches the budget, so it gets no partial cache (it had one, a budget's worth of keys, unused); one
+    of budget + 2 drafts its last step on it."""
+    import longswift.spec.tokenswift as ts
+
+    engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64", heads="random")
+    spec = SpecConfig(tree="1,1", ngram_topk=0, draft_kv_budget=30, draft_window=6, attention_sinks=4,
+                      adaptive=False)
+    made, selected = [], []
+    real_init, real_select = ts.PartialKVCache.__init__, ts.PartialKVCache.select
+    monkeypatch.setattr(ts.PartialKVCache, "__init__",
+                        lambda self, *a, **k: made.append(a[1]) or real_init(self, *a, **k))
+    monkeypatch.setattr(ts.PartialKVCache, "select", lambda self, *a: selected.append(self) or real_select(self, *a))
+    for total, budget in ((31, None), (32, 30)):
+        made.clear(), selected.clear()
+        stream = engine.stream(list(range(3, 25)), method="tokenswift", spec=spec, max_new_tokens=total - 22,
+                               ignore_eos=True, temperature=0)
+        for _ in stream:
+            pass
+        assert made == ([] if budget is None else [budget]) and bool(selected) == (budget is not None)
+
+
 def test_drafts_are_transformed_with_the_roots_penalty_window(monkeypatch):
     """The draft's candidates are the target's top tokens after the same transform, penalty included (these
     wiring tests guard speed, not output: every trie's tokens are verified)."""

@@ -49,9 +49,10 @@ def walk_rows(spec: SpecConfig, nodes: int | None = None) -> int:
 def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
     """Size of the draft pass's partial KV cache for a run of `total` tokens: the budget when the
     paper draft mode will outgrow it, else 0 (shorter runs, fused mode and --draft-cache full draft
-    without one)."""
+    without one). The last draft pass sees at most total - 2 cached entries (a step has at least one
+    token to make, and its root is not cached yet), and the partial cache takes over at the budget."""
     partial = spec.draft_mode == "paper" and spec.draft_cache != "full"
-    return spec.draft_kv_budget if partial and total > spec.draft_kv_budget else 0
+    return spec.draft_kv_budget if partial and total - 2 >= spec.draft_kv_budget else 0
 
 
 def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens: int, chunk: int, packed: bool,
