@@ -1,5 +1,6 @@
 """The one exception type users see: a one-line message that says what is wrong and what to do."""
 
+import os
 import re
 
 
@@ -27,3 +28,13 @@ def reason_of(exc: BaseException, limit: int = 300) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     reason = re.sub(r"^[A-Za-z_]*(Error|Exception): ", "", lines[-1]) if lines else type(exc).__name__
     return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
+def unreadable(path: os.PathLike | str, what: str, exc: BaseException, damaged: str) -> LongswiftError:
+    """Why a file could not be read: access to it (safetensors says "No such file or directory" for a file this
+    user may not read), or what `damaged` says (the remedy for a truncated or corrupt file). `what` names the
+    file's kind before its path ("heads file "; "" for weights)."""
+    if not os.access(path, os.R_OK):
+        return LongswiftError(f"cannot read {what}'{path}': permission denied; give this user read access to it "
+                              "(chmod a+r)")
+    return LongswiftError(f"cannot read {what}'{path}': {reason_of(exc)}; {damaged}")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
-from ..errors import LongswiftError, reason_of
+from ..errors import LongswiftError, reason_of, unreadable
 from .gguf import check_token_ids, gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
 from .hub import parse_hub_id, quiet_transformers, resolve_hub_id
 from .model import check_state_dict
@@ -386,11 +386,8 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def weights_unreadable(f: Path, exc: BaseException) -> LongswiftError:
-    """Why safetensors could not read `f`: access to it (its reader said "No such file or directory" for a file
-    this user may not read), or damage."""
-    if not os.access(f, os.R_OK):
-        return LongswiftError(f"cannot read '{f}': permission denied; give this user read access to it (chmod a+r)")
-    return LongswiftError(f"cannot read '{f}': {reason_of(exc)}; the file is truncated or corrupt, re-download it")
+    """Why safetensors could not read the weights file `f` (errors.unreadable)."""
+    return unreadable(f, "", exc, "the file is truncated or corrupt, re-download it")
 
 
 def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..atomic import replace_atomically
 from ..config import ModelConfig
-from ..errors import LongswiftError
+from ..errors import LongswiftError, unreadable
 from ..runtime.loading import EMBED_CORNER
 from ..runtime.model import fused_norm_default, rms_norm
 
@@ -244,10 +244,7 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
         if path.name == TRAIN_CHECKPOINT and zipfile.is_zipfile(path):  # torch.save's format, not safetensors
             raise LongswiftError(f"'{path}' is a train-heads training checkpoint, not heads: pass the run's "
                                  f"{HEADS_FILE} (or its directory), which the run writes when it finishes") from None
-        if not os.access(path, os.R_OK):
-            raise LongswiftError(f"cannot read heads file '{path}': permission denied; give this user read access to "
-                                 "it (chmod a+r)") from None
-        raise LongswiftError(f"cannot read heads file '{path}': {exc}; it is truncated or not a heads file") from None
+        raise unreadable(path, "heads file ", exc, "it is truncated or not a heads file") from None
     if raw is None:
         raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
     meta = _read_meta(path, raw)
