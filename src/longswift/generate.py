@@ -84,5 +84,6 @@ def ar_steps(
             if tokens[-1] in stop:
                 stats.finish_reason = "eos"
                 return
+        stats.finish_reason = "length"  # (a stop string closes it at a yield)
 
     return steps()

@@ -106,8 +106,6 @@ class GenerationStream:
             yield ids
             if keep is not None:
                 break
-        if self.stats.finish_reason is None:  # the loop ran out of tokens to make (an EOS or stop string says so)
-            self.stats.finish_reason = "length"
         self.result = self._result(self.stats)
 
     def text(self) -> Iterator[str]:

@@ -419,7 +419,6 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
             stats.add_captures(s.graphs.values())
             last = emitted[-1]
             yield emitted
-        if last in s.stop_ids:
-            stats.finish_reason = "eos"
+        stats.finish_reason = "eos" if last in s.stop_ids else "length"  # (a stop string closes it at a yield)
 
     return steps()
