@@ -91,6 +91,52 @@ def test_every_path_equals_explicit_attention_in_float64(kernel, t, start, tree)
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+def stored_by_dimension(rows: torch.Tensor, capacity: int, seed: int) -> torch.Tensor:
+    """`rows` [Hkv, S, D] as a cache with keys stored slot-innermost holds them (runtime.cache.transposed_keys): a
+    [Hkv, C, D] view of [Hkv, D, C], its slots past S stale (finite, large), which must weigh nothing."""
+    h, s, d = rows.shape
+    stored = torch.randn(h, d, capacity, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 30
+    stored = stored.to(rows.dtype)
+    stored[:, :, :s] = rows.transpose(1, 2)
+    view = stored.transpose(1, 2)
+    assert view.stride(-1) != 1 and view.transpose(1, 2).is_contiguous()
+    return view
+
+
+@pytest.mark.parametrize("kernel", [None, "explicit", "cascade", "flash"])
+@pytest.mark.parametrize("t,start,tree", CASES)
+def test_keys_stored_by_dimension_equal_explicit_attention_in_float64(kernel, t, start, tree):
+    """The CPU's float32/float64 caches store keys slot-innermost: every path reads them right (the flash kernels
+    get them by slot: the CPU's misreads a strided view), the stale slots past the end weighing nothing."""
+    q, keys, values, new = random_case(t, start, tree, torch.float64, seed=t * 7919 + start + 1)
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.float64, scale, packed=False, kernel=kernel)
+    masks = attn.masks(t, start, G, new if tree else None)
+    stored = stored_by_dimension(keys, start + t + 300, seed=start)
+    padded_values = torch.cat([values, torch.full((HKV, 300, D), 1e6, dtype=values.dtype)], dim=1)
+    got = ungrouped(attn.attend(grouped(q), stored, padded_values, masks), t)
+    torch.testing.assert_close(got, reference(q, keys, values, start, new, scale), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES - 1, False), (1, ONEDNN_FROM_ENTRIES, False),
+                                          (8, ONEDNN_FROM_ENTRIES + 300, True), (1, 9000, False)])
+def test_keys_stored_by_dimension_on_the_packed_float32_path(t, start, tree):
+    """The packed float32 path over keys stored slot-innermost (past ONEDNN_FROM_ENTRIES, P @ V by oneDNN over a
+    rounded span) gives what it gives over keys stored by slot, bit for bit, and attention within float32's
+    bound; the slots past the end (stale) weigh nothing."""
+    q, keys, values, new = random_case(t, start, tree, torch.float32, seed=11)
+    stale = torch.randn(HKV, 4 * ONEDNN_SPAN, D, generator=torch.Generator().manual_seed(12)) * 30
+    rows_k, rows_v = torch.cat([keys, stale], dim=1), torch.cat([values, stale.flip(1)], dim=1)
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.float32, scale, packed=True)
+    masks = attn.masks(t, start, G, new)
+    by_slot = attn.attend(grouped(q), rows_k, rows_v, masks)
+    got = attn.attend(grouped(q), rows_k.transpose(1, 2).contiguous().transpose(1, 2), rows_v, masks)
+    assert torch.equal(got, by_slot)
+    torch.testing.assert_close(ungrouped(got, t).double(), reference(q, keys, values, start, new, scale), rtol=1e-4,
+                               atol=1e-5)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 300, False), (7, 300, True), (8, 40, True),
                                           (1, ONEDNN_FROM_ENTRIES, False), (7, ONEDNN_FROM_ENTRIES + 2, True)])
@@ -136,7 +182,8 @@ def test_onednn_path_reads_a_rounded_span_whose_padding_weighs_nothing(t, start,
     torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=1e-4, atol=1e-5)
 
 
-def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch):
+@pytest.mark.parametrize("by_dimension", [False, True])
+def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch, by_dimension):
     """Every key count the oneDNN linear sees is a shape its caches keep (~0.43 MiB each, 1024 of them): a
     decode run grew by ~440 MiB when each step brought a new one."""
     seen = set()
@@ -150,6 +197,8 @@ def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch):
     attn = Attention(torch.device("cpu"), torch.float32, D**-0.5, packed=True)  # the kernel picked by length
     g = torch.Generator().manual_seed(7)
     keys, values = torch.randn(HKV, 4096, D, generator=g), torch.randn(HKV, 4096, D, generator=g)
+    if by_dimension:  # (a float32 cache on the CPU: only V meets oneDNN)
+        keys = keys.transpose(1, 2).contiguous().transpose(1, 2)
     qg = torch.randn(HKV, G, D, generator=g)
     for length in range(ONEDNN_FROM_ENTRIES - 4, ONEDNN_FROM_ENTRIES + 600):  # decoding steps
         attn.attend(qg, keys, values, attn.masks(1, length, G, None))

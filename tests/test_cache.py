@@ -14,7 +14,7 @@ from conftest import OpCount, tiny_hf_model
 import longswift
 from longswift.errors import LongswiftError
 from longswift.runtime.attention import FUSED_FROM_TOKENS
-from longswift.runtime.cache import FullKVCache
+from longswift.runtime.cache import FullKVCache, PartialKVCache, transposed_keys
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -114,6 +114,53 @@ def test_compacting_an_accepted_path_equals_decoding_it(setup):
         a, _ = model.forward(nxt, torch.tensor([tree.length]), tree)
         b, _ = model.forward(nxt, torch.tensor([seq.length]), seq)
     assert float((a - b).abs().max() / b.abs().max()) < tol
+
+
+def test_cpu_caches_store_keys_by_dimension_where_their_products_read_them_so():
+    """On the CPU in float32 and float64 the keys are stored [L, Hkv, D, C] behind their [L, Hkv, C, D] view, so
+    that a layer's K^T is a row-major operand; bfloat16 (whose products read keys first) and CUDA (flash takes
+    keys by slot) keep them by slot. Values are always by slot."""
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    for dtype, expected in ((torch.float32, True), (torch.float64, True), (torch.bfloat16, False)):
+        cache = FullKVCache(cfg, 40, dtype, torch.device("cpu"))
+        assert cache.transposed == expected and cache.k.shape == cache.v.shape == (2, 2, 40, 16)
+        assert cache.k[1].transpose(1, 2).is_contiguous() == expected and cache.v.is_contiguous()
+        assert cache.nbytes == 2 * 2 * 2 * 40 * 16 * dtype.itemsize
+    assert PartialKVCache(cfg, 30, 4, 6, torch.float32, torch.device("cpu")).transposed
+    assert not transposed_keys(torch.device("cuda"), torch.float32)
+    assert not FullKVCache(cfg, 40, torch.float32, torch.device("cpu"), transposed=False).transposed
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_either_key_layout_gives_the_same_forwards_compaction_and_draft_selection(dtype):
+    """A prefill in chunks (the cascade from FUSED_FROM_TOKENS rows), a tree verify, its compaction, decoding past
+    the packed path's threshold and the partial cache's selection give the same numbers over keys stored by
+    dimension as over keys stored by slot."""
+    from longswift.runtime.attention import ONEDNN_FROM_ENTRIES
+
+    hf = tiny_hf_model("llama", "default", seed=3, max_position_embeddings=4096, dtype=dtype)
+    model = longswift.load(hf, dtype="float64" if dtype == torch.float64 else "float32").model
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 128, (ONEDNN_FROM_ENTRIES + 40,), generator=g)
+    tokens = torch.randint(0, 128, (len(PARENTS),), generator=g)
+    depths = torch.tensor([len(path_to(i)) - 1 for i in range(len(PARENTS))])
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    seen = {}
+    for transposed in (False, True):
+        out = seen[transposed] = []
+        cache = FullKVCache(model.cfg, len(prompt) + 16, dtype, torch.device("cpu"), transposed=transposed)
+        part = PartialKVCache(model.cfg, 30, 4, 6, dtype, torch.device("cpu"))
+        with torch.inference_mode():
+            out.append(model.prefill(prompt[:-1], cache, chunk=FUSED_FROM_TOKENS + 8)[0])
+            base = cache.length
+            out.append(model.forward(tokens, base + depths, cache, tree_mask=tree_mask())[0])
+            cache.compact(base, [base + i for i in path_to(6)])
+            queries = []
+            out.append(model.forward(prompt[-1:], torch.tensor([cache.length]), cache, queries=queries)[0])
+            part.select(cache, queries)
+            out += [cache.k[:, :, : cache.length], part.k[:, :, : part.length], part.positions]
+    for a, b in zip(seen[False], seen[True]):
+        torch.testing.assert_close(b, a, **tol)
 
 
 def test_compact_keeps_exactly_the_chosen_entries():

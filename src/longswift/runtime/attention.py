@@ -79,6 +79,13 @@ def _flash_capable(index: int | None) -> bool:
     return torch.cuda.get_device_capability(index) >= (8, 0)
 
 
+def by_slot(keys: torch.Tensor) -> torch.Tensor:
+    """Keys as the flash kernels take them, slot by slot: a copy of keys stored slot-innermost
+    (runtime.cache.transposed_keys: the CPU's caches, and CUDA step bodies run on them in the tests). The CPU's
+    flash kernel misreads such a view rather than refusing it (off by 0.2 in a float64 check)."""
+    return keys if keys.stride(-1) == 1 else keys.contiguous()
+
+
 def flash_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Unmasked attention of every row over every key, with each row's log-sum-exp of the scaled
@@ -86,6 +93,7 @@ def flash_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     float64 for float64).
     Flash kernels where the device has one for the dtype (CUDA: float16/bfloat16; CPU: any), else
     explicit products in float32 or better."""
+    keys = by_slot(keys)
     if qg.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             qg[None], keys[None], values[None], 0.0, False, scale=scale)[:2]
@@ -150,6 +158,7 @@ def masked_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     bias broadcast over the KV heads (compute_log_sumexp; one launch where explicit products, the mask,
     the log-sum-exp and the softmax took about fifteen). Elsewhere: explicit products."""
     hkv, rows, d = qg.shape
+    keys = by_slot(keys)
     if qg.device.type == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             qg[None], keys[None], values[None], 0.0, False, attn_mask=bias, scale=scale)[:2]
@@ -343,6 +352,8 @@ class Attention:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
         kernel = self._kernel(m)
+        if keys.stride(-1) != 1 and kernel in ("explicit", "onednn"):  # stored slot-innermost (cache.transposed_keys)
+            return self._keys_by_dimension(qg, keys, values, m, kernel == "onednn")
         if kernel == "onednn" or (kernel == "explicit" and self.keys_first):
             # oneDNN keeps a primitive per shape (the CPU's bfloat16 bmm runs on it too: ~1 MiB each, a key count
             # per step grew a bfloat16 run by ~1 GiB over 1K steps): read a span rounded up (onednn_span), the
@@ -363,6 +374,26 @@ class Attention:
             scores[:, :, m.start : m.end] += m.rows  # the new entries' [G*T, T] mask; cached slots all visible
         probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
         return torch.bmm(probs, values)  # [Hkv, R, D]
+
+    def _keys_by_dimension(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
+                           onednn: bool) -> torch.Tensor:
+        """Attention over keys stored slot-innermost: keys [Hkv, C, D] is a view of [Hkv, D, C], so q @ K^T takes
+        a row-major [D, S] operand whose rows the GEMM streams near memory speed (q @ K^T over [S, D] rows, or
+        K @ q^T, ran at 1/2-2/3 of it on the CPU: docs/benchmarks.md, session 41). `onednn`: past
+        ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products over a span rounded up (onednn_span: a
+        primitive per span, not per length), the slots past the end masked to weigh exactly 0."""
+        end = m.end
+        span = min(keys.shape[1], onednn_span(end)) if onednn else end
+        scores = torch.bmm(qg, keys[:, :span].transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S']
+        if m.rows is not None:
+            scores[:, :, m.start : end] += m.rows  # the new entries' [G*T, T] mask; cached slots all visible
+        if span > end:
+            scores[:, :, end:] = float("-inf")
+        probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
+        if onednn:
+            op = torch.ops.mkldnn._linear_pointwise
+            return torch.stack([op(probs[i], values[i, :span].t(), None, "none", [], "") for i in range(qg.shape[0])])
+        return torch.bmm(probs, values[:, :end])  # [Hkv, R, D]
 
     def _keys_first_scores(self, qg: torch.Tensor, keys: torch.Tensor, end: int) -> torch.Tensor:
         """Scaled scores [Hkv, R, S'] as keys @ q^T read transposed (the cache rows as the product's M), the

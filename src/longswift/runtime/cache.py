@@ -11,17 +11,34 @@ from ..config import ModelConfig
 from ..errors import LongswiftError
 
 
+def transposed_keys(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether caches on this device and dtype store their keys transposed, slots innermost (see FullKVCache): the
+    CPU's float32 and float64, where a query's scores q @ K^T then read each key dimension's slots in a row, as
+    the GEMM streams them (docs/benchmarks.md, session 41: one layer's decode attention at 4K-64K entries
+    1.5-1.8x faster). Not bfloat16 (its products read the keys first: runtime.attention) nor CUDA (flash
+    kernels take the keys by slot)."""
+    return device.type == "cpu" and dtype in (torch.float32, torch.float64)
+
+
 class FullKVCache:
     """Per layer `[Hkv, capacity, D]` keys and values; slots `[0, length)` hold the context.
 
     A forward writes its T new entries at slots `[length, length + T)` and advances `length`.
+    `k` is always indexed [L, Hkv, C, D]; where transposed_keys says so (default: by device and dtype) it is a
+    view of keys stored [L, Hkv, D, C], so that `k[layer].transpose(1, 2)` is a plain row-major product operand.
     """
 
-    def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device,
+                 transposed: bool | None = None) -> None:
         if capacity <= 0:
             raise LongswiftError(f"KV cache capacity must be positive, got {capacity}")
         shape = (cfg.num_layers, cfg.num_kv_heads, capacity, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, C, D]
+        device = torch.device(device)
+        self.transposed = transposed_keys(device, dtype) if transposed is None else transposed
+        if self.transposed:  # stored [L, Hkv, D, C]; k is its [L, Hkv, C, D] view
+            self.k = torch.zeros(shape[:2] + shape[:1:-1], dtype=dtype, device=device).transpose(2, 3)
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, C, D]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, Hkv, C, D]
         self.capacity = capacity
         self.length = 0

@@ -133,11 +133,12 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     `capacity` cached entries. Every path holds the additive [G*T, T] mask of the new entries (model
     dtype), and the cascade's parts merged (float32 or better). The CPU's explicit products (below
     FUSED_FROM_TOKENS): the scores and their softmax over every entry (float32, all heads); from it the CPU's
-    cascade runs flash kernels, which work on blocks. The CUDA cascade (`cascade`): scores and softmax over
-    the T new entries (and `tail` cached ones: the bucketed step bodies' masked part), which its fused
-    kernels do not all hold, so this bounds them from above. Without a flash kernel for the dtype (CUDA in
-    float32, float64) its cached part is explicit too: scores, their masked copy and softmax over every
-    cached entry."""
+    cascade runs flash kernels, which work on blocks, over a copy of a layer's keys taken by slot (the
+    CPU's float32/float64 caches store them by dimension: runtime.cache.transposed_keys). The CUDA cascade
+    (`cascade`): scores and softmax over the T new entries (and `tail` cached ones: the bucketed step
+    bodies' masked part), which its fused kernels do not all hold, so this bounds them from above. Without
+    a flash kernel for the dtype (CUDA in float32, float64) its cached part is explicit too: scores, their
+    masked copy and softmax over every cached entry."""
     mask = cfg.group_size * t * t * elem
     merged = 4 * cfg.num_heads * t * cfg.head_dim * max(elem, 4)  # each part's output and log-sum-exp, the merge
     if cascade:
@@ -145,7 +146,9 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
             return mask + 3 * cfg.num_heads * t * capacity * max(elem, 4) + merged
         return mask + 2 * cfg.num_heads * t * (t + tail) * 4 + merged
     if t >= FUSED_FROM_TOKENS:  # the CPU's flash kernels work on blocks: no scores over the cache exist
-        return mask + merged + cpu_flash_buffer_bytes(cfg.head_dim)
+        # ... but take the keys slot by slot: a layer's copy where the cache stores them by dimension (by_slot)
+        keys = cfg.num_kv_heads * capacity * cfg.head_dim * elem
+        return mask + merged + cpu_flash_buffer_bytes(cfg.head_dim) + keys
     return mask + 2 * cfg.num_heads * t * capacity * 4
 
 
