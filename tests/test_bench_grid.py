@@ -737,3 +737,25 @@ def test_lockstep_plans_the_fused_mode_without_a_partial_draft_cache(tiny_dir, m
     monkeypatch.setattr(grid, "lockstep_bytes", lambda plans, graphs: planned.extend(plans) or 0)
     grid.check_lockstep_memory(engine, cfg, cell, ["ar", "tokenswift", "tokenswift-fused"])
     assert [p.draft_tokens for p in planned] == [0, 48, 0]
+
+
+def test_metrics_cpu_peak_keeps_a_sampled_peak():
+    import time
+    from longswift.bench.metrics import PeakMemory
+
+    with PeakMemory(torch.device("cpu"), interval=0.005) as peak:
+        big = torch.ones(64 * 2**20 // 4)  # 64 MiB, freed before the block ends
+        time.sleep(0.1)
+        del big
+    assert peak.peak_bytes - peak.start_bytes >= 48 * 2**20
+
+
+def test_metrics_cuda_peak_is_the_allocators_peak(monkeypatch):
+    from longswift.bench.metrics import PeakMemory
+
+    for name, value in (("synchronize", None), ("reset_peak_memory_stats", None), ("memory_allocated", 10),
+                        ("max_memory_allocated", 99)):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, v=value: v)
+    with PeakMemory(torch.device("cuda")) as peak:
+        pass
+    assert (peak.start_bytes, peak.peak_bytes) == (10, 99)

@@ -311,3 +311,37 @@ def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():
     assert f32.workspace > 3 * 32 * 128 * 104_096 * 4
     cpu = plan_memory(cfg, torch.bfloat16, torch.device("cpu"), 104_096, 1, False, 0, 121)
     assert cpu.workspace < plan_memory(cfg, torch.bfloat16, torch.device("cpu"), 104_096, 1, False, 0, 128).workspace
+
+
+def test_memory_plan_a_prefill_chunk_past_the_capacity_plans_as_the_capacity():
+    from longswift.runtime.memory import plan_memory
+
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    assert plan_memory(cfg, torch.float32, torch.device("cpu"), 64, 10**6, False).workspace == \
+        plan_memory(cfg, torch.float32, torch.device("cpu"), 64, 64, False).workspace
+
+
+def test_memory_plan_loaded_weights_are_not_counted_again(monkeypatch):
+    import longswift.runtime.memory as memory
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2 * memory.GiB)
+    plan = memory.MemoryPlan(weights=10 * memory.GiB, packed_weights=0, kv_cache=memory.GiB, workspace=0,
+                             capacity_tokens=8, device="cpu")
+    plan.check(weights_loaded=True)
+    with pytest.raises(LongswiftError, match="not enough memory"):
+        plan.check(weights_loaded=False)
+
+
+def test_memory_plan_a_chunk_of_fused_from_tokens_holds_no_scores_over_the_cache():
+    from longswift.runtime.attention import FUSED_FROM_TOKENS
+    from longswift.runtime.memory import masked_attention_bytes
+
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    t = FUSED_FROM_TOKENS
+    assert masked_attention_bytes(cfg, t, 100_000, 4) < 2 * cfg.num_heads * t * 100_000 * 4
+
+
+def test_memory_plan_a_run_exactly_as_long_as_the_context_is_allowed():
+    from longswift.runtime.memory import check_context
+
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    check_context(cfg, cfg.context_limit - 10, 10)

@@ -387,3 +387,50 @@ def test_a_bucketed_body_past_the_first_bucket_has_a_warm_up_of_its_own():
     assert bucketed._warm_key((16, 1, "logits")) != bucketed._warm_key((16, 8, "logits"))
     by_length = StepGraphs(model, cache, capture=False, bucket=16, attention="length")
     assert by_length._warm_key((16, 1, "logits")) == by_length._warm_key((32, 1, "logits"))
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_padded_tree_rows_that_do_not_see_the_first_node(attention):
+    """A row of the trie's mask that does not see node 0 (every real trie's rows do) still reads the mask."""
+    e = engine64()
+    model, cfg = e.model, e.cfg
+    mask = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)  # rows 1, 2 do not see node 0
+    tokens, positions = [7, 3, 9], torch.tensor([10, 10, 11])
+    eager, bodies = FullKVCache(cfg, 64, torch.float64, CPU), FullKVCache(cfg, 64, torch.float64, CPU)
+    for c in (eager, bodies):
+        model.prefill(torch.arange(10) + 3, c, chunk=4)
+    _, want = model.forward(torch.tensor(tokens), positions, eager, tree_mask=mask)
+    graphs = StepGraphs(model, bodies, capture=False, bucket=8, attention=attention)
+    _, got = graphs.forward(tokens, positions, mask, False)
+    torch.testing.assert_close(got[:3], want, rtol=1e-10, atol=1e-10)
+
+
+def test_the_draw_penalizes_the_first_history_token():
+    """The in-body draw's penalty window reaches the history's slot 0."""
+    e = engine64()
+    g = StepGraphs(e.model, FullKVCache(e.cfg, 16, torch.float64, CPU), capture=False)
+    history = torch.zeros(16, dtype=torch.long)
+    history[:3] = torch.tensor([7, 1, 2])
+    g.bind_sampling(history, SamplingConfig(temperature=0, repetition_penalty=50.0, penalty_window=8))
+    g.drawn_from = torch.zeros(e.cfg.vocab_size, dtype=torch.float64)
+    g.drawn_from[7], g.drawn_from[3] = 10.0, 9.0  # 7, the history's first token, is penalized to 0.2
+    assert g._draw(torch.tensor([3])).tolist() == [3] and history[3] == 3
+
+
+def test_rebinding_drops_the_sampled_graphs_only():
+    """New sampling settings drop the graphs that draw in the body (they hold the old ones), not the others."""
+    e = engine64()
+    g = StepGraphs(e.model, FullKVCache(e.cfg, 16, torch.float64, CPU), capture=False)
+    history = torch.zeros(16, dtype=torch.long)
+    g.bind_sampling(history, SamplingConfig(temperature=0.7))
+    g.graphs = {(0, 1, "sampled"): None, (0, 1, "logits"): None}
+    g.bind_sampling(history, SamplingConfig(temperature=1.3))
+    assert list(g.graphs) == [(0, 1, "logits")]
+
+
+def test_off_means_off_where_graphs_are_supported(monkeypatch):
+    """--cuda-graphs off is off on a device that could capture."""
+    import longswift.runtime.cuda_graphs as cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "graphs_supported", lambda model: None)
+    assert cuda_graphs.use_graphs("off", None) is False and cuda_graphs.use_graphs("auto", None) is True

@@ -277,3 +277,18 @@ def test_the_memory_plan_asks_the_planned_gpu_whether_flash_runs(monkeypatch):
     on_0 = plan_memory(cfg, torch.bfloat16, torch.device("cuda:0"), 4096, 512, False, 0, 32)
     assert asked == [1, 0]
     assert on_1.workspace > on_0.workspace  # no flash on cuda:1: its cached part is explicit
+
+
+def test_bodies_of_one_bucket_keep_each_others_graphs(monkeypatch):
+    """A decode and a verify pass of one bucket keep each other's graphs (an eviction by `<=` re-captured
+    both at every step on a GPU)."""
+    with fake_cuda(monkeypatch):
+        model = fake_model("smollm2-135m", torch.bfloat16)
+        cache = FullKVCache(model.cfg, 4096, torch.bfloat16, model.device)
+        graphs = StepGraphs(model, cache, capture=True, attention="bucketed")
+        mask = torch.ones(3, 3, dtype=torch.bool).tril()
+        for slot in (100, 200, 300):  # one bucket: a decode and a verify pass at each
+            cache.length = slot
+            graphs.decode(7, slot)
+            graphs.forward([1, 2, 3], torch.arange(slot + 1, slot + 4), mask, logits=False)
+    assert graphs.captures == 2 and len(graphs.graphs) == 2

@@ -586,3 +586,37 @@ def test_weights_of_integer_or_bool_values_are_refused(tmp_path):
     state["model.norm.weight"] = torch.ones(64, dtype=torch.int32)
     save_file(state, str(tmp_path / "model.safetensors"))
     check_error(tmp_path, "holds torch.int32 values in 'model.norm.weight', where longswift reads floating-point weights")
+
+
+def test_gguf_an_eos_id_equal_to_the_vocabulary_size_is_refused(tmp_path):
+    write_small_gguf(tmp_path / "g.gguf", {"tokenizer.ggml.eos_token_id": 8}, tokens=8)
+    check_error(tmp_path / "g.gguf", "has tokenizer.ggml.eos_token_id = 8, outside its vocabulary of 8 tokens")
+
+
+def test_gguf_without_vocab_size_takes_the_embeddings_rows(tmp_path):
+    write_small_gguf(tmp_path / "g.gguf", {})  # token_embd [4, 64], no llama.vocab_size
+    assert load_config(tmp_path / "g.gguf").vocab_size == 4
+
+
+def test_gguf_a_layers_derived_rope_tensor_is_skipped(tmp_path):
+    hf = tiny_hf_model("llama", "default", seed=25)
+    write_gguf(tmp_path / "rot.gguf", hf, extra={"blk.0.attn_rot_embd": torch.zeros(4)})
+    state = load_model(tmp_path / "rot.gguf", torch.float32, torch.device("cpu")).state
+    assert "model.layers.0.input_layernorm.weight" in state
+
+
+def test_gguf_rope_scaling_type_none_is_unscaled(tmp_path):
+    hf = tiny_hf_model("llama", "default", seed=25)
+    write_gguf(tmp_path / "none.gguf", hf, meta={"rope.scaling.type": "none"})
+    assert load_config(tmp_path / "none.gguf").rope_type == "default"
+
+
+def test_gguf_weights_are_not_views_of_the_read_only_file(tmp_path):
+    """The weights are copies: views of the read-only memory map would fault when written."""
+    from longswift.runtime.gguf import gguf_hf_config, gguf_state_dict, open_gguf
+
+    hf = tiny_hf_model("llama", "default", seed=25)
+    write_gguf(tmp_path / "m.gguf", hf)
+    reader = open_gguf(tmp_path / "m.gguf")
+    state = gguf_state_dict(reader, gguf_hf_config(reader, tmp_path / "m.gguf"), torch.float32, torch.device("cpu"))
+    assert not any(np.shares_memory(t.numpy(), reader.data) for t in state.values())

@@ -390,3 +390,37 @@ def test_torchrun_cli_matches_one_process(tmp_path, capsys):
     assert (tp["stats"]["steps"], tp["stats"]["accepted_tokens"]) == (one["stats"]["steps"], one["stats"]["accepted_tokens"])
     assert proc.stdout.split() == [str(t) for t in tp["token_ids"]]  # no tokenizer: ids; rank 1 wrote nothing
     assert "on 2 processes" in proc.stderr and proc.stderr.count("16 tokens in") == 1
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_a_rank_pools_scores_with_the_copies_of_its_own_kv_head(monkeypatch, rank):
+    from longswift.runtime.parallel import TensorParallel
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 4)
+    monkeypatch.setattr(dist, "new_group", lambda ranks: tuple(ranks))
+    tp = TensorParallel(_cfg(num_kv_heads=2), torch.device("cpu"))  # 2 KV heads on 4 ranks: each held by 2
+    assert tp.kv_group == ((0, 1) if rank < 2 else (2, 3))
+
+
+def test_a_vocabulary_smaller_than_the_blocks_gives_every_rank_an_equal_block():
+    from longswift.runtime.parallel import vocab_block
+
+    cfg = _cfg(vocab_size=5)
+    for r in range(4):
+        plan = plan_shards(cfg, r, 4)
+        assert plan.vocab[0] <= plan.vocab[1]
+        assert vocab_block(torch.ones(5, 3), plan).shape == (plan.vocab_per_rank, 3)
+
+
+def test_local_rank_equal_to_the_gpu_count_is_refused_in_one_line(monkeypatch):
+    from longswift.config import RuntimeConfig
+    from longswift.runtime.parallel import init_from_env
+
+    monkeypatch.setattr(RuntimeConfig, "torch_device", lambda self: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: pytest.fail("set_device reached"))
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(LongswiftError, match="wants cuda:2 but only 2 CUDA devices"):
+        init_from_env(RuntimeConfig())

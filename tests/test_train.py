@@ -510,3 +510,35 @@ def test_a_run_whose_loss_rose_is_told_its_heads_did_not_learn():
     noisy = [{"loss": 19.0}] + [{"loss": 15.0}, {"loss": 21.0}] * 4  # steps above the first, their mean (18) below
     assert not_converged(noisy, 0.03) is None
     assert not_converged([{"loss": 19.0}, {"loss": 1339.1}], 0.03) is None  # too short to judge (a batch's noise)
+
+
+def test_distill_padding_is_out_of_the_penalty_window_and_real_tokens_in():
+    from longswift.sampling import transform
+    from longswift.train.distill import _LongswiftTransform
+
+    s = SamplingConfig(temperature=1.0, repetition_penalty=2.0, penalty_window=4)
+    ids = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+    scores = torch.ones(2, 10)
+    got = _LongswiftTransform(s, torch.tensor([2, 0]))(ids, scores)
+    want = transform(scores, torch.tensor([[-1, -1, 5, 6], [1, 2, 3, 4]]), s)
+    assert torch.equal(got, want)
+
+
+def test_distill_batches_of_the_same_prompts_draw_different_text(tiny, tmp_path):
+    docs = self_distill(tiny, 4 * 8, new_tokens=8, batch_size=2, sampling=SamplingConfig(seed=1, temperature=1.0),
+                        cache_dir=tmp_path, progress=False, prompts=[[5, 9], [17, 3]])
+    assert docs[:2] != docs[2:]
+
+
+def test_distill_holds_at_least_the_tokens_asked_for(tiny, tmp_path):
+    prompts = [[5, 9], [17, 3]]
+    docs = self_distill(tiny, 20, new_tokens=8, batch_size=2, sampling=SamplingConfig(temperature=0),
+                        cache_dir=tmp_path, progress=False, prompts=prompts)
+    assert sum(len(d) - 2 for d in docs) >= 20
+
+
+def test_distill_a_document_that_exactly_fills_the_context_is_allowed(tiny):
+    limit = tiny.cfg.context_limit
+    with pytest.raises(LongswiftError, match="shorter than --seq-len"):  # past the context check
+        # (refused before the cache is used)
+        self_distill(tiny, 1, new_tokens=limit - 4, prompts=[[1, 2, 3, 4]], window=10**6, cache_dir=None)
