@@ -150,8 +150,12 @@ def test_bfloat16_cpu_paths_equal_attention_up_to_bfloat16_rounding(t, start, tr
     scale = D**-0.5
     attn = Attention(torch.device("cpu"), torch.bfloat16, scale, packed=packed)
     assert attn.keys_first
-    got = ungrouped(attn.attend(grouped(q), rows_k, rows_v, attn.masks(t, start, G, new if tree else None)), t)
+    masks = attn.masks(t, start, G, new if tree else None)
+    got = ungrouped(attn.attend(grouped(q), rows_k, rows_v, masks), t)
     torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=2e-2, atol=2e-2)
+    # keys stored by dimension (a bfloat16 cache on the CPU): the same products' result
+    by_dimension = rows_k.transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(ungrouped(attn.attend(grouped(q), by_dimension, rows_v, masks), t), got)
 
 
 @pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES, False), (8, ONEDNN_FROM_ENTRIES + 1, True)])
@@ -205,7 +209,8 @@ def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch, 
     assert 0 < len(seen) <= 4, sorted(seen)
 
 
-def test_bfloat16_cpu_products_see_a_shape_per_span_not_per_step(monkeypatch):
+@pytest.mark.parametrize("by_dimension", [False, True])
+def test_bfloat16_cpu_products_see_a_shape_per_span_not_per_step(monkeypatch, by_dimension):
     """The CPU's bfloat16 bmm runs on oneDNN, which keeps a primitive per shape (~1 MiB each): a bfloat16 run
     below the oneDNN threshold grew by ~1 GiB over 1K decoding steps when each brought a new key count."""
     seen = set()
@@ -219,6 +224,8 @@ def test_bfloat16_cpu_products_see_a_shape_per_span_not_per_step(monkeypatch):
     attn = Attention(torch.device("cpu"), torch.bfloat16, D**-0.5, packed=True)
     g = torch.Generator().manual_seed(8)
     keys, values = (torch.randn(HKV, 4096, D, generator=g).bfloat16() for _ in range(2))
+    if by_dimension:  # (a bfloat16 cache on the CPU)
+        keys = keys.transpose(1, 2).contiguous().transpose(1, 2)
     for length in range(100, 700):  # decoding steps, then 7-node tries
         attn.attend(torch.randn(HKV, G, D, generator=g).bfloat16(), keys, values, attn.masks(1, length, G, None))
     tree = torch.ones(7, 7, dtype=torch.bool).tril_()

@@ -323,6 +323,9 @@ class Attention:
         # (docs/scripts/cpu_attention_layouts.py, one layer of 3 KV heads: 429 -> 224 us at 2K entries, 1,754 ->
         # 710 at 8K for a decoding token, 664 -> 519 for 21 rows at 2K; float32 is faster the other way round,
         # float16 the same either way; a decode step at 2K context 42 -> 35 ms: docs/benchmarks.md, session 37).
+        # Since session 41 the CPU's bfloat16 caches store keys by dimension (runtime.cache.transposed_keys), where
+        # q @ K^T copies nothing and is faster still; keys @ q^T serves keys stored by slot. Either way bfloat16's
+        # products read a rounded span (keys_first).
         self.keys_first = device.type == "cpu" and dtype == torch.bfloat16
 
     def _kernel(self, m: Masks) -> str:
@@ -353,7 +356,8 @@ class Attention:
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
         kernel = self._kernel(m)
         if keys.stride(-1) != 1 and kernel in ("explicit", "onednn"):  # stored slot-innermost (cache.transposed_keys)
-            return self._keys_by_dimension(qg, keys, values, m, kernel == "onednn")
+            return self._keys_by_dimension(qg, keys, values, m, kernel == "onednn" or self.keys_first,
+                                           kernel == "onednn")
         if kernel == "onednn" or (kernel == "explicit" and self.keys_first):
             # oneDNN keeps a primitive per shape (the CPU's bfloat16 bmm runs on it too: ~1 MiB each, a key count
             # per step grew a bfloat16 run by ~1 GiB over 1K steps): read a span rounded up (onednn_span), the
@@ -376,14 +380,15 @@ class Attention:
         return torch.bmm(probs, values)  # [Hkv, R, D]
 
     def _keys_by_dimension(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
-                           onednn: bool) -> torch.Tensor:
+                           rounded: bool, onednn: bool) -> torch.Tensor:
         """Attention over keys stored slot-innermost: keys [Hkv, C, D] is a view of [Hkv, D, C], so q @ K^T takes
         a row-major [D, S] operand whose rows the GEMM streams near memory speed (q @ K^T over [S, D] rows, or
-        K @ q^T, ran at 1/2-2/3 of it on the CPU: docs/benchmarks.md, session 41). `onednn`: past
-        ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products over a span rounded up (onednn_span: a
-        primitive per span, not per length), the slots past the end masked to weigh exactly 0."""
+        K @ q^T, ran at 1/2-2/3 of it on the CPU: docs/benchmarks.md, session 41). `rounded`: both products
+        read a span rounded up (onednn_span), the slots past the end masked to weigh exactly 0, so that oneDNN,
+        which keeps a primitive per shape (the packed path's products; the CPU's bfloat16 bmm), sees a shape per
+        span, not per length. `onednn`: past ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products."""
         end = m.end
-        span = min(keys.shape[1], onednn_span(end)) if onednn else end
+        span = min(keys.shape[1], onednn_span(end)) if rounded else end
         scores = torch.bmm(qg, keys[:, :span].transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S']
         if m.rows is not None:
             scores[:, :, m.start : end] += m.rows  # the new entries' [G*T, T] mask; cached slots all visible
@@ -393,7 +398,7 @@ class Attention:
         if onednn:
             op = torch.ops.mkldnn._linear_pointwise
             return torch.stack([op(probs[i], values[i, :span].t(), None, "none", [], "") for i in range(qg.shape[0])])
-        return torch.bmm(probs, values[:, :end])  # [Hkv, R, D]
+        return torch.bmm(probs, values[:, :span])  # [Hkv, R, D]
 
     def _keys_first_scores(self, qg: torch.Tensor, keys: torch.Tensor, end: int) -> torch.Tensor:
         """Scaled scores [Hkv, R, S'] as keys @ q^T read transposed (the cache rows as the product's M), the
