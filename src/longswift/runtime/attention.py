@@ -355,38 +355,36 @@ class Attention:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
         kernel = self._kernel(m)
-        if keys.stride(-1) != 1 and kernel in ("explicit", "onednn"):  # stored slot-innermost (cache.transposed_keys)
-            return self._keys_by_dimension(qg, keys, values, m, kernel == "onednn" or self.keys_first,
-                                           kernel == "onednn")
-        if kernel == "onednn" or (kernel == "explicit" and self.keys_first):
-            # oneDNN keeps a primitive per shape (the CPU's bfloat16 bmm runs on it too: ~1 MiB each, a key count
-            # per step grew a bfloat16 run by ~1 GiB over 1K steps): read a span rounded up (onednn_span), the
-            # slots past the end (zeros or stale entries: finite) masked out, a shape per span.
-            span = min(keys.shape[1], onednn_span(m.end))
-            keys, values = keys[:, :span], values[:, :span]  # [Hkv, S', D], S' >= S
-            if kernel == "onednn":
-                return self._onednn(qg, keys, values, m)
-            scores = self._keys_first_scores(qg, keys, m.end)  # [Hkv, R, S']
-        else:
+        if kernel in ("cascade", "flash"):
             keys, values = keys[:, : m.end], values[:, : m.end]  # [Hkv, S, D]
             if kernel == "flash" and m.new is None:
                 return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
-            if kernel in ("cascade", "flash"):
-                return cascade(qg, keys, values, m.start, m.rows, self.scale)
-            scores = torch.bmm(qg, keys.transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S]
+            return cascade(qg, keys, values, m.start, m.rows, self.scale)
+        # oneDNN keeps a primitive per shape (the CPU's bfloat16 bmm runs on it too: ~1 MiB each, a key count per
+        # step grew a bfloat16 run by ~1 GiB over 1K steps): its products read a span rounded up (onednn_span), the
+        # slots past the end (zeros or stale entries: finite) masked out, a shape per span.
+        rounded = kernel == "onednn" or self.keys_first
+        if keys.stride(-1) != 1 or not rounded:  # keys stored by dimension (cache.transposed_keys), or plain bmm
+            return self._query_first(qg, keys, values, m, rounded, kernel == "onednn")
+        span = min(keys.shape[1], onednn_span(m.end))  # keys stored by slot, read by oneDNN
+        keys, values = keys[:, :span], values[:, :span]  # [Hkv, S', D], S' >= S
+        if kernel == "onednn":
+            return self._onednn(qg, keys, values, m)
+        scores = self._keys_first_scores(qg, keys, m.end)  # [Hkv, R, S']
         if m.rows is not None:
             scores[:, :, m.start : m.end] += m.rows  # the new entries' [G*T, T] mask; cached slots all visible
         probs = torch.softmax(scores, dim=-1, dtype=self.acc_dtype).to(self.dtype)
         return torch.bmm(probs, values)  # [Hkv, R, D]
 
-    def _keys_by_dimension(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
-                           rounded: bool, onednn: bool) -> torch.Tensor:
-        """Attention over keys stored slot-innermost: keys [Hkv, C, D] is a view of [Hkv, D, C], so q @ K^T takes
-        a row-major [D, S] operand whose rows the GEMM streams near memory speed (q @ K^T over [S, D] rows, or
-        K @ q^T, ran at 1/2-2/3 of it on the CPU: docs/benchmarks.md, session 41). `rounded`: both products
-        read a span rounded up (onednn_span), the slots past the end masked to weigh exactly 0, so that oneDNN,
-        which keeps a primitive per shape (the packed path's products; the CPU's bfloat16 bmm), sees a shape per
-        span, not per length. `onednn`: past ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products."""
+    def _query_first(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks,
+                     rounded: bool, onednn: bool) -> torch.Tensor:
+        """Attention with the scores as q @ K^T. Over keys stored by dimension (keys [Hkv, C, D] a view of
+        [Hkv, D, C]) K^T is a row-major [D, S] operand whose rows the GEMM streams near memory speed (q @ K^T
+        over [S, D] rows, or K @ q^T, ran at 1/2-2/3 of it on the CPU: docs/benchmarks.md, session 41); over keys
+        stored by slot it is float32's grouped bmm below the oneDNN threshold. `rounded`: both products read a
+        span rounded up (onednn_span), the slots past the end masked to weigh exactly 0, so that oneDNN (the
+        packed path's products; the CPU's bfloat16 bmm) sees a shape per span, not per length. `onednn`: past
+        ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products."""
         end = m.end
         span = min(keys.shape[1], onednn_span(end)) if rounded else end
         scores = torch.bmm(qg, keys[:, :span].transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S']
