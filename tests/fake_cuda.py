@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
@@ -236,6 +237,10 @@ def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    # A fake "cuda" tensor's first construction makes a real one to set up the device (torch 2.11 does when
+    # torch.cuda.is_available(), patched above): on a CUDA build of torch without a GPU that raised "Found no
+    # NVIDIA driver"; fake tensors need no device.
+    monkeypatch.setattr(fake_tensor, "init_gpu_context", lambda device: None)
     _fake_graphs(monkeypatch, mode)
     # Caches of device facts and tensors (the ban's index tensor, flash's capability) are emptied before and
     # after: a fake tensor or a fake capability must not outlive the block (on a GPU machine, later tests
