@@ -7,9 +7,14 @@ batched walk. tests/test_cuda.py checks values and graphs on a real GPU."""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import subprocess
+import sys
 from collections import Counter
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -292,3 +297,35 @@ def test_bodies_of_one_bucket_keep_each_others_graphs(monkeypatch):
             graphs.decode(7, slot)
             graphs.forward([1, 2, 3], torch.arange(slot + 1, slot + 4), mask, logits=False)
     assert graphs.captures == 2 and len(graphs.graphs) == 2
+
+
+TESTS = Path(__file__).resolve().parent
+# What test_cuda.py's own checks skip for on the fake device (one GPU of compute capability 9.0, this torch).
+FAKE_SKIPS = ("needs a second CUDA device", "--graph-attention length needs")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs tests/test_cuda.py itself")
+def test_the_gpu_tests_own_code_runs_on_the_fake_device(tmp_path):
+    """tests/test_cuda.py is skipped wherever CI runs, so a change to the package that breaks its code (a
+    renamed argument, a moved helper) would first show on a lent GPU, whose minutes are few. Here each of
+    its test functions (the first parametrization of each) runs on the fake device (tests/fake_cuda_run.py)
+    and must pass or stop at one of its own asserts, whose values the fake device cannot give; any other
+    error is code that would fail on the GPU too."""
+    report = tmp_path / "report.jsonl"
+    env = {**os.environ, "FAKE_CUDA_REPORT": str(report), "FAKE_CUDA_ONE_EACH": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fake_cuda_run", "-p", "no:cacheprovider",
+                          "tests/test_cuda.py"], cwd=TESTS.parent, env=env, capture_output=True, text=True, check=False,
+                         timeout=1200)
+    assert report.exists(), run.stdout[-3000:] + run.stderr[-3000:]
+    rows = [json.loads(line) for line in report.read_text().splitlines()]
+    module = ast.parse((TESTS / "test_cuda.py").read_text())
+    functions = {f.name for f in module.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")}
+    assert {row["id"].split("::")[1].split("[")[0] for row in rows} == functions, run.stdout[-3000:]
+    for row in rows:
+        if row["outcome"] == "skipped":
+            assert any(reason in row["reason"] for reason in FAKE_SKIPS), row
+        elif row["outcome"] == "failed":
+            assert row["when"] == "call" and row["error"] == "AssertionError", (row, run.stdout[-6000:])
+            assert row["where"].startswith("tests/"), (row, run.stdout[-6000:])  # an assert of the test's own
+    assert sum(row["outcome"] == "passed" for row in rows) >= len(functions) // 2, rows
