@@ -137,25 +137,28 @@ def test_keys_stored_by_dimension_on_the_packed_float32_path(t, start, tree):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 300, False), (7, 300, True), (8, 40, True),
                                           (1, ONEDNN_FROM_ENTRIES, False), (7, ONEDNN_FROM_ENTRIES + 2, True)])
-def test_bfloat16_cpu_paths_equal_attention_up_to_bfloat16_rounding(t, start, tree, packed):
-    """bfloat16 on the CPU: the scores come from keys @ q^T, read transposed (the CPU's bfloat16 bmm copies a
-    transposed operand first), over a rounded span whose slots past the end (stale, finite) weigh nothing,
+def test_reduced_precision_cpu_paths_equal_attention_up_to_their_rounding(t, start, tree, packed, dtype):
+    """bfloat16 and float16 on the CPU: over keys stored by slot the scores come from keys @ q^T, read transposed
+    (the CPU's bfloat16 bmm copies a transposed operand first); over keys stored by dimension (their caches on
+    the CPU), from q @ K^T; both over a rounded span whose slots past the end (stale, finite) weigh nothing,
     below the oneDNN threshold and above it."""
-    q, keys, values, new = random_case(t, start, tree, torch.bfloat16, seed=t + start)
-    stale = (torch.randn(HKV, ONEDNN_SPAN, D, generator=torch.Generator().manual_seed(9)) * 30).bfloat16()
+    q, keys, values, new = random_case(t, start, tree, dtype, seed=t + start)
+    stale = (torch.randn(HKV, ONEDNN_SPAN, D, generator=torch.Generator().manual_seed(9)) * 30).to(dtype)
     rows_k, rows_v = torch.cat([keys, stale], dim=1), torch.cat([values, stale.flip(1)], dim=1)  # read, weigh 0
     scale = D**-0.5
-    attn = Attention(torch.device("cpu"), torch.bfloat16, scale, packed=packed)
-    assert attn.keys_first
+    attn = Attention(torch.device("cpu"), dtype, scale, packed=packed)
+    assert attn.rounded_spans
     masks = attn.masks(t, start, G, new if tree else None)
     got = ungrouped(attn.attend(grouped(q), rows_k, rows_v, masks), t)
-    torch.testing.assert_close(got.double(), reference(q, keys, values, start, new, scale), rtol=2e-2, atol=2e-2)
-    # keys stored by dimension (a bfloat16 cache on the CPU): the same products' result
+    want = reference(q, keys, values, start, new, scale)
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
     by_dimension = rows_k.transpose(1, 2).contiguous().transpose(1, 2)
-    assert torch.equal(ungrouped(attn.attend(grouped(q), by_dimension, rows_v, masks), t), got)
+    got = ungrouped(attn.attend(grouped(q), by_dimension, rows_v, masks), t)
+    torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES, False), (8, ONEDNN_FROM_ENTRIES + 1, True)])
@@ -209,10 +212,12 @@ def test_onednn_path_makes_a_primitive_shape_per_span_not_per_step(monkeypatch, 
     assert 0 < len(seen) <= 4, sorted(seen)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("by_dimension", [False, True])
-def test_bfloat16_cpu_products_see_a_shape_per_span_not_per_step(monkeypatch, by_dimension):
-    """The CPU's bfloat16 bmm runs on oneDNN, which keeps a primitive per shape (~1 MiB each): a bfloat16 run
-    below the oneDNN threshold grew by ~1 GiB over 1K decoding steps when each brought a new key count."""
+def test_reduced_precision_cpu_products_see_a_shape_per_span_not_per_step(monkeypatch, by_dimension, dtype):
+    """The CPU's bfloat16 and float16 bmm run on oneDNN, which keeps a primitive per shape (~0.5-1 MiB each): a
+    bfloat16 run below the oneDNN threshold grew by ~1 GiB over 1K decoding steps when each brought a new key
+    count (float16: 260-320 MiB over 400 key counts of one layer's product, in either key layout)."""
     seen = set()
     real = torch.bmm
 
@@ -221,16 +226,16 @@ def test_bfloat16_cpu_products_see_a_shape_per_span_not_per_step(monkeypatch, by
         return real(a, b)
 
     monkeypatch.setattr(torch, "bmm", spy)
-    attn = Attention(torch.device("cpu"), torch.bfloat16, D**-0.5, packed=True)
+    attn = Attention(torch.device("cpu"), dtype, D**-0.5, packed=True)
     g = torch.Generator().manual_seed(8)
-    keys, values = (torch.randn(HKV, 4096, D, generator=g).bfloat16() for _ in range(2))
-    if by_dimension:  # (a bfloat16 cache on the CPU)
+    keys, values = (torch.randn(HKV, 4096, D, generator=g).to(dtype) for _ in range(2))
+    if by_dimension:  # (a bfloat16 or float16 cache on the CPU)
         keys = keys.transpose(1, 2).contiguous().transpose(1, 2)
     for length in range(100, 700):  # decoding steps, then 7-node tries
-        attn.attend(torch.randn(HKV, G, D, generator=g).bfloat16(), keys, values, attn.masks(1, length, G, None))
+        attn.attend(torch.randn(HKV, G, D, generator=g).to(dtype), keys, values, attn.masks(1, length, G, None))
     tree = torch.ones(7, 7, dtype=torch.bool).tril_()
     for length in range(100, 700, 7):
-        attn.attend(torch.randn(HKV, 7 * G, D, generator=g).bfloat16(), keys, values, attn.masks(7, length, G, tree))
+        attn.attend(torch.randn(HKV, 7 * G, D, generator=g).to(dtype), keys, values, attn.masks(7, length, G, tree))
     assert len(seen) <= 2 * 2 * 3, sorted(seen)  # (scores, values) x (decode, tree) x the spans 256, 512, 768
 
 

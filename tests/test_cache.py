@@ -117,17 +117,18 @@ def test_compacting_an_accepted_path_equals_decoding_it(setup):
 
 
 def test_cpu_caches_store_keys_by_dimension_where_their_products_read_them_so():
-    """On the CPU in float32, float64 and bfloat16 the keys are stored [L, Hkv, D, C] behind their [L, Hkv, C, D]
-    view, so that a layer's K^T is a row-major operand; CUDA (flash takes keys by slot) and the CPU's float16
-    (not measured) keep them by slot. Values are always by slot."""
+    """On the CPU (float32, float64, bfloat16, float16) the keys are stored [L, Hkv, D, C] behind their
+    [L, Hkv, C, D] view, so that a layer's K^T is a row-major operand; CUDA (flash takes keys by slot) keeps them
+    by slot, as does a cache asked to. Values are always by slot."""
     cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
-    for dtype, expected in ((torch.float32, True), (torch.float64, True), (torch.bfloat16, True), (torch.float16, False)):
+    for dtype, expected in ((torch.float32, True), (torch.float64, True), (torch.bfloat16, True), (torch.float16, True)):
         cache = FullKVCache(cfg, 40, dtype, torch.device("cpu"))
         assert cache.transposed == expected and cache.k.shape == cache.v.shape == (2, 2, 40, 16)
         assert cache.k[1].transpose(1, 2).is_contiguous() == expected and cache.v.is_contiguous()
         assert cache.nbytes == 2 * 2 * 2 * 40 * 16 * dtype.itemsize
     assert PartialKVCache(cfg, 30, 4, 6, torch.float32, torch.device("cpu")).transposed
     assert not transposed_keys(torch.device("cuda"), torch.float32)
+    assert not transposed_keys(torch.device("cuda"), torch.float16)
     assert not FullKVCache(cfg, 40, torch.float32, torch.device("cpu"), transposed=False).transposed
 
 

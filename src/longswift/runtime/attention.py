@@ -324,9 +324,11 @@ class Attention:
         # 710 at 8K for a decoding token, 664 -> 519 for 21 rows at 2K; float32 is faster the other way round,
         # float16 the same either way; a decode step at 2K context 42 -> 35 ms: docs/benchmarks.md, session 37).
         # Since session 41 the CPU's bfloat16 caches store keys by dimension (runtime.cache.transposed_keys), where
-        # q @ K^T copies nothing and is faster still; keys @ q^T serves keys stored by slot. Either way bfloat16's
-        # products read a rounded span (keys_first).
-        self.keys_first = device.type == "cpu" and dtype == torch.bfloat16
+        # q @ K^T copies nothing and is faster still; keys @ q^T serves keys stored by slot (float16's too, since
+        # session 42). The CPU's bfloat16 and float16 bmm run on oneDNN, which keeps a primitive per shape
+        # (float16: 260-320 MiB over 400 key counts of one layer's product), so their products read a rounded
+        # span (onednn_span), a shape per span.
+        self.rounded_spans = device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
     def _kernel(self, m: Masks) -> str:
         """The path for this forward: the forced one, else by device and shape (thresholds measured)."""
@@ -363,7 +365,7 @@ class Attention:
         # oneDNN keeps a primitive per shape (the CPU's bfloat16 bmm runs on it too: ~1 MiB each, a key count per
         # step grew a bfloat16 run by ~1 GiB over 1K steps): its products read a span rounded up (onednn_span), the
         # slots past the end (zeros or stale entries: finite) masked out, a shape per span.
-        rounded = kernel == "onednn" or self.keys_first
+        rounded = kernel == "onednn" or self.rounded_spans
         if keys.stride(-1) != 1 or not rounded:  # keys stored by dimension (cache.transposed_keys), or plain bmm
             return self._query_first(qg, keys, values, m, rounded, kernel == "onednn")
         span = min(keys.shape[1], onednn_span(m.end))  # keys stored by slot, read by oneDNN

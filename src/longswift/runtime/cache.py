@@ -13,11 +13,11 @@ from ..errors import LongswiftError
 
 def transposed_keys(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether caches on this device and dtype store their keys transposed, slots innermost (see FullKVCache): the
-    CPU's float32, float64 and bfloat16, where a query's scores q @ K^T then read each key dimension's slots in a
-    row, as the GEMM streams them (docs/benchmarks.md, session 41: one layer's decode attention at 4K-64K entries
-    1.6-1.7x faster in float32, 1.3-1.4x in bfloat16; a decoding forward of the embedded model 1.17x at 4K and
-    1.47x at 32K). Not CUDA (its flash kernels take the keys by slot), nor the CPU's float16 (not measured)."""
-    return device.type == "cpu" and dtype in (torch.float32, torch.float64, torch.bfloat16)
+    CPU's, where a query's scores q @ K^T then read each key dimension's slots in a row, as the GEMM streams them
+    (docs/benchmarks.md, session 41: one layer's decode attention at 4K-64K entries 1.6-1.7x faster in float32,
+    1.3-1.4x in bfloat16; a decoding forward of the embedded model 1.17x at 4K and 1.47x at 32K; session 42, float16:
+    1.16x at 2K, 1.26x at 4K, 1.38x at 8K). Not CUDA (its flash kernels take the keys by slot)."""
+    return device.type == "cpu" and dtype.is_floating_point
 
 
 class FullKVCache:

@@ -134,7 +134,7 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     dtype), and the cascade's parts merged (float32 or better). The CPU's explicit products (below
     FUSED_FROM_TOKENS): the scores and their softmax over every entry (float32, all heads); from it the CPU's
     cascade runs flash kernels, which work on blocks, over a copy of a layer's keys taken by slot (the
-    CPU's float32, float64 and bfloat16 caches store them by dimension: cache.transposed_keys). The CUDA cascade
+    CPU's caches store them by dimension: cache.transposed_keys). The CUDA cascade
     (`cascade`): scores and softmax over the T new entries (and `tail` cached ones: the bucketed step
     bodies' masked part), which its fused kernels do not all hold, so this bounds them from above. Without
     a flash kernel for the dtype (CUDA in float32, float64) its cached part is explicit too: scores, their
