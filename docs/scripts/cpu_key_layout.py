@@ -1,9 +1,9 @@
 """A decoding forward of the embedded model over a cache that stores its keys by slot ([L, Hkv, C, D], as before
 session 41) and one that stores them by dimension ([L, Hkv, D, C] behind the same view: runtime/cache.py,
 transposed_keys): `python docs/scripts/cpu_key_layout.py CONTEXT [THREADS [ROPE [DTYPE]]]` (ROPE: a --rope-scaling
-such as yarn:4, for contexts past the model's 8,192, or "none"; DTYPE: float32, the default, or bfloat16). Both caches hold the same random keys and values at CONTEXT
-entries; the two forwards alternate, six rounds; prints the best and median ms of each and the largest
-difference between their logits."""
+such as yarn:4, for contexts past the model's 8,192, or "none"; DTYPE: float32, the default, bfloat16 or float16).
+Both caches hold the same random keys and values at CONTEXT entries; the two forwards alternate, six rounds; prints
+the best and median ms of each and the largest difference between their logits."""
 
 from __future__ import annotations
 
@@ -39,5 +39,6 @@ with torch.inference_mode():
             times[name].append((time.perf_counter() - t) * 1e3)
             cache.truncate(S)
 for name, ms in times.items():
-    print(f"{S} entries, {threads} thread(s), {dtype}, keys {name}: best {min(ms):.1f} ms, median {sorted(ms)[3]:.1f} ms")
+    print(f"{S} entries, {threads} thread(s), {dtype}, keys {name}: best {min(ms):.1f} ms, "
+          f"median {sorted(ms)[3]:.1f} ms")
 print("largest |difference| of the logits:", (logits["by slot"] - logits["by dimension"]).abs().max().item())

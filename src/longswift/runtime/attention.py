@@ -362,9 +362,9 @@ class Attention:
             if kernel == "flash" and m.new is None:
                 return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
             return cascade(qg, keys, values, m.start, m.rows, self.scale)
-        # oneDNN keeps a primitive per shape (the CPU's bfloat16 bmm runs on it too: ~1 MiB each, a key count per
-        # step grew a bfloat16 run by ~1 GiB over 1K steps): its products read a span rounded up (onednn_span), the
-        # slots past the end (zeros or stale entries: finite) masked out, a shape per span.
+        # oneDNN keeps a primitive per shape (the CPU's bfloat16 and float16 bmm run on it too: rounded_spans), so
+        # its products read a span rounded up (onednn_span), the slots past the end (zeros or stale entries:
+        # finite) masked out, a shape per span.
         rounded = kernel == "onednn" or self.rounded_spans
         if keys.stride(-1) != 1 or not rounded:  # keys stored by dimension (cache.transposed_keys), or plain bmm
             return self._query_first(qg, keys, values, m, rounded, kernel == "onednn")
@@ -385,8 +385,8 @@ class Attention:
         over [S, D] rows, or K @ q^T, ran at 1/2-2/3 of it on the CPU: docs/benchmarks.md, session 41); over keys
         stored by slot it is float32's grouped bmm below the oneDNN threshold. `rounded`: both products read a
         span rounded up (onednn_span), the slots past the end masked to weigh exactly 0, so that oneDNN (the
-        packed path's products; the CPU's bfloat16 bmm) sees a shape per span, not per length. `onednn`: past
-        ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products."""
+        packed path's products; the CPU's bfloat16 and float16 bmm) sees a shape per span, not per length.
+        `onednn`: past ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products."""
         end = m.end
         span = min(keys.shape[1], onednn_span(end)) if rounded else end
         scores = torch.bmm(qg, keys[:, :span].transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S']
