@@ -272,8 +272,9 @@ class SamplingConfig:
         default=1024, metadata=_help("the penalty looks at this many most recent tokens")
     )
     seed: int | None = field(default=None, metadata=_help("RNG seed; the same seed gives the same output"))
-    # Token ids whose logits are -inf before anything else (never drawn, never drafted). Not a flag:
-    # Engine.stream adds the model's EOS ids under --ignore-eos, and a checkpoint records the result,
+    # Token ids whose logits are -inf before anything else (never drawn, never drafted). Not a flag of its own
+    # (generate's --ban-ids / --ban-token set it): Engine.stream adds the model's EOS ids under --ignore-eos, and a
+    # checkpoint records the result,
     # so a resumed run bans exactly what its first run banned (absent in older checkpoints: none).
     banned_ids: tuple[int, ...] = ()
 

@@ -78,6 +78,27 @@ class Engine:
         eos = {t for t in self.eos_ids if t < self.cfg.vocab_size}
         return replace(sampling, banned_ids=(*sampling.banned_ids, *eos))
 
+    def token_id(self, token: str) -> int:
+        """The id of one token named by its text: an entry of the vocabulary as it is spelt there (a special token
+        such as '<|im_start|>', or 'Ġthe' in a byte-level vocabulary), else text the tokenizer encodes as exactly
+        one token (' the'). For banning tokens by name (SamplingConfig.banned_ids, generate's --ban-token)."""
+        if not isinstance(token, str):
+            raise ConfigTypeError(f"a token is named by its text (str); got {type(token).__name__}")
+        if not token:
+            raise LongswiftError("an empty token text names no token: give its text, or its id")
+        if self.tokenizer is None:
+            raise LongswiftError("this model has no tokenizer to look tokens up in: give token ids instead")
+        vocab = getattr(self.tokenizer, "get_vocab", None)  # (a caller's tokenizer may lack it: text alone)
+        entry = vocab().get(token) if vocab is not None else None
+        ids = [int(entry)] if entry is not None else self.tokenizer.encode(token, add_special_tokens=False)
+        if len(ids) != 1:
+            raise LongswiftError(f"{token!r} is not one token of this model: it encodes as {len(ids)} tokens ({ids[:8]}"
+                                 f"{' ...' if len(ids) > 8 else ''}); name a single token, or give its ids")
+        if not 0 <= ids[0] < self.cfg.vocab_size:
+            raise LongswiftError(f"{token!r} is token {ids[0]} of the tokenizer, past this model's "
+                                 f"{self.cfg.vocab_size} logits")
+        return ids[0]
+
     def set_heads(self, heads: DraftHeads | str | None) -> None:
         """Draft heads for TokenSwift: a DraftHeads; "auto" (the heads inside the model checkpoint,
         TokenSwift's released layout, else the heads shipped for this model, else none); "default"

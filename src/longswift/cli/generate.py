@@ -82,6 +82,11 @@ def add_parser(sub: Any) -> None:
     gen.add_argument("--stop", action="append", metavar="TEXT", help=(
         "end after the generated token that completes TEXT, which stays in the output (repeatable: the first "
         "of them to appear ends the run)"))
+    ban = gen.add_argument_group("banned tokens (never drawn nor drafted: logit -inf, before the penalty)")
+    ban.add_argument("--ban-ids", metavar="IDS", help="token ids to ban, e.g. 128006,128007 (the reference scripts ban "
+                                                      "Llama-3.1's assistant header this way)")
+    ban.add_argument("--ban-token", action="append", metavar="TOKEN", help=(
+        "a token to ban, by its vocabulary entry ('<|im_start|>') or text that is one token (' the'); repeatable"))
     for cls in (SamplingConfig, GenerationConfig, SpecConfig, RuntimeConfig):
         add_config_flags(gen, cls)
 
@@ -108,6 +113,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                  "drop one of them")
         args.temperature = 0.0
     sampling = config_from_args(SamplingConfig, args)
+    if args.ban_ids is not None:
+        banned = parse_ids("--ban-ids", args.ban_ids)
+        if any(t < 0 for t in banned):
+            raise LongswiftError(f"--ban-ids must be non-negative token ids; got '{args.ban_ids}'")
+        sampling = replace(sampling, banned_ids=banned)
+    if any(not t for t in args.ban_token or ()):
+        raise LongswiftError("--ban-token needs a token's text (it was empty): give its vocabulary entry or text")
     generation = replace(config_from_args(GenerationConfig, args), stop=tuple(args.stop or ()))
     spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
@@ -122,7 +134,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt_ids is not None:
         if args.chat:
             raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
-        prompt: str | list[int] = parse_prompt_ids(args.prompt_ids)
+        prompt: str | list[int] = parse_ids("--prompt-ids", args.prompt_ids)
         chat: bool | None = False
     else:
         prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
@@ -139,9 +151,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     cfg = _plan_before_loading(args.model, runtime, generation, None, spec if tokenswift else None)
     if isinstance(prompt, list) and any(not 0 <= t < cfg.vocab_size for t in prompt):
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
+    if any(t >= cfg.vocab_size for t in sampling.banned_ids):
+        raise LongswiftError(f"--ban-ids must be in [0, {cfg.vocab_size}) for this model")
     with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
             engine = ranks.load(args.model, heads)
+        if args.ban_token:  # names need the tokenizer: looked up once it is loaded
+            try:
+                named = tuple(engine.token_id(t) for t in args.ban_token)
+            except LongswiftError as exc:
+                raise LongswiftError(f"--ban-token: {exc}") from None
+            sampling = replace(sampling, banned_ids=(*sampling.banned_ids, *named))
         drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
         if drafting and ranks.main and (args.method == "ar" or engine.heads is None):
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in drafting)
@@ -154,13 +174,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return write_run(engine, stream, outputs, stop, args.no_progress)
 
 
-def parse_prompt_ids(text: str) -> list[int]:
+def parse_ids(flag: str, text: str) -> list[int]:
+    """--prompt-ids' or --ban-ids' value: token ids separated by commas or spaces, at least one."""
     try:
         ids = [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
-        raise LongswiftError(f"--prompt-ids must be token ids separated by commas or spaces; got '{text}'") from None
+        raise LongswiftError(f"{flag} must be token ids separated by commas or spaces; got '{text}'") from None
     if not ids:
-        raise LongswiftError("the prompt is empty: give at least one token id")
+        raise LongswiftError("the prompt is empty: give at least one token id" if flag == "--prompt-ids"
+                             else f"{flag} needs at least one token id")
     return ids
 
 
