@@ -28,18 +28,20 @@ def test_token_id_takes_vocabulary_entries_and_one_token_texts(embedded):
 @pytest.mark.slow
 def test_the_command_line_bans_what_the_library_bans(embedded, tmp_path, capsys):
     """Greedy, so the first token the unbanned run writes is the model's argmax: banning it (by id) and the chat
-    start token (by name) must change the text, never emit either, and give the library's tokens for those ids."""
+    start token (by name) must change the text, never emit either, and give the library's tokens for those ids
+    (with two more ids from a second --ban-ids: each list adds to the others)."""
     new = 12
     sampling = SamplingConfig(temperature=0)
     plain = embedded.generate(PROMPT, chat=True, sampling=sampling, generation=GenerationConfig(max_new_tokens=new,
                                                                                                  ignore_eos=True))
     first, start = plain.token_ids[0], embedded.token_id("<|im_start|>")
-    banned = embedded.generate(PROMPT, chat=True, sampling=SamplingConfig(temperature=0, banned_ids=(first, start)),
+    banned = embedded.generate(PROMPT, chat=True, sampling=SamplingConfig(temperature=0, banned_ids=(first, start, 3, 4)),
                                generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
     assert banned.token_ids != plain.token_ids and not {first, start} & set(banned.token_ids)
     out = tmp_path / "o.json"
     code, _, err = run_cli(capsys, "generate", "--prompt", PROMPT, "--greedy", "--max-new-tokens", str(new),
                            "--ignore-eos", "--no-progress", "--ban-ids", str(first), "--ban-token", "<|im_start|>",
+                           "--ban-ids", "3, 4",
                            "--json", str(out))
     assert code == 0, err
     assert json.loads(out.read_text())["token_ids"] == banned.token_ids
@@ -48,7 +50,8 @@ def test_the_command_line_bans_what_the_library_bans(embedded, tmp_path, capsys)
 @pytest.mark.parametrize("args,match", [
     (["--ban-ids", "1,x"], "--ban-ids must be token ids separated by commas or spaces; got '1,x'"),
     (["--ban-ids", " , "], "--ban-ids needs at least one token id"),
-    (["--ban-ids=-3"], "--ban-ids must be non-negative token ids"),
+    (["--ban-ids=-3"], "--ban-ids must be non-negative token ids; got -3"),
+    (["--ban-ids", "5", "--ban-ids", "49152"], "--ban-ids must be in [0, 49152) for this model"),  # each list counts
     (["--ban-ids", "5,49152"], "--ban-ids must be in [0, 49152) for this model"),  # refused before loading
     (["--ban-token", ""], "--ban-token needs a token's text"),
 ])

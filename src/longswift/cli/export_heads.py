@@ -36,7 +36,9 @@ def add_parser(sub: Any) -> None:
                         "for an --out ending in .safetensors, else tokenswift)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR|FILE",
                    help="a new (or empty) directory for --format tokenswift; a .safetensors file for longswift")
-    add_config_flags(p, RuntimeConfig, skip=DECODING_ONLY)
+    add_config_flags(p, RuntimeConfig, skip=DECODING_ONLY, overrides={"pack_weights": (
+        None, "run CPU linears on oneDNN-packed weight copies; off unless given: an export writes the state dict's "
+              "weights, which packed copies would only add to")})
 
 
 def cmd_export_heads(args: argparse.Namespace) -> int:

@@ -83,8 +83,9 @@ def add_parser(sub: Any) -> None:
         "end after the generated token that completes TEXT, which stays in the output (repeatable: the first "
         "of them to appear ends the run)"))
     ban = gen.add_argument_group("banned tokens (never drawn nor drafted: logit -inf, before the penalty)")
-    ban.add_argument("--ban-ids", metavar="IDS", help="token ids to ban, e.g. 128006,128007 (the reference scripts ban "
-                                                      "Llama-3.1's assistant header this way)")
+    ban.add_argument("--ban-ids", action="append", metavar="IDS", help=(
+        "token ids to ban, e.g. 128006,128007 (the reference scripts ban Llama-3.1's assistant header this way); "
+        "repeatable"))
     ban.add_argument("--ban-token", action="append", metavar="TOKEN", help=(
         "a token to ban, by its vocabulary entry ('<|im_start|>') or text that is one token (' the'); repeatable"))
     for cls in (SamplingConfig, GenerationConfig, SpecConfig, RuntimeConfig):
@@ -114,9 +115,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         args.temperature = 0.0
     sampling = config_from_args(SamplingConfig, args)
     if args.ban_ids is not None:
-        banned = parse_ids("--ban-ids", args.ban_ids)
+        banned = [t for text in args.ban_ids for t in parse_ids("--ban-ids", text)]
         if any(t < 0 for t in banned):
-            raise LongswiftError(f"--ban-ids must be non-negative token ids; got '{args.ban_ids}'")
+            raise LongswiftError(f"--ban-ids must be non-negative token ids; got {min(banned)}")
         sampling = replace(sampling, banned_ids=banned)
     if any(not t for t in args.ban_token or ()):
         raise LongswiftError("--ban-token needs a token's text (it was empty): give its vocabulary entry or text")
