@@ -8,7 +8,10 @@ them), through:
 - 4-bit weights with a scale and an offset per 32 inputs, the GGUF's Q4_1 layout (the embedded model's),
   through torch's CPU kernel for them (`aten._weight_int4pack_mm_for_cpu`, float32 activations): its
   products equal the dequantized float32 weights' to float rounding (checked below), so the model would be
-  the same one, read at a fifth of the bytes (the scales and offsets included).
+  the same one, read at a fifth of the bytes (the scales and offsets included);
+- 8-bit weights with one scale per output row, bfloat16 activations (`aten._weight_int8pack_mm`): not the
+  same model (a Q4_1 weight's per-32 offsets do not fit one scale a row: the relative difference of its
+  products is printed), for what a weight-only int8 path would cost.
 Prints each format's best pass over REPS and the bytes it read per second."""
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ def main() -> None:
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
-    fp32, bf16, int4, widths = [], [], [], []
-    bytes_fp32 = bytes_int4 = 0
+    fp32, bf16, int4, int8, widths = [], [], [], [], []
+    bytes_fp32 = bytes_int4 = bytes_int8 = 0
     for _ in range(LAYERS):
         for out, inp in SHAPES:
             q, d, m = q4_1(out, inp, gen)
@@ -47,13 +50,19 @@ def main() -> None:
             # The kernel computes (q - 8) * scale + zero per group: zero = m + 8 d.
             sz = torch.stack([d.t(), (m + 8 * d).t()], dim=-1).contiguous()  # [in / 32, out, 2]
             int4.append((torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), sz))
+            scale = w.abs().amax(dim=1) / 127  # [out]
+            int8.append((torch.round(w / scale[:, None]).to(torch.int8), scale.bfloat16()))
             widths.append(inp)
             bytes_fp32 += w.numel() * 4
             bytes_int4 += w.numel() // 2 + sz.numel() * 4
+            bytes_int8 += w.numel() + scale.numel() * 2
             if len(int4) == 1:
                 x = torch.randn(rows, inp, generator=gen)
                 err = (torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4[0][0], GROUP, sz) - x @ w.t()).abs().max()
                 print(f"int4 kernel against the dequantized float32 product: max abs difference {float(err):.2e}")
+                exact = x @ w.t()
+                err8 = (torch.ops.aten._weight_int8pack_mm(x.bfloat16(), *int8[0]).float() - exact).norm() / exact.norm()
+                print(f"int8 kernel against the dequantized float32 product: relative difference {float(err8):.2e}")
     xs = {inp: torch.randn(rows, inp, generator=gen) for inp in set(widths)}  # [rows, in] per input width
     xb = {inp: x.bfloat16() for inp, x in xs.items()}
 
@@ -64,9 +73,13 @@ def main() -> None:
     def int4_pass():
         return [torch.ops.aten._weight_int4pack_mm_for_cpu(xs[i], p, GROUP, sz) for (p, sz), i in zip(int4, widths)]
 
+    def int8_pass():
+        return [torch.ops.aten._weight_int8pack_mm(xb[i], q, scale) for (q, scale), i in zip(int8, widths)]
+
     passes = {"float32 oneDNN": (onednn(fp32, xs), bytes_fp32),
               "bfloat16 oneDNN": (onednn(bf16, xb), bytes_fp32 // 2),
-              "4-bit (Q4_1 layout) int4pack": (int4_pass, bytes_int4)}
+              "4-bit (Q4_1 layout) int4pack": (int4_pass, bytes_int4),
+              "8-bit (a scale per row) int8pack": (int8_pass, bytes_int8)}
     for name, (fn, nbytes) in passes.items():
         best = float("inf")
         for _ in range(reps):
