@@ -23,35 +23,43 @@ def test_token_id_takes_vocabulary_entries_and_one_token_texts(embedded):
         embedded.token_id("the_sea_is")
     with pytest.raises(LongswiftError, match="an empty token text names no token"):
         embedded.token_id("")
+    # A byte-level vocabulary spells the lone byte 0xE9 'é', and the text 'é' is another token: not guessed
+    with pytest.raises(LongswiftError, match=r"'é' names two tokens of this model: the vocabulary entry 180 and the "
+                                             r"text's token 2756"):
+        embedded.token_id("é")
 
 
 @pytest.mark.slow
 def test_the_command_line_bans_what_the_library_bans(embedded, tmp_path, capsys):
-    """Greedy, so the first token the unbanned run writes is the model's argmax: banning it (by id) and the chat
-    start token (by name) must change the text, never emit either, and give the library's tokens for those ids
-    (with two more ids from a second --ban-ids: each list adds to the others)."""
+    """Greedy, so each run's first token is the argmax of what its bans leave: banning the unbanned run's first
+    token (--ban-ids), then that run's first (--ban-token, by its vocabulary entry), then that one's (a second
+    --ban-ids list) makes each ban change the output. The command line must give the library's tokens for all three
+    banned, and none of them: dropping any one of the flags' bans would leave its token first."""
     new = 12
-    sampling = SamplingConfig(temperature=0)
-    plain = embedded.generate(PROMPT, chat=True, sampling=sampling, generation=GenerationConfig(max_new_tokens=new,
-                                                                                                 ignore_eos=True))
-    first, start = plain.token_ids[0], embedded.token_id("<|im_start|>")
-    banned = embedded.generate(PROMPT, chat=True, sampling=SamplingConfig(temperature=0, banned_ids=(first, start, 3, 4)),
-                               generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
-    assert banned.token_ids != plain.token_ids and not {first, start} & set(banned.token_ids)
+    generation = GenerationConfig(max_new_tokens=new, ignore_eos=True)
+    banned: tuple[int, ...] = ()
+    for _ in range(3):
+        run = embedded.generate(PROMPT, chat=True, sampling=SamplingConfig(temperature=0, banned_ids=banned),
+                                generation=generation)
+        assert run.token_ids[0] not in banned
+        banned += (run.token_ids[0],)
+    expected = embedded.generate(PROMPT, chat=True, sampling=SamplingConfig(temperature=0, banned_ids=banned),
+                                 generation=generation)
+    assert not set(banned) & set(expected.token_ids)
+    entry = embedded.tokenizer.convert_ids_to_tokens(banned[1])
     out = tmp_path / "o.json"
     code, _, err = run_cli(capsys, "generate", "--prompt", PROMPT, "--greedy", "--max-new-tokens", str(new),
-                           "--ignore-eos", "--no-progress", "--ban-ids", str(first), "--ban-token", "<|im_start|>",
-                           "--ban-ids", "3, 4",
-                           "--json", str(out))
+                           "--ignore-eos", "--no-progress", "--ban-ids", str(banned[0]), "--ban-token", entry,
+                           "--ban-ids", str(banned[2]), "--json", str(out))
     assert code == 0, err
-    assert json.loads(out.read_text())["token_ids"] == banned.token_ids
+    assert json.loads(out.read_text())["token_ids"] == expected.token_ids
 
 
 @pytest.mark.parametrize("args,match", [
     (["--ban-ids", "1,x"], "--ban-ids must be token ids separated by commas or spaces; got '1,x'"),
     (["--ban-ids", " , "], "--ban-ids needs at least one token id"),
     (["--ban-ids=-3"], "--ban-ids must be non-negative token ids; got -3"),
-    (["--ban-ids", "5", "--ban-ids", "49152"], "--ban-ids must be in [0, 49152) for this model"),  # each list counts
+    (["--ban-ids", "49152", "--ban-ids", "5"], "--ban-ids must be in [0, 49152) for this model"),  # each list counts
     (["--ban-ids", "5,49152"], "--ban-ids must be in [0, 49152) for this model"),  # refused before loading
     (["--ban-token", ""], "--ban-token needs a token's text"),
 ])
@@ -70,3 +78,14 @@ def test_bans_are_the_checkpoints_on_resume(capsys, tmp_path):
     """A resumed run bans what its first run banned (the checkpoint records banned_ids): --ban-ids again is refused."""
     code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "c.ckpt"), "--ban-ids", "3")
     assert_one_line_error(code, err, "--ban-ids cannot be used with --resume: the checkpoint's settings are used")
+
+
+def test_ban_token_on_a_model_without_a_tokenizer_names_ban_ids(capsys, tmp_path):
+    from conftest import tiny_hf_model
+
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5", "--heads",
+                           "none", "--max-new-tokens", "2", "--no-progress", "--ban-token", "x")
+    assert_one_line_error(code, err, "--ban-token names tokens by their text, and this model has no tokenizer: ban "
+                                     "them by id with --ban-ids")

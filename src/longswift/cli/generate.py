@@ -158,6 +158,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         with stop.at_once():
             engine = ranks.load(args.model, heads)
         if args.ban_token:  # names need the tokenizer: looked up once it is loaded
+            if engine.tokenizer is None:
+                raise LongswiftError("--ban-token names tokens by their text, and this model has no tokenizer: ban "
+                                     "them by id with --ban-ids")
             try:
                 named = tuple(engine.token_id(t) for t in args.ban_token)
             except LongswiftError as exc:
