@@ -91,20 +91,20 @@ class Engine:
         vocab = getattr(self.tokenizer, "get_vocab", None)  # (a caller's tokenizer may lack it: text alone)
         entry = vocab().get(token) if vocab is not None else None
         encoded = [int(t) for t in self.tokenizer.encode(token, add_special_tokens=False)]
-        unk = getattr(self.tokenizer, "unk_token_id", None)
-        if entry is not None and len(encoded) == 1 and encoded[0] != int(entry):
-            # A byte-level vocabulary spells lone bytes as characters: its entry 'é' is byte 0xE9, while the text
-            # 'é' is another token. Which one was meant cannot be told: refused, naming both.
-            raise LongswiftError(f"{token!r} names two tokens of this model: the vocabulary entry {int(entry)} and the "
-                                 f"text's token {encoded[0]}: give the id meant")
         if entry is not None:
+            if len(encoded) == 1 and encoded[0] != int(entry):
+                # A byte-level vocabulary spells lone bytes as characters: its entry 'é' is byte 0xE9, while the
+                # text 'é' is another token. Which one was meant cannot be told: refused, naming both.
+                raise LongswiftError(f"{token!r} names two tokens of this model: the vocabulary entry {int(entry)} and "
+                                     f"the text's token {encoded[0]}: give the id meant")
             return self._logit_id(token, int(entry))
         if not encoded:
             raise LongswiftError(f"{token!r} encodes as no token of this model: give a token's text, or its id")
         if len(encoded) != 1:
             raise LongswiftError(f"{token!r} is not one token of this model: it encodes as {len(encoded)} tokens "
-                                 f"({encoded[:8]}{' ...' if len(encoded) > 8 else ''}); name a single token, or give its "
-                                 "ids")
+                                 f"({encoded[:8]}{' ...' if len(encoded) > 8 else ''}); name a single token, or give "
+                                 "its ids")
+        unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is not None and encoded[0] == unk:  # text the vocabulary lacks, read as the unknown token
             raise LongswiftError(f"{token!r} is not in this model's vocabulary (it reads as the unknown token "
                                  f"{unk}): name a token the vocabulary has, or give its id")

@@ -164,7 +164,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             try:
                 named = tuple(engine.token_id(t) for t in args.ban_token)
             except LongswiftError as exc:
-                raise LongswiftError(f"--ban-token: {exc}") from None
+                raise LongswiftError(f"--ban-token: {exc.cli_message}") from None
             sampling = replace(sampling, banned_ids=(*sampling.banned_ids, *named))
         drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
         if drafting and ranks.main and (args.method == "ar" or engine.heads is None):
