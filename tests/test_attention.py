@@ -14,6 +14,7 @@ from longswift.runtime.attention import (
     MASK_ALIGN,
     ONEDNN_FROM_ENTRIES,
     ONEDNN_SPAN,
+    WHOLE_CACHE_SLACK,
     Attention,
     additive_mask,
     by_length,
@@ -237,6 +238,38 @@ def test_reduced_precision_cpu_products_see_a_shape_per_span_not_per_step(monkey
     for length in range(100, 700, 7):
         attn.attend(torch.randn(HKV, 7 * G, D, generator=g).to(dtype), keys, values, attn.masks(7, length, G, tree))
     assert len(seen) <= 2 * 2 * 3, sorted(seen)  # (scores, values) x (decode, tree) x the spans 256, 512, 768
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_reduced_precision_cpu_products_read_the_whole_cache_near_its_end(monkeypatch, dtype):
+    """The CPU's bfloat16 and float16 bmm copies a span of a longer cache before it multiplies (1.5-1.8x the
+    product): where the rounded span falls short of the cache's rows by at most WHOLE_CACHE_SLACK, both products
+    read every row (a contiguous operand), the rows past the end weighing nothing. float32 reads what it did."""
+    operands = []
+    real = torch.bmm
+
+    def spy(a, b):
+        operands.append(b)
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "bmm", spy)
+    rows = 3072 + 7  # a run of 3,072 tokens with a 7-node trie's slots past it
+    g = torch.Generator().manual_seed(10)
+    keys = (torch.randn(HKV, rows, D, generator=g) * 0.5).to(dtype)
+    keys = keys.transpose(1, 2).contiguous().transpose(1, 2)  # stored by dimension, as the CPU's caches are
+    values = torch.randn(HKV, rows, D, generator=g).to(dtype)
+    attn = Attention(torch.device("cpu"), dtype, D**-0.5, packed=False)
+    reduced = dtype != torch.float32
+    for end, whole in ((2900, reduced), (3072 - 2 * ONEDNN_SPAN, False)):
+        assert (rows - onednn_span(end) <= WHOLE_CACHE_SLACK) == (end == 2900)
+        operands.clear()
+        q = torch.randn(1, HKV * G, D, generator=g).to(dtype)
+        got = ungrouped(attn.attend(grouped(q), keys, values, attn.masks(1, end - 1, G, None)), 1)
+        assert len(operands) == 2
+        assert all(b.is_contiguous() == whole for b in operands), (end, [tuple(b.shape) for b in operands])
+        want = reference(q, keys[:, :end], values[:, :end], end - 1, None, D**-0.5)
+        tol = 2e-2 if reduced else 1e-5
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
 
 
 def test_onednn_spans_grow_with_the_context_so_that_a_100k_run_makes_few_shapes():

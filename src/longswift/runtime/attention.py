@@ -51,6 +51,15 @@ ONEDNN_SPAN = 256
 ONEDNN_SPANS_PER_DOUBLING = 16
 
 
+# ... and the CPU's bfloat16 and float16 products read the whole cache where the rounded span falls short of its
+# rows by at most this many: their bmm copies an operand whose batch stride is not its dense one (a span of a
+# longer cache) before it multiplies, 1.5-1.8x the product's time (one layer of the embedded model, 3,072 keys:
+# 100 us over the whole cache, 172 us over the same span of a cache of 3,079 rows; docs/benchmarks.md, session
+# 44). A generation's last span then reads a contiguous operand whatever the cache's few rows past the run
+# (TokenSwift's tree slots, the partial cache's root slot); float32's bmm reads either at full speed.
+WHOLE_CACHE_SLACK = 128
+
+
 def onednn_span(end: int) -> int:
     """The keys the oneDNN path reads for `end` cached entries (see ONEDNN_SPAN)."""
     step = max(ONEDNN_SPAN, (1 << (end.bit_length() - 1)) // ONEDNN_SPANS_PER_DOUBLING)
@@ -368,7 +377,7 @@ class Attention:
         rounded = kernel == "onednn" or self.rounded_spans
         if keys.stride(-1) != 1 or not rounded:  # keys stored by dimension (cache.transposed_keys), or plain bmm
             return self._query_first(qg, keys, values, m, rounded, kernel == "onednn")
-        span = min(keys.shape[1], onednn_span(m.end))  # keys stored by slot, read by oneDNN
+        span = self._rounded_span(m.end, keys.shape[1])  # keys stored by slot, read by oneDNN
         keys, values = keys[:, :span], values[:, :span]  # [Hkv, S', D], S' >= S
         if kernel == "onednn":
             return self._onednn(qg, keys, values, m)
@@ -388,7 +397,7 @@ class Attention:
         packed path's products; the CPU's bfloat16 and float16 bmm) sees a shape per span, not per length.
         `onednn`: past ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products."""
         end = m.end
-        span = min(keys.shape[1], onednn_span(end)) if rounded else end
+        span = self._rounded_span(end, keys.shape[1]) if rounded else end
         scores = torch.bmm(qg, keys[:, :span].transpose(1, 2)).mul_(self.scale)  # [Hkv, R, S']
         if m.rows is not None:
             scores[:, :, m.start : end] += m.rows  # the new entries' [G*T, T] mask; cached slots all visible
@@ -399,6 +408,12 @@ class Attention:
             op = torch.ops.mkldnn._linear_pointwise
             return torch.stack([op(probs[i], values[i, :span].t(), None, "none", [], "") for i in range(qg.shape[0])])
         return torch.bmm(probs, values[:, :span])  # [Hkv, R, D]
+
+    def _rounded_span(self, end: int, rows: int) -> int:
+        """The keys a rounded product reads for `end` cached entries of a cache of `rows` rows: onednn_span, or all
+        the rows where that falls short of them by at most WHOLE_CACHE_SLACK (bfloat16 and float16)."""
+        span = min(rows, onednn_span(end))
+        return rows if self.rounded_spans and rows - span <= WHOLE_CACHE_SLACK else span
 
     def _keys_first_scores(self, qg: torch.Tensor, keys: torch.Tensor, end: int) -> torch.Tensor:
         """Scaled scores [Hkv, R, S'] as keys @ q^T read transposed (the cache rows as the product's M), the
