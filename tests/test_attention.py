@@ -142,13 +142,14 @@ def test_keys_stored_by_dimension_on_the_packed_float32_path(t, start, tree):
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("t,start,tree", [(1, 0, False), (1, 300, False), (7, 300, True), (8, 40, True),
                                           (1, ONEDNN_FROM_ENTRIES, False), (7, ONEDNN_FROM_ENTRIES + 2, True)])
-def test_reduced_precision_cpu_paths_equal_attention_up_to_their_rounding(t, start, tree, packed, dtype):
+@pytest.mark.parametrize("past", [ONEDNN_SPAN, 4 * ONEDNN_SPAN])  # the whole cache read, or a shorter span
+def test_reduced_precision_cpu_paths_equal_attention_up_to_their_rounding(t, start, tree, packed, dtype, past):
     """bfloat16 and float16 on the CPU: over keys stored by slot the scores come from keys @ q^T, read transposed
     (the CPU's bfloat16 bmm copies a transposed operand first); over keys stored by dimension (their caches on
-    the CPU), from q @ K^T; both over a rounded span whose slots past the end (stale, finite) weigh nothing,
-    below the oneDNN threshold and above it."""
+    the CPU), from q @ K^T; both over a rounded span (or, within WHOLE_CACHE_SLACK of the cache's rows, all of
+    them) whose slots past the end (stale, finite) weigh nothing, below the oneDNN threshold and above it."""
     q, keys, values, new = random_case(t, start, tree, dtype, seed=t + start)
-    stale = (torch.randn(HKV, ONEDNN_SPAN, D, generator=torch.Generator().manual_seed(9)) * 30).to(dtype)
+    stale = (torch.randn(HKV, past, D, generator=torch.Generator().manual_seed(9)) * 30).to(dtype)
     rows_k, rows_v = torch.cat([keys, stale], dim=1), torch.cat([values, stale.flip(1)], dim=1)  # read, weigh 0
     scale = D**-0.5
     attn = Attention(torch.device("cpu"), dtype, scale, packed=packed)
@@ -256,12 +257,13 @@ def test_reduced_precision_cpu_products_read_the_whole_cache_near_its_end(monkey
     rows = 3072 + 7  # a run of 3,072 tokens with a 7-node trie's slots past it
     g = torch.Generator().manual_seed(10)
     keys = (torch.randn(HKV, rows, D, generator=g) * 0.5).to(dtype)
-    keys = keys.transpose(1, 2).contiguous().transpose(1, 2)  # stored by dimension, as the CPU's caches are
     values = torch.randn(HKV, rows, D, generator=g).to(dtype)
-    attn = Attention(torch.device("cpu"), dtype, D**-0.5, packed=False)
     reduced = dtype != torch.float32
-    for end, whole in ((2900, reduced), (3072 - 2 * ONEDNN_SPAN, False)):
+    for end, whole in ((2900, reduced), (2500, False)):  # (the spans 3,072 and 2,560)
         assert (rows - onednn_span(end) <= WHOLE_CACHE_SLACK) == (end == 2900)
+        keys[:, end:], values[:, end:] = keys[:, end:] * 30, values[:, end:] * 30  # stale rows, read, weigh nothing
+        keys = keys.transpose(1, 2).contiguous().transpose(1, 2)  # stored by dimension, as the CPU's caches are
+        attn = Attention(torch.device("cpu"), dtype, D**-0.5, packed=False)
         operands.clear()
         q = torch.randn(1, HKV * G, D, generator=g).to(dtype)
         got = ungrouped(attn.attend(grouped(q), keys, values, attn.masks(1, end - 1, G, None)), 1)

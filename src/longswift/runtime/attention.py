@@ -52,11 +52,12 @@ ONEDNN_SPANS_PER_DOUBLING = 16
 
 
 # ... and the CPU's bfloat16 and float16 products read the whole cache where the rounded span falls short of its
-# rows by at most this many: their bmm copies an operand whose batch stride is not its dense one (a span of a
-# longer cache) before it multiplies, 1.5-1.8x the product's time (one layer of the embedded model, 3,072 keys:
-# 100 us over the whole cache, 172 us over the same span of a cache of 3,079 rows; docs/benchmarks.md, session
-# 44). A generation's last span then reads a contiguous operand whatever the cache's few rows past the run
-# (TokenSwift's tree slots, the partial cache's root slot); float32's bmm reads either at full speed.
+# rows by at most this many (and an eighth of the span): their bmm copies an operand whose batch stride is not its
+# dense one (a span of a longer cache) before it multiplies, 1.5-1.9x the product's time (one layer of the
+# embedded model, 3,072 keys: 105 us over the whole cache, 173 us over the same span of a cache of 3,079 rows;
+# docs/benchmarks.md, session 44). A generation's last span then reads a contiguous operand whatever the cache's
+# few rows past the run (TokenSwift's tree slots, the partial cache's root slot); float32's bmm reads either at
+# full speed.
 WHOLE_CACHE_SLACK = 128
 
 
@@ -336,7 +337,7 @@ class Attention:
         # q @ K^T copies nothing and is faster still; keys @ q^T serves keys stored by slot (float16's too, since
         # session 42). The CPU's bfloat16 and float16 bmm run on oneDNN, which keeps a primitive per shape
         # (float16: 260-320 MiB over 400 key counts of one layer's product), so their products read a rounded
-        # span (onednn_span), a shape per span.
+        # span (onednn_span), a shape per span, or the whole cache near its end (_rounded_span).
         self.rounded_spans = device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
     def _kernel(self, m: Masks) -> str:
@@ -372,8 +373,8 @@ class Attention:
                 return flash_with_lse(qg, keys, values, self.scale)[0].to(qg.dtype)
             return cascade(qg, keys, values, m.start, m.rows, self.scale)
         # oneDNN keeps a primitive per shape (the CPU's bfloat16 and float16 bmm run on it too: rounded_spans), so
-        # its products read a span rounded up (onednn_span), the slots past the end (zeros or stale entries:
-        # finite) masked out, a shape per span.
+        # its products read a span rounded up (onednn_span; bfloat16 and float16 the whole cache near its end:
+        # _rounded_span), the slots past the end (zeros or stale entries: finite) masked out, a shape per span.
         rounded = kernel == "onednn" or self.rounded_spans
         if keys.stride(-1) != 1 or not rounded:  # keys stored by dimension (cache.transposed_keys), or plain bmm
             return self._query_first(qg, keys, values, m, rounded, kernel == "onednn")
@@ -393,7 +394,7 @@ class Attention:
         [Hkv, D, C]) K^T is a row-major [D, S] operand whose rows the GEMM streams near memory speed (q @ K^T
         over [S, D] rows, or K @ q^T, ran at 1/2-2/3 of it on the CPU: docs/benchmarks.md, session 41); over keys
         stored by slot it is float32's grouped bmm below the oneDNN threshold. `rounded`: both products read a
-        span rounded up (onednn_span), the slots past the end masked to weigh exactly 0, so that oneDNN (the
+        span rounded up (_rounded_span), the slots past the end masked to weigh exactly 0, so that oneDNN (the
         packed path's products; the CPU's bfloat16 and float16 bmm) sees a shape per span, not per length.
         `onednn`: past ONEDNN_FROM_ENTRIES, P @ V as oneDNN's per-KV-head products."""
         end = m.end
@@ -411,9 +412,10 @@ class Attention:
 
     def _rounded_span(self, end: int, rows: int) -> int:
         """The keys a rounded product reads for `end` cached entries of a cache of `rows` rows: onednn_span, or all
-        the rows where that falls short of them by at most WHOLE_CACHE_SLACK (bfloat16 and float16)."""
+        the rows where that falls short of them by at most WHOLE_CACHE_SLACK and an eighth of itself (bfloat16
+        and float16)."""
         span = min(rows, onednn_span(end))
-        return rows if self.rounded_spans and rows - span <= WHOLE_CACHE_SLACK else span
+        return rows if self.rounded_spans and rows - span <= min(WHOLE_CACHE_SLACK, span // 8) else span
 
     def _keys_first_scores(self, qg: torch.Tensor, keys: torch.Tensor, end: int) -> torch.Tensor:
         """Scaled scores [Hkv, R, S'] as keys @ q^T read transposed (the cache rows as the product's M), the
