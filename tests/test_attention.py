@@ -243,7 +243,7 @@ def test_reduced_precision_cpu_products_see_a_shape_per_span_not_per_step(monkey
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_reduced_precision_cpu_products_read_the_whole_cache_near_its_end(monkeypatch, dtype):
-    """The CPU's bfloat16 and float16 bmm copies a span of a longer cache before it multiplies (1.5-1.8x the
+    """The CPU's bfloat16 and float16 bmm copies a span of a longer cache before it multiplies (1.5-1.9x the
     product): where the rounded span falls short of the cache's rows by at most WHOLE_CACHE_SLACK, both products
     read every row (a contiguous operand), the rows past the end weighing nothing. float32 reads what it did."""
     operands = []
