@@ -257,13 +257,13 @@ def test_reduced_precision_cpu_products_read_the_whole_cache_near_its_end(monkey
     rows = 3072 + 7  # a run of 3,072 tokens with a 7-node trie's slots past it
     g = torch.Generator().manual_seed(10)
     keys = (torch.randn(HKV, rows, D, generator=g) * 0.5).to(dtype)
+    keys = keys.transpose(1, 2).contiguous().transpose(1, 2)  # stored by dimension, as the CPU's caches are
     values = torch.randn(HKV, rows, D, generator=g).to(dtype)
+    attn = Attention(torch.device("cpu"), dtype, D**-0.5, packed=False)
     reduced = dtype != torch.float32
     for end, whole in ((2900, reduced), (2500, False)):  # (the spans 3,072 and 2,560)
         assert (rows - onednn_span(end) <= WHOLE_CACHE_SLACK) == (end == 2900)
         keys[:, end:], values[:, end:] = keys[:, end:] * 30, values[:, end:] * 30  # stale rows, read, weigh nothing
-        keys = keys.transpose(1, 2).contiguous().transpose(1, 2)  # stored by dimension, as the CPU's caches are
-        attn = Attention(torch.device("cpu"), dtype, D**-0.5, packed=False)
         operands.clear()
         q = torch.randn(1, HKV * G, D, generator=g).to(dtype)
         got = ungrouped(attn.attend(grouped(q), keys, values, attn.masks(1, end - 1, G, None)), 1)
