@@ -362,7 +362,7 @@ def test_a_lookup_step_proposes_the_roots_top_k_continuations():
 
     prompt = [7, 1, 1, 1, 9, 7, 2, 2, 2, 9, 7, 3, 3, 3, 9, 7, 4, 4, 4, 9, 7]  # the root 7: four continuations
     with torch.inference_mode():
-        s = wiring_state(SpecConfig(tree="1,1", ngram_topk=3, max_nodes=0), prompt)
+        s = wiring_state(SpecConfig(tree="1,1", ngram_topk=3, max_nodes=0, suffix_lookup=False), prompt)
         trie = lookup_tree(s)
     assert sorted(trie.tokens[c] for c in trie.children[0].values()) == [1, 2, 3]
     assert len(trie) == 1 + 3 * 3

@@ -378,20 +378,22 @@ def test_embedded_model_greedy_tokenswift_equals_ar(embedded, heads, mode):
         embedded.set_heads(shipped)
 
 
+@pytest.mark.parametrize("suffix", [True, False], ids=["suffix", "no-suffix"])
 @pytest.mark.parametrize("variant", ["full-cache", "partial-cache", "pruned"])
 @pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
-def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, variant, monkeypatch):
-    """Lookup steps (n-gram continuations of the root, no draft pass) and plain steps (the root
-    alone, leaving the n-gram table and the partial cache to catch up) mixed with full steps in a
-    fixed pattern: still AR's tokens, and lookup steps do accept tokens on repetitive text; also
-    with every trie, lookup tries too, cut to a budget of 3 nodes."""
+def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, variant, suffix, monkeypatch):
+    """Lookup steps (the suffix index's copy and n-gram continuations of the root, no draft pass)
+    and plain steps (the root alone, leaving the n-gram table, the suffix index and the partial
+    cache to catch up) mixed with full steps in a fixed pattern: still AR's tokens, and lookup steps
+    do accept tokens on repetitive text; also with every trie, lookup tries too, cut to a budget of
+    3 nodes."""
     pattern = iter([FULL, LOOKUP, LOOKUP, PLAIN, PLAIN, PLAIN] * 100)
     monkeypatch.setattr(StepSchedule, "choose", lambda self: next(pattern))
     gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
     budget = dict(draft_kv_budget=40, draft_window=8, attention_sinks=4) if variant == "partial-cache" else {}
     if variant == "pruned":
         budget = dict(max_nodes=3)
-    spec = SpecConfig(tree="1,2,2", ngram_topk=3, **budget)
+    spec = SpecConfig(tree="1,2,2", ngram_topk=3, suffix_lookup=suffix, **budget)
     prompt = repetitive_prompt(1, 24)
     ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
     ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)

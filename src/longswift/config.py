@@ -393,6 +393,10 @@ class SpecConfig:
         "computing only those rows' logits, or a small trie's in one pass while steps average 1.5+ tokens) "
         "or batched (every row at once, one device-to-host read per step); the same tokens either way; "
         "auto: rows on CPU, batched on GPU", choices=WALKS))
+    suffix_lookup: bool = field(default=True, metadata=_help(
+        "lookup steps also copy what followed the latest earlier occurrence of the text's last 8, 4 or 2 "
+        "tokens, as long as the node budget allows (prompt-lookup style: text that repeats itself gives "
+        "long accepted runs); needs n-gram reuse (--ngram-topk > 0)"))
     adaptive: bool = field(default=True, metadata=_help(
         "per step, use whichever kind of step has been faster: full steps (draft pass + tree), narrow "
         "steps (the same draft, a narrow tree; only with a wide --tree or --ngram-topk), lookup steps "

@@ -125,6 +125,7 @@ def spec_label(spec: SpecConfig, method: str, default_walk: str = "rows") -> str
         (f"{spec.attention_sinks} sinks", spec.attention_sinks == SpecConfig.attention_sinks),
         (f"{spec.walk} walk", spec.walk == default_walk),
         (f"at most {spec.max_nodes} nodes", not spec.max_nodes or spec.max_nodes >= unpruned_budget(spec)),
+        ("no suffix lookup", spec.suffix_lookup),
     ) if not default)
     return (f"tree {spec.tree}, n-gram top-k {spec.ngram_topk}, draft KV {spec.draft_kv_budget}{extra}, {mode} draft, "
             f"adaptive {'on' if spec.adaptive else 'off'}")

@@ -25,6 +25,7 @@ from .budget import draft_cache_tokens, draft_levels, tree_budget, unpruned_budg
 from .heads import DraftHeads
 from .ngram import NGRAM_N, NGramTracker, path_scores
 from .schedule import FULL, KINDS, LOOKUP, NARROW, PLAIN, WIDE_KINDS, StepSchedule
+from .suffix import SuffixIndex
 from .tree import NGRAM, Trie
 from .verify import Walk, batched_walk, lossless_walk
 
@@ -121,8 +122,10 @@ class TokenSwiftState:
         self.produced = len(generated)
         exclude = sampling.penalized_window
         self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
-        if self.ngrams is not None:
-            self.ngrams.update(self.tokens, self.n)
+        # Lookup steps' copy of what followed the text's last tokens before (with n-gram reuse on)
+        self.suffixes = SuffixIndex(exclude) if spec.ngram_topk > 0 and spec.suffix_lookup else None
+        self.budget = nodes  # the most nodes a trie may have (the full cache's slots past the run)
+        self.catch_up_tables()
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
         self.one_off = False  # this step paid a one-off cost (a partial-cache refill): not timed for `rate`
         self.partial_from = 0  # first full-cache slot the partial cache's window has not seen
@@ -151,12 +154,18 @@ class TokenSwiftState:
         if not plain:
             self.catch_up()
 
+    def catch_up_tables(self) -> None:
+        """Add the committed tokens to the n-gram table and the suffix index."""
+        if self.ngrams is not None:
+            self.ngrams.update(self.tokens, self.n)
+        if self.suffixes is not None:
+            self.suffixes.update(self.tokens, self.n)
+
     def catch_up(self) -> None:
         """Add the committed tokens' n-grams to the table and the full cache's new entries to the
         partial cache's recent window (as much as fits), as plain steps left them; the same state as
         updating after every step."""
-        if self.ngrams is not None:
-            self.ngrams.update(self.tokens, self.n)
+        self.catch_up_tables()
         if self.partial is not None and self.partial.selected:
             self.partial.append(self.full, self.partial_from, self.full.length)
         self.partial_from = self.full.length
@@ -244,26 +253,34 @@ def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False) -> Trie:
 
 
 def lookup_tree(s: TokenSwiftState) -> Trie:
-    """A draft-free trie: the root and the n-gram table's continuations of the root (prompt-lookup
-    style), cut to the node budget by their counts. Verifying it costs about one AR step and accepts
+    """A draft-free trie: the root, the suffix index's copy of what followed the text's last tokens
+    before (as long as the node budget allows), and the n-gram table's continuations of the root
+    (prompt-lookup style) that still fit, or where pruning, the budget's likeliest nodes by their
+    counts (the copy's nodes score as certain). Verifying it costs about one AR step and accepts
     whatever of it the walk draws."""
     root = int(s.history[s.n - 1])
     trie = Trie.with_root(root)
+    if s.suffixes is not None:
+        copy = s.suffixes.propose(s.tokens, s.n, s.budget - 1)
+        trie.add_path(copy, NGRAM, [0.0] * len(copy))
     if s.ngrams is not None:
-        add_ngram_paths(s, trie, root, s.spec.ngram_topk)
+        add_ngram_paths(s, trie, root, s.spec.ngram_topk, room=None if s.pruning else s.budget)
     return trie.pruned(s.spec.max_nodes) if s.pruning else trie
 
 
 def add_ngram_paths(s: TokenSwiftState, trie: Trie, token: int, topk: int, lead: tuple[int, ...] = (),
-                    base: float = 0.0) -> None:
+                    base: float = 0.0, room: int | None = None) -> None:
     """`token`'s `topk` most frequent n-gram continuations as trie paths after `lead` (the root's
     own: none; a depth-1 token's: that token, whose score from the heads is `base`). Where pruning,
-    each node of a continuation scores `base` plus the log share of its prefix among `token`'s n-grams."""
+    each node of a continuation scores `base` plus the log share of its prefix among `token`'s n-grams.
+    `room` (not pruning): the most nodes the trie may reach; a path that would pass it is left out."""
     table = s.ngrams.table
     conts = table.top(token, topk)
     if not s.pruning:
         for cont, _count in conts:
-            trie.add_path((*lead, *cont), NGRAM)
+            path = (*lead, *cont)
+            if room is None or len(trie) + trie.missing(path) <= room:
+                trie.add_path(path, NGRAM)
         return
     for (cont, _count), scores in zip(conts, path_scores(conts, table.total_of(token), base)):
         trie.add_path((*lead, *cont), NGRAM, [base] * len(lead) + scores)

@@ -59,6 +59,16 @@ class Trie:
         for j, t in enumerate(tokens):
             node = self._child(node, int(t), source, 0.0 if scores is None else scores[j])
 
+    def missing(self, tokens: Sequence[int]) -> int:
+        """How many new nodes add_path(tokens) would create (those past the prefix the trie holds)."""
+        node = 0
+        for j, t in enumerate(tokens):
+            child = self.children[node].get(int(t))
+            if child is None:
+                return len(tokens) - j
+            node = child
+        return 0
+
     def add_levels(self, levels: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]] | None = None) -> None:
         """The heads' cartesian tree: every node at depth j gets all of levels[j] as children;
         `logprobs[j][i]`: the log-probability of levels[j][i], summed along each path into its score."""

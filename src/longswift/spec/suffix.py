@@ -1,0 +1,59 @@
+"""Suffix lookup: where the text's last few tokens were seen before, and what followed them there.
+
+The n-gram table (ngram.py) keys continuations by one token, so where a token recurs with several
+continuations it proposes the most frequent one, whatever the context. Text that repeats itself (a
+greedy run in a loop, a document quoting its prompt) is better predicted by matching the last m
+tokens (m = 8, else 4, else 2) at their latest earlier occurrence and copying what followed, as
+prompt-lookup decoding does. Where that copy reaches the present, it goes on with the tokens it
+has just proposed (the text repeats with the match's period).
+
+The index keeps, per order m, the latest end position of every m tokens seen (keyed by their
+tuple's hash, the match checked against the tokens; output never depends on a proposal anyway:
+verification keeps only what the model draws). Like the n-gram table, it leaves out the last `exclude_recent` tokens' matches
+(the repetition penalty's window: under a penalty the tokens that followed a recent match are the
+ones made unlikely)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SUFFIX_ORDERS = (8, 4, 2)  # match lengths tried, longest first (docs/benchmarks.md, session 45)
+
+
+class SuffixIndex:
+    """Latest end positions of the m-token runs of a growing token sequence, for m in `orders`."""
+
+    def __init__(self, exclude_recent: int = 0, orders: Sequence[int] = SUFFIX_ORDERS) -> None:
+        if not orders or any(m < 1 for m in orders):
+            raise ValueError("suffix orders must be positive")
+        self.orders = tuple(sorted(set(orders), reverse=True))
+        self.exclude_recent = exclude_recent
+        self.latest: dict[int, dict[int, int]] = {m: {} for m in self.orders}  # m -> hash of run -> end index
+        self.next_end = 0  # first end index not yet indexed
+
+    def update(self, tokens: Sequence[int], length: int) -> None:
+        """`tokens[:length]` is the sequence so far: index every run ending before its last token (so
+        that the run ending there finds an earlier one) and before the excluded recent window."""
+        stop = length - 1 - self.exclude_recent
+        for end in range(self.next_end, stop):
+            for m, table in self.latest.items():
+                if end + 1 >= m:
+                    table[hash(tuple(tokens[end + 1 - m : end + 1]))] = end
+        self.next_end = max(self.next_end, stop)
+
+    def propose(self, tokens: Sequence[int], length: int, count: int) -> list[int]:
+        """Up to `count` tokens to follow `tokens[:length]`: those that followed the latest earlier
+        occurrence of its longest indexed suffix (empty where none matches). Call update first."""
+        if count <= 0 or length < 2:
+            return []
+        last = length - 1
+        for m, table in self.latest.items():
+            if length < m:
+                continue
+            run = tuple(tokens[length - m : length])
+            end = table.get(hash(run))
+            if end is None or end >= last or tuple(tokens[end + 1 - m : end + 1]) != run:  # (a hash collision)
+                continue
+            period = last - end
+            return [int(tokens[end + 1 + j % period]) for j in range(count)]
+        return []

@@ -1,0 +1,126 @@
+"""The suffix index of lookup steps (spec/suffix.py) against a brute-force search, and its tries."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from longswift import SamplingConfig, SpecConfig
+from longswift.spec.suffix import SUFFIX_ORDERS, SuffixIndex
+
+
+def brute_force(tokens: list[int], length: int, count: int, exclude: int, orders=SUFFIX_ORDERS) -> list[int]:
+    """The latest earlier end e (e <= length - 2 - exclude) of the longest order's run equal to the
+    text's last m tokens, and the periodic copy of what followed it."""
+    last = length - 1
+    for m in sorted(orders, reverse=True):
+        if length < m:
+            continue
+        run = tokens[length - m : length]
+        ends = [e for e in range(m - 1, length - 1 - exclude) if tokens[e + 1 - m : e + 1] == run]
+        if ends:
+            e = max(ends)
+            return [tokens[e + 1 + j % (last - e)] for j in range(count)]
+    return []
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("exclude", [0, 5])
+def test_proposals_match_a_brute_force_search_as_the_text_grows(seed, exclude):
+    r = random.Random(seed)
+    alphabet = r.choice([2, 3, 5])  # small: runs of every order recur, with periods of every size
+    tokens = [r.randrange(alphabet) for _ in range(160)]
+    index = SuffixIndex(exclude)
+    proposed = 0
+    for length in range(1, len(tokens) + 1):
+        if r.random() < 0.5:  # updated at irregular intervals, as the loop's steps of several tokens do
+            continue
+        index.update(tokens, length)
+        count = r.choice([1, 3, 6, 20])
+        got = index.propose(tokens, length, count)
+        assert got == brute_force(tokens, length, count, exclude)
+        proposed += bool(got)
+    assert proposed > 20
+
+
+def test_a_copy_that_reaches_the_present_goes_on_with_the_period():
+    tokens = [9, 1, 2, 3, 1, 2, 3, 1, 2, 3]
+    index = SuffixIndex()
+    index.update(tokens, len(tokens))
+    assert index.propose(tokens, len(tokens), 7) == [1, 2, 3, 1, 2, 3, 1]  # "2 3 1 2 3" ends 3 tokens back
+    assert index.propose(tokens, len(tokens), 0) == []
+    lone = [4, 5, 6, 7]
+    index = SuffixIndex()
+    index.update(lone, len(lone))
+    assert index.propose(lone, len(lone), 5) == []  # nothing recurs
+
+
+def test_a_hash_collision_proposes_nothing_wrong(monkeypatch):
+    """Runs are keyed by their hash; a key that another run shares is checked against the tokens."""
+    index = SuffixIndex(orders=(2,))
+    tokens = [1, 2, 8, 3, 4]
+    index.update(tokens, len(tokens))
+    index.latest[2][hash((3, 4))] = 1  # as if (1, 2), which ends at 1, hashed like (3, 4)
+    assert index.propose(tokens, len(tokens), 3) == []
+
+
+def test_orders_must_be_positive():
+    with pytest.raises(ValueError):
+        SuffixIndex(orders=(4, 0))
+    with pytest.raises(ValueError):
+        SuffixIndex(orders=())
+
+
+def lookup_state(spec: SpecConfig, prompt: list[int], penalty: float = 1.0):
+    from test_components import wiring_state
+
+    sampling = SamplingConfig(temperature=0, repetition_penalty=penalty, penalty_window=7)
+    with torch.inference_mode():
+        return wiring_state(spec, prompt, sampling)
+
+
+def test_a_lookup_trie_holds_the_copy_then_the_ngram_paths_that_fit():
+    from longswift.spec.tokenswift import lookup_tree
+
+    motif = [11, 12, 13, 14, 15]
+    prompt = [3, 4] + motif * 4 + [11, 21, 22, 23, 30, 31, 11]  # the root 11; "31 11" was never seen before
+    s = lookup_state(SpecConfig(tree="1,1", ngram_topk=2, max_nodes=0), prompt)
+    assert s.budget == 1 + 2 + 2 * 3  # the heads' two depths, two n-gram paths of three
+    trie = lookup_tree(s)  # no suffix matches: the n-gram table's two continuations of 11
+    assert len(trie) == 1 + 2 * 3 and sorted(trie.tokens[c] for c in trie.children[0].values()) == [12, 21]
+
+    prompt = [3, 4] + motif * 4 + [20, 21] + motif[:3]  # ends "21 11 12 13": only its last 2 tokens were seen before
+    s = lookup_state(SpecConfig(tree="1,1", ngram_topk=2, max_nodes=0), prompt)
+    trie = lookup_tree(s)
+    copy = [14, 15, 20, 21, 11, 12, 13, 14]  # the budget's 8 drafted nodes: what followed the last "12 13", period 7
+    node = 0
+    for t in copy:
+        node = trie.children[node][t]
+    assert len(trie) == s.budget  # n-gram paths of 13 that need new nodes no longer fit
+    off = lookup_state(SpecConfig(tree="1,1", ngram_topk=2, max_nodes=0, suffix_lookup=False), prompt)
+    assert off.suffixes is None and len(lookup_tree(off)) == 1 + 4  # 13's continuations: 14 15 11 and 14 15 20
+
+
+def test_a_pruned_lookup_trie_keeps_the_copy_first():
+    from longswift.spec.tokenswift import lookup_tree
+
+    motif = [11, 12, 13, 14, 15]
+    prompt = [3, 4] + motif * 3 + [11, 19, 18, 17, 11, 16, 16, 16] + motif[:3]
+    s = lookup_state(SpecConfig(tree="1,1", ngram_topk=3, max_nodes=5), prompt)
+    assert s.pruning and s.budget == 5
+    trie = lookup_tree(s)
+    assert len(trie) == 5
+    node = 0
+    for t in (14, 15, 11, 19):  # what followed the last "12 13"; the n-gram paths share its first three nodes
+        node = trie.children[node][t]
+
+
+@pytest.mark.parametrize("penalty,excluded", [(1.2, 7), (1.0, 0)])
+def test_the_index_leaves_out_the_penalty_window(penalty, excluded):
+    prompt = torch.randint(0, 128, (30,), generator=torch.Generator().manual_seed(4)).tolist()
+    s = lookup_state(SpecConfig(tree="1,1", ngram_topk=2), prompt, penalty)
+    assert s.suffixes.exclude_recent == excluded
+    assert s.suffixes.next_end == len(prompt) - 1 - excluded
+    assert lookup_state(SpecConfig(tree="1,1", ngram_topk=0), prompt).suffixes is None  # n-gram reuse off: off too
