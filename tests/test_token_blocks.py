@@ -118,15 +118,19 @@ def test_tokenswift_plain_steps_in_blocks_still_emit_ar_output(sampling, bodies,
         monkeypatch.setattr(ts, "step_bodies", lambda model: True)
     monkeypatch.setattr(StepSchedule, "rate", lambda self, kind: FIXED_RATES[kind])  # no timing: deterministic
     engine = longswift.load(hf, device="cpu", dtype="float64", heads="random", read_every=8)
+    real_block, blocks = ts.plain_block, []
+    monkeypatch.setattr(ts, "plain_block", lambda s, k: blocks.append(len(out := real_block(s, k))) or out)
     for spec in (longswift.SpecConfig(tree="1,2,2", ngram_topk=2),
                  longswift.SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused"),
                  longswift.SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=30, draft_window=6,
                                       attention_sinks=4, walk="batched")):
         stream = engine.stream(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec)
+        blocks.clear()
         sizes = [len(b) for b in stream]
         assert stream.result.token_ids == want, spec
         stats = stream.result.stats
-        assert "plain" in stats.stage_seconds and max(sizes) == 8, sizes  # blocks ran
+        # blocks ran (a lookup step's copy may emit more tokens than a block: sizes are not only blocks')
+        assert "plain" in stats.stage_seconds and max(blocks) == 8 and 8 in sizes, (blocks, sizes)
         assert stats.lookup_steps + (stats.steps - stats.plain_steps - stats.lookup_steps) >= 2  # and probes
 
 
