@@ -73,7 +73,8 @@ def main() -> None:
                 paths.append(gram)
             emitted[f"copy {name} + n-gram"] += 1 + max((matched(tokens, i, p) for p in paths), default=0)
     steps = len(tokens) - 1 - start
-    print(f"{kind}: {new} greedy tokens, lookup steps of at most {room} drafted nodes rooted at each of {steps} positions")
+    print(f"{kind}: {new} greedy tokens, lookup steps of at most {room} drafted nodes rooted at each of "
+          f"{steps} positions")
     for name, total in emitted.items():
         print(f"  {name:22s} {total / steps:.2f} tokens a step")
 

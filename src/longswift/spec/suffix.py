@@ -9,9 +9,9 @@ has just proposed (the text repeats with the match's period).
 
 The index keeps, per order m, the latest end position of every m tokens seen (keyed by their
 tuple's hash, the match checked against the tokens; output never depends on a proposal anyway:
-verification keeps only what the model draws). Like the n-gram table, it leaves out the last `exclude_recent` tokens' matches
-(the repetition penalty's window: under a penalty the tokens that followed a recent match are the
-ones made unlikely)."""
+verification keeps only what the model draws). Like the n-gram table, it leaves out the matches
+in the last `exclude_recent` tokens (the repetition penalty's window: under a penalty the tokens
+that followed a recent match are the ones made unlikely)."""
 
 from __future__ import annotations
 
