@@ -1,37 +1,42 @@
-"""Replay lookup-step proposals along a greedy AR run: how many tokens a lookup step of ROOM drafted
-nodes would emit at every position, with the n-gram table's continuation of the root alone (the
-lookup step before session 45) and with the suffix index's copy first (orders 8,4,2 and 4,3,2).
+"""Replay lookup-step proposals along an AR run: how many tokens a lookup step of ROOM drafted nodes
+would emit at every position, with the n-gram table's continuation of the root alone (the lookup
+step before session 45) and with the suffix index's copy first (orders 8,4,2 and 4,3,2).
 
-    python docs/scripts/suffix_replay.py clockmaker|lighthouse NEW_TOKENS [ROOM]
+    python docs/scripts/suffix_replay.py clockmaker|lighthouse NEW_TOKENS [ROOM [PRESET]]
 
 clockmaker: docs/prompts/clockmaker.txt repeated to 2,048 tokens (bench's --prefix 2048); lighthouse:
-docs/prompts/lighthouse.txt as a chat message. Greedy, the embedded model, one thread. A step's tokens
-under greedy decoding are 1 + the longest proposed path that matches the run's next tokens; the
-replay roots a step at every generated position (not the positions a real run's steps land on)."""
+docs/prompts/lighthouse.txt as a chat message. PRESET: one of bench's (default greedy; seed 0), whose
+penalty window both tables leave out as the loop does. The embedded model, one thread. A step's tokens
+are counted as 1 + the longest proposed path that matches the run's next tokens (under greedy decoding
+what the walk accepts; under sampling a proxy: the draws that were made); the replay roots a step at
+every generated position (not the positions a real run's steps land on)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from dataclasses import replace
+
 import torch
 
 import longswift
 from longswift import GenerationConfig, SamplingConfig
+from longswift.bench.grid import PRESETS
 from longswift.bench.prompts import build_prompts
-from longswift.spec.ngram import NGramTable
+from longswift.spec.ngram import NGRAM_N, NGramTracker
 from longswift.spec.suffix import SuffixIndex
 
 PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 
 
-def greedy_run(kind: str, new: int) -> tuple[list[int], int]:
+def ar_run(kind: str, new: int, sampling: SamplingConfig) -> tuple[list[int], int]:
     engine = longswift.load()
     if kind == "clockmaker":
         prompt = list(build_prompts(engine, PROMPTS / "clockmaker.txt", False, (2048,), 0)[0][1].ids)
     else:
         prompt = engine.encode((PROMPTS / "lighthouse.txt").read_text(), chat=True)
-    out = engine.generate(prompt, method="ar", sampling=SamplingConfig(temperature=0.0, repetition_penalty=1.0),
+    out = engine.generate(prompt, method="ar", sampling=sampling,
                           generation=GenerationConfig(max_new_tokens=new, ignore_eos=True))
     return prompt + out.token_ids, len(prompt)
 
@@ -52,17 +57,17 @@ def nodes(paths: list[list[int]]) -> int:
 def main() -> None:
     kind, new = sys.argv[1], int(sys.argv[2])
     room = int(sys.argv[3]) if len(sys.argv) > 3 else 6
+    preset = sys.argv[4] if len(sys.argv) > 4 else "greedy"
+    sampling = replace(PRESETS[preset], seed=0)
     torch.set_num_threads(1)
-    tokens, start = greedy_run(kind, new)
-    table = NGramTable(4)
-    indexes = {"8,4,2": SuffixIndex(0, (8, 4, 2)), "4,3,2": SuffixIndex(0, (4, 3, 2))}
+    tokens, start = ar_run(kind, new, sampling)
+    exclude = sampling.penalized_window
+    ngrams = NGramTracker(NGRAM_N, exclude)
+    indexes = {"8,4,2": SuffixIndex(exclude, (8, 4, 2)), "4,3,2": SuffixIndex(exclude, (4, 3, 2))}
     emitted = {"n-gram only": 0, **{f"copy {k} + n-gram": 0 for k in indexes}}
-    added = 0
     for i in range(start, len(tokens) - 1):
-        while added + 4 <= i + 1:
-            table.add(tokens[added : added + 4])
-            added += 1
-        top = table.top(tokens[i], 1)
+        ngrams.update(tokens, i + 1)
+        top = ngrams.table.top(tokens[i], 1)
         gram = list(top[0][0]) if top else []
         emitted["n-gram only"] += 1 + matched(tokens, i, gram)
         for name, index in indexes.items():
@@ -73,7 +78,7 @@ def main() -> None:
                 paths.append(gram)
             emitted[f"copy {name} + n-gram"] += 1 + max((matched(tokens, i, p) for p in paths), default=0)
     steps = len(tokens) - 1 - start
-    print(f"{kind}: {new} greedy tokens, lookup steps of at most {room} drafted nodes rooted at each of "
+    print(f"{kind}: {new} tokens ({preset}), lookup steps of at most {room} drafted nodes rooted at each of "
           f"{steps} positions")
     for name, total in emitted.items():
         print(f"  {name:22s} {total / steps:.2f} tokens a step")
