@@ -26,6 +26,7 @@ from longswift.bench.grid import PRESETS
 from longswift.bench.prompts import build_prompts
 from longswift.spec.ngram import NGRAM_N, NGramTracker
 from longswift.spec.suffix import SuffixIndex
+from longswift.spec.tree import NGRAM, Trie
 
 PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 
@@ -41,17 +42,13 @@ def ar_run(kind: str, new: int, sampling: SamplingConfig) -> tuple[list[int], in
     return prompt + out.token_ids, len(prompt)
 
 
-def matched(tokens: list[int], i: int, path: list[int]) -> int:
-    n = 0
-    for j, t in enumerate(path):
-        if i + 1 + j >= len(tokens) or tokens[i + 1 + j] != t:
-            break
-        n += 1
+def emitted(trie: Trie, tokens: list[int], i: int) -> int:
+    """The tokens a step rooted at tokens[i] emits under greedy decoding: 1 + the trie's longest path
+    along the run's next tokens."""
+    node, n = 0, 1
+    while i + n < len(tokens) and (child := trie.children[node].get(tokens[i + n])) is not None:
+        node, n = child, n + 1
     return n
-
-
-def nodes(paths: list[list[int]]) -> int:
-    return len({tuple(p[: j + 1]) for p in paths for j in range(len(p))})
 
 
 def main() -> None:
@@ -64,23 +61,25 @@ def main() -> None:
     exclude = sampling.penalized_window
     ngrams = NGramTracker(NGRAM_N, exclude)
     indexes = {"8,4,2": SuffixIndex(exclude, (8, 4, 2)), "4,3,2": SuffixIndex(exclude, (4, 3, 2))}
-    emitted = {"n-gram only": 0, **{f"copy {k} + n-gram": 0 for k in indexes}}
+    totals = {"n-gram only": 0, **{f"copy {k} + n-gram": 0 for k in indexes}}
     for i in range(start, len(tokens) - 1):
         ngrams.update(tokens, i + 1)
         top = ngrams.table.top(tokens[i], 1)
-        gram = list(top[0][0]) if top else []
-        emitted["n-gram only"] += 1 + matched(tokens, i, gram)
-        for name, index in indexes.items():
+        gram = top[0][0] if top else ()
+        alone = Trie.with_root(tokens[i])
+        alone.add_path(gram, NGRAM)
+        totals["n-gram only"] += emitted(alone, tokens, i)
+        for name, index in indexes.items():  # as lookup_tree builds an unpruned trie of room + 1 nodes
             index.update(tokens, i + 1)
-            copy = index.propose(tokens, i + 1, room)
-            paths = [copy] if copy else []
-            if gram and nodes(paths + [gram]) <= room:
-                paths.append(gram)
-            emitted[f"copy {name} + n-gram"] += 1 + max((matched(tokens, i, p) for p in paths), default=0)
+            trie = Trie.with_root(tokens[i])
+            trie.add_path(index.propose(tokens, i + 1, room), NGRAM)
+            if len(trie) + trie.missing(gram) <= room + 1:
+                trie.add_path(gram, NGRAM)
+            totals[f"copy {name} + n-gram"] += emitted(trie, tokens, i)
     steps = len(tokens) - 1 - start
     print(f"{kind}: {new} tokens ({preset}), lookup steps of at most {room} drafted nodes rooted at each of "
           f"{steps} positions")
-    for name, total in emitted.items():
+    for name, total in totals.items():
         print(f"  {name:22s} {total / steps:.2f} tokens a step")
 
 
