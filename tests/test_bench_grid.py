@@ -307,6 +307,21 @@ def test_spec_label_names_the_walk_only_against_the_device_default():
     assert "walk" not in spec_label(batched, "tokenswift", "batched")  # the GPU default
 
 
+def test_spec_label_names_the_suffix_lookup_only_away_from_its_defaults():
+    import dataclasses
+
+    import torch
+
+    from longswift import SpecConfig
+    from longswift.bench.grid import spec_label
+
+    cpu = SpecConfig().for_device(torch.device("cpu"))
+    assert "lookup" not in spec_label(cpu, "tokenswift")
+    assert ", lookup steps of at most 16 nodes," in spec_label(dataclasses.replace(cpu, lookup_nodes=16), "tokenswift")
+    off = dataclasses.replace(cpu, suffix_lookup=False, lookup_nodes=16)  # no copy: its budget means nothing
+    assert ", no suffix lookup," in spec_label(off, "tokenswift") and "at most 16" not in spec_label(off, "tokenswift")
+
+
 def test_spec_label_names_the_node_budget_only_where_it_cuts_the_trie():
     import torch
 

@@ -416,8 +416,8 @@ def test_info_prints_config_and_memory_plan(capsys):
     assert code == 0, err
     assert "parameters: 134,515,008" in out
     assert "num_kv_heads: 3" in out
-    assert "memory plan for 100000 tokens with TokenSwift (tree 1,1,1 + 1 n-grams: 7 nodes) in float32" in out
-    assert "KV cache 4.29 GiB (100007 tokens) + draft KV cache 0.18 GiB (4096 tokens)" in out
+    assert "memory plan for 100000 tokens with TokenSwift (tree 1,1,1 + 1 n-grams: 7 nodes, lookup steps 32) in float32" in out
+    assert "KV cache 4.29 GiB (100032 tokens) + draft KV cache 0.18 GiB (4096 tokens)" in out
     assert "exceed the model's context of 8192" in out
     code, out, err = run_cli(capsys, "info", "--tokens", "100000", "--rope-scaling", "yarn:16")
     assert code == 0 and "context: 131072 tokens (yarn rope scaling)" in out and "exceed" not in out

@@ -89,11 +89,12 @@ def test_a_tokenswift_run_plans_its_batched_walk(monkeypatch):
 
     monkeypatch.setattr(memory, "plan_memory", spy)
     engine = longswift.load(tiny_hf_model(), dtype="float32", heads="random")
-    for walk, rows in (("batched", 8), ("rows", 1)):  # the CPU trie: 1,1,1 and one n-gram path, 8 nodes
+    # The CPU's tries: a full step's 1,1,1 and one n-gram path (7 nodes, padded to 8), a lookup step's up to 32
+    for walk, suffix, rows in (("batched", True, 32), ("batched", False, 8), ("rows", True, 1)):
         seen.clear()
-        engine.generate([1, 2, 3], method="tokenswift", spec=SpecConfig(walk=walk),
+        engine.generate([1, 2, 3], method="tokenswift", spec=SpecConfig(walk=walk, suffix_lookup=suffix),
                         generation=longswift.GenerationConfig(max_new_tokens=4))
-        assert seen[-1] == rows, (walk, seen)
+        assert seen[-1] == rows, (walk, suffix, seen)
 
 
 if __name__ == "__main__":  # the table in docs/benchmarks.md: python tests/test_walk_memory.py

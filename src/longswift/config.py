@@ -357,6 +357,10 @@ CPU_TREE, CPU_NGRAM_TOPK = "1,1,1", 1
 # Node budgets (SpecConfig.max_nodes): on an H100 (session 6, 8B shape, docs/benchmarks.md) a 32-row verify
 # pass cost 1.08x (4K) to 1.14x (100K) an AR step and the paper trie's 128 rows 1.61x to 2.41x; 0: no limit.
 CPU_MAX_NODES, GPU_MAX_NODES = 0, 32
+# A lookup step's trie (SpecConfig.lookup_nodes): the suffix index's copy can be long where the text repeats
+# itself. On session 46's CPU a 32-row verify pass cost 2.8x a decoding step (an 8-row one 1.5x) and replayed
+# loops accepted most of a 31-token copy; on a GPU it is the default node budget.
+LOOKUP_NODES = 32
 DRAFT_CACHES = ("dynamic", "static", "full")  # SpecConfig.draft_cache
 WALKS = ("auto", "rows", "batched")  # SpecConfig.walk
 GRAPH_ATTENTIONS = ("bucketed", "length")  # RuntimeConfig.graph_attention (runtime.cuda_graphs)
@@ -395,8 +399,12 @@ class SpecConfig:
         "auto: rows on CPU, batched on GPU", choices=WALKS))
     suffix_lookup: bool = field(default=True, metadata=_help(
         "lookup steps also copy what followed the latest earlier occurrence of the text's last 8, 4 or 2 "
-        "tokens, as long as the node budget allows (prompt-lookup style: text that repeats itself gives "
+        "tokens, as long as --lookup-nodes allows (prompt-lookup style: text that repeats itself gives "
         "long accepted runs); needs n-gram reuse (--ngram-topk > 0)"))
+    lookup_nodes: int = field(default=LOOKUP_NODES, metadata=_help(
+        "most nodes a lookup step's trie may have where the suffix index copies, the root included, at most "
+        "--max-nodes where that is set: the copy is at most 3 tokens per token of the match it follows, and "
+        "the n-gram continuations fill the rest"))
     adaptive: bool = field(default=True, metadata=_help(
         "per step, use whichever kind of step has been faster: full steps (draft pass + tree), narrow "
         "steps (the same draft, a narrow tree; only with a wide --tree or --ngram-topk), lookup steps "
@@ -412,6 +420,9 @@ class SpecConfig:
         if self.max_nodes is not None and (self.max_nodes < 0 or self.max_nodes == 1):
             raise LongswiftError(f"--max-nodes must be 0 (no limit) or at least 2 (the root and one drafted token); "
                                  f"got {self.max_nodes}")
+        if self.lookup_nodes < 2:
+            raise LongswiftError(f"--lookup-nodes must be at least 2 (the root and one copied token); "
+                                 f"got {self.lookup_nodes}")
         if self.draft_mode not in ("paper", "fused"):
             raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")
         if self.walk not in WALKS:

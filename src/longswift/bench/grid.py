@@ -126,6 +126,8 @@ def spec_label(spec: SpecConfig, method: str, default_walk: str = "rows") -> str
         (f"{spec.walk} walk", spec.walk == default_walk),
         (f"at most {spec.max_nodes} nodes", not spec.max_nodes or spec.max_nodes >= unpruned_budget(spec)),
         ("no suffix lookup", spec.suffix_lookup),
+        (f"lookup steps of at most {spec.lookup_nodes} nodes", spec.lookup_nodes == SpecConfig.lookup_nodes
+         or not spec.suffix_lookup),
     ) if not default)
     return (f"tree {spec.tree}, n-gram top-k {spec.ngram_topk}, draft KV {spec.draft_kv_budget}{extra}, {mode} draft, "
             f"adaptive {'on' if spec.adaptive else 'off'}")

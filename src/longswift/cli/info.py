@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.loading import load_config, resolve_path
     from ..runtime.memory import GiB, available_bytes, current_rss
-    from ..spec.budget import plan_before_loading, tree_budget
+    from ..spec.budget import lookup_budget, plan_before_loading, step_budget
     from ..spec.released import describe_heads
 
     runtime = config_from_args(RuntimeConfig, args)
@@ -40,7 +40,6 @@ def cmd_info(args: argparse.Namespace) -> int:
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     spec = spec.for_device(device)
     heads, tokenswift = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
-    nodes = tree_budget(spec) if tokenswift else 0
     chunk = config_from_args(GenerationConfig, args).prefill_chunk
     plan = plan_before_loading(cfg, runtime, tokens, chunk, spec if tokenswift else None)
     print(f"model: {resolve_path(args.model)}")
@@ -54,7 +53,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"draft heads: {heads}")
     scaled = "" if cfg.scaled_rope is None else f" ({cfg.scaled_rope} rope scaling)"
     print(f"context: {cfg.context_limit} tokens{scaled}")
-    method = f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes)" if tokenswift else "AR"
+    nodes, lookup = step_budget(spec), lookup_budget(spec)
+    lookups = f", lookup steps {lookup}" if lookup != nodes else ""
+    method = (f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes{lookups})" if tokenswift
+              else "AR")
     print(f"memory plan for {tokens} tokens with {method} in {dtype_name(dtype)}: {plan.describe()}")
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "

@@ -21,10 +21,25 @@ def draft_levels(spec: SpecConfig) -> tuple[int, ...]:
 
 
 def tree_budget(spec: SpecConfig) -> int:
-    """Most nodes a step's trie can have (root included): the heads' cartesian tree plus the
-    n-gram paths, at most --max-nodes. `spec` must be resolved for the device (for_device)."""
+    """Most nodes a step's trie can have (root included): a full step's or a lookup step's, whichever
+    is larger. `spec` must be resolved for the device (for_device)."""
+    return max(step_budget(spec), lookup_budget(spec))
+
+
+def step_budget(spec: SpecConfig) -> int:
+    """Most nodes a full step's trie can have (root included): the heads' cartesian tree plus the
+    n-gram paths, at most --max-nodes. `spec` must be resolved for the device."""
     nodes = unpruned_budget(spec)
     return min(nodes, spec.max_nodes) if spec.max_nodes else nodes
+
+
+def lookup_budget(spec: SpecConfig) -> int:
+    """Most nodes a lookup step's trie can have (root included): where the suffix index copies,
+    --lookup-nodes, at most --max-nodes; else a full step's (its n-gram paths of the root fit there).
+    `spec` must be resolved for the device."""
+    if spec.ngram_topk > 0 and spec.suffix_lookup:
+        return min(spec.lookup_nodes, spec.max_nodes) if spec.max_nodes else spec.lookup_nodes
+    return step_budget(spec)
 
 
 def unpruned_budget(spec: SpecConfig) -> int:

@@ -7,6 +7,12 @@ tokens (m = 8, else 4, else 2) at their latest earlier occurrence and copying wh
 prompt-lookup decoding does. Where that copy reaches the present, it goes on with the tokens it
 has just proposed (the text repeats with the match's period).
 
+A copy is trusted for as far as its match has held: it is at most COPY_PER_MATCH times as long as
+the run of tokens that agree at both occurrences (counted back from the text's end). A chance match
+of two tokens proposes six; a loop that has gone round once is copied as far as the lookup step's
+node budget allows (--lookup-nodes). Replayed along AR runs, this kept the long copies' tokens in
+loops and left out most of the verify rows that failed elsewhere (docs/benchmarks.md, session 46).
+
 The index keeps, per order m, the latest end position of every m tokens seen (keyed by their
 tuple's hash, the match checked against the tokens; output never depends on a proposal anyway:
 verification keeps only what the model draws). Like the n-gram table, it leaves out the matches
@@ -18,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 SUFFIX_ORDERS = (8, 4, 2)  # match lengths tried, longest first (docs/benchmarks.md, session 45)
+COPY_PER_MATCH = 3  # a copy's most tokens per token of its match (docs/benchmarks.md, session 46)
 
 
 class SuffixIndex:
@@ -43,7 +50,8 @@ class SuffixIndex:
 
     def propose(self, tokens: Sequence[int], length: int, count: int) -> list[int]:
         """Up to `count` tokens to follow `tokens[:length]`: those that followed the latest earlier
-        occurrence of its longest indexed suffix (empty where none matches). Call update first."""
+        occurrence of its longest indexed suffix (empty where none matches), at most COPY_PER_MATCH
+        times as many as the tokens that agree before both occurrences' ends. Call update first."""
         if count <= 0 or length < 2:
             return []
         last = length - 1
@@ -55,5 +63,9 @@ class SuffixIndex:
             if end is None or end >= last or tuple(tokens[end + 1 - m : end + 1]) != run:  # (a hash collision)
                 continue
             period = last - end
-            return [int(tokens[end + 1 + j % period]) for j in range(count)]
+            need = -(-count // COPY_PER_MATCH)  # a match this long allows the whole count
+            held = m
+            while held < need and held <= end and tokens[end - held] == tokens[last - held]:
+                held += 1
+            return [int(tokens[end + 1 + j % period]) for j in range(min(count, COPY_PER_MATCH * held))]
         return []
