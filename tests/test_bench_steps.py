@@ -291,8 +291,8 @@ def test_unknown_shape_is_an_argparse_error(capsys):
 
 
 def test_projection_counts_the_lm_head_once_per_step_for_small_tries():
-    """Small tries in steps that emit several tokens get all LM-head rows in one pass, so their walk
-    rows only sample; other steps pay the LM head per visited row."""
+    """Small tries in steps that emit several tokens get all LM-head rows in one pass, larger ones their
+    spine's, so their walk rows only sample; other steps pay the LM head per visited row."""
     from longswift.bench.steps import ContextCosts, step_costs
     from longswift.spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
 
@@ -305,8 +305,13 @@ def test_projection_counts_the_lm_head_once_per_step_for_small_tries():
     assert step_costs(costs, small, many).verify == pytest.approx((0.026, 0.026))  # forward + all rows' LM head
     assert step_costs(costs, small, one).walk_row == (0.004, 0.004)  # one-token steps: rows on demand
     assert step_costs(costs, small, one).verify == (0.02, 0.02)
-    assert step_costs(costs, large, many).walk_row == (0.004, 0.004)
+    assert step_costs(costs, large, many).walk_row == (0.004, 0.004)  # no spine measured: rows on demand
     assert step_costs(costs, large, many).verify == (0.03, 0.03)
+    for c in costs:
+        c.logits_rows[5] = 0.003  # a spine of depth 4: the root and the heads' first candidates
+    assert step_costs(costs, large, many, spine=5).walk_row == (0.0005, 0.0005)
+    assert step_costs(costs, large, many, spine=5).verify == pytest.approx((0.033, 0.033))
+    assert step_costs(costs, large, one, spine=5).walk_row == (0.004, 0.004)
     for c in costs:
         c.walk_batched = {small: 0.001, large: 0.002}
     # the batched walk: its verify pass computes every row's logits, and one walk draws them all

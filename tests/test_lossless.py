@@ -403,6 +403,29 @@ def test_adaptive_lookup_steps_stay_lossless(tiny64, sampling, variant, suffix, 
     assert ts.stats.lookup_steps + ts.stats.plain_steps >= (ts.stats.steps - 1) // 6 * 5 - 3
 
 
+@pytest.mark.parametrize("sampling", [SAMPLINGS["greedy"], SAMPLINGS["sampled"]], ids=["greedy", "sampled"])
+def test_a_text_that_repeats_itself_gets_lookup_steps_where_plain_steps_lead(tiny64, sampling, monkeypatch):
+    """Where the suffix index's match has held for REPEAT_HELD tokens, a lookup step runs though the
+    schedule picks a plain step every time; the output is still AR's. Without the index: no lookup step."""
+    from longswift.spec.suffix import REPEAT_HELD
+
+    picked = []
+    monkeypatch.setattr(StepSchedule, "choose", lambda self: picked.append(PLAIN) or self._run(PLAIN))
+    gen = GenerationConfig(max_new_tokens=60, ignore_eos=True)
+    prompt = repetitive_prompt(2, 24)[:5] * 6  # a loop of 5 tokens, 6 times: 25 tokens agree already
+    assert REPEAT_HELD <= 25
+    ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
+    ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=SpecConfig())
+    assert ts.token_ids == ar.token_ids
+    assert ts.stats.steps == ts.stats.lookup_steps + len(picked) + 1  # (+ the first token's)
+    if sampling.greedy:  # the random model goes on with the loop (sampled, its first draw leaves it)
+        assert ts.stats.lookup_steps > 0 and ts.stats.accepted_tokens > 0
+    picked.clear()
+    off = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift",
+                          spec=SpecConfig(suffix_lookup=False))
+    assert off.token_ids == ar.token_ids and off.stats.lookup_steps == 0
+
+
 @pytest.mark.parametrize("sampling", [SAMPLINGS["greedy-penalty"], SAMPLINGS["sampled-filters"]],
                          ids=["greedy-penalty", "sampled-filters"])
 @pytest.mark.parametrize("mode", ["paper", "fused"])

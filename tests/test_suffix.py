@@ -172,3 +172,25 @@ def test_a_loop_fills_the_default_lookup_budget_on_the_cpu():
     assert s.lookup_budget == 32
     trie = lookup_tree(s)
     assert trie.tokens == [loop[-1]] + (loop * 3)[:31]  # a chain: the root, then the copy
+
+
+def test_a_long_copy_gets_its_logits_in_one_pass_where_steps_emit_several_tokens():
+    """A lookup trie past BATCHED_LOGITS_NODES: the verify pass computes its spine's (the copy's) rows at
+    once while steps emit 1.5+ tokens on average, none where they emit one (the walk then computes each
+    row it visits); the rows equal the LM head's one by one."""
+    from longswift.spec.tokenswift import BATCHED_LOGITS_NODES, lookup_tree, verify
+
+    loop = list(range(40, 53))
+    s = lookup_state(SpecConfig(), [3] + loop * 4)
+    trie = lookup_tree(s)
+    trie.add_path([7, 8], 2)  # a branch off the spine
+    assert len(trie) > BATCHED_LOGITS_NODES and trie.spine() == list(range(32))
+    with torch.inference_mode():
+        s.schedule.tokens_per_step = 2.0
+        v = verify(s, trie)
+        assert sorted(v.cached) == trie.spine()
+        for i in (0, 17, 31):
+            torch.testing.assert_close(v.cached[i], s.model.logits(v.hidden[i : i + 1])[0], rtol=1e-5, atol=1e-5)
+        s.full.truncate(s.n - 1)
+        s.schedule.tokens_per_step = 1.0
+        assert verify(s, trie).cached == {}

@@ -20,7 +20,7 @@ from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer, fused_kernels
 from ..sampling import draw, penalty_window, transform, uniforms
-from ..spec.budget import draft_cache_tokens, draft_levels, tree_budget, walk_rows, will_pack
+from ..spec.budget import draft_cache_tokens, draft_levels, step_budget, tree_budget, walk_rows, will_pack
 from ..spec.heads import DraftHeads, new_heads
 from ..spec.ngram import NGRAM_N
 from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, TokenSwiftState, Verified, draft, verify
@@ -89,9 +89,9 @@ class StepBenchConfig:
 
     @property
     def projection_nodes(self) -> int:
-        """Verify-pass size of the projected tree: the trie budget of --tree and --ngram-topk, at most
-        --max-nodes (an upper bound)."""
-        return tree_budget(self.spec)
+        """Verify-pass size of the projected tree: a full step's trie budget of --tree and --ngram-topk,
+        at most --max-nodes (an upper bound)."""
+        return step_budget(self.spec)
 
     @property
     def depth(self) -> int:
@@ -144,10 +144,10 @@ class ContextCosts:
     draft: float
     draft_cache: int  # entries the draft pass attends to (the partial cache past the budget)
     reselect: float | None  # a draft step that refills the partial cache; None below the budget
-    walk_row: float  # LM head on one row + transform + draw (tries of more than BATCHED_LOGITS_NODES)
-    walk_row_cached: float  # transform + draw of a row whose logits the verify pass computed (smaller tries)
+    walk_row: float  # LM head on one row + transform + draw (a row the verify pass did not compute)
+    walk_row_cached: float  # transform + draw of a row whose logits the verify pass computed
     verify: dict[int, float]  # tree nodes -> seconds of the verify forward (no LM head; with it for the batched walk)
-    logits_rows: dict[int, float]  # tree nodes (<= BATCHED_LOGITS_NODES) -> the LM head of all rows in one pass
+    logits_rows: dict[int, float]  # rows (a trie of <= BATCHED_LOGITS_NODES nodes, a spine) -> their LM head at once
     ar_eager: float | None = None  # the same AR step run eagerly, where `ar` is a graph replay
     # tree nodes -> the batched walk (every row transformed and drawn, one device read), where the
     # spec walks batched (the GPU default); empty for the row walk
@@ -327,7 +327,11 @@ class StepRig:
         verify_s = {n: timed(lambda t=t: self.verify_step(t)) for n, t in tries.items()}
         logits = self.model.logits(self.hidden)[0]
         rows = self.hidden.expand(max(tries), -1).contiguous()  # [N, hidden]
-        logits_rows = {n: timed(lambda n=n: self.model.logits(rows[:n])) for n in tries if n <= BATCHED_LOGITS_NODES}
+        # A small trie's rows, and a large one's spine (its heads' first candidates: depth + 1 rows), in one pass
+        counts = {n for n in tries if n <= BATCHED_LOGITS_NODES}
+        if max(tries) > BATCHED_LOGITS_NODES:
+            counts.add(min(self.bench.depth + 1, max(tries)))
+        logits_rows = {n: timed(lambda n=n: self.model.logits(rows[:n])) for n in sorted(counts)}
         walk_batched = {}
         if self.s.batched:
             every = self.model.logits(rows)  # [N, V]
@@ -389,7 +393,8 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                 f"({time.perf_counter() - t0:.1f} s)")
     del rig, model, state, heads
     bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
-    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth), bench.spec.walk),
+    projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth), bench.spec.walk,
+                                      bench.depth + 1),
                            bench.prefix,
                            bench.new_tokens, a, bench.depth, bench.refill_budget, bench.spec.draft_window)
                    for a in bench.alphas]
@@ -397,18 +402,21 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                            weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 
 
-def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float, walk: str = "rows") -> StepCosts:
+def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float, walk: str = "rows",
+               spine: int | None = None) -> StepCosts:
     """The projection's inputs: every measured context, with the verify cost of `nodes` nodes. The
     batched walk (`walk`) costs its verify pass (LM head of every row included) plus one walk over all
-    rows per step. The row walk: when generation would compute the LM head of all rows in the verify
-    pass (a small trie, steps emitting enough tokens), that pass's cost is counted instead of one LM
-    head per walk row."""
+    rows per step. The row walk: where generation computes the LM head of rows in the verify pass
+    (steps emitting enough tokens: a small trie's every row, a larger one's `spine` rows, the heads'
+    first candidates), that pass's cost is counted instead of one LM head per walk row (for a spine,
+    as if the walk stayed on it)."""
     if walk == "batched":
         return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
                          tuple(c.verify[nodes] + c.walk_batched[nodes] for c in costs), tuple(0.0 for _ in costs),
                          tuple(c.reselect for c in costs))
-    batched = nodes <= BATCHED_LOGITS_NODES and tokens_per_step >= BATCH_FROM_TOKENS
+    rows = nodes if nodes <= BATCHED_LOGITS_NODES else spine
+    batched = tokens_per_step >= BATCH_FROM_TOKENS and rows is not None and all(rows in c.logits_rows for c in costs)
     return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
-                     tuple(c.verify[nodes] + (c.logits_rows[nodes] if batched else 0.0) for c in costs),
+                     tuple(c.verify[nodes] + (c.logits_rows[rows] if batched else 0.0) for c in costs),
                      tuple(c.walk_row_cached if batched else c.walk_row for c in costs),
                      tuple(c.reselect for c in costs))

@@ -63,9 +63,10 @@ def render(r: StepBenchResult) -> str:
         "where the graph was measured). " + _draft_text(r) + " Walk row: one row the lossless walk visits: "
         "LM head + sampling, or sampling only (cached) where the LM head of all the trie's rows ran in one pass. "
         "Verify: the tree's forward on the full cache (no LM head), random trie of that many nodes (root "
-        f"included); generation adds the LM head of all rows in one pass for tries of at most "
-        f"{BATCHED_LOGITS_NODES} nodes when its steps emit at least {BATCH_FROM_TOKENS} tokens on average "
-        "(the LM-head table below), else one LM head per walk row",
+        f"included); when its steps emit at least {BATCH_FROM_TOKENS} tokens on average, generation adds the "
+        f"LM head of all rows in one pass for tries of at most {BATCHED_LOGITS_NODES} nodes, of the spine (the "
+        "heads' first candidates, depth + 1 rows) for larger ones (the LM-head table below), and one LM head "
+        "per walk row elsewhere",
         "",
         "| context | AR ms | AR eager ms | floor ms | floor / AR | "
         + ("draft ms (entries)" if spec.draft_mode == "paper" else "draft ms") + " | refill ms | walk row ms "
@@ -109,9 +110,10 @@ def render(r: StepBenchResult) -> str:
                   + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)" if b.projection_nodes == spec.max_nodes else "")
                   + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
                   + ("the batched walk" if spec.walk == "batched" else
-                     "tau x walk row (its LM head included; where generation computes every row's logits in the "
-                     f"verify pass, a trie of at most {BATCHED_LOGITS_NODES} nodes in steps of {BATCH_FROM_TOKENS:g}+ "
-                     "tokens, the verify pass's LM head over all rows plus tau x the walk row without it)") + " and "
+                     "tau x walk row (its LM head included; in steps of "
+                     f"{BATCH_FROM_TOKENS:g}+ tokens, where generation computes the logits of a trie of at most "
+                     f"{BATCHED_LOGITS_NODES} nodes, or a larger trie's spine, in the verify pass, that pass's LM head "
+                     "plus tau x the walk row without it, as if the walk stayed on the spine)") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
                   f"{b.depth} draft positions per step; `bench` counts each step's deepest trie position, which short "
                   "n-gram paths or --max-nodes can make shallower: its records' accepted_tokens / verify_steps + 1 are "

@@ -92,6 +92,12 @@ class StepSchedule:
             return self._run(kind)
         return self._run(best)
 
+    def hinted(self, kind: str) -> str:
+        """Run `kind` now, instead of what choose() would pick, because the text itself suggests it (a
+        lookup step where the text repeats an earlier passage): counted on the probe schedule as a
+        step of that kind, and timed and recorded as one."""
+        return self._run(kind)
+
     def interval(self, kind: str) -> int:
         """Steps between probes of `kind` while another leads: its doubling `probe_every`, but at
         least enough that what a probe costs beyond the leader's work (its seconds minus its tokens'

@@ -25,6 +25,9 @@ from collections.abc import Sequence
 
 SUFFIX_ORDERS = (8, 4, 2)  # match lengths tried, longest first (docs/benchmarks.md, session 45)
 COPY_PER_MATCH = 3  # a copy's most tokens per token of its match (docs/benchmarks.md, session 46)
+# Adaptive steps run a lookup step, whatever kind leads, where this many tokens agree with an earlier passage
+# (a copy of 24+ tokens): the text is repeating itself. After a copy the text left, the match starts over.
+REPEAT_HELD = 8
 
 
 class SuffixIndex:
@@ -52,8 +55,26 @@ class SuffixIndex:
         """Up to `count` tokens to follow `tokens[:length]`: those that followed the latest earlier
         occurrence of its longest indexed suffix (empty where none matches), at most COPY_PER_MATCH
         times as many as the tokens that agree before both occurrences' ends. Call update first."""
-        if count <= 0 or length < 2:
+        if count <= 0:
             return []
+        found = self._match(tokens, length)
+        if found is None:
+            return []
+        end, m = found
+        last = length - 1
+        held = self._held(tokens, end, last, m, -(-count // COPY_PER_MATCH))  # enough for the whole count
+        return [int(tokens[end + 1 + j % (last - end)]) for j in range(min(count, COPY_PER_MATCH * held))]
+
+    def held(self, tokens: Sequence[int], length: int, cap: int) -> int:
+        """How many tokens agree before the ends of the text and of the match propose would copy from
+        (0 where none matches), counted up to `cap`. Call update first."""
+        found = self._match(tokens, length)
+        return 0 if found is None else self._held(tokens, found[0], length - 1, found[1], cap)
+
+    def _match(self, tokens: Sequence[int], length: int) -> tuple[int, int] | None:
+        """(end, m): the latest earlier end of the text's longest indexed m-token suffix, or None."""
+        if length < 2:
+            return None
         last = length - 1
         for m, table in self.latest.items():
             if length < m:
@@ -62,10 +83,13 @@ class SuffixIndex:
             end = table.get(hash(run))
             if end is None or end >= last or tuple(tokens[end + 1 - m : end + 1]) != run:  # (a hash collision)
                 continue
-            period = last - end
-            need = -(-count // COPY_PER_MATCH)  # a match this long allows the whole count
-            held = m
-            while held < need and held <= end and tokens[end - held] == tokens[last - held]:
-                held += 1
-            return [int(tokens[end + 1 + j % period]) for j in range(min(count, COPY_PER_MATCH * held))]
-        return []
+            return end, m
+        return None
+
+    @staticmethod
+    def _held(tokens: Sequence[int], end: int, last: int, m: int, cap: int) -> int:
+        """The m matched tokens and those before them that agree at `end` and at `last`, up to `cap`."""
+        held = m
+        while held < cap and held <= end and tokens[end - held] == tokens[last - held]:
+            held += 1
+        return held

@@ -25,7 +25,7 @@ from .budget import draft_cache_tokens, draft_levels, lookup_budget, tree_budget
 from .heads import DraftHeads
 from .ngram import NGRAM_N, NGramTracker, path_scores
 from .schedule import FULL, KINDS, LOOKUP, NARROW, PLAIN, WIDE_KINDS, StepSchedule
-from .suffix import SuffixIndex
+from .suffix import REPEAT_HELD, SuffixIndex
 from .tree import NGRAM, Trie
 from .verify import Walk, batched_walk, lossless_walk
 
@@ -42,12 +42,14 @@ class Draft:
 
 
 # The walk visits 1 + accepted rows of the trie, and each LM-head pass reads the whole head
-# (SmolLM2 on this CPU: 1 row 4.7 ms, 8 rows 5.8 ms, 16 rows 7.4 ms, 40 rows 13 ms). So a trie of
-# at most BATCHED_LOGITS_NODES nodes gets all its rows in one pass after the verify forward while
-# steps have been emitting at least BATCH_FROM_TOKENS tokens on average (an EMA); otherwise (most
-# steps emit one token, as under sampling on hard text, or the trie is large) the walk computes
-# the rows it visits, one by one. The choice changes speed, not the method: both are the rows of the
-# same product (up to float rounding between one-row and many-row kernels, as for the verify forward).
+# (SmolLM2 on this CPU: 1 row 4.7 ms, 8 rows 5.8 ms, 16 rows 7.4 ms, 40 rows 13 ms). So while steps
+# have been emitting at least BATCH_FROM_TOKENS tokens on average (an EMA), one pass after the verify
+# forward computes the rows the walk is likeliest to visit: a trie of at most BATCHED_LOGITS_NODES
+# nodes, all of them; a larger one, its spine (Trie.spine: a lookup step's copy of up to 31 tokens,
+# whose rows one at a time cost 14x the pass in session 46's greedy cell). Other rows, and every row
+# where most steps emit one token (as under sampling on hard text), the walk computes as it visits
+# them, one by one. The choice changes speed, not the method: both are the rows of the same product
+# (up to float rounding between one-row and many-row kernels, as for the verify forward).
 BATCHED_LOGITS_NODES = 16
 BATCH_FROM_TOKENS = 1.5
 
@@ -129,6 +131,16 @@ class TokenSwiftState:
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
         self.one_off = False  # this step paid a one-off cost (a partial-cache refill): not timed for `rate`
         self.partial_from = 0  # first full-cache slot the partial cache's window has not seen
+
+    def repeating(self) -> bool:
+        """Whether the text is repeating an earlier passage: the suffix index's match has held for
+        REPEAT_HELD tokens (adaptive steps then run a lookup step, whose copy is likely accepted, even
+        where plain steps lead: a kind's probes come at doubling intervals, which would keep a loop that
+        began after a stretch of plain steps on plain steps for hundreds of tokens)."""
+        if self.suffixes is None or not self.spec.adaptive:
+            return False
+        self.catch_up_tables()
+        return self.suffixes.held(self.tokens, self.n, REPEAT_HELD) >= REPEAT_HELD
 
     def captures(self) -> int:
         """CUDA graphs captured so far by this generation's steps."""
@@ -303,8 +315,9 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
     if s.batched:
         return Verified(s.model, hidden, {}, s.model.logits(hidden))
     cached: dict[int, torch.Tensor] = {}
-    if hidden.shape[0] <= BATCHED_LOGITS_NODES and s.schedule.tokens_per_step >= BATCH_FROM_TOKENS:
-        cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
+    if s.schedule.tokens_per_step >= BATCH_FROM_TOKENS:
+        rows = list(range(n)) if n <= BATCHED_LOGITS_NODES else trie.spine()
+        cached = dict(zip(rows, s.model.logits(hidden[rows])))  # [rows, V] -> a row per node
     return Verified(s.model, hidden, cached)
 
 
@@ -387,7 +400,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         while s.produced < gen.max_new_tokens and last not in s.stop_ids:
             t0 = time.perf_counter()
             captures, s.one_off = s.captures(), False
-            kind = schedule.choose()
+            kind = schedule.hinted(LOOKUP) if s.repeating() else schedule.choose()
             if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
                 kind = schedule.kinds[model.tp.broadcast_int(schedule.kinds.index(kind))]
             trie = None

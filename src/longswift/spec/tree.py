@@ -99,6 +99,14 @@ class Trie:
             new[node] = out._child(new[self.parents[node]], self.tokens[node], self.sources[node], self.scores[node])
         return out
 
+    def spine(self) -> list[int]:
+        """The root and its first-added children down the trie: a lookup trie's copy, a full step's
+        likeliest heads path (the walk's path wherever the first candidate is accepted)."""
+        out = [0]
+        while self.children[out[-1]]:
+            out.append(next(iter(self.children[out[-1]].values())))
+        return out
+
     def path(self, node: int) -> list[int]:
         """Nodes from the root's first child down to `node` (empty for the root)."""
         out = []
