@@ -227,11 +227,13 @@ def test_tokenswift_plain_blocks_keep_the_loops_probe_schedule_and_time_each_ste
     """In the loop, a plain block of k tokens counts as k plain steps: the kinds of step chosen, token by
     token, are those of reading each token (a block that counted k steps on the probe schedule for its
     k - 1 extra tokens brought probes on early), and each of its k steps is recorded at the block's time
-    divided by k (recording the whole block's time for each made plain steps look k times slower)."""
+    divided by k (recording the whole block's time for each made plain steps look k times slower).
+    Without the suffix index: where the text repeats an earlier passage it runs a lookup step whatever
+    the schedule picks, a hint a block sees only at its end (the output is the same either way)."""
     hf = tiny_hf_model("llama", seed=22, vocab=32)
     prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
     gen = GenerationConfig(max_new_tokens=90, ignore_eos=True)
-    spec = longswift.SpecConfig(tree="1,2,2", ngram_topk=2)
+    spec = longswift.SpecConfig(tree="1,2,2", ngram_topk=2, suffix_lookup=False)
     monkeypatch.setattr(StepSchedule, "rate", lambda self, kind: FIXED_RATES[kind])  # no timing: deterministic
     record, kinds, plain_seconds = StepSchedule.record, [], []
 

@@ -136,7 +136,8 @@ class TokenSwiftState:
         """Whether the text is repeating an earlier passage: the suffix index's match has held for
         REPEAT_HELD tokens (adaptive steps then run a lookup step, whose copy is likely accepted, even
         where plain steps lead: a kind's probes come at doubling intervals, which would keep a loop that
-        began after a stretch of plain steps on plain steps for hundreds of tokens)."""
+        began after a stretch of plain steps on plain steps for hundreds of tokens). Checked before
+        each step or token block: a block of plain steps (runtime.blocks) sees it only at its end."""
         if self.suffixes is None or not self.spec.adaptive:
             return False
         self.catch_up_tables()
