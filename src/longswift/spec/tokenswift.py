@@ -317,8 +317,11 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
         return Verified(s.model, hidden, {}, s.model.logits(hidden))
     cached: dict[int, torch.Tensor] = {}
     if s.schedule.tokens_per_step >= BATCH_FROM_TOKENS:
-        rows = list(range(n)) if n <= BATCHED_LOGITS_NODES else trie.spine()
-        cached = dict(zip(rows, s.model.logits(hidden[rows])))  # [rows, V] -> a row per node
+        if n <= BATCHED_LOGITS_NODES:
+            cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
+        else:
+            spine = trie.spine()
+            cached = dict(zip(spine, s.model.logits(hidden[spine])))  # [spine, V] -> a row per node
     return Verified(s.model, hidden, cached)
 
 
