@@ -48,8 +48,8 @@ POLICIES = {"room 6 (session 45)": (6, None), "room 31": (31, None), "room 31, c
 
 def rows() -> None:
     torch.set_num_threads(1)
-    m = longswift.load(threads=1).model
-    ids = longswift.load(threads=1).encode((PROMPTS / "clockmaker.txt").read_text())
+    engine = longswift.load(threads=1)
+    m, ids = engine.model, engine.encode((PROMPTS / "clockmaker.txt").read_text())
     while len(ids) < 3100:
         ids += ids
     cache = FullKVCache(m.cfg, 3200, m.dtype, m.device)
