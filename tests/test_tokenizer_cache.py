@@ -1,6 +1,6 @@
-"""The GGUF reader and tokenizer shortcuts that make loading fast: the plain-array reader parses
-exactly what gguf's own reader parses, and a tokenizer read from the cache behaves as the one
-transformers converts from the file, whatever state the cache is in."""
+"""The tokenizer shortcut that makes loading fast: a tokenizer read from the cache behaves as the one
+transformers converts from the file, whatever state the cache is in (the GGUF reader's own tests are
+in test_gguf_reader.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import shutil
 import time
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -64,19 +63,6 @@ def assert_same_tokenizer(ours, theirs) -> None:
     for prompt in (False, True):
         assert (ours.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=prompt)
                 == theirs.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=prompt))
-
-
-def test_plain_array_reader_parses_what_gguf_parses(path, reader):
-    theirs = gguf.GGUFReader(str(path))
-    assert type(reader.data) is np.ndarray and isinstance(theirs.data, np.memmap)
-    assert reader.data_offset == theirs.data_offset and reader.alignment == theirs.alignment
-    assert list(reader.fields) == list(theirs.fields)
-    for key in reader.fields:
-        assert reader.fields[key].contents() == theirs.fields[key].contents(), key
-    assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in reader.tensors] == \
-        [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in theirs.tensors]
-    for ours, t in zip(reader.tensors, theirs.tensors):
-        assert np.array_equal(ours.data, t.data), t.name
 
 
 def test_second_load_reads_the_cache_and_behaves_the_same(tmp_path, monkeypatch, path, reader, converted):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import numbers
 import warnings
 from collections.abc import Callable
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import LongswiftError, reason_of
+from .gguf_reader import GGUFHeader
 from .hub import quiet_transformers
 
 # GGUF architecture -> transformers model_type. Mistral GGUFs are written as "llama".
@@ -47,34 +47,13 @@ _GLOBAL_NAMES = {
 }
 
 
-@functools.cache
-def _reader_class() -> type:
-    import gguf
-
-    class PlainArrayReader(gguf.GGUFReader):
-        """gguf's reader over a plain ndarray view of its memory map. Parsing slices the file once
-        per token and merge (~250K slices for a 49K vocabulary); slicing an `np.memmap` runs its
-        Python-level hooks each time, a plain view of the same mapped bytes does not: 2.4 s -> 0.7 s
-        on the embedded model. The view keeps the map alive through its base."""
-
-        @property
-        def data(self) -> np.ndarray:
-            return self._plain
-
-        @data.setter
-        def data(self, value: np.ndarray) -> None:
-            self._plain = value.view(np.ndarray)
-
-    return PlainArrayReader
-
-
-def open_gguf(path: Path) -> Any:
+def open_gguf(path: Path) -> GGUFHeader:
     try:
-        reader = _reader_class()
+        import gguf  # noqa: F401  (the reader takes the tensor types' tables from it)
     except ImportError as exc:  # not the file's fault: say so (a bare environment once read "truncated")
         raise LongswiftError(f"reading GGUF file '{path}' needs the gguf package ({exc}): pip install gguf") from None
     try:
-        return reader(str(path))
+        return GGUFHeader(path)
     except Exception as exc:  # the reader raises ValueError, IndexError, OSError... on damage
         raise LongswiftError(_unreadable(path, exc)) from None
 
@@ -102,14 +81,11 @@ def _unreadable(path: Path, exc: Exception) -> str:
             "download it again")
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _field(reader: GGUFHeader, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
-def _number(reader: Any, key: str, default: Any, path: Path, whole: bool = False) -> Any:
+def _number(reader: GGUFHeader, key: str, default: Any, path: Path, whole: bool = False) -> Any:
     """A numeric metadata field (`default` where absent): a whole number where `whole`, else any real one. A
     string or a list there was a ValueError or TypeError traceback; its sign and range are checked later."""
     value = _field(reader, key, default)
@@ -121,13 +97,13 @@ def _number(reader: Any, key: str, default: Any, path: Path, whole: bool = False
     return int(value) if whole else float(value)
 
 
-def check_token_ids(reader: Any, path: Path) -> None:
+def check_token_ids(reader: GGUFHeader, path: Path) -> None:
     """Refuse special token ids (BOS, EOS, ...) outside the GGUF's vocabulary: transformers' conversion of its
     tokenizer failed on them with "list index out of range"."""
-    field = reader.fields.get("tokenizer.ggml.tokens")
-    if field is None:
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
         return
-    count = len(field.data)
+    count = len(tokens)
     for key in sorted(k for k in reader.fields if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):
         value = _field(reader, key)
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= value < count:
@@ -135,13 +111,13 @@ def check_token_ids(reader: Any, path: Path) -> None:
                                  "the file is damaged or hand-edited")
 
 
-def gguf_end_ids(reader: Any) -> list[Any]:
+def gguf_end_ids(reader: GGUFHeader) -> list[Any]:
     """The ids besides EOS at which llama.cpp ends a generation (None where the file names none): the
     end of a turn (Llama 3 Instruct's <|eot_id|>) and of a message (Llama 3.1's <|eom_id|>)."""
     return [_field(reader, f"tokenizer.ggml.{end}_token_id") for end in ("eot", "eom")]
 
 
-def gguf_hf_config(reader: Any, path: Path) -> Any:
+def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
     """The transformers config that the GGUF metadata describes."""
     from transformers import AutoConfig
 
@@ -233,7 +209,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_state_dict(reader: Any, hf_config: Any, dtype: torch.dtype, device: torch.device,
+def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, device: torch.device,
                     only: set[str] | None = None,
                     before_cast: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor (or those named in `only`) to `dtype` under its transformers name;
@@ -335,8 +311,8 @@ def gguf_dequantize(t: Any) -> np.ndarray:
     except NotImplementedError:  # the gguf package reads most types, not all (Q8_K, integer tensors)
         type_name = getattr(t.tensor_type, "name", t.tensor_type)
         raise LongswiftError(f"cannot read GGUF tensor '{t.name}': the gguf package does not dequantize its type "
-                             f"{type_name}; use a file of another type (F32, F16, BF16, Q8_0, Q4_K_M...) or the model's Hugging Face "
-                             "checkpoint") from None
+                             f"{type_name}; use a file of another type (F32, F16, BF16, Q8_0, Q4_K_M...) or the model's "
+                             "Hugging Face checkpoint") from None
     except Exception as exc:
         raise LongswiftError(f"cannot dequantize GGUF tensor '{t.name}': {reason_of(exc)}") from None
 

@@ -1,0 +1,105 @@
+"""longswift's GGUF reader gives what the gguf package's reader gives: every metadata field, every
+tensor's entry and bytes, for the embedded model and for small files of every value type in both
+byte orders; damaged headers raise rather than read past the file."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from longswift.errors import LongswiftError  # noqa: E402
+from longswift.runtime.gguf import open_gguf  # noqa: E402
+from longswift.runtime.gguf_reader import GGUFHeader, StringArray  # noqa: E402
+from longswift.runtime.loading import default_model_path  # noqa: E402
+
+
+def assert_same_parse(ours: GGUFHeader, theirs) -> None:
+    assert type(ours.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert ours.data_offset == theirs.data_offset and ours.alignment == theirs.alignment
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        value = ours.fields[key]
+        expected = field.contents()
+        assert (list(value) if isinstance(value, StringArray) else value) == expected, key
+        assert type(value) is type(expected) or isinstance(value, StringArray), key
+    assert [(t.name, t.tensor_type, list(t.shape), t.n_elements, t.n_bytes, t.data_offset) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape), t.n_elements, t.n_bytes, t.data_offset) for t in theirs.tensors]
+    for mine, t in zip(ours.tensors, theirs.tensors):
+        assert mine.data.shape == t.data.shape and mine.data.dtype == t.data.dtype, t.name
+        assert np.array_equal(mine.data, t.data, equal_nan=True), t.name
+
+
+@pytest.mark.slow
+def test_the_embedded_model_parses_as_the_gguf_package_parses_it():
+    path = default_model_path()
+    ours = open_gguf(path)
+    tokens = ours.fields["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, StringArray) and tokens._decoded is None  # walked past, not decoded
+    assert len(tokens) == 49152
+    assert_same_parse(ours, gguf.GGUFReader(str(path)))
+
+
+SCALARS = [("uint8", 200), ("int8", -100), ("uint16", 60000), ("int16", -30000), ("uint32", 4_000_000_000),
+           ("int32", -2_000_000_000), ("uint64", 2**63 + 5), ("int64", -(2**62)), ("float32", 0.1),
+           ("float64", 0.1), ("bool", True), ("string", "ünïcödé 東京")]
+ARRAYS = {"ints": [1, -2, 3], "floats": [0.5, -1.25], "bools": [True, False], "strings": ["a", "", "🙂 b"], "empty": []}
+
+
+def write_every_type(path, endian) -> None:
+    w = gguf.GGUFWriter(str(path), "llama", endianess=endian)
+    for kind, value in SCALARS:
+        getattr(w, f"add_{kind}")(f"t.{kind}", value)
+    for name, values in ARRAYS.items():
+        w.add_array(f"t.{name}", values)
+    rng = np.random.default_rng(0)
+    w.add_tensor("f32", rng.normal(size=(3, 5)).astype(np.float32))
+    w.add_tensor("f16", rng.normal(size=(2, 4, 8)).astype(np.float16))
+    w.add_tensor("i32", np.arange(7, dtype=np.int32))
+    blocks = rng.integers(0, 256, size=(4, 2 * 34), dtype=np.uint8)  # 4 rows of 64 Q8_0 values
+    w.add_tensor("q8", blocks, raw_shape=(4, 68), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()
+
+
+@pytest.mark.parametrize("endian", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG], ids=["little", "big"])
+def test_every_value_type_parses_as_the_gguf_package_parses_it(tmp_path, endian):
+    path = tmp_path / "t.gguf"
+    write_every_type(path, endian)
+    ours = GGUFHeader(path)
+    assert ours.order == ("<" if endian == gguf.GGUFEndian.LITTLE else ">")
+    assert ours.fields["t.strings"][2] == "🙂 b" and ours.fields["t.uint64"] == 2**63 + 5
+    assert [t.name for t in ours.tensors] == ["f32", "f16", "i32", "q8"] and ours.tensors[3].data.shape == (4, 68)
+    assert_same_parse(ours, gguf.GGUFReader(str(path)))
+
+
+def test_a_header_cut_anywhere_is_refused_in_one_line(tmp_path):
+    """Cut inside the string array, the tensor table or a tensor's bytes: an error, never a read past the end."""
+    good = tmp_path / "t.gguf"
+    write_every_type(good, gguf.GGUFEndian.LITTLE)
+    raw = good.read_bytes()
+    header = GGUFHeader(good)
+    last = header.tensors[-1].data_offset + header.tensors[-1].n_bytes  # (the file pads past it)
+    cut = tmp_path / "cut.gguf"
+    for end in sorted({10, 30, raw.index(b"t.strings") + 20, raw.index(b"f16") + 2, header.data_offset - 1,
+                       header.data_offset + 10, last - 1}):
+        cut.write_bytes(raw[:end])
+        with pytest.raises((ValueError, struct.error)):
+            GGUFHeader(cut)
+        with pytest.raises(LongswiftError) as info:
+            open_gguf(cut)
+        assert "\n" not in str(info.value) and "ends early or is damaged" in str(info.value), end
+
+
+def test_a_string_arrays_length_past_the_file_is_refused(tmp_path):
+    good = tmp_path / "t.gguf"
+    write_every_type(good, gguf.GGUFEndian.LITTLE)
+    raw = bytearray(good.read_bytes())
+    at = raw.index(b"\x03\x00\x00\x00\x00\x00\x00\x00\x01\x00\x00\x00\x00\x00\x00\x00a")  # count 3, then "a"
+    raw[at + 8: at + 16] = (2**40).to_bytes(8, "little")  # the first string's length
+    (tmp_path / "bad.gguf").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="t.strings's strings run past the end of the file"):
+        GGUFHeader(tmp_path / "bad.gguf")
