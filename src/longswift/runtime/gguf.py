@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import numpy as np
 import torch
 
 from ..errors import LongswiftError, reason_of
+from .gguf_quants import DEQUANTIZE
 from .gguf_reader import GGUFHeader
 from .hub import quiet_transformers
 
@@ -256,57 +256,14 @@ def _unused(tensor_name: str) -> LongswiftError:
                           "would compute another model")
 
 
-def _block_view(data: np.ndarray, block_bytes: int) -> torch.Tensor:
-    """[blocks, block_bytes] uint8: a tensor over the file's read-only map (read, never written)."""
-    with warnings.catch_warnings():  # torch warns that it cannot mark the read-only buffer read-only
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.asarray(data).view(np.uint8).reshape(-1)).view(-1, block_bytes)
-
-
-def _scales(blocks: torch.Tensor, count: int) -> torch.Tensor:
-    """[blocks, count] float32: the float16 numbers that begin each block (Q8_0, Q4_0: d; Q4_1: d, m)."""
-    return blocks[:, : 2 * count].contiguous().view(torch.float16).float()
-
-
-def _nibbles(quants: torch.Tensor) -> torch.Tensor:
-    """[blocks, 16] packed uint8 -> [blocks, 32] float32: the low nibbles are a block's first 16 values,
-    the high ones its last 16 (ggml's layout)."""
-    out = torch.empty(quants.shape[0], 2, quants.shape[1])
-    out[:, 0].copy_(quants & 15)
-    out[:, 1].copy_(quants >> 4)
-    return out.view(quants.shape[0], -1)
-
-
-def _q8_0(data: np.ndarray) -> torch.Tensor:  # block: float16 d, 32 int8 -> d * q
-    blocks = _block_view(data, 34)
-    return blocks[:, 2:].contiguous().view(torch.int8).float().mul_(_scales(blocks, 1))
-
-
-def _q4_0(data: np.ndarray) -> torch.Tensor:  # block: float16 d, 16 bytes of nibbles -> d * (q - 8)
-    blocks = _block_view(data, 18)
-    return _nibbles(blocks[:, 2:]).sub_(8).mul_(_scales(blocks, 1))
-
-
-def _q4_1(data: np.ndarray) -> torch.Tensor:  # block: float16 d and m, 16 bytes of nibbles -> d * q + m
-    blocks = _block_view(data, 20)
-    scales = _scales(blocks, 2)
-    return _nibbles(blocks[:, 4:]).mul_(scales[:, :1]).add_(scales[:, 1:])
-
-
-# The block types of common GGUFs, dequantized in torch: the gguf package's numpy takes 0.8 s for the embedded
-# model's Q4_1 weights, these 0.45 s, with the same float32 values (the same products and sums, rounded once
-# each; tests/test_gguf_dequant.py compares every value). Other types go through the gguf package.
-_TORCH_TYPES: dict[str, Callable[[np.ndarray], torch.Tensor]] = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1}
-
-
 def gguf_dequantize(t: Any) -> np.ndarray:
     """A GGUF tensor's values (flat or not), dequantized."""
     import gguf
 
-    kind = _TORCH_TYPES.get(getattr(t.tensor_type, "name", ""))
+    ours = DEQUANTIZE.get(getattr(t.tensor_type, "name", ""))  # the common block types, in torch
     try:
-        if kind is not None:
-            return kind(t.data).numpy().reshape(-1)
+        if ours is not None:
+            return ours(t.data).numpy().reshape(-1)
         return gguf.quants.dequantize(t.data, t.tensor_type)
     except NotImplementedError:  # the gguf package reads most types, not all (Q8_K, integer tensors)
         type_name = getattr(t.tensor_type, "name", t.tensor_type)
