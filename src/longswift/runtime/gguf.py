@@ -268,8 +268,8 @@ def gguf_dequantize(t: Any) -> np.ndarray:
     except NotImplementedError:  # the gguf package reads most types, not all (Q8_K, integer tensors)
         type_name = getattr(t.tensor_type, "name", t.tensor_type)
         raise LongswiftError(f"cannot read GGUF tensor '{t.name}': the gguf package does not dequantize its type "
-                             f"{type_name}; use a file of another type (F32, F16, BF16, Q8_0, Q4_K_M...) or the model's "
-                             "Hugging Face checkpoint") from None
+                             f"{type_name}; use a file of another type (F32, F16, BF16, Q8_0, Q4_K_M...) or the "
+                             "model's Hugging Face checkpoint") from None
     except Exception as exc:
         raise LongswiftError(f"cannot dequantize GGUF tensor '{t.name}': {reason_of(exc)}") from None
 
