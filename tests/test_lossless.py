@@ -479,22 +479,33 @@ def random_case(rng: random.Random, vocab: int, context: int) -> tuple:
                       ngram_topk=rng.choice([0, 1, 3]), max_nodes=rng.choice([0, 0, 3, 6]),
                       walk=rng.choice(["rows", "batched"]), draft_cache=rng.choice(["dynamic", "static", "full"]),
                       attention_sinks=sinks, draft_window=window, draft_kv_budget=sinks + window + rng.choice([4, 20]))
+    spec = dataclasses.replace(spec, suffix_lookup=rng.random() < 0.7, lookup_nodes=rng.choice([2, 5, 32]))
     return prompt, sampling, gen, spec, rng.choice([1, 3])
 
 
 def test_seeded_random_settings_stay_lossless(monkeypatch):
     """A seeded sample of the whole option space, beyond the fixed grids above: random --tree,
-    --ngram-topk, --max-nodes, draft mode and cache sizes, walk and --read-every; random sampling
-    filters, penalty window, banned ids, EOS stops or --ignore-eos, lengths up to the context limit;
-    the four kinds of step in a random order (plain token blocks of random length included); drafts
-    that hold AR's next tokens, so that deep paths are accepted; and a resume from a random step
-    boundary. Every case gives AR's tokens and finish reason."""
+    --ngram-topk, --max-nodes, draft mode and cache sizes, walk and --read-every, the suffix index on or
+    off and --lookup-nodes; random sampling filters, penalty window, banned ids, EOS stops or
+    --ignore-eos, lengths up to the context limit; the four kinds of step in a random order (plain
+    token blocks of random length included); drafts that hold AR's next tokens, so that deep paths
+    are accepted; and a resume from a random step boundary. Every case gives AR's tokens and finish
+    reason."""
+    accepted, lookups = random_cases_stay_lossless(monkeypatch, seed=2026, cases=30)
+    assert accepted > 100 and lookups > 20
+
+
+def random_cases_stay_lossless(monkeypatch, seed: int, cases: int) -> tuple[int, int]:
+    """The sweep above: `cases` draws from random.Random(seed), each asserted to give AR's tokens; returns
+    the tokens accepted from drafts and the lookup steps run. A longer sweep, outside the suite:
+    `cd tests && python -c "import pytest, test_lossless as t; mp = pytest.MonkeyPatch();
+    print(t.random_cases_stay_lossless(mp, seed=1, cases=500))"`."""
     from longswift.spec import tokenswift
 
     vocab, context = 16, 64
     hf = tiny_hf_model("qwen2", "default", seed=61, dtype=torch.float64, vocab=vocab, max_position_embeddings=context)
     e = longswift.load(hf, dtype="float64", heads="random")
-    rng = random.Random(2026)
+    rng = random.Random(seed)
     monkeypatch.setattr(StepSchedule, "choose", lambda self: self._run(rng.choice(self.kinds)))
     monkeypatch.setattr(StepSchedule, "plain_run", lambda self, read_every, left: rng.randint(1, min(read_every, left)))
     ar_ids: list[int] = []
@@ -508,8 +519,8 @@ def test_seeded_random_settings_stay_lossless(monkeypatch):
         return d
 
     monkeypatch.setattr(tokenswift, "draft", draft_with_ar_tokens)
-    accepted = 0
-    for case in range(30):
+    accepted = lookups = 0
+    for case in range(cases):
         prompt, sampling, gen, spec, read_every = random_case(rng, vocab, context)
         e.eos_ids = frozenset(rng.sample(range(vocab), 2))
         e.runtime.read_every = read_every
@@ -526,7 +537,8 @@ def test_seeded_random_settings_stay_lossless(monkeypatch):
         ts = stream.result
         assert (ts.token_ids, ts.stats.finish_reason) == (ar.token_ids, ar.stats.finish_reason), (case, spec, sampling)
         accepted += ts.stats.accepted_tokens
-    assert accepted > 100
+        lookups += ts.stats.lookup_steps
+    return accepted, lookups
 
 
 def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
