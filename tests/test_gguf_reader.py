@@ -46,7 +46,8 @@ def test_the_embedded_model_parses_as_the_gguf_package_parses_it():
 SCALARS = [("uint8", 200), ("int8", -100), ("uint16", 60000), ("int16", -30000), ("uint32", 4_000_000_000),
            ("int32", -2_000_000_000), ("uint64", 2**63 + 5), ("int64", -(2**62)), ("float32", 0.1),
            ("float64", 0.1), ("bool", True), ("string", "ünïcödé 東京")]
-ARRAYS = {"ints": [1, -2, 3], "floats": [0.5, -1.25], "bools": [True, False], "strings": ["a", "", "🙂 b"], "empty": []}
+ARRAYS = {"ints": [1, -2, 3], "floats": [0.5, -1.25], "bools": [True, False], "strings": ["a", "", "🙂 b"],
+          "nested": [[1, 2], [3]], "nested-strings": [["x", "yz"], ["w"]]}
 
 
 def write_every_type(path, endian) -> None:
@@ -72,6 +73,7 @@ def test_every_value_type_parses_as_the_gguf_package_parses_it(tmp_path, endian)
     ours = GGUFHeader(path)
     assert ours.order == ("<" if endian == gguf.GGUFEndian.LITTLE else ">")
     assert ours.fields["t.strings"][2] == "🙂 b" and ours.fields["t.uint64"] == 2**63 + 5
+    assert ours.fields["t.nested"] == [1, 2, 3] and ours.fields["t.nested-strings"] == ["x", "yz", "w"]  # flattened
     assert [t.name for t in ours.tensors] == ["f32", "f16", "i32", "q8"] and ours.tensors[3].data.shape == (4, 68)
     assert_same_parse(ours, gguf.GGUFReader(str(path)))
 
@@ -103,3 +105,48 @@ def test_a_string_arrays_length_past_the_file_is_refused(tmp_path):
     (tmp_path / "bad.gguf").write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="t.strings's strings run past the end of the file"):
         GGUFHeader(tmp_path / "bad.gguf")
+
+
+def raw_gguf(entries: list[bytes], tensors: int = 0, tail: int = 0) -> bytes:
+    """A little-endian GGUF v3 of metadata entries built by hand (GGUFWriter skips empty arrays), no tensor
+    entries however many `tensors` says, and `tail` zero bytes after."""
+    return b"GGUF" + struct.pack("<IQQ", 3, tensors, len(entries)) + b"".join(entries) + bytes(tail)
+
+
+def entry(key: str, value_type: int, payload: bytes) -> bytes:
+    return struct.pack("<Q", len(key)) + key.encode() + struct.pack("<I", value_type) + payload
+
+
+def test_empty_arrays_parse_as_the_gguf_package_parses_them(tmp_path):
+    path = tmp_path / "e.gguf"
+    path.write_bytes(raw_gguf([entry("a", 9, struct.pack("<IQ", 4, 0)), entry("b", 9, struct.pack("<IQ", 8, 0)),
+                               entry("c", 9, struct.pack("<IQ", 9, 0))]))
+    ours = GGUFHeader(path)
+    assert ours.fields["a"] == [] and list(ours.fields["b"]) == [] and ours.fields["c"] == []
+    assert_same_parse(ours, gguf.GGUFReader(str(path)))
+
+
+@pytest.mark.parametrize("build", [
+    lambda: b"GGUF" + struct.pack("<IQQ", 3, 0, 2**62) + bytes(1 << 20),
+    lambda: raw_gguf([], tensors=2**40, tail=1 << 20),
+    lambda: raw_gguf([entry("s", 9, struct.pack("<IQ", 8, 2**40))], tail=1 << 20),  # strings
+    lambda: raw_gguf([entry("n", 9, struct.pack("<IQ", 9, 2**40))], tail=1 << 20),  # arrays of arrays
+], ids=["metadata", "tensors", "strings", "arrays"])
+def test_a_damaged_count_is_refused_before_walking_the_file(tmp_path, build):
+    """A count no file could hold, over a tail of zeros: refused at once, not walked over the whole file (an
+    array of 2^40 empty arrays would build a list as long as the file allows)."""
+    path = tmp_path / "c.gguf"
+    path.write_bytes(build())
+    with pytest.raises(ValueError, match="cannot fit in the rest of the file"):
+        GGUFHeader(path)
+
+
+def test_a_string_array_reads_as_a_list_in_messages(tmp_path):
+    path = tmp_path / "s.gguf"
+    words = [f"w{i}" for i in range(20)]
+    path.write_bytes(raw_gguf([entry("few", 9, struct.pack("<IQ", 8, 2) + b"".join(
+        struct.pack("<Q", 1) + w.encode() for w in "ab")), entry("many", 9, struct.pack("<IQ", 8, 20) + b"".join(
+            struct.pack("<Q", len(w)) + w.encode() for w in words))]))
+    fields = GGUFHeader(path).fields
+    assert repr(fields["few"]) == "['a', 'b']"
+    assert repr(fields["many"]) == "['w0', 'w1', 'w2', 'w3', 'w4', 'w5', 'w6', 'w7', ... (20 strings)]"

@@ -494,6 +494,13 @@ def test_gguf_special_token_ids_outside_the_vocabulary_are_one_line(tmp_path):
     check_error(tmp_path / "g.gguf", "has tokenizer.ggml.eos_token_id = 999, outside its vocabulary of 8 tokens")
 
 
+@pytest.mark.parametrize("value", [5, 5.0, "t0"])
+def test_a_gguf_vocabulary_that_is_not_an_array_is_one_line(tmp_path, value):
+    """A number there was a TypeError traceback (len() of it) once longswift read the header itself."""
+    write_small_gguf(tmp_path / "g.gguf", {"tokenizer.ggml.tokens": value, "tokenizer.ggml.eos_token_id": 0})
+    check_error(tmp_path / "g.gguf", f"has tokenizer.ggml.tokens = {value!r}: expected an array of token strings")
+
+
 def test_a_gguf_tensor_type_the_gguf_package_cannot_read_names_the_remedy(tmp_path, monkeypatch):
     import gguf
 

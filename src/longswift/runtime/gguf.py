@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,9 @@ def check_token_ids(reader: GGUFHeader, path: Path) -> None:
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is None:
         return
+    if not isinstance(tokens, Sequence) or isinstance(tokens, str):
+        raise LongswiftError(f"GGUF file '{path}' has tokenizer.ggml.tokens = {tokens!r}: expected an array of "
+                             "token strings; the file is damaged or hand-edited")
     count = len(tokens)
     for key in sorted(k for k in reader.fields if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):
         value = _field(reader, key)
@@ -122,7 +125,7 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
     from transformers import AutoConfig
 
     arch = _field(reader, "general.architecture")
-    if arch not in _ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in _ARCHITECTURES:
         raise LongswiftError(
             f"unsupported GGUF architecture '{arch}' in '{path}': longswift reads {', '.join(_ARCHITECTURES)} GGUFs"
         )

@@ -4,8 +4,10 @@ The gguf package's reader makes numpy views of every value it meets, two per str
 0.7 s for the embedded model's 49K tokens and 49K merges, which no run of ours reads (the tokenizer
 comes from its cache, or from transformers' own parse). This reader walks past a string array's
 strings (20 ms) and decodes them only if they are asked for. It gives what the package's reader
-gives (tests/test_tokenizer_cache.py compares every field and tensor with it), and keeps the
-package's type tables: `GGMLQuantizationType`, `GGML_QUANT_SIZES`.
+gives (tests/test_gguf_reader.py compares every field and tensor with it; an array of arrays is
+flattened, as the package's `contents()` flattens it), and keeps the package's type tables:
+`GGMLQuantizationType`, `GGML_QUANT_SIZES`. A count in a damaged header is checked against the
+bytes left before anything is walked or built for it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class StringArray(Sequence[str]):
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Sequence) and list(self) == list(other)
 
+    def __repr__(self) -> str:  # as a list; a long one cut short (error messages quote values)
+        shown = repr(self[:8])
+        return shown if self._count <= 8 else f"{shown[:-1]}, ... ({self._count:,} strings)]"
+
 
 @dataclass(frozen=True)
 class GGUFTensor:
@@ -90,6 +96,8 @@ class GGUFHeader:
         self.fields: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": tensor_count,
                                        "GGUF.kv_count": kv_count}
         self._offset = 24
+        # at least: a key's length, a type and a 1-byte value; a name's length, a dimension count, a type, an offset
+        self._room(kv_count * 13 + tensor_count * 24, 1, "bytes of metadata and tensor entries")
         for _ in range(kv_count):
             key = self._string()
             if key in self.fields:
@@ -102,6 +110,11 @@ class GGUFHeader:
         self.alignment = self._alignment()
         self.data_offset = -(-self._offset // self.alignment) * self.alignment
         self.tensors = [self._tensor(*info, gguf) for info in table]
+
+    def _room(self, count: int, least: int, what: str) -> None:
+        """Refuse `count` items of at least `least` bytes each where fewer bytes are left (a damaged count)."""
+        if count * least > len(self._raw) - self._offset:
+            raise ValueError(f"{count:,} {what} at offset {self._offset:,} cannot fit in the rest of the file")
 
     def _unpack(self, code: str) -> Any:
         (value,) = struct.unpack_from(self.order + code, self._raw, self._offset)
@@ -130,6 +143,7 @@ class GGUFHeader:
             dtype = np.dtype(_NUMPY[item]).newbyteorder(self.order)
             return np.frombuffer(self._bytes(count * dtype.itemsize), dtype=dtype).tolist()
         if item == STRING:
+            self._room(count, 8, f"strings of {key}")
             start, unpack, raw, o, end = self._offset, struct.Struct(self.order + "Q").unpack_from, self._raw, \
                 self._offset, len(self._raw)
             for _ in range(count):  # walked past, not decoded (each string is at least its 8-byte length)
@@ -138,7 +152,15 @@ class GGUFHeader:
                     raise ValueError(f"metadata {key}'s strings run past the end of the file")
             self._offset = o
             return StringArray(raw, start, count, self.order)
-        return [self._value(item, key) for _ in range(count)]  # arrays of arrays
+        self._room(count, 12 if item == ARRAY else 1, f"values of {key}")  # (an array: item type and count)
+        flat: list[Any] = []  # an array of arrays: flattened, as gguf-py's contents() gives it
+        for _ in range(count):
+            inner = self._value(item, key)
+            if isinstance(inner, Sequence) and not isinstance(inner, str):
+                flat.extend(inner)
+            else:
+                flat.append(inner)
+        return flat
 
     def _tensor_info(self) -> tuple[str, tuple[int, ...], int, int]:
         name = self._string()
