@@ -5,7 +5,8 @@ exact: a float16 scale times a 6-bit code times a 4-bit value fits float32's man
 torch's kernels; tests/test_gguf_dequant.py compares every value with gguf-py on random blocks,
 non-finite scales included. Only the types where this was faster than gguf-py's numpy (one
 thread, session 47, `docs/scripts/dequant_speed.py`): rows of 576 values (the embedded model's)
-Q4_0 and Q4_1 1.5-1.6x; rows of 4,096 (a 7-8B model's) Q4_0 and Q4_1 1.1x, Q4_K 1.4x, Q5_K 1.3x.
+Q4_0 and Q4_1 1.4-1.7x; rows of 4,096 (a 7-8B model's) Q4_0 and Q4_1 1.1-1.2x, Q4_K 1.3-1.4x,
+Q5_K 1.0-1.3x (two runs on a noisy machine).
 The embedded model's weights take 0.45 s instead of 0.8. Q8_0 ran at gguf-py's speed, Q5_0, Q5_1
 and Q6_K slower (0.7-0.9x); they, and every other type, go through gguf-py. Each function takes
 a tensor's bytes ([..., bytes] uint8, a view of the file) and returns [blocks, values] float32.
