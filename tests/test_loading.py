@@ -8,6 +8,7 @@ import math
 import os
 import re
 import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -505,13 +506,52 @@ def test_a_gguf_tensor_type_the_gguf_package_cannot_read_names_the_remedy(tmp_pa
     import gguf
 
     write_small_gguf(tmp_path / "g.gguf", {})
+    raw = (tmp_path / "g.gguf").read_bytes()  # token_embd.weight as Q8_0 (gguf-py's), whose dequantizing is refused
+    f32, q8_0 = struct.pack("<I", gguf.GGMLQuantizationType.F32), struct.pack("<I", gguf.GGMLQuantizationType.Q8_0)
+    at = raw.index(b"token_embd.weight") + len("token_embd.weight") + 4 + 16  # past the name, n_dims, [64, 4]
+    assert raw[at: at + 4] == f32
+    (tmp_path / "g.gguf").write_bytes(raw[:at] + q8_0 + raw[at + 4:])  # (64 x 4 values: 8 blocks, fewer bytes)
 
     def not_implemented(data, qtype):
         raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
 
     monkeypatch.setattr(gguf.quants, "dequantize", not_implemented)
     check_error(tmp_path / "g.gguf", "cannot read GGUF tensor 'token_embd.weight': the gguf package does not "
-                                     "dequantize its type F32; use a file of another type")
+                                     "dequantize its type Q8_0; use a file of another type")
+
+
+def test_a_big_endian_gguf_reads_the_numbers_a_little_endian_one_holds(tmp_path):
+    """gguf-py's dequantize read a big-endian file's F32 tensors in the machine's byte order: garbled weights."""
+    import gguf
+
+    hf = tiny_hf_model("llama", seed=3)
+    write_gguf(tmp_path / "little.gguf", hf)
+    real = gguf.GGUFWriter.__init__
+
+    def big(self, *args, **kwargs):
+        real(self, *args, **{**kwargs, "endianess": gguf.GGUFEndian.BIG})
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf.GGUFWriter, "__init__", big)
+        write_gguf(tmp_path / "big.gguf", hf)
+    assert (tmp_path / "big.gguf").read_bytes()[4:8] == b"\x00\x00\x00\x03"  # version 3, big-endian
+    little = load_model(tmp_path / "little.gguf", torch.float32, CPU)
+    assert_same_state(load_model(tmp_path / "big.gguf", torch.float32, CPU).state, little.state, tied=False)
+
+
+def test_a_big_endian_gguf_of_block_types_is_refused_in_one_line(tmp_path):
+    """Whether a big-endian file's block scales are stored big-endian depends on the machine that quantized it."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "llama", endianess=gguf.GGUFEndian.BIG)
+    for name, size in {"block_count": 1, "embedding_length": 64, "feed_forward_length": 96, "head_count": 4}.items():
+        getattr(w, f"add_{name}")(size)
+    w.add_tensor("token_embd.weight", np.zeros((4, 2 * 34), dtype=np.uint8), raw_shape=(4, 68),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
+        write()
+    check_error(tmp_path / "g.gguf", "is big-endian and its tensor 'token_embd.weight' is Q8_0: longswift reads a "
+                                     "big-endian file's F32, F16 and F64 tensors only")
 
 
 def test_weights_this_user_may_not_read_are_said_to_be_so(tmp_path, monkeypatch):

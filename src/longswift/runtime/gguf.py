@@ -237,6 +237,10 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
             raise _unused(t.name)
         if only is not None and name not in only:
             continue
+        if reader.order == ">" and t.data.dtype.kind != "f":
+            raise LongswiftError(f"GGUF file '{reader.path}' is big-endian and its tensor '{t.name}' is "
+                                 f"{t.tensor_type.name}: longswift reads a big-endian file's F32, F16 and F64 tensors "
+                                 "only; use a little-endian GGUF (llama.cpp's default)")
         array = gguf_dequantize(t)
         array = np.asarray(array, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
         if llama and rest_is(t.name, "attn_q"):
@@ -265,6 +269,8 @@ def gguf_dequantize(t: Any) -> np.ndarray:
 
     ours = DEQUANTIZE.get(getattr(t.tensor_type, "name", ""))  # the common block types, in torch
     try:
+        if t.data.dtype.kind == "f":  # F32, F16, F64 as stored, in the file's byte order (gguf-py reads them as
+            return t.data.astype(np.float32)  # the machine's: a big-endian file's numbers came out garbled)
         if ours is not None:
             return ours(t.data).numpy().reshape(-1)
         return gguf.quants.dequantize(t.data, t.tensor_type)

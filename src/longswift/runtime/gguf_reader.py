@@ -83,6 +83,7 @@ class GGUFHeader:
     def __init__(self, path: str | Path) -> None:
         import gguf
 
+        self.path = Path(path)
         self.data = np.memmap(path, mode="r").view(np.ndarray)
         self._raw = memoryview(self.data)
         if bytes(self._raw[:4]) != b"GGUF":
