@@ -71,7 +71,7 @@ def test_damaged_gguf(tmp_path):
 
 def test_a_missing_gguf_package_is_not_called_a_damaged_file(tmp_path, monkeypatch):
     """Without the gguf package (a bare GPU machine's Python) the error names the package, not the file."""
-    from longswift.runtime import gguf as ours
+    from longswift.runtime.loading import gguf as ours
 
     path = tmp_path / "good.gguf"
     write_gguf(path, tiny_hf_model("llama", seed=81), "llama")

@@ -11,8 +11,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from longswift.errors import LongswiftError  # noqa: E402
-from longswift.runtime.gguf import gguf_dequantize  # noqa: E402
-from longswift.runtime.gguf_quants import DEQUANTIZE  # noqa: E402
+from longswift.runtime.loading.gguf import gguf_dequantize  # noqa: E402
+from longswift.runtime.loading.gguf_quants import DEQUANTIZE  # noqa: E402
 
 # The float16 scales at the start of a block.
 SCALE_BYTES = {"Q4_0": (0, 2), "Q4_1": (0, 4), "Q4_K": (0, 4), "Q5_K": (0, 4)}

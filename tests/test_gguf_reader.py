@@ -12,8 +12,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from longswift.errors import LongswiftError  # noqa: E402
-from longswift.runtime.gguf import open_gguf  # noqa: E402
-from longswift.runtime.gguf_reader import GGUFHeader, StringArray  # noqa: E402
+from longswift.runtime.loading.gguf import open_gguf  # noqa: E402
+from longswift.runtime.loading.gguf_reader import GGUFHeader, StringArray  # noqa: E402
 from longswift.runtime.loading import default_model_path  # noqa: E402
 
 

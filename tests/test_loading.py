@@ -660,7 +660,7 @@ def test_gguf_rope_scaling_type_none_is_unscaled(tmp_path):
 
 def test_gguf_weights_are_not_views_of_the_read_only_file(tmp_path):
     """The weights are copies: views of the read-only memory map would fault when written."""
-    from longswift.runtime.gguf import gguf_hf_config, gguf_state_dict, open_gguf
+    from longswift.runtime.loading.gguf import gguf_hf_config, gguf_state_dict, open_gguf
 
     hf = tiny_hf_model("llama", "default", seed=25)
     write_gguf(tmp_path / "m.gguf", hf)

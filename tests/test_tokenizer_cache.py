@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from longswift.runtime import tokenizer_cache
-from longswift.runtime.gguf import open_gguf
+from longswift.runtime.loading import tokenizer_cache
+from longswift.runtime.loading.gguf import open_gguf
 from longswift.runtime.loading import default_model_path, load_model
-from longswift.runtime.tokenizer_cache import MARKER, cache_root, gguf_tokenizer, metadata_key
+from longswift.runtime.loading.tokenizer_cache import MARKER, cache_root, gguf_tokenizer, metadata_key
 
 pytestmark = pytest.mark.slow
 

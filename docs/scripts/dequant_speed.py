@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 import torch
 
-from longswift.runtime.gguf_quants import DEQUANTIZE
+from longswift.runtime.loading.gguf_quants import DEQUANTIZE
 
 torch.set_num_threads(1)
 rng = np.random.default_rng(0)

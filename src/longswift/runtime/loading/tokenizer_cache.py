@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import LongswiftError, reason_of
+from ...errors import LongswiftError, reason_of
 from .hub import quiet_transformers
 
 FORMAT = 1  # bump when what an entry holds changes
