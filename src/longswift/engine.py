@@ -20,7 +20,7 @@ from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
-from .runtime.memory import check_context, return_freed_memory
+from .runtime.memory import check_context, keep_freed_buffers, return_freed_memory
 from .runtime.model import Transformer
 from .runtime.parallel import TensorParallel, shard_config, shard_state
 from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
@@ -551,4 +551,6 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
                     model_source="<embedded>" if model is None else None)
     engine.set_heads(heads)
     return_freed_memory()  # what the load converted and let go (the weights are resident by now)
+    if device.type == "cpu":
+        keep_freed_buffers()  # a forward's large temporaries from the heap, not freshly mapped pages each layer
     return engine

@@ -75,6 +75,34 @@ def return_freed_memory() -> bool:
     return True
 
 
+# glibc's mallopt parameters (malloc.h) and what longswift sets them to: see keep_freed_buffers.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_FROM_BYTES = 32 << 20  # glibc's largest mmap threshold on 64 bits (DEFAULT_MMAP_THRESHOLD_MAX)
+TRIM_FROM_BYTES = 128 << 20
+
+
+def keep_freed_buffers() -> bool:
+    """Have the C heap keep freed buffers up to 32 MiB for the next allocation, rather than map them
+    from the system anew each time (glibc's mallopt; False where there is none to call).
+
+    A CPU forward's temporaries are allocated and freed once a layer: a verify pass's attention
+    scores and probabilities are [Hkv, G*T, S] floats, 9.4 MB each for 32 rows at 8K cached entries
+    of the embedded model. glibc maps a block that large from the system (its mmap threshold had
+    only grown to a few MB), and the system zeroes every page on first touch: 138K page faults a
+    32-row pass at 8K, 270K at 16K, half of the pass's time (8K: 515 -> 297 ms; 16K: 956 -> 472 ms;
+    session 47, docs/benchmarks.md). Blocks up to MMAP_FROM_BYTES now come from the heap, and
+    freed memory at its top goes back to the system only past TRIM_FROM_BYTES, so a run holds up to
+    that much more than it uses at a time. Blocks over 32 MiB (32 rows past ~29K cached entries)
+    are still mapped each time: glibc takes no larger threshold."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_FROM_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_FROM_BYTES))
+
+
 @dataclass
 class MemoryPlan:
     """Bytes a run needs: weights, the full KV cache, and the largest transient buffers."""
