@@ -119,6 +119,54 @@ def test_keys_stored_by_dimension_equal_explicit_attention_in_float64(kernel, t,
     torch.testing.assert_close(got, reference(q, keys, values, start, new, scale), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("span_slots", [1, 7, 64, 10_000])
+@pytest.mark.parametrize("t,start,tree", [(8, 40, True), (FUSED_FROM_TOKENS, 200, False)])
+def test_the_cascade_copies_keys_by_slot_a_span_at_a_time(monkeypatch, span_slots, t, start, tree):
+    """The cascade's prefix over keys stored by dimension in spans of span_slots slots (a span's by-slot copy at
+    most BY_SLOT_SPAN_BYTES), merged by log-sum-exp: explicit attention in float64 however the spans fall."""
+    import longswift.runtime.attention as attention
+
+    q, keys, values, new = random_case(t, start, tree, torch.float64, seed=span_slots + start)
+    monkeypatch.setattr(attention, "BY_SLOT_SPAN_BYTES", span_slots * HKV * D * 8)  # float64 keys
+    calls = []
+    real = attention.flash_with_lse
+    monkeypatch.setattr(attention, "flash_with_lse", lambda *a: calls.append(a[1].shape[1]) or real(*a))
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.float64, scale, packed=False, kernel="cascade")
+    masks = attn.masks(t, start, G, new if tree else None)
+    stored = stored_by_dimension(keys, start + t + 300, seed=start)
+    padded_values = torch.cat([values, torch.full((HKV, 300, D), 1e6, dtype=values.dtype)], dim=1)
+    got = ungrouped(attn.attend(grouped(q), stored, padded_values, masks), t)
+    torch.testing.assert_close(got, reference(q, keys, values, start, new, scale), rtol=1e-10, atol=1e-10)
+    assert calls == [min(span_slots, start - a) for a in range(0, start, span_slots)]  # every span, in order
+
+
+def test_scores_too_large_for_the_heap_go_to_the_cascade(monkeypatch):
+    """A masked CPU forward whose [Hkv, G*T, S] float32 scores pass EXPLICIT_SCORES_BYTES runs the cascade (such a
+    block was mapped from the system and faulted in every layer), with explicit attention's result in float64."""
+    import longswift.runtime.attention as attention
+
+    t, start = 8, 500
+    q, keys, values, new = random_case(t, start, True, torch.float64, seed=3)
+    scale = D**-0.5
+    attn = Attention(torch.device("cpu"), torch.float64, scale, packed=True)
+    masks = attn.masks(t, start, G, new)
+    used = []
+    real = attention.cascade
+    monkeypatch.setattr(attention, "cascade", lambda *a: used.append(True) or real(*a))
+    scores_bytes = HKV * G * t * (start + t) * 4
+    for limit, expect in ((scores_bytes, False), (scores_bytes - 1, True)):
+        monkeypatch.setattr(attention, "EXPLICIT_SCORES_BYTES", limit)
+        used.clear()
+        got = ungrouped(attn.attend(grouped(q), keys, values, masks), t)
+        torch.testing.assert_close(got, reference(q, keys, values, start, new, scale), rtol=1e-10, atol=1e-10)
+        assert used == ([True] if expect else []), limit
+    one = attn.masks(1, start, G, None)  # a decoding token's scores stay explicit: no mask, no cascade
+    used.clear()
+    attn.attend(grouped(q[:1]), keys[:, : start + 1], values[:, : start + 1], one)
+    assert used == []
+
+
 @pytest.mark.parametrize("t,start,tree", [(1, ONEDNN_FROM_ENTRIES - 1, False), (1, ONEDNN_FROM_ENTRIES, False),
                                           (8, ONEDNN_FROM_ENTRIES + 300, True), (1, 9000, False)])
 def test_keys_stored_by_dimension_on_the_packed_float32_path(t, start, tree):

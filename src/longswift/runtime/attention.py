@@ -37,6 +37,15 @@ import torch
 # mask it replaced 9.57-9.58 s (session 35). The memory plan counts by this rule.
 FUSED_FROM_TOKENS = 64
 
+# The largest [Hkv, G*T, S] float32 scores a CPU forward under a mask computes explicitly; past it the cascade
+# (flash kernels on blocks, no scores over the cache). A block over 32 MiB is mapped from the system and its
+# pages faulted in anew at every allocation, every layer (glibc takes no larger mmap threshold; see
+# runtime.memory.keep_freed_buffers): for the embedded model 32 rows past ~29K cached entries. At 32K a
+# 32-row verify pass took 1,361 ms explicitly (277K page faults) and 1,134 ms through the cascade (session 47).
+EXPLICIT_SCORES_BYTES = 32 << 20
+# The largest copy of a span of keys the cascade takes slot by slot (by_slot) at once; see prefix_in_spans.
+BY_SLOT_SPAN_BYTES = 16 << 20
+
 # Cached entries from which the packed CPU path leaves the grouped bmm for per-KV-head oneDNN
 # products; measured on a 2-core CPU, the grouped bmm is faster below about 3K cached entries.
 ONEDNN_FROM_ENTRIES = 3072
@@ -189,8 +198,25 @@ def cascade(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: i
     out_t, lse_t = masked_with_lse(qg, keys[:, start:], values[:, start:], bias, scale)
     if start == 0:
         return out_t.to(qg.dtype)
-    out_p, lse_p = flash_with_lse(qg, keys[:, :start], values[:, :start], scale)
+    out_p, lse_p = prefix_in_spans(qg, keys[:, :start], values[:, :start], scale)
     return merge(out_p, lse_p, out_t, lse_t).to(qg.dtype)
+
+
+def prefix_in_spans(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_with_lse over every key, where keys stored by dimension (the CPU's caches) are copied slot by
+    slot (by_slot) a span at a time, each copy at most BY_SLOT_SPAN_BYTES, the spans merged by log-sum-exp:
+    a layer's whole copy (77 MB at 100K cached entries of the embedded model) was mapped from the system and
+    faulted in at every layer (runtime.memory.keep_freed_buffers). -> out [Hkv, R, D], lse [Hkv, R]."""
+    per_slot = keys.shape[0] * keys.shape[2] * keys.element_size()
+    span = max(1, BY_SLOT_SPAN_BYTES // per_slot)
+    if keys.stride(-1) == 1 or keys.shape[1] <= span:
+        return flash_with_lse(qg, keys, values, scale)
+    out, lse = flash_with_lse(qg, keys[:, :span], values[:, :span], scale)
+    for a in range(span, keys.shape[1], span):
+        out_b, lse_b = flash_with_lse(qg, keys[:, a: a + span], values[:, a: a + span], scale)
+        out, lse = merge(out, lse, out_b, lse_b), torch.logaddexp(lse, lse_b)
+    return out, lse
 
 
 def bucketed(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, end: int,
@@ -367,6 +393,9 @@ class Attention:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
         kernel = self._kernel(m)
+        if kernel in ("explicit", "onednn") and self.kernel is None and m.new is not None \
+                and qg.shape[0] * qg.shape[1] * m.end * 4 > EXPLICIT_SCORES_BYTES:
+            kernel = "cascade"  # scores too large for the heap: mapped from the system and faulted in every layer
         if kernel in ("cascade", "flash"):
             keys, values = keys[:, : m.end], values[:, : m.end]  # [Hkv, S, D]
             if kernel == "flash" and m.new is None:

@@ -13,7 +13,7 @@ import torch
 
 from ..config import MAX_ROPE_FACTOR, ModelConfig
 from ..errors import ConfigError, LongswiftError
-from .attention import FUSED_FROM_TOKENS, cuda_flash_fits
+from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
 from .model import Transformer
@@ -174,8 +174,8 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
             return mask + 3 * cfg.num_heads * t * capacity * max(elem, 4) + merged
         return mask + 2 * cfg.num_heads * t * (t + tail) * 4 + merged
     if t >= FUSED_FROM_TOKENS:  # the CPU's flash kernels work on blocks: no scores over the cache exist
-        # ... but take the keys slot by slot: a layer's copy where the cache stores them by dimension (by_slot)
-        keys = cfg.num_kv_heads * capacity * cfg.head_dim * elem
+        # ... but take the keys slot by slot where the cache stores them by dimension (by_slot): a span at a time
+        keys = min(cfg.num_kv_heads * capacity * cfg.head_dim * elem, BY_SLOT_SPAN_BYTES)
         return mask + merged + cpu_flash_buffer_bytes(cfg.head_dim) + keys
     return mask + 2 * cfg.num_heads * t * capacity * 4
 
