@@ -89,11 +89,12 @@ def keep_freed_buffers() -> bool:
     scores and probabilities are [Hkv, G*T, S] floats, 9.4 MB each for 32 rows at 8K cached entries
     of the embedded model. glibc maps a block that large from the system (its mmap threshold had
     only grown to a few MB), and the system zeroes every page on first touch: 138K page faults a
-    32-row pass at 8K, 270K at 16K, half of the pass's time (8K: 515 -> 297 ms; 16K: 956 -> 472 ms;
+    32-row pass at 8K, 270K at 16K, half of the pass's time (8K: 515 -> 294 ms; 16K: 956 -> 489 ms;
     session 47, docs/benchmarks.md). Blocks up to MMAP_FROM_BYTES now come from the heap, and
     freed memory at its top goes back to the system only past TRIM_FROM_BYTES, so a run holds up to
-    that much more than it uses at a time. Blocks over 32 MiB (32 rows past ~29K cached entries)
-    are still mapped each time: glibc takes no larger threshold."""
+    that much more than it uses at a time. Blocks over 32 MiB are still mapped each time (glibc
+    takes no larger threshold): attention's scores never grow that large (attention.EXPLICIT_SCORES_BYTES
+    sends such a forward to the cascade, which copies keys a span at a time)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
