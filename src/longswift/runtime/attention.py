@@ -366,13 +366,15 @@ class Attention:
         # span (onednn_span), a shape per span, or the whole cache near its end (_rounded_span).
         self.rounded_spans = device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
-    def _kernel(self, m: Masks) -> str:
-        """The path for this forward: the forced one, else by device and shape (thresholds measured)."""
+    def _kernel(self, m: Masks, query_rows: int) -> str:
+        """The path for this forward of `query_rows` (Hkv * G*T) query rows: the forced one, else by device and
+        shape (thresholds measured; on the CPU the cascade also where explicit scores would pass
+        EXPLICIT_SCORES_BYTES: such a block is mapped from the system and faulted in every layer)."""
         if self.kernel is not None:
             return self.kernel
         if self.device.type == "cuda":
             return "flash" if m.new is None else "cascade"
-        if m.new is not None and m.t >= self.fused_from_tokens:
+        if m.new is not None and (m.t >= self.fused_from_tokens or query_rows * m.end * 4 > EXPLICIT_SCORES_BYTES):
             return "cascade"
         return "onednn" if self.packed and m.end >= self.onednn_from else "explicit"
 
@@ -392,10 +394,7 @@ class Attention:
     def attend(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks) -> torch.Tensor:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries
         written at [start, start + T) (C >= start + T) -> [Hkv, R, D]."""
-        kernel = self._kernel(m)
-        if kernel in ("explicit", "onednn") and self.kernel is None and m.new is not None \
-                and qg.shape[0] * qg.shape[1] * m.end * 4 > EXPLICIT_SCORES_BYTES:
-            kernel = "cascade"  # scores too large for the heap: mapped from the system and faulted in every layer
+        kernel = self._kernel(m, qg.shape[0] * qg.shape[1])
         if kernel in ("cascade", "flash"):
             keys, values = keys[:, : m.end], values[:, : m.end]  # [Hkv, S, D]
             if kernel == "flash" and m.new is None:

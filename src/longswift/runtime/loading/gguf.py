@@ -248,7 +248,8 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
         elif llama and rest_is(t.name, "attn_k"):
             array = _unpermute(array, hf_config.num_key_value_heads)
         if np.may_share_memory(array, reader.data) or not array.flags.c_contiguous:
-            # Unquantized tensors are views of the map; the weights get a buffer of their own.
+            # A dequantizer may hand back a view of the read-only map (gguf-py's does for F32); the weights get
+            # a buffer of their own.
             array = np.array(array, copy=True, order="C")
         values = torch.from_numpy(array)
         if before_cast is not None:
