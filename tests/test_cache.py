@@ -295,14 +295,21 @@ def test_loading_returns_what_it_freed(monkeypatch):
     assert seen == ["trim", "keep"]  # (a CPU model: its forwards' temporaries then stay in the heap)
 
 
-@pytest.mark.parametrize("t", [8, 64], ids=["verify-size", "prefill-chunk"])
-def test_memory_plan_covers_the_attention_a_masked_forward_allocates(t):
+@pytest.mark.parametrize("t, limit", [(8, None), (64, None), (8, 64 << 10)],
+                         ids=["verify-size", "prefill-chunk", "verify-past-the-scores-limit"])
+def test_memory_plan_covers_the_attention_a_masked_forward_allocates(monkeypatch, t, limit):
     """The memory plan's attention transient is at least the largest single allocation of a masked
     forward: the explicit scores over the cache for a verify pass, and for a prefill chunk (the cascade,
-    through flash kernels) nothing of the cache's length: no [G*T, S] scores or mask exist."""
+    through flash kernels) nothing of the cache's length: no [G*T, S] scores or mask exist. A verify pass
+    whose scores would pass attention.EXPLICIT_SCORES_BYTES (here lowered to 64 KiB) takes the cascade too,
+    and the plan counts no scores over the cache for it either."""
     from torch.profiler import ProfilerActivity, profile
 
+    from longswift.runtime import attention
     from longswift.runtime.memory import masked_attention_bytes
+
+    if limit is not None:
+        monkeypatch.setattr(attention, "EXPLICIT_SCORES_BYTES", limit)
 
     hf = tiny_hf_model("llama", "default", seed=2, max_position_embeddings=4096)
     engine = longswift.load(hf, dtype="float32", pack_weights=True)
@@ -318,10 +325,27 @@ def test_memory_plan_covers_the_attention_a_masked_forward_allocates(t):
     planned = masked_attention_bytes(cfg, t, cached + t, 4)
     assert largest <= planned, (largest, planned)
     scores = cfg.num_heads * t * cached * 4  # [Hkv, G*T, S] float32
-    if t < FUSED_FROM_TOKENS:
+    if limit is None and t < FUSED_FROM_TOKENS:
         assert largest >= scores  # the explicit scores are there: the profile saw them
-    else:
+    elif limit is None:
         assert largest < scores / 4
+
+
+def test_a_cpu_plan_counts_no_scores_past_the_limit_that_sends_a_verify_pass_to_the_cascade():
+    """On the CPU a verify pass whose [Hkv, G*T, S] float32 scores would pass attention.EXPLICIT_SCORES_BYTES
+    takes the cascade (Attention._kernel), so a long run's plan counts the explicit scores only up to that
+    size: 32 rows of the 8B shape over 100K entries plan ~64 MiB of attention, not 2 x 410 MB."""
+    from longswift.bench.shapes import shape_config
+    from longswift.runtime.attention import EXPLICIT_SCORES_BYTES
+    from longswift.runtime.memory import masked_attention_bytes
+
+    cfg = shape_config("llama-3.1-8b")
+    long = masked_attention_bytes(cfg, 32, 100_000, 2)
+    assert 2 * EXPLICIT_SCORES_BYTES <= long < 2 * EXPLICIT_SCORES_BYTES + (8 << 20)
+    assert long < 2 * cfg.num_heads * 32 * 100_000 * 4 / 10
+    # below the limit the scores and their softmax over every entry, as before
+    short = masked_attention_bytes(cfg, 32, 4_000, 2)
+    assert short == 32 * 32 * 2 * cfg.group_size + 2 * cfg.num_heads * 32 * 4_000 * 4
 
 
 def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():

@@ -13,6 +13,7 @@ import torch
 
 from ..config import MAX_ROPE_FACTOR, ModelConfig
 from ..errors import ConfigError, LongswiftError
+from . import attention
 from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
@@ -161,9 +162,10 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
     `capacity` cached entries. Every path holds the additive [G*T, T] mask of the new entries (model
     dtype), and the cascade's parts merged (float32 or better). The CPU's explicit products (below
-    FUSED_FROM_TOKENS): the scores and their softmax over every entry (float32, all heads); from it the CPU's
-    cascade runs flash kernels, which work on blocks, over a copy of a layer's keys taken by slot (the
-    CPU's caches store them by dimension: cache.transposed_keys). The CUDA cascade
+    FUSED_FROM_TOKENS, while the scores fit attention.EXPLICIT_SCORES_BYTES): the scores and their softmax
+    over every entry (float32, all heads); from it, or past that size, the CPU's cascade runs flash kernels,
+    which work on blocks, over a copy of a layer's keys taken by slot (the CPU's caches store them by
+    dimension: cache.transposed_keys). The CUDA cascade
     (`cascade`): scores and softmax over the T new entries (and `tail` cached ones: the bucketed step
     bodies' masked part), which its fused kernels do not all hold, so this bounds them from above. Without
     a flash kernel for the dtype (CUDA in float32, float64) its cached part is explicit too: scores, their
@@ -174,11 +176,17 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
         if not flash:
             return mask + 3 * cfg.num_heads * t * capacity * max(elem, 4) + merged
         return mask + 2 * cfg.num_heads * t * (t + tail) * 4 + merged
-    if t >= FUSED_FROM_TOKENS:  # the CPU's flash kernels work on blocks: no scores over the cache exist
-        # ... but take the keys slot by slot where the cache stores them by dimension (by_slot): a span at a time
-        keys = min(cfg.num_kv_heads * capacity * cfg.head_dim * elem, BY_SLOT_SPAN_BYTES)
-        return mask + merged + cpu_flash_buffer_bytes(cfg.head_dim) + keys
-    return mask + 2 * cfg.num_heads * t * capacity * 4
+    # the CPU's flash kernels work on blocks: no scores over the cache exist, but they take the keys slot by
+    # slot where the cache stores them by dimension (by_slot), a span at a time
+    keys = min(cfg.num_kv_heads * capacity * cfg.head_dim * elem, BY_SLOT_SPAN_BYTES)
+    blocks = mask + merged + cpu_flash_buffer_bytes(cfg.head_dim) + keys
+    if t >= FUSED_FROM_TOKENS:
+        return blocks
+    # Explicit scores and their softmax while one of them fits attention.EXPLICIT_SCORES_BYTES (Attention._kernel),
+    # the cascade past it: a run's forwards take the first while its cache is short, the second once it is long.
+    limit = attention.EXPLICIT_SCORES_BYTES
+    explicit = mask + 2 * min(cfg.num_heads * t * capacity * 4, limit)
+    return explicit if cfg.num_heads * t * capacity * 4 <= limit else max(explicit, blocks)
 
 
 def plan_memory(
