@@ -142,9 +142,43 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):
     assert [m["loss"] for m in whole.log] == [m["loss"] for m in resumed.log]
 
 
+def test_bf16_lm_head_follows_the_device_and_a_resume_goes_on_as_its_checkpoint_did(tiny, tmp_path, monkeypatch):
+    """Not given, --bf16-lm-head is on where the device computes bfloat16 natively (bf16_lm_head_default: on an
+    AVX2-only CPU autocast made a train-heads step 35x slower) and the checkpoint records what ran; a resume not
+    given it goes on as its checkpoint did, on a machine whose default differs, to an uninterrupted run's heads."""
+    import longswift.train.train as train_module
+    from longswift.runtime.linear import packing_supported
+
+    cpu = torch.device("cpu")
+    assert train_module.bf16_lm_head_default(cpu) == packing_supported(torch.bfloat16, cpu)
+    assert train_module.bf16_lm_head_default(torch.device("cuda")) is True
+    windows = _windows(tiny, n=3, seed=2)
+    cfg = TrainConfig(steps=4, seq_len=24, batch_size=1, warmup=1, checkpoint_every=2)
+    assert cfg.bf16_lm_head is None
+    whole = {}
+    for native in (True, False):
+        monkeypatch.setattr(train_module, "bf16_lm_head_default", lambda device, native=native: native)
+        whole[native] = train_heads(tiny, windows, cfg, tmp_path / f"whole-{native}", progress=False)
+        assert whole[native].cfg.bf16_lm_head is native
+        ck = torch.load(tmp_path / f"whole-{native}" / "checkpoint.pt", weights_only=True)
+        assert ck["config"]["bf16_lm_head"] is native
+    assert not all(torch.equal(v, whole[False].heads.state_dict()[k]) for k, v in whole[True].heads.state_dict().items())
+    monkeypatch.setattr(train_module, "bf16_lm_head_default", lambda device: True)  # started where it is native
+    part = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
+    assert part.cfg.bf16_lm_head is True
+    (tmp_path / "cut").mkdir()
+    for _ in range(2):
+        part.run_step()
+    part.save_checkpoint(tmp_path / "cut" / "checkpoint.pt")
+    monkeypatch.setattr(train_module, "bf16_lm_head_default", lambda device: False)  # resumed where it is not
+    resumed = train_heads(tiny, windows, cfg, tmp_path / "cut", resume=True, progress=False)
+    assert resumed.cfg.bf16_lm_head is True
+    assert all(torch.equal(v, resumed.heads.state_dict()[k]) for k, v in whole[True].heads.state_dict().items())
+
+
 def test_checkpoint_refusals(tiny, tmp_path):
     windows = _windows(tiny, n=3, seed=2)
-    cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1)
+    cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1, bf16_lm_head=True)
     train_heads(tiny, windows, cfg, tmp_path, progress=False)
     with pytest.raises(LongswiftError, match="holds a finished run .heads.safetensors and its checkpoint.pt."):
         train_heads(tiny, windows, cfg, tmp_path, progress=False)

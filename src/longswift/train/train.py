@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,9 @@ class TrainConfig:
     weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay"))
     gamma: int = field(default=3, metadata=_help("number of draft heads"))
     seed: int = field(default=0, metadata=_help("seed for the data order and for --self-distill's sampling"))
-    bf16_lm_head: bool = field(default=True, metadata=_help("run the frozen LM head in bfloat16 autocast (4x faster on CPUs with AVX512-BF16/AMX)"))
+    bf16_lm_head: bool | None = field(default=None, metadata=_help(
+        "run the frozen LM head in bfloat16 autocast (default: where the device computes bfloat16 natively: on "
+        "CUDA, and on CPUs with AVX-512, 4x faster with AVX512-BF16/AMX; not on an AVX2-only CPU, 6x slower there)"))
     checkpoint_every: int = field(default=50, metadata=_help("write a checkpoint every N steps"))
     chunk: int = field(default=1024, metadata=_help("positions per loss chunk (bounds the [heads, chunk, vocab] logits memory)"))
 
@@ -109,6 +111,15 @@ class StepMetrics:
     seconds: float
 
 
+def bf16_lm_head_default(device: torch.device) -> bool:
+    """--bf16-lm-head where not given: on where the device computes bfloat16 products natively (CUDA, and a CPU
+    whose oneDNN has them: AVX-512 or AVX-NE-CONVERT), off elsewhere: on an AVX2-only CPU bfloat16 autocast ran
+    the LM head's product 6x slower than float32 (session 48)."""
+    from ..runtime.linear import packing_supported
+
+    return device.type != "cpu" or packing_supported(torch.bfloat16, device)
+
+
 def head_losses(heads: DraftHeads, lm_head: torch.Tensor, h0: torch.Tensor, targets: torch.Tensor,
                 bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h0 [P, hidden], targets [gamma, P] -> (summed CE per head [gamma], correct top-1 [gamma],
@@ -130,6 +141,8 @@ class HeadTrainer:
     """Explicit training state: heads, AdamW, step, data order; `run_step()` does one optimizer step."""
 
     def __init__(self, engine: Any, windows: torch.Tensor, hidden: torch.Tensor, cfg: TrainConfig) -> None:
+        if cfg.bf16_lm_head is None:
+            cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
         self.engine, self.cfg = engine, cfg
         self.windows, self.hidden = windows, hidden  # [N, L], [N, L, hidden]
         self.targets = head_targets(windows, cfg.gamma)  # [gamma, N, L]
@@ -243,7 +256,9 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings:
     wrong = _wrong_part(ck)
     if wrong:  # (a hand-edited file: a KeyError, AttributeError or ZeroDivisionError traceback further on)
         raise LongswiftError(f"checkpoint '{path}' is damaged ({wrong}): delete it to start over")
-    differ = [k for k, v in asdict(cfg).items() if k != "checkpoint_every" and ck["config"].get(k) != v]
+    # (a setting left to its default by device, None, takes the checkpoint's: _train)
+    differ = [k for k, v in asdict(cfg).items()
+              if k != "checkpoint_every" and v is not None and ck["config"].get(k) != v]
     if differ:
         k = differ[0]
         flag, was = k.replace("_", "-"), ck["config"].get(k)
@@ -384,8 +399,12 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     checkpoint = out / CHECKPOINT
     windows = windows.to(engine.model.device)
     if resume:  # another base model or other data: said before the hidden states, which take minutes
-        check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True,
-                        settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling))
+        ck = check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True,
+                             settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling))
+        if cfg.bf16_lm_head is None:  # a resumed run goes on as it started, on whatever machine
+            cfg = replace(cfg, bf16_lm_head=bool(ck["config"].get("bf16_lm_head", True)))
+    if cfg.bf16_lm_head is None:  # the checkpoint and the heads file record what ran
+        cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
     with stop if stop is not None else nullcontext():
         with stop.at_once() if stop is not None else nullcontext():
             if log:
