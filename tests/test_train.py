@@ -162,7 +162,8 @@ def test_bf16_lm_head_follows_the_device_and_a_resume_goes_on_as_its_checkpoint_
         assert whole[native].cfg.bf16_lm_head is native
         ck = torch.load(tmp_path / f"whole-{native}" / "checkpoint.pt", weights_only=True)
         assert ck["config"]["bf16_lm_head"] is native
-    assert not all(torch.equal(v, whole[False].heads.state_dict()[k]) for k, v in whole[True].heads.state_dict().items())
+    bf16, f32 = whole[True].heads.state_dict(), whole[False].heads.state_dict()
+    assert not all(torch.equal(v, f32[k]) for k, v in bf16.items())  # (the two differ: the resume shows which ran)
     monkeypatch.setattr(train_module, "bf16_lm_head_default", lambda device: True)  # started where it is native
     part = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
     assert part.cfg.bf16_lm_head is True
@@ -173,7 +174,7 @@ def test_bf16_lm_head_follows_the_device_and_a_resume_goes_on_as_its_checkpoint_
     monkeypatch.setattr(train_module, "bf16_lm_head_default", lambda device: False)  # resumed where it is not
     resumed = train_heads(tiny, windows, cfg, tmp_path / "cut", resume=True, progress=False)
     assert resumed.cfg.bf16_lm_head is True
-    assert all(torch.equal(v, resumed.heads.state_dict()[k]) for k, v in whole[True].heads.state_dict().items())
+    assert all(torch.equal(v, resumed.heads.state_dict()[k]) for k, v in bf16.items())
 
 
 def test_checkpoint_refusals(tiny, tmp_path):
