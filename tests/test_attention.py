@@ -29,6 +29,7 @@ from longswift.runtime.attention import (
     prefix_attention,
     prefix_with_lse,
 )
+from longswift.runtime.linear import onednn_computes
 
 HKV, G, D = 2, 3, 16
 
@@ -46,17 +47,6 @@ def reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
             p = torch.softmax(k @ q[i, head].double() * scale, dim=0)
             out[i, head] = p @ v
     return out
-
-
-def onednn_runs(dtype: torch.dtype) -> bool:
-    """Whether this CPU's oneDNN computes products in `dtype` (bfloat16 and float16 need AVX-512 or
-    AVX-NE-CONVERT; the packed attention path calls them)."""
-    try:
-        w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(2, 2, dtype=dtype))
-        torch.ops.mkldnn._linear_pointwise(torch.ones(1, 2, dtype=dtype), w, None, "none", [], "")
-    except (RuntimeError, AttributeError):
-        return False
-    return True
 
 
 def grouped(q: torch.Tensor) -> torch.Tensor:
@@ -209,7 +199,7 @@ def test_reduced_precision_cpu_paths_equal_attention_up_to_their_rounding(t, sta
     (the CPU's bfloat16 bmm copies a transposed operand first); over keys stored by dimension (their caches on
     the CPU), from q @ K^T; both over a rounded span (or, within WHOLE_CACHE_SLACK of the cache's rows, all of
     them) whose slots past the end (stale, finite) weigh nothing, below the oneDNN threshold and above it."""
-    if packed and start >= ONEDNN_FROM_ENTRIES and not onednn_runs(dtype):  # (below it no oneDNN product runs)
+    if packed and start >= ONEDNN_FROM_ENTRIES and not onednn_computes(dtype):  # (below it no oneDNN product runs)
         pytest.skip(f"this CPU's oneDNN has no {dtype} products (they need AVX-512 or AVX-NE-CONVERT); a model "
                     "in that dtype is not packed here (runtime.linear.packing_supported)")
     q, keys, values, new = random_case(t, start, tree, dtype, seed=t + start)

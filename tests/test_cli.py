@@ -1217,3 +1217,35 @@ def test_resuming_a_run_a_stop_string_ended_or_whose_model_moved(tmp_path, capsy
                                      "with --resume")
     code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--model", "moved")
     assert code == 0, err
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_half_precision_on_a_cpu_that_emulates_it_gets_a_note(tmp_path, capsys, monkeypatch, native):
+    """--dtype bfloat16 on a CPU whose oneDNN has no bfloat16 products (AVX2 only: torch emulates them, a 2K-token
+    prompt 5x and decoding 2x slower than float32 on session 48's AMD EPYC) says so in one note, for generate
+    (and its resume) and bench; where the CPU has them, and for float32, nothing is said."""
+    import torch
+    from conftest import tiny_hf_model
+
+    import longswift.runtime.linear as linear
+
+    # (--no-pack-weights: a CPU that emulates bfloat16 cannot pack it, whatever the patched probe says)
+    monkeypatch.setattr(linear, "onednn_computes", lambda dtype: native or dtype == torch.float32)
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    note = "longswift: note: this CPU has no native bfloat16 arithmetic (AVX-512 or AVX-NE-CONVERT): torch emulates it"
+    for dtype, said in (("bfloat16", not native), ("float32", False)):
+        code, _, err = run_cli(capsys, "generate", "--model", "m", "--prompt-ids", "3,4,5", "--max-new-tokens", "3",
+                               "--heads", "none", "--dtype", dtype, "--no-progress", "--checkpoint", f"{dtype}.json",
+                               "--no-pack-weights")
+        assert code == 0, err
+        assert (note in err) is said, err
+        assert err.count("note:") == int(said)
+    code, _, err = run_cli(capsys, "generate", "--resume", "bfloat16.json", "--no-progress")
+    assert code == 0 and (note in err) is (not native), err
+    code, _, err = run_cli(capsys, "bench", "--model", "m", "--methods", "ar", "--prompt-tokens", "8", "--lengths", "4",
+                           "--runs", "1", "--dtype", "bfloat16", "--no-progress", "--out-dir", "b", "--no-pack-weights")
+    assert code == 0, err
+    assert (note in err) is (not native), err
+    assert linear.half_precision_note(torch.float16, torch.device("cuda")) is None

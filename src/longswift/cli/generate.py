@@ -210,7 +210,11 @@ class Ranks:
 
     def load(self, model: str | None, heads: str) -> Any:
         from ..engine import load
+        from ..runtime.linear import half_precision_note
 
+        note = half_precision_note(self.runtime.torch_dtype(), self.runtime.torch_device())
+        if note and self.main:
+            print(f"longswift: note: {note}", file=sys.stderr)
         return load(model, self.runtime, heads=heads, tensor_parallel=self.parallel)
 
     def __exit__(self, *exc: Any) -> None:
