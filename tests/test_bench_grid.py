@@ -774,3 +774,17 @@ def test_metrics_cuda_peak_is_the_allocators_peak(monkeypatch):
     with PeakMemory(torch.device("cuda")) as peak:
         pass
     assert (peak.start_bytes, peak.peak_bytes) == (10, 99)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_reports_machine_line_names_the_cpus_vector_instructions_and_its_bfloat16(monkeypatch, native):
+    """Two CPUs of one model name ("AMD EPYC": AVX512-BF16 in sessions 32-37, AVX2 alone in session 48, where
+    bfloat16 ran 5x slower than float32) are told apart in a report by what torch's kernels use."""
+    import longswift.runtime.linear as linear
+    from longswift.bench.machine import machine_lines
+
+    monkeypatch.setattr(linear, "onednn_computes", lambda dtype: native)
+    line = machine_lines({"threads": 1, "model": "m", "dtype": "float32", "device": "cpu", "packed_linears": True,
+                          "heads": "none"})[0]
+    assert f"({torch.backends.cpu.get_cpu_capability()}" in line
+    assert ("no native bfloat16" in line) is (not native), line

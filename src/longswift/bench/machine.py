@@ -46,6 +46,18 @@ def versions_lines(records: list[dict[str, Any]] | None, versions: dict[str, str
     return lines + [f"  - this report was written with: {now}"]
 
 
+def cpu_features() -> str:
+    """What tells two CPUs of one model name apart in a report: the vector instructions torch's kernels use
+    (" (AVX2)", " (AVX512)"), and whether oneDNN has bfloat16 products there (session 48's AMD EPYC, AVX2 only,
+    emulated bfloat16 5x slower than float32; sessions 32-37's, with AVX512-BF16, ran it 1.5x faster)."""
+    import torch
+
+    from ..runtime.linear import onednn_computes
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f" ({capability}{'' if onednn_computes(torch.bfloat16) else ', no native bfloat16'})"
+
+
 def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None = None,
                   versions: dict[str, str | None] | None = None) -> list[str]:
     cpu = "unknown CPU"
@@ -58,8 +70,8 @@ def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None
         pass
     every = identity.get("read_every")
     return [
-        f"- machine: {platform.machine()} {cpu}, {os.cpu_count()} logical CPUs{mem}; {identity['threads']} torch threads; "
-        f"python {platform.python_version()}",
+        f"- machine: {platform.machine()} {cpu}{cpu_features()}, {os.cpu_count()} logical CPUs{mem}; "
+        f"{identity['threads']} torch threads; python {platform.python_version()}",
         *versions_lines(records, versions),
         f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "
         f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
