@@ -1234,16 +1234,18 @@ def test_half_precision_on_a_cpu_that_emulates_it_gets_a_note(tmp_path, capsys, 
     tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
     capsys.readouterr()
     monkeypatch.chdir(tmp_path)
-    note = "longswift: note: this CPU has no native bfloat16 arithmetic (AVX-512 or AVX-NE-CONVERT): torch emulates it"
+    note = "note: this CPU has no native bfloat16 arithmetic (AVX-512 or AVX-NE-CONVERT): torch emulates it"
     for dtype, said in (("bfloat16", not native), ("float32", False)):
         code, _, err = run_cli(capsys, "generate", "--model", "m", "--prompt-ids", "3,4,5", "--max-new-tokens", "3",
                                "--heads", "none", "--dtype", dtype, "--no-progress", "--checkpoint", f"{dtype}.json",
                                "--no-pack-weights")
         assert code == 0, err
-        assert (note in err) is said, err
+        assert (f"longswift: {note}" in err) is said, err
         assert err.count("note:") == int(said)
     code, _, err = run_cli(capsys, "generate", "--resume", "bfloat16.json", "--no-progress")
-    assert code == 0 and (note in err) is (not native), err
+    assert code == 0 and (f"longswift: {note}" in err) is (not native), err
+    code, _, err = run_cli(capsys, "generate", "--model", "nothing-here", "--prompt-ids", "3", "--dtype", "bfloat16")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err  # an error is still one line: the note comes later
     code, _, err = run_cli(capsys, "bench", "--model", "m", "--methods", "ar", "--prompt-tokens", "8", "--lengths", "4",
                            "--runs", "1", "--dtype", "bfloat16", "--no-progress", "--out-dir", "b", "--no-pack-weights")
     assert code == 0, err

@@ -23,6 +23,7 @@ from ..engine import Engine, load
 from ..stream import GenerationStream
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
+from ..runtime.linear import half_precision_note
 from ..runtime.loading import model_files, resolve_path
 from ..runtime.memory import MemoryPlan, rope_extension
 from ..runtime.model import fused_kernels
@@ -398,6 +399,9 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                     if not store.has(key):
                         plan.append((cell, r, m, key))
         log(f"{len(plan)} runs to do over {len(cells)} cells ({', '.join(runnable) or 'no methods'})")
+        note = half_precision_note(engine.model.dtype, engine.model.device)
+        if note and plan:
+            log(f"note: {note}")
         if plan and cfg.warmup:
             warm_prompt = list(plan[0][0].prompt.ids[:64])
             for m in dict.fromkeys(m for _, _, m, _ in plan):  # allocator, packed kernels, first-call paths

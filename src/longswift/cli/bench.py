@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +73,8 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.grid import BenchConfig, run_bench
     from ..prompts import STDIN
-    from ..runtime.linear import half_precision_note
 
     runtime = config_from_args(RuntimeConfig, args)
-    note = half_precision_note(runtime.torch_dtype(), runtime.torch_device())
-    if note:
-        print(f"longswift: note: {note}", file=sys.stderr)
     # Flags that would be dropped without a word (found by review): refused, as other conflicts are.
     prefix_flag = "--prefix" if args.prefix is not None else "--prompt-tokens" if args.prompt_tokens is not None else None
     if prefix_flag and args.prompt_file is not None and (args.chat or args.prompt_file.suffix == ".jsonl"):

@@ -212,10 +212,11 @@ class Ranks:
         from ..engine import load
         from ..runtime.linear import half_precision_note
 
-        note = half_precision_note(self.runtime.torch_dtype(), self.runtime.torch_device())
+        engine = load(model, self.runtime, heads=heads, tensor_parallel=self.parallel)
+        note = half_precision_note(engine.model.dtype, engine.model.device)  # (once it loads: an error is one line)
         if note and self.main:
             print(f"longswift: note: {note}", file=sys.stderr)
-        return load(model, self.runtime, heads=heads, tensor_parallel=self.parallel)
+        return engine
 
     def __exit__(self, *exc: Any) -> None:
         if self.parallel:

@@ -403,6 +403,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                              settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling))
         if cfg.bf16_lm_head is None:  # a resumed run goes on as it started, on whatever machine
             cfg = replace(cfg, bf16_lm_head=bool(ck["config"].get("bf16_lm_head", True)))
+        del ck  # (mapped: trainer.load_checkpoint reads it again)
     if cfg.bf16_lm_head is None:  # the checkpoint and the heads file record what ran
         cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
     with stop if stop is not None else nullcontext():
