@@ -43,6 +43,14 @@ FUSED_FROM_TOKENS = 64
 # runtime.memory.keep_freed_buffers): for the embedded model 32 rows past ~29K cached entries. At 32K a
 # 32-row verify pass took 1,361 ms explicitly (277K page faults) and 1,134 ms through the cascade (session 47).
 EXPLICIT_SCORES_BYTES = 32 << 20
+
+
+def explicit_scores_fit(query_rows: int, entries: int) -> bool:
+    """Whether a masked CPU forward's explicit [Hkv, G*T, S] float32 scores (`query_rows` = Hkv * G*T over `entries`
+    cached entries) stay within EXPLICIT_SCORES_BYTES; past it Attention._kernel takes the cascade."""
+    return query_rows * entries * 4 <= EXPLICIT_SCORES_BYTES
+
+
 # The largest copy of a span of keys the cascade takes slot by slot (by_slot) at once; see prefix_in_spans.
 BY_SLOT_SPAN_BYTES = 16 << 20
 
@@ -374,7 +382,7 @@ class Attention:
             return self.kernel
         if self.device.type == "cuda":
             return "flash" if m.new is None else "cascade"
-        if m.new is not None and (m.t >= self.fused_from_tokens or query_rows * m.end * 4 > EXPLICIT_SCORES_BYTES):
+        if m.new is not None and (m.t >= self.fused_from_tokens or not explicit_scores_fit(query_rows, m.end)):
             return "cascade"
         return "onednn" if self.packed and m.end >= self.onednn_from else "explicit"
 

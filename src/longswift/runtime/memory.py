@@ -182,11 +182,11 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     blocks = mask + merged + cpu_flash_buffer_bytes(cfg.head_dim) + keys
     if t >= FUSED_FROM_TOKENS:
         return blocks
-    # Explicit scores and their softmax while one of them fits attention.EXPLICIT_SCORES_BYTES (Attention._kernel),
-    # the cascade past it: a run's forwards take the first while its cache is short, the second once it is long.
-    limit = attention.EXPLICIT_SCORES_BYTES
-    explicit = mask + 2 * min(cfg.num_heads * t * capacity * 4, limit)
-    return explicit if cfg.num_heads * t * capacity * 4 <= limit else max(explicit, blocks)
+    # Explicit scores and their softmax while they fit (Attention._kernel), the cascade past it: a run's forwards
+    # take the first, up to attention.EXPLICIT_SCORES_BYTES, while its cache is short, the second once it is long.
+    if attention.explicit_scores_fit(cfg.num_heads * t, capacity):
+        return mask + 2 * cfg.num_heads * t * capacity * 4
+    return max(mask + 2 * attention.EXPLICIT_SCORES_BYTES, blocks)
 
 
 def plan_memory(

@@ -115,9 +115,9 @@ def bf16_lm_head_default(device: torch.device) -> bool:
     """--bf16-lm-head where not given: on where the device computes bfloat16 products natively (CUDA, and a CPU
     whose oneDNN has them: AVX-512 or AVX-NE-CONVERT), off elsewhere: on an AVX2-only CPU bfloat16 autocast ran
     the LM head's product 6x slower than float32 (session 48)."""
-    from ..runtime.linear import packing_supported
+    from ..runtime.linear import onednn_computes
 
-    return device.type != "cpu" or packing_supported(torch.bfloat16, device)
+    return device.type != "cpu" or onednn_computes(torch.bfloat16)
 
 
 def head_losses(heads: DraftHeads, lm_head: torch.Tensor, h0: torch.Tensor, targets: torch.Tensor,
@@ -141,7 +141,7 @@ class HeadTrainer:
     """Explicit training state: heads, AdamW, step, data order; `run_step()` does one optimizer step."""
 
     def __init__(self, engine: Any, windows: torch.Tensor, hidden: torch.Tensor, cfg: TrainConfig) -> None:
-        if cfg.bf16_lm_head is None:
+        if cfg.bf16_lm_head is None:  # (the checkpoint and the heads file record what ran)
             cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
         self.engine, self.cfg = engine, cfg
         self.windows, self.hidden = windows, hidden  # [N, L], [N, L, hidden]
@@ -404,8 +404,6 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
         if cfg.bf16_lm_head is None:  # a resumed run goes on as it started, on whatever machine
             cfg = replace(cfg, bf16_lm_head=bool(ck["config"].get("bf16_lm_head", True)))
         del ck  # (mapped: trainer.load_checkpoint reads it again)
-    if cfg.bf16_lm_head is None:  # the checkpoint and the heads file record what ran
-        cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
     with stop if stop is not None else nullcontext():
         with stop.at_once() if stop is not None else nullcontext():
             if log:
@@ -435,7 +433,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                 trainer.interrupted = True
                 return trainer
     bar.close()
-    meta = {"training": {"config": asdict(cfg), "settings": trainer.settings, "windows": int(windows.shape[0]),
+    meta = {"training": {"config": asdict(trainer.cfg), "settings": trainer.settings, "windows": int(windows.shape[0]),
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
     save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)
     write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
