@@ -15,7 +15,7 @@ from longswift.runtime.loading.gguf import gguf_dequantize  # noqa: E402
 from longswift.runtime.loading.gguf_quants import DEQUANTIZE  # noqa: E402
 
 # The float16 scales at the start of a block.
-SCALE_BYTES = {"Q4_0": (0, 2), "Q4_1": (0, 4), "Q4_K": (0, 4), "Q5_K": (0, 4)}
+SCALE_BYTES = {"Q4_0": (0, 2), "Q4_1": (0, 4), "Q8_0": (0, 2), "Q4_K": (0, 4), "Q5_K": (0, 4), "Q6_K": (208, 210)}
 
 
 def sizes(kind: str) -> tuple[int, int]:

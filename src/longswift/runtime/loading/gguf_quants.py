@@ -7,9 +7,13 @@ non-finite scales included. Only the types where this was faster than gguf-py's 
 thread, session 47, `docs/scripts/dequant_speed.py`): rows of 576 values (the embedded model's)
 Q4_0 and Q4_1 1.4-1.7x; rows of 4,096 (a 7-8B model's) Q4_0 and Q4_1 1.1-1.2x, Q4_K 1.3-1.4x,
 Q5_K 1.0-1.3x (two runs on a noisy machine).
-The embedded model's weights take 0.45 s instead of 0.8. Q8_0 ran at gguf-py's speed, Q5_0, Q5_1
-and Q6_K slower (0.7-0.9x); they, and every other type, go through gguf-py. Each function takes
-a tensor's bytes ([..., bytes] uint8, a view of the file) and returns [blocks, values] float32.
+The embedded model's weights take 0.45 s instead of 0.8. Q8_0 ran at gguf-py's speed there with one thread, but a
+load runs torch's threads while gguf-py's numpy runs one: on session 49's 2-core AMD EPYC the embedded model's Q8_0
+token embeddings (28M values) took 0.06 s against gguf-py's 0.16, so Q8_0 is here too, and so is Q6_K (a Q4_K_M or
+Q5_K_M file's output and some of its value and down projections): rows of 4,096, two threads 1.5-1.6x gguf-py, one
+0.9-1.4x (`docs/scripts/dequant_speed.py 4096 THREADS`, three runs each). Q5_0 and Q5_1 were slower (0.7-0.9x, one
+thread); they, and every other type, go through gguf-py. Each function takes a tensor's bytes ([..., bytes] uint8, a
+view of the file) and returns [blocks, values] float32.
 """
 
 from __future__ import annotations
@@ -53,6 +57,11 @@ def q4_0(data: np.ndarray) -> torch.Tensor:  # float16 d, 16 bytes of nibbles: d
     return _nibbles(raw[:, 2:], 16).float().sub_(8).mul_(_halves(raw, 0, 1))
 
 
+def q8_0(data: np.ndarray) -> torch.Tensor:  # float16 d, 32 signed bytes: d * q
+    raw = _blocks(data, 34)
+    return raw[:, 2:].view(torch.int8).float().mul_(_halves(raw, 0, 1))
+
+
 def q4_1(data: np.ndarray) -> torch.Tensor:  # float16 d and m, 16 bytes of nibbles: d * q + m
     raw = _blocks(data, 20)
     scales = _halves(raw, 0, 2)
@@ -84,4 +93,14 @@ def q5_k(data: np.ndarray) -> torch.Tensor:  # d, dmin, 12 bytes of scales, 32 b
     return q.float().mul_(scale).sub_(minimum).view(-1, QK_K)
 
 
-DEQUANTIZE: dict[str, Callable[[np.ndarray], torch.Tensor]] = {"Q4_0": q4_0, "Q4_1": q4_1, "Q4_K": q4_k, "Q5_K": q5_k}
+def q6_k(data: np.ndarray) -> torch.Tensor:  # 128 bytes of low nibbles, 64 of high bit pairs, 16 scales, d
+    raw = _blocks(data, 210)
+    low = _bits(raw[:, :128].reshape(-1, 64), 4).reshape(-1, 8, 32)  # each half's 64 bytes: low nibbles, then high
+    high = _bits(raw[:, 128:192].reshape(-1, 32), 2).reshape(-1, 8, 32)  # each half's 32 bytes: four bit pairs
+    q = (low | (high << 4)).view(torch.int8).sub_(32).view(-1, 16, 16).float()
+    scale = _halves(raw, 208, 1) * raw[:, 192:208].view(torch.int8).float()  # [blocks, 16]: d times each scale
+    return q.mul_(scale.unsqueeze(2)).view(-1, QK_K)
+
+
+DEQUANTIZE: dict[str, Callable[[np.ndarray], torch.Tensor]] = {"Q4_0": q4_0, "Q4_1": q4_1, "Q8_0": q8_0, "Q4_K": q4_k,
+                                                              "Q5_K": q5_k, "Q6_K": q6_k}
