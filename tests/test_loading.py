@@ -506,18 +506,18 @@ def test_a_gguf_tensor_type_the_gguf_package_cannot_read_names_the_remedy(tmp_pa
     import gguf
 
     write_small_gguf(tmp_path / "g.gguf", {})
-    raw = (tmp_path / "g.gguf").read_bytes()  # token_embd.weight as Q8_0 (gguf-py's), whose dequantizing is refused
-    f32, q8_0 = struct.pack("<I", gguf.GGMLQuantizationType.F32), struct.pack("<I", gguf.GGMLQuantizationType.Q8_0)
+    raw = (tmp_path / "g.gguf").read_bytes()  # token_embd.weight as Q5_0 (gguf-py's), whose dequantizing is refused
+    f32, q5_0 = struct.pack("<I", gguf.GGMLQuantizationType.F32), struct.pack("<I", gguf.GGMLQuantizationType.Q5_0)
     at = raw.index(b"token_embd.weight") + len("token_embd.weight") + 4 + 16  # past the name, n_dims, [64, 4]
     assert raw[at: at + 4] == f32
-    (tmp_path / "g.gguf").write_bytes(raw[:at] + q8_0 + raw[at + 4:])  # (64 x 4 values: 8 blocks, fewer bytes)
+    (tmp_path / "g.gguf").write_bytes(raw[:at] + q5_0 + raw[at + 4:])  # (64 x 4 values: 8 blocks, fewer bytes)
 
     def not_implemented(data, qtype):
         raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
 
     monkeypatch.setattr(gguf.quants, "dequantize", not_implemented)
     check_error(tmp_path / "g.gguf", "cannot read GGUF tensor 'token_embd.weight': the gguf package does not "
-                                     "dequantize its type Q8_0; use a file of another type")
+                                     "dequantize its type Q5_0; use a file of another type")
 
 
 def test_a_big_endian_gguf_reads_the_numbers_a_little_endian_one_holds(tmp_path):
