@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from longswift.runtime.linear import onednn_computes
+
 GROUP = 32
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # [out, in] of one layer's products
 LAYERS = 30
@@ -39,6 +41,7 @@ def main() -> None:
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
+    native_bf16 = onednn_computes(torch.bfloat16)
     fp32, bf16, int4, int8, widths = [], [], [], [], []
     bytes_fp32 = bytes_int4 = bytes_int8 = 0
     for _ in range(LAYERS):
@@ -46,7 +49,8 @@ def main() -> None:
             q, d, m = q4_1(out, inp, gen)
             w = (q.view(out, -1, GROUP).float() * d[..., None] + m[..., None]).view(out, inp)  # dequantized
             fp32.append(torch.ops.mkldnn._reorder_linear_weight(w))
-            bf16.append(torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()))
+            if native_bf16:  # (an AVX2-only CPU's oneDNN has no bfloat16 products: runtime.linear.onednn_computes)
+                bf16.append(torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()))
             # The kernel computes (q - 8) * scale + zero per group: zero = m + 8 d.
             sz = torch.stack([d.t(), (m + 8 * d).t()], dim=-1).contiguous()  # [in / 32, out, 2]
             int4.append((torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), sz))
@@ -80,6 +84,8 @@ def main() -> None:
               "bfloat16 oneDNN": (onednn(bf16, xb), bytes_fp32 // 2),
               "4-bit (Q4_1 layout) int4pack": (int4_pass, bytes_int4),
               "8-bit (a scale per row) int8pack": (int8_pass, bytes_int8)}
+    if not native_bf16:
+        del passes["bfloat16 oneDNN"]
     for name, (fn, nbytes) in passes.items():
         best = float("inf")
         for _ in range(reps):

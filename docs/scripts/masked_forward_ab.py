@@ -5,6 +5,9 @@
         one forward of T tokens under a causal [T, T] mask at S cached entries: ms, best of 6
     python docs/scripts/masked_forward_ab.py prefill 4096 auto,cascade [repeats]
         a P-token prompt read in chunks of 256: s, best of the repeats (paths interleaved)
+    python docs/scripts/masked_forward_ab.py decode 2048,4096 explicit,onednn [threads]
+        one decoding forward (a token, no mask) at S cached entries: ms, best of 12 in each of 3 rounds
+        (paths interleaved; default one thread, as bench's cells)
 
 `auto` is the path the runner picks; a path named is forced (`Attention.kernel`)."""
 
@@ -40,6 +43,10 @@ def main() -> None:
                         best = min(best, time.perf_counter() - start)
             print(f"T={t} S={s} {kernel}: {best * 1e3:.1f} ms", flush=True)
         return
+    if mode == "decode":
+        decode(engine, [int(x) for x in what.split(",")], sys.argv[3].split(","),
+               int(sys.argv[4]) if len(sys.argv) > 4 else 1)
+        return
     p, kernels = int(what), sys.argv[3].split(",")
     repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     tokens = torch.randint(0, 40000, (p,), generator=torch.Generator().manual_seed(0))
@@ -56,6 +63,26 @@ def main() -> None:
                                   logits_rows=slice(-1, None))
                 best[k] = min(best[k], time.perf_counter() - start)
     print(" ".join(f"{k} {v:.2f} s" for k, v in best.items()), flush=True)
+
+
+def decode(engine: longswift.Engine, sizes: list[int], kernels: list[str], threads: int) -> None:
+    torch.set_num_threads(threads)
+    model, cfg = engine.model, engine.cfg
+    with torch.inference_mode():
+        for s in sizes:
+            cache = FullKVCache(cfg, s + 64, model.dtype, model.device)
+            cache.k.normal_(), cache.v.normal_()
+            best = dict.fromkeys(kernels, float("inf"))
+            for _ in range(3):
+                for k in kernels:
+                    model.attention.kernel = None if k == "auto" else k
+                    for i in range(13):
+                        cache.length = s
+                        start = time.perf_counter()
+                        model.forward(torch.tensor([5]), torch.tensor([s]), cache)
+                        if i:  # the first is a warm-up
+                            best[k] = min(best[k], time.perf_counter() - start)
+            print(f"S={s}: " + "  ".join(f"{k} {v * 1e3:.1f} ms" for k, v in best.items()), flush=True)
 
 
 if __name__ == "__main__":
