@@ -4,7 +4,9 @@
 The 30 layers' products in their order (q/k/v 960x576, o 576x576, gate/up 3072x576, down 576x1536), each
 weight its own tensor, so that they are read from memory as in a forward (425 MB in float32: no cache holds
 them), through:
-- float32 and bfloat16 weights packed for oneDNN (`mkldnn._linear_pointwise`, what the runner uses on CPU);
+- float32 weights as they are (`F.linear`, what --no-pack-weights runs);
+- float32 and bfloat16 weights packed for oneDNN (`mkldnn._linear_pointwise`, what the runner uses on CPU; bfloat16
+  only where this CPU's oneDNN computes it);
 - 4-bit weights with a scale and an offset per 32 inputs, the GGUF's Q4_1 layout (the embedded model's),
   through torch's CPU kernel for them (`aten._weight_int4pack_mm_for_cpu`, float32 activations): its
   products equal the dequantized float32 weights' to float rounding (checked below), so the model would be
@@ -20,6 +22,7 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 from longswift.runtime.linear import onednn_computes
 
@@ -42,12 +45,13 @@ def main() -> None:
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     native_bf16 = onednn_computes(torch.bfloat16)
-    fp32, bf16, int4, int8, widths = [], [], [], [], []
+    plain, fp32, bf16, int4, int8, widths = [], [], [], [], [], []
     bytes_fp32 = bytes_int4 = bytes_int8 = 0
     for _ in range(LAYERS):
         for out, inp in SHAPES:
             q, d, m = q4_1(out, inp, gen)
             w = (q.view(out, -1, GROUP).float() * d[..., None] + m[..., None]).view(out, inp)  # dequantized
+            plain.append(w)
             fp32.append(torch.ops.mkldnn._reorder_linear_weight(w))
             if native_bf16:  # (an AVX2-only CPU's oneDNN has no bfloat16 products: runtime.linear.onednn_computes)
                 bf16.append(torch.ops.mkldnn._reorder_linear_weight(w.bfloat16()))
@@ -80,7 +84,9 @@ def main() -> None:
     def int8_pass():
         return [torch.ops.aten._weight_int8pack_mm(xb[i], q, scale) for (q, scale), i in zip(int8, widths)]
 
-    passes = {"float32 oneDNN": (onednn(fp32, xs), bytes_fp32),
+    passes = {"float32 plain (F.linear, --no-pack-weights)": (lambda: [F.linear(xs[i], w) for w, i in zip(plain, widths)],
+                                                              bytes_fp32),
+              "float32 oneDNN": (onednn(fp32, xs), bytes_fp32),
               "bfloat16 oneDNN": (onednn(bf16, xb), bytes_fp32 // 2),
               "4-bit (Q4_1 layout) int4pack": (int4_pass, bytes_int4),
               "8-bit (a scale per row) int8pack": (int8_pass, bytes_int8)}
