@@ -255,8 +255,15 @@ def test_a_gguf_newer_than_the_reader_is_not_called_damaged(tmp_path):
         data = bytearray(f.read(3_000_000))
     data[4:8] = (99).to_bytes(4, "little")
     (tmp_path / "new.gguf").write_bytes(bytes(data))
-    check_error(tmp_path / "new.gguf", r"it is GGUF version 99, newer than the installed gguf package reads \(\d+\): "
-                                       r"pip install -U gguf$")
+    check_error(tmp_path / "new.gguf", r"it is GGUF version 99, and longswift reads versions 2 and 3; use a file in "
+                                       r"one of those versions, or the model's Hugging Face checkpoint$")
+    data[4:8] = (99).to_bytes(4, "big")  # a big-endian file's version (it was read as 1,660,944,384)
+    (tmp_path / "new.gguf").write_bytes(bytes(data))
+    check_error(tmp_path / "new.gguf", r"it is GGUF version 99, and longswift reads")
+    data[4:8] = (1).to_bytes(4, "little")  # (it was said to end early or be damaged)
+    (tmp_path / "new.gguf").write_bytes(bytes(data))
+    check_error(tmp_path / "new.gguf", r"it is GGUF version 1, and longswift reads versions 2 and 3; convert the model "
+                                       r"again with a current llama.cpp$")
 
 
 def test_gguf_of_unsupported_architecture(tmp_path):
@@ -418,9 +425,10 @@ def test_a_gguf_stops_where_llama_cpp_does_at_the_end_of_a_turn(tmp_path):
     assert load_model(path, torch.float32, CPU).cfg.eos_token_ids == (2,)
 
 
-def write_small_gguf(path, meta: dict, tokens: int = 0) -> None:
+def write_small_gguf(path, meta: dict, tokens: int = 0, tensors: dict | None = None) -> None:
     """A llama GGUF of valid sizes (one layer, hidden 64 over 4 heads) with `meta` added or replacing the
-    rope base, and a vocabulary of `tokens` tokens (none: no tokenizer metadata)."""
+    rope base, and a vocabulary of `tokens` tokens (none: no tokenizer metadata); its tensors: `tensors` (name ->
+    float32 array) after the token embeddings, which are zeros unless `tensors` gives them."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
@@ -433,7 +441,9 @@ def write_small_gguf(path, meta: dict, tokens: int = 0) -> None:
         w.add_tokenizer_model("gpt2")
         w.add_token_list([f"t{i}" for i in range(tokens)])
         w.add_token_merges([])
-    w.add_tensor("token_embd.weight", np.zeros((max(tokens, 4), 64), dtype=np.float32))
+    tensors = {"token_embd.weight": np.zeros((max(tokens, 4), 64), dtype=np.float32), **(tensors or {})}
+    for name, values in tensors.items():
+        w.add_tensor(name, values)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
 
@@ -667,3 +677,96 @@ def test_gguf_weights_are_not_views_of_the_read_only_file(tmp_path):
     reader = open_gguf(tmp_path / "m.gguf")
     state = gguf_state_dict(reader, gguf_hf_config(reader, tmp_path / "m.gguf"), torch.float32, torch.device("cpu"))
     assert not any(np.shares_memory(t.numpy(), reader.data) for t in state.values())
+
+
+# ---- damaged GGUF files and checkpoints that loaded or failed with a traceback (session 49's review) -----------
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0])
+def test_gguf_rope_freqs_that_are_not_positive_and_finite_are_refused(tmp_path, bad):
+    """They loaded, and every logit came out NaN."""
+    hf = tiny_hf_model("llama", "llama3", seed=23)
+    freqs = llama3_rope_freqs(hf.config).clone()
+    freqs[1] = bad
+    write_gguf(tmp_path / "g.gguf", hf, extra={"rope_freqs.weight": freqs})
+    check_error(tmp_path / "g.gguf", "has rope_freqs that are not all positive finite numbers: the file is damaged")
+
+
+def _tensor_offset_at(raw: bytes, name: str) -> int:
+    """Where the header stores tensor `name`'s data offset (a uint64 after its name, dimensions and type)."""
+    at = raw.index(name.encode()) + len(name)
+    dims = struct.unpack_from("<I", raw, at)[0]
+    return at + 4 + 8 * dims + 4
+
+
+@pytest.mark.parametrize("edit, match", [("overlap", "tensors blk.0.attn_v.weight and blk.0.attn_q.weight share bytes"),
+                                         ("misaligned", "blk.0.attn_v.weight's data starts at offset .*, not a "
+                                                        "multiple of the file's alignment \\(32\\)")])
+def test_gguf_tensor_offsets_that_overlap_or_are_misaligned_are_refused(tmp_path, edit, match):
+    """A tensor whose offset pointed into another tensor's bytes (or between alignments) loaded those bytes."""
+    from longswift.runtime.loading.gguf_reader import GGUFHeader
+
+    write_gguf(tmp_path / "g.gguf", tiny_hf_model("llama", seed=3))
+    header = GGUFHeader(tmp_path / "g.gguf")
+    offsets = {t.name: t.data_offset - header.data_offset for t in header.tensors}
+    del header
+    raw = bytearray((tmp_path / "g.gguf").read_bytes())
+    at = _tensor_offset_at(raw, "blk.0.attn_v.weight")
+    assert struct.unpack_from("<Q", raw, at)[0] == offsets["blk.0.attn_v.weight"]
+    new = offsets["blk.0.attn_q.weight"] if edit == "overlap" else offsets["blk.0.attn_v.weight"] + 4
+    struct.pack_into("<Q", raw, at, new)
+    (tmp_path / "g.gguf").write_bytes(bytes(raw))
+    check_error(tmp_path / "g.gguf", "it ends early or is damaged .*" + match)
+
+
+@pytest.mark.parametrize("meta, tensors, match", [
+    ({}, {"blk.0.attn_q.weight": np.zeros((63, 64), np.float32)},
+     "a tensor blk.0.attn_q.weight of 63 rows .* does not split into 4 heads of rope pairs"),
+    ({"llama.attention.head_count_kv": 0}, {"blk.0.attn_k.weight": np.zeros((16, 64), np.float32)},
+     "a tensor blk.0.attn_k.weight of 16 rows .* does not split into 0 heads of rope pairs"),
+    ({}, {"token_embd.weight": np.zeros(256, np.float32)}, r"has a token_embd.weight of shape \[256\]: a model's is "),
+    ({}, {"blk.0": np.zeros(4, np.float32)}, "GGUF tensor 'blk.0' is not part of the model longswift runs"),
+])
+def test_gguf_tensors_of_impossible_shapes_or_names_are_one_line(tmp_path, meta, tensors, match):
+    """Each was a traceback (a reshape, a division by zero, an index, an unpacking)."""
+    write_small_gguf(tmp_path / "g.gguf", meta, tensors=tensors)
+    check_error(tmp_path / "g.gguf", match)
+
+
+def test_a_safetensors_index_whose_map_is_not_of_names_is_one_line(tmp_path):
+    tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": None}}))
+    check_error(tmp_path, "is not a valid safetensors index \\(weight_map must map tensor names to file names\\)")
+
+
+def test_a_tensor_in_two_shards_is_taken_from_the_one_the_index_names(tmp_path):
+    """The later file in sorted order won, whatever the index said; two copies without an index are refused."""
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("llama", seed=3)
+    state = {k: v.clone().contiguous() for k, v in hf.state_dict().items()}
+    embed = "model.embed_tokens.weight"
+    save_file({embed: state[embed]}, str(tmp_path / "a.safetensors"))
+    save_file({**state, embed: torch.zeros_like(state[embed])}, str(tmp_path / "b.safetensors"))
+    hf.config.save_pretrained(tmp_path)
+    weight_map = {name: "a.safetensors" if name == embed else "b.safetensors" for name in state}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    loaded = load_model(tmp_path, torch.float32, CPU)
+    assert torch.equal(loaded.state[embed], state[embed])
+    (tmp_path / "model.safetensors.index.json").unlink()
+    check_error(tmp_path, f"'{embed}' is in both '.*a.safetensors' and '.*b.safetensors', and no index says which")
+
+
+def test_weights_past_float16s_range_are_refused_in_float16(tmp_path):
+    """They became infinities in the cast, and the run wrote garbage."""
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("llama", seed=3)
+    hf.save_pretrained(tmp_path)
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    state["model.layers.0.mlp.up_proj.weight"][2, 7] = 1e6
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with pytest.raises(LongswiftError, match="hold values up to 1e\\+06 in 'model.layers.0.mlp.up_proj.weight', past "
+                                             "float16's range") as info:
+        load_model(tmp_path, torch.float16, CPU)
+    assert "\n" not in str(info.value)
+    assert load_model(tmp_path, torch.bfloat16, CPU).state["model.layers.0.mlp.up_proj.weight"][2, 7] == 1e6

@@ -198,12 +198,13 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
     return loaded
 
 
-def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike) -> None:
+def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
     """Refuse a weight holding NaN or infinite values (a damaged file, a diverged fine-tune): it ran and wrote
     garbage. Checked as read, on the CPU before the cast: one float32-accumulated sum (0.02-0.04 s for the
     embedded model's tensors), which a NaN or an infinity makes non-finite (sums of real weights are far from its
     range). On one thread: memory-bound, a sum gains little from two, and on a busy machine two threads' start-up
-    cost 6 ms a tensor (1.7 s for the embedded model's, against 0.04 s on one)."""
+    cost 6 ms a tensor (1.7 s for the embedded model's, against 0.04 s on one). `dtype`, the one the weights are
+    cast to: for float16, whose range ends at 65,504, values the cast would make infinite are refused too."""
     if not t.is_floating_point():
         return
     threads = torch.get_num_threads()
@@ -215,6 +216,12 @@ def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike) -> None:
     if not finite:
         raise LongswiftError(f"the weights in '{source}' hold NaN or infinite values in '{name}': the file is damaged "
                              "(or a training run diverged); re-download or re-export the model")
+    if dtype == torch.float16 and t.dtype != torch.float16:  # (the cast to `dtype` turned them into infinities)
+        largest = t.abs().amax()
+        if largest.to(torch.float16).isinf():
+            raise LongswiftError(f"the weights in '{source}' hold values up to {float(largest):.4g} in '{name}', past "
+                                 "float16's range (65,504): they would run as infinities; use bfloat16 or float32 "
+                                 "(--dtype)")
 
 
 HEAD_PREFIX = "model.medusa_layers."
@@ -261,7 +268,7 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
     corner: list[torch.Tensor] = []
 
     def before_cast(name: str, t: torch.Tensor) -> None:
-        check_finite(name, t, path)
+        check_finite(name, t, path, dtype)
         if name == EMBED:
             corner.append(embed_corner(t))
 
@@ -309,7 +316,7 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
                              "floating-point weights: a quantized or damaged checkpoint; use its float16/bfloat16/float32 "
                              "release, or a GGUF of it")
     for name, t in stored.items():
-        check_finite(name, t, path)
+        check_finite(name, t, path, dtype)
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.to(device=device, dtype=dtype) for k, v in stored.items()}
     del stored
@@ -353,15 +360,19 @@ def _generation_eos(path: Path) -> Any:
     return raw.get("eos_token_id") if isinstance(raw, dict) else None
 
 
-def _weight_files(path: Path) -> list[Path]:
+def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The safetensors files of an HF directory (its index's shards, else every *.safetensors), each
-    checked present."""
+    checked present, and the index's map of tensor names to file names (None without an index)."""
     index = path / "model.safetensors.index.json"
+    weight_map = None
     if index.is_file():
         try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+                raise TypeError("weight_map must map tensor names to file names")
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise LongswiftError(f"'{index}' is not a valid safetensors index ({exc}); re-download it") from None
+        names = sorted(set(weight_map.values()))
     else:
         names = sorted(p.name for p in path.glob("*.safetensors"))
     if not names:
@@ -369,19 +380,32 @@ def _weight_files(path: Path) -> list[Path]:
     for name in names:
         if not (path / name).is_file():
             raise LongswiftError(f"weight shard '{path / name}' named in the index is missing; re-download the model")
-    return [path / name for name in names]
+    return [path / name for name in names], weight_map
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's weight files; a tensor that the index maps to one file is taken from that file
+    (a copy in another shard, which a later file used to overwrite it with, is left), and one that two files hold
+    without the index naming either is refused."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}
-    for f in _weight_files(path):
+    found: dict[str, Path] = {}
+    files, weight_map = _weight_files(path)
+    for f in files:
         try:
-            state.update(load_file(str(f)))
+            tensors = load_file(str(f))
         except (SafetensorError, OSError, ValueError) as exc:
             raise weights_unreadable(f, exc) from None
+        for name, t in tensors.items():
+            owner = None if weight_map is None else weight_map.get(name)
+            if owner is not None and owner != f.name:
+                continue
+            if name in found:
+                raise LongswiftError(f"'{name}' is in both '{found[name]}' and '{f}', and no index says which to use; "
+                                     "remove the stray copy or re-download the model")
+            state[name], found[name] = t, f
     return state
 
 

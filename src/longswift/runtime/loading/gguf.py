@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 
 from ...errors import LongswiftError, reason_of
 from .gguf_quants import DEQUANTIZE
-from .gguf_reader import GGUFHeader
+from .gguf_reader import SUPPORTED_VERSIONS, GGUFHeader
 from .hub import quiet_transformers
 
 # GGUF architecture -> transformers model_type. Mistral GGUFs are written as "llama".
@@ -71,12 +72,15 @@ def _unreadable(path: Path, exc: Exception) -> str:
     if head[:4] != b"GGUF":
         return (f"'{path}' is not a GGUF file (it does not begin with the bytes 'GGUF'): give a .gguf model, or a "
                 "directory or hub id of a transformers checkpoint")
-    import gguf
-
     version = int.from_bytes(head[4:8], "little") if len(head) == 8 else None
-    if version is not None and version > gguf.GGUF_VERSION:
-        return (f"cannot read GGUF file '{path}': it is GGUF version {version}, newer than the installed gguf "
-                f"package reads ({gguf.GGUF_VERSION}): pip install -U gguf")
+    if version is not None and not version & 0xFFFF:  # a big-endian file's version, read little-endian
+        version = int.from_bytes(head[4:8], "big")
+    if version is not None and version not in SUPPORTED_VERSIONS:
+        readable = " and ".join(map(str, SUPPORTED_VERSIONS))
+        remedy = ("convert the model again with a current llama.cpp" if version < min(SUPPORTED_VERSIONS)
+                  else "use a file in one of those versions, or the model's Hugging Face checkpoint")
+        return (f"cannot read GGUF file '{path}': it is GGUF version {version}, and longswift reads versions "
+                f"{readable}; {remedy}")
     return (f"cannot read GGUF file '{path}' ({size}): it ends early or is damaged (the gguf reader: {reason}); "
             "download it again")
 
@@ -143,6 +147,9 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise LongswiftError(f"GGUF file '{path}' has no token_embd.weight tensor: it is not a complete model")
+    if len(embed.shape) != 2:
+        raise LongswiftError(f"GGUF file '{path}' has a token_embd.weight of shape {list(embed.shape)}: a model's is "
+                             "[hidden, vocabulary] (ggml's order); the file is damaged or not a model")
     vocab = _number(reader, f"{a}.vocab_size", None, path, whole=True) or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
     rope: dict[str, Any] = {"rope_theta": _number(reader, f"{a}.rope.freq_base", 10000.0, path), "rope_type": "default"}
     scaling = _field(reader, f"{a}.rope.scaling.type")
@@ -177,6 +184,9 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
         if len(factors) != head_dim // 2:
             raise LongswiftError(f"GGUF file '{path}' has {len(factors)} rope_freqs for a head size of {head_dim} "
                                  f"({head_dim // 2} frequencies)")
+        if not all(math.isfinite(f) and f > 0 for f in factors):  # (NaN or 0 ran: every logit NaN)
+            raise LongswiftError(f"GGUF file '{path}' has rope_freqs that are not all positive finite numbers: the "
+                                 "file is damaged; re-download or re-convert the model")
     kwargs = dict(
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -206,9 +216,13 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
     return config
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def _unpermute(w: np.ndarray, n_head: int, name: str, path: Path) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (interleaved rope pairs -> HF's half-split pairs)."""
     rows = w.shape[0]
+    if w.ndim > 2 or n_head <= 0 or rows % (2 * n_head):  # (a reshape or division error, a traceback, before)
+        raise LongswiftError(f"GGUF file '{path}' has a tensor {name} of {rows} rows (shape "
+                             f"{list(reversed(w.shape))} in ggml's order), which does not split into {n_head} heads of "
+                             "rope pairs: the file is damaged or its head counts are wrong")
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
@@ -222,7 +236,7 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
     for t in reader.tensors:
         if t.name in _GLOBAL_NAMES:
             name = _GLOBAL_NAMES[t.name]
-        elif t.name.startswith("blk."):
+        elif t.name.startswith("blk.") and t.name.count(".") >= 2:
             _, n, rest = t.name.split(".", 2)
             if rest not in _LAYER_NAMES:
                 if rest.startswith(_DERIVED):
@@ -244,9 +258,9 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
         array = gguf_dequantize(t)
         array = np.asarray(array, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
         if llama and rest_is(t.name, "attn_q"):
-            array = _unpermute(array, hf_config.num_attention_heads)
+            array = _unpermute(array, hf_config.num_attention_heads, t.name, reader.path)
         elif llama and rest_is(t.name, "attn_k"):
-            array = _unpermute(array, hf_config.num_key_value_heads)
+            array = _unpermute(array, hf_config.num_key_value_heads, t.name, reader.path)
         if np.may_share_memory(array, reader.data) or not array.flags.c_contiguous:
             # A dequantizer may hand back a view of the read-only map (gguf-py's does for F32); the weights get
             # a buffer of their own.

@@ -111,6 +111,19 @@ class GGUFHeader:
         self.alignment = self._alignment()
         self.data_offset = -(-self._offset // self.alignment) * self.alignment
         self.tensors = [self._tensor(*info, gguf) for info in table]
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        """Each tensor's bytes start at a multiple of the alignment and overlap no other tensor's, as writers lay them
+        out and llama.cpp's reader requires: a damaged or edited offset otherwise loads another tensor's bytes."""
+        spans = sorted((t.data_offset, t.data_offset + t.n_bytes, t.name) for t in self.tensors)
+        for start, _, name in spans:
+            if (start - self.data_offset) % self.alignment:
+                raise ValueError(f"tensor {name}'s data starts at offset {start - self.data_offset:,}, not a multiple "
+                                 f"of the file's alignment ({self.alignment})")
+        for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
+            if start < end:
+                raise ValueError(f"tensors {name} and {other} share bytes of the file")
 
     def _room(self, count: int, least: int, what: str) -> None:
         """Refuse `count` items of at least `least` bytes each where fewer bytes are left (a damaged count)."""
