@@ -94,7 +94,8 @@ def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):
     def encode(text, chat=False):  # one id per character; chat adds a 2-id wrapper
         return ([900, 901] if chat else []) + [ord(c) for c in text]
 
-    engine = SimpleNamespace(encode=encode, cfg=SimpleNamespace(vocab_size=50))
+    engine = SimpleNamespace(encode=encode, cfg=SimpleNamespace(vocab_size=50),
+                             tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)))
     prose = tmp_path / "p.txt"
     prose.write_text("abc")
     cells = build_prompts(engine, prose, False, (4, 7), seed=0)
@@ -499,23 +500,24 @@ def test_lockstep_batches_gather_our_methods_of_a_cell_and_run_around_peers():
 def test_lockstep_refuses_before_any_run_when_the_caches_together_do_not_fit(tmp_path, tiny_dir, capsys, monkeypatch):
     """Each cache alone fits (the engine checks it when allocating), both at once do not: said before any run."""
     import longswift.runtime.memory as memory
-    from longswift.bench.grid import BenchConfig, Cell, check_lockstep_memory
+    from longswift.bench.grid import BenchConfig, Cell, check_grid_memory
     from longswift.bench.prompts import Prompt
     from longswift.engine import load
 
     engine = load(str(tiny_dir), heads="random", threads=1)
     cell = Cell(Prompt("p", tuple(range(12)), False), 12, "paper", 200)
-    cfg = BenchConfig()
+    cfg = BenchConfig(lockstep=True)
     spec = SpecConfig().for_device(engine.model.device)
     one = memory.plan_memory(engine.cfg, engine.model.dtype, engine.model.device, 212 + tree_budget(spec),
                              GenerationConfig().prefill_chunk, engine.model.packed, draft_cache_tokens(spec, 212),
                              tree_budget(spec), sampled_rows=walk_rows(spec))
     free = one.kv_cache + one.draft_cache + one.workspace + 1  # TokenSwift's run alone fits
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)
-    check_lockstep_memory(engine, cfg, cell, ["tokenswift"])  # one method: nothing held beside it
+    check_grid_memory(engine, cfg, cell, ["tokenswift"])  # one method: nothing held beside it
     with pytest.raises(LongswiftError, match=r"--lockstep holds the KV caches of ar, tokenswift at once: .* GiB for the "
                                              r"212-token cell, but .* GiB is free; drop --lockstep"):
-        check_lockstep_memory(engine, cfg, cell, ["ar", "tokenswift"])
+        check_grid_memory(engine, cfg, cell, ["ar", "tokenswift"])
+    check_grid_memory(engine, BenchConfig(), cell, ["ar", "tokenswift"])  # one at a time: each fits
     code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
                  "ar,tokenswift", "--prefix", "12", "--lengths", "200", "--presets", "paper", "--lockstep",
                  "--out-dir", str(tmp_path / "b")])
@@ -736,6 +738,23 @@ def test_a_resumed_report_keeps_the_notes_of_rows_measured_earlier(tmp_path, tin
         assert line in first and line in again, line
 
 
+def test_a_cell_that_does_not_fit_is_refused_before_any_run_without_lockstep(tmp_path, tiny_dir, capsys, monkeypatch):
+    """Without --lockstep the grid ran its smaller cells first, and the run that did not fit said to lower
+    --max-new-tokens, a flag bench does not have."""
+    import longswift.runtime.memory as memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 10)  # no run's caches fit
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
+                 "ar,tokenswift", "--prefix", "12", "--lengths", "8,200", "--presets", "greedy",
+                 "--out-dir", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 2 and "start" not in err, err
+    assert "longswift: error: ar needs " in err and "for the 212-token cell" in err
+    assert "lower --lengths or --prefix" in err
+    assert "--max-new-tokens" not in err
+    assert not (tmp_path / "b" / "results.jsonl").exists()
+
+
 def test_lockstep_plans_the_fused_mode_without_a_partial_draft_cache(tiny_dir, monkeypatch):
     """tokenswift-fused drafts without a draft pass, so without the paper mode's partial cache; the lockstep
     memory check planned it with one, and could refuse grids that fit."""
@@ -746,11 +765,11 @@ def test_lockstep_plans_the_fused_mode_without_a_partial_draft_cache(tiny_dir, m
 
     engine = load(str(tiny_dir), heads="random", threads=1)
     cell = grid.Cell(Prompt("p", tuple(range(12)), False), 12, "paper", 200)
-    cfg = grid.BenchConfig(spec=SpecConfig(draft_kv_budget=48, draft_window=16, attention_sinks=4))
+    cfg = grid.BenchConfig(spec=SpecConfig(draft_kv_budget=48, draft_window=16, attention_sinks=4), lockstep=True)
     planned = []
     monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 40)
     monkeypatch.setattr(grid, "lockstep_bytes", lambda plans, graphs: planned.extend(plans) or 0)
-    grid.check_lockstep_memory(engine, cfg, cell, ["ar", "tokenswift", "tokenswift-fused"])
+    grid.check_grid_memory(engine, cfg, cell, ["ar", "tokenswift", "tokenswift-fused"])
     assert [p.draft_tokens for p in planned] == [0, 48, 0]
 
 
@@ -788,3 +807,64 @@ def test_the_reports_machine_line_names_the_cpus_vector_instructions_and_its_bfl
                           "heads": "none"})[0]
     assert f"({torch.backends.cpu.get_cpu_capability()}" in line
     assert ("no native bfloat16" in line) is (not native), line
+
+
+# ---- session 49's review of bench -----------------------------------------------------------------------------
+
+def test_an_out_file_that_is_not_utf8_text_is_refused_before_any_run(tmp_path, tiny_dir, capsys):
+    """A UTF-16 notes file as --out was a UnicodeDecodeError traceback after the whole grid, and --json was lost."""
+    notes = tmp_path / "notes.md"
+    notes.write_bytes("old notes\n".encode("utf-16"))
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
+                 "ar", "--prefix", "12", "--lengths", "4", "--presets", "greedy", "--out", str(notes),
+                 "--json", str(tmp_path / "j.json"), "--out-dir", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        f"longswift: error: --out '{notes}' exists and is not UTF-8 text, which --out appends the report to: choose "
+        "another file name"], err
+    assert notes.read_bytes() == "old notes\n".encode("utf-16") and not (tmp_path / "b" / "results.jsonl").exists()
+
+
+class _BosTokenizer:
+    """Characters as ids, with a BOS (id 1) in front unless asked not to add special tokens, as Llama's adds one."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [1] * add_special_tokens + [ord(c) for c in text]
+
+
+class _TextEngine:
+    tokenizer = _BosTokenizer()
+
+    def encode(self, text, chat=False):
+        return self.tokenizer.encode(text)
+
+
+def test_a_prose_prompt_repeated_to_its_prefix_has_one_bos(tmp_path):
+    """Repeating the whole encoding put the tokenizer's BOS at the start of every repeat."""
+    from longswift.bench.prompts import build_prompts
+
+    (tmp_path / "p.txt").write_text("abc")
+    [(prefix, prompt)] = build_prompts(_TextEngine(), tmp_path / "p.txt", False, (8,), 0)
+    assert prefix == 8 and list(prompt.ids) == [1, 97, 98, 99, 97, 98, 99, 97]
+
+
+def test_a_prompt_file_on_a_model_without_a_tokenizer_says_what_to_do(tmp_path, tiny_dir, capsys):
+    """encode's advice, to pass token ids, was no option bench has."""
+    (tmp_path / "p.txt").write_text("Some prose to repeat.")
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
+                 "ar", "--prefix", "12", "--lengths", "4", "--presets", "greedy", "--prompt-file",
+                 str(tmp_path / "p.txt"), "--out-dir", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 2 and "this model has no tokenizer: put its tokenizer files" in err and "token ids" in err
+    assert len(err.strip().splitlines()) == 1 and "list of token ids" not in err
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("runs", 10**20, "--runs 100000000000000000000 is more than a grid runs"),
+    ("pld_tokens", 10**20, "--pld-tokens 100000000000000000000 is more than")])
+def test_run_and_lookup_counts_past_any_use_are_refused(field, value, match):
+    """--runs 10**20 hung building the plan; --pld-tokens 10**20 was an OverflowError traceback in transformers."""
+    from longswift.bench.grid import BenchConfig
+
+    with pytest.raises(LongswiftError, match=match):
+        BenchConfig(**{field: value})

@@ -1251,3 +1251,19 @@ def test_half_precision_on_a_cpu_that_emulates_it_gets_a_note(tmp_path, capsys, 
     assert code == 0, err
     assert (note in err) is (not native), err
     assert linear.half_precision_note(torch.float16, torch.device("cuda")) is None
+
+
+def test_eval_heads_alpha_on_a_model_without_a_tokenizer_says_what_to_do(tmp_path, capsys):
+    """encode's advice, to pass token ids, was no option eval-heads has (session 49's review)."""
+    from conftest import tiny_hf_model
+
+    model = tmp_path / "tiny"
+    tiny_hf_model("llama", seed=5).save_pretrained(model)
+    data = tmp_path / "d.txt"
+    data.write_text(LOREM)
+    capsys.readouterr()  # save_pretrained's progress bar
+    code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "random", "--data", str(data),
+                           "--device", "cpu", "--seq-len", "16", "--no-progress")
+    assert_one_line_error(code, err, "the alpha run writes from a held-out text prompt, and this model has no "
+                                     "tokenizer: put its tokenizer files")
+    assert err.strip().endswith("or give --alpha-tokens 0")

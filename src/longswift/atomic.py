@@ -93,6 +93,20 @@ def check_json_output(path: Path, flag: str) -> None:
                              "another file name")
 
 
+def check_appendable(path: Path, flag: str) -> None:
+    """Refuse an output that a report is appended to (append_atomic) whose path holds a file that is not UTF-8 text
+    (a UTF-16 notes file, a binary): its runs would all go by before the append failed."""
+    try:
+        Path(path).read_bytes().decode("utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    except OSError:  # unreadable: check_writable says what it can
+        return
+    except UnicodeDecodeError:
+        raise LongswiftError(f"{flag} '{path}' exists and is not UTF-8 text, which {flag} appends the report to: "
+                             "choose another file name") from None
+
+
 def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
     """Refuse two of a command's files (named by their flags; None: not given) that are one file:
     of two outputs only the one written last would be left, and an output would overwrite an input."""
@@ -344,7 +358,8 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 def append_atomic(path: str | os.PathLike, text: str) -> None:
     """Append to a text file by rewriting it atomically: readers see the old file or the new one."""
     path = Path(path)
-    write_atomic(path, (path.read_text() if path.exists() else "") + text)
+    check_appendable(path, str(path))  # (checked before a command's work too: see check_appendable)
+    write_atomic(path, (path.read_text(encoding="utf-8") if path.exists() else "") + text)
 
 
 def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:

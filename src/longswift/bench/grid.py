@@ -51,6 +51,9 @@ PRESETS = {
 }
 DEFAULT_LENGTHS = (2048, 4096, 8192)
 
+MAX_RUNS = 10_000  # runs per cell
+MAX_PLD_TOKENS = 1024  # tokens a prompt-lookup step proposes (hf-pld, llamacpp-pld)
+
 
 @dataclass
 class BenchConfig:
@@ -97,6 +100,11 @@ class BenchConfig:
             raise LongswiftError("--lengths (--new-tokens) must be at least 2 tokens each")
         if self.runs <= 0 or self.pld_tokens <= 0:
             raise LongswiftError("--runs and --pld-tokens must be positive")
+        if self.runs > MAX_RUNS:  # (a run count of 10**20 hung while the plan was built)
+            raise LongswiftError(f"--runs {self.runs} is more than a grid runs ({MAX_RUNS:,} at most)")
+        if self.pld_tokens > MAX_PLD_TOKENS:  # (transformers raised an OverflowError traceback on 10**20)
+            raise LongswiftError(f"--pld-tokens {self.pld_tokens} is more than a lookup step proposes "
+                                 f"({MAX_PLD_TOKENS:,} at most; the peers' default is 10)")
 
     def sampling(self, preset: str) -> SamplingConfig:
         s = PRESETS[preset]
@@ -286,18 +294,28 @@ def lockstep_bytes(plans: list[MemoryPlan], graph_pools: bool) -> int:
     return sum(p.kv_cache + p.draft_cache for p in plans) + (sum(work) if graph_pools else max(work))
 
 
-def check_lockstep_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[str]) -> None:
-    """--lockstep holds the KV caches of all of `ours` at once (lockstep_bytes): refuse, before any run, a
-    grid whose longest cell's methods together do not fit the free memory."""
+def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[str]) -> None:
+    """Refuse, before any run, a grid whose longest cell does not fit the free memory: each of `ours` alone (the
+    run's own check came after the grid's smaller cells, and named generate's flags), and with --lockstep, which
+    holds their KV caches at once (lockstep_bytes), all of them together."""
     from ..runtime.memory import GiB, available_bytes
     from ..spec.budget import run_plan
 
-    if len(ours) < 2 or (free := available_bytes(engine.model.device)) is None:
+    if not ours or (free := available_bytes(engine.model.device)) is None:
         return
     model, tokens = engine.model, len(cell.prompt.ids) + cell.length
     spec = (cfg.spec or SpecConfig()).for_device(model.device)
     plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, GenerationConfig().prefill_chunk, model.packed,
                       model.float32_logits, method_spec(m, spec)) for m in ours]
+    for m, plan in zip(ours, plans):
+        need = plan.total - plan.weights - plan.packed_weights  # (the weights are loaded)
+        if need > free:
+            raise LongswiftError(f"{m} needs {need / GiB:.2f} GiB more for the {tokens}-token cell "
+                                 f"({plan.describe()}), but {free / GiB:.2f} GiB is free; lower --lengths or --prefix, "
+                                 "or use a smaller --dtype"
+                                 + (", --draft-kv-budget, --tree or --ngram-topk" if plan.tree_nodes else ""))
+    if not cfg.lockstep or len(ours) < 2:
+        return
     need = lockstep_bytes(plans, model.device.type == "cuda" and use_graphs(engine.runtime.cuda_graphs, model))
     if need > free:
         raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {need / GiB:.2f} GiB for "
@@ -324,7 +342,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
               show_progress: bool = True) -> list[dict[str, Any]]:
     """Run the grid; return every run's record (those resumed from `out_dir` included). `show_progress`:
     log each run's tokens as it goes, not only its start."""
-    from ..atomic import check_dir_writable, check_distinct, check_json_output, check_writable
+    from ..atomic import check_appendable, check_dir_writable, check_distinct, check_json_output, check_writable
 
     if out_dir is not None:
         check_dir_writable(out_dir, "--out-dir")
@@ -339,6 +357,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                     ("--heads", named_heads_file(heads))])
     if json_path is not None:  # nor over a file that is not JSON (a heads file named by mistake)
         check_json_output(Path(json_path).expanduser(), "--json")
+    if out is not None:
+        check_appendable(Path(out).expanduser(), "--out")
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
     if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
@@ -366,8 +386,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             runnable.append(m)
     if not runnable:
         raise LongswiftError("none of the methods can run here: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
-    if cfg.lockstep:  # before any run (and any file), not when the longest cell's second cache is allocated
-        check_lockstep_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
+    # before any run (and any file), not when the longest cell's cache (or its second cache, in lockstep) is allocated
+    check_grid_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
     identity = suite_identity(engine, cfg, heads)
     store = ResultStore(out_dir, identity, fresh, engine.fingerprint) if out_dir is not None else MemoryStore(identity)
     try:  # (a results directory is locked while this invocation writes it)

@@ -56,20 +56,35 @@ def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: t
         g = torch.Generator().manual_seed(seed)
         pool = torch.randint(0, engine.cfg.vocab_size, (max(prefixes),), generator=g).tolist()
         return [(p, Prompt(f"random-ids-seed{seed}", tuple(pool[:p]), False)) for p in prefixes]
+    if engine.tokenizer is None:  # (encode's advice, to give token ids, is not one bench can take)
+        raise LongswiftError(f"--prompt-file '{prompt_file}' is text, and this model has no tokenizer: put its "
+                             "tokenizer files (tokenizer.json, tokenizer_config.json) in the model directory, or leave "
+                             "out --prompt-file (random token ids)")
     if prompt_file.suffix == ".jsonl":
         return [(None, Prompt(name, tuple(engine.encode(text, chat=chat)), True))
                 for name, text in read_instructions(prompt_file)]
     text = read_prompt_file(prompt_file)
     if chat:
         return [(None, Prompt(prompt_file.stem, tuple(engine.encode(text, chat=True)), True))]
-    ids = engine.encode(text)
+    lead, body = _special_lead(engine, text)
     out = []
     for p in prefixes:
-        repeated = list(ids)
+        repeated = list(lead) + list(body)
         while len(repeated) < p:
-            repeated += ids
+            repeated += body
         out.append((p, Prompt(prompt_file.stem, tuple(repeated[:p]), False)))
     return out
+
+
+def _special_lead(engine: Any, text: str) -> tuple[list[int], list[int]]:
+    """The ids a prose prompt starts with (the tokenizer's BOS, where it adds one: Llama, Mistral) and the text's own
+    ids, which are repeated to a prefix length: repeating the whole encoding put a BOS at every repeat."""
+    ids = engine.encode(text)
+    body = engine.tokenizer.encode(text, add_special_tokens=False)
+    for start in range(len(ids) - len(body) + 1):
+        if body and ids[start: start + len(body)] == body:
+            return ids[:start], body  # (a special token after the text, such as an EOS, is not repeated either)
+    return [], ids  # a tokenizer whose text ids are not a run of its whole encoding: repeated whole, as before
 
 
 def file_digest(path: Path | None) -> str | None:

@@ -57,7 +57,8 @@ def _list(text: str | None, flag: str, kind: type) -> tuple | None:
 
 
 def cmd_bench_steps(args: argparse.Namespace) -> int:
-    from ..atomic import append_atomic, check_distinct, check_json_output, check_writable, write_atomic
+    from ..atomic import (append_atomic, check_appendable, check_distinct, check_json_output, check_writable,
+                          write_atomic)
     from ..bench.steps import StepBenchConfig, run_bench_steps
     from ..bench.steps_report import render, to_json
 
@@ -75,6 +76,8 @@ def cmd_bench_steps(args: argparse.Namespace) -> int:
     check_distinct([("--out", args.out), ("--json", args.json)])
     if args.json is not None:  # nor over a file that is not JSON (a heads file named by mistake)
         check_json_output(args.json, "--json")
+    if args.out is not None:
+        check_appendable(args.out, "--out")
     result = run_bench_steps(bench, runtime, command="longswift " + shlex.join(args.argv))
     report = render(result)
     print(report)
