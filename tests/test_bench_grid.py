@@ -820,7 +820,7 @@ def test_an_out_file_that_is_not_utf8_text_is_refused_before_any_run(tmp_path, t
                  "--json", str(tmp_path / "j.json"), "--out-dir", str(tmp_path / "b")])
     err = capsys.readouterr().err
     assert code == 2 and err.strip().splitlines() == [
-        f"longswift: error: --out '{notes}' exists and is not UTF-8 text, which --out appends the report to: choose "
+        f"longswift: error: --out '{notes}' exists and is not UTF-8 text, and the report is appended to it: choose "
         "another file name"], err
     assert notes.read_bytes() == "old notes\n".encode("utf-16") and not (tmp_path / "b" / "results.jsonl").exists()
 

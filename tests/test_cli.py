@@ -902,8 +902,8 @@ def test_heads_that_are_neither_a_path_nor_a_hub_id_are_refused_first(capsys, no
     assert_one_line_error(code, err, f"heads '{heads}' do not exist: pass a heads file, a directory holding one")
 
 
-def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
-    """`--heads none`, or `auto` on a model that has none, leaves nothing to evaluate: say so and how."""
+def tiny_model_and_text(tmp_path, capsys):
+    """A tiny random llama saved to tmp_path/tiny (no tokenizer) and a text file of LOREM, for eval-heads."""
     from conftest import tiny_hf_model
 
     model = tmp_path / "tiny"
@@ -911,6 +911,12 @@ def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
     data = tmp_path / "d.txt"
     data.write_text(LOREM)
     capsys.readouterr()  # save_pretrained's progress bar
+    return model, data
+
+
+def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
+    """`--heads none`, or `auto` on a model that has none, leaves nothing to evaluate: say so and how."""
+    model, data = tiny_model_and_text(tmp_path, capsys)
     code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "none", "--data", str(data))
     assert_one_line_error(code, err, "eval-heads needs draft heads")
     code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "auto", "--data", str(data),
@@ -921,13 +927,7 @@ def test_eval_heads_without_heads_is_a_one_line_error(tmp_path, capsys):
 def test_eval_heads_refuses_windows_too_short_for_its_heads(tmp_path, capsys):
     """--seq-len 4 left the third head no target (accuracy 0.000 over no positions) and 2 or 3 raised a
     shape error, after the windows had been run through the model: refused once the heads are known."""
-    from conftest import tiny_hf_model
-
-    model = tmp_path / "tiny"
-    tiny_hf_model("llama", seed=5).save_pretrained(model)
-    data = tmp_path / "d.txt"
-    data.write_text(LOREM)
-    capsys.readouterr()  # save_pretrained's progress bar
+    model, data = tiny_model_and_text(tmp_path, capsys)
     for length in ("3", "4"):
         code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "random", "--data", str(data),
                                "--device", "cpu", "--seq-len", length, "--alpha-tokens", "0", "--no-progress")
@@ -1255,13 +1255,7 @@ def test_half_precision_on_a_cpu_that_emulates_it_gets_a_note(tmp_path, capsys, 
 
 def test_eval_heads_alpha_on_a_model_without_a_tokenizer_says_what_to_do(tmp_path, capsys):
     """encode's advice, to pass token ids, was no option eval-heads has (session 49's review)."""
-    from conftest import tiny_hf_model
-
-    model = tmp_path / "tiny"
-    tiny_hf_model("llama", seed=5).save_pretrained(model)
-    data = tmp_path / "d.txt"
-    data.write_text(LOREM)
-    capsys.readouterr()  # save_pretrained's progress bar
+    model, data = tiny_model_and_text(tmp_path, capsys)
     code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "random", "--data", str(data),
                            "--device", "cpu", "--seq-len", "16", "--no-progress")
     assert_one_line_error(code, err, "the alpha run writes from a held-out text prompt, and this model has no "

@@ -103,8 +103,8 @@ def check_appendable(path: Path, flag: str) -> None:
     except OSError:  # unreadable: check_writable says what it can
         return
     except UnicodeDecodeError:
-        raise LongswiftError(f"{flag} '{path}' exists and is not UTF-8 text, which {flag} appends the report to: "
-                             "choose another file name") from None
+        raise LongswiftError(f"{flag} '{path}' exists and is not UTF-8 text, and the report is appended to it: choose "
+                             "another file name") from None
 
 
 def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
@@ -358,7 +358,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 def append_atomic(path: str | os.PathLike, text: str) -> None:
     """Append to a text file by rewriting it atomically: readers see the old file or the new one."""
     path = Path(path)
-    check_appendable(path, str(path))  # (checked before a command's work too: see check_appendable)
+    check_appendable(path, "the output")  # (checked before a command's work too: see check_appendable)
     write_atomic(path, (path.read_text(encoding="utf-8") if path.exists() else "") + text)
 
 
