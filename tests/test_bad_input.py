@@ -1256,3 +1256,22 @@ def test_result_so_far_takes_only_the_finish_reasons():
     with pytest.raises(ValueError, match="finish_reason must be one of length, eos, stop, interrupted or None"):
         stream.result_so_far("bogus")
     assert stream.result_so_far("interrupted").stats.finish_reason == "interrupted"
+
+
+def test_heads_of_another_dtype_given_as_an_object_run_as_a_copy_in_the_models():
+    """Heads of a float32 engine given to a float64 one of the same model were taken (the fingerprint is the same)
+    and the first draft pass failed in a product of two dtypes (session 49's review). They now run as a copy in the
+    model's dtype, TokenSwift's tokens AR's, and the object given is left as it was."""
+    from conftest import tiny_hf_model
+
+    import longswift
+
+    hf = tiny_hf_model("llama", seed=5)
+    heads = longswift.load(hf, dtype="float32", heads="random").heads
+    engine = longswift.load(hf, dtype="float64", heads=None)
+    engine.set_heads(heads)
+    assert heads.weights.dtype == torch.float32 and engine.heads.weights.dtype == torch.float64
+    run = {"max_new_tokens": 40, "ignore_eos": True, "seed": 3}
+    assert engine.generate([5, 9, 17], method="tokenswift", **run).token_ids == \
+        engine.generate([5, 9, 17], method="ar", **run).token_ids
+    assert "a copy in float64" in engine.heads_origin

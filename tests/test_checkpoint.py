@@ -453,3 +453,32 @@ def test_the_checkpoint_after_an_interrupted_step_holds_the_stats_of_the_boundar
     ckpt = stream.checkpoint()
     assert stream.stats.verify_steps == boundary.stats["verify_steps"] + 1  # the live stats: mid-step
     assert ckpt.stats == boundary.stats and ckpt.token_ids == boundary.token_ids
+
+
+def test_resuming_leaves_the_checkpoint_as_it_was(base):
+    """The resumed run's stats shared the checkpoint's stage_seconds dict: the run changed the caller's Checkpoint,
+    and two resumes of it added to one dict (session 49's review)."""
+    c = stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, **dict(zip(
+        ("method", "spec"), RUNS["tokenswift-adaptive"]))), 20)
+    before = c.to_json()
+    first, second = base.resume(c), base.resume(c)
+    for stream in (first, second):
+        list(stream)
+    assert c.to_json() == before
+    assert first.result.stats.stage_seconds is not second.result.stats.stage_seconds
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: replace(c, sampling={**c.sampling, "banned_ids": [500]}), "banned token ids are damaged"),
+    (lambda c: replace(c, sampling={**c.sampling, "banned_ids": list(range(VOCAB))}), "banned token ids are damaged"),
+    (lambda c: replace(c, stats={**c.stats, "stage_seconds": {"draft": "x"}}),
+     r"settings are damaged \(GenerationStats.stage_seconds must map stage names to seconds\)"),
+    (lambda c: replace(c, stats={**c.stats, "stage_seconds": "x"}), "stage_seconds must map stage names to seconds"),
+])
+def test_checkpoint_values_a_run_refuses_are_refused_on_resume(base, edit, message):
+    """A banned id past the vocabulary was an IndexError in the first step, every id banned ran, and stage seconds
+    that are not numbers a TypeError (a Checkpoint built in Python, or a file edited with its checksum redone)."""
+    c = stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 13)
+    with pytest.raises(LongswiftError, match=message) as info:
+        list(base.resume(edit(c)))
+    assert "\n" not in str(info.value)

@@ -140,3 +140,29 @@ def test_a_stop_string_begun_before_a_resume_ends_the_resumed_run(stop):
     for cut in range(4, want):  # every checkpoint inside the stop string
         checker = StopStrings(BYTES, (stop,), previous=ids[:cut])
         assert cut + checker.cut(ids[cut:]) == want, cut
+
+
+@pytest.mark.parametrize("method", ["ar", "tokenswift"])
+def test_a_stop_string_inside_a_token_block_leaves_the_steps_that_ran(method, monkeypatch):
+    """Tokens drawn past a stop string within a token block (read_every > 1; 16 on CUDA) are dropped, and so are
+    their steps: the stats counted them (11 tokens in 16 steps), AR's and TokenSwift's plain blocks alike."""
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift.spec.schedule import FULL, LOOKUP, NARROW, PLAIN, StepSchedule
+
+    rates = {FULL: 1.0, NARROW: 1.5, LOOKUP: 2.0, PLAIN: 3.0}  # plain steps lead: TokenSwift runs plain blocks
+    monkeypatch.setattr(StepSchedule, "rate", lambda self, kind: rates[kind])
+    engine = longswift.load(tiny_hf_model("llama", seed=5, vocab=260), dtype="float32", heads="random", read_every=8)
+    engine.tokenizer = BYTES
+    run = {"max_new_tokens": 40, "ignore_eos": True, "temperature": 0, "method": method}
+    whole = engine.generate([72, 105], **run).token_ids
+    # the text up to a token inside the second block, whose last characters end the run there
+    cut = next(n for n in range(11, 16) if BYTES.decode(whole[:n]) != BYTES.decode(whole[:n - 1]))
+    result = engine.generate([72, 105], stop=BYTES.decode(whole[:cut])[-3:], **run)
+    n = len(result.token_ids)
+    assert result.stats.finish_reason == "stop" and n == result.stats.new_tokens and n % 8, n
+    if method == "ar":
+        assert result.stats.steps == n
+    else:
+        assert result.stats.plain_steps == result.stats.steps - 1 == n - 1  # (the first token is the prefill's)

@@ -3,6 +3,7 @@ the GenerationStream they return) and `set_heads`."""
 
 from __future__ import annotations
 
+import copy
 import numbers
 import os
 import secrets
@@ -118,8 +119,9 @@ class Engine:
         return tid
 
     def set_heads(self, heads: DraftHeads | str | None) -> None:
-        """Draft heads for TokenSwift: a DraftHeads; "auto" (the heads inside the model checkpoint,
-        TokenSwift's released layout, else the heads shipped for this model, else none); "default"
+        """Draft heads for TokenSwift: a DraftHeads (of another dtype or device than the model's: a copy in
+        those); "auto" (the heads inside the model checkpoint, TokenSwift's released layout, else the heads
+        shipped for this model, else none); "default"
         (only the shipped ones); a heads file, a released checkpoint directory or hub id (its heads,
         for this same base model); "random" (seeded random heads: correct but slow, for testing);
         or None / "none" (AR only)."""
@@ -143,6 +145,11 @@ class Engine:
             origin = "none" if found is None else "given as a DraftHeads object"
             if found is not None:
                 self._check_given_heads(found)
+                if (found.weights.dtype, found.weights.device) != (embed.dtype, embed.device):
+                    # (another engine's heads, of another dtype: the first draft pass failed in a product) a copy
+                    # in this model's dtype and device; the object given stays as it was
+                    found = copy.deepcopy(found).to(device=embed.device, dtype=embed.dtype)
+                    origin = f"given as a DraftHeads object (a copy in {str(embed.dtype).removeprefix('torch.')})"
         else:
             choice = choose_heads(heads, lambda: self._checkpoint_heads is not None,
                                   lambda: shipped_heads(self.fingerprint))
@@ -398,6 +405,10 @@ class Engine:
                                  "resume from an earlier copy")
         if any(not 0 <= t < self.cfg.vocab_size for t in setup.prompt_ids + c.token_ids):
             raise LongswiftError("the checkpoint's token ids do not fit this model's vocabulary")
+        banned = setup.sampling.banned_ids  # (stream() refuses these; a resume raised an IndexError, or ran them)
+        if any(t >= self.cfg.vocab_size for t in banned) or len(banned) >= self.cfg.vocab_size:
+            raise LongswiftError(f"the checkpoint's banned token ids are damaged (past this model's "
+                                 f"{self.cfg.vocab_size} ids, or all of them): resume from an earlier copy")
         generated = list(c.token_ids)
         if not ended(generated, setup.generation, self.eos_ids, stats.finish_reason):
             stats.resumes += 1  # (a finished run's checkpoint gives its result again: nothing re-read, no resume)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .config import GenerationConfig, check_types
+from .errors import ConfigTypeError
 
 # Why a run ended: its length, an EOS, a stop string, or a stop between steps (the CLI's signal; a caller's break).
 FINISH_REASONS = ("length", "eos", "stop", "interrupted")
@@ -68,6 +69,12 @@ class GenerationStats:
         names = {f.name for f in fields(cls)}
         stats = cls(**{k: v for k, v in d.items() if k in names})
         check_types(stats)
+        if not isinstance(stats.stage_seconds, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                for k, v in stats.stage_seconds.items()):  # (a TypeError traceback when the run added to one)
+            raise ConfigTypeError("GenerationStats.stage_seconds must map stage names to seconds",
+                                  "stats.stage_seconds must map stage names to seconds")
+        stats.stage_seconds = dict(stats.stage_seconds)  # the run's own: resuming added to the checkpoint's dict
         return stats
 
     def add_captures(self, graphs: Iterable[Any]) -> None:
