@@ -97,11 +97,17 @@ def check_appendable(path: Path, flag: str) -> None:
     """Refuse an output that a report is appended to (append_atomic) whose path holds a file that is not UTF-8 text
     (a UTF-16 notes file, a binary): its runs would all go by before the append failed."""
     try:
-        Path(path).read_bytes().decode("utf-8")
-    except (FileNotFoundError, IsADirectoryError):
+        _text_to_append_to(Path(path), flag)
+    except OSError:  # unreadable, or a directory: check_writable says what it can
         return
-    except OSError:  # unreadable: check_writable says what it can
-        return
+
+
+def _text_to_append_to(path: Path, flag: str) -> str:
+    """The text of the file a report is appended to ("" where there is none yet), refused where it is not UTF-8."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        return ""
     except UnicodeDecodeError:
         raise LongswiftError(f"{flag} '{path}' exists and is not UTF-8 text, and the report is appended to it: choose "
                              "another file name") from None
@@ -357,9 +363,8 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 
 def append_atomic(path: str | os.PathLike, text: str) -> None:
     """Append to a text file by rewriting it atomically: readers see the old file or the new one."""
-    path = Path(path)
-    check_appendable(path, "the output")  # (checked before a command's work too: see check_appendable)
-    write_atomic(path, (path.read_text(encoding="utf-8") if path.exists() else "") + text)
+    path = Path(path)  # (its text is checked before a command's work too: check_appendable)
+    write_atomic(path, _text_to_append_to(path, "the output") + text)
 
 
 def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:

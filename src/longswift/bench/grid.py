@@ -308,7 +308,7 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
     plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, GenerationConfig().prefill_chunk, model.packed,
                       model.float32_logits, method_spec(m, spec)) for m in ours]
     for m, plan in zip(ours, plans):
-        need = plan.total - plan.weights - plan.packed_weights  # (the weights are loaded)
+        need = plan.needed(weights_loaded=True)
         if need > free:
             raise LongswiftError(f"{m} needs {need / GiB:.2f} GiB more for the {tokens}-token cell "
                                  f"({plan.describe()}), but {free / GiB:.2f} GiB is free; lower --lengths or --prefix, "

@@ -132,12 +132,16 @@ class MemoryPlan:
             f"= {self.total / GiB:.2f} GiB on {self.device}"
         )
 
+    def needed(self, weights_loaded: bool) -> int:
+        """The bytes the run still has to allocate: weights already resident are not counted again."""
+        return self.total - (self.weights + self.packed_weights if weights_loaded else 0)
+
     def check(self, weights_loaded: bool) -> None:
-        """Refuse a plan that cannot fit; weights already resident are not counted again."""
+        """Refuse a plan that cannot fit (needed)."""
         free = available_bytes(torch.device(self.device))
         if free is None:
             return
-        need = self.total - (self.weights + self.packed_weights if weights_loaded else 0)
+        need = self.needed(weights_loaded)
         if need > free:
             def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
                 return (f"not enough memory: this run needs {need / GiB:.2f} GiB more ({self.describe()}) but "
