@@ -4,6 +4,10 @@ import os
 import re
 
 
+# The remedy for text input to a model without a tokenizer, wherever text is read (data, prompts, prompt files).
+ADD_TOKENIZER_FILES = "put its tokenizer files (tokenizer.json, tokenizer_config.json) in the model directory"
+
+
 class LongswiftError(Exception):
     """A user-facing error; the CLI prints its message on one line and exits with status 2. Where the
     message names settings, it names them as the Python API spells them; `cli_message`, if given, names

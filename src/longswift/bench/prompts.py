@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..errors import LongswiftError
+from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..prompts import read_prompt_file
 
 
@@ -57,9 +57,8 @@ def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: t
         pool = torch.randint(0, engine.cfg.vocab_size, (max(prefixes),), generator=g).tolist()
         return [(p, Prompt(f"random-ids-seed{seed}", tuple(pool[:p]), False)) for p in prefixes]
     if engine.tokenizer is None:  # (encode's advice, to give token ids, is not one bench can take)
-        raise LongswiftError(f"--prompt-file '{prompt_file}' is text, and this model has no tokenizer: put its "
-                             "tokenizer files (tokenizer.json, tokenizer_config.json) in the model directory, or leave "
-                             "out --prompt-file (random token ids)")
+        raise LongswiftError(f"--prompt-file '{prompt_file}' is text, and this model has no tokenizer: "
+                             f"{ADD_TOKENIZER_FILES}, or leave out --prompt-file (random token ids)")
     if prompt_file.suffix == ".jsonl":
         return [(None, Prompt(name, tuple(engine.encode(text, chat=chat)), True))
                 for name, text in read_instructions(prompt_file)]

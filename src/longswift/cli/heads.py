@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
-from ..errors import LongswiftError
+from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
                     heads_value, model_inputs, progress_lines, seed_number, show_progress, whole_number)
 from .outputs import os_error_with
@@ -102,8 +102,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
 
     if engine.tokenizer is None:  # --data is text and --self-distill writes from text prompts: both need one
         raise LongswiftError("this model has no tokenizer, and both --data (text) and --self-distill (text prompts) "
-                             "need one: put its tokenizer files (tokenizer.json, tokenizer_config.json) in the "
-                             "model directory")
+                             f"need one: {ADD_TOKENIZER_FILES}")
     documents: list[list[int]] = []
     info: dict = {}
     if texts:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..errors import LongswiftError
+from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -105,6 +105,5 @@ def cut_windows(documents: list[list[int]], seq_len: int) -> torch.Tensor:
 
 def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     if tokenizer is None:
-        raise LongswiftError("this model has no tokenizer, so it cannot read text data: put its tokenizer files "
-                             "(tokenizer.json, tokenizer_config.json) in the model directory")
+        raise LongswiftError(f"this model has no tokenizer, so it cannot read text data: {ADD_TOKENIZER_FILES}")
     return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]

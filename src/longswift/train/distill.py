@@ -17,7 +17,7 @@ import torch
 
 from ..atomic import write_atomic
 from ..config import SamplingConfig, torch_seed
-from ..errors import LongswiftError
+from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..runtime.loading.tokenizer_cache import cache_root
 from ..runtime.twin import hf_twin
 from ..sampling import transform
@@ -125,9 +125,8 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if prompts is None:
         if engine.tokenizer is None:
-            raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: put its "
-                                 "tokenizer files (tokenizer.json, tokenizer_config.json) in the model directory, "
-                                 "or pass prompts as token ids")
+            raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: "
+                                 f"{ADD_TOKENIZER_FILES}, or pass prompts as token ids")
         prompts = [engine.encode(p, chat=None) for p in PROMPTS]  # the chat template where the model has one
     longest, limit = max((len(p) for p in prompts), default=0), engine.cfg.context_limit
     if longest + new_tokens > limit:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
-from ..errors import LongswiftError
+from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..spec.heads import DraftHeads
 from .train import base_hidden, head_targets
 
@@ -63,9 +63,8 @@ def check_alpha_fits(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT
     """Refuse, naming --alpha-tokens, a held-out generation longer than the model's context, or one that this
     model, without a tokenizer, cannot write from its text prompt."""
     if engine.tokenizer is None:  # (encode's advice, to give token ids, is not one eval-heads can take)
-        raise LongswiftError("the alpha run writes from a held-out text prompt, and this model has no tokenizer: put "
-                             "its tokenizer files (tokenizer.json, tokenizer_config.json) in the model directory, or "
-                             "give --alpha-tokens 0")
+        raise LongswiftError("the alpha run writes from a held-out text prompt, and this model has no tokenizer: "
+                             f"{ADD_TOKENIZER_FILES}, or give --alpha-tokens 0")
     total, limit = len(engine.encode(prompt, chat=None)) + new_tokens, engine.cfg.context_limit
     if total > limit:
         raise LongswiftError(f"--alpha-tokens {new_tokens} + the held-out prompt's {total - new_tokens} tokens exceed "
