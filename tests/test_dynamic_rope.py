@@ -11,6 +11,7 @@ from conftest import tiny_hf_model
 
 import longswift
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.runtime.cache import FullKVCache
 
 PROMPT = [3, 4, 5, 6, 7] * 4  # 20 tokens; the trained context is 32, the run goes to 60
 GREEDY = SamplingConfig(temperature=0, repetition_penalty=1.0)
@@ -20,9 +21,28 @@ SPEC = SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False)
 
 
 @pytest.fixture(scope="module")
-def dynamic():
-    hf = tiny_hf_model("llama", "dynamic", seed=31, dtype=torch.float64, vocab=24, max_position_embeddings=32)
-    return longswift.load(hf, dtype="float64", heads="random")
+def dynamic_hf():
+    return tiny_hf_model("llama", "dynamic", seed=31, dtype=torch.float64, vocab=24, max_position_embeddings=32)
+
+
+@pytest.fixture(scope="module")
+def dynamic(dynamic_hf):
+    return longswift.load(dynamic_hf, dtype="float64", heads="random")
+
+
+def test_a_prompt_past_the_trained_context_read_in_chunks_is_one_forward(dynamic, dynamic_hf):
+    """transformers reads a prompt in one forward: every row with the frequencies of the whole prompt's length.
+    Chunks of it are rotated with those too (each chunk's own length gave 0.4 relative error)."""
+    prompt = torch.randint(3, 24, (45,), generator=torch.Generator().manual_seed(5))  # past the trained 32
+    with torch.no_grad():
+        ref = dynamic_hf(prompt[None]).logits[0, -1]
+    last = {}
+    for chunk in (16, 45):
+        cache = FullKVCache(dynamic.cfg, 45, torch.float64, torch.device("cpu"))
+        with torch.inference_mode():
+            last[chunk], _ = dynamic.model.prefill(prompt, cache, chunk=chunk)
+    assert torch.allclose(last[16], last[45], rtol=0, atol=1e-12)
+    assert (last[16] - ref).abs().max() / ref.abs().max() < 1e-5  # (transformers' norms round in float32)
 
 
 def test_a_row_of_a_many_row_forward_is_rotated_as_its_decode_step(dynamic):

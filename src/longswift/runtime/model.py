@@ -265,6 +265,7 @@ class Transformer:
         logits_rows: torch.Tensor | slice | None = None,
         queries: list[torch.Tensor] | None = None,
         decoded: bool = False,
+        prompt_last: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens, positions: [T] long (positions on the host or the device; dynamic NTK rope reads their
         maximum, a wait for the device where they live there). Writes T KV entries at the cache's end (advancing it) and
@@ -272,14 +273,17 @@ class Transformer:
         pre-norm hidden states [T, hidden]. Without a cache, attention is causal among the tokens.
         If `queries` is a list, each layer appends the last token's query [H, D] (after rope).
         `decoded` (implied by a tree mask): rows that AR decodes one at a time, which dynamic NTK
-        rope then rotates as AR's decode step at each row's position does (runtime/rope.py)."""
+        rope then rotates as AR's decode step at each row's position does (runtime/rope.py).
+        `prompt_last`: the last position of the prompt this forward is a chunk of; dynamic NTK rope rotates
+        every row with that prompt's frequencies, as one forward of the whole prompt (transformers') does."""
         cfg = self.cfg
         t = int(tokens.shape[0])
         start = cache.reserve(t) if cache is not None else 0
         s = start + t
         max_position = 0
         if cfg.rope_type == "dynamic":
-            max_position = None if decoded or tree_mask is not None else int(positions.max())
+            max_position = None if decoded or tree_mask is not None else (
+                prompt_last if prompt_last is not None else int(positions.max()))
         cos, sin = self.rope.cos_sin(positions.to(self.device), max_position, self.dtype)  # [T, 1, D]
         masks = self.attention.masks(t, start, cfg.group_size, tree_mask)
 
@@ -348,9 +352,11 @@ class Transformer:
         cut = n if decoded_from is None else min(decoded_from, n)
         spans = [(lo, min(lo + chunk, cut), False) for lo in range(0, cut, chunk)]
         spans += [(lo, min(lo + chunk, n), True) for lo in range(cut, n, chunk)]
+        prompt_last = cache.length + cut - 1  # each prompt chunk is rotated as a part of the whole prompt
         for lo, hi, decoded in spans:
             pos = torch.arange(cache.length, cache.length + hi - lo, device=self.device)
-            logits, hidden = self.forward(tokens[lo:hi], pos, cache, logits_rows=slice(-1, None), decoded=decoded)
+            logits, hidden = self.forward(tokens[lo:hi], pos, cache, logits_rows=slice(-1, None), decoded=decoded,
+                                          prompt_last=prompt_last)
             if progress is not None:
                 progress(hi, n)
         return logits[0], hidden[-1]
