@@ -595,6 +595,17 @@ def test_tokenizer_files_that_cannot_be_read_are_not_called_no_tokenizer(tmp_pat
     check_error(tmp_path, r"cannot load the tokenizer in '.*' \(tokenizer.json\): .*; fix or re-download those files")
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_directory_without_a_vocabulary_has_no_tokenizer(tmp_path, arch):
+    """transformers builds Qwen2's tokenizer from no files at all (one token, EOS id 0): it was taken as the
+    model's, and id 0, a real token, ended runs as an EOS. A tokenizer_config.json alone holds no vocabulary."""
+    tiny_hf_model(arch, seed=3).save_pretrained(tmp_path)
+    engine = longswift.load(tmp_path, dtype="float32")
+    assert engine.tokenizer is None and sorted(engine.eos_ids) == [2]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer"}))
+    assert load_model(tmp_path, torch.float32, CPU).tokenizer is None
+
+
 def test_an_empty_model_name_is_refused_not_read_as_the_current_directory(tmp_path, capsys, monkeypatch):
     tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
     monkeypatch.chdir(tmp_path)  # (a model here: Path("") would have loaded it)

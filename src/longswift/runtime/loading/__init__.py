@@ -306,8 +306,6 @@ def _hf_dir_config(path: Path) -> Any:
 
 
 def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
-    from transformers import AutoTokenizer
-
     cfg = _path_config(path, rope_scaling)
     stored = {k.removeprefix("_orig_mod."): v for k, v in _read_safetensors(path).items()}
     whole = next((k for k, v in stored.items() if not v.is_floating_point()), None)
@@ -322,20 +320,31 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
     del stored
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    try:
-        with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as exc:
-        present = [name for name in TOKENIZER_FILES if (path / name).exists()]
-        if present:  # files that are there but cannot be read: not "no tokenizer"
-            raise LongswiftError(f"cannot load the tokenizer in '{path}' ({', '.join(present)}): {reason_of(exc)}; "
-                                 "fix or re-download those files") from None
-        tokenizer = None  # token ids still work through the API; text needs a tokenizer
-    return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=corner)
+    return LoadedModel(cfg, state, _hf_tokenizer(path), str(path), embed_corner=corner)
 
 
 # The files a Hugging Face tokenizer is read from; a directory with none of them has no tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "tekken.json")
+# Those that hold a vocabulary: without one, transformers may build an empty tokenizer (Qwen2's, of one
+# token, whose EOS id 0 would then end runs at a real token of the model) rather than fail.
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tekken.json")
+
+
+def _hf_tokenizer(path: Path) -> Any | None:
+    """The tokenizer in a model directory, or None where it has no vocabulary file (token ids still work
+    through the API; text needs a tokenizer)."""
+    from transformers import AutoTokenizer
+
+    present = [name for name in TOKENIZER_FILES if (path / name).exists()]
+    if not any(name in present for name in VOCABULARY_FILES):
+        return None
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:  # files that are there but cannot be read: not "no tokenizer"
+        raise LongswiftError(f"cannot load the tokenizer in '{path}' ({', '.join(present)}): {reason_of(exc)}; "
+                             "fix or re-download those files") from None
 
 
 def with_eos(cfg: ModelConfig, eos: Any) -> ModelConfig:
