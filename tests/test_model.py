@@ -56,6 +56,31 @@ def test_full_forward_matches_transformers(arch, rope, tie, pack):
     assert rel_err(no_cache, ref) < 1e-4
 
 
+FIELDS_NOT_READ = [("mistral", {"attention_bias": True}), ("mistral", {"mlp_bias": True}), ("qwen2", {"mlp_bias": True}),
+                   ("qwen3", {"mlp_bias": True}), ("llama", {"hidden_act": "swish"}),
+                   ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2})]
+
+
+@pytest.mark.parametrize("arch,fields", FIELDS_NOT_READ, ids=[f"{a}-{next(iter(f))}" for a, f in FIELDS_NOT_READ])
+def test_config_fields_that_transformers_does_not_apply_are_not_applied(arch, fields):
+    """A mistral's bias fields and a qwen's mlp_bias, which their classes never read, had the load look for bias
+    tensors and refuse the checkpoint; "swish" (SiLU) was refused; a qwen window from layer 2 of 2 (none) refused
+    runs longer than the window. Each now loads, runs transformers' forward and keeps the full context."""
+    hf = tiny_hf_model(arch, "default", seed=4, dtype=torch.float64, max_position_embeddings=CTX, **fields)
+    engine = longswift.load(hf, dtype="float64")
+    assert engine.cfg.sliding_window is None
+    ids = torch.randint(0, hf.config.vocab_size, (SEQ,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        ours, _ = engine.model.forward(ids, torch.arange(SEQ), None)
+    assert rel_err(ours, ref) < 1e-5  # (transformers' norms round in float32)
+
+
+def test_a_qwen_window_from_a_layer_the_model_has_is_kept():
+    hf = tiny_hf_model("qwen2", "default", use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    assert longswift.load(hf, dtype="float32").cfg.sliding_window == 8
+
+
 @pytest.mark.parametrize("arch,rope,tie", [c for c in CASES if c[1] != "dynamic"],
                          ids=[f"{a}-{r}" for a, r, t in CASES if r != "dynamic"])
 def test_chunked_prefill_and_decode_match_full_forward(arch, rope, tie):

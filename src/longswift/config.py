@@ -152,7 +152,7 @@ class ModelConfig:
                 f"unsupported architecture '{arch}': longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         act = getattr(hf, "hidden_act", "silu")
-        if act != "silu":
+        if act not in ("silu", "swish"):  # (transformers' two names of one function)
             raise LongswiftError(f"unsupported activation '{act}': longswift runs SiLU-gated MLPs only")
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         rope = getattr(hf, "rope_parameters", None) or {}
@@ -177,16 +177,20 @@ class ModelConfig:
                 _positive_number(f"rope_parameters.{key}", rope[key])
         eos = getattr(hf, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        # Biases as transformers' classes build them, whatever else a config says (a mistral's attention_bias or
+        # a qwen's mlp_bias, which they never read, had the load look for bias tensors and refuse the checkpoint).
         attention_bias = bool(getattr(hf, "attention_bias", False))
         if arch == "qwen2":
             qkv_bias, o_bias = True, False
-        elif arch == "llama":
+        elif arch == "mistral":
+            qkv_bias = o_bias = False
+        else:  # llama; qwen3: attention_bias covers q/k/v/o
             qkv_bias = o_bias = attention_bias
-        else:  # mistral: none; qwen3: attention_bias covers q/k/v/o
-            qkv_bias = o_bias = attention_bias
+        mlp_bias = arch == "llama" and bool(getattr(hf, "mlp_bias", False))
         sliding = getattr(hf, "sliding_window", None)
-        if arch in ("qwen2", "qwen3") and not getattr(hf, "use_sliding_window", False):
-            sliding = None
+        if arch in ("qwen2", "qwen3") and (not getattr(hf, "use_sliding_window", False)
+                                           or "sliding_attention" not in (getattr(hf, "layer_types", None) or [])):
+            sliding = None  # qwen: windowed layers only from max_window_layers on (its layer_types), maybe none
         return cls(
             architecture=arch,
             vocab_size=int(hf.vocab_size),
@@ -201,7 +205,7 @@ class ModelConfig:
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             qkv_bias=qkv_bias,
             o_bias=o_bias,
-            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+            mlp_bias=mlp_bias,
             qk_norm=arch == "qwen3",
             sliding_window=int(sliding) if sliding else None,
             rope_type=rope_type,
