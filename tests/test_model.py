@@ -56,8 +56,8 @@ def test_full_forward_matches_transformers(arch, rope, tie, pack):
     assert rel_err(no_cache, ref) < 1e-4
 
 
-FIELDS_NOT_READ = [("mistral", {"attention_bias": True}), ("mistral", {"mlp_bias": True}), ("qwen2", {"mlp_bias": True}),
-                   ("qwen3", {"mlp_bias": True}), ("llama", {"hidden_act": "swish"}),
+FIELDS_NOT_READ = [("mistral", {"attention_bias": True}), ("mistral", {"mlp_bias": True}),
+                   ("qwen2", {"mlp_bias": True}), ("qwen3", {"mlp_bias": True}), ("llama", {"hidden_act": "swish"}),
                    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2})]
 
 
