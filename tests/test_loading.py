@@ -692,6 +692,17 @@ def test_gguf_weights_are_not_views_of_the_read_only_file(tmp_path):
 
 # ---- damaged GGUF files and checkpoints that loaded or failed with a traceback (session 49's review) -----------
 
+def test_a_gguf_that_rotates_part_of_each_head_is_refused(tmp_path):
+    """llama.cpp rotates only rope.dimension_count dimensions of each head; that field was not read, so such a
+    file ran with every dimension rotated (session 50's review)."""
+    hf = tiny_hf_model("llama", seed=23)
+    write_gguf(tmp_path / "whole.gguf", hf, meta={"rope.dimension_count": hf.config.head_dim})
+    assert load_config(tmp_path / "whole.gguf").head_dim == hf.config.head_dim
+    write_gguf(tmp_path / "g.gguf", hf, meta={"rope.dimension_count": hf.config.head_dim // 2})
+    check_error(tmp_path / "g.gguf", r"rotates 8 of each head's 16 dimensions \(llama.rope.dimension_count\): partial "
+                "rotary embeddings are not supported")
+
+
 @pytest.mark.parametrize("bad", [float("nan"), 0.0])
 def test_gguf_rope_freqs_that_are_not_positive_and_finite_are_refused(tmp_path, bad):
     """They loaded, and every logit came out NaN."""

@@ -175,6 +175,10 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
                                  "implement: load the model from its Hugging Face checkpoint instead")
     names = {t.name for t in reader.tensors}
     head_dim = _number(reader, f"{a}.attention.key_length", hidden // heads, path, whole=True)
+    rotated = _number(reader, f"{a}.rope.dimension_count", head_dim, path, whole=True)
+    if rotated != head_dim:  # llama.cpp rotates only the first `rotated` dimensions of each head
+        raise LongswiftError(f"GGUF file '{path}' rotates {rotated} of each head's {head_dim} dimensions "
+                             f"({a}.rope.dimension_count): partial rotary embeddings are not supported")
     # Llama 3.1/3.2's llama3 rope scaling: llama.cpp's converter writes no scaling type but the factor that
     # divides each frequency, as the tensor rope_freqs (the rope of 3.1 at every position, not only past 8K).
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
