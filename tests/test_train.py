@@ -335,6 +335,18 @@ def test_data_with_a_byte_order_mark(tmp_path):
     assert read_texts([tmp_path / "a.jsonl", tmp_path / "b.txt"]) == ["one", "two", "three"]
 
 
+def test_jsonl_lines_end_at_newlines_only_and_ndjson_is_jsonl(tmp_path):
+    """json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 inside strings: splitlines() cut the
+    lines there and refused the file as 'not JSON'. A .ndjson file was read as one text document."""
+    texts = ["one\u2028two", "three\u2029four\u0085five", "six\r"]
+    lines = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts)
+    (tmp_path / "a.jsonl").write_text(lines, encoding="utf-8", newline="")
+    (tmp_path / "b.ndjson").write_text(lines.replace("\n", "\r\n"), encoding="utf-8", newline="")
+    assert read_texts([tmp_path / "a.jsonl"]) == texts
+    assert read_texts([tmp_path / "b.ndjson"]) == texts
+    assert read_texts([tmp_path]) == texts + texts  # (a directory's .ndjson files are read too)
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "training data is empty"),
     (b"   \n", "training data is empty"),

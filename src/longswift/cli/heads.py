@@ -58,7 +58,7 @@ def add_parsers(sub: Any) -> None:
 
 def _add_data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", default=[], metavar="FILE_OR_DIR",
-                   help="text (.txt/.md/.text), JSONL with a 'text' field (.jsonl/.json), or a directory of them; "
+                   help="text (.txt/.md/.text), JSONL with a 'text' field (.jsonl/.ndjson/.json), or a directory of them; "
                         "repeatable")
     p.add_argument("--self-distill", type=whole_number, default=0, metavar="N",
                    help="first generate N tokens with the model itself (paper sampling, cached) and use them")

@@ -13,14 +13,14 @@ import torch
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
-JSONL_SUFFIXES = (".jsonl", ".json")
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")  # (.ndjson: the same JSON Lines)
 
 
 def _files(source: Path) -> list[Path]:
     if source.is_dir():
         found = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES)
         if not found:
-            raise LongswiftError(f"directory '{source}' holds no .txt/.md/.text/.jsonl/.json files: point --data at "
+            raise LongswiftError(f"directory '{source}' holds no .txt/.md/.text/.jsonl/.ndjson/.json files: point --data at "
                                  "text files")
         return found
     if source.exists() and not source.is_file():  # (a shell's <(...) is a pipe: it exists, and is read once)
@@ -51,7 +51,9 @@ def _one_document(content: str) -> bool:
 
 def _jsonl_texts(path: Path, content: str) -> list[str]:
     texts = []
-    for n, line in enumerate(content.splitlines(), 1):
+    # Lines end at "\n" only: splitlines() also cut at U+2028, U+2029 and U+0085, which JSON writers leave
+    # unescaped inside strings (json.dumps with ensure_ascii=False), and refused such files as "not JSON".
+    for n, line in enumerate(content.split("\n"), 1):
         if not line.strip():
             continue
         try:
