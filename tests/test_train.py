@@ -122,6 +122,44 @@ def test_training_lowers_loss_and_touches_only_the_heads(tiny, tmp_path):
     assert [m["step"] for m in log] == list(range(1, 31))
 
 
+def test_head_accuracy_a_window_at_a_time_counts_what_all_windows_at_once_do(tiny):
+    """eval-heads takes the base's hidden states a window at a time now (all at once did not fit for large data):
+    the same counts as heads applied to every window's hidden states at once, in chunks across windows."""
+    windows = _windows(tiny, n=4, length=20, seed=5)
+    heads = new_heads(tiny.cfg, tiny.model.state, 3)
+    with torch.no_grad():
+        heads.weights.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+        states = heads(base_hidden(tiny.model, windows).flatten(0, 1))  # [gamma, N*L, hidden]
+        best3 = torch.topk(tiny.model.lm_head(states), 3, dim=-1).indices
+    targets = head_targets(windows, 3).flatten(1, 2)  # [gamma, N*L]
+    valid = targets != -100
+    hit = best3 == targets[..., None]
+    acc = head_accuracy(tiny, heads, windows, chunk=7)  # (chunks that do not divide a window)
+    assert acc.positions == int(valid[0].sum())
+    assert acc.top1 == ((hit[..., 0] & valid).sum(1) / valid.sum(1).double()).tolist()
+    assert acc.top3 == ((hit.any(-1) & valid).sum(1) / valid.sum(1).double()).tolist()
+    assert acc.top1[0] > 0
+
+
+def test_hidden_states_that_do_not_fit_in_memory_are_refused_in_a_line(tiny, monkeypatch):
+    """They were a traceback from the allocator (and train-heads left the --out it had made)."""
+    import longswift.train.train as train_module
+
+    windows = _windows(tiny, n=3, length=20)
+    monkeypatch.setattr(train_module, "available_bytes", lambda device: 1000)
+    with pytest.raises(LongswiftError, match=r"hidden states of 3 windows of 20 tokens need 0.00 GiB, and 0.00 GiB is "
+                                             r"free: give less data \(--data, --self-distill\) or a smaller --seq-len"):
+        base_hidden(tiny.model, windows)
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(train_module, "available_bytes", lambda device: None)
+    monkeypatch.setattr(train_module.torch, "empty", no_memory)  # (a ulimit -v that free memory does not show)
+    with pytest.raises(LongswiftError, match=r"need 0.00 GiB, which this process could not allocate \(a limit"):
+        base_hidden(tiny.model, windows)
+
+
 def test_resume_equals_uninterrupted(tiny, tmp_path):
     windows = _windows(tiny, n=5, seed=1)
     cfg = TrainConfig(steps=6, lr=5e-3, seq_len=24, batch_size=2, grad_accum=2, warmup=2, checkpoint_every=3)

@@ -11,7 +11,7 @@ import torch
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..spec.heads import DraftHeads
-from .train import base_hidden, head_targets
+from .train import head_targets
 
 HELD_OUT_PROMPT = "Write a long novel chapter about a family reunion at a mountain inn cut off by a snowstorm."
 
@@ -36,25 +36,31 @@ def check_window(seq_len: int, gamma: int) -> None:
 
 def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: int = 1024,
                   progress: bool = False) -> HeadAccuracy:
-    """Top-1/top-3 accuracy of each head (head i at t predicting the token at t+1+i) on windows [N, L]."""
+    """Top-1/top-3 accuracy of each head (head i at t predicting the token at t+1+i) on windows [N, L]. The base's
+    hidden states are taken a window at a time (all of them at once did not fit in memory for large data)."""
+    from tqdm import tqdm
+
     check_window(int(windows.shape[1]), heads.gamma)
-    hidden = base_hidden(engine.model, windows.to(engine.model.device), progress)  # [N, L, hidden]
-    targets = head_targets(windows.to(engine.model.device), heads.gamma)  # [gamma, N, L]
-    h0, tg = hidden.flatten(0, 1), targets.flatten(1, 2)
+    model = engine.model
+    windows = windows.to(model.device)
+    targets = head_targets(windows, heads.gamma)  # [gamma, N, L]
+    positions = torch.arange(windows.shape[1], device=model.device)
     top1 = torch.zeros(heads.gamma, dtype=torch.long)
     top3 = torch.zeros(heads.gamma, dtype=torch.long)
     count = torch.zeros(heads.gamma, dtype=torch.long)
     with torch.no_grad():
-        for lo in range(0, h0.shape[0], chunk):
-            states = heads(h0[lo : lo + chunk].to(heads.weights.dtype))  # [gamma, P, hidden]
-            logits = engine.model.lm_head(states.flatten(0, 1).to(engine.model.dtype)).view(*states.shape[:2], -1)
-            best3 = torch.topk(logits, 3, dim=-1).indices  # [gamma, P, 3]
-            t = tg[:, lo : lo + chunk]
-            valid = t != -100
-            hit = best3 == t[..., None]
-            top1 += (hit[..., 0] & valid).sum(dim=1).cpu()
-            top3 += (hit.any(dim=-1) & valid).sum(dim=1).cpu()
-            count += valid.sum(dim=1).cpu()
+        for i in tqdm(range(windows.shape[0]), desc="base hidden states", unit="window", disable=not progress):
+            _, h0 = model.forward(windows[i], positions, None, logits_rows=slice(0, 0))  # [L, hidden]
+            for lo in range(0, h0.shape[0], chunk):
+                states = heads(h0[lo : lo + chunk].to(heads.weights.dtype))  # [gamma, P, hidden]
+                logits = model.lm_head(states.flatten(0, 1).to(model.dtype)).view(*states.shape[:2], -1)
+                best3 = torch.topk(logits, 3, dim=-1).indices  # [gamma, P, 3]
+                t = targets[:, i, lo : lo + chunk]
+                valid = t != -100
+                hit = best3 == t[..., None]
+                top1 += (hit[..., 0] & valid).sum(dim=1).cpu()
+                top3 += (hit.any(dim=-1) & valid).sum(dim=1).cpu()
+                count += valid.sum(dim=1).cpu()
     c = count.clamp(min=1).double()
     return HeadAccuracy(int(count[0]), (top1 / c).tolist(), (top3 / c).tolist())
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, dtype_name, seed_problem, torch_seed
 from ..errors import LongswiftError, reason_of
+from ..runtime.memory import GiB, available_bytes
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 
 CHECKPOINT = TRAIN_CHECKPOINT
@@ -80,11 +81,25 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
 
 
 def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> torch.Tensor:
-    """windows [N, L] -> the base's last-layer pre-norm hidden states [N, L, hidden] (no autograd)."""
+    """windows [N, L] -> the base's last-layer pre-norm hidden states [N, L, hidden] (no autograd), refused in
+    one line where they do not fit in memory (the allocation's traceback, and a run that began regardless)."""
     from tqdm import tqdm
 
     n, length = windows.shape
-    out = torch.empty(n, length, model.cfg.hidden_size, dtype=model.dtype, device=model.device)
+    need = n * length * model.cfg.hidden_size * model.dtype.itemsize
+    free = available_bytes(model.device)
+    out = None
+    if free is None or need <= free:
+        try:
+            out = torch.empty(n, length, model.cfg.hidden_size, dtype=model.dtype, device=model.device)
+        except RuntimeError:  # (a limit that free memory does not show: ulimit -v, a cgroup's)
+            pass
+    if out is None:
+        short = ("which this process could not allocate (a limit: ulimit -v, a container's)" if free is None
+                 or need <= free else f"and {free / GiB:.2f} GiB is free")
+        raise LongswiftError(f"the base model's hidden states of {n:,} windows of {length} tokens need "
+                             f"{need / GiB:.2f} GiB, {short}: give less data (--data, --self-distill) or a smaller "
+                             "--seq-len")
     positions = torch.arange(length, device=model.device)
     with torch.no_grad():
         for i in tqdm(range(n), desc="base hidden states", unit="window", disable=not progress):
