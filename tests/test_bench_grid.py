@@ -570,8 +570,10 @@ def test_a_results_directory_drops_the_temporary_files_a_killed_invocation_left(
     kept = [tmp_path / "d" / "notes.txt.k1ll3d_x.partial", tmp_path / "d" / "report.md.partial"]
     for f in left + kept:
         f.write_text("half")
-    ResultStore(tmp_path / "d", {"model": "m"}).close()
+    heard: list = []
+    ResultStore(tmp_path / "d", {"model": "m"}, on_stale=heard.append).close()
     assert not any(f.exists() for f in left) and all(f.exists() for f in kept)
+    assert sorted(heard) == sorted(left)  # (bench says each, as the other commands do)
 
 
 def test_a_last_record_without_its_newline_is_not_joined_by_the_next(tmp_path):

@@ -841,10 +841,13 @@ def test_train_heads_then_eval_heads(tmp_path, capsys):
     data = tmp_path / "d.txt"
     data.write_text(LOREM)
     out = tmp_path / "heads"
+    out.mkdir()
+    (out / "checkpoint.pt.k1ll3d00.partial").write_bytes(b"half a checkpoint")  # a killed run's: removed, and said
     code, _, err = run_cli(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
                        "--steps", "3", "--batch-size", "2", "--warmup", "1", "--no-progress")
     assert code == 0, err
     assert "top-1 accuracy per head" in err
+    assert "checkpoint.pt.k1ll3d00.partial', left by a run that was killed while writing it" in err, err
     assert (out / "heads.safetensors").is_file() and (out / "checkpoint.pt").is_file()
     code, _, err = run_cli(capsys, "train-heads", "--data", str(data), "--out", str(out), "--seq-len", "32",
                        "--steps", "3", "--batch-size", "2", "--warmup", "1", "--no-progress")

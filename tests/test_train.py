@@ -24,6 +24,7 @@ from longswift.train.train import (
     HeadTrainer,
     TrainConfig,
     base_hidden,
+    claimed_out_dir,
     head_losses,
     head_targets,
     learning_rate,
@@ -227,10 +228,12 @@ def test_checkpoint_refusals(tiny, tmp_path):
     (tmp_path / "train_log.json").rename(tmp_path / "kept.json")
     with pytest.raises(LongswiftError, match="pass --resume"):
         train_heads(tiny, windows, cfg, tmp_path, progress=False)
-    with pytest.raises(LongswiftError, match="was trained with --bf16-lm-head: resume with the same settings"):
+    with pytest.raises(LongswiftError, match="used --bf16-lm-head, not --no-bf16-lm-head: resume with the same"):
         train_heads(tiny, windows, dataclasses.replace(cfg, bf16_lm_head=False), tmp_path, resume=True, progress=False)
-    with pytest.raises(LongswiftError, match="used --lr"):
-        train_heads(tiny, windows, TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, lr=0.5), tmp_path,
+    # every difference at once (one at a time, a resume without the flags was refused four times over)
+    with pytest.raises(LongswiftError, match=r"used --steps 2, not 3; --lr 0.03, not 0.5; --batch-size 1, not 2; "
+                                             r"--warmup 1, not 2: resume with the same settings"):
+        train_heads(tiny, windows, TrainConfig(steps=3, seq_len=24, batch_size=2, warmup=2, lr=0.5), tmp_path,
                     resume=True, progress=False)
     with pytest.raises(LongswiftError, match="other data"):
         train_heads(tiny, windows.flip(0), cfg, tmp_path, resume=True, progress=False)
@@ -352,7 +355,10 @@ def test_one_training_run_per_out_dir(tiny, tmp_path):
     assert not (tmp_path / "heads.safetensors").exists()
     stale = tmp_path / "checkpoint.pt.k1ll3d00.partial"  # torch.save's temp file of a run killed while saving
     stale.write_bytes(b"half a checkpoint")
-    train_heads(tiny, windows, cfg, tmp_path, progress=False)
+    heard: list = []
+    with claimed_out_dir(tmp_path, False, heard.append):  # (train-heads says what it removed)
+        train_heads(tiny, windows, cfg, tmp_path, progress=False, claimed=True)
+    assert heard == [stale]
     assert not stale.exists() and (tmp_path / "heads.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "heads.safetensors", "train_log.json"]
 

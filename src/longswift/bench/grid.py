@@ -389,7 +389,9 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     # before any run (and any file), not when the longest cell's cache (or its second cache, in lockstep) is allocated
     check_grid_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
     identity = suite_identity(engine, cfg, heads)
-    store = ResultStore(out_dir, identity, fresh, engine.fingerprint) if out_dir is not None else MemoryStore(identity)
+    store = (ResultStore(out_dir, identity, fresh, engine.fingerprint,
+                         lambda p: log(f"removed '{p}', left by a run that was killed while writing it"))
+             if out_dir is not None else MemoryStore(identity))
     try:  # (a results directory is locked while this invocation writes it)
         if store.records:
             log(f"resuming: {len(store.records)} runs already in {out_dir}/results.jsonl")

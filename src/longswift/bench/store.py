@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,7 @@ class ResultStore(MemoryStore):
     run, flushed and fsynced as it finishes, so an interrupted grid resumes where it stopped."""
 
     def __init__(self, out_dir: Path, identity: dict[str, Any], fresh: bool = False,
-                 model_fingerprint: str | None = None) -> None:
+                 model_fingerprint: str | None = None, on_stale: Callable[[Path], None] | None = None) -> None:
         super().__init__(identity)
         if out_dir.exists() and not out_dir.is_dir():
             raise LongswiftError(f"--out-dir '{out_dir}' is a file: give a directory")
@@ -67,11 +68,11 @@ class ResultStore(MemoryStore):
         config = out_dir / "config.json"
         # One invocation at a time: two writing one directory ran every run twice (the report took medians over
         # the copies). Held until close().
-        self._lock = OutputLock([("--out-dir", self.path)])
+        self._lock = OutputLock([("--out-dir", self.path)], on_stale)  # (`on_stale` hears of a killed run's files)
         self._lock.__enter__()
         try:  # the lock covers the directory's other files, whose temporary copies a killed run left too
             for name in OUTPUT_FILES:
-                remove_stale_files(out_dir / name)
+                remove_stale_files(out_dir / name, on_stale)
             self._open(out_dir, config, identity, fresh, model_fingerprint)
         except BaseException:
             self._lock.release()

@@ -17,7 +17,7 @@ from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
                     heads_value, model_inputs, progress_lines, seed_number, show_progress, whole_number)
-from .outputs import os_error_with
+from .outputs import note_stale, os_error_with
 
 
 def add_parsers(sub: Any) -> None:
@@ -58,8 +58,8 @@ def add_parsers(sub: Any) -> None:
 
 def _add_data_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", action="append", default=[], metavar="FILE_OR_DIR",
-                   help="text (.txt/.md/.text), JSONL with a 'text' field (.jsonl/.ndjson/.json), or a directory of them; "
-                        "repeatable")
+                   help="text (.txt/.md/.text), JSONL with a 'text' field (.jsonl/.ndjson/.json), or a directory of "
+                        "them; repeatable")
     p.add_argument("--self-distill", type=whole_number, default=0, metavar="N",
                    help="first generate N tokens with the model itself (paper sampling, cached) and use them")
     p.add_argument("--distill-new-tokens", type=whole_number, default=512,
@@ -158,7 +158,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
     try:
         # --out is held from here on, so that a second run into it is refused now, not after minutes of loading
-        with stop, claimed_out_dir(out, args.resume):
+        with stop, claimed_out_dir(out, args.resume, note_stale):
             with stop.at_once():
                 engine = load(args.model, runtime, heads=None)
                 t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)

@@ -273,23 +273,20 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings:
     if wrong:  # (a hand-edited file: a KeyError, AttributeError or ZeroDivisionError traceback further on)
         raise LongswiftError(f"checkpoint '{path}' is damaged ({wrong}): delete it to start over")
     # (a setting left to its default by device, None, takes the checkpoint's: _train)
-    differ = [k for k, v in asdict(cfg).items()
+    differ = [(k, ck["config"].get(k), v) for k, v in asdict(cfg).items()
               if k != "checkpoint_every" and v is not None and ck["config"].get(k) != v]
-    if differ:
-        k = differ[0]
-        flag, was = k.replace("_", "-"), ck["config"].get(k)
-        if isinstance(was, bool):  # a switch: its two spellings
-            raise LongswiftError(f"checkpoint '{path}' was trained with --{'' if was else 'no-'}{flag}: resume with "
-                                 "the same settings")
-        raise LongswiftError(f"checkpoint '{path}' used --{flag} {was}, not {getattr(cfg, k)}: resume with the same "
-                             "settings")
     theirs = ck.get("settings")  # (checkpoints before session 32 have none)
     if settings is not None and isinstance(theirs, dict):
-        for k, v in settings.items():
-            if theirs.get(k) != v:
-                was, now = theirs.get(k) or "none", v or "none"
-                raise LongswiftError(f"checkpoint '{path}' used --{k.replace('_', '-')} {was}, not {now}: resume with "
-                                     "the same settings")
+        differ += [(k, theirs.get(k) or "none", v or "none") for k, v in settings.items() if theirs.get(k) != v]
+    if differ:  # every one at once (one a run was a resume refused four times over, when no flag was repeated)
+        said = []
+        for k, was, now in differ:
+            flag = k.replace("_", "-")
+            if isinstance(was, bool):  # a switch: its two spellings
+                said.append(f"--{'' if was else 'no-'}{flag}, not --{'no-' if was else ''}{flag}")
+            else:
+                said.append(f"--{flag} {was}, not {now}")
+        raise LongswiftError(f"checkpoint '{path}' used {'; '.join(said)}: resume with the same settings")
     return ck
 
 
@@ -372,10 +369,11 @@ def not_converged(log: list[dict], lr: float) -> str | None:
 
 
 @contextmanager
-def claimed_out_dir(out_dir: str | os.PathLike, resume: bool) -> Iterator[Path]:
+def claimed_out_dir(out_dir: str | os.PathLike, resume: bool,
+                    on_stale: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Check --out (check_out_dir), make it, and hold it for this run: one run at a time per --out, since a
     second one would overwrite the first's checkpoint and heads. The lock also removes temp files a killed
-    run left (`checkpoint.pt.<random>.partial`). Yields the directory."""
+    run left (`checkpoint.pt.<random>.partial`; `on_stale` hears of each). Yields the directory."""
     out = check_out_dir(out_dir, resume)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -383,7 +381,7 @@ def claimed_out_dir(out_dir: str | os.PathLike, resume: bool) -> Iterator[Path]:
         raise LongswiftError(f"cannot create output directory '{out}': {exc.strerror}") from None
     if not os.access(out, os.W_OK):
         raise LongswiftError(f"output directory '{out}' is not writable: choose another --out")
-    with OutputLock([("--out", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE)]):
+    with OutputLock([("--out", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE)], on_stale):
         check_out_dir(out, resume)  # a run that held the lock before this one may have written a checkpoint
         yield out
 
