@@ -734,6 +734,9 @@ def test_train_heads_that_fails_before_saving_leaves_no_out(capsys, tmp_path, mo
     ("settings", ["--seq-len", "64"], "used --seq-len 512, not 64: resume with the same settings"),
     ("settings", ["--dtype", "bfloat16"], "used --dtype float32, not bfloat16: resume with the same settings"),
     ("settings", ["--rope-scaling", "linear:4"], "used --rope-scaling none, not linear:4: resume with the same"),
+    # a run that self-distilled (session 50: these sampled every document again, then said "other data")
+    ("distilled", ["--self-distill", "1000", "--distill-batch", "16"], "used --distill-batch 32, not 16: resume with"),
+    ("distilled", [], "used --self-distill 1000, not 0: resume with the same settings"),
     ("damaged", [], "it is damaged; delete it to start over"),
     ("foreign", [], "is not a longswift training checkpoint"),
 ])
@@ -752,6 +755,8 @@ def test_train_heads_resume_checks_its_checkpoint_before_loading(capsys, tmp_pat
     state = {"format": "longswift-train", "version": 1, "config": asdict(TrainConfig()), "step": 3,
              "settings": {"dtype": "float32", "rope_scaling": None}, "heads": {}, "optimizer": {}, "data_hash": "d",
              "base": "b", "log": []}
+    if case == "distilled":
+        state["settings"] |= {"self_distill": 1000, "distill_new_tokens": 512, "distill_batch": 32}
     torch.save(state if case != "foreign" else {"state_dict": {}}, out / "checkpoint.pt")
     if case == "damaged":
         (out / "checkpoint.pt").write_bytes((out / "checkpoint.pt").read_bytes()[:100])

@@ -522,6 +522,51 @@ def test_self_distill_caches_where_the_tokenizer_cache_does(tiny, tmp_path, monk
                         cache_dir=blocked / "distill") == first
 
 
+def fine_tune_of():
+    """The tiny model's fine-tune: its decoder layers changed, its embeddings, LM head and final norm kept (as a
+    merged LoRA's), so it has the tiny model's fingerprint and other hidden states."""
+    hf = tiny_hf_model("llama", seed=3, vocab=96)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.startswith("model.layers.") and "norm" not in name:
+                p.add_(0.3 * torch.randn_like(p) * p.std())
+    return longswift.load(hf, pack_weights=False)
+
+
+def test_a_fine_tune_with_its_bases_embeddings_gets_no_cached_text_or_checkpoint_of_the_base(tiny, tmp_path,
+                                                                                              monkeypatch):
+    """The self-distill cache and a training resume knew a model by its fingerprint (shapes, a corner of the
+    embedding table): a fine-tune that keeps its base's embeddings was served the base's text, and a resume
+    mixed the two models' hidden states. The rope scaling was not in the cache's key either."""
+    import longswift.train.distill as distill
+    import longswift.train.train as train_module
+
+    fine = fine_tune_of()
+    assert fine.fingerprint == tiny.fingerprint
+    run = dict(new_tokens=8, batch_size=2, sampling=SamplingConfig(temperature=0, seed=0), progress=False,
+               prompts=[[5, 9, 11, 4], [7, 8]])
+    base_docs = self_distill(tiny, 16, cache_dir=tmp_path / "cache", **run)
+    fine_docs = self_distill(fine, 16, cache_dir=tmp_path / "cache", **run)
+    assert fine_docs == self_distill(fine, 16, cache_dir=None, **run) != base_docs
+    assert self_distill(tiny, 16, cache_dir=tmp_path / "cache", **run) == base_docs  # (its own entry, again)
+    scaled = longswift.load(tiny_hf_model("llama", seed=3, vocab=96), pack_weights=False, rope_scaling="linear:2")
+    sampled = []
+    real = distill._sampler
+    monkeypatch.setattr(distill, "_sampler", lambda engine: sampled.append(1) or real(engine))
+    self_distill(scaled, 16, cache_dir=tmp_path / "cache", **run)
+    assert sampled == [1]  # sampled: not the unscaled model's entry
+
+    windows = _windows(tiny, n=3, seed=2)
+    cfg = TrainConfig(steps=2, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1)
+    train_heads(tiny, windows, cfg, tmp_path / "out", progress=False)
+    (tmp_path / "out" / HEADS_FILE).unlink()  # the checkpoint alone: a run to continue
+    (tmp_path / "out" / "train_log.json").unlink()
+    monkeypatch.setattr(train_module, "base_hidden", lambda *a, **k: pytest.fail("hidden states before refusing"))
+    with pytest.raises(LongswiftError, match="was trained on another model with this one's embeddings \\(a fine-tune "
+                                             "of it, or its base\\): resume with the --model it was started with"):
+        train_heads(fine, windows, cfg, tmp_path / "out", resume=True, progress=False)
+
+
 def test_self_distill_stopped_between_batches_goes_on_from_the_batches_it_finished(tiny, tmp_path, monkeypatch):
     """Sampling the shipped heads' documents took 8-9 minutes, and a Ctrl-C threw every finished batch
     away (the cache was written at the end only): each batch is now kept as it finishes, and the next run

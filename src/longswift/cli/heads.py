@@ -135,10 +135,13 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     cfg = config_from_args(TrainConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
     out = check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
+    distill = {"self_distill": args.self_distill}  # (the windows' other settings: a resume with others is refused)
+    if args.self_distill:
+        distill |= {"distill_new_tokens": args.distill_new_tokens, "distill_batch": args.distill_batch}
     if args.resume:
-        # damaged, or other settings: said before loading too
+        # damaged, or other settings: said before loading (and sampling) too
         check_checkpoint(out / CHECKPOINT, cfg, mmap=True,
-                         settings=run_settings(runtime.torch_dtype(), runtime.rope_scaling))
+                         settings=run_settings(runtime.torch_dtype(), runtime.rope_scaling, distill))
     for d in args.data or []:  # its checkpoint, heads and log would be read as documents by the next run
         if Path(d).expanduser().is_dir() and out.resolve().is_relative_to(Path(d).expanduser().resolve()):
             raise LongswiftError(f"--out '{args.out}' is inside --data '{d}', whose documents the next run would read "
@@ -164,7 +167,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)
                 windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
             trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
-                                  extra_meta={"data": info}, stop=stop, claimed=True, log=progress_lines(args))
+                                  extra_meta={"data": info}, stop=stop, claimed=True, log=progress_lines(args),
+                                  data_settings=distill)
     except LongswiftError:  # (a model that cannot load, data too short, ...): nothing was saved
         remove_made(made)
         raise

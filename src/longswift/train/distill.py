@@ -3,7 +3,8 @@
 Heads must predict *this* model's output, so the best training text is its own generations.
 Generation is batched (many prompts at once) through a transformers twin of the loaded model that
 shares its weights, with longswift's own logits transform (windowed penalty, filters) as a logits
-processor, and cached on disk keyed by everything that determines it."""
+processor, and cached on disk keyed by everything that determines it (the model by its fingerprint and rope
+scaling, and each entry keeps the model's probe: a fine-tune with its base's embeddings is another model)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..runtime.loading.tokenizer_cache import cache_root
 from ..runtime.twin import hf_twin
 from ..sampling import transform
+from .probe import model_probe, same_model
 
 # Varied long-writing requests (stories, essays, explanations, letters, dialogue, technical prose).
 PROMPTS = (
@@ -85,9 +87,9 @@ class _LongswiftTransform:
 
 def _cache_key(engine: Any, n_tokens: int, new_tokens: int, batch: int, sampling: SamplingConfig,
                prompts: list[list[int]]) -> str:
-    what = {"model": engine.fingerprint, "dtype": str(engine.model.dtype),
+    what = {"model": engine.fingerprint, "dtype": str(engine.model.dtype), "rope_scaling": engine.runtime.rope_scaling,
             "tokens": n_tokens, "new": new_tokens, "batch": batch, "sampling": asdict(sampling),
-            "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16], "version": 1}
+            "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16], "version": 2}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -135,11 +137,10 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     check_documents_fill(prompts[: -(-n_tokens // new_tokens)], new_tokens, window)
     key = _cache_key(engine, n_tokens, new_tokens, batch_size, sampling, prompts)
     path = None if cache_dir is None else cache_dir / f"{key}.json"
-    if path is not None and path.is_file():
-        try:
-            return json.loads(path.read_text())["documents"]
-        except (json.JSONDecodeError, KeyError, UnicodeDecodeError):
-            pass  # a damaged cache entry is regenerated
+    probe, dtype = model_probe(engine.model), engine.model.dtype
+    cached = _entry(path, probe, dtype)
+    if cached is not None:
+        return cached
     from tqdm import tqdm
     from transformers import GenerationConfig as HFGenerationConfig
 
@@ -152,7 +153,7 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     # Each batch is seeded on its own (seed + its first document), so a run stopped between batches goes on
     # from the batches it finished (kept beside the cache entry as they finish) to the same documents.
     partial = None if path is None else path.with_name(f"{key}.partial.json")
-    documents = _finished_batches(partial, batch_size)
+    documents = _finished_batches(partial, batch_size, probe, dtype)
     bar = tqdm(total=n_docs * new_tokens, initial=len(documents) * new_tokens, desc="self-distill", unit="tok",
                disable=not progress)
     for lo in range(len(documents), n_docs, batch_size):
@@ -169,33 +170,44 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
         for row, p in zip(out.tolist(), group):
             documents.append(row[width - len(p) :])
         if partial is not None and lo + batch_size < n_docs:
-            _write_quietly(partial, documents)
+            _write_quietly(partial, documents, probe)
     bar.close()
-    if path is not None and _write_quietly(path, documents) and partial is not None:
+    if path is not None and _write_quietly(path, documents, probe) and partial is not None:
         partial.unlink(missing_ok=True)
     return documents
 
 
-def _finished_batches(partial: Path | None, batch_size: int) -> list[list[int]]:
-    """The documents of the batches an earlier, stopped run of the same key finished (none if there is no
-    such file, or it is damaged)."""
-    if partial is None or not partial.is_file():
-        return []
+def _entry(path: Path | None, probe: list[float], dtype: torch.dtype) -> list[list[int]] | None:
+    """A cache file's documents, or None where there is none, it is damaged, or another model wrote it (its
+    probe differs: a fine-tune's key is its base's)."""
+    if path is None or not path.is_file():
+        return None
     try:
-        documents = json.loads(partial.read_text())["documents"]
-    except (json.JSONDecodeError, KeyError, UnicodeDecodeError, OSError):
-        return []
-    if not isinstance(documents, list) or len(documents) % batch_size:
+        entry = json.loads(path.read_text())
+        documents = entry["documents"]
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, OSError):
+        return None  # (a damaged entry is regenerated)
+    if not isinstance(documents, list) or not same_model(entry.get("probe"), probe, dtype):
+        return None
+    return documents
+
+
+def _finished_batches(partial: Path | None, batch_size: int, probe: list[float],
+                      dtype: torch.dtype) -> list[list[int]]:
+    """The documents of the batches an earlier, stopped run of the same key and model finished (none if there is
+    no such file, or it is damaged)."""
+    documents = _entry(partial, probe, dtype)
+    if documents is None or len(documents) % batch_size:
         return []
     return documents
 
 
-def _write_quietly(path: Path, documents: list[list[int]]) -> bool:
+def _write_quietly(path: Path, documents: list[list[int]], probe: list[float]) -> bool:
     """Write a cache file; False if it cannot be (a cache that cannot be written is skipped, as the
     tokenizer cache does)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps({"documents": documents}))
+        write_atomic(path, json.dumps({"documents": documents, "probe": probe}))
         return True
     except (OSError, LongswiftError):
         return False

@@ -26,6 +26,7 @@ from ..config import _help, dtype_name, seed_problem, torch_seed
 from ..errors import LongswiftError, reason_of
 from ..runtime.memory import GiB, available_bytes
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
+from .probe import model_probe, same_model
 
 CHECKPOINT = TRAIN_CHECKPOINT
 MAX_LR = 10.0  # far above any useful AdamW rate; a finite but huge one overflowed inside the optimizer
@@ -156,7 +157,8 @@ def head_losses(heads: DraftHeads, lm_head: torch.Tensor, h0: torch.Tensor, targ
 class HeadTrainer:
     """Explicit training state: heads, AdamW, step, data order; `run_step()` does one optimizer step."""
 
-    def __init__(self, engine: Any, windows: torch.Tensor, hidden: torch.Tensor, cfg: TrainConfig) -> None:
+    def __init__(self, engine: Any, windows: torch.Tensor, hidden: torch.Tensor, cfg: TrainConfig,
+                 data_settings: dict | None = None) -> None:
         if cfg.bf16_lm_head is None:  # (the checkpoint and the heads file record what ran)
             cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
         self.engine, self.cfg = engine, cfg
@@ -175,7 +177,8 @@ class HeadTrainer:
         self.interrupted = False  # stopped by a signal before the last step (train_heads' `stop`)
         self.resumed_at = 0  # the checkpoint's step when load_checkpoint continued one
         self.data_hash = window_hash(windows)
-        self.settings = run_settings(model.dtype, engine.runtime.rope_scaling)
+        self.settings = run_settings(model.dtype, engine.runtime.rope_scaling, data_settings)
+        self.probe = model_probe(model)  # (a fine-tune with the base's embeddings has the base's fingerprint)
 
     def batch_windows(self, step: int, micro: int) -> torch.Tensor:
         """Window indices of one micro-batch: a seeded permutation per epoch (resumable from `step` alone)."""
@@ -229,7 +232,7 @@ class HeadTrainer:
                 "heads": {k: v.detach().cpu() for k, v in self.heads.state_dict().items()},
                 "optimizer": self.optimizer.state_dict(), "data_hash": self.data_hash,
                 "base": self.heads.base_fingerprint, "log": self.log,
-                "settings": self.settings}
+                "settings": self.settings, "probe": self.probe}
 
     def save_checkpoint(self, path: Path) -> None:
         state = self.checkpoint_state()
@@ -240,7 +243,7 @@ class HeadTrainer:
 
     def load_checkpoint(self, path: Path) -> None:
         ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash,
-                             settings=self.settings)
+                             settings=self.settings, probe=(self.probe, self.engine.model.dtype))
         try:
             with torch.no_grad():
                 self.heads.load_state_dict(ck["heads"])
@@ -252,10 +255,13 @@ class HeadTrainer:
         self.resumed_at = self.step
 
 
-def run_settings(dtype: torch.dtype, rope_scaling: str | None) -> dict[str, str | None]:
+def run_settings(dtype: torch.dtype, rope_scaling: str | None,
+                 data_settings: dict | None = None) -> dict[str, Any]:
     """The settings besides TrainConfig that change the base model's hidden states, and so the heads a
-    run trains: a resume must use the same (kept in the checkpoint and the heads file's record)."""
-    return {"dtype": dtype_name(dtype), "rope_scaling": rope_scaling}
+    run trains: a resume must use the same (kept in the checkpoint and the heads file's record).
+    `data_settings`: what makes the windows besides TrainConfig (train-heads' --self-distill N and, where N > 0,
+    --distill-new-tokens and --distill-batch), so that a resume with others is refused before it samples."""
+    return {"dtype": dtype_name(dtype), "rope_scaling": rope_scaling, **(data_settings or {})}
 
 
 def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings: dict | None = None) -> dict:
@@ -277,7 +283,9 @@ def check_checkpoint(path: Path, cfg: TrainConfig, mmap: bool = False, settings:
               if k != "checkpoint_every" and v is not None and ck["config"].get(k) != v]
     theirs = ck.get("settings")  # (checkpoints before session 32 have none)
     if settings is not None and isinstance(theirs, dict):
-        differ += [(k, theirs.get(k) or "none", v or "none") for k, v in settings.items() if theirs.get(k) != v]
+        # (a setting the checkpoint does not have is not checked: --self-distill's, before session 50)
+        differ += [(k, "none" if theirs[k] is None else theirs[k], "none" if v is None else v)
+                   for k, v in settings.items() if k in theirs and theirs[k] != v]
     if differ:  # every one at once (one a run was a resume refused four times over, when no flag was repeated)
         said = []
         for k, was, now in differ:
@@ -316,12 +324,16 @@ def window_hash(windows: torch.Tensor) -> str:
 
 
 def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: str, mmap: bool = False,
-                    settings: dict | None = None) -> dict:
-    """check_checkpoint, and refuse a checkpoint of another base model (`fingerprint`) or other windows."""
+                    settings: dict | None = None, probe: tuple[list[float], torch.dtype] | None = None) -> dict:
+    """check_checkpoint, and refuse a checkpoint of another base model (`fingerprint`, and the model's `probe` and
+    dtype where the checkpoint keeps one: train/probe.py) or other windows."""
     ck = check_checkpoint(path, cfg, mmap=mmap, settings=settings)
+    again = "resume with the --model it was started with, or train this model into a new --out"
     if ck["base"] != fingerprint:
-        raise LongswiftError(f"checkpoint '{path}' was trained on another base model: resume with the --model it "
-                             "was started with, or train this model into a new --out")
+        raise LongswiftError(f"checkpoint '{path}' was trained on another base model: {again}")
+    if probe is not None and "probe" in ck and not same_model(ck["probe"], *probe):  # (none before session 50)
+        raise LongswiftError(f"checkpoint '{path}' was trained on another model with this one's embeddings (a "
+                             f"fine-tune of it, or its base): {again}")
     if ck["data_hash"] != data_hash:
         raise LongswiftError(f"checkpoint '{path}' was trained on other data: pass the same --data/--self-distill")
     return ck
@@ -389,7 +401,7 @@ def claimed_out_dir(out_dir: str | os.PathLike, resume: bool,
 def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
                 resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
                 log: Callable[[str], None] | None = None,
-                stop: Any = None, claimed: bool = False) -> HeadTrainer:
+                stop: Any = None, claimed: bool = False, data_settings: dict | None = None) -> HeadTrainer:
     """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
     `stop`: a context manager (cli.stop.StopRequest) entered from the hidden states on, which a signal
     interrupts at once (its `at_once()`: nothing to save yet); during the optimizer steps, once its
@@ -397,15 +409,16 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     trainer with `interrupted` set (no heads file: `resume=True` finishes the run). `claimed`: the caller
     holds `claimed_out_dir(out_dir)` already (train-heads takes it before loading the model). `log`: where to
     say, in plain lines, what it starts and each checkpoint's step, loss and accuracy (a log file's progress,
-    where no bar is drawn)."""
+    where no bar is drawn). `data_settings`: see run_settings."""
     if claimed:
-        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log)
+        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
     with claimed_out_dir(out_dir, resume) as out:
-        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop, log)
+        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop, log, data_settings)
 
 
 def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resume: bool, progress: bool,
-           extra_meta: dict | None, stop: Any, log: Callable[[str], None] | None = None) -> HeadTrainer:
+           extra_meta: dict | None, stop: Any, log: Callable[[str], None] | None = None,
+           data_settings: dict | None = None) -> HeadTrainer:
     from contextlib import nullcontext
 
     from tqdm import tqdm
@@ -414,7 +427,8 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     windows = windows.to(engine.model.device)
     if resume:  # another base model or other data: said before the hidden states, which take minutes
         ck = check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True,
-                             settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling))
+                             settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling, data_settings),
+                             probe=(model_probe(engine.model), engine.model.dtype))
         if cfg.bf16_lm_head is None:  # a resumed run goes on as it started, on whatever machine
             cfg = replace(cfg, bf16_lm_head=bool(ck["config"].get("bf16_lm_head", True)))
         del ck  # (mapped: trainer.load_checkpoint reads it again)
@@ -423,7 +437,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
             if log:
                 log(f"base model's hidden states of {windows.shape[0]:,} windows")
             hidden = base_hidden(engine.model, windows, progress)
-        trainer = HeadTrainer(engine, windows, hidden, cfg)
+        trainer = HeadTrainer(engine, windows, hidden, cfg, data_settings)
         if resume:
             trainer.load_checkpoint(checkpoint)
         if log:
