@@ -548,6 +548,17 @@ def test_bad_prompt_files(tmp_path, capsys):
     assert_one_line_error(code, err, "the prompt is empty")
 
 
+@pytest.mark.parametrize("flag", ["--prompt", "--system", "--stop", "--ban-token"])
+def test_text_arguments_that_are_not_utf8_are_refused_before_loading(capsys, no_loading, flag):
+    """A Latin-1 `--prompt "$(cat notes.txt)"` reaches Python as surrogates: the tokenizer failed on them with a
+    traceback after loading, a chat template was said to fail, and a --stop string could never match."""
+    latin1 = b"caf\xe9".decode("utf-8", "surrogateescape")  # (what Python makes of such an argument)
+    args = ["--prompt", latin1] if flag == "--prompt" else ["--prompt", "Hi.", flag, latin1]
+    code, _, err = run_cli(capsys, "generate", *args)
+    assert_one_line_error(code, err, f"{flag} is not UTF-8 text (byte 0xe9 at character 3): give it in UTF-8 (a "
+                                     "UTF-8 locale), or put the prompt in a UTF-8 file (--prompt-file)")
+
+
 class _Stdin:
     def __init__(self, data: bytes) -> None:
         import io
@@ -737,6 +748,42 @@ def test_a_new_run_does_not_replace_an_unfinished_checkpoint_and_a_resume_saves_
     from longswift.checkpoint import read_checkpoint
 
     assert read_checkpoint(tmp_path / "c.json").outputs["checkpoint_every"] == 100
+
+
+def test_a_resume_does_not_replace_an_output_another_run_wrote_after_its_checkpoint(tmp_path, capsys, monkeypatch):
+    """A run stopped with --output o.txt, another run given --output o.txt finished, and the first run's resume
+    replaced that run's text without a word. A run writes its outputs before it saves its state: an output newer
+    than the checkpoint was written by someone else."""
+    import os
+
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    run = ["generate", "--model", "m", "--heads", "none", "--greedy", "--ignore-eos", "--no-progress", "--max-new-tokens",
+           "6"]
+    code, _, err = run_cli(capsys, *run, "--prompt-ids", "3,4,5", "--output", "o.txt", "--json", "o.json",
+                           "--checkpoint", "c.json")
+    assert code == 0, err
+    mine = (tmp_path / "o.txt").read_text()
+    code, _, err = run_cli(capsys, *run, "--prompt-ids", "7,8", "--output", "o.txt")  # the other run
+    assert code == 0, err
+    theirs = (tmp_path / "o.txt").read_text()
+    assert theirs != mine
+    saved = (tmp_path / "c.json").stat().st_mtime_ns
+    os.utime(tmp_path / "o.txt", ns=(saved + 10**9, saved + 10**9))  # (later, whatever the clock's resolution)
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--no-progress")
+    assert_one_line_error(code, err, "'" + str(tmp_path / "o.txt") + "' (the checkpoint's --output) was written after "
+                          "the checkpoint was saved, by another run or by hand, and resuming would replace it: move it "
+                          "away, or give --output FILE with --resume to write elsewhere")
+    assert (tmp_path / "o.txt").read_text() == theirs
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--no-progress", "--output", "again.txt")
+    assert code == 0, err  # (o.json is the checkpoint's own, older than it: written again)
+    assert (tmp_path / "again.txt").read_text() == mine and (tmp_path / "o.txt").read_text() == theirs
+    # (that resume saved the checkpoint again, writing again.txt; one older than its outputs is the run's own)
+    code, _, err = run_cli(capsys, *run, "--prompt-ids", "3,4,5", "--output", "o.txt", "--checkpoint", "d.json")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "generate", "--resume", "d.json", "--no-progress")
+    assert code == 0, err
+    assert (tmp_path / "o.txt").read_text() == mine
 
 
 def test_a_finished_run_is_extended_by_resuming_it_with_a_longer_length(tmp_path, capsys, monkeypatch):

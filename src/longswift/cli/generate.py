@@ -92,6 +92,24 @@ def add_parser(sub: Any) -> None:
         add_config_flags(gen, cls)
 
 
+def _check_utf8_text(args: argparse.Namespace) -> None:
+    """Refuse text arguments that are not UTF-8 (a Latin-1 `--prompt "$(cat notes.txt)"`): Python keeps such
+    bytes as surrogates, which the tokenizer failed on with a traceback after loading (a chat template "failed";
+    a --stop string could never match)."""
+    for flag, values in (("--prompt", [args.prompt]), ("--system", [args.system]), ("--stop", args.stop or []),
+                         ("--ban-token", args.ban_token or [])):
+        for value in values:
+            if value is None:
+                continue
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                byte = ord(value[exc.start]) - 0xDC00 if 0xDC80 <= ord(value[exc.start]) <= 0xDCFF else None
+                where = f"byte 0x{byte:02x}" if byte is not None else f"U+{ord(value[exc.start]):04X}"
+                raise LongswiftError(f"{flag} is not UTF-8 text ({where} at character {exc.start}): give it in UTF-8 "
+                                     "(a UTF-8 locale), or put the prompt in a UTF-8 file (--prompt-file)") from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Every argument is checked before the model is loaded: a mistake costs no loading time."""
     from ..prompts import STDIN, read_prompt_file
@@ -106,6 +124,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                              "(or --resume CHECKPOINT)")
     if args.resume is not None:
         return _resume(args)
+    _check_utf8_text(args)
     if args.greedy:
         typed = [a.split("=")[0] for a in args.argv if a.startswith("--te")]  # argparse takes --temp for --temperature
         given = args.temperature != SamplingConfig.temperature or any("--temperature".startswith(a) for a in typed)
@@ -251,6 +270,13 @@ def _resume(args: argparse.Namespace) -> int:
         if path is not None and flag not in given and not path.parent.is_dir():
             raise LongswiftError(f"the checkpoint writes {flag} to '{path}', whose directory no longer exists: "
                                  f"give {flag} FILE with --resume to write it elsewhere")
+        # A run writes its outputs before it saves its state, so one written after the checkpoint is another
+        # run's (given the same --output, it finished meanwhile) or an edit: the resume would replace it unasked.
+        if path is not None and flag not in given and path.is_file() and \
+                path.stat().st_mtime_ns > resumed.stat().st_mtime_ns:
+            raise LongswiftError(f"'{path}' (the checkpoint's {flag}) was written after the checkpoint was saved, by "
+                                 f"another run or by hand, and resuming would replace it: move it away, or give "
+                                 f"{flag} FILE with --resume to write elsewhere")
     if args.checkpoint is None:
         args.checkpoint = args.resume
         if not os.access(here, os.W_OK):
