@@ -638,6 +638,28 @@ def test_a_closed_stdout_stops_quietly():
     assert proc.returncode == 141 and proc.stderr == ""
 
 
+def test_a_stdout_that_cannot_encode_the_text_shows_question_marks_and_the_run_goes_on(tmp_path):
+    """Under an ASCII stdout (a C locale; Windows' code page when redirected) the first character it could not
+    encode ended the run with a UnicodeEncodeError traceback, and its --json was never written."""
+    import os
+
+    from conftest import byte_tokenizer, tiny_hf_model
+
+    tiny_hf_model("llama", seed=5, vocab=260).save_pretrained(tmp_path / "m")
+    tok = byte_tokenizer()
+    tok.save_pretrained(tmp_path / "m")
+    ascii_ids = [i for i in range(len(tok)) if tok.decode([i]).isascii()]  # banned: the text cannot be ASCII
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    run = subprocess.run([sys.executable, "-m", "longswift.cli", "generate", "--model", "m", "--prompt", "Hi",
+                          "--max-new-tokens", "12", "--ignore-eos", "--heads", "none", "--greedy", "--no-progress",
+                          "--ban-ids", ",".join(map(str, ascii_ids)), "--json", "r.json"], cwd=tmp_path, env=env,
+                         capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()
+    text = json.loads((tmp_path / "r.json").read_text())["text"]
+    assert text and not text.isascii()
+    assert run.stdout.decode("ascii") == text.encode("ascii", "replace").decode() + "\n"
+
+
 def start_long_run(tmp_path, *extra, stdout=subprocess.DEVNULL, **popen):
     """A tiny model's AR run of 30,000 tokens (its ids on stdout) that saves `c.json` every 100; returned
     once the first save is there."""

@@ -85,6 +85,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _replace_what_stdout_cannot_encode()
     try:
         return _main(argv)
     except BrokenPipeError:  # stdout's reader stopped reading (`| head`): stop quietly, as shell tools do
@@ -92,6 +93,18 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _silence_stdout()
         return 141  # 128 + SIGPIPE: what a shell reports for a tool that the closed pipe killed
+
+
+def _replace_what_stdout_cannot_encode() -> None:
+    """A stdout in an encoding that cannot hold the text (an ASCII or Latin-1 locale; Windows' code page when
+    redirected) writes such characters as '?': they ended a run with a UnicodeEncodeError traceback, and nothing
+    saved. --output and --json files are UTF-8 whatever stdout is."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "").lower().replace("-", "").replace("_", "")
+    if encoding not in ("utf8", "utf8sig") and hasattr(sys.stdout, "reconfigure"):
+        try:
+            sys.stdout.reconfigure(errors="replace")
+        except (ValueError, OSError):  # (a stream that cannot change its error handler: left as it is)
+            pass
 
 
 def _main(argv: list[str]) -> int:
