@@ -142,6 +142,20 @@ def test_a_character_split_by_a_token_without_text_is_held_back_whole():
                 assert "".join(stream_text(TOKENIZER, ids, [1])) == decode_text(TOKENIZER, ids), (held, split, eoses)
 
 
+@pytest.mark.parametrize("bytes_", [[175, 234, 185, 106, 104], [167, 226, 119, 172, 100, 234, 211, 98],
+                                    [149, 243, 168, 243, 236, 173, 106, 231, 88, 116]])
+@pytest.mark.parametrize("cuts", [[1], [3], [1, 4, 2]])
+def test_bytes_that_are_no_utf8_before_a_long_run_of_eos_stream_their_text(bytes_, cuts):
+    """A long run of <eos> after bytes that are no UTF-8: the text up to 4 tokens of text back went out as final
+    where those 4 cut a byte sequence, and from there on the rest decoded to one "\ufffd" more (5 for 4; a
+    review's fuzz found 4 such cases in 3,000)."""
+    eos = TOKENIZER.convert_tokens_to_ids("<eos>")
+    ids = bytes_ + [eos] * 13
+    assert "".join(stream_text(TOKENIZER, ids, cuts)) == decode_text(TOKENIZER, ids)
+    ids = bytes_ + [eos] * 30 + TOKENIZER.encode("é")
+    assert "".join(stream_text(TOKENIZER, ids, cuts)) == decode_text(TOKENIZER, ids)
+
+
 def fake_stream(tokenizer, steps: list[list[int]], previous: list[int] | None = None, stop=None) -> GenerationStream:
     """A GenerationStream over given steps (each counted in the stats as the loops count them), no model."""
     from longswift.stop_strings import StopStrings
