@@ -142,6 +142,18 @@ def test_a_stop_string_begun_before_a_resume_ends_the_resumed_run(stop):
         assert cut + checker.cut(ids[cut:]) == want, cut
 
 
+@pytest.mark.parametrize("eoses", [1, 11, 40])
+def test_special_tokens_inside_a_stop_string_do_not_hide_it(eoses):
+    """Special tokens are no part of the text, but they filled the checker's window of tokens: 11 <eos> between
+    "a" and "b" hid the stop string "ab" that the output's text holds. Also across a resume."""
+    eos = BYTES.convert_tokens_to_ids("<eos>")
+    ids = BYTES.encode("x a") + [eos] * eoses + BYTES.encode("b y")
+    want = first_stop(BYTES, ids, "ab")
+    assert decode_text(BYTES, ids[:want]).endswith("ab") and StopStrings(BYTES, ("ab",)).cut(ids) == want
+    for cut in range(3, want):  # a checkpoint anywhere in the run of <eos>
+        assert cut + StopStrings(BYTES, ("ab",), previous=ids[:cut]).cut(ids[cut:]) == want, cut
+
+
 @pytest.mark.parametrize("method", ["ar", "tokenswift"])
 def test_a_stop_string_inside_a_token_block_leaves_the_steps_that_ran(method, monkeypatch):
     """Tokens drawn past a stop string within a token block (read_every > 1; 16 on CUDA) are dropped, and so are

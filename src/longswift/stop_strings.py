@@ -19,14 +19,19 @@ class StopStrings:
     def __init__(self, tokenizer: Any, strings: tuple[str, ...], previous: list[int] | None = None) -> None:
         """`previous`: tokens generated before (a resumed run's), whose last ones a stop string can begin in."""
         self.tokenizer, self.strings = tokenizer, strings
-        # tokens decoded per check: every token a stop string's characters can span, and a few before
+        # tokens decoded per check: every token a stop string's characters can span, and a few before. Special
+        # tokens are no part of the text: kept out of the window (11 <eos> inside "ab" filled it, and "ab" was
+        # missed), and none completes a stop string.
+        self.special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
-        self.tail: list[int] = list((previous or [])[-self.window :])  # the last `window` generated ids
+        self.tail: list[int] = [t for t in previous or [] if t not in self.special][-self.window :]  # generated ids
 
     def cut(self, ids: list[int]) -> int | None:
         """How many of `ids` (the next generated tokens) to keep: up to and including the one that
         completes a stop string; None where none does."""
         for i, t in enumerate(ids):
+            if t in self.special:
+                continue
             self.tail = [*self.tail[1 - self.window :], t]
             text = decode_text(self.tokenizer, self.tail)
             if any(s in text for s in self.strings):
