@@ -181,7 +181,18 @@ def test_debug_anywhere_shows_the_traceback(capsys, where):
 def test_memory_refusal_for_a_huge_tree_names_the_flags_before_loading(capsys, no_loading):
     code, out, err = run_cli(capsys, "generate", "--prompt", "hi", "--heads", "random", "--tree", "64,64,64,64")
     assert_one_line_error(code, err, "not enough memory")
-    assert "--tree or --ngram-topk" in err and "%|" not in err and out == ""
+    assert "--tree, --ngram-topk or --lookup-nodes, or a --max-nodes" in err and "%|" not in err and out == ""
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--lookup-nodes", "1000000"], "--lookup-nodes must be 2 (the root and one copied token) to 4096; got 1000000"),
+    (["--ngram-topk", "100000000000"], "--ngram-topk must be 0 to 1024; got 100000000000"),
+    (["--ngram-topk", "-1"], "--ngram-topk must be 0 to 1024; got -1"),
+])
+def test_trie_sizes_past_any_use_are_refused_by_their_flag(capsys, no_loading, flags, match):
+    """They were refused by the memory plan, at 7,454 GiB (or 39 digits), with advice that did not name them."""
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--heads", "random", *flags)
+    assert_one_line_error(code, err, match)
 
 
 def fake_checkpoint(**changes) -> Checkpoint:

@@ -365,6 +365,9 @@ CPU_MAX_NODES, GPU_MAX_NODES = 0, 32
 # itself. On session 46's CPU a 32-row verify pass cost 2.8x a decoding step (an 8-row one 1.5x) and replayed
 # loops accepted most of a 31-token copy; on a GPU it is the default node budget.
 LOOKUP_NODES = 32
+# Bounds beyond any useful trie (a step of that many rows costs many AR steps): larger values are typos, which
+# the memory plan refused with a 39-digit size and advice that did not name them.
+MAX_NGRAM_TOPK, MAX_LOOKUP_NODES = 1024, 4096
 DRAFT_CACHES = ("dynamic", "static", "full")  # SpecConfig.draft_cache
 WALKS = ("auto", "rows", "batched")  # SpecConfig.walk
 GRAPH_ATTENTIONS = ("bucketed", "length")  # RuntimeConfig.graph_attention (runtime.cuda_graphs)
@@ -419,13 +422,13 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.tree != "auto":
             self.levels  # parses --tree, raising on a bad one
-        if self.ngram_topk is not None and self.ngram_topk < 0:
-            raise LongswiftError("--ngram-topk must be >= 0")
+        if self.ngram_topk is not None and not 0 <= self.ngram_topk <= MAX_NGRAM_TOPK:
+            raise LongswiftError(f"--ngram-topk must be 0 to {MAX_NGRAM_TOPK}; got {self.ngram_topk}")
         if self.max_nodes is not None and (self.max_nodes < 0 or self.max_nodes == 1):
             raise LongswiftError(f"--max-nodes must be 0 (no limit) or at least 2 (the root and one drafted token); "
                                  f"got {self.max_nodes}")
-        if self.lookup_nodes < 2:
-            raise LongswiftError(f"--lookup-nodes must be at least 2 (the root and one copied token); "
+        if not 2 <= self.lookup_nodes <= MAX_LOOKUP_NODES:
+            raise LongswiftError(f"--lookup-nodes must be 2 (the root and one copied token) to {MAX_LOOKUP_NODES}; "
                                  f"got {self.lookup_nodes}")
         if self.draft_mode not in ("paper", "fused"):
             raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")

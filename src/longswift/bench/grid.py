@@ -313,7 +313,8 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
             raise LongswiftError(f"{m} needs {need / GiB:.2f} GiB more for the {tokens}-token cell "
                                  f"({plan.describe()}), but {free / GiB:.2f} GiB is free; lower --lengths or --prefix, "
                                  "or use a smaller --dtype"
-                                 + (", --draft-kv-budget, --tree or --ngram-topk" if plan.tree_nodes else ""))
+                                 + (", --draft-kv-budget, --tree, --ngram-topk or --lookup-nodes, or a --max-nodes"
+                                    if plan.tree_nodes else ""))
     if not cfg.lockstep or len(ours) < 2:
         return
     need = lockstep_bytes(plans, model.device.type == "cuda" and use_graphs(engine.runtime.cuda_graphs, model))

@@ -148,8 +148,8 @@ class MemoryPlan:
                         f"{free / GiB:.2f} GiB is free; lower {name('max_new_tokens')} or the prompt length, or use a "
                         f"smaller {name('dtype')}"
                         + (f", a smaller {name('draft_kv_budget')}" if self.draft_cache else "")  # (AR has none)
-                        + (f", {name('tree')} or {name('ngram_topk')} (a step verifies {self.tree_nodes} nodes)"
-                           if self.tree_nodes else ""))
+                        + (f", {name('tree')}, {name('ngram_topk')} or {name('lookup_nodes')}, or a "
+                           f"{name('max_nodes')} (a step verifies {self.tree_nodes} nodes)" if self.tree_nodes else ""))
 
             raise LongswiftError(advice(lambda field: field), advice(lambda field: "--" + field.replace("_", "-")))
 
