@@ -808,6 +808,28 @@ def test_a_resume_does_not_replace_an_output_another_run_wrote_after_its_checkpo
     assert (tmp_path / "o.txt").read_text() == mine
 
 
+def test_a_model_without_a_tokenizer_writes_its_ids_and_is_told_of_prompt_ids(tmp_path, capsys, monkeypatch):
+    """Its text (the ids) began with a space; a text prompt was told to pass "a list of token ids" (the API's
+    words); --heads given to the resume of an AR run was taken without a word, and the run went on as AR."""
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    run = ["generate", "--model", "m", "--heads", "none", "--greedy", "--ignore-eos", "--no-progress"]
+    code, out, err = run_cli(capsys, *run, "--prompt-ids", "3,4,5", "--max-new-tokens", "4", "--output", "o.txt",
+                             "--json", "o.json", "--checkpoint", "c.json")
+    assert code == 0, err
+    ids = json.loads((tmp_path / "o.json").read_text())["token_ids"]
+    assert (tmp_path / "o.txt").read_text() == " ".join(map(str, ids))
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "7", "--no-progress")
+    assert code == 0, err  # (the resumed run's file holds the whole text, one space between ids)
+    ids = json.loads((tmp_path / "o.json").read_text())["token_ids"]
+    assert len(ids) == 7 and (tmp_path / "o.txt").read_text() == " ".join(map(str, ids))
+    code, _, err = run_cli(capsys, *run, "--prompt", "hello", "--max-new-tokens", "4")
+    assert_one_line_error(code, err, "this model has no tokenizer: give the prompt as token ids (--prompt-ids)")
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--heads", "random")
+    assert_one_line_error(code, err, "--heads has no use here: the checkpoint's run is AR, and a resumed run keeps its "
+                                     "method; drop --heads")
+
+
 def test_a_finished_run_is_extended_by_resuming_it_with_a_longer_length(tmp_path, capsys, monkeypatch):
     """`--resume CKPT --max-new-tokens N` continues a run that ended at its length to the output a run of N
     tokens writes (sampled, TokenSwift); a length below what the checkpoint holds is refused."""

@@ -236,7 +236,8 @@ class Engine:
             if not prompt.strip():
                 raise LongswiftError("the prompt is empty: give some prompt text")
             if self.tokenizer is None:
-                raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids")
+                raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids",
+                                     "this model has no tokenizer: give the prompt as token ids (--prompt-ids)")
             self._check_prompt_length(prompt)
             template = bool(getattr(self.tokenizer, "chat_template", None))
             if chat and not template:

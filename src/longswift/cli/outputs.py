@@ -96,7 +96,7 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
     unsaved: Exception | None = None
     try:
         decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
-        push = decoder.push if decoder else (lambda ids: "".join(f" {t}" for t in ids))  # no tokenizer: the ids
+        push = decoder.push if decoder else _ids_as_text()  # no tokenizer: the ids
         earlier = push(list(stream.token_ids)) if stream.token_ids else ""
         stats = stream.stats
         total = stream.max_new_tokens
@@ -189,6 +189,21 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
             f"Continue with: longswift generate --resume {shlex.quote(where)}")
         return stop.exit_code
     return 0
+
+
+def _ids_as_text() -> Callable[[list[int]], str]:
+    """The text of a model without a tokenizer: its ids, a space between two (none before the first)."""
+    started = False
+
+    def push(ids: list[int]) -> str:
+        nonlocal started
+        if not ids:
+            return ""
+        text = (" " if started else "") + " ".join(map(str, ids))
+        started = True
+        return text
+
+    return push
 
 
 class StoppedReading(Exception):
