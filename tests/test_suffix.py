@@ -159,7 +159,8 @@ def test_lookup_steps_have_a_node_budget_of_their_own():
     off = SpecConfig(suffix_lookup=False).for_device("cpu")  # no copy: a lookup trie is a full step's size
     assert (lookup_budget(off), tree_budget(off)) == (7, 7)
     assert lookup_budget(SpecConfig(ngram_topk=0).for_device("cpu")) == 4
-    with pytest.raises(LongswiftError, match=r"lookup_nodes must be 2 \(the root and one copied token\) to 4096; got 1"):
+    with pytest.raises(LongswiftError, match=r"lookup_nodes must be 2 \(the root and one copied token\) to 4096; "
+                                             r"got 1"):
         SpecConfig(lookup_nodes=1)
 
 
