@@ -780,8 +780,8 @@ def test_a_resume_does_not_replace_an_output_another_run_wrote_after_its_checkpo
 
     tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
     monkeypatch.chdir(tmp_path)
-    run = ["generate", "--model", "m", "--heads", "none", "--greedy", "--ignore-eos", "--no-progress", "--max-new-tokens",
-           "6"]
+    run = ["generate", "--model", "m", "--heads", "none", "--greedy", "--ignore-eos", "--no-progress",
+           "--max-new-tokens", "6"]
     code, _, err = run_cli(capsys, *run, "--prompt-ids", "3,4,5", "--output", "o.txt", "--json", "o.json",
                            "--checkpoint", "c.json")
     assert code == 0, err

@@ -415,8 +415,8 @@ class SpecConfig:
     adaptive: bool = field(default=True, metadata=_help(
         "per step, use whichever kind of step has been faster: full steps (draft pass + tree), narrow "
         "steps (the same draft, a narrow tree; only with a wide --tree or --ngram-topk), lookup steps "
-        "(the suffix index's copy and n-gram continuations of the root, no draft pass) or plain steps (the root alone, an AR step); "
-        "output is the same either way"))
+        "(the suffix index's copy and n-gram continuations of the root, no draft pass) or plain steps (the root "
+        "alone, an AR step); output is the same either way"))
 
     @_validated
     def __post_init__(self) -> None:

@@ -256,8 +256,8 @@ def _resume(args: argparse.Namespace) -> int:
                              f"{', '.join(RESUME_FLAGS[:-1])} apply)")
     ckpt = read_checkpoint(args.resume)
     if "--heads" in given and ckpt.method != "tokenswift":  # (it ran on as AR without a word)
-        raise LongswiftError(f"--heads has no use here: the checkpoint's run is {ckpt.method.upper()}, and a resumed run "
-                             "keeps its method; drop --heads")
+        raise LongswiftError(f"--heads has no use here: the checkpoint's run is {ckpt.method.upper()}, and a resumed "
+                             "run keeps its method; drop --heads")
     if "--max-new-tokens" in given:  # a new length: extends a finished run
         ckpt = ckpt.with_length(args.max_new_tokens)
     # Each output not given again goes where the first run wrote it. (Older checkpoints hold paths

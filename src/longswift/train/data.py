@@ -20,8 +20,8 @@ def _files(source: Path) -> list[Path]:
     if source.is_dir():
         found = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES)
         if not found:
-            raise LongswiftError(f"directory '{source}' holds no .txt/.md/.text/.jsonl/.ndjson/.json files: point --data at "
-                                 "text files")
+            raise LongswiftError(f"directory '{source}' holds no .txt/.md/.text/.jsonl/.ndjson/.json files: point "
+                                 "--data at text files")
         return found
     if source.exists() and not source.is_file():  # (a shell's <(...) is a pipe: it exists, and is read once)
         raise LongswiftError(f"training data '{source}' is a pipe or device, not a file: save the data to a file and "
