@@ -83,7 +83,7 @@ def test_second_load_reads_the_cache_and_behaves_the_same(tmp_path, monkeypatch,
 
 
 @pytest.mark.parametrize("damage", ["truncated json", "no marker", "a file missing", "marker of another vocabulary",
-                                    "marker of another format"])
+                                    "marker of another format", "two ids swapped", "template edited"])
 def test_damaged_entry_is_rebuilt(tmp_path, monkeypatch, path, reader, converted, damage):
     monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path))
     gguf_tokenizer(path, reader)
@@ -99,6 +99,18 @@ def test_damaged_entry_is_rebuilt(tmp_path, monkeypatch, path, reader, converted
         (entry / "chat_template.jinja").unlink()  # would load, without its chat template
     elif damage == "marker of another vocabulary":
         (entry / MARKER).write_text(json.dumps(marker | {"tokens": 7}))
+    elif damage == "two ids swapped":  # the file's size kept: it was served, and encoded to the wrong ids
+        text = (entry / "tokenizer.json").read_text(encoding="utf-8")
+        vocab = json.loads(text)["model"]["vocab"]
+        one, two = vocab["Hello"], vocab["ĠHello"]  # (ids of as many digits: the size stays)
+        assert len(str(one)) == len(str(two))
+        text = text.replace(f'"Hello": {one}', "\0").replace(f'"ĠHello": {two}', f'"ĠHello": {one}')
+        (entry / "tokenizer.json").write_text(text.replace("\0", f'"Hello": {two}'), encoding="utf-8")
+        assert (entry / "tokenizer.json").stat().st_size == marker["files"]["tokenizer.json"][0]
+    elif damage == "template edited":
+        template = (entry / "chat_template.jinja").read_text()
+        assert "SmolLM" in template
+        (entry / "chat_template.jinja").write_text(template.replace("SmolLM", "EvilLM"))
     else:
         (entry / MARKER).write_text(json.dumps(marker | {"format": tokenizer_cache.FORMAT + 1}))
     assert tokenizer_cache._read(entry) is None
@@ -159,6 +171,17 @@ def test_entries_are_readable_by_others_and_leftovers_are_swept(tmp_path, conver
     tokenizer_cache._write(converted, entry, replace=False)
     assert entry.stat().st_mode & 0o055 == 0o055  # group and others may read and enter
     assert not old.exists() and recent.exists()  # another process may still be writing that one
+
+
+def test_a_file_where_an_entry_belongs_is_replaced_by_the_entry(tmp_path, monkeypatch, path, reader, converted):
+    """It was never repaired: each run converted the tokenizer again (6 s), without a word."""
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path))
+    entry = tmp_path / "tokenizers" / metadata_key(reader)
+    entry.parent.mkdir(parents=True)
+    entry.write_text("junk")
+    assert_same_tokenizer(gguf_tokenizer(path, reader), converted)
+    assert entry.is_dir()
+    assert_same_tokenizer(tokenizer_cache._read(entry), converted)
 
 
 def test_an_entry_another_process_wrote_meanwhile_stays(tmp_path, converted):
