@@ -278,10 +278,31 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
     (("--contexts", "64", "--alpha", "0.5"),
      "--prefix 4096 (the default: the paper's prompt) is not below the largest context 64, where a CPU projection "
      "ends: give a smaller --prefix"),
+    (("--contexts", "64", "--reps", "-1"), "--reps must be positive, got -1"),  # (each flag and value named)
+    (("--contexts", "64", "--warmup", "-1"), "--warmup must be >= 0, got -1"),
+    (("--contexts", "64", "--new-tokens", "0"), "--new-tokens must be positive, got 0"),
 ])
 def test_bad_inputs_are_one_line_errors(tiny, capsys, argv, match):
     code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, *argv)
     assert_one_line_error(code, err, match)
+
+
+STEPS, GENERATE = ["bench-steps", "--shape", "smollm2-135m"], ["generate", "--prompt", "hi"]
+OUTPUT_FILES = [(STEPS, "--out"), (STEPS, "--json"), (["bench"], "--out"), (["bench"], "--json"),
+                (["eval-heads", "--heads", "random"], "--json"), (GENERATE, "--output"), (GENERATE, "--json"),
+                (GENERATE, "--checkpoint")]
+
+
+@pytest.mark.parametrize("command,flag", OUTPUT_FILES, ids=[f"{c[0]}{f}" for c, f in OUTPUT_FILES])
+def test_an_output_file_that_is_empty_or_names_a_directory_is_refused(capsys, no_loading, tmp_path, command, flag):
+    """`--out d/sub/` wrote a file named `sub` (Path drops the slash); `--json ""` was refused as "output path
+    '.' is a directory", a path nobody typed."""
+    for value, said in (("", "is empty: give a file name"),
+                        (f"{tmp_path}/sub/", "ends in '/', so it names a directory: give a file name")):
+        assert main([*command, flag, value]) == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: " in err and said in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_shape_is_an_argparse_error(capsys):

@@ -63,12 +63,16 @@ class StepBenchConfig:
             raise LongswiftError(f"--contexts must be positive token counts, got {list(self.contexts)}")
         if not self.tree_nodes or min(self.tree_nodes) <= 0:
             raise LongswiftError(f"--tree-nodes must be positive node counts, got {list(self.tree_nodes)}")
-        if self.reps <= 0 or self.warmup < 0:
-            raise LongswiftError("--reps must be positive and --warmup >= 0")
+        if self.reps <= 0:
+            raise LongswiftError(f"--reps must be positive, got {self.reps}")
+        if self.warmup < 0:
+            raise LongswiftError(f"--warmup must be >= 0, got {self.warmup}")
         for a in self.alphas:
             check_alpha(a)
-        if self.prefix <= 0 or (self.new_tokens is not None and self.new_tokens <= 0):
-            raise LongswiftError("--prefix and --new-tokens must be positive")
+        if self.prefix <= 0:
+            raise LongswiftError(f"--prefix must be positive, got {self.prefix}")
+        if self.new_tokens is not None and self.new_tokens <= 0:
+            raise LongswiftError(f"--new-tokens must be positive, got {self.new_tokens}")
         if self.bandwidth_mib is not None and self.bandwidth_mib <= 0:
             raise LongswiftError("--bandwidth-mib must be positive")
 

@@ -10,7 +10,7 @@ from typing import Any
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
 from .flags import (HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value,
-                    seed_number, whole_number)
+                    output_file, seed_number, whole_number)
 
 
 def add_parser(sub: Any) -> None:
@@ -60,8 +60,8 @@ def add_parser(sub: Any) -> None:
                             "at a time, the one furthest behind in tokens next, each timed on its own clock, so that "
                             "the machine's drift over minutes hits them alike (their ratio holds where rates move); "
                             "holds every method's KV cache at once")
-    bench.add_argument("--out", type=Path, help="also append the markdown report to this file")
-    bench.add_argument("--json", type=Path, help="also write every run's record to this JSON file")
+    bench.add_argument("--out", type=output_file, help="also append the markdown report to this file")
+    bench.add_argument("--json", type=output_file, help="also write every run's record to this JSON file")
     add_config_flags(bench, SpecConfig)
     add_config_flags(bench, RuntimeConfig)
 

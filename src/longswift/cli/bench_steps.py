@@ -6,11 +6,10 @@ import argparse
 import dataclasses
 import json
 import shlex
-from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
-from .flags import add_config_flags, config_from_args, seed_number, whole_number
+from .flags import add_config_flags, config_from_args, output_file, seed_number, whole_number
 
 
 def _default(name: str) -> Any:
@@ -46,8 +45,8 @@ def add_parser(sub: Any) -> None:
                    help="buffer summed to measure read bandwidth (default: max(1 GiB, 4x the last-level cache))")
     p.add_argument("--seed", type=seed_number, default=_default("seed"),
                    help="seed of the random weights, caches and tries (default %(default)s)")
-    p.add_argument("--out", type=Path, help="also append the markdown report to this file")
-    p.add_argument("--json", type=Path, help="also write the measurements and projections to this JSON file")
+    p.add_argument("--out", type=output_file, help="also append the markdown report to this file")
+    p.add_argument("--json", type=output_file, help="also write the measurements and projections to this JSON file")
     add_config_flags(p, SpecConfig)
     add_config_flags(p, RuntimeConfig)
 

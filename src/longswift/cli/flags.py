@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 from collections.abc import Callable
@@ -30,6 +31,17 @@ TITLES = {
     "RuntimeConfig": "device and precision",
     "TrainConfig": "training",
 }
+
+
+def output_file(text: str) -> Path:
+    """argparse type: an output file's path. Refuses an empty one (Path("") is ".", refused as "output path '.'
+    is a directory") and one ending in a slash, which names a directory (Path drops the slash: the file was
+    written under the directory's name)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a file name")
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"'{text}' ends in '/', so it names a directory: give a file name")
+    return Path(text)
 
 
 def whole_number(text: str) -> int:

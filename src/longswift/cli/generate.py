@@ -15,7 +15,7 @@ from typing import Any
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name
 from ..errors import ConfigError, LongswiftError
 from .flags import (HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value, model_inputs,
-                    whole_number)
+                    output_file, whole_number)
 from .outputs import Outputs, shown, write_run
 from .stop import StopRequest
 
@@ -67,9 +67,9 @@ def add_parser(sub: Any) -> None:
     model.add_argument("--heads", type=heads_value, default=None,
                        help=f"draft heads for TokenSwift (default: auto): {HEADS_HELP}; 'none'; 'random' (testing)")
     files = gen.add_argument_group("output (each path distinct; files are written atomically)")
-    files.add_argument("--output", type=Path, metavar="FILE", help="write the text here instead of stdout")
-    files.add_argument("--json", type=Path, metavar="FILE", help="write {token_ids, text, stats} to this file")
-    files.add_argument("--checkpoint", type=Path, metavar="FILE",
+    files.add_argument("--output", type=output_file, metavar="FILE", help="write the text here instead of stdout")
+    files.add_argument("--json", type=output_file, metavar="FILE", help="write {token_ids, text, stats} to this file")
+    files.add_argument("--checkpoint", type=output_file, metavar="FILE",
                        help="save the generation's state here every --checkpoint-every tokens and when interrupted; "
                             "continue it with --resume")
     files.add_argument("--checkpoint-every", type=whole_number, default=1024, metavar="N",
