@@ -13,6 +13,11 @@ def decode_text(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's special tokens: no part of the text (decode_text leaves them out)."""
+    return frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+
+
 MAX_HELD = 16  # tokens held back (no complete text yet) after which the text before the last few is emitted
 FINAL_AFTER = 4  # ... the last few: a UTF-8 character spans at most 4 bytes, and a token is at least one
 
@@ -29,7 +34,7 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.prefix = 0  # decoding starts here, so tokenizers see some left context
         self.read = 0  # text of ids[:read] has been emitted
-        self.special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())  # tokens of no text (skipped)
+        self.special = special_ids(tokenizer)  # tokens of no text (skipped)
 
     def _decode(self, ids: list[int]) -> str:
         return decode_text(self.tokenizer, ids)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .detok import decode_text
+from .detok import decode_text, special_ids
 
 BYTES_PER_CHAR = 4  # a character spans at most 4 tokens (UTF-8 byte tokens), and any token at least 1 byte
 
@@ -22,7 +22,7 @@ class StopStrings:
         # tokens decoded per check: every token a stop string's characters can span, and a few before. Special
         # tokens are no part of the text: kept out of the window (11 <eos> inside "ab" filled it, and "ab" was
         # missed), and none completes a stop string.
-        self.special = frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+        self.special = special_ids(tokenizer)
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
         self.tail: list[int] = [t for t in previous or [] if t not in self.special][-self.window :]  # generated ids
 
