@@ -11,7 +11,7 @@ import torch
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..spec.heads import DraftHeads
-from .train import head_targets
+from .train import head_targets, window_hidden
 
 HELD_OUT_PROMPT = "Write a long novel chapter about a family reunion at a mountain inn cut off by a snowstorm."
 
@@ -38,19 +38,15 @@ def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: 
                   progress: bool = False) -> HeadAccuracy:
     """Top-1/top-3 accuracy of each head (head i at t predicting the token at t+1+i) on windows [N, L]. The base's
     hidden states are taken a window at a time (all of them at once did not fit in memory for large data)."""
-    from tqdm import tqdm
-
     check_window(int(windows.shape[1]), heads.gamma)
     model = engine.model
     windows = windows.to(model.device)
     targets = head_targets(windows, heads.gamma)  # [gamma, N, L]
-    positions = torch.arange(windows.shape[1], device=model.device)
     top1 = torch.zeros(heads.gamma, dtype=torch.long)
     top3 = torch.zeros(heads.gamma, dtype=torch.long)
     count = torch.zeros(heads.gamma, dtype=torch.long)
     with torch.no_grad():
-        for i in tqdm(range(windows.shape[0]), desc="base hidden states", unit="window", disable=not progress):
-            _, h0 = model.forward(windows[i], positions, None, logits_rows=slice(0, 0))  # [L, hidden]
+        for i, h0 in enumerate(window_hidden(model, windows, progress)):  # [L, hidden]
             for lo in range(0, h0.shape[0], chunk):
                 states = heads(h0[lo : lo + chunk].to(heads.weights.dtype))  # [gamma, P, hidden]
                 logits = model.lm_head(states.flatten(0, 1).to(model.dtype)).view(*states.shape[:2], -1)

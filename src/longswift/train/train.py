@@ -84,8 +84,6 @@ def learning_rate(cfg: TrainConfig, step: int) -> float:
 def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> torch.Tensor:
     """windows [N, L] -> the base's last-layer pre-norm hidden states [N, L, hidden] (no autograd), refused in
     one line where they do not fit in memory (the allocation's traceback, and a run that began regardless)."""
-    from tqdm import tqdm
-
     n, length = windows.shape
     need = n * length * model.cfg.hidden_size * model.dtype.itemsize
     free = available_bytes(model.device)
@@ -101,11 +99,20 @@ def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> to
         raise LongswiftError(f"the base model's hidden states of {n:,} windows of {length} tokens need "
                              f"{need / GiB:.2f} GiB, {short}: give less data (--data, --self-distill) or a smaller "
                              "--seq-len")
-    positions = torch.arange(length, device=model.device)
-    with torch.no_grad():
-        for i in tqdm(range(n), desc="base hidden states", unit="window", disable=not progress):
-            _, out[i] = model.forward(windows[i], positions, None, logits_rows=slice(0, 0))
+    for i, hidden in enumerate(window_hidden(model, windows, progress)):
+        out[i] = hidden
     return out
+
+
+def window_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> Iterator[torch.Tensor]:
+    """windows [N, L] -> each window's last-layer pre-norm hidden states [L, hidden] in turn (no autograd)."""
+    from tqdm import tqdm
+
+    positions = torch.arange(windows.shape[1], device=model.device)
+    for i in tqdm(range(windows.shape[0]), desc="base hidden states", unit="window", disable=not progress):
+        with torch.no_grad():  # (not around the yield: the caller's code would run without autograd too)
+            _, hidden = model.forward(windows[i], positions, None, logits_rows=slice(0, 0))
+        yield hidden
 
 
 def head_targets(windows: torch.Tensor, gamma: int) -> torch.Tensor:
