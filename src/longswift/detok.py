@@ -69,9 +69,10 @@ class IncrementalDecoder:
             return ""
         # Decoding starts at the old read offset from here on: the rest must read the same from there. (Bytes cut
         # mid-character decode to other replacement characters from there: one "\ufffd" more came out.)
-        then_before, then_after = self._decode(self.ids[self.read : cut]), self._decode(self.ids[self.read :])
-        if not then_after.startswith(then_before) or then_after[len(then_before) :] != after[len(text) :]:
-            return ""
+        if self.read != self.prefix:  # (where they are one offset, these are `text` and `after` again)
+            then_before, then_after = self._decode(self.ids[self.read : cut]), self._decode(self.ids[self.read :])
+            if not then_after.startswith(then_before) or then_after[len(then_before) :] != after[len(text) :]:
+                return ""
         self.prefix, self.read = self.read, cut
         return text[len(before) :]
 
