@@ -308,7 +308,10 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, g
     allowed = torch.cat([torch.ones(grp * t, used, dtype=torch.bool, device=CUDA), rows], dim=1)
     want, _ = explicit_with_lse(q.float(), torch.cat([keys[:, :used], new_k], 1).float(),
                                 torch.cat([values[:, :used], new_v], 1).float(), d**-0.5, allowed)
-    assert_bf16_close(got, want)
+    # With nothing cached a row averages at most T values, so nothing evens out the bf16 rounding of each
+    # probability (2^-8 of it) times its value: up to 2^-8 of the largest value (H200: 0.0024 past 2^-7 of
+    # the output at T 8, over the 1e-3 that thousands of keys allow). A dropped mask is ~0.3 off here.
+    assert_bf16_close(got, want, 1e-3 if used else 2**-8 * new_v.abs().max().item())
 
 
 @pytest.mark.parametrize("grp,t", [(4, 1), (4, 32), (1, 1)])
