@@ -314,58 +314,6 @@ def test_the_length_kernel_matches_explicit_attention_on_the_8b_shape(t, used, g
     assert_bf16_close(got, want, 1e-3 if used else 2**-8 * new_v.abs().max().item())
 
 
-@pytest.mark.parametrize("t,used,span", [(32, 20000, 32768), (121, 20000, 32768), (32, 0, 32768),
-                                         (17, 3000, 30001), (41, 1, 8192), (32, 8191, 8192)])
-def test_the_chunked_prefix_matches_explicit_attention_on_the_8b_shape(t, used, span, monkeypatch):
-    """Past one tile of the split kernel's rows (64 a KV head), the span goes in chunks to flash's regular
-    kernel as a variable-length batch, each chunk with every row, merged by log-sum-exp: explicit float32
-    attention's result, stale slots past the cached length unseen, in one call."""
-    needs_length()
-    calls = []
-    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward",
-                        Recording(torch.ops.aten._flash_attention_forward, calls))
-    g = torch.Generator(device="cuda").manual_seed(1)
-    hkv, d, grp = 8, 128, 4
-    q = torch.randn(hkv, grp * t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
-    keys = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16, generator=g)
-    values = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16, generator=g)
-    keys[:, used:], values[:, used:] = 30.0, 1e4  # stale
-    new_k = torch.randn(hkv, t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
-    new_v = torch.randn(hkv, t, d, device=CUDA, dtype=torch.bfloat16, generator=g)
-    length = key_span(torch.tensor([used], device=CUDA), span, rows=grp * t, hkv=hkv)
-    assert length.chunks is not None
-    out, lse = prefix_with_lse(q, keys, values, length, d**-0.5)
-    assert len(calls) == 1 and calls[0][0][0].shape == (length.chunks.used.numel() * grp * t, hkv, d)
-    want, want_lse = explicit_with_lse(q.float(), keys[:, :used].float(), values[:, :used].float(), d**-0.5, None)
-    if used == 0:
-        assert torch.isneginf(lse).all() and not out.abs().any()
-    else:
-        assert_bf16_close(out, want)
-        assert (lse - want_lse).abs().max().item() < 1e-2
-    rows = random_trie(t, seed=t).repeat(grp, 1).to(CUDA)  # [G*T, T]
-    got = by_length(q, keys, values, length, new_k, new_v, additive_mask(rows, q.dtype), d**-0.5)
-    allowed = torch.cat([torch.ones(grp * t, used, dtype=torch.bool, device=CUDA), rows], dim=1)
-    want, _ = explicit_with_lse(q.float(), torch.cat([keys[:, :used], new_k], 1).float(),
-                                torch.cat([values[:, :used], new_v], 1).float(), d**-0.5, allowed)
-    assert_bf16_close(got, want, 1e-3 if used else 2**-8 * new_v.abs().max().item())
-
-
-def test_the_chunked_prefix_runs_the_regular_kernel_on_128_row_tiles():
-    """What the chunks are for: one launch of flash's regular kernel, whose tile takes 128 query rows
-    (Flash_fwd_kernel_traits<head size, kBlockM, ...>), not the split kernel's 64."""
-    needs_length()
-    hkv, d, span, rows = 8, 128, 65536, 128
-    q = torch.randn(hkv, rows, d, device=CUDA, dtype=torch.bfloat16)
-    keys = torch.randn(hkv, span, d, device=CUDA, dtype=torch.bfloat16)
-    length = key_span(torch.tensor([50000], device=CUDA), span, rows=rows, hkv=hkv)
-    prefix_with_lse(q, keys, keys, length, d**-0.5)  # warm-up
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        prefix_with_lse(q, keys, keys, length, d**-0.5)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "flash" in e.name]
-    assert len(names) == 1 and "splitkv" not in names[0] and "traits<128, 128," in names[0].lower(), names
-
-
 @pytest.mark.parametrize("grp,t", [(4, 1), (4, 32), (1, 1)])
 def test_the_length_kernel_splits_the_keys_at_long_contexts(grp, t):
     """The variable-length kernel plans a split of the keys across thread blocks only for one query

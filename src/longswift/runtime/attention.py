@@ -253,70 +253,23 @@ def length_unsupported(device: torch.device) -> str | None:
     return None
 
 
-# Flash's split-KV kernel, which the variable-length entry runs for one grouped query token (_used_prefix),
-# takes a KV head's rows 64 at a time (its kBlockM) and reads the keys once per such tile: the 8B shape's
-# 32-node verify pass (128 rows a KV head) read the cache twice (H200, 100K context: 13.45 ms against 10.54
-# for 8 nodes and 9.30 for an AR step; docs/benchmarks.md, session 51).
-SPLIT_TILE_ROWS = 64
-# More rows go to flash's regular kernel, which takes 128 rows a tile (REGULAR_TILE_ROWS: its kBlockM for head
-# sizes up to 128 without a causal mask) but runs one thread block per (tile, sequence, head) over the whole
-# sequence. So the keys are cut into chunks sent as a batch of sequences, each chunk with every row: about
-# CHUNK_BLOCKS thread blocks (two per SM of an H100 or H200) stream the keys once, none over fewer than
-# CHUNK_MIN_KEYS of them, and the chunks' outputs are merged by their log-sum-exps (merge_parts).
-REGULAR_TILE_ROWS, CHUNK_BLOCKS, CHUNK_MIN_KEYS = 128, 264, 1024
-
-
-def prefix_chunks(rows: int, hkv: int, span: int) -> int:
-    """How many chunks flash reads a span of `span` cached keys in for `rows` query rows of each of `hkv`
-    KV heads: 1 (the split kernel, one tile of rows) up to SPLIT_TILE_ROWS rows or below two chunks' keys."""
-    if rows <= SPLIT_TILE_ROWS:
-        return 1
-    tiles = -(-rows // REGULAR_TILE_ROWS)
-    return max(1, min(-(-CHUNK_BLOCKS // (hkv * tiles)), span // CHUNK_MIN_KEYS))
-
-
-@dataclass
-class KeyChunks:
-    """A span of the cache cut into P chunks of `size` slots (the last may be shorter), each a sequence of
-    flash's variable-length batch with all `rows` query rows: chunk i holds slots [cu_k[i], cu_k[i + 1]),
-    of which its first used[i] are in use (read from the cached length on the device)."""
-
-    rows: int
-    size: int
-    used: torch.Tensor  # [P] int32
-    cu_q: torch.Tensor  # [P + 1] int32: i * rows
-    cu_k: torch.Tensor  # [P + 1] int32: i * size, the span at the end
-
-
 @dataclass
 class KeySpan:
     """The cached keys a step attends over when their count lives in device memory: slots [0, used)
     of a fixed span of the cache (`used` [1] int32 on the device; the span is the keys passed), with
-    the index tensors flash's variable-length kernel reads, built once per forward rather than per layer.
-    `chunks`: the span cut for flash's regular kernel (prefix_chunks), where the rows are many."""
+    the index tensors flash's variable-length kernel reads, built once per forward rather than per layer."""
 
     used: torch.Tensor  # [1] int32
     cu_q: torch.Tensor  # [2] int32: [0, 1], one query token (see prefix_with_lse)
     cu_k: torch.Tensor  # [2] int32: [0, span]
-    chunks: KeyChunks | None = None
 
 
-def key_span(used: torch.Tensor, span: int, rows: int = 1, hkv: int = 1, chunks: int | None = None) -> KeySpan:
+def key_span(used: torch.Tensor, span: int) -> KeySpan:
     """used: [1] long or int32 on the device, the cache slots to read (the step's first slot; for a
-    single token, whose key is written first, one more). `rows` query rows of each of `hkv` KV heads will
-    attend (they decide the chunks); `chunks` forces their count (1: none), which is prefix_chunks' else.
-    The chunks serve only flash (half types on CUDA); explicit attention reads the span whole."""
+    single token, whose key is written first, one more)."""
     steps = torch.arange(2, dtype=torch.int32, device=used.device)
-    used = used.to(torch.int32)
-    p = prefix_chunks(rows, hkv, span) if chunks is None else chunks
-    if p <= 1:
-        return KeySpan(used, steps, steps * span)
-    size = -(-span // p)
-    p = -(-span // size)  # no empty chunk at the end
-    index = torch.arange(p + 1, dtype=torch.int32, device=used.device)  # [P + 1]
-    starts = index * size
-    parts = KeyChunks(rows, size, (used - starts[:-1]).clamp(0, size), index * rows, starts.clamp(max=span))
-    return KeySpan(used, steps, steps * span, parts)
+    return KeySpan(used.to(torch.int32), steps, steps * span)
+
 
 def prefix_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -349,8 +302,6 @@ def _used_prefix(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks:
     """prefix_with_lse before the empty rows' lse is fixed (flash gives them +inf); `flash`: the
     caller's cuda_flash_fits for qg."""
     span = keys.shape[1]
-    if flash and ks.chunks is not None:
-        return merge_parts(*_chunk_parts(qg, keys, values, ks.chunks, scale))
     if flash:
         hkv, rows, d = qg.shape
         # The R rows go as ONE query token of Hkv*R heads (head h reads KV head h // R). For a single query
@@ -369,57 +320,14 @@ def _used_prefix(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks:
     return explicit_with_lse(qg, keys, values, scale, allowed[None])
 
 
-def _chunk_parts(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, c: KeyChunks,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every row over each chunk's used slots, by flash's regular kernel (the chunks a batch of sequences
-    of the variable-length entry). qg: [Hkv, R, D], keys/values: the span [Hkv, S, D] -> out [P, R, Hkv, D]
-    (q's dtype), lse [Hkv, P, R] (-inf, with out 0, for a chunk with no slot in use)."""
-    hkv, rows, d = qg.shape
-    if rows != c.rows:
-        raise ValueError(f"the key span's chunks were cut for {c.rows} query rows, not {rows}")
-    p = c.used.shape[0]
-    q = qg.transpose(0, 1).expand(p, rows, hkv, d).reshape(p * rows, hkv, d)  # [P*R, Hkv, D]: each chunk's rows
-    out, lse = torch.ops.aten._flash_attention_forward(
-        q, keys.transpose(0, 1), values.transpose(0, 1), c.cu_q, c.cu_k, rows, c.size, 0.0, False, False,
-        scale=scale, seqused_k=c.used)[:2]  # out [P*R, Hkv, D], lse [Hkv, P*R]
-    # flash gives a chunk without keys lse +inf (softmax.h), which would take all the weight: -inf takes none
-    lse = lse.view(hkv, p, rows).nan_to_num(nan=float("nan"), posinf=float("-inf"), neginf=float("-inf"))
-    return out.view(p, rows, hkv, d), lse
-
-
-def _weighted_parts(outs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """sum over parts p of weights[h, p, r] * outs[p, r, h, :], as one batched product (a batch per row and
-    head, no copy of the parts). outs: [P, R, Hkv, D], weights: [Hkv, P, R] -> [Hkv, R, D] in outs' dtype."""
-    p, rows, hkv, d = outs.shape
-    w = weights.permute(2, 0, 1).to(outs.dtype, memory_format=torch.contiguous_format).reshape(rows * hkv, 1, p)
-    return torch.bmm(w, outs.view(p, rows * hkv, d).transpose(0, 1)).view(rows, hkv, d).transpose(0, 1)
-
-
-def merge_parts(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention over the union of P disjoint key sets from each part's output and log-sum-exp (merge's
-    generalisation). outs: [P, R, Hkv, D], lses: [Hkv, P, R] -> out [Hkv, R, D] in the accumulation dtype,
-    lse [Hkv, R]; a row with no key in any part gets out 0 and lse -inf."""
-    acc = torch.promote_types(outs.dtype, torch.float32)
-    weights = torch.softmax(lses.to(acc), dim=1).nan_to_num_(0.0)  # [Hkv, P, R]: NaN where every lse is -inf
-    return _weighted_parts(outs, weights).to(acc), torch.logsumexp(lses.to(acc), dim=1)
-
-
 def by_length(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ks: KeySpan,
               new_keys: torch.Tensor, new_values: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
     """The cascade with the cached length read from device memory: every row over the cache's first
     `ks.used` slots (prefix_with_lse), and over the step's T new keys/values [Hkv, T, D] under the
     additive mask `bias` [R, T] (additive_mask; masked_with_lse); merged. keys/values: the cache's
-    first span slots [Hkv, S, D]. -> [Hkv, R, D] in q's dtype. With chunks (ks.chunks, on flash) the new
-    entries are one more part of a single merge."""
-    out_t, lse_t = masked_with_lse(qg, new_keys, new_values, bias, scale)
-    if ks.chunks is not None and cuda_flash_fits(qg.device, qg.dtype, qg.shape[-1]):
-        outs, lses = _chunk_parts(qg, keys, values, ks.chunks, scale)
-        # Every row sees at least itself among the new entries, so no row lacks keys: no NaN weights.
-        weights = torch.softmax(torch.cat([lses, lse_t.unsqueeze(1)], dim=1), dim=1)  # [Hkv, P + 1, R]
-        acc = torch.promote_types(qg.dtype, torch.float32)
-        return torch.addcmul(_weighted_parts(outs, weights[:, :-1]).to(acc), weights[:, -1].unsqueeze(-1),
-                             out_t.to(acc)).to(qg.dtype)
+    first span slots [Hkv, S, D]. -> [Hkv, R, D] in q's dtype."""
     out_p, lse_p = prefix_with_lse(qg, keys, values, ks, scale)
+    out_t, lse_t = masked_with_lse(qg, new_keys, new_values, bias, scale)
     return merge(out_p, lse_p, out_t, lse_t).to(qg.dtype)
 
 

@@ -20,9 +20,7 @@ one of two ways (--graph-attention):
   five per node budget for 100K tokens after a 4K prompt (a step's span covers its first slot + 1),
   and no [N, bucket] tail.
   The span bounds the kernel's split of the keys, which it plans from the span on the host: a
-  single span of the whole cache would plan every short-context step as a 100K one. A verify pass
-  of more than 64 query rows a KV head cuts the span in chunks for flash's regular kernel instead
-  (runtime.attention.prefix_chunks), which reads the keys once for 128 rows, not once per 64.
+  single span of the whole cache would plan every short-context step as a 100K one.
 
 Graphs are captured the first time they are needed and share one memory pool. Token ids,
 positions, the tree mask and the slot are copied into device buffers before a replay, and nothing
@@ -184,8 +182,7 @@ class StepGraphs:
                           v: torch.Tensor) -> torch.Tensor:
                 return prefix_attention(qg, keys[:, :first], values[:, :first], ks, m.scale)
         elif self.attention == "length":
-            # the cached slots before the step's, counted on the device (and cut in chunks for many rows)
-            ks = key_span(self.slot, first, rows=g * n, hkv=m.cfg.num_kv_heads)
+            ks = key_span(self.slot, first)  # the cached slots before the step's, counted on the device
             allowed = additive_mask(mask.repeat(g, 1), m.dtype)  # [G*N, N], rows g*N + t
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
