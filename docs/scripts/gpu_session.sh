@@ -32,10 +32,12 @@
 #                                            # 4,096 tokens, greedy and paper) with --lockstep, which times the
 #                                            # methods together (GGUF: the model file, carried in parts)
 #
-# The GPU machine can download nothing and takes 64 MiB of ignored files a call, so the 93 MB model
-# goes in two warm calls (the machine releases after 30 s idle): one carrying a 50 MB first part and
-# copying it to /tmp, the next carrying the rest, joining them and checking the SHA-256; the gguf
-# package, which that machine lacks, is installed from a carried wheel (pip install --no-index).
+# The GPU machine can download nothing and takes 64 MiB a call (the working tree, ~20 MB, included), so
+# the 98 MB model goes in three warm calls (the machine releases after 30 s idle; session 51): each
+# carries a 34 MB part (`split -b 34000000`, under an ignored folder such as bench-out/) and copies it to
+# /tmp, the last joins them and checks the SHA-256; the gguf package, which that machine lacks, is
+# installed from a carried wheel with `python3 -m pip install --no-index --no-deps` (a bare `pip` there
+# installs for another Python).
 #
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
