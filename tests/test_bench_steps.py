@@ -269,6 +269,8 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
 @pytest.mark.parametrize("argv, match", [
     (("--contexts", "0,64"), "--contexts must be positive"),
     (("--contexts", "64,x"), "--contexts takes comma-separated whole numbers"),
+    (("--contexts", "64,,128"), "--contexts has an empty item (a number left out?)"),  # was read as 64,128
+    (("--contexts", "64", "--tree-nodes", "8,"), "--tree-nodes has an empty item"),
     (("--contexts", "1000000000"), "not enough memory for these step costs"),
     (("--contexts", "64", "--alpha", "1.5"), "--alpha must be in [0, 1]"),
     (("--contexts", "64", "--layers", "0"), "--layers must be positive"),

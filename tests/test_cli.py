@@ -456,6 +456,10 @@ def test_bench_refuses_bad_combinations(capsys):
     assert_one_line_error(code, err, "unknown sampling preset(s) ['nucleus']")
     code, _, err = run_cli(capsys, "bench", "--lengths", "2048,4k")
     assert_one_line_error(code, err, "--lengths takes comma-separated whole numbers")
+    code, _, err = run_cli(capsys, "bench", "--lengths", "2048,,4096")  # was read as 2048,4096
+    assert_one_line_error(code, err, "--lengths has an empty item (a number left out?)")
+    code, _, err = run_cli(capsys, "bench", "--prefix", " , ")
+    assert_one_line_error(code, err, "--prefix is empty")
     code, _, err = run_cli(capsys, "bench", "--methods", "ar,beam")
     assert_one_line_error(code, err, "unknown bench method")
     code, _, err = run_cli(capsys, "bench", "--methods", "ar", "--prefix", "2048", "--lengths", "8192")

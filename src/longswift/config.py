@@ -558,15 +558,19 @@ MAX_ROPE_FACTOR = 1024  # far past any published extension; larger factors overf
 
 def parse_number_list(text: str, flag: str, kind: type = int) -> tuple:
     """A comma list of numbers from the command line ('2048,4096' -> (2048, 4096)); a one-line
-    error names the flag when an item is not a number of `kind` or the list is empty."""
-    try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        what = "whole numbers" if kind is int else "numbers"
-        raise LongswiftError(f"{flag} takes comma-separated {what}, e.g. 2048,4096; got '{text}'") from None
-    if not values:
+    error names the flag when an item is not a number of `kind`, is empty ('64,,128': a number
+    left out, as --tree refuses it) or the list is."""
+    items = [v.strip() for v in text.split(",")]
+    what = "whole numbers" if kind is int else "numbers"
+    if not any(items):
         raise LongswiftError(f"{flag} is empty")
-    return values
+    if not all(items):
+        raise LongswiftError(f"{flag} has an empty item (a number left out?): give comma-separated {what}, "
+                             f"e.g. 2048,4096; got '{text}'")
+    try:
+        return tuple(kind(v) for v in items)
+    except ValueError:
+        raise LongswiftError(f"{flag} takes comma-separated {what}, e.g. 2048,4096; got '{text}'") from None
 
 
 def parse_rope_scaling(text: str) -> tuple[str, float]:
