@@ -402,3 +402,25 @@ def test_memory_plan_a_run_exactly_as_long_as_the_context_is_allowed():
 
     cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
     check_context(cfg, cfg.context_limit - 10, 10)
+
+
+def test_the_memory_plan_counts_what_a_tokenswift_run_allocates():
+    """The draft pass's partial cache holds its budget and the slot of the root it feeds; on CUDA the full
+    cache's slots past the run hold the verify pass's tree padded to its node budget (the paper trie's 101
+    nodes: 128). Both plans were short of what the run allocates."""
+    from longswift.config import SpecConfig
+    from longswift.runtime.cuda_graphs import padded_nodes
+    from longswift.runtime.memory import plan_memory
+    from longswift.spec.budget import run_plan, tree_budget
+
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    partial = PartialKVCache(cfg, 48, 4, 8, torch.float32, torch.device("cpu"))
+    plan = plan_memory(cfg, torch.float32, torch.device("cpu"), 64, 16, False, 48)
+    assert plan.draft_cache == partial.k.nbytes + partial.v.nbytes
+    spec = SpecConfig(max_nodes=0).for_device(torch.device("cuda"))
+    nodes = tree_budget(spec)
+    assert padded_nodes(nodes) > nodes
+    assert run_plan(cfg, torch.bfloat16, torch.device("cuda"), 1000, 64, False, False, spec).capacity_tokens == \
+        1000 + padded_nodes(nodes)
+    assert run_plan(cfg, torch.float32, torch.device("cpu"), 1000, 64, False, False, spec).capacity_tokens == \
+        1000 + nodes  # the CPU's steps are not padded

@@ -227,7 +227,8 @@ def plan_memory(
                  masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
     logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), 4 if float32_logits else elem)
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
-    draft = draft_tokens * cfg.kv_bytes_per_token(dtype)
+    # PartialKVCache holds the budget and one slot more: the root its draft pass feeds
+    draft = (draft_tokens + 1) * cfg.kv_bytes_per_token(dtype) if draft_tokens else 0
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
                       draft_tokens, tree_nodes)
 

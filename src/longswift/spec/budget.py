@@ -78,7 +78,12 @@ def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens:
     nodes = tree_budget(spec) if spec is not None else 0
     draft = draft_cache_tokens(spec, tokens) if spec is not None else 0
     rows = walk_rows(spec) if spec is not None else 1
-    return plan_memory(cfg, dtype, device, tokens + nodes, chunk, packed, draft, nodes, float32_logits, rows)
+    # The full cache's slots past the run hold a verify pass's tree: on CUDA the step bodies pad it to its node
+    # budget (TokenSwiftState; not under dynamic NTK rope, which they do not run; tensor parallelism, which they
+    # do not run either, is planned with the padding: a few slots more)
+    bodies = device.type == "cuda" and cfg.rope_type != "dynamic"
+    slots = padded_nodes(nodes) if bodies and nodes else nodes
+    return plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows)
 
 
 def will_pack(runtime: RuntimeConfig) -> bool:
