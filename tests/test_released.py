@@ -322,6 +322,23 @@ def test_missing_hub_model_is_one_line(offline_cache, capsys):
     assert_one_line_error(code, err, "--revision v2")
 
 
+@pytest.mark.parametrize("keep", ["config.json", "model.safetensors"])
+def test_a_partly_downloaded_hub_model_is_called_so(offline_cache, capsys, keep):
+    """The cache keeps the files that finished downloading: a snapshot with config.json and no weights (or
+    weights and no config) was refused as a folder that is not a model, with no word of the download."""
+    snapshot = hub_cache(offline_cache, "tiny-org/partial")
+    tiny_hf_model("llama", "default").save_pretrained(snapshot)
+    for f in snapshot.iterdir():
+        if f.name != keep:
+            f.unlink()
+    capsys.readouterr()  # (save_pretrained's progress bar)
+    code, _, err = run_cli(capsys, "info", "--model", "tiny-org/partial@main")
+    missing = ".safetensors weights" if keep == "config.json" else "config.json"
+    assert_one_line_error(code, err, f"snapshot of 'tiny-org/partial@main' ({snapshot}) has no {missing}: "
+                                     "an interrupted download? get it again with `hf download tiny-org/partial "
+                                     "--revision main`")
+
+
 @pytest.mark.parametrize("flag", ["--model", "--heads"])
 def test_a_mistyped_local_path_is_not_blamed_on_the_hub(offline_cache, capsys, tmp_path, monkeypatch, flag):
     """`runs/heads-typo` reads as a Hub id `org/name`; where `runs` is a local folder the error says

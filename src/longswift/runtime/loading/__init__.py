@@ -20,7 +20,7 @@ import torch
 from ...config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
 from ...errors import LongswiftError, reason_of, unreadable
 from .gguf import check_token_ids, gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
-from .hub import parse_hub_id, quiet_transformers, resolve_hub_id
+from .hub import check_model_snapshot, parse_hub_id, quiet_transformers, resolve_hub_id
 from ..model import check_state_dict
 from .tokenizer_cache import gguf_tokenizer
 
@@ -85,6 +85,7 @@ def resolve_path(source: str | os.PathLike | None) -> Path:
     path = default_model_path() if source is None else Path(source).expanduser()
     if not path.exists() and isinstance(source, str) and parse_hub_id(source):
         path = resolve_hub_id(source)
+        check_model_snapshot(path, source)
     if not path.exists():
         raise LongswiftError(f"model path '{path}' does not exist: pass a .gguf file or a directory with config.json")
     if path.is_file() and path.suffix != ".gguf":

@@ -102,6 +102,20 @@ def resolve_hub_id(source: str, what: str = "model") -> Path:
     return Path(path)
 
 
+def check_model_snapshot(path: Path, source: str) -> None:
+    """A model's snapshot in the Hugging Face cache (resolve_hub_id) has its config.json and safetensors
+    weights. The cache keeps each file that finished downloading, so a snapshot without them is most likely
+    an interrupted download, which the checks of a local directory would call a folder that is not a model."""
+    missing = [what for what, there in (("config.json", (path / "config.json").is_file()),
+                                        (".safetensors weights", any(path.glob("*.safetensors")))) if not there]
+    if missing:
+        repo_id, revision = parse_hub_id(source) or (source, None)
+        get = f"`hf download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+        raise LongswiftError(f"the Hugging Face cache's snapshot of '{source}' ({path}) has no "
+                             f"{' and no '.join(missing)}: an interrupted download? get it again with {get} (online); longswift reads "
+                             "config.json and safetensors, so a repository without them cannot be loaded")
+
+
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """transformers' warnings held back (errors still show) while it reads a config or tokenizer that
