@@ -639,6 +639,57 @@ def test_another_model_at_the_same_path_does_not_resume_into_its_results(tmp_pat
     assert json.loads((old / "config.json").read_text()) == {"identity": {"model": "m"}, "model_fingerprint": "ccc"}
 
 
+def test_a_fine_tune_with_its_bases_embeddings_does_not_resume_into_the_bases_results(tmp_path):
+    """The fingerprint (shapes and a corner of the embedding) is a fine-tune's base's when it kept the embeddings:
+    its probe (runtime.probe, equal up to rounding) differs. A probe within rounding resumes; a directory made
+    before the probe was kept resumes and gets it."""
+    from longswift.bench.store import ResultStore
+
+    probe = [1.0, -2.0, 0.5]
+    ResultStore(tmp_path, {"model": "m"}, model_fingerprint="aaa", model_probe=(probe, torch.float32)).close()
+    near = [x * (1 + 1e-6) for x in probe]  # another thread count's rounding
+    ResultStore(tmp_path, {"model": "m"}, model_fingerprint="aaa", model_probe=(near, torch.float32)).close()
+    with pytest.raises(LongswiftError, match="holds results of another model at the path 'm' \\(its config or weights"):
+        ResultStore(tmp_path, {"model": "m"}, model_fingerprint="aaa", model_probe=([1.0, -2.0, 0.6], torch.float32))
+    old = tmp_path / "old"
+    ResultStore(old, {"model": "m"}, model_fingerprint="aaa").close()
+    ResultStore(old, {"model": "m"}, model_fingerprint="aaa", model_probe=(probe, torch.float32)).close()
+    assert json.loads((old / "config.json").read_text())["model_probe"] == probe
+
+
+def test_bench_refuses_a_model_whose_layers_changed_at_the_same_path(tmp_path, capsys):
+    """A model rewritten in place with other layer weights, its embedding and config.json kept (a fine-tune):
+    the rerun resumed the old runs and mixed both models' tokens in one report."""
+    from conftest import assert_one_line_error, run_cli, tiny_hf_model
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "m"
+    tiny_hf_model("llama", seed=5).save_pretrained(model)
+    run = ["bench", "--model", str(model), "--methods", "ar", "--prompt-tokens", "8", "--runs", "1", "--no-warmup",
+           "--out-dir", str(tmp_path / "b"), "--no-progress"]
+    code, _, err = run_cli(capsys, *run, "--lengths", "4")
+    assert code == 0, err
+    weights = load_file(model / "model.safetensors")
+    weights = {k: (v * 1.5 if ".mlp." in k else v) for k, v in weights.items()}  # embedding and config as they were
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = run_cli(capsys, *run, "--lengths", "4,8")
+    assert_one_line_error(code, err, "holds results of another model at the path")
+
+
+def test_bench_never_replaces_files_it_did_not_write(tmp_path):
+    """A report.md or results.csv of the user's in --out-dir, without bench's config.json, was replaced by the
+    run's (results.jsonl alone was refused)."""
+    from longswift.bench.store import ResultStore
+
+    for name in ("report.md", "results.csv", "speedup_vs_length.png"):
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_text("my notes")
+        with pytest.raises(LongswiftError, match=f"holds {name} without bench's config.json: use another --out-dir"):
+            ResultStore(folder, {"model": "m"})
+        assert (folder / name).read_text() == "my notes" and not (folder / "config.json").exists()
+
+
 @pytest.mark.parametrize("flags,lines", [([], True), (["--no-progress"], False)])
 def test_bench_no_progress_logs_each_runs_start_only(tmp_path, capsys, flags, lines):
     """--no-progress, as generate, train-heads and eval-heads take it: the runs' token counts are not logged."""

@@ -27,6 +27,7 @@ from ..runtime.linear import half_precision_note
 from ..runtime.loading import model_files, resolve_path
 from ..runtime.memory import MemoryPlan, rope_extension
 from ..runtime.model import fused_kernels
+from ..runtime.probe import model_probe
 from ..spec.budget import unpruned_budget
 from ..spec.heads import named_heads_file
 from .lockstep import run_lockstep
@@ -391,7 +392,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     check_grid_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
     identity = suite_identity(engine, cfg, heads)
     store = (ResultStore(out_dir, identity, fresh, engine.fingerprint,
-                         lambda p: log(f"removed '{p}', left by a run that was killed while writing it"))
+                         lambda p: log(f"removed '{p}', left by a run that was killed while writing it"),
+                         (model_probe(engine.model), engine.model.dtype))
              if out_dir is not None else MemoryStore(identity))
     try:  # (a results directory is locked while this invocation writes it)
         if store.records:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..atomic import OutputLock, remove_stale_files, write_atomic
 from ..errors import LongswiftError
+from ..runtime.probe import same_model
 
 # What a results directory holds (all of it bench's: --fresh discards these, and outputs may not replace them).
 OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
@@ -56,7 +57,10 @@ class ResultStore(MemoryStore):
     run, flushed and fsynced as it finishes, so an interrupted grid resumes where it stopped."""
 
     def __init__(self, out_dir: Path, identity: dict[str, Any], fresh: bool = False,
-                 model_fingerprint: str | None = None, on_stale: Callable[[Path], None] | None = None) -> None:
+                 model_fingerprint: str | None = None, on_stale: Callable[[Path], None] | None = None,
+                 model_probe: tuple[list[float], Any] | None = None) -> None:
+        """`model_probe`: the model's probe (runtime.probe) and its dtype, kept beside the identity and
+        compared up to rounding on a resume."""
         super().__init__(identity)
         if out_dir.exists() and not out_dir.is_dir():
             raise LongswiftError(f"--out-dir '{out_dir}' is a file: give a directory")
@@ -73,13 +77,13 @@ class ResultStore(MemoryStore):
         try:  # the lock covers the directory's other files, whose temporary copies a killed run left too
             for name in OUTPUT_FILES:
                 remove_stale_files(out_dir / name, on_stale)
-            self._open(out_dir, config, identity, fresh, model_fingerprint)
+            self._open(out_dir, config, identity, fresh, model_fingerprint, model_probe)
         except BaseException:
             self._lock.release()
             raise
 
     def _open(self, out_dir: Path, config: Path, identity: dict[str, Any], fresh: bool,
-              fingerprint: str | None) -> None:
+              fingerprint: str | None, probe: tuple[list[float], Any] | None) -> None:
         if fresh and config.exists() and _stored_config(config) is None:  # another tool's config.json, not ours
             raise LongswiftError(f"'{config}' is not a longswift bench config, and --fresh discards only a bench "
                                  "directory's files: use another --out-dir")
@@ -101,19 +105,25 @@ class ResultStore(MemoryStore):
             # The identity names the model by its path; its fingerprint (config and embedding) tells another model
             # at that path apart. Kept beside the identity, so that directories made before it still resume (and
             # get it now).
-            had = saved.get("model_fingerprint")
-            if had is not None and fingerprint is not None and had != fingerprint:
+            # The fingerprint misses a fine-tune that kept its base's embeddings, which the probe (its answer to
+            # a fixed input, equal up to rounding) tells apart; kept the same way.
+            had, had_probe = saved.get("model_fingerprint"), saved.get("model_probe")
+            if (had is not None and fingerprint is not None and had != fingerprint) or \
+                    (had_probe is not None and probe is not None and not same_model(had_probe, *probe)):
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of another model at the path "
-                                     f"'{wanted.get('model')}' (its config or embedding differs): use another "
+                                     f"'{wanted.get('model')}' (its config or weights differ): use another "
                                      "--out-dir, or --fresh to discard them")
-            added = {"model_fingerprint": fingerprint} if had is None and fingerprint is not None else {}
+            added = {**({"model_fingerprint": fingerprint} if had is None and fingerprint is not None else {}),
+                     **({"model_probe": probe[0]} if had_probe is None and probe is not None else {})}
             updated = {**saved, "identity": wanted, **added}
             if updated != saved:  # an older directory brought up to date, in one write
                 write_atomic(config, json.dumps(updated, indent=1) + "\n")
-        elif self.path.exists():
-            raise LongswiftError(f"'{self.path}' exists without config.json: use another --out-dir or --fresh")
+        elif existing := [name for name in OUTPUT_FILES if (out_dir / name).exists()]:  # not bench's: not replaced
+            raise LongswiftError(f"--out-dir '{out_dir}' holds {', '.join(existing)} without bench's config.json: "
+                                 "use another --out-dir, or --fresh to discard them")
         else:
-            kept = {"model_fingerprint": fingerprint} if fingerprint is not None else {}
+            kept = {**({"model_fingerprint": fingerprint} if fingerprint is not None else {}),
+                    **({"model_probe": probe[0]} if probe is not None else {})}
             write_atomic(config, json.dumps({"identity": wanted, **kept}, indent=1) + "\n")
         if self.path.exists():
             self._load()

@@ -22,7 +22,7 @@ from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..runtime.loading.tokenizer_cache import cache_root
 from ..runtime.twin import hf_twin
 from ..sampling import transform
-from .probe import model_probe, same_model
+from ..runtime.probe import model_probe, same_model
 
 # Varied long-writing requests (stories, essays, explanations, letters, dialogue, technical prose).
 PROMPTS = (

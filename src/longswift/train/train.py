@@ -26,7 +26,7 @@ from ..config import _help, dtype_name, seed_problem, torch_seed
 from ..errors import LongswiftError, reason_of
 from ..runtime.memory import GiB, available_bytes
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
-from .probe import model_probe, same_model
+from ..runtime.probe import model_probe, same_model
 
 CHECKPOINT = TRAIN_CHECKPOINT
 MAX_LR = 10.0  # far above any useful AdamW rate; a finite but huge one overflowed inside the optimizer
@@ -333,7 +333,7 @@ def window_hash(windows: torch.Tensor) -> str:
 def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: str, mmap: bool = False,
                     settings: dict | None = None, probe: tuple[list[float], torch.dtype] | None = None) -> dict:
     """check_checkpoint, and refuse a checkpoint of another base model (`fingerprint`, and the model's `probe` and
-    dtype where the checkpoint keeps one: train/probe.py) or other windows."""
+    dtype where the checkpoint keeps one: runtime/probe.py) or other windows."""
     ck = check_checkpoint(path, cfg, mmap=mmap, settings=settings)
     again = "resume with the --model it was started with, or train this model into a new --out"
     if ck["base"] != fingerprint:

@@ -3,7 +3,8 @@
 The fingerprint (spec/heads.py: shapes and a corner of the embedding table) is what heads are checked against:
 they stay lossless on any model of that shape. A fine-tune that keeps its base's embeddings has its base's
 fingerprint, yet it writes other text and has other hidden states: the self-distill cache served it its base's
-text, and a training resume mixed the two models' hidden states. Its answer to a fixed input differs."""
+text, a training resume mixed the two models' hidden states, and bench resumed its base's results directory.
+Its answer to a fixed input differs."""
 
 from __future__ import annotations
 
