@@ -921,3 +921,31 @@ def test_run_and_lookup_counts_past_any_use_are_refused(field, value, match):
 
     with pytest.raises(LongswiftError, match=match):
         BenchConfig(**{field: value})
+
+
+def test_a_results_directory_keeps_the_processor_its_runs_ran_on(tmp_path, tiny_dir, capsys):
+    """The identity named the device ("cuda:0"), not which one: an H100's directory resumed on an H200 mixed the
+    two machines' speeds, and a report named the machine that wrote it. A directory made before the identity kept
+    the processor resumes and gets it."""
+    from conftest import assert_one_line_error, run_cli
+
+    from longswift.bench.machine import machine_lines, processor_name
+
+    out_dir = tmp_path / "bench"
+    grid = ("--methods", "ar", "--lengths", "4", "--presets", "greedy")
+    bench(capsys, tiny_dir, out_dir, *grid)
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["identity"]["processor"] == processor_name(torch.device("cpu"))
+    old = {**config, "identity": {k: v for k, v in config["identity"].items() if k != "processor"}}
+    (out_dir / "config.json").write_text(json.dumps(old))
+    _, err = bench(capsys, tiny_dir, out_dir, *grid)
+    assert "0 runs to do" in err and json.loads((out_dir / "config.json").read_text()) == config
+    other = {**config, "identity": {**config["identity"], "processor": "NVIDIA H100 80GB HBM3, 79 GiB"}}
+    (out_dir / "config.json").write_text(json.dumps(other))
+    code, _, err = run_cli(capsys, "bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1",
+                           "--no-warmup", "--prefix", "12", *grid, "--out-dir", str(out_dir))
+    assert_one_line_error(code, err, "holds results of a different configuration (differs in: processor)")
+    gpu = {"threads": 1, "model": "m", "dtype": "bfloat16", "device": "cuda:0", "packed_linears": False,
+           "heads": "default", "processor": "NVIDIA H200, 139 GiB"}
+    line = machine_lines(gpu)[0]
+    assert line.startswith("- machine: NVIDIA H200, 139 GiB; host ") and "logical CPUs" in line

@@ -31,6 +31,7 @@ from ..runtime.probe import model_probe
 from ..spec.budget import unpruned_budget
 from ..spec.heads import named_heads_file
 from .lockstep import run_lockstep
+from .machine import processor_name
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing, sampler_note
 from .prompts import Prompt, build_prompts, file_digest
@@ -249,6 +250,8 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
     attention = resolve_attention(engine.runtime.graph_attention, device)  # auto: length on CUDA where torch can
     return {"model": absolute(str(engine.source)), "dtype": dtype_name(engine.model.dtype),
             "device": str(engine.model.device), "packed_linears": bool(engine.model.packed),
+            # the GPU or CPU model: runs of another one are not comparable (an H100's directory resumed on an H200)
+            "processor": processor_name(device),
             # only where true, so that the identities of result directories made before it still match
             **({"colocated_linears": True} if engine.model.colocated else {}),
             **({"fused_kernels": True} if fused_kernels(engine.model) else {}),

@@ -58,19 +58,41 @@ def cpu_features() -> str:
     return f" ({capability}{'' if onednn_computes(torch.bfloat16) else ', no native bfloat16'})"
 
 
+def _cpu_model() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def processor_name(device: Any) -> str:
+    """The processor a run's speed belongs to, kept in a results directory's identity: the GPU's name and
+    memory on CUDA ("NVIDIA H200, 139 GiB"), else the CPU's model and what its kernels use."""
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name}, {props.total_memory / 2**30:.0f} GiB"
+    return f"{platform.machine()} {_cpu_model()}{cpu_features()}"
+
+
 def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None = None,
                   versions: dict[str, str | None] | None = None) -> list[str]:
-    cpu = "unknown CPU"
+    """The report's lines on where its runs were measured: the processor its identity keeps (a directory made
+    before it did: this machine's), the host (this machine, which is the measuring one unless the directory
+    was copied), the software and the model."""
     mem = ""
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
         kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
         mem = f", {kib / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         pass
+    host = f"{platform.machine()} {_cpu_model()}{cpu_features()}"
+    processor = identity.get("processor") or host
+    where = f"{processor}; host {host}, " if str(identity.get("device", "")).startswith("cuda") else f"{processor}, "
     every = identity.get("read_every")
     return [
-        f"- machine: {platform.machine()} {cpu}{cpu_features()}, {os.cpu_count()} logical CPUs{mem}; "
+        f"- machine: {where}{os.cpu_count()} logical CPUs{mem}; "
         f"{identity['threads']} torch threads; python {platform.python_version()}",
         *versions_lines(records, versions),
         f"- model: {identity['model']}, {identity['dtype']} on {identity['device']}, packed linears: "

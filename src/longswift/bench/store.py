@@ -96,6 +96,8 @@ class ResultStore(MemoryStore):
             if saved is None:
                 raise LongswiftError(f"'{config}' is not a longswift bench config: use another --out-dir")
             stored = saved["identity"]
+            if "processor" not in stored and "processor" in wanted:  # made before the identity kept it: it gets it
+                stored = {**stored, "processor": wanted["processor"]}
             if with_absolute_paths(stored) == wanted:  # (made when bench kept paths as typed: they are now absolute)
                 stored = wanted
             if stored != wanted:
