@@ -949,3 +949,25 @@ def test_a_results_directory_keeps_the_processor_its_runs_ran_on(tmp_path, tiny_
            "heads": "default", "processor": "NVIDIA H200, 139 GiB"}
     line = machine_lines(gpu)[0]
     assert line.startswith("- machine: NVIDIA H200, 139 GiB; host ") and "logical CPUs" in line
+
+
+def test_runs_of_one_prompt_name_tokenized_otherwise_are_another_cell(tmp_path, tiny_dir, capsys):
+    """Cells were grouped by the prompt's name and length: runs of one prompt file tokenized otherwise (another
+    tokenizer or chat template), all redone under new keys, were merged with the old ones into one cell
+    ("runs 2" for --runs 1, medians over two prompts). A record made before the ids' digest was kept joins the
+    cell of the one digest its title has."""
+    from longswift.bench.report import _cell_section, group
+
+    out_dir = tmp_path / "bench"
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar", "--lengths", "4", "--presets", "greedy", "--runs", "1")
+    (record,) = [json.loads(line) for line in (out_dir / "results.jsonl").read_text().splitlines()]
+    assert len(record["prompt_digest"]) == 12
+    other = {**record, "prompt_digest": "bbbbbbbbbbbb", "key": "other"}
+    cells = group([record, other])
+    assert len(cells) == 2 and all(len(rows[("ar", "")]) == 1 for rows in cells.values())
+    cid, rows = next(iter(cells.items()))
+    title = _cell_section(cid, rows, digest=True)[1]
+    assert title.startswith(f"### {record['prompt']} (prompt ids {record['prompt_digest'][:8]}): "), title
+    older = {k: v for k, v in record.items() if k != "prompt_digest"}  # a directory made before, resumed
+    joined = group([older, {**record, "run": 1, "key": "new"}])
+    assert len(joined) == 1 and len(next(iter(joined.values()))[("ar", "")]) == 2

@@ -121,8 +121,10 @@ class Cell:
     length: int
 
     def describe(self) -> dict[str, Any]:
+        # the prompt's ids, digested: a prompt of one name and length tokenized otherwise (another tokenizer,
+        # chat template or file) is another cell (report.cell_id)
         return {"prompt": self.prompt.name, "prompt_tokens": len(self.prompt.ids), "prefix": self.prefix,
-                "preset": self.preset, "length": self.length}
+                "preset": self.preset, "length": self.length, "prompt_digest": _key(self.prompt.ids)[:12]}
 
 
 def spec_label(spec: SpecConfig, method: str, default_walk: str = "rows") -> str:

@@ -39,7 +39,22 @@ class RunContext:
 
 
 def cell_id(r: dict[str, Any]) -> tuple:
-    return (r["prompt"], r["prompt_tokens"], r["preset"], r["length"])
+    """A report cell: the prompt (by name, length and its ids' digest: records written before bench kept the
+    digest have None), the preset and the length."""
+    return (r["prompt"], r["prompt_tokens"], r["preset"], r["length"], r.get("prompt_digest"))
+
+
+def cell_ids(records: list[dict[str, Any]]) -> list[tuple]:
+    """Each record's cell_id, a record without the digest joining the cell of the one digest its title (name,
+    length, preset, length) has among the records, if one: the runs of a directory made before bench kept it,
+    resumed with more runs of the same prompt, stay one cell."""
+    ids = [cell_id(r) for r in records]
+    digests: dict[tuple, set] = {}
+    for cid in ids:
+        if cid[4] is not None:
+            digests.setdefault(cid[:4], set()).add(cid[4])
+    return [(*cid[:4], next(iter(digests[cid[:4]]))) if cid[4] is None and len(digests.get(cid[:4], ())) == 1
+            else cid for cid in ids]
 
 
 def row_id(r: dict[str, Any]) -> tuple[str, str]:
@@ -49,8 +64,8 @@ def row_id(r: dict[str, Any]) -> tuple[str, str]:
 def group(records: list[dict[str, Any]]) -> dict[tuple, dict[tuple[str, str], list[dict[str, Any]]]]:
     """cell -> (method, variant) -> runs, in the order first seen."""
     out: dict[tuple, dict[tuple[str, str], list[dict[str, Any]]]] = {}
-    for r in records:
-        out.setdefault(cell_id(r), {}).setdefault(row_id(r), []).append(r)
+    for r, cid in zip(records, cell_ids(records)):
+        out.setdefault(cid, {}).setdefault(row_id(r), []).append(r)
     return out
 
 
@@ -105,12 +120,12 @@ def write_outputs(store: MemoryStore, ctx: RunContext, out_dir: Path | None, plo
 def to_csv(records: list[dict[str, Any]]) -> str:
     cells = group(records)
     rows = []
-    for r in records:
+    for r, cid in zip(records, cell_ids(records)):
         row = {k: v for k, v in r.items() if k not in CSV_SKIP}
         if isinstance(row.get("lockstep_with"), list):  # a list in one cell: the methods joined by '+'
             row["lockstep_with"] = "+".join(row["lockstep_with"])
         for base in ("ar", "hf"):  # against the run it was timed in lockstep with, else the baseline's median
-            ratio = vs([r], baseline(cells[cell_id(r)], base))
+            ratio = vs([r], baseline(cells[cid], base))
             row[f"speedup_vs_{base}"] = round(ratio, 4) if ratio is not None else ""
         rows.append(row)
     buf = io.StringIO()
@@ -186,8 +201,10 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
                      "one furthest behind in tokens next, each timed on its own clock, so that the machine's drift "
                      "hit them alike; the peak memory of runs made together is that of all of them at once")
     lines += ["", *[f"![{Path(i).stem}]({i})" for i in images], *([plots_note] if plots_note else [])]
-    for cid, rows in group(records).items():
-        lines += _cell_section(cid, rows)
+    cells = group(records)
+    titles = [cid[:4] for cid in cells]
+    for cid, rows in cells.items():  # the ids' digest in a title only where two cells would share it
+        lines += _cell_section(cid, rows, titles.count(cid[:4]) > 1)
     return "\n".join(lines) + "\n"
 
 
@@ -219,10 +236,11 @@ def _invocations(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> str | Non
                      for (m, variant), rs in rows.items())
 
 
-def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
-    name, prompt_tokens, preset, length = cid
+def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]], digest: bool = False) -> list[str]:
+    name, prompt_tokens, preset, length, ids = cid
     ar, hf = baseline(rows, "ar"), baseline(rows, "hf")
-    lines = ["", f"### {name}: {prompt_tokens}-token prompt, {length} new tokens, {preset} sampling", ""]
+    which = f" (prompt ids {ids[:8]})" if digest and ids else (" (prompt ids not recorded)" if digest else "")
+    lines = ["", f"### {name}{which}: {prompt_tokens}-token prompt, {length} new tokens, {preset} sampling", ""]
     if ar:
         same = []
         for (m, variant), runs in rows.items():
