@@ -971,3 +971,26 @@ def test_runs_of_one_prompt_name_tokenized_otherwise_are_another_cell(tmp_path, 
     older = {k: v for k, v in record.items() if k != "prompt_digest"}  # a directory made before, resumed
     joined = group([older, {**record, "run": 1, "key": "new"}])
     assert len(joined) == 1 and len(next(iter(joined.values()))[("ar", "")]) == 2
+
+
+@pytest.mark.parametrize("damage, said", [
+    (b"\xff\xfe\n", ":2 is not UTF-8 text"),
+    (b"42\n", ":2 is not a bench run's record"),
+    (b'{"key": "k", "prompt": "p"}\n', ":2 is not a bench run's record (a JSON object with decode_tokens_per_second"),
+])
+def test_a_damaged_results_file_is_a_one_line_error(tmp_path, damage, said):
+    """A byte that is not UTF-8 was a UnicodeDecodeError; a line of JSON that is not a run (42) a TypeError; a
+    record without its fields ran the whole grid, then failed in the report with a KeyError."""
+    from longswift.bench.store import ResultStore
+
+    ResultStore(tmp_path, {"model": "m"}).close()
+    good = {"key": "a", "prompt": "p", "prompt_tokens": 8, "preset": "greedy", "length": 4, "method": "ar",
+            "variant": "", "run": 0, "decode_tokens_per_second": 1.0, "token_ids": [1, 2, 3, 4]}
+    (tmp_path / "results.jsonl").write_bytes(json.dumps(good).encode() + b"\n" + damage)
+    with pytest.raises(LongswiftError, match=f"results.jsonl{said}".replace("(", "\\(")):
+        ResultStore(tmp_path, {"model": "m"})
+    assert not (tmp_path / "results.jsonl.lock").exists()
+    (tmp_path / "results.jsonl").write_bytes(json.dumps(good).encode() + b"\n")
+    store = ResultStore(tmp_path, {"model": "m"})
+    assert len(store.records) == 1
+    store.close()

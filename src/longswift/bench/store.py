@@ -13,6 +13,9 @@ from ..atomic import OutputLock, remove_stale_files, write_atomic
 from ..errors import LongswiftError
 from ..runtime.probe import same_model
 
+# What every run's record has, which the report groups and resumes by (older versions' records included).
+RECORD_FIELDS = frozenset({"key", "prompt", "prompt_tokens", "preset", "length", "method", "variant", "run",
+                           "decode_tokens_per_second", "token_ids"})
 # What a results directory holds (all of it bench's: --fresh discards these, and outputs may not replace them).
 OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
                 "alpha_vs_length.png", "time_to_n_tokens.png")
@@ -132,8 +135,14 @@ class ResultStore(MemoryStore):
         self._file = open(self.path, "a", encoding="utf-8")
 
     def _load(self) -> None:
-        text = self.path.read_text(encoding="utf-8")
-        lines = text.splitlines()
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            line = self.path.read_bytes()[:exc.start].count(b"\n") + 1
+            raise LongswiftError(f"{self.path}:{line} is not UTF-8 text: fix or remove the line, or use --fresh") from None
+        lines = text.split("\n")  # (JSON escapes the separators splitlines() also breaks at)
+        if lines and not lines[-1]:
+            lines.pop()
         good = []
         for i, line in enumerate(lines):
             try:
@@ -143,6 +152,9 @@ class ResultStore(MemoryStore):
                     write_atomic(self.path, "".join(g + "\n" for g in good))
                     return
                 raise LongswiftError(f"{self.path}:{i + 1} is not JSON: fix or remove the line, or use --fresh") from None
+            if not isinstance(record, dict) or not RECORD_FIELDS <= record.keys():
+                raise LongswiftError(f"{self.path}:{i + 1} is not a bench run's record (a JSON object with "
+                                     f"{', '.join(sorted(RECORD_FIELDS))}): fix or remove the line, or use --fresh")
             good.append(line)
             super().append(record)
         if text and not text.endswith("\n"):  # a whole last record without its newline: the next would join it
