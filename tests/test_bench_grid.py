@@ -994,3 +994,13 @@ def test_a_damaged_results_file_is_a_one_line_error(tmp_path, damage, said):
     store = ResultStore(tmp_path, {"model": "m"})
     assert len(store.records) == 1
     store.close()
+
+
+def test_an_out_dir_under_home_is_expanded(tmp_path, tiny_dir, capsys, monkeypatch):
+    """--out-dir '~/runs' (quoted, so the shell leaves it) made a folder named '~' in the working directory, then
+    failed writing the expanded path: 'directory .../home/runs does not exist'."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    bench(capsys, tiny_dir, "~/runs", "--methods", "ar", "--lengths", "4", "--presets", "greedy", "--runs", "1")
+    assert (tmp_path / "home" / "runs" / "report.md").is_file() and not (tmp_path / "~").exists()

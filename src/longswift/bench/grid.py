@@ -352,6 +352,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     from ..atomic import check_appendable, check_dir_writable, check_distinct, check_json_output, check_writable
 
     if out_dir is not None:
+        out_dir = Path(out_dir).expanduser()  # ('~/runs' made a folder named '~' where the output files expand it)
         check_dir_writable(out_dir, "--out-dir")
     for p in (out, json_path):
         # (a file in an --out-dir not made yet is checked with it: the grid makes it before any run)
