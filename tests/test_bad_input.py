@@ -149,6 +149,81 @@ def test_a_torchrun_variable_that_is_not_a_number_is_one_line(capsys, monkeypatc
     assert_one_line_error(code, err, "--tokens must be a positive number of tokens, got 0")
 
 
+def test_a_rank_set_by_another_launcher_is_not_a_torchrun_rank(capsys, monkeypatch):
+    """RANK set by another launcher's job, with no WORLD_SIZE above 1: the single run took itself for rank 1 of a
+    torchrun group, so it took no output lock (writing over another run's --output), hid its notes and labelled
+    its errors "(rank 1)"; and RANK=x broke it."""
+    from longswift.cli.generate import Ranks
+    from longswift.config import RuntimeConfig
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for rank in ("1", "x"):
+        monkeypatch.setenv("RANK", rank)
+        assert Ranks(RuntimeConfig()).main
+        code, _, err = run_cli(capsys, "info", "--tokens", "0")
+        assert_one_line_error(code, err, "--tokens must be a positive number of tokens, got 0")
+        assert err.startswith("longswift: error:"), err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert not Ranks(RuntimeConfig()).main
+
+
+def test_a_torchrun_launch_without_its_rendezvous_is_one_line(capsys, monkeypatch):
+    """WORLD_SIZE without torchrun's MASTER_ADDR/MASTER_PORT was a ValueError traceback from torch."""
+    monkeypatch.setenv("WORLD_SIZE", "3")  # (the embedded model's 9 heads split in 3)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    code, _, err = run_cli(capsys, "generate", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--heads", "none")
+    assert_one_line_error(code, err, "WORLD_SIZE=3 makes this one of several processes, but MASTER_ADDR and "
+                                     "MASTER_PORT are not set: launch with torchrun")
+
+
+@pytest.mark.parametrize("layout", ["file", "directory", "tokenswift directory"])
+def test_generate_never_writes_over_the_heads_it_reads(tmp_path, capsys, layout):
+    """`--output H.safetensors --heads H.safetensors` replaced trained heads with the generated text (exit 0), and
+    with --heads a TokenSwift checkpoint's directory an --output of its model.safetensors destroyed the model;
+    eval-heads and bench already refused it."""
+    heads = tmp_path / "h"
+    heads.mkdir()
+    target = heads / ("heads.safetensors" if layout != "tokenswift directory" else "model.safetensors")
+    target.write_bytes(b"kept")
+    if layout == "tokenswift directory":
+        (heads / "config.json").write_text("{}")
+    given = str(target) if layout == "file" else str(heads)
+    code, _, err = run_cli(capsys, "generate", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--heads", given,
+                           "--output", str(target))
+    assert_one_line_error(code, err, "--output and --heads are the same file")
+    assert target.read_bytes() == b"kept"
+
+
+def test_the_shipped_heads_are_never_an_output(capsys, tmp_path, monkeypatch):
+    """--heads auto (the default) reads the heads shipped in the package: no output may replace them. (A copy of
+    the package's folder stands in for it: where the check failed, the test would destroy the real file.)"""
+    import shutil
+
+    import longswift.spec.heads as heads
+
+    monkeypatch.setattr(heads, "SHIPPED_DIR", shutil.copytree(heads.SHIPPED_DIR, tmp_path / "data"))
+    shipped = sorted(heads.SHIPPED_DIR.glob("*.safetensors"))[0]
+    before = shipped.read_bytes()
+    code, _, err = run_cli(capsys, "generate", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--output", str(shipped))
+    assert_one_line_error(code, err, "--output and --heads are the same file")
+    assert shipped.read_bytes() == before
+
+
+def test_a_prompt_from_standard_input_is_refused_under_torchrun(capsys, monkeypatch):
+    """Only one of torchrun's processes gets standard input, which one by chance: the others read an empty prompt
+    and failed with 'the prompt is empty' (or, with a long prompt, each read a part: 'different prompts')."""
+    import io
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Write a haiku about rain."))
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", "-", "--max-new-tokens", "4")
+    assert_one_line_error(code, err, "--prompt-file - (standard input) reaches only one of torchrun's processes")
+
+
 # ---- model configs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("edit,match", [

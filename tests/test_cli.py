@@ -385,17 +385,20 @@ def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_p
     assert code == 2 and planned[0][0] == 3 and isinstance(planned[0][1], SpecConfig) and planned[0][2], err
 
 
-@pytest.mark.parametrize("rank,said", [("0", True), ("1", False), (None, True)])
-def test_only_rank_0_says_a_signal_was_received(capsys, monkeypatch, rank, said):
-    """Under torchrun every process gets the signal: the line was printed once per process."""
+@pytest.mark.parametrize("rank,world,said", [("0", "2", True), ("1", "2", False), (None, None, True),
+                                             ("1", None, True), ("1", "1", True)])
+def test_only_rank_0_says_a_signal_was_received(capsys, monkeypatch, rank, world, said):
+    """Under torchrun every process gets the signal: the line was printed once per process. A RANK without a
+    WORLD_SIZE above 1 (another launcher's job running one longswift) is no torchrun rank: it says so."""
     import signal
 
     from longswift.cli.stop import StopRequest
 
-    if rank is None:
-        monkeypatch.delenv("RANK", raising=False)
-    else:
-        monkeypatch.setenv("RANK", rank)
+    for name, value in (("RANK", rank), ("WORLD_SIZE", world)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
     stop = StopRequest()
     stop._handle(signal.SIGINT, None)
     assert stop.signum == signal.SIGINT

@@ -153,6 +153,24 @@ def check_heads_flag(heads: str, method: str | None) -> None:
                                  "released checkpoint")
 
 
+def heads_inputs(heads: str | None) -> list[tuple[str, Path | None]]:
+    """The --heads files as check_distinct inputs, which no output may replace: a heads file, every file of a
+    heads directory (a TokenSwift checkpoint's model files too), and the heads shipped in the package, which
+    auto and default read. `generate --output H.safetensors --heads H.safetensors` replaced the trained heads
+    with the generated text."""
+    from ..spec.heads import SHIPPED_DIR
+
+    shipped = [("--heads", f) for f in sorted(SHIPPED_DIR.glob("*.safetensors"))]
+    if heads is None or heads in ("none", "random"):
+        return []
+    path = Path(heads).expanduser()
+    if path.is_file():
+        return [("--heads", path)]
+    if path.is_dir():
+        return [("--heads", f) for f in sorted(path.iterdir()) if f.is_file()]
+    return shipped if heads in ("auto", "default") else []
+
+
 def model_inputs(model: str | None) -> list[tuple[str, Path | None]]:
     """The --model's files as check_distinct inputs (runtime.loading.model_files): no output may replace
     them."""

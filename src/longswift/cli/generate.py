@@ -14,8 +14,8 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name
 from ..errors import ConfigError, LongswiftError
-from .flags import (HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value, model_inputs,
-                    output_file, whole_number)
+from .flags import (HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_inputs, heads_value,
+                    model_inputs, output_file, whole_number)
 from .outputs import Outputs, shown, write_run
 from .stop import StopRequest
 
@@ -157,6 +157,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt: str | list[int] = parse_ids("--prompt-ids", args.prompt_ids)
         chat: bool | None = False
     else:
+        if args.prompt is None and str(args.prompt_file) == STDIN:
+            from ..runtime.parallel import env_world_size
+
+            if env_world_size() > 1:  # one process got the text, which one by chance; the others an empty prompt
+                raise LongswiftError("--prompt-file - (standard input) reaches only one of torchrun's processes: "
+                                     "write the prompt to a file and give its name")
         prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
         if not prompt.strip():
             raise LongswiftError("the prompt is empty: give some prompt text")
@@ -164,7 +170,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     heads = args.heads or "auto"
     check_heads_flag(heads, args.method)
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
-                                     *model_inputs(args.model)])
+                                     *model_inputs(args.model), *heads_inputs(heads)])
     _keep_unfinished(outputs)
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
@@ -173,7 +179,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     if any(t >= cfg.vocab_size for t in sampling.banned_ids):
         raise LongswiftError(f"--ban-ids must be in [0, {cfg.vocab_size}) for this model")
-    with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
+    # torchrun's group is joined before the stop handlers take SIGTERM and SIGINT: a rendezvous that waits for a
+    # process that never comes blocks in torch, where a handler's flag is never read; SIGTERM's default ends it
+    with Ranks(runtime) as ranks, StopRequest() as stop, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
             engine = ranks.load(args.model, heads)
         if args.ban_token:  # names need the tokenizer: looked up once it is loaded
@@ -287,8 +295,8 @@ def _resume(args: argparse.Namespace) -> int:
                                  "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
     model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
     _moved_since(args, ckpt)
-    outputs = _outputs(args, inputs=model_inputs(model), checkpoint_flag="--checkpoint" if "--checkpoint" in given
-                       else "--resume")
+    outputs = _outputs(args, inputs=[*model_inputs(model), *heads_inputs(args.heads or ckpt.heads_source)],
+                       checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume")
     _keep_unfinished(outputs, resuming=resumed)
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
     try:
@@ -312,7 +320,9 @@ def _resume(args: argparse.Namespace) -> int:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec, resumed=True)
     heads = args.heads or ckpt.heads_source or "none"
-    with StopRequest() as stop, Ranks(runtime) as ranks, (outputs.locked() if ranks.main else nullcontext()):
+    # torchrun's group is joined before the stop handlers take SIGTERM and SIGINT: a rendezvous that waits for a
+    # process that never comes blocks in torch, where a handler's flag is never read; SIGTERM's default ends it
+    with Ranks(runtime) as ranks, StopRequest() as stop, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
             engine = ranks.load(model, heads)
         stream = engine.resume(ckpt)
@@ -398,8 +408,11 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
         try:
             check_writable(fallback)
         except LongswiftError as exc:  # the run itself may still write what it was asked to (stdout)
-            print(f"longswift: warning: {exc}, where an interrupted run saves its state: give --checkpoint FILE "
-                  "to make this run resumable", file=sys.stderr)
+            from ..runtime.parallel import env_rank
+
+            if env_rank() == 0:  # (under torchrun every process checks; rank 0 alone says so, as it writes)
+                print(f"longswift: warning: {exc}, where an interrupted run saves its state: give --checkpoint FILE "
+                      "to make this run resumable", file=sys.stderr)
     check_distinct([*named.items(), *inputs])
     for flag in ("--json", checkpoint_flag):  # nor over a file that is not JSON (a heads file named by mistake)
         if flag in named:

@@ -26,6 +26,13 @@ SAVING = "finishing the current step and saving"
 READING = "stopping the reading of the context (nothing generated yet, nothing to save)"
 
 
+def _main_process() -> bool:
+    """A single process, or rank 0 under torchrun (runtime.parallel.env_rank, read from the environment alone: a
+    signal handler imports nothing); a RANK without a WORLD_SIZE above 1 is another launcher's."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    return world in ("", "0", "1") or os.environ.get("RANK", "0").strip() in ("", "0")
+
+
 class StopRequest:
     """Turns the first SIGINT/SIGTERM/SIGHUP into a request to stop after the current step; a second
     one interrupts at once (KeyboardInterrupt). Handlers are restored on exit (of the outermost `with`:
@@ -57,7 +64,7 @@ class StopRequest:
             StopRequest.stopped_by = signum
             raise KeyboardInterrupt
         self.signum = signum
-        if os.environ.get("RANK", "0").strip() in ("", "0"):  # under torchrun every rank gets it: rank 0 says so
+        if _main_process():  # under torchrun every rank gets it: rank 0 says so
             say(f"\nlongswift: {signal.Signals(signum).name} received: {self.doing} (send it again to stop at once)")
 
     def __enter__(self) -> StopRequest:

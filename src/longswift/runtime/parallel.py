@@ -54,7 +54,7 @@ def collective(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())  # gloo starts with "[file:line] "
         why = re.split(r"\.\s|\n", text)[0] or type(exc).__name__  # its first sentence
         raise LongswiftError(f"lost contact with the other processes of this run ({why}): one of them failed or "
-                             "stopped, and its own message says why") from exc
+                             "stopped (an error it printed, a stop, its output closed, or it was killed)") from exc
 
 
 def _works(cfg: ModelConfig, world: int) -> bool:
@@ -256,7 +256,10 @@ def env_world_size() -> int:
 
 
 def env_rank() -> int:
-    return _env_int("RANK", 0, 0)
+    """This process's rank under torchrun (WORLD_SIZE above 1); 0 for a single process, whatever RANK says: a
+    RANK that another launcher set for its own job made a plain run a "rank 1" that took no output lock,
+    wrote over another run's --output, and hid its notes."""
+    return _env_int("RANK", 0, 0) if env_world_size() > 1 else 0
 
 
 def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:
@@ -271,5 +274,13 @@ def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:
         torch.cuda.set_device(local)
         runtime = dataclasses.replace(runtime, device=f"cuda:{local}")
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+        if missing:  # (torch's own message is a ValueError traceback)
+            raise LongswiftError(f"WORLD_SIZE={env_world_size()} makes this one of several processes, but "
+                                 f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: launch "
+                                 "with torchrun (torchrun --nproc-per-node N -m longswift ...), which sets them")
+        try:
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        except (RuntimeError, ValueError) as exc:
+            raise LongswiftError(f"cannot join torchrun's process group: {str(exc).splitlines()[0]}") from None
     return runtime
