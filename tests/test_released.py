@@ -413,6 +413,14 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     code, _, err = run_cli(capsys, "export-heads", "--model", str(base), "--heads", str(out),
                            "--out", str(tmp_path / "back2.safetensors"))
     assert code == 0 and training_record(tmp_path / "back2.safetensors") == {"windows": 5}, err
+    # exported from the directory by a bfloat16 engine (auto's dtype on CUDA), as the directory and a heads file
+    # are exported: the values stored, not the engine's bfloat16 rounding of them
+    for i, argv in enumerate((("--model", str(out)), ("--model", str(base), "--heads", str(out)))):
+        code, _, err = run_cli(capsys, "export-heads", *argv, "--dtype", "bfloat16",
+                               "--out", str(tmp_path / f"bf16-{i}.safetensors"))
+        assert code == 0, err
+        exported = load_file(str(tmp_path / f"bf16-{i}.safetensors"))
+        assert all(torch.equal(exported[k], v) for k, v in saved.items()), argv
     for argv in (("--model", str(out)), ("--model", str(base), "--heads", str(out))):  # and info says so
         code, info, err = run_cli(capsys, "info", *argv)
         assert code == 0 and "TokenSwift layout" in info and "; on 5 windows" in info, err

@@ -46,7 +46,8 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     from ..engine import load
     from ..runtime.loading import load_config
     from ..spec.heads import load_heads, save_heads, training_record
-    from ..spec.released import check_exportable, export_tokenswift, released_training_record
+    from ..spec.released import (check_exportable, export_tokenswift, released_heads_as_stored,
+                                 released_training_record)
 
     runtime = config_from_args(RuntimeConfig, args)
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading
@@ -83,10 +84,13 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
         heads = engine.heads
-        if engine.heads_file is not None and engine.model.dtype != torch.float32:
-            # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file exports
-            # its own values, read again at the precision it stores.
-            heads = load_heads(engine.heads_file, engine.cfg, torch.empty(0), engine.fingerprint)
+        if engine.model.dtype != torch.float32:
+            # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file or a released
+            # directory exports its own values, read again at the precision it stores.
+            if engine.heads_file is not None:
+                heads = load_heads(engine.heads_file, engine.cfg, torch.empty(0), engine.fingerprint)
+            elif engine.heads_dir is not None:
+                heads = released_heads_as_stored(engine.heads_dir, engine.cfg, engine.fingerprint)
         with OutputLock([("--out", args.out)], note_stale):  # (and a killed export's temporary file goes)
             _refuse_existing(args.out)  # (made while the model loaded: still not replaced)
             save_heads(heads, engine.cfg, engine.fingerprint, args.out,

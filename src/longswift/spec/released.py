@@ -132,6 +132,17 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor, finge
     return heads.to(device=embed.device, dtype=embed.dtype)
 
 
+def released_heads_as_stored(path: Path, cfg: ModelConfig, fingerprint: str) -> DraftHeads:
+    """The heads of a released checkpoint directory at the precision it stores them, for a base model already
+    checked against it (load_released_heads): an engine holds them in the model's dtype, so export-heads with
+    --dtype bfloat16 (auto's on CUDA) wrote float32 tensors holding bfloat16-rounded values."""
+    state = read_tensors(path, {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)})
+    tensors = take_head_tensors(load_config(str(path)), state, str(path))
+    if tensors is None:
+        raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
+    return heads_from_tensors(tensors, cfg, fingerprint)
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """Refuse a model that a released checkpoint's config.json cannot describe (read from the config alone)."""
     if cfg.rope_freq_factors is not None:
