@@ -444,6 +444,10 @@ def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys
                                                            "drop --format for one heads file"),
     (["--out", "x.bin"], "--format tokenswift writes a directory, and --out 'x.bin' names a file: give a directory "
                          "name"),  # (made a directory named x.bin)
+    (["--format", "tokenswift", "--out", "x.SAFETENSORS"], "names a file: give a directory name, or drop --format "
+                                                           "for one heads file"),  # (the suffix in capitals)
+    (["--format", "longswift", "--out", "/nonexistent-dir/h.SafeTensors"], "directory '/nonexistent-dir' does not "
+                                                                           "exist"),  # (was: "must end in .safetensors")
     (["--heads", "/nonexistent/h.safetensors", "--out", "x.safetensors"], "heads file '/nonexistent/h.safetensors' "
                                                                            "does not exist"),
 ])

@@ -52,15 +52,16 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     runtime = config_from_args(RuntimeConfig, args)
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading
     if args.format is None:
-        args.format = "longswift" if args.out.suffix == ".safetensors" else "tokenswift"
+        args.format = "longswift" if args.out.suffix.lower() == ".safetensors" else "tokenswift"
     if args.format == "tokenswift":  # before loading: a bad --out costs a second, not a load
         if args.out.suffix.lower() in FILE_SUFFIXES:
             raise LongswiftError(f"--format tokenswift writes a directory, and --out '{args.out}' names a file: give a "
                                  "directory name"
-                                 + (", or drop --format for one heads file" if args.out.suffix == ".safetensors" else ""))
+                                 + (", or drop --format for one heads file"
+                                    if args.out.suffix.lower() == ".safetensors" else ""))
         check_new_dir(args.out)
         check_exportable(load_config(args.model, runtime.rope_scaling))
-    elif args.out.suffix != ".safetensors":
+    elif args.out.suffix.lower() != ".safetensors":
         raise LongswiftError(f"--out '{args.out}' must end in .safetensors for --format longswift")
     else:
         check_writable(args.out)
