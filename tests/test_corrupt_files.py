@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import tiny_hf_model
+from conftest import run_cli, tiny_hf_model
 from test_loading import write_gguf
 
 import longswift
@@ -109,15 +109,17 @@ def test_damaged_heads_file(tmp_path):
 
 
 @pytest.mark.parametrize("edit, match", [
-    ("extra", 'Unexpected key(s) in state_dict: "extra"): re-export'),
-    ("missing", 'Missing key(s) in state_dict: "out_norms"): re-export'),
-    ("shape", "size mismatch for in_norms"),
+    ("extra", "is damaged (unexpected extra): re-export"),
+    ("missing", "is damaged (missing out_norms): re-export"),
+    ("shape", "is damaged (its 'in_norms' tensor has shape [3, 10], not [3, 64]): re-export"),
     ("nan", "holds NaN or infinite values in 'weights'"),
     ("int32", "its 'weights' tensor holds torch.int32 values, where heads are float32, float16 or bfloat16"),  # loaded, truncated
 ])
-def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
+def test_heads_file_with_wrong_tensors_names_them(tmp_path, capsys, edit, match):
     """A heads file whose metadata is intact but whose tensors are not DraftHeads' says which tensor is
-    wrong (torch's first line alone, 'Error(s) in loading state_dict for DraftHeads:', says nothing)."""
+    wrong (torch's first line alone, 'Error(s) in loading state_dict for DraftHeads:', says nothing); and
+    `info` says what generate refuses, from the file's header (it said "made for this model" of each; NaN
+    values are read by generate alone)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -142,6 +144,17 @@ def test_heads_file_with_wrong_tensors_names_them(tmp_path, edit, match):
     with pytest.raises(LongswiftError) as err:
         engine.set_heads(str(tmp_path / "bad.safetensors"))
     assert "\n" not in str(err.value) and match in str(err.value), err.value
+    model = tmp_path / "m"
+    engine_hf = tiny_hf_model("llama", seed=83)
+    engine_hf.save_pretrained(model)
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "info", "--model", str(model), "--heads", str(tmp_path / "bad.safetensors"))
+    assert code == 0, err
+    said = next(line for line in out.splitlines() if line.startswith("draft heads:"))
+    if edit == "nan":
+        assert "made for this model" in said, said
+    else:
+        assert match in said and said.endswith("generate refuses it"), said
 
 
 def test_damaged_checkpoint(tmp_path):

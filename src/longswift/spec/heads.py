@@ -199,6 +199,40 @@ def training_summary(meta: dict) -> str:
     return made
 
 
+# What heads files hold, by safetensors' dtype names: float32, float16, bfloat16, float64 (float8, integers: refused)
+_WEIGHT_DTYPE_NAMES = frozenset({"F32", "F16", "BF16", "F64"})
+# safetensors' names of the others, as torch names them in a message
+_OTHER_DTYPES = {"F8_E4M3": "torch.float8_e4m3fn", "F8_E5M2": "torch.float8_e5m2", "I8": "torch.int8",
+                 "I16": "torch.int16", "I32": "torch.int32", "I64": "torch.int64", "U8": "torch.uint8",
+                 "BOOL": "torch.bool"}
+
+
+def _layout_problem(path: Path, gamma: int, cfg: ModelConfig, layout: dict[str, tuple[list[int], str]]) -> str | None:
+    """What is wrong with a heads file's tensors as its header gives them (name -> (shape, safetensors dtype
+    name)), as one line, or None: what load_heads refuses before reading a value, and what info says of it."""
+    h = cfg.hidden_size
+    want = {"weights": [gamma, h, h], "in_norms": [gamma, h], "out_norms": [gamma, h]}
+    missing, extra = sorted(set(want) - set(layout)), sorted(set(layout) - set(want))
+    shape = layout.get("weights", (None, ""))[0]
+    if shape is not None and list(shape) != want["weights"]:
+        # before DraftHeads allocates gamma [hidden, hidden] matrices for a gamma the file does not hold
+        return (f"heads file '{path}' is damaged: its metadata says {gamma} heads, and the model's hidden size is "
+                f"{h}, but its 'weights' tensor has shape {list(shape)}; re-export or retrain the heads")
+    if missing or extra:
+        what = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
+                                     f"unexpected {', '.join(extra)}" if extra else "") if p)
+        return f"heads file '{path}' is damaged ({what}): re-export or retrain the heads"
+    for name, (shape, dtype) in layout.items():
+        if dtype not in _WEIGHT_DTYPE_NAMES:  # load_state_dict would copy integers into the float weights
+            return (f"heads file '{path}' is damaged or of another kind: its '{name}' tensor holds "
+                    f"{_OTHER_DTYPES.get(dtype, dtype)} values, "
+                    "where heads are float32, float16 or bfloat16 weights; re-export or retrain the heads")
+        if list(shape) != want[name]:
+            return (f"heads file '{path}' is damaged (its '{name}' tensor has shape {list(shape)}, not "
+                    f"{want[name]}): re-export or retrain the heads")
+    return None
+
+
 def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.Tensor]) -> str:
     """A heads file's metadata in one line for `longswift info`: how many heads, how they were trained,
     and whether they were made for this model (what load_heads would check; `embed` is called only when
@@ -208,6 +242,7 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get(FORMAT)
+            layout = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         return f"unreadable ({exc}): generate refuses it"
     if raw is None:
@@ -217,12 +252,12 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
     except LongswiftError as exc:
         return f"{exc}"
     other = _made_for_another(meta["base"], cfg, lambda: model_fingerprint(cfg, embed()))
+    problem = None if other else _layout_problem(path, meta["gamma"], cfg, layout)
+    if problem:  # (values, NaN included, are read by generate alone: info reads headers)
+        return f"{problem}: generate refuses it"
     fit = f"made for another model ({other}): generate refuses them" if other else "made for this model"
     training = training_summary(meta)
     return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
-
-
-_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # what heads files hold (float8: refused)
 
 
 def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, fingerprint: str | None = None) -> DraftHeads:
@@ -239,6 +274,7 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get(FORMAT)
+            layout = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         if path.name == TRAIN_CHECKPOINT and zipfile.is_zipfile(path):  # torch.save's format, not safetensors
@@ -252,19 +288,9 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     other = _made_for_another(meta["base"], cfg, lambda: fingerprint)
     if other:
         raise LongswiftError(f"heads '{path}' were made for another model ({other}): train heads for this model")
-    weights = tensors.get("weights")
-    h = cfg.hidden_size
-    if weights is None or tuple(weights.shape) != (meta["gamma"], h, h):
-        # before DraftHeads allocates gamma [hidden, hidden] matrices for a gamma the file does not hold
-        shape = None if weights is None else list(weights.shape)
-        raise LongswiftError(f"heads file '{path}' is damaged: its metadata says {meta['gamma']} heads, and the "
-                             f"model's hidden size is {h}, but its 'weights' tensor has shape {shape}; re-export or "
-                             "retrain the heads")
-    whole = next((k for k, t in tensors.items() if t.dtype not in _WEIGHT_DTYPES), None)
-    if whole is not None:  # load_state_dict would copy integers into the float weights without a word
-        raise LongswiftError(f"heads file '{path}' is damaged or of another kind: its '{whole}' tensor holds "
-                             f"{tensors[whole].dtype} values, where heads are float32, float16 or bfloat16 weights; "
-                             "re-export or retrain the heads")
+    problem = _layout_problem(path, meta["gamma"], cfg, layout)
+    if problem:
+        raise LongswiftError(problem)
     bad = next((k for k, t in tensors.items() if not torch.isfinite(t).all()), None)
     if bad is not None:  # they would draft nothing useful (output stays lossless, but every step wasted)
         raise LongswiftError(f"heads file '{path}' holds NaN or infinite values in '{bad}' (a training run that "
