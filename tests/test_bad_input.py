@@ -299,6 +299,14 @@ def test_no_output_replaces_the_model_or_the_data_a_command_reads(tmp_path, mode
     ('{"gamma": 3, "eps": "x", "base": {}}', "eps (the norms' epsilon) must be a number from 0 to 1, got 'x'"),
     ('{"gamma": 3, "eps": 1e300, "base": {}}', "must be a number from 0 to 1, got 1e+300"),
     ('{"gamma": 3, "base": [1]}', "base must be an object"),
+    ('{"gamma": 3, "base": {"architecture": "llama"}}', "its base model lacks hidden_size, vocab_size, num_layers, "
+                                                         "fingerprint"),  # (was: "made for another model")
+    (json.dumps({"gamma": 3, "base": dict.fromkeys(("architecture", "hidden_size", "vocab_size", "num_layers",
+                                                     "fingerprint"), 1)}),
+     "format must be 'longswift-heads', got None"),
+    (json.dumps({"gamma": 3, "format": FORMAT, "version": "1", "base": dict.fromkeys(
+        ("architecture", "hidden_size", "vocab_size", "num_layers", "fingerprint"), 1)}),
+     "version must be a positive whole number, got '1'"),
 ])
 def test_heads_with_damaged_metadata_are_one_line(tmp_path, meta, match):
     from safetensors.torch import save_file
@@ -309,6 +317,24 @@ def test_heads_with_damaged_metadata_are_one_line(tmp_path, meta, match):
     with pytest.raises(LongswiftError, match=f"heads file '{path}' has damaged '{FORMAT}' metadata") as info:
         load_heads(path, engine.cfg, engine.model.embed)
     assert match in str(info.value)
+
+
+def test_heads_of_a_newer_format_are_refused(tmp_path):
+    """A version-2 heads file was read with version 1's meaning, without a word."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from longswift.spec.heads import save_heads
+
+    engine = longswift.load(tiny_hf_model("llama", seed=7), dtype="float32", heads="random")
+    path = tmp_path / "heads.safetensors"
+    save_heads(engine.heads, engine.cfg, engine.fingerprint, path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads(f.metadata()[FORMAT])
+    save_file(load_file(str(path)), str(path), metadata={FORMAT: json.dumps({**meta, "version": 2})})
+    with pytest.raises(LongswiftError, match="was written by a newer longswift \\(heads format version 2; this one "
+                                             "reads version 1\\): upgrade longswift"):
+        load_heads(path, engine.cfg, engine.model.embed)
 
 
 def test_a_heads_count_the_tensors_do_not_hold_is_refused_before_allocating_it(tmp_path):

@@ -160,7 +160,22 @@ def _read_meta(path: Path, raw: str) -> dict:
         raise damaged(f"eps (the norms' epsilon) must be a number from 0 to 1, got {eps!r}")
     if not isinstance(base, dict):
         raise damaged(f"base must be an object, got {base!r}")
+    lacking = [k for k in BASE_KEYS if k not in base]
+    if lacking:  # (it was refused as "made for another model (architecture None vs llama)")
+        raise damaged(f"its base model lacks {', '.join(lacking)}")
+    kind, version = meta.get("format"), meta.get("version")
+    if kind != FORMAT:
+        raise damaged(f"format must be '{FORMAT}', got {kind!r}")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise damaged(f"version must be a positive whole number, got {version!r}")
+    if version > VERSION:  # (it was read with version 1's meaning)
+        raise LongswiftError(f"heads file '{path}' was written by a newer longswift (heads format version {version}; "
+                             f"this one reads version {VERSION}): upgrade longswift to read it")
     return {**meta, "base": base}
+
+
+# What a heads file's metadata says of its base model (save_heads), every one of which _read_meta requires
+BASE_KEYS = ("architecture", "hidden_size", "vocab_size", "num_layers", "fingerprint")
 
 
 def _made_for_another(base: dict, cfg: ModelConfig, fingerprint: Callable[[], str]) -> str | None:
