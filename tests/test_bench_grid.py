@@ -541,6 +541,12 @@ def test_lockstep_bytes_add_up_the_graph_pools_only_with_cuda_graphs():
     assert lockstep_bytes(plans, graph_pools=True) == 230 + 18
 
 
+def run_record(key: str, **more) -> dict:
+    """A run's record with the fields every record has (store.RECORD_FIELDS), for the store's own tests."""
+    return {"key": key, "prompt": "p", "prompt_tokens": 8, "preset": "greedy", "length": 4, "method": "ar",
+            "variant": "", "run": 0, "decode_tokens_per_second": 1.0, "token_ids": [1, 2, 3, 4], **more}
+
+
 def test_a_results_directory_takes_one_invocation_at_a_time_and_a_batch_at_once(tmp_path):
     """Two invocations writing one --out-dir ran every run twice (the report took medians over the copies):
     the second is refused while the first holds it. A batch's records go in one write."""
@@ -550,7 +556,7 @@ def test_a_results_directory_takes_one_invocation_at_a_time_and_a_batch_at_once(
     try:
         with pytest.raises(LongswiftError, match="is being written by another longswift run"):
             ResultStore(tmp_path / "d", {"model": "m"})
-        first.extend([{"key": "a", "x": 1}, {"key": "b", "x": 2}])
+        first.extend([run_record("a", x=1), run_record("b", x=2)])
     finally:
         first.close()
     again = ResultStore(tmp_path / "d", {"model": "m"})  # released: the next invocation resumes
@@ -582,12 +588,12 @@ def test_a_last_record_without_its_newline_is_not_joined_by_the_next(tmp_path):
     from longswift.bench.store import ResultStore
 
     store = ResultStore(tmp_path, {"model": "m"})
-    store.extend([{"key": "a"}, {"key": "b"}])
+    store.extend([run_record("a"), run_record("b")])
     store.close()
     path = tmp_path / "results.jsonl"
     path.write_bytes(path.read_bytes()[:-1])  # cut the final newline
     store = ResultStore(tmp_path, {"model": "m"})
-    store.append({"key": "c"})
+    store.append(run_record("c"))
     store.close()
     assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["a", "b", "c"]
 
@@ -984,8 +990,7 @@ def test_a_damaged_results_file_is_a_one_line_error(tmp_path, damage, said):
     from longswift.bench.store import ResultStore
 
     ResultStore(tmp_path, {"model": "m"}).close()
-    good = {"key": "a", "prompt": "p", "prompt_tokens": 8, "preset": "greedy", "length": 4, "method": "ar",
-            "variant": "", "run": 0, "decode_tokens_per_second": 1.0, "token_ids": [1, 2, 3, 4]}
+    good = run_record("a")
     (tmp_path / "results.jsonl").write_bytes(json.dumps(good).encode() + b"\n" + damage)
     with pytest.raises(LongswiftError, match=f"results.jsonl{said}".replace("(", "\\(")):
         ResultStore(tmp_path, {"model": "m"})
@@ -1004,3 +1009,39 @@ def test_an_out_dir_under_home_is_expanded(tmp_path, tiny_dir, capsys, monkeypat
     monkeypatch.chdir(tmp_path)
     bench(capsys, tiny_dir, "~/runs", "--methods", "ar", "--lengths", "4", "--presets", "greedy", "--runs", "1")
     assert (tmp_path / "home" / "runs" / "report.md").is_file() and not (tmp_path / "~").exists()
+
+
+def test_a_full_disk_keeps_the_finished_runs_and_releases_the_directory(tmp_path):
+    """A write of results.jsonl that failed (a full disk) was written again when the file closed, which failed
+    again before the lock was released: the lock file stayed, and the error named no file."""
+    import errno
+
+    from longswift.bench.store import ResultStore
+
+    store = ResultStore(tmp_path, {"model": "m"})
+    first = run_record("a")
+    store.append(first)
+    kept = (tmp_path / "results.jsonl").read_bytes()
+
+    class Full:  # writes a few bytes, then the disk is full
+        def __init__(self, f):
+            self.f, self.calls = f, 0
+
+        def write(self, data):
+            self.calls += 1
+            if self.calls > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(bytes(data[:10]))
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    store._file = Full(store._file)
+    with pytest.raises(LongswiftError, match=f"cannot write '{tmp_path / 'results.jsonl'}': No space left on device; "
+                                             "the runs finished before are kept"):
+        store.append({**first, "key": "b"})
+    store.close()
+    assert (tmp_path / "results.jsonl").read_bytes() == kept and not (tmp_path / "results.jsonl.lock").exists()
+    again = ResultStore(tmp_path, {"model": "m"})
+    assert [r["key"] for r in again.records] == ["a"]
+    again.close()

@@ -132,7 +132,7 @@ class ResultStore(MemoryStore):
             write_atomic(config, json.dumps({"identity": wanted, **kept}, indent=1) + "\n")
         if self.path.exists():
             self._load()
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(self.path, "ab", buffering=0)  # unbuffered: a failed write is not written again at close
 
     def _load(self) -> None:
         try:
@@ -164,17 +164,31 @@ class ResultStore(MemoryStore):
         self.extend([record])
 
     def extend(self, records: list[dict[str, Any]]) -> None:
-        """Add records with one write, flushed and fsynced: an interruption keeps all of them or none."""
-        self._file.write("".join(json.dumps(r) + "\n" for r in records))
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        """Add records with one write, fsynced: an interruption keeps all of them or none, and a write that fails
+        (a full disk) is cut back off the file, which keeps the runs finished before it."""
+        fd = self._file.fileno()
+        start = os.fstat(fd).st_size
+        data = memoryview("".join(json.dumps(r) + "\n" for r in records).encode())
+        try:
+            while data:
+                data = data[self._file.write(data):]
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:  # (a record cut off at the end is dropped when the directory is next read)
+                pass
+            raise LongswiftError(f"cannot write '{self.path}': {exc.strerror or exc}; the runs finished before are "
+                                 "kept: free some space and rerun the command to resume") from None
         super().extend(records)
 
     def close(self) -> None:
-        """Close results.jsonl and release the directory's lock."""
-        if not self._file.closed:
-            self._file.close()
-        self._lock.release()
+        """Close results.jsonl and release the directory's lock (also when closing fails)."""
+        try:
+            if not self._file.closed:
+                self._file.close()
+        finally:
+            self._lock.release()
 
 
 def _stored_config(config: Path) -> dict[str, Any] | None:
