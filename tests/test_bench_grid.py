@@ -1045,3 +1045,21 @@ def test_a_full_disk_keeps_the_finished_runs_and_releases_the_directory(tmp_path
     again = ResultStore(tmp_path, {"model": "m"})
     assert [r["key"] for r in again.records] == ["a"]
     again.close()
+
+
+def test_the_report_says_decode_time_includes_graph_captures():
+    """Decode tok/s includes capturing CUDA graphs (on session 51's H200, 0.12 s of a greedy TokenSwift run's
+    0.76 s), which the report did not say. Re-rendered from that run's records."""
+    from pathlib import Path
+
+    from longswift.bench.report import RunContext, render
+
+    folder = Path(__file__).parents[1] / "docs" / "bench" / "gpu" / "session51-h200" / "embedded"
+    records = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    config = json.loads((folder / "config.json").read_text())
+    ctx = RunContext(identity=config["identity"], command="longswift bench", skipped={}, notes={}, spec=None,
+                     methods=("ar", "tokenswift", "tokenswift-fused"), versions={"torch": "x"})
+    captured = [r for r in records if r["graph_capture_seconds"]]
+    share = sum(r["graph_capture_seconds"] for r in captured) / sum(r["decode_seconds"] for r in captured)
+    assert f"- decode time includes capturing CUDA graphs: {100 * share:.1f}% of the decode time" in \
+        render(records, ctx, [])

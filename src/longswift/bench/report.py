@@ -196,6 +196,11 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
                  "with); "
                  "peak memory is the resident set of the whole process during the run (CUDA: allocator peak), so it "
                  "includes every method loaded so far; the part in parentheses is what the run added on top")
+    captured = [r for r in records if r.get("graph_capture_seconds")]
+    if captured:  # one-off costs a longer run amortizes; kept in each record
+        share = sum(r["graph_capture_seconds"] for r in captured) / sum(r["decode_seconds"] for r in captured)
+        lines.append(f"- decode time includes capturing CUDA graphs: {100 * share:.1f}% of the decode time of the runs "
+                     f"that captured any ({len(captured)} of {len(records)}; graph_capture_seconds in results.jsonl)")
     if ctx.identity.get("lockstep"):
         lines.append("- lockstep (--lockstep): our methods' runs of a cell and run ran together, a step at a time, the "
                      "one furthest behind in tokens next, each timed on its own clock, so that the machine's drift "
