@@ -50,6 +50,11 @@ def hub_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+def download_command(repo_id: str, revision: str | None) -> str:
+    """The command that puts a repository's snapshot in the cache, as the messages quote it."""
+    return f"`hf download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+
+
 def resolve_hub_id(source: str, what: str = "model") -> Path:
     """The snapshot directory of `org/name[@revision]`: from the cache when offline (no network call),
     else downloaded (or updated) as transformers would. Refused in one line when it cannot be had;
@@ -70,7 +75,7 @@ def resolve_hub_id(source: str, what: str = "model") -> Path:
     repo_id, revision = parsed
     offline = hub_offline()
     cache = hub_cache_dir()
-    get = f"`hf download {repo_id}" + (f" --revision {revision}`" if revision else "`")
+    get = download_command(repo_id, revision)
     folder = Path(source).expanduser().parent
     if folder.is_dir():
         local = f"'{source}' does not exist (folder '{folder}' has no '{Path(source).name}'), and as a Hugging Face id "
@@ -110,10 +115,10 @@ def check_model_snapshot(path: Path, source: str) -> None:
                                         (".safetensors weights", any(path.glob("*.safetensors")))) if not there]
     if missing:
         repo_id, revision = parse_hub_id(source) or (source, None)
-        get = f"`hf download {repo_id}" + (f" --revision {revision}`" if revision else "`")
         raise LongswiftError(f"the Hugging Face cache's snapshot of '{source}' ({path}) has no "
-                             f"{' and no '.join(missing)}: an interrupted download? get it again with {get} (online); longswift reads "
-                             "config.json and safetensors, so a repository without them cannot be loaded")
+                             f"{' and no '.join(missing)}: an interrupted download? get it again with "
+                             f"{download_command(repo_id, revision)} (online); longswift reads config.json and "
+                             "safetensors, so a repository without them cannot be loaded")
 
 
 @contextmanager
