@@ -11,6 +11,7 @@ import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -222,6 +223,12 @@ _OTHER_DTYPES = {"F8_E4M3": "torch.float8_e4m3fn", "F8_E5M2": "torch.float8_e5m2
                  "BOOL": "torch.bool"}
 
 
+def _header_layout(f: Any) -> dict[str, tuple[list[int], str]]:
+    """A safetensors file's tensors as its header gives them (an open safe_open handle): name -> (shape,
+    safetensors dtype name), no value read."""
+    return {k: (s.get_shape(), s.get_dtype()) for k in f.keys() for s in (f.get_slice(k),)}
+
+
 def _layout_problem(path: Path, gamma: int, cfg: ModelConfig, layout: dict[str, tuple[list[int], str]]) -> str | None:
     """What is wrong with a heads file's tensors as its header gives them (name -> (shape, safetensors dtype
     name)), as one line, or None: what load_heads refuses before reading a value, and what info says of it."""
@@ -257,7 +264,7 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get(FORMAT)
-            layout = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+            layout = _header_layout(f)
     except (SafetensorError, OSError, ValueError) as exc:
         return f"unreadable ({exc}): generate refuses it"
     if raw is None:
@@ -289,7 +296,7 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     try:
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get(FORMAT)
-            layout = {k: (f.get_slice(k).get_shape(), f.get_slice(k).get_dtype()) for k in f.keys()}
+            layout = _header_layout(f)
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         if path.name == TRAIN_CHECKPOINT and zipfile.is_zipfile(path):  # torch.save's format, not safetensors
