@@ -117,13 +117,10 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor, finge
     device and dtype they take), refused if that checkpoint's base model is another one (same identity
     check as a heads file's). `fingerprint`: the model's (Engine.fingerprint; default: embed's)."""
     their_cfg = load_config(str(path))
-    names = {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {EMBED}
-    state = read_tensors(path, names)
+    state = read_tensors(path, {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {EMBED})
     if EMBED not in state:
         raise LongswiftError(f"'{path}' has no model.embed_tokens.weight: not a complete model directory")
-    tensors = take_head_tensors(their_cfg, state, str(path))
-    if tensors is None:
-        raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
+    tensors = _head_tensors(path, their_cfg, state)
     fingerprint = fingerprint or model_fingerprint(cfg, embed)
     if model_fingerprint(their_cfg, state[EMBED]) != fingerprint:
         raise LongswiftError(f"heads in '{path}' were made for another model (its base model is not this one): "
@@ -137,10 +134,16 @@ def released_heads_as_stored(path: Path, cfg: ModelConfig, fingerprint: str) -> 
     checked against it (load_released_heads): an engine holds them in the model's dtype, so export-heads with
     --dtype bfloat16 (auto's on CUDA) wrote float32 tensors holding bfloat16-rounded values."""
     state = read_tensors(path, {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)})
-    tensors = take_head_tensors(load_config(str(path)), state, str(path))
+    return heads_from_tensors(_head_tensors(path, load_config(str(path)), state), cfg, fingerprint)
+
+
+def _head_tensors(path: Path, their_cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The draft heads' tensors of a released directory's tensors `state` (taken out of it, checked complete),
+    or a one-line refusal where it has none."""
+    tensors = take_head_tensors(their_cfg, state, str(path))
     if tensors is None:
         raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
-    return heads_from_tensors(tensors, cfg, fingerprint)
+    return tensors
 
 
 def check_exportable(cfg: ModelConfig) -> None:
