@@ -43,7 +43,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..config import GRAPH_ATTENTIONS, SamplingConfig
+from ..config import GRAPH_ATTENTIONS, ModelConfig, SamplingConfig
 from ..errors import LongswiftError
 from ..sampling import banned_index, draw_rows, transform
 from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_attention
@@ -104,11 +104,17 @@ def step_bodies(model: Transformer) -> bool:
 
 def graphs_supported(model: Transformer) -> str | None:
     """Why graphs cannot run for this model, or None if they can."""
-    if model.device.type != "cuda":
-        return f"CUDA graphs need a CUDA device (this model runs on {model.device})"
-    if model.tp is not None:
+    return graphs_blocker(model.device, model.cfg, model.tp is not None)
+
+
+def graphs_blocker(device: torch.device, cfg: ModelConfig, tensor_parallel: bool) -> str | None:
+    """graphs_supported before a model is loaded (the memory plan): why graphs cannot run for a model of `cfg` on
+    `device`, or None if they can."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device (this model runs on {device})"
+    if tensor_parallel:
         return "CUDA graphs are not supported with tensor parallelism yet"
-    if model.cfg.rope_type == "dynamic":
+    if cfg.rope_type == "dynamic":
         return "dynamic NTK rope recomputes its frequencies from the host's positions, which a graph cannot replay"
     return None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..config import ModelConfig, RuntimeConfig, SpecConfig
-from ..runtime.cuda_graphs import padded_nodes
+from ..runtime.cuda_graphs import graphs_blocker, padded_nodes
 from ..runtime.linear import packing_supported
 from ..runtime.memory import MemoryPlan, plan_memory
 from .ngram import NGRAM_N
@@ -78,10 +78,9 @@ def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens:
     nodes = tree_budget(spec) if spec is not None else 0
     draft = draft_cache_tokens(spec, tokens) if spec is not None else 0
     rows = walk_rows(spec) if spec is not None else 1
-    # The full cache's slots past the run hold a verify pass's tree: on CUDA the step bodies pad it to its node
-    # budget (TokenSwiftState; not under dynamic NTK rope, which they do not run; tensor parallelism, which they
-    # do not run either, is planned with the padding: a few slots more)
-    bodies = device.type == "cuda" and cfg.rope_type != "dynamic"
+    # The full cache's slots past the run hold a verify pass's tree: where the step bodies run (TokenSwiftState),
+    # padded to its node budget (tensor parallelism, where they do not, is planned with the padding: a few slots more)
+    bodies = graphs_blocker(device, cfg, tensor_parallel=False) is None
     slots = padded_nodes(nodes) if bodies and nodes else nodes
     return plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows)
 
