@@ -160,7 +160,6 @@ def heads_inputs(heads: str | None) -> list[tuple[str, Path | None]]:
     with the generated text."""
     from ..spec.heads import SHIPPED_DIR
 
-    shipped = [("--heads", f) for f in sorted(SHIPPED_DIR.glob("*.safetensors"))]
     if heads is None or heads in ("none", "random"):
         return []
     path = Path(heads).expanduser()
@@ -168,7 +167,7 @@ def heads_inputs(heads: str | None) -> list[tuple[str, Path | None]]:
         return [("--heads", path)]
     if path.is_dir():
         return [("--heads", f) for f in sorted(path.iterdir()) if f.is_file()]
-    return shipped if heads in ("auto", "default") else []
+    return [("--heads", f) for f in sorted(SHIPPED_DIR.glob("*.safetensors"))] if heads in ("auto", "default") else []
 
 
 def model_inputs(model: str | None) -> list[tuple[str, Path | None]]:
