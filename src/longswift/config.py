@@ -512,6 +512,10 @@ class RuntimeConfig:
         "compute the LM head's logits in float32 (float32 sums and output from a bfloat16/float16 model's "
         "inputs) instead of rounding them to the model's dtype; no effect in float32/float64. For measuring "
         "whether it keeps reduced-precision TokenSwift on AR's greedy tokens longer; not yet measured on a GPU"))
+    triton_kernels: bool = field(default=False, metadata=_help(
+        "CUDA: run each layer's rope with its cache writes, and SwiGLU, as one Triton kernel each (5 kernels fewer "
+        "a layer in a step); needs triton (CUDA builds of torch include it). Equal to the eager ops to the dtype's "
+        "rounding, not bit for bit; not yet timed on a GPU"))
 
     @_validated
     def __post_init__(self) -> None:
@@ -529,6 +533,9 @@ class RuntimeConfig:
         if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
             raise ConfigError("RuntimeConfig.cuda_graphs='on' needs a CUDA device: use cuda_graphs='auto' or 'off' here",
                               "--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
+        if self.triton_kernels and self.device == "cpu":
+            raise ConfigError("RuntimeConfig.triton_kernels needs a CUDA device: leave it off on a CPU",
+                              "--triton-kernels needs a CUDA device: leave it off with --device cpu")
         if self.graph_attention not in ("auto", *GRAPH_ATTENTIONS):
             raise LongswiftError(f"--graph-attention must be one of auto, {', '.join(GRAPH_ATTENTIONS)}; "
                                  f"got '{self.graph_attention}'")

@@ -56,11 +56,13 @@ class Engine:
         self.fingerprint = model_fingerprint(loaded.cfg, corner)
         if tp is None:
             self.model = Transformer(loaded.cfg, loaded.state, pack=pack_weights,
-                                     float32_logits=self.runtime.float32_logits)
+                                     float32_logits=self.runtime.float32_logits,
+                                     triton_kernels=self.runtime.triton_kernels)
         else:
             state = shard_state(loaded.cfg, loaded.state, tp.plan, device or tp.device)
             self.model = Transformer(shard_config(loaded.cfg, tp.plan), state, pack=pack_weights, tp=tp,
-                                     float32_logits=self.runtime.float32_logits)
+                                     float32_logits=self.runtime.float32_logits,
+                                     triton_kernels=self.runtime.triton_kernels)
         self.tp = tp
         self.heads: DraftHeads | None = None
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
@@ -382,7 +384,8 @@ class Engine:
             said = f"auto ({dtype_name(made_dtype)} here)" if made == "auto" else made
             raise LongswiftError(f"the checkpoint was made with dtype {said} and this engine has {dtype_name(this)}: "
                                  "load the model with the checkpoint's dtype")
-        for key, default in (("rope_scaling", None), ("float32_logits", False)):
+        settings = (("rope_scaling", None), ("float32_logits", False), ("triton_kernels", False))
+        for key, default in settings:
             if c.runtime.get(key, default) != getattr(self.runtime, key):
                 raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key, default)} and this engine has "
                                      f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")

@@ -270,6 +270,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
             **({"float32_logits": True} if engine.model.float32_logits else {}),
+            **({"triton_kernels": True} if engine.model.triton_kernels else {}),
             **({"graph_attention": attention} if attention != "bucketed" else {}),  # as resolved on this device
             # settings that change the tokens (rope scaling) or the speed, each only where not the default
             **({"rope_scaling": engine.runtime.rope_scaling} if engine.runtime.rope_scaling else {}),

@@ -99,6 +99,7 @@ def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None
         f"{identity['packed_linears']}{' (q/k/v and gate/up colocated)' if identity.get('colocated_linears') else ''}"
         f"{', fused kernels (RMSNorm, residual adds, rope)' if identity.get('fused_kernels') else ''}"
         f"{', float32 logits' if identity.get('float32_logits') else ''}"
+        f"{', Triton kernels (rope with cache writes, SwiGLU)' if identity.get('triton_kernels') else ''}"
         f"{', graph attention ' + identity['graph_attention'] if identity.get('graph_attention') else ''}"
         f"{', rope scaling ' + identity['rope_scaling'] if identity.get('rope_scaling') else ''}"
         f"{', CUDA graphs off' if identity.get('cuda_graphs') is False else ''}"

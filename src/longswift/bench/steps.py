@@ -354,7 +354,8 @@ def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, devic
             "dtype": dtype_name(dtype), "device": str(device), "device_name": name,
             **linears, "cuda_graphs": runtime.cuda_graphs,
             "graph_attention": resolve_attention(runtime.graph_attention, device),
-            "float32_logits": runtime.float32_logits, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "float32_logits": runtime.float32_logits, **({"triton_kernels": True} if runtime.triton_kernels else {}),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
             "heads": f"{gamma} random draft heads", "gamma": gamma, "context_limit": cfg.context_limit,
             "command": command or "longswift bench-steps (from the Python API)"}
 
@@ -380,7 +381,8 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
         state = random_state(cfg, dtype, device, bench.seed)
         heads = new_heads(cfg, state, gamma).randomize(bench.seed)
     # pack: oneDNN-packed copies where they exist, else (CUDA) q/k/v and gate/up colocated, as for a loaded file
-    model = Transformer(cfg, state, pack=runtime.pack_weights is not False, float32_logits=runtime.float32_logits)
+    model = Transformer(cfg, state, pack=runtime.pack_weights is not False, float32_logits=runtime.float32_logits,
+                        triton_kernels=runtime.triton_kernels)
     linears = {"packed_linears": model.packed, "colocated_linears": model.colocated,
                **({"fused_kernels": True} if fused_kernels(model) else {})}
     costs = []

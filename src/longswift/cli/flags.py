@@ -104,7 +104,7 @@ def config_from_args(cls: type, args: argparse.Namespace) -> Any:
 
 # RuntimeConfig fields that only the decoding loop reads (CUDA graphs, token blocks, logits precision):
 # commands that never decode (info, train-heads, export-heads) take no flags for them.
-DECODING_ONLY = ("cuda_graphs", "read_every", "graph_attention", "float32_logits")
+DECODING_ONLY = ("cuda_graphs", "read_every", "graph_attention", "float32_logits", "triton_kernels")
 
 
 def show_progress(args: argparse.Namespace) -> bool:

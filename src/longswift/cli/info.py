@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> None:
     add_config_flags(info, GenerationConfig,
                      skip=tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "prefill_chunk"))
     # (float32 logits change the memory plan; CUDA graphs, token blocks and threads do not)
-    add_config_flags(info, RuntimeConfig, skip=("cuda_graphs", "read_every", "graph_attention", "threads"))
+    add_config_flags(info, RuntimeConfig, skip=("cuda_graphs", "read_every", "graph_attention", "triton_kernels",
+                                                "threads"))
 
 
 def cmd_info(args: argparse.Namespace) -> int:

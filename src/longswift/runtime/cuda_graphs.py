@@ -49,6 +49,7 @@ from ..sampling import banned_index, draw_rows, transform
 from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_attention
 from .cache import FullKVCache
 from .model import Transformer
+from .triton_kernels import rope_store
 
 # Slots of a bucket: the masked tail costs one [Hkv, G*N, bucket + N] product per layer; a
 # growing cache captures one graph per bucket (100K tokens: about 100 captures per node budget).
@@ -206,13 +207,21 @@ class StepGraphs:
                           v: torch.Tensor) -> torch.Tensor:
                 return bucketed(qg, keys, values, first, end, visible, m.scale)
 
+        rotate = None
+        if m.triton_kernels and not m.cfg.qk_norm:  # rope and the two cache writes: one kernel a layer
+            h, hkv = m.cfg.num_heads, m.cfg.num_kv_heads
+
+            def rotate(layer: int, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                return rope_store(qkv, cos, sin, where, cache.k[layer], cache.v[layer], h, hkv, m.fused_rope)
+
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = cache.k[layer], cache.v[layer]  # [Hkv, C, D]
-            keys.index_copy_(1, where, k.transpose(0, 1))  # [Hkv, N, D] at the step's slots
-            values.index_copy_(1, where, v.transpose(0, 1))
+            if rotate is None:  # (else rope_store wrote them)
+                keys.index_copy_(1, where, k.transpose(0, 1))  # [Hkv, N, D] at the step's slots
+                values.index_copy_(1, where, v.transpose(0, 1))
             return m.grouped(q, lambda qg: attention(qg, keys, values, k, v))
 
-        x = m.layers_forward(F.embedding(tokens, m.embed), cos, sin, attend)  # [N, hidden]
+        x = m.layers_forward(F.embedding(tokens, m.embed), cos, sin, attend, rotate=rotate)  # [N, hidden]
         if out == DRAFT:
             assert self.draft_out is not None
             return self.draft_out(x), x

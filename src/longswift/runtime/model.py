@@ -25,12 +25,16 @@ from .linear import (
     packing_supported,
 )
 from .rope import Rope, apply_rope
+from .triton_kernels import silu_mul, triton_unavailable
 
 if TYPE_CHECKING:
     from .parallel import TensorParallel
 
 # attend(layer, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H*D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# rotate(layer, qkv [T, (H + 2 Hkv) D]) -> q [T, H, D], k, v [T, Hkv, D]: rope applied, and the keys and values
+# stored in the layer's cache (triton_kernels.rope_store); attend then stores nothing
+RotateFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def expected_shapes(cfg: ModelConfig, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
@@ -143,7 +147,7 @@ class Transformer:
     def __init__(self, cfg: ModelConfig, state: dict[str, torch.Tensor], pack: bool = False,
                  tp: TensorParallel | None = None, float32_logits: bool = False,
                  fused_norm: bool | None = None, fused_residual: bool | None = None,
-                 fused_rope: bool | None = None) -> None:
+                 fused_rope: bool | None = None, triton_kernels: bool = False) -> None:
         check_state_dict(cfg, state, tp.plan.vocab_per_rank if tp is not None else None)
         self.cfg = cfg
         self.state = state
@@ -162,6 +166,10 @@ class Transformer:
         # packed (oneDNN) or tensor parallel (the add follows the all_reduce).
         self.fused_residual = (fusing if fused_residual is None else fused_residual) and tp is None and not self.packed
         self.fused_rope = fusing if fused_rope is None else fused_rope  # rope's second product in its add (apply_rope)
+        # SwiGLU, and in the CUDA step bodies rope with the cache writes, as Triton kernels (runtime.triton_kernels)
+        if triton_kernels and (why := triton_unavailable(self.device)) is not None:
+            raise LongswiftError(f"triton_kernels (--triton-kernels): {why}")
+        self.triton_kernels = triton_kernels
         self.embed = embed
         self.packed_copies: list[PackedWeights] = []  # every packed copy the linears read
         # Weights taken out of the state dict because a packed copy holds them: name -> (copy, part)
@@ -313,27 +321,38 @@ class Transformer:
         return o.view(hkv, g, t, d).permute(2, 0, 1, 3).reshape(t, h * d)  # [T, H*D]
 
     def layers_forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: AttendFn,
-                       queries: list[torch.Tensor] | None = None) -> torch.Tensor:
+                       queries: list[torch.Tensor] | None = None, rotate: RotateFn | None = None) -> torch.Tensor:
         """The decoder layers on embeddings x [T, hidden]; attend(layer, q [T, H, D], k, v [T, Hkv, D])
-        stores the new keys/values wherever its cache lives and returns attention [T, H*D]."""
+        stores the new keys/values wherever its cache lives and returns attention [T, H*D]. `rotate`
+        (a model without q/k norms): rope and the cache writes in one, instead of apply_rope here and
+        the writes in attend."""
         cfg = self.cfg
         t = x.shape[0]
         h, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for n, w in enumerate(self.layers):
             a = self.norm(x, w.attn_norm)
             qkv = w.qkv(a)  # [T, (H + 2 Hkv) D]
-            qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # [T, H + Hkv, D]
-            v = qkv[:, (h + hkv) * d :].view(t, hkv, d)  # [T, Hkv, D]
-            if w.q_norm is not None:
-                qk = torch.cat([self.norm(qk[:, :h], w.q_norm), self.norm(qk[:, h:], w.k_norm)], dim=1)
-            qk = apply_rope(qk, cos, sin, self.fused_rope)  # queries and keys rotated together
-            q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
+            if rotate is not None:
+                q, k, v = rotate(n, qkv)
+            else:
+                qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # [T, H + Hkv, D]
+                v = qkv[:, (h + hkv) * d :].view(t, hkv, d)  # [T, Hkv, D]
+                if w.q_norm is not None:
+                    qk = torch.cat([self.norm(qk[:, :h], w.q_norm), self.norm(qk[:, h:], w.k_norm)], dim=1)
+                qk = apply_rope(qk, cos, sin, self.fused_rope)  # queries and keys rotated together
+                q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
             if queries is not None:
                 queries.append(q[-1])
             x = w.o(attend(n, q, k, v), x)  # (x is this forward's own tensor: a fused add writes into it)
-            gate, up = w.gate_up(self.norm(x, w.mlp_norm)).chunk(2, dim=-1)  # [T, I] each
-            x = w.down(F.silu(gate) * up, x)
+            x = w.down(self.swiglu(w.gate_up(self.norm(x, w.mlp_norm))), x)
         return x
+
+    def swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[T, 2 I] (gate, up) -> silu(gate) * up [T, I]: two ops, or one Triton kernel (triton_kernels)."""
+        if self.triton_kernels:
+            return silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+        return F.silu(gate) * up
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Pre-norm hidden states [T, hidden] -> logits [T, V] (float32, float64 for float64 models)."""

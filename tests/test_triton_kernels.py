@@ -1,0 +1,265 @@
+"""The Triton kernels (runtime.triton_kernels: rope with the cache writes, SwiGLU) run here under Triton's
+interpreter, on CPU tensors: each equals the eager ops it replaces (exactly or to the last bit of float32
+and float64; bfloat16 to one unit in the last place, the interpreter rounding its casts toward zero where a
+GPU rounds to nearest); the CUDA step bodies with them equal the model's own forward in float64 with fewer
+ops a layer, and the generation loops through those bodies still emit AR's tokens. tests/test_cuda.py
+runs the compiled kernels on a GPU."""
+
+from __future__ import annotations
+
+import builtins
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import OpCount, tiny_hf_model
+
+import longswift
+from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.config import RuntimeConfig
+from longswift.errors import LongswiftError
+from longswift.runtime.cache import FullKVCache
+from longswift.runtime.cuda_graphs import StepGraphs
+from longswift.runtime.model import Transformer
+from longswift.runtime.rope import apply_rope
+
+pytest.importorskip("triton")
+from longswift.runtime.triton_kernels import rope_store, silu_mul, triton_unavailable  # noqa: E402
+
+CPU = torch.device("cpu")
+H, HKV, D = 4, 2, 16
+# aten ops that make views, launching no kernel on a GPU
+VIEWS = {"aten.select", "aten.slice", "aten.transpose", "aten.view", "aten.chunk", "aten.split", "aten.unbind",
+         "aten.expand", "aten.permute", "aten.unsqueeze", "aten.squeeze", "aten.as_strided", "aten._unsafe_view",
+         "aten.alias", "aten.t"}
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch):
+    """Triton's interpreter for this module's tests only (the kernels are built per mode, so a GPU run of the
+    whole suite still compiles them for its device elsewhere)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def rope_case(dtype: torch.dtype, t: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(t, (H + 2 * HKV) * D, generator=g).to(dtype)
+    angles = torch.randn(t, 1, D // 2, generator=g, dtype=torch.float64) * 3
+    cos = torch.cat([angles.cos()] * 2, -1).to(dtype)
+    sin = torch.cat([angles.sin()] * 2, -1).to(dtype)
+    sin[..., : D // 2].neg_()  # Rope.cos_sin's signed sine
+    return qkv, cos, sin
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["keys-slots-innermost", "keys-dims-innermost"])
+@pytest.mark.parametrize("fused", [False, True], ids=["transformers-order", "addcmul"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_rope_store_rotates_as_apply_rope_and_writes_only_the_given_slots(dtype, fused, transposed):
+    t, capacity = 5, 20
+    qkv, cos, sin = rope_case(dtype, t)
+    slots = torch.tensor([3, 7, 8, 9, 15])
+    cache = FullKVCache(tiny_cfg(), capacity, dtype, CPU, transposed=transposed)
+    cache.k.fill_(7.0), cache.v.fill_(-7.0)  # every slot not written must keep these
+    q, k, v = rope_store(qkv, cos, sin, slots, cache.k[1], cache.v[1], H, HKV, fused)
+    want = apply_rope(qkv[:, : (H + HKV) * D].view(t, H + HKV, D), cos, sin, fused)
+    want_v = qkv[:, (H + HKV) * D :].view(t, HKV, D)
+    assert q.shape == (t, H, D) and k.shape == v.shape == (t, HKV, D)
+    if dtype == torch.bfloat16:
+        # The interpreter truncates its casts where torch rounds to nearest: each of the (up to) three roundings
+        # is then off by less than one unit of its own value, bounded by the two products' magnitudes
+        x = qkv[:, : (H + HKV) * D].view(t, H + HKV, D).double()
+        terms = (x * cos.double()).abs() + (torch.roll(x, D // 2, -1) * sin.double()).abs()
+        bound = 4 * torch.finfo(dtype).eps * terms
+        assert ((q.double() - want[:, :H].double()).abs() <= bound[:, :H]).all()
+        assert ((k.double() - want[:, H:].double()).abs() <= bound[:, H:]).all()
+    elif fused:  # addcmul's product-add rounded once, where its last bit may differ (|x| < 5: a few eps)
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(q, want[:, :H], rtol=4 * eps, atol=8 * eps)
+        torch.testing.assert_close(k, want[:, H:], rtol=4 * eps, atol=8 * eps)
+    else:  # two products and their sum, each rounded as torch rounds them
+        assert torch.equal(q, want[:, :H]) and torch.equal(k, want[:, H:])
+    assert torch.equal(v, want_v)
+    assert torch.equal(cache.k[1][:, slots], k.transpose(0, 1))  # [Hkv, T, D]
+    assert torch.equal(cache.v[1][:, slots], want_v.transpose(0, 1))
+    untouched = torch.ones(capacity, dtype=torch.bool)
+    untouched[slots] = False
+    assert (cache.k[1][:, untouched] == 7).all() and (cache.v[1][:, untouched] == -7).all()
+    assert (cache.k[0] == 7).all() and (cache.v[0] == -7).all()  # another layer's cache
+
+
+def tiny_cfg():
+    from longswift.config import ModelConfig
+
+    return ModelConfig.from_hf(tiny_hf_model("llama", "default").config)  # H 4, Hkv 2, D 16, 2 layers
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,inner,block", [(3, 50, 16), (1, 96, 1024), (0, 8, 16)])
+def test_silu_mul_is_silu_of_the_gate_times_up(dtype, rows, inner, block):
+    gate_up = torch.randn(rows, 2 * inner, generator=torch.Generator().manual_seed(rows)).to(dtype) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = silu_mul(gate_up, block)
+    assert got.shape == (rows, inner) and got.dtype == dtype
+    if dtype == torch.bfloat16:
+        # Two roundings, each off by at most 1.5 units of its value where the interpreter truncates and torch
+        # rounds to nearest: within 3 eps of the exact product
+        exact = (F.silu(gate.double()) * up.double()).abs()
+        assert ((got.double() - want.double()).abs() <= 3.1 * torch.finfo(dtype).eps * exact).all()
+    else:
+        torch.testing.assert_close(got, want, rtol=8 * torch.finfo(dtype).eps, atol=8 * torch.finfo(dtype).tiny)
+
+
+def test_the_kernels_refuse_what_they_cannot_take():
+    qkv, cos, sin = rope_case(torch.float32, 2)
+    cache = torch.zeros(HKV, 8, D)
+    with pytest.raises(ValueError, match=r"rope_store: qkv \(2, 128\) is not \[T, \(H \+ 2 Hkv\) D\]"):
+        rope_store(qkv, cos, sin, torch.tensor([0, 1]), cache, cache, H + 1, HKV, False)
+    with pytest.raises(ValueError, match="not .T, 2 I. with contiguous rows"):
+        silu_mul(torch.zeros(4, 6).t())
+
+
+def engine64(family: str = "llama", seed: int = 4, **kwargs):
+    return longswift.load(tiny_hf_model(family, "default", seed=seed, **kwargs), device="cpu", dtype="float64",
+                          heads="random")
+
+
+def with_triton(engine) -> Transformer:
+    model = engine.model
+    return Transformer(model.cfg, model.state, triton_kernels=True)
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_step_bodies_with_the_kernels_equal_the_model_forward(family, attention):
+    """Decoding and a tree-verify pass through the step bodies with the Triton kernels equal the eager
+    forward in float64, cache included (qwen2: q/k/v biases; qwen3: q/k norms, whose rope stays eager)."""
+    engine = engine64(family)
+    model, cfg = with_triton(engine), engine.cfg
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 128, (13,), generator=g)
+    steps = torch.randint(0, 128, (12,), generator=g).tolist()
+    eager, bodies = FullKVCache(cfg, 64, torch.float64, CPU), FullKVCache(cfg, 64, torch.float64, CPU)
+    engine.model.prefill(prompt, eager, chunk=8)
+    model.prefill(prompt, bodies, chunk=8)
+    body = StepGraphs(model, bodies, capture=False, bucket=8, attention=attention)
+    for i, token in enumerate(steps):
+        want, want_hidden = engine.model.forward(torch.tensor([token]), torch.tensor([13 + i]), eager)
+        got, got_hidden = body.decode(token, 13 + i)
+        torch.testing.assert_close(got, want[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got_hidden, want_hidden[0], rtol=1e-10, atol=1e-10)
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    tokens, positions = [5, 6, 7, 8], torch.tensor([25, 26, 26, 27])
+    want, _ = engine.model.forward(torch.tensor(tokens), positions, eager, tree_mask=tree)
+    got, _ = body.forward(tokens, positions, tree, logits=True)
+    torch.testing.assert_close(got[:4], want, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(bodies.k[:, :, :29], eager.k[:, :, :29], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(bodies.v[:, :, :29], eager.v[:, :, :29], rtol=1e-12, atol=1e-12)
+
+
+def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(monkeypatch):
+    """A decoding body with the kernels runs none of the ops they replace: fused rope's roll, product and
+    addcmul, the two index_copy_ into the cache, SwiGLU's silu and product (7 kernels a layer on a GPU; the
+    two kernels' own launches are no aten ops, and the interpreter's work inside them is not counted)."""
+    import longswift.runtime.cuda_graphs as cg
+    import longswift.runtime.model as model_mod
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def uncounted(fn):
+        def run(*args, **kwargs):
+            with _disable_current_modes():
+                return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(cg, "rope_store", uncounted(rope_store))
+    monkeypatch.setattr(model_mod, "silu_mul", uncounted(silu_mul))
+    engine = engine64()
+    counts = {}
+    for name, model in {"eager": Transformer(engine.cfg, engine.model.state, fused_rope=True),
+                        "triton": Transformer(engine.cfg, engine.model.state, fused_rope=True,
+                                              triton_kernels=True)}.items():
+        cache = FullKVCache(engine.cfg, 32, torch.float64, CPU)
+        model.prefill(torch.arange(3, 10), cache, chunk=8)
+        body = StepGraphs(model, cache, capture=False, bucket=8, attention="length")
+        with torch.inference_mode(), OpCount() as ops:
+            body.decode(11, 7)
+        counts[name] = {op: n for op, n in ops.names.items() if not op.startswith("aten.empty")}
+    layers = engine.cfg.num_layers
+    for op in ("aten.roll", "aten.addcmul", "aten.index_copy_", "aten.silu"):
+        assert op in counts["eager"] and op not in counts["triton"], op
+    assert counts["eager"]["aten.mul"] - counts["triton"]["aten.mul"] == 2 * layers
+    launches = {name: sum(n for op, n in c.items() if op not in VIEWS) for name, c in counts.items()}
+    assert launches["eager"] - launches["triton"] == 7 * layers
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),
+                                      SamplingConfig(seed=3, min_p=0.05)], ids=["greedy-penalty", "sampled"])
+def test_loops_through_bodies_with_the_kernels_still_emit_ar_output(sampling, monkeypatch):
+    """The CPU loops routed through the CUDA step bodies (eagerly), with the Triton kernels: AR and both
+    TokenSwift modes (paper mode drafting on the partial cache) emit the plain CPU AR tokens (float64)."""
+    import longswift.generate as generate_mod
+    import longswift.spec.tokenswift as tokenswift_mod
+
+    engine = engine64(seed=9, vocab=32)
+    prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
+    gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)  # (the interpreter takes ~40 ms a launch)
+    want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
+    engine.model = with_triton(engine)
+    monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
+    monkeypatch.setattr(tokenswift_mod, "step_bodies", lambda model: True)
+    assert engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids == want
+    for spec in (SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=30, draft_window=6, attention_sinks=4,
+                            adaptive=False),
+                 SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused", adaptive=False)):
+        got = engine.generate(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec)
+        assert got.token_ids == want, spec
+
+
+def test_the_kernels_are_refused_where_they_cannot_run(monkeypatch):
+    engine = engine64()
+    with pytest.raises(LongswiftError, match=r"triton_kernels needs a CUDA device"):
+        RuntimeConfig(device="cpu", triton_kernels=True)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert triton_unavailable(CPU) == "the Triton kernels need a CUDA device (this model runs on cpu)"
+    with pytest.raises(LongswiftError, match=r"^triton_kernels \(--triton-kernels\): the Triton kernels need a CUDA "
+                                             r"device \(this model runs on cpu\)$"):
+        Transformer(engine.cfg, engine.model.state, triton_kernels=True)
+    real_import = builtins.__import__
+
+    def no_triton(name, *args, **kwargs):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError(f"No module named '{name}'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_triton)
+    assert "need the triton package (pip install triton" in triton_unavailable(torch.device("cuda"))
+    assert os.environ.get("TRITON_INTERPRET") is None
+
+
+def test_the_option_is_recorded_in_checkpoints_and_checked_on_resume():
+    """A run with the kernels rounds otherwise than one without: its checkpoint says so, and resuming it on an
+    engine without them (or the other way round) is refused; a checkpoint from before the option resumes as off."""
+    import dataclasses
+
+    hf = tiny_hf_model("llama", "default", seed=4)
+    plain = longswift.load(hf, dtype="float64", heads="random")
+    fused = longswift.load(hf, dtype="float64", heads="random", triton_kernels=True)  # device auto: the CPU here
+    assert fused.model.triton_kernels and not plain.model.triton_kernels
+    checkpoints = {}
+    for name, engine in (("plain", plain), ("fused", fused)):
+        stream = engine.stream([5, 9, 17, 3], generation=GenerationConfig(max_new_tokens=12, ignore_eos=True),
+                               method="ar")
+        steps = iter(stream)
+        for _ in range(4):
+            next(steps)
+        checkpoints[name] = stream.checkpoint()
+    assert checkpoints["plain"].runtime["triton_kernels"] is False
+    assert checkpoints["fused"].runtime["triton_kernels"] is True
+    with pytest.raises(LongswiftError, match="made with triton_kernels False and this engine has True"):
+        fused.resume(checkpoints["plain"])
+    with pytest.raises(LongswiftError, match="made with triton_kernels True and this engine has False"):
+        plain.resume(checkpoints["fused"])
+    older = dataclasses.replace(checkpoints["plain"], runtime={k: v for k, v in checkpoints["plain"].runtime.items()
+                                                               if k != "triton_kernels"})
+    assert plain.resume(older) is not None
