@@ -9,7 +9,8 @@ the GPU too (or a gap of the fake device, mended here).
 What it adds to fake_cuda: torch.cuda.is_available() is True from the start (test_cuda.py's skip mark reads
 it as the module is collected); a generator asked for on CUDA is a CPU one (fake tensors draw nothing);
 torch.equal and torch.testing.assert_close pass where a fake tensor is involved (no values to compare);
-the allocator's statistics read zero; the profiler records no kernels. Each test's outcome goes as a JSON
+the allocator's statistics read zero; the profiler records no kernels; the Triton kernels (--triton-kernels)
+launch nothing, their wrappers' checks and allocations running as on a GPU. Each test's outcome goes as a JSON
 line to the file named by $FAKE_CUDA_REPORT: its id, the phase (setup, call, teardown), the outcome, a skip's
 reason, and for a failure the exception's type and the innermost frame of its traceback (the file relative
 to the repository, the line)."""
@@ -59,6 +60,16 @@ class _Profile:
         return []
 
 
+class _Unlaunched:
+    """A Triton kernel that launches nothing: `kernel[grid](*args)` returns (a fake tensor has no memory to pass)."""
+
+    def __getitem__(self, grid: tuple) -> object:
+        return lambda *args, **kwargs: None
+
+
+_UNLAUNCHED = {"rope_store": _Unlaunched(), "silu_mul": _Unlaunched(), "cdiv": lambda a, b: -(-a // b)}
+
+
 @pytest.fixture(autouse=True)
 def _on_the_fake_device(monkeypatch):
     from fake_cuda import fake_cuda
@@ -72,6 +83,9 @@ def _on_the_fake_device(monkeypatch):
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved"):
         monkeypatch.setattr(torch.cuda, name, lambda *a, **k: 0)
     monkeypatch.setattr(torch.profiler, "profile", _Profile)
+    from longswift.runtime import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "kernels", lambda: _UNLAUNCHED)
     with fake_cuda(monkeypatch):
         yield
 

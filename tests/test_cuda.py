@@ -22,6 +22,9 @@ the machine's own pytest and `PYTHONPATH=src` do: see docs/scripts/gpu_session.s
 - a bfloat16 RMSNorm is one kernel (fused_norm), within one unit in the last place of transformers' order,
   o_proj/down_proj add the residual in their product (fused_residual) in fewer kernels, and rope
   fuses its sum (fused_rope); float32 keeps the CPU's ops;
+- the Triton kernels (--triton-kernels: rope with the cache writes, SwiGLU) compute what the eager ops do to
+  one unit in the last place; their bodies replay exactly, stay as close to float32 as the eager bfloat16
+  forward, and a generation with them and graphs on equals graphs off;
 - the batched walk's device memory stays within the bytes per logit the memory plan counts;
 - `bench --lockstep`'s generations, held at once with their graphs, generate what each does alone."""
 
@@ -32,6 +35,7 @@ from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import tiny_hf_model, ulps
 
 import longswift
@@ -665,3 +669,111 @@ def test_bench_lockstep_on_cuda_generates_what_runs_made_apart_do(dtype):
     together = methods.run_lockstep(ours, prompt, 40, sampling, dict.fromkeys(ours))
     assert {m: ids for m, (ids, _, _) in together.items()} == apart
     assert all(timeline.decode_seconds > 0 for _, timeline, _ in together.values())
+
+
+def needs_triton() -> None:
+    """--triton-kernels needs the triton package, which CUDA builds of torch bring; a machine without it has
+    nothing to run here."""
+    pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_triton_kernels_compute_what_the_eager_ops_do(dtype):
+    """Compiled for the GPU (CPU tests run them interpreted): rope_store rotates as apply_rope in both of
+    its orders and writes the keys and values at the given slots only; silu_mul is F.silu(gate) * up; each
+    within one unit in the last place (Triton's exp and its fused multiply-adds), most elements equal."""
+    needs_triton()
+    from longswift.runtime.rope import apply_rope
+    from longswift.runtime.triton_kernels import rope_store, silu_mul
+
+    h, hkv, d, t = 32, 8, 128, 5  # the 8B shape's heads
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(t, (h + 2 * hkv) * d, generator=g).to(dtype).to(CUDA)
+    angles = torch.randn(t, 1, d // 2, generator=g, dtype=torch.float64) * 3
+    cos = torch.cat([angles.cos()] * 2, -1).to(dtype).to(CUDA)
+    sin = torch.cat([angles.sin()] * 2, -1).to(dtype).to(CUDA)
+    sin[..., : d // 2].neg_()
+    slots = torch.tensor([3, 7, 8, 9, 15], device=CUDA)
+    equal = []
+    for fused in (False, True):
+        ck = torch.full((hkv, 20, d), 7.0, dtype=dtype, device=CUDA)
+        cv = torch.full((hkv, 20, d), -7.0, dtype=dtype, device=CUDA)
+        q, k, v = rope_store(qkv, cos, sin, slots, ck, cv, h, hkv, fused)
+        want = apply_rope(qkv[:, : (h + hkv) * d].view(t, h + hkv, d), cos, sin, fused)
+        got = torch.cat([q, k], dim=1)
+        assert ulps(got, want).max() <= 1, (fused, ulps(got, want).max())
+        equal.append((got == want).float().mean().item())
+        assert torch.equal(ck[:, slots], k.transpose(0, 1)) and torch.equal(cv[:, slots], v.transpose(0, 1))
+        assert torch.equal(v, qkv[:, (h + hkv) * d :].view(t, hkv, d))
+        rest = torch.ones(20, dtype=torch.bool)
+        rest[slots.cpu()] = False
+        assert (ck[:, rest.to(CUDA)] == 7).all() and (cv[:, rest.to(CUDA)] == -7).all()
+    gate_up = (torch.randn(3, 2 * 14336, generator=g) * 4).to(dtype).to(CUDA)
+    gate, up = gate_up.chunk(2, dim=-1)
+    want = F.silu(gate) * up
+    got = silu_mul(gate_up)
+    assert ulps(got, want).max() <= 1
+    equal.append((got == want).float().mean().item())
+    assert min(equal) > 0.9, equal
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_kernel_graphs_replay_their_eager_body(dtype, attention):
+    """--triton-kernels: the step bodies with rope_store and silu_mul, captured, equal their eager runs exactly,
+    on the tiny model and the 8B shape (2 layers); in float32 they stay within rounding of the model's forward
+    without the kernels."""
+    needs_triton()
+    needs_length(attention)
+    hf = tiny_hf_model("llama", "default", seed=3)
+    plain = longswift.load(hf, device="cuda", dtype=str(dtype).removeprefix("torch.")).model
+    model = Transformer(plain.cfg, plain.state, triton_kernels=True)
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(0))
+    steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    (replay, body, _), _ = replay_and_body(model, prompt, steps, bucket=16, capacity=160, tree=6,
+                                          attention=attention, mask=random_trie(6, 1))
+    (_, _, without), _ = replay_and_body(plain, prompt, steps, bucket=16, capacity=160, tree=6,
+                                         attention=attention, mask=random_trie(6, 1))
+    for a, b, c in zip(replay, body, without):
+        assert torch.equal(a, b)
+        if dtype == torch.float32:
+            torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+    cfg = shape_config("llama-3.1-8b", layers=2)
+    big = Transformer(cfg, random_state(cfg, torch.bfloat16, CUDA), pack=True, triton_kernels=True)
+    prompt = torch.randint(0, cfg.vocab_size, (3000,), generator=torch.Generator().manual_seed(0))
+    (replay, body, _), _ = replay_and_body(big, prompt, list(range(100, 120)), bucket=1024, capacity=4608,
+                                          tree=41, attention=attention)
+    for a, b in zip(replay, body):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_bfloat16_triton_kernel_bodies_are_as_close_to_float32_as_the_eager_forward(attention):
+    needs_triton()
+    needs_length(attention)
+    hf = tiny_hf_model("llama", "default", seed=3)
+    prompt = torch.randint(0, 128, (37,), generator=torch.Generator().manual_seed(0))
+    steps = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    reference = replay_and_body(longswift.load(hf, device="cuda", dtype="float32").model, prompt, steps, bucket=16,
+                                capacity=160, tree=6, attention=attention, mask=random_trie(6, 1))[0][2]
+    plain = longswift.load(hf, device="cuda", dtype="bfloat16").model
+    model = Transformer(plain.cfg, plain.state, triton_kernels=True)
+    replay, body, eager = replay_and_body(model, prompt, steps, bucket=16, capacity=160, tree=6, attention=attention,
+                                          mask=random_trie(6, 1))[0]
+
+    def error(rows: list[torch.Tensor]) -> float:
+        return max((x.float() - r).abs().max().item() for x, r in zip(rows, reference))
+
+    assert error(body) == error(replay) <= 4 * error(eager) + 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_generation_with_triton_kernels_and_graphs_equals_without_graphs(dtype):
+    needs_triton()
+    hf = tiny_hf_model("llama", "default", seed=6)
+    on = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="on", heads="random", triton_kernels=True)
+    off = longswift.load(hf, device="cuda", dtype=dtype, cuda_graphs="off", heads="random", triton_kernels=True)
+    assert on.model.triton_kernels and off.model.triton_kernels
+    assert generate(on, "ar") == generate(off, "ar")
+    for spec in SPECS.values():
+        assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)
