@@ -212,13 +212,16 @@ esac
         return (out / "first.log").read_text(), target_rows((out / "targets.md").read_text())
 
     log, rows = first(tmp_path / "all", 420)
-    assert [line.split("'")[1] for line in log.splitlines()] == ["tests", "ar", "steps length", "steps fused"]
+    assert [line.split("'")[1] for line in log.splitlines()] == ["tests", "ar", "steps length", "steps triton",
+                                                                 "steps fused"]
     assert "exited 0" in log and "skipped" not in log and "cut off" not in log
     assert rows[TESTS][1] == rows[FLOOR_100K][1] == rows[EMBEDDED_AR][1] == "**met**"
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["first.log", "parts.tar.gz", "targets.md",
                                                                      "versions.txt"]  # the device tool returns 8
     with tarfile.open(tmp_path / "all" / "parts.tar.gz") as tar:
-        assert {"parts/tests.txt", "parts/steps-length.json", "parts/ar-smollm2-135m.txt"} <= set(tar.getnames())
+        assert {"parts/tests.txt", "parts/steps-length.json", "parts/steps-triton.json",
+                "parts/ar-smollm2-135m.txt"} <= set(tar.getnames())
+    assert rows[FLOOR_4K + " (--triton-kernels)"] == rows[FLOOR_4K]  # (the stand-in's same file for both)
     log, rows = first(tmp_path / "short", 46, sleep=3)  # 31 s left before the tests, under 30 after them
     assert "first: 'tests' exited 0" in log and "first: skipped 'ar'" in log and "skipped 'steps fused'" in log
     assert rows[TESTS][1] == "**met**" and rows[FLOOR_4K][1] == "not measured"

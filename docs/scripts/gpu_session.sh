@@ -5,7 +5,8 @@
 #
 #   bash docs/scripts/gpu_session.sh first   # in one call of at most BUDGET seconds (default 420; give the
 #                                            # device call a timeout_s of at least BUDGET + 60): tests, `ar`,
-#                                            # `steps length`, then `steps fused` while time is left, each
+#                                            # `steps length`, `steps triton` (the same with --triton-kernels),
+#                                            # then `steps fused` while time is left, each
 #                                            # part cut off at what remains (timeout); then targets.md: issue
 #                                            # #16's targets against the figures (issue16_targets.py), all but
 #                                            # the bench cell's, which `cell` measures with the GGUF carried.
@@ -19,6 +20,8 @@
 #   bash docs/scripts/gpu_session.sh steps   # bench-steps on the Llama-3.1-8B shape, bucketed vs length
 #                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call;
 #                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated;
+#                                            # `steps triton`: length with --triton-kernels (rope with the cache
+#                                            # writes and SwiGLU as Triton kernels: 5 kernels fewer a layer),
 #                                            # `steps fused`: the fused draft mode's projection, no draft forward,
 #                                            # tree 1,3,3,3 + 6 n-gram paths = at most 94 nodes (the paper's 121);
 #                                            # every projection verifies the GPU's default node budget, 32 rows)
@@ -42,7 +45,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|fused]|ar [8b]|plain|profile [small]|cell GGUF}
+part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|plain|profile [small]|cell GGUF}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -98,6 +101,7 @@ case $part in
     run_part 150 tests
     run_part 120 ar  # the embedded shape's AR: cheap, and the only source of its target's row here
     run_part 240 steps length
+    run_part 120 steps triton
     run_part 150 steps fused
     $py docs/scripts/issue16_targets.py "$out/parts" > "$out/targets.md"
     tar czf "$out/parts.tar.gz" -C "$out" parts && rm -rf "$out/parts"
@@ -111,6 +115,7 @@ case $part in
       case $variant in
         separate) flags=(--graph-attention bucketed --no-pack-weights) ;;
         fused) flags=(--draft-mode fused --tree 1,3,3,3 --ngram-topk 6) ;;
+        triton) flags=(--graph-attention length --triton-kernels) ;;
         *) flags=(--graph-attention "$variant") ;;
       esac
       $py -m longswift bench-steps --device cuda --shape llama-3.1-8b --contexts 4096,100000 \

@@ -6,7 +6,8 @@ or that measured other sizes than the target names, leaves its rows "not measure
 - DIR/steps-length.json (`longswift bench-steps --json`, the 8B shape, the CUDA default attention): the AR
   step's share of the bandwidth floor at 4K and 100K context (target >= 70%), the default verify pass (the
   projection's node budget) at 100K as a multiple of the AR step (<= 1.3x), and the projected minutes for
-  100K new tokens after a 4K prompt at alpha 0.8 (< 10);
+  100K new tokens after a 4K prompt at alpha 0.8 (< 10); DIR/steps-triton.json, where present: the same
+  with --triton-kernels (its rows named so);
 - DIR/ar-smollm2-135m.txt (docs/scripts/gpu_ar_throughput.py): the embedded model's shape, AR as a loaded file
   runs it by default (graphs on, token blocks, colocated weights, length attention if it ran, else bucketed),
   the median of its runs: a proxy for the embedded model's AR (target: 5x the issue's starting point);
@@ -57,11 +58,13 @@ def at(contexts: list[dict], context: int) -> dict | None:
     return c if abs(c["context"] - context) <= CONTEXT_SLACK * context else None
 
 
-def steps_rows(path: Path) -> list[Row]:
+def steps_rows(path: Path, how: str = "") -> list[Row]:
+    """The bench-steps targets from `path`; `how`: the option it ran with, added to each target's name."""
     targets = [f"AR step >= {FLOOR_SHARE:.0%} of the bandwidth floor at 4K",
                f"AR step >= {FLOOR_SHARE:.0%} of the bandwidth floor at 100K",
                f"default verify pass at 100K <= {VERIFY_RATIO}x an AR step",
                f"100K new tokens after 4K at alpha {ALPHA} projected under {PROJECTED_MINUTES:.0f} min"]
+    targets = [t + how for t in targets]
     if not path.is_file():
         return [Row(t, "-", None, f"{path.name} missing") for t in targets]
     data = json.loads(path.read_text())
@@ -173,6 +176,8 @@ def tests_row(path: Path, versions: Path) -> Row:
 def report(out: Path) -> str:
     rows = [tests_row(out / "tests.txt", out / "versions.txt"), *steps_rows(out / "steps-length.json"),
             *cell_rows(out / "cell" / "results.jsonl", out / "ar-smollm2-135m.txt")]
+    if (out / "steps-triton.json").is_file():  # the opt-in Triton kernels, where that part ran
+        rows += steps_rows(out / "steps-triton.json", " (--triton-kernels)")
     lines = ["| issue #16 target | measured | verdict | from |", "|---|---|---|---|", *(r.line() for r in rows)]
     return "\n".join(lines) + "\n"
 
