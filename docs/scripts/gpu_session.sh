@@ -26,7 +26,8 @@
 #                                            # tree 1,3,3,3 + 6 n-gram paths = at most 94 nodes (the paper's 121);
 #                                            # every projection verifies the GPU's default node budget, 32 rows)
 #   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / colocated /
-#                                            # fused kernels off / length (`ar 8b`: the Llama-3.1-8B shape, 256 tokens)
+#                                            # fused kernels off / length / --triton-kernels (`ar 8b`: the
+#                                            # Llama-3.1-8B shape, 256 tokens)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
 #   bash docs/scripts/gpu_session.sh profile # where a decode step's GPU time goes: kernels by class, replayed and
@@ -99,7 +100,7 @@ case $part in
     : > "$out/first.log"
     rm -rf "$out/parts" && mkdir -p "$out/parts" && cp "$out/versions.txt" "$out/parts/"
     run_part 150 tests
-    run_part 120 ar  # the embedded shape's AR: cheap, and the only source of its target's row here
+    run_part 150 ar  # the embedded shape's AR: cheap, and the only source of its target's row here
     run_part 240 steps length
     run_part 120 steps triton
     run_part 150 steps fused

@@ -113,6 +113,8 @@ def shape_ar(path: Path) -> tuple[float, str] | None:
         return None
     runs: dict[str, list[float]] = {}
     for m in AR_LINE.finditer(path.read_text()):
+        if "triton_kernels=True" in m.group(0):  # opt-in, not what a loaded file runs by default
+            continue
         graphs, every, attention, colocated, fused, rate = m.groups()
         if graphs == "on" and int(every) > 1 and colocated == "True" and fused == "True":
             runs.setdefault(attention, []).append(float(rate))
