@@ -67,7 +67,14 @@ class _Unlaunched:
         return lambda *args, **kwargs: None
 
 
-_UNLAUNCHED = {"rope_store": _Unlaunched(), "silu_mul": _Unlaunched(), "cdiv": lambda a, b: -(-a // b)}
+class _UnlaunchedKernels:
+    """runtime.triton_jit as the fake device sees it: kernels that launch nothing."""
+
+    rope_store_kernel = silu_mul_kernel = _Unlaunched()
+    libdevice = None
+
+
+_UNLAUNCHED = _UnlaunchedKernels()
 
 
 @pytest.fixture(autouse=True)

@@ -379,14 +379,19 @@ def test_generation_with_cuda_graphs_equals_without(dtype, attention):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
-def test_graphs_of_a_model_on_a_second_device_equal_eager_steps():
+@pytest.mark.parametrize("triton", [False, True], ids=["", "triton-kernels"])
+def test_graphs_of_a_model_on_a_second_device_equal_eager_steps(triton):
     """A model on cuda:1 while cuda:0 is current: its graphs are captured on its own device (torch's
     capture stream is the current device's otherwise), so a generation with graphs on equals graphs off,
-    and the current device is left as it was."""
+    and the current device is left as it was; so do the Triton kernels' launches (Triton launches on the current
+    device), eagerly and captured."""
+    if triton:
+        needs_triton()
     hf = tiny_hf_model("llama", "default", seed=6)
     torch.cuda.set_device(0)
-    on = longswift.load(hf, device="cuda:1", dtype="float32", cuda_graphs="on", heads="random")
-    off = longswift.load(hf, device="cuda:1", dtype="float32", cuda_graphs="off", heads="random")
+    on = longswift.load(hf, device="cuda:1", dtype="float32", cuda_graphs="on", heads="random", triton_kernels=triton)
+    off = longswift.load(hf, device="cuda:1", dtype="float32", cuda_graphs="off", heads="random",
+                         triton_kernels=triton)
     assert generate(on, "ar") == generate(off, "ar")
     assert generate(on, "tokenswift", SPECS["pruned"]) == generate(off, "tokenswift", SPECS["pruned"])
     assert torch.cuda.current_device() == 0

@@ -54,8 +54,10 @@ def rope_case(dtype: torch.dtype, t: int, seed: int = 0):
 
 @pytest.mark.parametrize("transposed", [True, False], ids=["keys-slots-innermost", "keys-dims-innermost"])
 @pytest.mark.parametrize("fused", [False, True], ids=["transformers-order", "addcmul"])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
 def test_rope_store_rotates_as_apply_rope_and_writes_only_the_given_slots(dtype, fused, transposed):
+    """Rope as apply_rope in its two orders (float16, which the interpreter rounds as torch does, bit for bit:
+    each order's roundings show there) and the cache written at the given slots only."""
     t, capacity = 5, 20
     qkv, cos, sin = rope_case(dtype, t)
     slots = torch.tensor([3, 7, 8, 9, 15])
@@ -73,6 +75,10 @@ def test_rope_store_rotates_as_apply_rope_and_writes_only_the_given_slots(dtype,
         bound = 4 * torch.finfo(dtype).eps * terms
         assert ((q.double() - want[:, :H].double()).abs() <= bound[:, :H]).all()
         assert ((k.double() - want[:, H:].double()).abs() <= bound[:, H:]).all()
+    elif dtype == torch.float16:
+        assert torch.equal(q, want[:, :H]) and torch.equal(k, want[:, H:])
+        other = apply_rope(qkv[:, : (H + HKV) * D].view(t, H + HKV, D), cos, sin, not fused)
+        assert not torch.equal(other, want)  # (so the order shows)
     elif fused:  # addcmul's product-add rounded once, where its last bit may differ (|x| < 5: a few eps)
         eps = torch.finfo(dtype).eps
         torch.testing.assert_close(q, want[:, :H], rtol=4 * eps, atol=8 * eps)
@@ -94,7 +100,7 @@ def tiny_cfg():
     return ModelConfig.from_hf(tiny_hf_model("llama", "default").config)  # H 4, Hkv 2, D 16, 2 layers
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows,inner,block", [(3, 50, 16), (1, 96, 1024), (0, 8, 16)])
 def test_silu_mul_is_silu_of_the_gate_times_up(dtype, rows, inner, block):
     gate_up = torch.randn(rows, 2 * inner, generator=torch.Generator().manual_seed(rows)).to(dtype) * 4
@@ -102,7 +108,10 @@ def test_silu_mul_is_silu_of_the_gate_times_up(dtype, rows, inner, block):
     want = F.silu(gate) * up
     got = silu_mul(gate_up, block)
     assert got.shape == (rows, inner) and got.dtype == dtype
-    if dtype == torch.bfloat16:
+    if dtype == torch.float16:  # the interpreter rounds as torch: silu rounded, then the product, bit for bit
+        assert torch.equal(got, want)
+        assert rows == 0 or not torch.equal((F.silu(gate.float()) * up.float()).half(), want)  # (one rounding: other)
+    elif dtype == torch.bfloat16:
         # Two roundings, each off by at most 1.5 units of its value where the interpreter truncates and torch
         # rounds to nearest: within 3 eps of the exact product
         exact = (F.silu(gate.double()) * up.double()).abs()
@@ -156,6 +165,29 @@ def test_step_bodies_with_the_kernels_equal_the_model_forward(family, attention)
     torch.testing.assert_close(got[:4], want, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(bodies.k[:, :, :29], eager.k[:, :, :29], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(bodies.v[:, :, :29], eager.v[:, :, :29], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fused_rope", [False, True])
+def test_float16_bodies_with_the_kernels_equal_the_eager_bodies_bit_for_bit(fused_rope):
+    """In float16, which the interpreter rounds as torch does, a body with the kernels is the eager body bit for
+    bit, logits and cache, in either rope order: the body passes the model's order on (fused_rope)."""
+    engine = longswift.load(tiny_hf_model("llama", "default", seed=5), dtype="float16", pack_weights=False)
+    cfg, state = engine.cfg, engine.model.state
+    models = [Transformer(cfg, state, fused_rope=fused_rope), Transformer(cfg, state, fused_rope=fused_rope,
+                                                                          triton_kernels=True)]
+    prompt = torch.randint(0, 128, (11,), generator=torch.Generator().manual_seed(3))
+    caches = [FullKVCache(cfg, 48, torch.float16, CPU) for _ in models]
+    outs: list[list[torch.Tensor]] = [[], []]
+    for model, cache, out in zip(models, caches, outs):
+        model.prefill(prompt, cache, chunk=8)
+        body = StepGraphs(model, cache, capture=False, bucket=8, attention="length")
+        for i, token in enumerate([7, 30, 2, 99]):
+            out.append(body.decode(token, 11 + i)[0].clone())
+        tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+        out.append(body.forward([4, 5, 6], torch.tensor([15, 16, 16]), tree, logits=True)[0][:3].clone())
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    assert torch.equal(caches[0].k[:, :, :18], caches[1].k[:, :, :18])
+    assert torch.equal(caches[0].v[:, :, :18], caches[1].v[:, :, :18])
 
 
 def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(monkeypatch):
@@ -222,6 +254,13 @@ def test_the_kernels_are_refused_where_they_cannot_run(monkeypatch):
         RuntimeConfig(device="cpu", triton_kernels=True)
     monkeypatch.delenv("TRITON_INTERPRET")
     assert triton_unavailable(CPU) == "the Triton kernels need a CUDA device (this model runs on cpu)"
+    import longswift.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "load_model", lambda *a, **k: pytest.fail("loaded before the refusal"))
+    if not torch.cuda.is_available():  # device auto on a machine without CUDA: refused before the weights load
+        with pytest.raises(LongswiftError, match=r"^triton_kernels: the Triton kernels need a CUDA device \(this "
+                                                 r"model runs on cpu\); leave it off$"):
+            longswift.load(None, triton_kernels=True)
     with pytest.raises(LongswiftError, match=r"^triton_kernels \(--triton-kernels\): the Triton kernels need a CUDA "
                                              r"device \(this model runs on cpu\)$"):
         Transformer(engine.cfg, engine.model.state, triton_kernels=True)
@@ -237,29 +276,23 @@ def test_the_kernels_are_refused_where_they_cannot_run(monkeypatch):
     assert os.environ.get("TRITON_INTERPRET") is None
 
 
-def test_the_option_is_recorded_in_checkpoints_and_checked_on_resume():
-    """A run with the kernels rounds otherwise than one without: its checkpoint says so, and resuming it on an
-    engine without them (or the other way round) is refused; a checkpoint from before the option resumes as off."""
-    import dataclasses
-
+def test_the_option_is_recorded_in_checkpoints_and_a_resume_runs_the_engines_kernels():
+    """A checkpoint records whether its run had the kernels; a resume continues with the engine's own, either
+    way (as on another device: the kernels change rounding, not the model; `generate --resume` keeps the
+    checkpoint's setting, and leaves it behind with the run when --device moves it off CUDA)."""
     hf = tiny_hf_model("llama", "default", seed=4)
     plain = longswift.load(hf, dtype="float64", heads="random")
     fused = longswift.load(hf, dtype="float64", heads="random", triton_kernels=True)  # device auto: the CPU here
     assert fused.model.triton_kernels and not plain.model.triton_kernels
-    checkpoints = {}
-    for name, engine in (("plain", plain), ("fused", fused)):
-        stream = engine.stream([5, 9, 17, 3], generation=GenerationConfig(max_new_tokens=12, ignore_eos=True),
-                               method="ar")
+    gen, sampling = GenerationConfig(max_new_tokens=12, ignore_eos=True), SamplingConfig(seed=7)
+    whole = plain.generate([5, 9, 17, 3], sampling=sampling, generation=gen, method="ar").token_ids
+    for made, resumed in ((plain, fused), (fused, plain)):
+        stream = made.stream([5, 9, 17, 3], sampling=sampling, generation=gen, method="ar")
         steps = iter(stream)
         for _ in range(4):
             next(steps)
-        checkpoints[name] = stream.checkpoint()
-    assert checkpoints["plain"].runtime["triton_kernels"] is False
-    assert checkpoints["fused"].runtime["triton_kernels"] is True
-    with pytest.raises(LongswiftError, match="made with triton_kernels False and this engine has True"):
-        fused.resume(checkpoints["plain"])
-    with pytest.raises(LongswiftError, match="made with triton_kernels True and this engine has False"):
-        plain.resume(checkpoints["fused"])
-    older = dataclasses.replace(checkpoints["plain"], runtime={k: v for k, v in checkpoints["plain"].runtime.items()
-                                                               if k != "triton_kernels"})
-    assert plain.resume(older) is not None
+        ckpt = stream.checkpoint()
+        assert ckpt.runtime["triton_kernels"] is made.model.triton_kernels
+        rest = resumed.resume(ckpt)
+        list(rest)
+        assert rest.result.token_ids == whole  # (float64: the kernels' rounding is far below any logit gap here)
