@@ -74,7 +74,8 @@ def test_resume_checks_a_new_thread_count_before_the_checkpoint_records_it(tmp_p
 
 def test_a_checkpoint_of_a_device_this_machine_lacks_resumes_with_device(tmp_path, capsys):
     """A GPU run's checkpoint on a machine without CUDA: one line saying so and what to pass, and
-    --device cpu continues it (refused with --resume before)."""
+    --device cpu continues it (refused with --resume before), leaving CUDA's own settings (--cuda-graphs on,
+    --triton-kernels) behind."""
     from longswift.checkpoint import read_checkpoint
 
     tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
@@ -85,7 +86,7 @@ def test_a_checkpoint_of_a_device_this_machine_lacks_resumes_with_device(tmp_pat
                            "--checkpoint", str(path), "--device", "cpu")
     assert code == 0, err
     ckpt = read_checkpoint(path)
-    ckpt.runtime["device"] = "cuda"
+    ckpt.runtime |= {"device": "cuda", "cuda_graphs": "on", "triton_kernels": True}  # CUDA's own settings too
     ckpt.token_ids = ckpt.token_ids[:3]
     ckpt.save(path)
     if torch.cuda.is_available():
@@ -98,7 +99,9 @@ def test_a_checkpoint_of_a_device_this_machine_lacks_resumes_with_device(tmp_pat
     assert "ran on another device" not in err
     code, out, err = run_cli(capsys, "generate", "--resume", str(path), "--no-progress", "--device", "cpu")
     assert code == 0 and len(out.split()) == 6, err
-    assert read_checkpoint(path).runtime["device"] == "cpu"  # the run goes on where it now is
+    # the run goes on where it now is, without the settings only CUDA has (they were called damaged)
+    assert {k: read_checkpoint(path).runtime[k] for k in ("device", "cuda_graphs", "triton_kernels")} == {
+        "device": "cpu", "cuda_graphs": "auto", "triton_kernels": False}
 
 
 def test_a_resume_after_its_job_directory_moved_says_which_output_to_give(tmp_path, capsys, monkeypatch):

@@ -189,6 +189,54 @@ def test_refuses_another_model_other_heads_or_settings(base):
         as_float32.resume(ckpt)
 
 
+def test_a_model_with_the_same_embeddings_but_other_weights_is_refused(base):
+    """The fingerprint is a corner of the embedding, which a fine-tune keeps: the checkpoint also keeps the
+    model's answer to a fixed input (runtime.probe), so a model that shares the embeddings but not the other
+    weights is refused (it resumed and wrote other tokens); a checkpoint made before the probe still resumes."""
+    stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
+    ckpt = stop_after(stream, 10)
+    assert ckpt.model_probe["dtype"] == "float64" and len(ckpt.model_probe["values"]) == base.cfg.hidden_size
+    tuned = hf_model()
+    with torch.no_grad():
+        tuned.model.layers[1].mlp.down_proj.weight.mul_(1.05)  # (5%: a fine-tune's size of change)
+    other = longswift.load(tuned, dtype="float64", heads="random")
+    assert other.fingerprint == base.fingerprint
+    with pytest.raises(LongswiftError, match=r"made with another model \(<LlamaForCausalLM>\), whose embeddings "
+                                             r"this one shares but whose other weights differ"):
+        other.resume(ckpt)
+    assert list(engine().resume(ckpt)) is not None  # the same weights, loaded again
+    older = dataclasses.replace(ckpt, model_probe=None)
+    assert other.resume(older) is not None  # (no probe to compare: as before)
+
+
+def test_a_tokenswift_checkpoint_of_a_bfloat16_run_resumes_in_float32_with_the_same_heads(tmp_path):
+    """A GPU run's dtype 'auto' is bfloat16; continued on a CPU, 'auto' is float32. The heads are then the same
+    file in another precision: the checkpoint hashes them rounded to bfloat16, so they are taken (they were
+    called 'other draft heads'), other heads are still refused, and a checkpoint that hashed them as they ran
+    (before session 52) still resumes on the same precision."""
+    from longswift.checkpoint import heads_fingerprint
+
+    hf = tiny_hf_model("llama", "default", seed=31, vocab=VOCAB)
+    heads = tmp_path / "heads.safetensors"
+    from longswift.spec.heads import save_heads
+
+    made = longswift.load(hf, dtype="float32", heads="random")
+    save_heads(made.heads, made.cfg, made.fingerprint, heads)  # float32 values, which bfloat16 rounds
+    bf16 = longswift.load(hf, dtype="bfloat16", heads=str(heads))
+    ckpt = stop_after(bf16.stream(PROMPT, generation=GEN, method="tokenswift"), 10)
+    ckpt = dataclasses.replace(ckpt, runtime={**ckpt.runtime, "dtype": "auto"})  # as a GPU run's default writes it
+    f32 = longswift.load(hf, dtype="auto", heads=str(heads))
+    assert f32.model.dtype == torch.float32
+    assert heads_fingerprint(f32.heads) != heads_fingerprint(bf16.heads)  # as they run: other values
+    assert f32.resume(ckpt) is not None
+    f32.set_heads(f32.heads.randomize(seed=3))
+    with pytest.raises(LongswiftError, match="other draft heads"):
+        f32.resume(ckpt)
+    legacy = dataclasses.replace(ckpt, heads_fingerprint=heads_fingerprint(bf16.heads),
+                                 runtime={**ckpt.runtime, "dtype": "bfloat16"})
+    assert bf16.resume(legacy) is not None
+
+
 def test_a_checkpoint_of_dtype_auto_resumes_on_the_dtype_auto_names():
     """The CLI's default, --dtype auto, is float32 on the CPU: its checkpoint resumes on an engine loaded with
     dtype='float32' (it was refused for naming 'auto'), to the uninterrupted tokens, and not on bfloat16."""
@@ -278,11 +326,11 @@ def test_a_run_hashes_its_heads_once_for_all_its_checkpoints(base, monkeypatch):
 
     calls = []
     real = stream_module.heads_fingerprint
-    monkeypatch.setattr(stream_module, "heads_fingerprint", lambda heads: calls.append(1) or real(heads))
+    monkeypatch.setattr(stream_module, "heads_fingerprint", lambda heads, **kw: calls.append(1) or real(heads, **kw))
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift")
     saved = [stream.checkpoint() for _ in zip(stream, range(4))]
     assert len(calls) == 1
-    assert {c.heads_fingerprint for c in saved} == {real(base.heads)}
+    assert {c.heads_fingerprint for c in saved} == {real(base.heads, any_precision=True)}
 
 
 def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
@@ -296,6 +344,8 @@ def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
         "binary.json": (b"\xff\xfe\x00garbage", "truncated or corrupt"),
         "flipped.json": (data.replace(b'"token_ids":[', b'"token_ids":[1,', 1), "checksum mismatch"),
         "foreign.json": (b'{"hello": 1}', "not a longswift generation checkpoint"),
+        "deep.json": (b"[" * 100_000 + b"]" * 100_000, "truncated or corrupt"),  # past the parser's recursion
+        "huge-int.json": (b'{"format": ' + b"7" * 5000 + b"}", "truncated or corrupt"),  # past int's digit limit
     }
     for name, (content, message) in cases.items():
         (tmp_path / name).write_bytes(content)
@@ -482,3 +532,14 @@ def test_checkpoint_values_a_run_refuses_are_refused_on_resume(base, edit, messa
     with pytest.raises(LongswiftError, match=message) as info:
         list(base.resume(edit(c)))
     assert "\n" not in str(info.value)
+
+
+def test_a_rope_scaling_spelt_otherwise_is_the_same_setting():
+    """'yarn:2' and 'yarn:2.0' are one setting: a checkpoint made with either resumes on an engine given the other
+    (it was refused as 'made with yarn:2 ... this engine has yarn:2.0'); another factor is still refused."""
+    hf = tiny_hf_model("llama", "default", seed=31, vocab=VOCAB)
+    made = longswift.load(hf, dtype="float64", rope_scaling="yarn:2")
+    ckpt = stop_after(made.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 5)
+    assert longswift.load(hf, dtype="float64", rope_scaling="yarn:2.0").resume(ckpt) is not None
+    with pytest.raises(LongswiftError, match="made with rope_scaling yarn:2 and this engine has yarn:3"):
+        longswift.load(hf, dtype="float64", rope_scaling="yarn:3").resume(ckpt)

@@ -64,6 +64,9 @@ class Checkpoint:
     # CLI: where --output / --json went, and --checkpoint-every (so that a resume saves as often)
     outputs: dict[str, str | int | None] = field(default_factory=dict)
     version: str = field(default_factory=_version)
+    # The model's answer to a fixed input (runtime.probe) and the dtype it ran in: {"dtype", "values"}. The
+    # fingerprint is a corner of the embedding, which a fine-tune keeps; None in checkpoints made before it.
+    model_probe: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         """The file's text: the body serialised once, in its canonical form (sorted keys), which the
@@ -107,7 +110,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     damaged = f"checkpoint '{p}' is truncated or corrupt"
     try:
         outer = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # (not UTF-8, not JSON, nested past the parser's depth, a huge integer)
         raise LongswiftError(f"{damaged} (not valid JSON): resume from an earlier copy or start again") from None
     if not isinstance(outer, dict) or outer.get("format") != FORMAT:
         raise LongswiftError(f"'{p}' is not a longswift generation checkpoint")
@@ -162,6 +165,12 @@ def _wrong_field(c: Checkpoint) -> str | None:
         missing = [key for key in held if key not in getattr(c, name)]
         if missing:
             return f"{name} lacks {', '.join(missing)}"
+    probe = c.model_probe
+    if probe is not None and not (isinstance(probe, dict) and isinstance(probe.get("dtype"), str)
+                                  and isinstance(probe.get("values"), list) and probe["values"]
+                                  and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                          for x in probe["values"])):
+        return "model_probe must be null or an object of a dtype and a list of numbers"
     if not all(optional_str(v) for k, v in c.outputs.items() if k != "checkpoint_every"):
         return "outputs must map names to paths"
     every = c.outputs.get("checkpoint_every")
@@ -187,12 +196,17 @@ def decode_rng(state: str | None) -> torch.Generator | None:
     return generator
 
 
-def heads_fingerprint(heads: torch.nn.Module | None) -> str | None:
-    """Identity of a set of draft heads: a hash of all their weights."""
+def heads_fingerprint(heads: torch.nn.Module | None, any_precision: bool = False) -> str | None:
+    """Identity of a set of draft heads: a hash of all their weights as they run, or (`any_precision`) of
+    those rounded to bfloat16, which one heads file shares in float32 and in bfloat16 (a checkpoint of a
+    GPU run, whose dtype 'auto' is bfloat16 there, continued on a CPU in float32)."""
     if heads is None:
         return None
     h = hashlib.sha256()
     for name, t in sorted(heads.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        if any_precision:
+            h.update(t.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes())
+        else:
+            h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
     return h.hexdigest()[:32]

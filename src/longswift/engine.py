@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
-from .config import HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name
+from .config import (HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name,
+                     parse_rope_scaling)
 from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -24,6 +25,8 @@ from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
 from .runtime.memory import check_context, keep_freed_buffers, return_freed_memory
 from .runtime.model import Transformer
 from .runtime.parallel import TensorParallel, shard_config, shard_state
+from .runtime.probe import model_probe, probe_tolerance, same_model
+from .runtime.triton_kernels import triton_unavailable
 from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
 from .spec.released import choose_heads, heads_from_tensors, load_released_heads
 from .spec.tokenswift import tokenswift_steps
@@ -64,6 +67,9 @@ class Engine:
                                      float32_logits=self.runtime.float32_logits,
                                      triton_kernels=self.runtime.triton_kernels)
         self.tp = tp
+        # The model's answer to a fixed input (checkpoints: runtime.probe). Under tensor parallelism it is a forward
+        # every rank must run, so it runs here, where they all do; rank 0 alone writes checkpoints.
+        self._probe: list[float] | None = model_probe(self.model) if tp is not None else None
         self.heads: DraftHeads | None = None
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
         self.heads_origin = "none"  # which heads set_heads found and where (for `longswift info`)
@@ -384,15 +390,27 @@ class Engine:
             said = f"auto ({dtype_name(made_dtype)} here)" if made == "auto" else made
             raise LongswiftError(f"the checkpoint was made with dtype {said} and this engine has {dtype_name(this)}: "
                                  "load the model with the checkpoint's dtype")
-        settings = (("rope_scaling", None), ("float32_logits", False), ("triton_kernels", False))
-        for key, default in settings:
-            if c.runtime.get(key, default) != getattr(self.runtime, key):
-                raise LongswiftError(f"the checkpoint was made with {key} {c.runtime.get(key, default)} and this engine has "
-                                     f"{getattr(self.runtime, key)}: load the model with the checkpoint's settings")
+        for key, default in (("rope_scaling", None), ("float32_logits", False)):
+            made_with, has = c.runtime.get(key, default), getattr(self.runtime, key)
+            if key == "rope_scaling" and isinstance(made_with, str) and has is not None:  # yarn:2 is yarn:2.0
+                try:
+                    made_with = has if parse_rope_scaling(made_with) == parse_rope_scaling(has) else made_with
+                except LongswiftError:
+                    pass  # (a damaged setting: refused below as another)
+            if made_with != has:
+                raise LongswiftError(f"the checkpoint was made with {key} {made_with} and this engine has "
+                                     f"{has}: load the model with the checkpoint's settings")
+        # (after the settings: another rope scaling answers otherwise too, and is named as such above)
+        if not self._same_probe(c.model_probe):  # the same embeddings and shape: a fine-tune, or its base
+            raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}), whose embeddings "
+                                 "this one shares but whose other weights differ: resume with that model (--model)")
         if c.method == "tokenswift" and self.heads is None:
             said = f"the checkpoint is a TokenSwift run and this engine has no draft heads: load the checkpoint's heads"
             raise LongswiftError(f"{said} ({c.heads_source}; heads= or set_heads)", f"{said} (--heads {c.heads_source})")
-        if c.method == "tokenswift" and heads_fingerprint(self.heads) != c.heads_fingerprint:
+        # (rounded to bfloat16: the heads of a GPU run in bfloat16 are those of a CPU run in float32; before session
+        # 52 checkpoints hashed them as they ran)
+        if c.method == "tokenswift" and c.heads_fingerprint not in (heads_fingerprint(self.heads, any_precision=True),
+                                                                    heads_fingerprint(self.heads)):
             said = f"the checkpoint was made with other draft heads ({c.heads_source}): resume with the same heads"
             raise LongswiftError(f"{said} (heads= or set_heads)", f"{said} (--heads)")
         try:
@@ -418,6 +436,22 @@ class Engine:
             stats.resumes += 1  # (a finished run's checkpoint gives its result again: nothing re-read, no resume)
             stats.finish_reason = None  # running again (an extended run's file, and older mid-run files, say "length")
         return self._start(setup, stats, generated, resumed=True)
+
+    def probe(self) -> dict[str, Any]:
+        """The model's answer to a fixed input and the dtype it ran in, as checkpoints keep it (computed once)."""
+        if self._probe is None:
+            self._probe = model_probe(self.model)
+        return {"dtype": dtype_name(self.model.dtype), "values": self._probe}
+
+    def _same_probe(self, kept: dict[str, Any] | None) -> bool:
+        """Whether a checkpoint's probe is this model's, to the rounding of the looser of the two dtypes (a GPU
+        run's 'auto' is bfloat16, continued on a CPU in float32); a checkpoint without one passes."""
+        if kept is None:
+            return True
+        ours = self.probe()
+        theirs = {"float64": torch.float64, "float32": torch.float32}.get(kept["dtype"], torch.bfloat16)
+        loose = max((theirs, self.model.dtype), key=probe_tolerance)
+        return same_model(kept["values"], ours["values"], loose)
 
     def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int],
                resumed: bool = False) -> GenerationStream:
@@ -544,6 +578,8 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     device = runtime.torch_device()
+    if runtime.triton_kernels and (why := triton_unavailable(device)) is not None:  # (device auto, no CUDA)
+        raise LongswiftError(f"triton_kernels: {why}; leave it off", f"--triton-kernels: {why}; leave it off")
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
         # Sharded runs read the checkpoint on the CPU and move only this rank's shard to the device.
         loaded = load_model(model, runtime.torch_dtype(), torch.device("cpu") if tensor_parallel else device,

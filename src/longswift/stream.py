@@ -171,7 +171,7 @@ class GenerationStream:
             heads_fingerprint=self._heads_hash() if r.method == "tokenswift" else None,
             method=r.method, sampling=asdict(r.sampling), generation=asdict(r.generation), spec=asdict(r.spec),
             prompt_ids=list(r.prompt_ids), token_ids=list(self.token_ids), rng_state=rng_state,
-            stats=stats.to_dict(), outputs=dict(outputs or {}),
+            stats=stats.to_dict(), outputs=dict(outputs or {}), model_probe=e.probe(),
         )
         wrong = ckpt.wrong_field()  # (only `outputs` can be: a file that read_checkpoint would refuse)
         if wrong:
@@ -182,5 +182,5 @@ class GenerationStream:
         """The run's heads' fingerprint, hashed at the first checkpoint only: it reads every weight (0.3 s
         for heads of an 8B model's size, at every save)."""
         if self._heads_fingerprint is None:
-            self._heads_fingerprint = heads_fingerprint(self._setup.heads)
+            self._heads_fingerprint = heads_fingerprint(self._setup.heads, any_precision=True)
         return self._heads_fingerprint
