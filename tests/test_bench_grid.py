@@ -84,6 +84,13 @@ def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
     bad.write_text('{"id": "a", "prompt": "one"}\n{"prompt": "two"}\n{"id": "a", "prompt": "three"}\n')
     with pytest.raises(LongswiftError, match='p.jsonl:3: id "a" is used by an earlier line'):
         read_instructions(bad)
+    # JSON writers leave U+2028, U+2029 and U+0085 unescaped in strings, where str.splitlines split the record
+    # (refused as no JSON object); CRLF line ends stay line ends
+    import json
+
+    rows = [{"id": "a", "prompt": "one\u2028two"}, {"id": "b", "prompt": "three\x85four\u2029"}]
+    bad.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8")
+    assert read_instructions(bad) == [("a", "one\u2028two"), ("b", "three\x85four\u2029")]
 
 
 def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):

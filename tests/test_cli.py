@@ -623,6 +623,11 @@ def test_a_prompt_file_is_read_without_its_byte_order_mark(tmp_path, capsys):
     utf16.write_bytes("Say hi.".encode("utf-16"))
     code, _, err = run_cli(capsys, "generate", "--prompt-file", str(utf16))
     assert_one_line_error(code, err, "is UTF-16 text: save it as UTF-8")
+    utf32 = tmp_path / "u32.txt"  # (its little-endian mark begins with UTF-16's: it was called UTF-16)
+    for encoding in ("utf-32-le", "utf-32-be"):
+        utf32.write_bytes("\ufeffSay hi.".encode(encoding))
+        code, _, err = run_cli(capsys, "generate", "--prompt-file", str(utf32))
+        assert_one_line_error(code, err, "is UTF-32 text: save it as UTF-8")
 
 
 def test_console_script_exit_code():

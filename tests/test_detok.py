@@ -194,3 +194,47 @@ def test_a_stop_string_counts_only_the_tokens_it_keeps():
     assert [len(ids) for ids in stream] == [3, 7]
     assert stream.result.text == "ab xy STOP"
     assert stream.stats.new_tokens == len(stream.result.token_ids) == 10 and stream.stats.finish_reason == "stop"
+
+
+SP = sentencepiece_tokenizer()
+SP_BYTES = [SP.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)]
+SP_WORDS = SP.convert_tokens_to_ids(["▁hello", "▁world", "▁the", "▁end", "▁", "</s>"])
+SP_PIECES = st.one_of(
+    st.sampled_from(["你好世界，", "测试。", "🙂", "é", "東京"]).map(lambda s: [SP_BYTES[b] for b in s.encode()]),
+    st.lists(st.sampled_from(SP_BYTES), min_size=1, max_size=3),  # stray bytes: a run that is no UTF-8
+    st.lists(st.sampled_from(SP_WORDS), min_size=1, max_size=3),  # words, </s> (which joins the runs beside it)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(SP_PIECES, min_size=1, max_size=12).map(lambda parts: [t for p in parts for t in p]),
+       st.lists(st.sampled_from([1, 2, 3, 5, 16]), min_size=1, max_size=4))
+def test_a_byte_fallback_tokenizers_stream_adds_up_to_the_text_at_every_block(ids, cuts):
+    """Byte fallback (Llama 2, Mistral, SentencePiece GGUFs) decodes a run of byte tokens as a whole, as U+FFFD a
+    byte where the run is no UTF-8: blocks of 16 (CUDA's default token block) cut runs of Chinese and streamed
+    U+FFFD where the text held the characters, and a stray byte after a character streamed that character
+    where the text holds U+FFFD. A run's text now goes out when a token of text ends it."""
+    assert "".join(stream_text(SP, ids, cuts)) == decode_text(SP, ids)
+
+
+def test_a_model_stuck_on_a_stray_byte_of_a_byte_fallback_tokenizer_decodes_nothing_until_it_ends(monkeypatch):
+    """An open byte run has no final text: pushing 3,000 stray bytes decodes nothing (no push decodes it whole
+    again), and the word after it brings the run's U+FFFD with it."""
+    ids = SP.convert_tokens_to_ids(["▁hello"]) + [SP_BYTES[0xA8]] * 3000 + SP.convert_tokens_to_ids(["▁end"])
+    decoder, decoded = IncrementalDecoder(SP), []
+    decode = decoder._decode
+    monkeypatch.setattr(decoder, "_decode", lambda part: decoded.append(len(part)) or decode(part))
+    pieces = [decoder.push([t]) for t in ids] + [decoder.flush()]
+    assert "".join(pieces) == decode_text(SP, ids) == "hello" + "\ufffd" * 3000 + " end"
+    assert len(decoded) <= 6 and pieces[-2] == "\ufffd" * 3000 + " end"
+
+
+def test_added_special_tokens_count_as_special(embedded):
+    """The embedded tokenizer names 3 special ids, but 17 added tokens are flagged special, and decoding leaves
+    all of them out: the others were counted as text (a stop string split by them was missed)."""
+    from longswift.detok import special_ids
+
+    tokenizer = embedded.tokenizer
+    assert set(tokenizer.all_special_ids) == {0, 1, 2}
+    assert set(range(17)) <= special_ids(tokenizer)
+    assert decode_text(tokenizer, list(range(3, 17))) == ""

@@ -178,3 +178,31 @@ def test_a_stop_string_inside_a_token_block_leaves_the_steps_that_ran(method, mo
         assert result.stats.steps == n
     else:
         assert result.stats.plain_steps == result.stats.steps - 1 == n - 1  # (the first token is the prefill's)
+
+
+@pytest.mark.parametrize("stop", ["。", "测试", "界，这"])
+@pytest.mark.parametrize("block", [1, 16])
+def test_a_byte_fallback_tokenizers_stop_strings_end_at_the_completing_token(stop, block):
+    """Byte-fallback tokenizers decode a run of byte tokens as a whole: a window of tokens that began inside
+    the run decoded to U+FFFD, and "。" at the end of a long Chinese run was missed."""
+    from test_detok import SP, SP_BYTES
+
+    ids = SP.convert_tokens_to_ids(["▁hello"]) + [SP_BYTES[b] for b in "你好世界，这是一个测试。你好".encode()]
+    want = first_stop(SP, ids, stop)
+    checker, pushed = StopStrings(SP, (stop,)), 0
+    while pushed < len(ids):
+        kept = checker.cut(ids[pushed:pushed + block])
+        if kept is not None:
+            assert pushed + kept == want
+            return
+        pushed += block
+    pytest.fail(f"{stop!r} never found; expected after token {want}")
+
+
+def test_a_stop_string_split_by_added_special_tokens_is_found(embedded):
+    """SmolLM2's tokenizer flags 17 added tokens special but names 3: 11 of the others between "a" and "b" hid
+    the stop string "ab" the text holds."""
+    tokenizer = embedded.tokenizer
+    ids = tokenizer.encode("x a", add_special_tokens=False) + [3] * 11 + tokenizer.encode("b", add_special_tokens=False)
+    assert decode_text(tokenizer, ids).endswith("ab")
+    assert StopStrings(tokenizer, ("ab",)).cut(ids) == len(ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -14,8 +15,28 @@ def decode_text(tokenizer: Any, ids: list[int]) -> str:
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's special tokens: no part of the text (decode_text leaves them out)."""
-    return frozenset(getattr(tokenizer, "all_special_ids", None) or ())
+    """The tokenizer's special tokens: no part of the text (decode_text leaves them out). Those it names
+    (all_special_ids) and every added token flagged special, which decoding leaves out too: SmolLM2's names 3
+    of its 17, Llama 3's none of its control tokens but <|begin_of_text|> and <|end_of_text|>."""
+    named = set(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return frozenset(named | {i for i, token in added.items() if getattr(token, "special", False)})
+
+
+BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def byte_fallback_ids(tokenizer: Any) -> frozenset[int]:
+    """A byte-fallback tokenizer's byte tokens (`<0xNN>`: Llama 2, Mistral, SentencePiece GGUFs), or none. Its
+    decoder turns a run of them into their UTF-8 text, or, where the run is no UTF-8, into one U+FFFD a byte: a
+    later byte of the run can turn the text of the earlier ones into U+FFFD, so that text is final only once a
+    token of text ends the run (byte-level BPE tokenizers, whose tokens are bytes, decode each invalid sequence
+    on its own)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    decoder = getattr(backend, "decoder", None)
+    if decoder is None or b"ByteFallback" not in decoder.__getstate__():
+        return frozenset()
+    return frozenset(i for token, i in tokenizer.get_vocab().items() if BYTE_TOKEN.fullmatch(token))
 
 
 MAX_HELD = 16  # tokens held back (no complete text yet) after which the text before the last few is emitted
@@ -35,22 +56,49 @@ class IncrementalDecoder:
         self.prefix = 0  # decoding starts here, so tokenizers see some left context
         self.read = 0  # text of ids[:read] has been emitted
         self.special = special_ids(tokenizer)  # tokens of no text (skipped)
+        self.bytes = byte_fallback_ids(tokenizer)  # a byte-fallback run's text is final only when it ends
+        self.in_run = self.bytes | self.special  # (a special token inside a run joins its parts: it is left out)
 
     def _decode(self, ids: list[int]) -> str:
         return decode_text(self.tokenizer, ids)
 
+    def _run_start(self, i: int, end: int) -> int:
+        """Where a byte-fallback run that position i (between ids[i - 1] and ids[i], i < end) falls inside
+        begins; i where it falls inside none (a stretch of special tokens alone is no run)."""
+        if not self.bytes or i <= 0 or i >= end or self.ids[i - 1] not in self.in_run or self.ids[i] not in self.in_run:
+            return i
+        start, stop = i, i
+        while start > self.read and self.ids[start - 1] in self.in_run:
+            start -= 1
+        while stop < end and self.ids[stop] in self.in_run:
+            stop += 1
+        return start if any(t in self.bytes for t in self.ids[start:stop]) else i
+
+    def _settled(self) -> int:
+        """How many of the ids have final text: all but a byte-fallback run still open at the end."""
+        end = len(self.ids)
+        if not self.bytes:
+            return end
+        start = end
+        while start > self.read and self.ids[start - 1] in self.in_run:
+            start -= 1
+        return start if any(t in self.bytes for t in self.ids[start:end]) else end
+
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        before = self._decode(self.ids[self.prefix : self.read])
-        after = self._decode(self.ids[self.prefix :])
-        if after.endswith("\ufffd") or len(after) <= len(before):
-            if len(self.ids) - self.read > MAX_HELD:
-                return self._move_past_held(before, after)
+        end = self._settled()
+        if end <= self.read:  # (an open byte run: nothing to decode yet, however long it grows)
             return ""
-        self.prefix, self.read = self.read, len(self.ids)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix : end])
+        if after.endswith("\ufffd") or len(after) <= len(before):
+            if end - self.read > MAX_HELD:
+                return self._move_past_held(before, after, end)
+            return ""
+        self.prefix, self.read = self.read, end
         return after[len(before) :]
 
-    def _move_past_held(self, before: str, after: str) -> str:
+    def _move_past_held(self, before: str, after: str, end: int) -> str:
         """A long run of tokens that completed no text (bytes that are no UTF-8, special tokens): the
         text up to FINAL_AFTER tokens back, whatever it is, is final (a character is at most 4 bytes, a
         token at least 1), so it is emitted and the offsets move there. Without this every push of such
@@ -58,19 +106,22 @@ class IncrementalDecoder:
         Special tokens decode to nothing, so they are not counted among those kept back where the run has
         enough others (two inside a character cut it, and its first bytes went out as "\ufffd"); a run of
         them alone (a model stuck on EOS) moves on as before."""
-        cut, counted = len(self.ids), 0
+        cut, counted = end, 0
         while counted < FINAL_AFTER and cut > self.read:
             cut -= 1
             counted += self.ids[cut] not in self.special
         if counted < FINAL_AFTER:  # too few tokens of text: keep back the last few tokens, as before
-            cut = len(self.ids) - FINAL_AFTER
+            cut = end - FINAL_AFTER
+        cut = self._run_start(cut, end)  # never inside a byte-fallback run: its text is the whole run's
+        if cut <= self.read:
+            return ""
         text = self._decode(self.ids[self.prefix : cut])
         if not after.startswith(text) or len(text) < len(before):
             return ""
         # Decoding starts at the old read offset from here on: the rest must read the same from there. (Bytes cut
         # mid-character decode to other replacement characters from there: one "\ufffd" more came out.)
         if self.read != self.prefix:  # (where they are one offset, these are `text` and `after` again)
-            then_before, then_after = self._decode(self.ids[self.read : cut]), self._decode(self.ids[self.read :])
+            then_before, then_after = self._decode(self.ids[self.read : cut]), self._decode(self.ids[self.read : end])
             if not then_after.startswith(then_before) or then_after[len(then_before) :] != after[len(text) :]:
                 return ""
         self.prefix, self.read = self.read, cut

@@ -9,6 +9,7 @@ from pathlib import Path
 from .errors import LongswiftError
 
 UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+UTF32_BOMS = (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)
 
 
 STDIN = "-"  # the prompt file name that reads standard input (generate's --prompt-file -)
@@ -26,6 +27,8 @@ def read_prompt_file(path: Path) -> str:
         raise LongswiftError(f"{what} does not exist") from None
     except OSError as exc:
         raise LongswiftError(f"cannot read {what}: {exc.strerror}") from None
+    if data.startswith(UTF32_BOMS):  # (before UTF-16's: UTF-32-LE's mark begins with UTF-16-LE's)
+        raise LongswiftError(f"{what} is UTF-32 text: save it as UTF-8")
     if data.startswith(UTF16_BOMS):
         raise LongswiftError(f"{what} is UTF-16 text: save it as UTF-8")
     try:

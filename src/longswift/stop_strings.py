@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .detok import decode_text, special_ids
+from .detok import byte_fallback_ids, decode_text, special_ids
 
 BYTES_PER_CHAR = 4  # a character spans at most 4 tokens (UTF-8 byte tokens), and any token at least 1 byte
+# Byte-fallback tokenizers decode a run of byte tokens as a whole (detok.byte_fallback_ids), so a window is
+# widened back to where the run it begins in starts, by at most this many tokens (a model stuck on bytes)
+RUN_REACH = 1024
 
 
 class StopStrings:
@@ -23,8 +26,10 @@ class StopStrings:
         # tokens are no part of the text: kept out of the window (11 <eos> inside "ab" filled it, and "ab" was
         # missed), and none completes a stop string.
         self.special = special_ids(tokenizer)
+        self.bytes = byte_fallback_ids(tokenizer)
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
-        self.tail: list[int] = [t for t in previous or [] if t not in self.special][-self.window :]  # generated ids
+        self.kept = self.window + (RUN_REACH if self.bytes else 0)  # tokens of the tail kept
+        self.tail: list[int] = [t for t in previous or [] if t not in self.special][-self.kept :]  # generated ids
 
     def cut(self, ids: list[int]) -> int | None:
         """How many of `ids` (the next generated tokens) to keep: up to and including the one that
@@ -32,8 +37,11 @@ class StopStrings:
         for i, t in enumerate(ids):
             if t in self.special:
                 continue
-            self.tail = [*self.tail[1 - self.window :], t]
-            text = decode_text(self.tokenizer, self.tail)
+            self.tail = [*self.tail[1 - self.kept :], t]
+            start = max(0, len(self.tail) - self.window)
+            while start > 0 and self.tail[start] in self.bytes and self.tail[start - 1] in self.bytes:
+                start -= 1  # (a byte-fallback window that began inside a run decoded to U+FFFD: "。" was missed)
+            text = decode_text(self.tokenizer, self.tail[start:])
             if any(s in text for s in self.strings):
                 return i + 1
         return None

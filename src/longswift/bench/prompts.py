@@ -28,7 +28,10 @@ class Prompt:
 def read_instructions(path: Path) -> list[tuple[str, str]]:
     """(id, text) pairs of a JSONL prompt set; a clear error names the first bad line."""
     pairs = []
-    for number, line in enumerate(read_prompt_file(path).splitlines(), 1):
+    # Lines end at "\n" alone (a "\r" before it is stripped): str.splitlines also splits at U+2028, U+2029 and
+    # U+0085, which JSON writers leave unescaped inside strings, and refused such a record as no JSON object
+    for number, line in enumerate(read_prompt_file(path).split("\n"), 1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
