@@ -1388,3 +1388,25 @@ def test_heads_of_another_dtype_given_as_an_object_run_as_a_copy_in_the_models()
     assert engine.generate([5, 9, 17], method="tokenswift", **run).token_ids == \
         engine.generate([5, 9, 17], method="ar", **run).token_ids
     assert "a copy in float64" in engine.heads_origin
+
+
+def test_out_of_range_values_and_wrong_types_raise_what_the_readme_promises(tmp_path):
+    """README: a wrong type raises a LongswiftError that is also a TypeError, a value out of range one that is
+    also a ValueError. Prompt ids and banned ids past the vocabulary raised a plain LongswiftError, load(5) one
+    that was no TypeError, and Checkpoint.save(5) / read_checkpoint(5) a bare TypeError from pathlib."""
+    from longswift.checkpoint import read_checkpoint
+
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+    with pytest.raises(ValueError, match=r"prompt token ids must be in \[0, 128\)"):
+        engine.generate([1, 500], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"banned token ids must be in \[0, 128\)"):
+        engine.generate([1, 5], max_new_tokens=2, sampling=SamplingConfig(banned_ids=(400,)))
+    with pytest.raises(LongswiftError) as refused:
+        longswift.load(5)
+    assert isinstance(refused.value, TypeError) and "model must be a path" in str(refused.value)
+    stream = engine.stream([1, 5, 9], max_new_tokens=4, seed=1)
+    next(iter(stream))
+    for call in (lambda: stream.checkpoint().save(5), lambda: read_checkpoint(5)):
+        with pytest.raises(LongswiftError, match=r"takes a path \(str or os.PathLike\); got int") as refused:
+            call()
+        assert isinstance(refused.value, TypeError)

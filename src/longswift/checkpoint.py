@@ -24,7 +24,7 @@ import torch
 
 from .atomic import write_atomic
 from .config import GenerationConfig
-from .errors import ConfigError, LongswiftError
+from .errors import ConfigError, ConfigTypeError, LongswiftError
 
 FORMAT = "longswift-checkpoint"
 FORMAT_VERSION = 1
@@ -93,11 +93,18 @@ class Checkpoint:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""
+        _check_path(path, "Checkpoint.save")
         write_atomic(path, self.to_json())
+
+
+def _check_path(path: Any, what: str) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigTypeError(f"{what} takes a path (str or os.PathLike); got {type(path).__name__}")
 
 
 def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Load and verify a checkpoint file; a one-line error for anything missing, damaged or foreign."""
+    _check_path(path, "read_checkpoint")
     p = Path(path).expanduser()
     try:
         raw = p.read_bytes()

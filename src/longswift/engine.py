@@ -143,7 +143,8 @@ class Engine:
         source = "<DraftHeads>" if isinstance(heads, DraftHeads) else (None if heads is None else str(heads))
         if isinstance(heads, str) and heads not in HEADS_WORDS \
                 and Path(heads).expanduser().exists():  # a local file or directory: recorded (checkpoints) absolute,
-            source = str(Path(heads).expanduser().absolute())  # so that a run resumes from any directory, as its model
+            source = os.path.abspath(os.path.expanduser(heads))  # so that a run resumes from any directory, as its
+            # model (abspath, not Path.absolute: 'run/../heads' is recorded as the file it names)
         embed, origin = self.model.embed, "none"
         file: Path | None = None  # the heads file they were read from, if one
         released: Path | None = None  # ... or the TokenSwift-layout directory
@@ -233,8 +234,9 @@ class Engine:
                     raise ConfigTypeError(f"prompt token ids must be whole numbers; got {t!r} ({type(t).__name__}) "
                                           f"at position {i}")
             ids = [int(t) for t in prompt]
-            if any(not 0 <= t < self.cfg.vocab_size for t in ids):
-                raise LongswiftError(f"prompt token ids must be in [0, {self.cfg.vocab_size})")
+            if any(not 0 <= t < self.cfg.vocab_size for t in ids):  # (a ValueError too, as README says)
+                raise ConfigError(f"prompt token ids must be in [0, {self.cfg.vocab_size})",
+                                  f"--prompt-ids must be in [0, {self.cfg.vocab_size})")
             if chat:
                 raise LongswiftError("chat=True wraps prompt text in the chat template, and token ids are sent as they "
                                      "are: pass the text, or drop chat=True")
@@ -343,7 +345,8 @@ class Engine:
         sampling = replace(sampling) if sampling is not None else SamplingConfig()
         generation = replace(generation) if generation is not None else GenerationConfig()
         if any(t >= self.cfg.vocab_size for t in sampling.banned_ids):
-            raise LongswiftError(f"banned token ids must be in [0, {self.cfg.vocab_size})")
+            raise ConfigError(f"banned token ids must be in [0, {self.cfg.vocab_size})",
+                              f"--ban-ids must be in [0, {self.cfg.vocab_size})")
         if generation.ignore_eos:  # --ignore-eos bans every EOS id of the model (resolved once per run)
             sampling = self.ban_eos(sampling)
         if len(sampling.banned_ids) >= self.cfg.vocab_size:  # distinct ids, each below the vocabulary size
@@ -564,6 +567,9 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     model's own (a model object passed in has none: text prompts, chat, stop strings and stream.text()
     need one)."""
     check_heads_type(heads)  # before the weights load
+    if not (model is None or isinstance(model, (str, os.PathLike)) or callable(getattr(model, "state_dict", None))):
+        raise ConfigTypeError("model must be a path, a Hugging Face model id, a transformers model or None (the "
+                              f"embedded default); got {type(model).__name__}")
     if runtime is not None and not isinstance(runtime, RuntimeConfig):
         raise ConfigTypeError(f"runtime must be a longswift.RuntimeConfig; got {type(runtime).__name__}")
     unknown = next((name for name in runtime_fields if name not in {f.name for f in fields(RuntimeConfig)}), None)
