@@ -1410,3 +1410,20 @@ def test_out_of_range_values_and_wrong_types_raise_what_the_readme_promises(tmp_
         with pytest.raises(LongswiftError, match=r"takes a path \(str or os.PathLike\); got int") as refused:
             call()
         assert isinstance(refused.value, TypeError)
+
+
+def test_a_resume_of_heads_passed_as_an_object_asks_for_their_file(tmp_path, capsys):
+    """A run whose heads were a DraftHeads object (set_heads(heads)): the command line's resume said "heads file
+    '<DraftHeads>' does not exist: train heads ... or drop heads="; it now asks for --heads PATH, as it asks for
+    --model PATH where the model was an object."""
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads="random")
+    engine.set_heads(engine.heads)  # the object itself
+    assert engine.heads_source == "<DraftHeads>"
+    stream = engine.stream([3, 4, 5], max_new_tokens=8, seed=1, method="tokenswift")
+    next(iter(stream))
+    stream.checkpoint().save(tmp_path / "c.json")
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "c.json"), "--no-progress")
+    assert_one_line_error(code, err, "the checkpoint's draft heads were a Python object (<DraftHeads>): pass --heads "
+                                     "PATH (the file they were saved to)")

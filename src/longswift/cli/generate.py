@@ -320,6 +320,9 @@ def _resume(args: argparse.Namespace) -> int:
         runtime = replace(runtime, threads=args.threads)
     if model is not None and str(model).startswith("<"):
         raise LongswiftError(f"the checkpoint's model was a Python object ({model}): pass --model PATH")
+    if args.heads is None and (ckpt.heads_source or "").startswith("<"):  # (set_heads was given a DraftHeads)
+        raise LongswiftError(f"the checkpoint's draft heads were a Python object ({ckpt.heads_source}): pass "
+                             "--heads PATH (the file they were saved to)")
     try:  # TokenSwift's draft cache and tree count too (a resume that fits only as AR: refused before loading)
         spec = SpecConfig(**ckpt.spec) if ckpt.method == "tokenswift" else None
     except (TypeError, LongswiftError) as exc:
