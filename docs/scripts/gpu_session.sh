@@ -31,7 +31,8 @@
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
 #   bash docs/scripts/gpu_session.sh profile # where a decode step's GPU time goes: kernels by class, replayed and
-#                                            # eager, Llama-3.1-8B shape at 4K and 100K (`profile small`: embedded shape)
+#                                            # eager, Llama-3.1-8B shape at 4K and 100K (`profile small`: embedded shape;
+#                                            # `profile triton`: the 8B shape, length attention, --triton-kernels)
 #   bash docs/scripts/gpu_session.sh cell GGUF  # the embedded model's bench cell (2,048-token clockmaker prompt,
 #                                            # 4,096 tokens, greedy and paper) with --lockstep, which times the
 #                                            # methods together (GGUF: the model file, carried in parts)
@@ -46,7 +47,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|plain|profile [small]|cell GGUF}
+part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|plain|profile [small|triton]|cell GGUF}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -137,6 +138,12 @@ case $part in
       tail -3 "$out/plain-$mode.txt"
     done ;;
   profile)
+    if [[ ${2:-} == triton ]]; then
+      $py docs/scripts/gpu_step_profile.py llama-3.1-8b 4096,100000 "" length triton \
+        > "$out/profile-llama-3.1-8b-length-triton.txt" 2>&1
+      cat "$out/profile-llama-3.1-8b-length-triton.txt"
+      exit
+    fi
     case ${2:-8b} in
       small) args=(smollm2-135m 2048) ;;
       *) args=(llama-3.1-8b 4096,100000) ;;

@@ -7,9 +7,10 @@ colocated linears and the fused kernels, as a model loaded from a file runs on C
 - the kernels of one step, from torch.profiler: count and GPU time per class (matrix products,
   attention, norms, copies and indexing, reductions, element-wise, other) and the slowest kernels.
 
-python docs/scripts/gpu_step_profile.py SHAPE CONTEXTS [LAYERS [ATTENTION]]
+python docs/scripts/gpu_step_profile.py SHAPE CONTEXTS [LAYERS [ATTENTION [triton]]]
 (e.g. llama-3.1-8b 4096,100000; smollm2-135m 2048; LAYERS "" for all; ATTENTION bucketed (default) or
-length, which says why and stops where this torch's flash kernel cannot run it)
+length, which says why and stops where this torch's flash kernel cannot run it; `triton`: with
+--triton-kernels, whose two kernels are a class of their own)
 
 Without CUDA it profiles the eager body on the CPU in float32, counting torch ops' own CPU time
 instead of kernels: a check that the script runs, not a measurement of anything this issue targets."""
@@ -29,12 +30,14 @@ from longswift.runtime.attention import length_unsupported
 from longswift.runtime.cache import FullKVCache
 from longswift.runtime.cuda_graphs import StepGraphs
 from longswift.runtime.model import Transformer
+from longswift.runtime.triton_kernels import triton_unavailable
 
 # A kernel's class is the first whose words appear in its lower-cased name (attention before products:
 # flash's split-KV kernel says "splitkv"; norms and copies before element-wise: their kernels say "vectorized").
 # "attention" counts the flash kernels only: the explicit tail of bucketed attention (a bmm, a softmax)
 # lands in matmul and reduction.
 CLASSES = (
+    ("triton", ("rope_store", "silu_mul")),  # --triton-kernels' own (runtime/triton_jit.py)
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "cublas", "splitk", "addmm", "linear", "bmm", "mm")),
     ("norm", ("rms", "norm")),
@@ -109,6 +112,7 @@ def main() -> None:
     shape, contexts = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
     layers = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None  # "" = all of the shape's
     attention = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else "bucketed"
+    triton = len(sys.argv) > 5 and sys.argv[5] == "triton"
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if attention == "length" and (why := length_unsupported(device)) is not None:
@@ -117,7 +121,10 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     sync = synchronizer(device)
     cfg = shape_config(shape, layers)
-    model = Transformer(cfg, random_state(cfg, dtype, device), pack=True)
+    if triton and (why := triton_unavailable(device)) is not None:
+        print(f"--triton-kernels: {why}")
+        return
+    model = Transformer(cfg, random_state(cfg, dtype, device), pack=True, triton_kernels=triton)
     bandwidth = measure_bandwidth(device, 2**30)
     capacity = max(contexts) + 64
     cache = FullKVCache(cfg, capacity, dtype, device)
@@ -126,7 +133,8 @@ def main() -> None:
     print(f"{shape} layers={cfg.num_layers} {str(dtype).removeprefix('torch.')} on "
           f"{torch.cuda.get_device_name(device) if cuda else 'cpu'}, torch {torch.__version__}, "
           f"graph attention {attention}; colocated={model.colocated} fused_norm={model.fused_norm} "
-          f"fused_residual={model.fused_residual} fused_rope={model.fused_rope}; read bandwidth "
+          f"fused_residual={model.fused_residual} fused_rope={model.fused_rope} "
+          f"triton_kernels={model.triton_kernels}; read bandwidth "
           f"{bandwidth / 1e12:.2f} TB/s", flush=True)
     ways = {"replayed": True, "eager body": False} if cuda else {"eager body": False}
     graphs = {label: StepGraphs(model, cache, capture=capture, attention=attention) for label, capture in ways.items()}
