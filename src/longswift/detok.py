@@ -63,9 +63,12 @@ class IncrementalDecoder:
         return decode_text(self.tokenizer, ids)
 
     def _run_start(self, i: int, end: int) -> int:
-        """Where a byte-fallback run that position i (between ids[i - 1] and ids[i], i < end) falls inside
-        begins; i where it falls inside none (a stretch of special tokens alone is no run)."""
-        if not self.bytes or i <= 0 or i >= end or self.ids[i - 1] not in self.in_run or self.ids[i] not in self.in_run:
+        """Where a byte-fallback run that position i (between ids[i - 1] and ids[i], i <= end; at `end`, a run
+        still open there) falls inside begins, looking no further back than the read offset; i where it falls
+        inside none (a stretch of special tokens alone is no run)."""
+        if not self.bytes or i <= self.read or self.ids[i - 1] not in self.in_run:
+            return i
+        if i < end and self.ids[i] not in self.in_run:
             return i
         start, stop = i, i
         while start > self.read and self.ids[start - 1] in self.in_run:
@@ -76,13 +79,7 @@ class IncrementalDecoder:
 
     def _settled(self) -> int:
         """How many of the ids have final text: all but a byte-fallback run still open at the end."""
-        end = len(self.ids)
-        if not self.bytes:
-            return end
-        start = end
-        while start > self.read and self.ids[start - 1] in self.in_run:
-            start -= 1
-        return start if any(t in self.bytes for t in self.ids[start:end]) else end
+        return self._run_start(len(self.ids), len(self.ids))
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
