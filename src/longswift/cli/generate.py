@@ -12,8 +12,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name
 from ..errors import ConfigError, LongswiftError
 from .flags import (HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_inputs, heads_value,
@@ -301,11 +299,11 @@ def _resume(args: argparse.Namespace) -> int:
                        checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume")
     _keep_unfinished(outputs, resuming=resumed)
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
-    if moved and (args.device == "cpu" or args.device == "auto" and not torch.cuda.is_available()):
-        # CUDA's own settings do not follow the run off CUDA (they change no token there: graphs replay what
-        # runs eagerly; the Triton kernels round as the eager ops, which a CPU run also differs from in float32)
-        moved |= {"cuda_graphs": "auto", "triton_kernels": False}
     try:
+        if moved and RuntimeConfig(device=args.device).torch_device().type != "cuda":
+            # CUDA's own settings do not follow the run off CUDA (they change no token there: graphs replay what
+            # runs eagerly; the Triton kernels round as the eager ops, which a CPU run also differs from in float32)
+            moved |= {"cuda_graphs": "auto", "triton_kernels": False}
         runtime = RuntimeConfig(**{**ckpt.runtime, **moved})
         gen = GenerationConfig(**ckpt.generation)
     except ConfigError as exc:
