@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch._subclasses import fake_tensor
@@ -237,6 +238,8 @@ def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    # an H100's or H200's 132 multiprocessors (the Triton attention's part count)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: SimpleNamespace(multi_processor_count=132))
     # A fake "cuda" tensor's first construction makes a real one to set up the device (torch 2.11 does when
     # torch.cuda.is_available(), patched above): on a CUDA build of torch without a GPU that raised "Found no
     # NVIDIA driver"; fake tensors need no device.
@@ -246,9 +249,10 @@ def fake_cuda(monkeypatch) -> Iterator[FakeCuda]:
     # after: a fake tensor or a fake capability must not outlive the block (on a GPU machine, later tests
     # would get them).
     from longswift.runtime.attention import _flash_capable
+    from longswift.runtime.triton_kernels import _processors
     from longswift.sampling import banned_index
 
-    caches = (banned_index, _flash_capable)
+    caches = (banned_index, _flash_capable, _processors)
     for cache in caches:
         cache.cache_clear()
     try:

@@ -722,6 +722,42 @@ def test_the_triton_kernels_compute_what_the_eager_ops_do(dtype):
     assert min(equal) > 0.9, equal
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_triton_attention_is_attention_over_the_used_slots_and_the_tree(dtype):
+    """Compiled for the GPU (CPU tests run it interpreted), on the 8B shape's heads: decoding over 4,097 and
+    70,001 cached slots split as the device's part count splits them, a 32-node verify pass (128 rows a KV head,
+    one row block) and a 121-node one (484 rows) under random tries, against float64 attention; float32 to its
+    rounding (IEEE products, no TF32), float16 and bfloat16 no further from it than flash attention in the same
+    dtype, give or take rounding the weights (which flash does too)."""
+    needs_triton()
+    from longswift.runtime.attention import flash_with_lse
+    from longswift.runtime.triton_kernels import attention, attention_parts
+
+    hkv, group, d = 8, 4, 128
+    g = torch.Generator().manual_seed(0)
+    for used, nodes in ((4097, 0), (70001, 0), (4096, 32), (70000, 32), (70000, 121)):
+        rows = group * max(nodes, 1)
+        keys = torch.randn(hkv, used + nodes + 64, d, generator=g).to(dtype).to(CUDA)
+        values = torch.randn(hkv, used + nodes + 64, d, generator=g).to(dtype).to(CUDA)
+        qg = torch.randn(hkv, rows, d, generator=g).to(dtype).to(CUDA)
+        tree = random_trie(nodes, 1).to(CUDA) if nodes else None
+        seen = torch.ones(rows, used + nodes, dtype=torch.bool, device=CUDA)
+        if nodes:
+            seen[:, used:] = tree[torch.arange(rows, device=CUDA) % nodes]
+        scores = qg.double() @ keys[:, : used + nodes].double().transpose(1, 2) * d ** -0.5
+        want = torch.softmax(scores.masked_fill(~seen, float("-inf")), -1) @ values[:, : used + nodes].double()
+        parts = attention_parts(CUDA, hkv, rows, used + 1000)
+        got = attention(qg, keys, values, torch.tensor([used], device=CUDA), d ** -0.5, tree, parts)
+        error = (got.double() - want).abs().max().item()
+        if dtype == torch.float32:
+            assert error < 1e-5, (used, nodes, error)
+            continue
+        # flash has no tree mask: with a tree, its error over the cached slots alone, for the same rows
+        flash = flash_with_lse(qg, keys[:, :used], values[:, :used], d ** -0.5)[0]
+        plain = torch.softmax(scores[..., :used], -1) @ values[:, :used].double() if nodes else want
+        assert error <= 2 * (flash.double() - plain).abs().max().item() + torch.finfo(dtype).eps, (used, nodes)
+
+
 @pytest.mark.parametrize("attention", ["bucketed", "length"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_kernel_graphs_replay_their_eager_body(dtype, attention):

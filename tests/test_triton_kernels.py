@@ -8,6 +8,7 @@ runs the compiled kernels on a GPU."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
 
 import pytest
@@ -25,6 +26,7 @@ from longswift.runtime.model import Transformer
 from longswift.runtime.rope import apply_rope
 
 pytest.importorskip("triton")
+from longswift.runtime.triton_kernels import attention as triton_attention  # noqa: E402
 from longswift.runtime.triton_kernels import rope_store, silu_mul, triton_unavailable  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -120,6 +122,70 @@ def test_silu_mul_is_silu_of_the_gate_times_up(dtype, rows, inner, block):
         torch.testing.assert_close(got, want, rtol=8 * torch.finfo(dtype).eps, atol=8 * torch.finfo(dtype).tiny)
 
 
+def attention_reference(qg, keys, values, used: int, scale: float, tree):
+    """Attention in float64 over the cached slots [0, used) and, under `tree`, the N slots after them."""
+    rows, new = qg.shape[1], 0 if tree is None else tree.shape[0]
+    k, v = keys[:, : used + new].double(), values[:, : used + new].double()
+    scores = qg.double() @ k.transpose(1, 2) * scale  # [Hkv, R, used + N]
+    seen = torch.ones(rows, used + new, dtype=torch.bool)
+    if new:
+        seen[:, used:] = tree[torch.arange(rows) % new]  # row g*N + t: token t
+    return torch.softmax(scores.masked_fill(~seen, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads,group,new,used,d,parts,transposed", [
+    (2, 4, 0, 37, 16, 1, False),  # decoding: the token's key among the used slots, one part
+    (2, 4, 0, 200, 16, 3, True),  # three parts of whole 64-key tiles (the last one short), CPU cache layout
+    (1, 1, 0, 5, 16, 4, False),  # more parts than tiles: the empty ones weigh nothing
+    (2, 3, 4, 150, 32, 2, False),  # a verify pass: 12 rows a KV head, a 4-node tree
+    (1, 4, 5, 0, 16, 2, True),  # nothing cached: the tree alone
+    (2, 4, 9, 130, 24, 2, False),  # a head size no power of two; 36 rows, two row blocks of 32
+    (1, 4, 33, 70, 16, 1, False),  # 132 rows: two blocks of 128 rows
+    (1, 1, 70, 3, 16, 1, False),  # tokens that see only themselves past the first tile of 64 new slots
+])
+def test_attention_is_attention_over_the_used_slots_and_the_tree(dtype, kv_heads, group, new, used, d, parts,
+                                                                 transposed):
+    """runtime.triton_kernels.attention against float64 attention: to float64's and float32's rounding, and in
+    float16 and bfloat16 to what rounding the weights and the output to them costs; with the parts split on
+    any count of used slots, GQA rows, a tree mask, and keys stored either way."""
+    g = torch.Generator().manual_seed(used + new)
+    rows, capacity = group * max(new, 1), used + new + 70  # (slots past used + N hold keys that must not count)
+    qg = torch.randn(kv_heads, rows, d, generator=g).to(dtype)
+    keys = torch.randn(kv_heads, capacity, d, generator=g).to(dtype)
+    values = torch.randn(kv_heads, capacity, d, generator=g).to(dtype)
+    if transposed:  # runtime.cache.transposed_keys: slots innermost
+        keys = keys.transpose(1, 2).contiguous().transpose(1, 2)
+    tree = None
+    if new:
+        tree = (torch.rand(new, new, generator=g) < 0.5).tril() | torch.eye(new, dtype=torch.bool)
+        if new > 64:  # a tile of none seen before one of some: the running max stays -inf, weighing nothing
+            tree = torch.eye(new, dtype=torch.bool)
+    scale = d ** -0.5
+    got = triton_attention(qg, keys, values, torch.tensor([used]), scale, tree, parts)
+    assert got.dtype == dtype and got.shape == (kv_heads, rows, d)
+    want = attention_reference(qg, keys, values, used, scale, tree)
+    tol = {torch.float64: 1e-12, torch.float32: 2e-6}.get(dtype, 2 * torch.finfo(dtype).eps)
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+def test_the_attention_parts_fill_the_gpu_and_fit_one_merge(monkeypatch):
+    """On a GPU of 132 multiprocessors (H100, H200), 264 programs: the 8B shape's decoding (8 KV heads, 4 rows)
+    splits a 100K span into 33 parts, a 32-node pass (128 rows, one block) too, a 121-node one (484 rows, 4
+    blocks) into 9; short spans keep 256 keys a part; few KV heads stop at 63 parts, so that every span's merge
+    is the same compiled kernel."""
+    import longswift.runtime.triton_kernels as tk
+
+    monkeypatch.setattr(tk, "_processors", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    assert tk.attention_parts(gpu, 8, 4, 131072) == tk.attention_parts(gpu, 8, 128, 131072) == 33
+    assert tk.attention_parts(gpu, 8, 484, 131072) == 9
+    assert [tk.attention_parts(gpu, 8, 4, span) for span in (1024, 2048, 4096, 8192)] == [4, 8, 16, 32]
+    assert tk.attention_parts(gpu, 3, 3, 131072) == tk.attention_parts(gpu, 1, 4, 131072) == tk.MERGE_BLOCK_P - 1
+    assert tk.attention_parts(gpu, 8, 4, 100) == 1 and tk.attention_parts(CPU, 8, 4, 131072) == 1
+    assert tk.attention_parts(CPU, 1, 4, 131072) == 2
+
+
 def test_the_kernels_refuse_what_they_cannot_take():
     qkv, cos, sin = rope_case(torch.float32, 2)
     cache = torch.zeros(HKV, 8, D)
@@ -127,6 +193,9 @@ def test_the_kernels_refuse_what_they_cannot_take():
         rope_store(qkv, cos, sin, torch.tensor([0, 1]), cache, cache, H + 1, HKV, False)
     with pytest.raises(ValueError, match="not .T, 2 I. with contiguous rows"):
         silu_mul(torch.zeros(4, 6).t())
+    with pytest.raises(ValueError, match=r"attention: queries \(2, 6, 16\) do not fit keys \(2, 8, 16\) and a tree "
+                                         r"of 4"):
+        triton_attention(torch.zeros(2, 6, 16), cache, cache, torch.tensor([3]), 0.25, torch.eye(4, dtype=torch.bool))
 
 
 def engine64(family: str = "llama", seed: int = 4, **kwargs):
@@ -170,7 +239,8 @@ def test_step_bodies_with_the_kernels_equal_the_model_forward(family, attention)
 @pytest.mark.parametrize("fused_rope", [False, True])
 def test_float16_bodies_with_the_kernels_equal_the_eager_bodies_bit_for_bit(fused_rope):
     """In float16, which the interpreter rounds as torch does, a body with the kernels is the eager body bit for
-    bit, logits and cache, in either rope order: the body passes the model's order on (fused_rope)."""
+    bit, logits and cache, in either rope order: the body passes the model's order on (fused_rope). Bucketed: the
+    length bodies attend through the Triton attention, its own sums (test_attention_*)."""
     engine = longswift.load(tiny_hf_model("llama", "default", seed=5), dtype="float16", pack_weights=False)
     cfg, state = engine.cfg, engine.model.state
     models = [Transformer(cfg, state, fused_rope=fused_rope), Transformer(cfg, state, fused_rope=fused_rope,
@@ -180,7 +250,7 @@ def test_float16_bodies_with_the_kernels_equal_the_eager_bodies_bit_for_bit(fuse
     outs: list[list[torch.Tensor]] = [[], []]
     for model, cache, out in zip(models, caches, outs):
         model.prefill(prompt, cache, chunk=8)
-        body = StepGraphs(model, cache, capture=False, bucket=8, attention="length")
+        body = StepGraphs(model, cache, capture=False, bucket=8, attention="bucketed")
         for i, token in enumerate([7, 30, 2, 99]):
             out.append(body.decode(token, 11 + i)[0].clone())
         tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
@@ -190,10 +260,12 @@ def test_float16_bodies_with_the_kernels_equal_the_eager_bodies_bit_for_bit(fuse
     assert torch.equal(caches[0].v[:, :, :18], caches[1].v[:, :, :18])
 
 
-def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(monkeypatch):
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(attention, monkeypatch):
     """A decoding body with the kernels runs none of the ops they replace: fused rope's roll, product and
     addcmul, the two index_copy_ into the cache, SwiGLU's silu and product (7 kernels a layer on a GPU; the
-    two kernels' own launches are no aten ops, and the interpreter's work inside them is not counted)."""
+    kernels' own launches are no aten ops, and the interpreter's work inside them is not counted). A length
+    body's attention is the Triton attention's, once a layer, with no aten op of its own."""
     import longswift.runtime.cuda_graphs as cg
     import longswift.runtime.model as model_mod
     from torch.utils._python_dispatch import _disable_current_modes
@@ -206,6 +278,8 @@ def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(monkeypatch):
 
     monkeypatch.setattr(cg, "rope_store", uncounted(rope_store))
     monkeypatch.setattr(model_mod, "silu_mul", uncounted(silu_mul))
+    calls = []
+    monkeypatch.setattr(cg, "triton_attention", uncounted(lambda *a, **k: calls.append(1) or triton_attention(*a, **k)))
     engine = engine64()
     counts = {}
     for name, model in {"eager": Transformer(engine.cfg, engine.model.state, fused_rope=True),
@@ -213,23 +287,39 @@ def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(monkeypatch):
                                               triton_kernels=True)}.items():
         cache = FullKVCache(engine.cfg, 32, torch.float64, CPU)
         model.prefill(torch.arange(3, 10), cache, chunk=8)
-        body = StepGraphs(model, cache, capture=False, bucket=8, attention="length")
+        body = StepGraphs(model, cache, capture=False, bucket=8, attention=attention)
         with torch.inference_mode(), OpCount() as ops:
             body.decode(11, 7)
         counts[name] = {op: n for op, n in ops.names.items() if not op.startswith("aten.empty")}
     layers = engine.cfg.num_layers
     for op in ("aten.roll", "aten.addcmul", "aten.index_copy_", "aten.silu"):
         assert op in counts["eager"] and op not in counts["triton"], op
-    assert counts["eager"]["aten.mul"] - counts["triton"]["aten.mul"] == 2 * layers
     launches = {name: sum(n for op, n in c.items() if op not in VIEWS) for name, c in counts.items()}
-    assert launches["eager"] - launches["triton"] == 7 * layers
+    if attention == "bucketed":  # eager attention in both bodies
+        assert not calls
+        assert counts["eager"]["aten.mul"] - counts["triton"]["aten.mul"] == 2 * layers
+        assert launches["eager"] - launches["triton"] == 7 * layers
+        return
+    assert len(calls) == layers
+    attending = {"aten.bmm", "aten.logsumexp", "aten.exp", "aten.masked_fill"}  # the CPU's explicit attention
+    assert attending <= counts["eager"].keys() and not attending & counts["triton"].keys()
+    # what is left besides the layers' norms, linears, residual adds and the attention's reshape back: the rope
+    # table, the embedding, the slots, the last norm and the LM head
+    per_layer = {"aten.rms_norm": 2, "aten.linear": 7, "aten.add": 2, "aten.reshape": 1}
+    rest = {op: n - layers * per_layer.get(op, 0) for op, n in counts["triton"].items() if op not in VIEWS}
+    rest = {op: n for op, n in rest.items() if n}
+    assert rest == {"aten.zeros": 1, "aten.eye": 1, "aten.fill_": 3, "aten.to": 4, "aten.mul": 3, "aten.cat": 5,
+                    "aten.cos": 1, "aten.sin": 1, "aten.neg_": 1, "aten.arange": 1, "aten.add": 2,
+                    "aten.embedding": 1, "aten.rms_norm": 1, "aten.linear": 1}, rest
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),
                                       SamplingConfig(seed=3, min_p=0.05)], ids=["greedy-penalty", "sampled"])
-def test_loops_through_bodies_with_the_kernels_still_emit_ar_output(sampling, monkeypatch):
-    """The CPU loops routed through the CUDA step bodies (eagerly), with the Triton kernels: AR and both
-    TokenSwift modes (paper mode drafting on the partial cache) emit the plain CPU AR tokens (float64)."""
+@pytest.mark.parametrize("attention", ["bucketed", "length"])
+def test_loops_through_bodies_with_the_kernels_still_emit_ar_output(attention, sampling, monkeypatch):
+    """The CPU loops routed through the CUDA step bodies (eagerly), with the Triton kernels (length: the Triton
+    attention too): AR and both TokenSwift modes (paper mode drafting on the partial cache) emit the plain CPU AR
+    tokens (float64)."""
     import longswift.generate as generate_mod
     import longswift.spec.tokenswift as tokenswift_mod
 
@@ -238,6 +328,7 @@ def test_loops_through_bodies_with_the_kernels_still_emit_ar_output(sampling, mo
     gen = GenerationConfig(max_new_tokens=24, ignore_eos=True)  # (the interpreter takes ~40 ms a launch)
     want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
     engine.model = with_triton(engine)
+    engine.runtime = dataclasses.replace(engine.runtime, graph_attention=attention)
     monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
     monkeypatch.setattr(tokenswift_mod, "step_bodies", lambda model: True)
     assert engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids == want

@@ -6,6 +6,7 @@
 #   bash docs/scripts/gpu_session.sh first   # in one call of at most BUDGET seconds (default 420; give the
 #                                            # device call a timeout_s of at least BUDGET + 60): tests, `ar`,
 #                                            # `steps length`, `steps triton` (the same with --triton-kernels),
+#                                            # `attention` (the Triton attention against flash's, per layer),
 #                                            # then `steps fused` while time is left, each
 #                                            # part cut off at what remains (timeout); then targets.md: issue
 #                                            # #16's targets against the figures (issue16_targets.py), all but
@@ -21,13 +22,17 @@
 #                                            # (`steps bucketed`, `steps length`: one each, if both overrun a call;
 #                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated;
 #                                            # `steps triton`: length with --triton-kernels (rope with the cache
-#                                            # writes and SwiGLU as Triton kernels: 5 kernels fewer a layer),
+#                                            # writes and SwiGLU as Triton kernels: 5 kernels fewer a layer; the
+#                                            # attention as the Triton attention's two kernels),
 #                                            # `steps fused`: the fused draft mode's projection, no draft forward,
 #                                            # tree 1,3,3,3 + 6 n-gram paths = at most 94 nodes (the paper's 121);
 #                                            # every projection verifies the GPU's default node budget, 32 rows)
 #   bash docs/scripts/gpu_session.sh ar      # AR throughput, embedded shape: graphs off / on / blocks / colocated /
 #                                            # fused kernels off / length / --triton-kernels (`ar 8b`: the
 #                                            # Llama-3.1-8B shape, 256 tokens)
+#   bash docs/scripts/gpu_session.sh attention  # the length path's attention, flash against the Triton
+#                                            # attention (--triton-kernels), per layer, 8B shape, 4K/32K/100K
+#                                            # context, 1 (decoding) to 121 nodes (triton_attention_ab.py)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
 #   bash docs/scripts/gpu_session.sh profile # where a decode step's GPU time goes: kernels by class, replayed and
@@ -47,7 +52,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|plain|profile [small|triton]|cell GGUF}
+part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|attention|plain|profile [small|triton]|cell GGUF}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -104,6 +109,7 @@ case $part in
     run_part 150 ar  # the embedded shape's AR: cheap, and the only source of its target's row here
     run_part 240 steps length
     run_part 120 steps triton
+    run_part 90 attention
     run_part 150 steps fused
     $py docs/scripts/issue16_targets.py "$out/parts" > "$out/targets.md"
     tar czf "$out/parts.tar.gz" -C "$out" parts && rm -rf "$out/parts"
@@ -132,6 +138,9 @@ case $part in
     esac
     $py docs/scripts/gpu_ar_throughput.py "${args[@]}" > "$out/ar-${args[0]}.txt" 2>&1
     cat "$out/ar-${args[0]}.txt" ;;
+  attention)
+    $py docs/scripts/triton_attention_ab.py > "$out/triton-attention-ab.md" 2>&1
+    cat "$out/triton-attention-ab.md" ;;
   plain)
     for mode in plain adaptive; do
       $py docs/scripts/plain_step_ab.py $mode paper 1024 4 shape > "$out/plain-$mode.txt" 2>&1
@@ -160,6 +169,6 @@ case $part in
     tail -5 "$out/cell.log"
     grep -A8 '^### ' "$out/cell/report.md" ;;
   *)
-    echo "unknown part '$part': use first, tests, steps, ar, plain, profile or cell" >&2
+    echo "unknown part '$part': use first, tests, steps, ar, attention, plain, profile or cell" >&2
     exit 2 ;;
 esac

@@ -49,7 +49,8 @@ from ..sampling import banned_index, draw_rows, transform
 from .attention import additive_mask, bucketed, by_length, key_span, length_unsupported, prefix_attention
 from .cache import FullKVCache
 from .model import Transformer
-from .triton_kernels import rope_store
+from .triton_kernels import attention as triton_attention
+from .triton_kernels import attention_fits, attention_parts, rope_store
 
 # Slots of a bucket: the masked tail costs one [Hkv, G*N, bucket + N] product per layer; a
 # growing cache captures one graph per bucket (100K tokens: about 100 captures per node budget).
@@ -143,6 +144,9 @@ class StepGraphs:
             raise LongswiftError(why)
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
         self.attention, self.draft_out, self.sample_in_body = attention, draft, sample_in_body
+        # --triton-kernels, length: attention by runtime.triton_kernels.attention rather than flash's kernel and the
+        # masked part's, with their merge (not in float64 on CUDA, which stays on the explicit products)
+        self.triton_attention = model.triton_kernels and attention_fits(model.device, model.dtype, model.cfg.head_dim)
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # N -> [tokens; positions], mask
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
         self.graphs: dict[tuple[int, int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -182,7 +186,15 @@ class StepGraphs:
             tokens.copy_(self._draw(positions))
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
         where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
-        if self.attention == "length" and n == 1:  # one token (decoding, a draft pass): its key is in the
+        if self.attention == "length" and self.triton_attention:  # the slots in use and the new ones, two kernels
+            used = self.slot + 1 if n == 1 else self.slot  # (a single token's key is among the used slots)
+            tree = None if n == 1 else mask.to(torch.int8)  # (once, not a layer)
+            parts = attention_parts(m.device, m.cfg.num_kv_heads, g * n, first)
+
+            def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor) -> torch.Tensor:
+                return triton_attention(qg, keys, values, used, m.scale, tree, parts)
+        elif self.attention == "length" and n == 1:  # one token (decoding, a draft pass): its key is in the
             ks = key_span(self.slot + 1, first)  # cache before it attends: one flash call, no merge
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,

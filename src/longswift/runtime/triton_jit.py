@@ -7,6 +7,8 @@ roundings, as torch's separate kernels make them; the one fused multiply-add eag
 the CUDA compiler contracts) is an explicit `tl.fma`. ACCURATE: CUDA's own exp and an IEEE division, as torch's
 silu computes (libdevice); Triton's interpreter has neither and takes tl.exp and `/`."""
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -65,3 +67,122 @@ def silu_mul_kernel(gate_up, out, gate_up_row, INNER: tl.constexpr, BLOCK: tl.co
         silu = g / (1.0 + tl.exp(-g))
     silu = silu.to(out.dtype.element_ty).to(ACC)  # F.silu's output, rounded as it is
     tl.store(out + t * INNER + c, (silu * u).to(out.dtype.element_ty), mask=inside)
+
+
+if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):  # (what triton.jit reads)
+    # Under the interpreter, tl.max and tl.sum are jit functions it cannot call when triton was imported before
+    # TRITON_INTERPRET was set (as in the tests: tl.cdiv and tl.zeros likewise, which the kernels avoid). Their
+    # reductions by their own combine functions are what the interpreter computes in numpy.
+    @triton.jit
+    def _max(x, AXIS: tl.constexpr):
+        return tl.reduce(x, AXIS, tl.standard._elementwise_max)
+
+    @triton.jit
+    def _sum(x, AXIS: tl.constexpr):
+        return tl.reduce(x, AXIS, tl.standard._sum_combine)
+else:
+    @triton.jit
+    def _max(x, AXIS: tl.constexpr):
+        return tl.max(x, AXIS)
+
+    @triton.jit
+    def _sum(x, AXIS: tl.constexpr):
+        return tl.sum(x, AXIS)
+
+
+@triton.jit
+def _dot(a, b, ACC: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    # a @ b summed in ACC. IEEE: float32 products as float32 (not TF32). UPCAST: the operands in ACC first, for
+    # Triton 3.9's interpreter, whose bfloat16 products are wrong (off by 1e10); exact, as a product of two
+    # bfloat16 values is a float32 one.
+    if UPCAST:
+        return tl.dot(a.to(ACC), b.to(ACC), out_dtype=ACC, input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, out_dtype=ACC, input_precision="ieee")
+    else:
+        return tl.dot(a, b, out_dtype=ACC)
+
+
+# Parts' counts change with the span a graph reads (and are 1 at short ones): not specialized on, so that a graph
+# captured for a later span launches the kernel compiled when the body was first warmed up (no compile inside a
+# capture).
+@triton.jit(do_not_specialize=["splits"])
+def attention_part_kernel(q, keys, values, used_at, tree, part_out, part_lse,
+                          q_head, q_row, q_dim, k_head, k_slot, k_dim, v_head, v_slot, v_dim,
+                          rows, new, splits, scale,
+                          D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          ACC: tl.constexpr, ROUND_P: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    # One program per (KV head h, part s, block of BLOCK_M query rows). Parts 0 .. splits-1 cut the cached slots
+    # [0, used) into equal runs of whole BLOCK_N tiles (used read from device memory, so a graph replays this at
+    # any length); part `splits`, where `new` > 0, is the step's own slots [used, used + new) under the tree mask
+    # (row r is token r % new of its group). Writes the part's softmax-weighted values and log-sum-exp over its
+    # keys (out 0, lse -inf where it has none), which attention_merge_kernel merges.
+    h = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows
+    d = tl.arange(0, BLOCK_D)
+    row_in = r < rows
+    d_in = d < D
+    used = tl.load(used_at).to(tl.int32)
+    piece = ((used + splits - 1) // splits + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # (not tl.cdiv: a jit function,
+    # which Triton's interpreter cannot call when triton was imported before TRITON_INTERPRET was set)
+    lo = s * piece
+    hi = tl.minimum(lo + piece, used)
+    if s == splits:  # the step's own entries
+        lo = used
+        hi = used + new
+    qt = tl.load(q + h * q_head + r[:, None].to(tl.int64) * q_row + d[None, :] * q_dim,
+                 mask=row_in[:, None] & d_in[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    token = r % tl.maximum(new, 1)
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC)
+    l_i = tl.full([BLOCK_M], 0.0, ACC)
+    acc = tl.full([BLOCK_M, BLOCK_D], 0.0, ACC)  # (tl.full, not tl.zeros: see piece)
+    for start in range(lo, hi, BLOCK_N):
+        c = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] cache slots
+        c_in = c < hi
+        slot = c.to(tl.int64)
+        kt = tl.load(keys + h * k_head + slot[None, :] * k_slot + d[:, None] * k_dim,
+                     mask=c_in[None, :] & d_in[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+        vt = tl.load(values + h * v_head + slot[:, None] * v_slot + d[None, :] * v_dim,
+                     mask=c_in[:, None] & d_in[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        sc = _dot(qt, kt, ACC, IEEE, UPCAST) * scale  # [BLOCK_M, BLOCK_N]
+        seen = c_in[None, :] & row_in[:, None]
+        if s == splits:  # among the new entries, the tree mask: tree[token, slot - used]
+            j = c - used
+            seen = seen & (tl.load(tree + token[:, None] * new + j[None, :], mask=seen, other=0) != 0)
+        sc = tl.where(seen, sc, float("-inf"))
+        m_new = tl.maximum(m_i, _max(sc, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing seen yet keeps weight 0
+        p = tl.exp(sc - m_safe[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + _sum(p, 1)
+        if ROUND_P:  # as flash does: the weights in the values' dtype for the product, summed in ACC
+            pv = p.to(values.dtype.element_ty)
+        else:
+            pv = p
+        acc = acc * alpha[:, None] + _dot(pv, vt.to(pv.dtype), ACC, IEEE, UPCAST)
+        m_i = m_new
+    some = l_i > 0
+    lse = tl.where(some, m_i + tl.log(tl.where(some, l_i, 1.0)), float("-inf"))
+    out = acc / tl.where(some, l_i, 1.0)[:, None]
+    at = (h * (splits + 1) + s) * rows + r.to(tl.int64)  # [BLOCK_M]: rows of part s of head h
+    tl.store(part_lse + at, lse, mask=row_in)
+    tl.store(part_out + at[:, None] * BLOCK_D + d[None, :], out, mask=row_in[:, None])
+
+
+@triton.jit(do_not_specialize=["parts", "splits"])
+def attention_merge_kernel(part_out, part_lse, out, out_head, out_row, rows, parts, splits,
+                           D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+    # One program per (KV head h, query row r): the parts' outputs weighted by exp(lse_s - max lse), over their sum.
+    h = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(1).to(tl.int64)
+    p = tl.arange(0, BLOCK_P)
+    d = tl.arange(0, BLOCK_D)
+    at = (h * (splits + 1) + p) * rows + r  # [BLOCK_P]
+    lse = tl.load(part_lse + at, mask=p < parts, other=float("-inf"))
+    top = _max(lse, 0)
+    w = tl.exp(lse - tl.where(top == float("-inf"), 0.0, top))  # [BLOCK_P]: 0 for parts with no keys
+    o = tl.load(part_out + at[:, None] * BLOCK_D + d[None, :], mask=(p < parts)[:, None], other=0.0)
+    total = _sum(w, 0)
+    merged = _sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
+    tl.store(out + h * out_head + r * out_row + d, merged.to(out.dtype.element_ty), mask=d < D)

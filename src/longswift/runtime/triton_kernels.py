@@ -118,3 +118,82 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
                                                    ACC=_acc(gate_up.dtype), ACCURATE=accurate,
                                                    enable_fp_fusion=False)
     return out
+
+
+# The attention kernels' tiles (untuned: no GPU was at hand when they were written; see docs/benchmarks.md).
+# Query rows go BLOCK_M at a time (all of a KV head's rows in one block up to 128: a 32-node verify pass of a
+# 4-query-head group is 128 rows, so each key is read once), keys BLOCK_N at a time.
+ATTENTION_BLOCK_N = 64
+ATTENTION_MAX_BLOCK_M = 128
+# Programs the cached keys are split among, per streaming multiprocessor (the merge weighs the parts).
+PROGRAMS_PER_SM = 2
+# The fewest keys a part reads.
+PART_MIN_KEYS = 256
+# The merge's parts a program reads at once, and one more than attention_parts gives: one compiled merge serves
+# every span, so a graph captured for a later span compiles nothing (a caller's larger count compiles another).
+MERGE_BLOCK_P = 64
+
+
+def attention_fits(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether `attention` runs for a model on `device` in `dtype`: on CUDA for float16, bfloat16 and float32
+    (not float64, which Triton's products do not take there) with heads up to 256 wide; anywhere under the
+    interpreter."""
+    if head_dim > 256 or triton_unavailable(device) is not None:
+        return False
+    return _interpreting() or dtype != torch.float64
+
+
+@functools.cache
+def _processors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def attention_parts(device: torch.device, kv_heads: int, rows: int, span: int) -> int:
+    """How many parts `attention` splits a span of cached keys into: enough programs for PROGRAMS_PER_SM on each
+    of the device's multiprocessors (a CPU under the interpreter: 2 parts), each reading at least PART_MIN_KEYS
+    keys, at most MERGE_BLOCK_P - 1. Fixed for a span, so a CUDA graph keeps its grid; the keys in use are
+    divided among the parts on the device."""
+    blocks = -(-rows // _block_m(rows))
+    programs = PROGRAMS_PER_SM * _processors(device.index or 0) if device.type == "cuda" else 2
+    return max(1, min(-(-programs // (kv_heads * blocks)), -(-span // PART_MIN_KEYS), MERGE_BLOCK_P - 1))
+
+
+def _block_m(rows: int) -> int:
+    return min(ATTENTION_MAX_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
+
+
+def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: torch.Tensor, scale: float,
+              tree: torch.Tensor | None = None, parts: int = 1) -> torch.Tensor:
+    """Attention of every query row over a layer's cached slots [0, used) and, with `tree`, the step's own N
+    slots [used, used + N) under the tree mask, in two kernels: the slots in use split into `parts` runs
+    (attention_parts) plus the new ones, each attended with its log-sum-exp, then merged by them.
+    qg [Hkv, R, D] (R = G*N, row g*N + t), keys/values: the layer's cache [Hkv, C, D] (any strides; the new
+    entries already written), used: [1] integer on the device (the step's first slot; a decoding token's key
+    is among them: used = its slot + 1, no tree), tree: [N, N] bool or int8 (a body converts its mask once for
+    all layers) -> [Hkv, R, D] in q's dtype.
+    Computes in float32 (float64 for float64), with the weights rounded to the values' dtype for their product
+    with the values as flash attention rounds them (float16 and bfloat16)."""
+    hkv, rows, d = qg.shape
+    new = 0 if tree is None else tree.shape[0]
+    if keys.shape[0] != hkv or values.shape[0] != hkv or rows == 0 or (new and rows % new):
+        raise ValueError(f"attention: queries {tuple(qg.shape)} do not fit keys {tuple(keys.shape)}"
+                         + (f" and a tree of {new}" if new else ""))
+    acc = torch.float64 if qg.dtype == torch.float64 else torch.float32
+    block_d, block_m = max(16, 1 << (d - 1).bit_length()), _block_m(rows)
+    part_out = torch.empty(hkv, parts + 1, rows, block_d, dtype=acc, device=qg.device)
+    part_lse = torch.empty(hkv, parts + 1, rows, dtype=acc, device=qg.device)
+    out = torch.empty(hkv, rows, d, dtype=qg.dtype, device=qg.device)
+    tree_i8 = used if tree is None else tree if tree.dtype == torch.int8 else tree.to(torch.int8)  # (used: unread)
+    k = kernels()
+    launched = parts + (1 if new else 0)
+    with _on(qg.device):
+        k.attention_part_kernel[(hkv, launched, -(-rows // block_m))](
+            qg, keys, values, used, tree_i8, part_out, part_lse, *qg.stride(), *keys.stride(), *values.stride(),
+            rows, new, parts, scale, D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=ATTENTION_BLOCK_N,
+            ACC=_acc(qg.dtype), ROUND_P=qg.dtype in (torch.float16, torch.bfloat16), IEEE=acc == torch.float32
+            and qg.dtype == torch.float32, UPCAST=_interpreting() and qg.dtype == torch.bfloat16,
+            num_warps=8 if block_m > 64 else 4)
+        k.attention_merge_kernel[(hkv, rows)](part_out, part_lse, out, out.stride(0), out.stride(1), rows, launched,
+                                              parts, D=d, BLOCK_D=block_d,
+                                              BLOCK_P=max(MERGE_BLOCK_P, 1 << launched.bit_length()))
+    return out
