@@ -143,12 +143,13 @@ def attention_reference(qg, keys, values, used: int, scale: float, tree):
     (2, 4, 9, 130, 24, 2, False),  # a head size no power of two; 36 rows, two row blocks of 32
     (1, 4, 33, 70, 16, 1, False),  # 132 rows: two blocks of 128 rows
     (1, 1, 70, 3, 16, 1, False),  # tokens that see only themselves past the first tile of 64 new slots
+    (1, 2, 90, 40, 16, 2, True),  # a random trie over two tiles of new slots; the mask stored column-major
 ])
 def test_attention_is_attention_over_the_used_slots_and_the_tree(dtype, kv_heads, group, new, used, d, parts,
                                                                  transposed):
     """runtime.triton_kernels.attention against float64 attention: to float64's and float32's rounding, and in
     float16 and bfloat16 to what rounding the weights and the output to them costs; with the parts split on
-    any count of used slots, GQA rows, a tree mask, and keys stored either way."""
+    any count of used slots, GQA rows, a tree mask, and keys and the mask stored either way."""
     g = torch.Generator().manual_seed(used + new)
     rows, capacity = group * max(new, 1), used + new + 70  # (slots past used + N hold keys that must not count)
     qg = torch.randn(kv_heads, rows, d, generator=g).to(dtype)
@@ -159,8 +160,10 @@ def test_attention_is_attention_over_the_used_slots_and_the_tree(dtype, kv_heads
     tree = None
     if new:
         tree = (torch.rand(new, new, generator=g) < 0.5).tril() | torch.eye(new, dtype=torch.bool)
-        if new > 64:  # a tile of none seen before one of some: the running max stays -inf, weighing nothing
+        if new == 70:  # a tile of none seen before one of some: the running max stays -inf, weighing nothing
             tree = torch.eye(new, dtype=torch.bool)
+        if transposed:
+            tree = tree.t().contiguous().t()
     scale = d ** -0.5
     got = triton_attention(qg, keys, values, torch.tensor([used]), scale, tree, parts)
     assert got.dtype == dtype and got.shape == (kv_heads, rows, d)
@@ -184,6 +187,35 @@ def test_the_attention_parts_fill_the_gpu_and_fit_one_merge(monkeypatch):
     assert tk.attention_parts(gpu, 3, 3, 131072) == tk.attention_parts(gpu, 1, 4, 131072) == tk.MERGE_BLOCK_P - 1
     assert tk.attention_parts(gpu, 8, 4, 100) == 1 and tk.attention_parts(CPU, 8, 4, 131072) == 1
     assert tk.attention_parts(CPU, 1, 4, 131072) == 2
+    assert tk.attention_fits(CPU, torch.bfloat16, 128) and not tk.attention_fits(CPU, torch.bfloat16, 256)
+
+
+def test_one_compiled_merge_serves_every_part_count(monkeypatch):
+    """The merge reads MERGE_BLOCK_P parts whatever the count attention_parts gives (up to 63, with the tree's
+    part 64): no span's graph compiles another merge inside its capture. 63 parts and a tree still attend right."""
+    import longswift.runtime.triton_kernels as tk
+
+    blocks, real = [], tk.kernels()
+
+    class Recording:
+        attention_part_kernel = real.attention_part_kernel
+
+        class attention_merge_kernel:  # noqa: N801 (a kernel's name)
+            def __class_getitem__(cls, grid):
+                def launch(*args, **kwargs):
+                    blocks.append(kwargs["BLOCK_P"])
+                    return real.attention_merge_kernel[grid](*args, **kwargs)
+                return launch
+
+    monkeypatch.setattr(tk, "kernels", lambda: Recording)
+    g = torch.Generator().manual_seed(0)
+    qg, keys, values = (torch.randn(1, 4, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    keys, values = (torch.randn(1, 600, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    tree = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
+    for parts, t in ((1, None), (40, tree), (63, None), (63, tree)):
+        got = triton_attention(qg, keys, values, torch.tensor([590]), 0.25, t, parts)
+        torch.testing.assert_close(got, attention_reference(qg, keys, values, 590, 0.25, t), rtol=1e-12, atol=1e-12)
+    assert blocks == [tk.MERGE_BLOCK_P] * 4
 
 
 def test_the_kernels_refuse_what_they_cannot_take():
@@ -193,9 +225,16 @@ def test_the_kernels_refuse_what_they_cannot_take():
         rope_store(qkv, cos, sin, torch.tensor([0, 1]), cache, cache, H + 1, HKV, False)
     with pytest.raises(ValueError, match="not .T, 2 I. with contiguous rows"):
         silu_mul(torch.zeros(4, 6).t())
+    used, eye = torch.tensor([3]), torch.eye(4, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"attention: queries \(2, 6, 16\) do not fit keys \(2, 8, 16\) and a tree "
-                                         r"of 4"):
-        triton_attention(torch.zeros(2, 6, 16), cache, cache, torch.tensor([3]), 0.25, torch.eye(4, dtype=torch.bool))
+                                         r"of \(4, 4\)"):
+        triton_attention(torch.zeros(2, 6, 16), cache, cache, used, 0.25, eye)
+    with pytest.raises(ValueError, match=r"and a tree of \(4, 8\)"):
+        triton_attention(torch.zeros(2, 8, 16), cache, cache, used, 0.25, torch.ones(4, 8, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"queries \(2, 4, 8\) do not fit keys \(2, 8, 16\)"):
+        triton_attention(torch.zeros(2, 4, 8), cache, cache, used, 0.25)
+    with pytest.raises(ValueError, match="queries in torch.float16, keys in torch.float32, values in torch.float32"):
+        triton_attention(torch.zeros(2, 4, 16, dtype=torch.float16), cache, cache, used, 0.25)
 
 
 def engine64(family: str = "llama", seed: int = 4, **kwargs):
@@ -210,9 +249,13 @@ def with_triton(engine) -> Transformer:
 
 @pytest.mark.parametrize("attention", ["bucketed", "length"])
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_step_bodies_with_the_kernels_equal_the_model_forward(family, attention):
+def test_step_bodies_with_the_kernels_equal_the_model_forward(family, attention, monkeypatch):
     """Decoding and a tree-verify pass through the step bodies with the Triton kernels equal the eager
-    forward in float64, cache included (qwen2: q/k/v biases; qwen3: q/k norms, whose rope stays eager)."""
+    forward in float64, cache included (qwen2: q/k/v biases; qwen3: q/k norms, whose rope stays eager); the
+    length bodies' attention in 3 parts (a CPU's spans take 1)."""
+    import longswift.runtime.cuda_graphs as cg
+
+    monkeypatch.setattr(cg, "attention_parts", lambda *args: 3)
     engine = engine64(family)
     model, cfg = with_triton(engine), engine.cfg
     g = torch.Generator().manual_seed(2)
@@ -329,6 +372,9 @@ def test_loops_through_bodies_with_the_kernels_still_emit_ar_output(attention, s
     want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
     engine.model = with_triton(engine)
     engine.runtime = dataclasses.replace(engine.runtime, graph_attention=attention)
+    import longswift.runtime.cuda_graphs as cg
+
+    monkeypatch.setattr(cg, "attention_parts", lambda *args: 2)  # (a CPU's short spans would take 1)
     monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
     monkeypatch.setattr(tokenswift_mod, "step_bodies", lambda model: True)
     assert engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids == want

@@ -120,7 +120,7 @@ def attention_part_kernel(q, keys, values, used_at, tree, part_out, part_lse,
     h = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows
-    d = tl.arange(0, BLOCK_D)
+    d = tl.arange(0, BLOCK_D).to(tl.int64)  # (a CPU cache's keys have a dimension stride of its capacity)
     row_in = r < rows
     d_in = d < D
     used = tl.load(used_at).to(tl.int32)

@@ -134,11 +134,16 @@ PART_MIN_KEYS = 256
 MERGE_BLOCK_P = 64
 
 
+# The widest heads `attention` takes: a block of 128 rows of wider heads, pipelined, may pass a multiprocessor's
+# shared memory (and float32's [128, 256] sums its registers); wider heads keep flash's kernels.
+ATTENTION_MAX_HEAD_DIM = 128
+
+
 def attention_fits(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
     """Whether `attention` runs for a model on `device` in `dtype`: on CUDA for float16, bfloat16 and float32
-    (not float64, which Triton's products do not take there) with heads up to 256 wide; anywhere under the
-    interpreter."""
-    if head_dim > 256 or triton_unavailable(device) is not None:
+    (not float64, which Triton's products do not take there) with heads up to ATTENTION_MAX_HEAD_DIM wide;
+    anywhere under the interpreter."""
+    if head_dim > ATTENTION_MAX_HEAD_DIM or triton_unavailable(device) is not None:
         return False
     return _interpreting() or dtype != torch.float64
 
@@ -170,20 +175,24 @@ def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: 
     qg [Hkv, R, D] (R = G*N, row g*N + t), keys/values: the layer's cache [Hkv, C, D] (any strides; the new
     entries already written), used: [1] integer on the device (the step's first slot; a decoding token's key
     is among them: used = its slot + 1, no tree), tree: [N, N] bool or int8 (a body converts its mask once for
-    all layers) -> [Hkv, R, D] in q's dtype.
+    all layers) -> [Hkv, R, D] in q's dtype; a row that sees no key (none used, no tree) gets zeros.
     Computes in float32 (float64 for float64), with the weights rounded to the values' dtype for their product
     with the values as flash attention rounds them (float16 and bfloat16)."""
     hkv, rows, d = qg.shape
     new = 0 if tree is None else tree.shape[0]
-    if keys.shape[0] != hkv or values.shape[0] != hkv or rows == 0 or (new and rows % new):
+    if (keys.shape[0] != hkv or keys.shape[2] != d or values.shape != keys.shape or rows == 0
+            or (new and (rows % new or tree.shape != (new, new)))):
         raise ValueError(f"attention: queries {tuple(qg.shape)} do not fit keys {tuple(keys.shape)}"
-                         + (f" and a tree of {new}" if new else ""))
+                         + (f" and a tree of {tuple(tree.shape)}" if tree is not None else ""))
+    if keys.dtype != qg.dtype or values.dtype != qg.dtype:
+        raise ValueError(f"attention: queries in {qg.dtype}, keys in {keys.dtype}, values in {values.dtype}: "
+                         "give them one dtype")
     acc = torch.float64 if qg.dtype == torch.float64 else torch.float32
     block_d, block_m = max(16, 1 << (d - 1).bit_length()), _block_m(rows)
     part_out = torch.empty(hkv, parts + 1, rows, block_d, dtype=acc, device=qg.device)
     part_lse = torch.empty(hkv, parts + 1, rows, dtype=acc, device=qg.device)
     out = torch.empty(hkv, rows, d, dtype=qg.dtype, device=qg.device)
-    tree_i8 = used if tree is None else tree if tree.dtype == torch.int8 else tree.to(torch.int8)  # (used: unread)
+    tree_i8 = used if tree is None else tree.to(torch.int8).contiguous()  # (used: unread; a body's own: a no-op)
     k = kernels()
     launched = parts + (1 if new else 0)
     with _on(qg.device):
@@ -195,5 +204,5 @@ def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: 
             num_warps=8 if block_m > 64 else 4)
         k.attention_merge_kernel[(hkv, rows)](part_out, part_lse, out, out.stride(0), out.stride(1), rows, launched,
                                               parts, D=d, BLOCK_D=block_d,
-                                              BLOCK_P=max(MERGE_BLOCK_P, 1 << launched.bit_length()))
+                                              BLOCK_P=max(MERGE_BLOCK_P, 1 << (launched - 1).bit_length()))
     return out
