@@ -190,6 +190,22 @@ def test_the_attention_parts_fill_the_gpu_and_fit_one_merge(monkeypatch):
     assert tk.attention_fits(CPU, torch.bfloat16, 128) and not tk.attention_fits(CPU, torch.bfloat16, 256)
 
 
+@pytest.mark.parametrize("block_n", [16, 32, 128])
+def test_the_attention_tiles_change_its_speed_not_its_values(block_n):
+    """Other AttentionTiles (what triton_attention_ab.py's `tune` sweeps on a GPU): keys 16 to 128 a tile, with
+    warps and stages, which the interpreter ignores, attend as the default's float64 does."""
+    from longswift.runtime.triton_kernels import AttentionTiles
+
+    g = torch.Generator().manual_seed(block_n)
+    qg = torch.randn(2, 15, 16, generator=g, dtype=torch.float64)
+    keys, values = (torch.randn(2, 400, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    tree = (torch.rand(5, 5, generator=g) < 0.5).tril() | torch.eye(5, dtype=torch.bool)
+    got = triton_attention(qg, keys, values, torch.tensor([300]), 0.25, tree, 3, AttentionTiles(block_n, 8, 2))
+    torch.testing.assert_close(got, attention_reference(qg, keys, values, 300, 0.25, tree), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="block_n must be a power of two of at least 16; got 48"):
+        AttentionTiles(48)
+
+
 def test_one_compiled_merge_serves_every_part_count(monkeypatch):
     """The merge reads MERGE_BLOCK_P parts whatever the count attention_parts gives (up to 63, with the tree's
     part 64): no span's graph compiles another merge inside its capture. 63 parts and a tree still attend right."""

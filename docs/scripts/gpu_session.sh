@@ -32,7 +32,8 @@
 #                                            # Llama-3.1-8B shape, 256 tokens)
 #   bash docs/scripts/gpu_session.sh attention  # the length path's attention, flash against the Triton
 #                                            # attention (--triton-kernels), per layer, 8B shape, 4K/32K/100K
-#                                            # context, 1 (decoding) to 121 nodes (triton_attention_ab.py)
+#                                            # context, 1 (decoding) to 121 nodes (triton_attention_ab.py;
+#                                            # `attention tune`: its tiles, warps and pipeline stages swept)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
 #   bash docs/scripts/gpu_session.sh profile # where a decode step's GPU time goes: kernels by class, replayed and
@@ -52,7 +53,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|attention|plain|profile [small|triton]|cell GGUF}
+part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|attention [tune]|plain|profile [small|triton]|cell GGUF}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -139,6 +140,11 @@ case $part in
     $py docs/scripts/gpu_ar_throughput.py "${args[@]}" > "$out/ar-${args[0]}.txt" 2>&1
     cat "$out/ar-${args[0]}.txt" ;;
   attention)
+    if [[ ${2:-} == tune ]]; then
+      $py docs/scripts/triton_attention_ab.py tune > "$out/triton-attention-tune.txt" 2>&1
+      cat "$out/triton-attention-tune.txt"
+      exit
+    fi
     $py docs/scripts/triton_attention_ab.py > "$out/triton-attention-ab.md" 2>&1
     cat "$out/triton-attention-ab.md" ;;
   plain)

@@ -15,6 +15,11 @@ head), and the largest difference between the two outputs (bf16 rounding).
 python docs/scripts/triton_attention_ab.py [NODES [CONTEXTS]]   (defaults 1,8,16,32,41,64,121 and
 4096,32768,100000)
 
+python docs/scripts/triton_attention_ab.py tune [CASES]   the Triton attention alone under every AttentionTiles of
+  keys 32/64/128 a tile, 4/8 warps and 2/3/4 pipeline stages, per case CONTEXT:NODES (default
+  100000:32,100000:121,100000:1,4096:1,4096:32), fastest first, with the default's place; a choice that does not
+  compile (shared memory) says so.
+
 Without CUDA it says so and stops: flash's kernels and the compiled Triton kernels exist only there."""
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import sys
 import torch
 
 from longswift.runtime.attention import additive_mask, by_length, key_span, prefix_attention
-from longswift.runtime.triton_kernels import attention, attention_parts
+from longswift.runtime.triton_kernels import DEFAULT_TILES, AttentionTiles, attention, attention_parts
 
 HKV, GRP, D = 8, 4, 128
 LAYERS, REPS = 8, 20
@@ -66,9 +71,49 @@ def replayed_ms(fn) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def tune(cases: list[tuple[int, int]]) -> None:
+    cuda, dtype, scale = torch.device("cuda"), torch.bfloat16, D**-0.5
+    gen = torch.Generator().manual_seed(0)
+    choices = [DEFAULT_TILES, *(AttentionTiles(n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4))]
+    print(f"{torch.cuda.get_device_name(cuda)}, torch {torch.__version__}; the Triton attention per layer "
+          f"(median of {REPS} replays of {LAYERS} layers), microseconds; default {DEFAULT_TILES}")
+    for context, n in cases:
+        span = span_of(context)
+        caches = [(torch.randn(HKV, span + 128, D, device=cuda, dtype=dtype),
+                   torch.randn(HKV, span + 128, D, device=cuda, dtype=dtype)) for _ in range(LAYERS)]
+        rows = GRP * n
+        q = torch.randn(HKV, rows, D, device=cuda, dtype=dtype)
+        parts = attention_parts(cuda, HKV, rows, span)
+        used = torch.tensor([context + 1 if n == 1 else context], device=cuda)
+        tree = None if n == 1 else random_trie(n, gen).to(cuda)
+        timed: list[tuple[float, AttentionTiles]] = []
+        failed = []
+        for tiles in choices:
+            try:
+                us = 1e3 * replayed_ms(lambda: [attention(q, k, v, used, scale, tree, parts, tiles)
+                                                for k, v in caches]) / LAYERS
+            except Exception as e:  # a choice that does not compile: too much shared memory, registers
+                failed.append(f"{tiles}: {type(e).__name__}")
+                continue
+            timed.append((us, tiles))
+        timed.sort(key=lambda x: x[0])
+        default = next((us for us, tiles in timed if tiles == DEFAULT_TILES), None)
+        print(f"\n{context} cached, {n} nodes ({rows} rows a KV head, {parts} parts); the default tiles: "
+              + (f"{default:.1f} us" if default is not None else "did not run"))
+        for us, tiles in timed[:6]:
+            keys = context + (1 if n == 1 else n)
+            print(f"  {us:8.1f} us  {4 * HKV * rows * keys * D / (us * 1e-6) / 1e12:5.0f} TFLOPS  {tiles}")
+        for line in failed:
+            print("  failed:", line)
+
+
 def main() -> None:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to compare (flash's kernels and the compiled Triton kernels run on CUDA)")
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "tune":
+        cases = sys.argv[2] if len(sys.argv) > 2 else "100000:32,100000:121,100000:1,4096:1,4096:32"
+        tune([(int(c), int(n)) for c, n in (case.split(":") for case in cases.split(","))])
         return
     nodes = [int(n) for n in (sys.argv[1] if len(sys.argv) > 1 else "1,8,16,32,41,64,121").split(",")]
     contexts = [int(c) for c in (sys.argv[2] if len(sys.argv) > 2 else "4096,32768,100000").split(",")]

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import importlib.util
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -120,10 +121,24 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
-# The attention kernels' tiles (untuned: no GPU was at hand when they were written; see docs/benchmarks.md).
-# Query rows go BLOCK_M at a time (all of a KV head's rows in one block up to 128: a 32-node verify pass of a
-# 4-query-head group is 128 rows, so each key is read once), keys BLOCK_N at a time.
-ATTENTION_BLOCK_N = 64
+@dataclass(frozen=True)
+class AttentionTiles:
+    """How the attention's first kernel is compiled (untuned: no GPU was at hand when it was written;
+    docs/scripts/triton_attention_ab.py `tune` times the choices). Query rows go in blocks of up to
+    ATTENTION_MAX_BLOCK_M (all of a KV head's rows in one block up to 128: a 32-node verify pass of a
+    4-query-head group is 128 rows, so each key is read once), keys `block_n` at a time; `warps`: None for 8 a
+    program with 128-row blocks, else 4; `stages`: Triton's software pipelining depth (None: its default)."""
+
+    block_n: int = 64
+    warps: int | None = None
+    stages: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"AttentionTiles.block_n must be a power of two of at least 16; got {self.block_n}")
+
+
+DEFAULT_TILES = AttentionTiles()
 ATTENTION_MAX_BLOCK_M = 128
 # Programs the cached keys are split among, per streaming multiprocessor (the merge weighs the parts).
 PROGRAMS_PER_SM = 2
@@ -168,7 +183,7 @@ def _block_m(rows: int) -> int:
 
 
 def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: torch.Tensor, scale: float,
-              tree: torch.Tensor | None = None, parts: int = 1) -> torch.Tensor:
+              tree: torch.Tensor | None = None, parts: int = 1, tiles: AttentionTiles = DEFAULT_TILES) -> torch.Tensor:
     """Attention of every query row over a layer's cached slots [0, used) and, with `tree`, the step's own N
     slots [used, used + N) under the tree mask, in two kernels: the slots in use split into `parts` runs
     (attention_parts) plus the new ones, each attended with its log-sum-exp, then merged by them.
@@ -195,13 +210,16 @@ def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: 
     tree_i8 = used if tree is None else tree.to(torch.int8).contiguous()  # (used: unread; a body's own: a no-op)
     k = kernels()
     launched = parts + (1 if new else 0)
+    compile_options = {"num_warps": tiles.warps or (8 if block_m > 64 else 4)}
+    if tiles.stages is not None:
+        compile_options["num_stages"] = tiles.stages
     with _on(qg.device):
         k.attention_part_kernel[(hkv, launched, -(-rows // block_m))](
             qg, keys, values, used, tree_i8, part_out, part_lse, *qg.stride(), *keys.stride(), *values.stride(),
-            rows, new, parts, scale, D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=ATTENTION_BLOCK_N,
+            rows, new, parts, scale, D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=tiles.block_n,
             ACC=_acc(qg.dtype), ROUND_P=qg.dtype in (torch.float16, torch.bfloat16), IEEE=acc == torch.float32
             and qg.dtype == torch.float32, UPCAST=_interpreting() and qg.dtype == torch.bfloat16,
-            num_warps=8 if block_m > 64 else 4)
+            **compile_options)
         k.attention_merge_kernel[(hkv, rows)](part_out, part_lse, out, out.stride(0), out.stride(1), rows, launched,
                                               parts, D=d, BLOCK_D=block_d,
                                               BLOCK_P=max(MERGE_BLOCK_P, 1 << (launched - 1).bit_length()))
