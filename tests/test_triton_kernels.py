@@ -25,7 +25,7 @@ from longswift.runtime.cuda_graphs import StepGraphs
 from longswift.runtime.model import Transformer
 from longswift.runtime.rope import apply_rope
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 from longswift.runtime.triton_kernels import attention as triton_attention  # noqa: E402
 from longswift.runtime.triton_kernels import rope_store, silu_mul, triton_unavailable  # noqa: E402
 
@@ -204,6 +204,72 @@ def test_the_attention_tiles_change_its_speed_not_its_values(block_n):
     torch.testing.assert_close(got, attention_reference(qg, keys, values, 300, 0.25, tree), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="block_n must be a power of two of at least 16; got 48"):
         AttentionTiles(48)
+
+
+def compile_for(fn, target: int, signature: dict[str, str], params: dict):
+    """Triton's compiler, run here for an NVIDIA GPU of compute capability `target` (no GPU needed: the wheel
+    brings LLVM and ptxas) -> the compiled kernel (its PTX, its shared memory)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    options = {k: params.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in params}
+    signature = {**signature, **{name: "constexpr" for name in params}}
+    source = ASTSource(fn=fn, signature=signature, constexprs=params)
+    return triton.compile(source, target=GPUTarget("cuda", target, 32), options=options)
+
+
+# The least shared memory a thread block gets on an Ampere-or-newer GPU (compute capability 8.6 and 8.9: 99 KB;
+# an A100 163 KB, an H100 227 KB).
+SMALLEST_SHARED = 99 * 1024
+
+
+@pytest.mark.parametrize("target,dtype,rows", [(90, torch.bfloat16, 128), (90, torch.bfloat16, 4),
+                                               (80, torch.float16, 484), (80, torch.float32, 128),
+                                               (80, torch.float32, 4)])
+def test_the_attention_compiles_for_ampere_and_hopper(target, dtype, rows, monkeypatch):
+    """The attention's kernels as `attention` launches them, compiled here for sm_80 and sm_90 (a GPU-only
+    failure, such as a type Triton's compiler refuses, shows without one): within the shared memory of every
+    Ampere-or-newer GPU, and on Hopper the half-precision blocks of 64+ rows on wgmma, the tensor-core
+    instructions flash's kernels do not use there."""
+    import longswift.runtime.triton_kernels as tk
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    k = tk._kernels(False)
+    el = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    pointers = {"q": el, "keys": el, "values": el, "used_at": "i64", "tree": "i8", "part_out": "fp32",
+                "part_lse": "fp32"}
+    ints = ("q_head", "q_row", "q_dim", "k_head", "k_slot", "k_dim", "v_head", "v_slot", "v_dim", "rows", "new",
+            "splits")
+    block_m, params = tk.part_launch(dtype, rows, 128)
+    part = compile_for(k.attention_part_kernel, target, {**{n: f"*{t}" for n, t in pointers.items()},
+                                                         **{n: "i32" for n in ints}, "scale": "fp32"}, params)
+    assert part.metadata.shared <= SMALLEST_SHARED, part.metadata.shared
+    half = dtype != torch.float32
+    assert ("wgmma.mma_async" in part.asm["ptx"]) == (target == 90 and half and block_m >= 64)
+    merge = compile_for(k.attention_merge_kernel, target, {"part_out": "*fp32", "part_lse": "*fp32", "out": f"*{el}",
+                                                           "out_head": "i32", "out_row": "i32", "rows": "i32",
+                                                           "parts": "i32", "splits": "i32"},
+                        {"D": 128, "BLOCK_D": 128, "BLOCK_P": tk.MERGE_BLOCK_P})
+    assert merge.metadata.shared <= SMALLEST_SHARED
+
+
+def test_the_element_wise_kernels_compile_for_a_gpu(monkeypatch):
+    """rope_store and silu_mul as their wrappers launch them (CUDA's exp, no floating-point fusion), compiled here
+    for sm_90."""
+    import triton.language as tl
+
+    import longswift.runtime.triton_kernels as tk
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    k = tk._kernels(False)
+    rope = compile_for(k.rope_store_kernel, 90, {
+        **{n: "*bf16" for n in ("qkv", "cos", "sin", "q_out", "k_out", "cache_k", "cache_v")}, "slots": "*i64",
+        **{n: "i32" for n in ("qkv_row", "k_head", "k_slot", "k_dim", "v_head", "v_slot", "v_dim")}},
+        {"H": 32, "HKV": 8, "D": 128, "BLOCK": 128, "FUSED": True, "ACC": tl.float32, "enable_fp_fusion": False})
+    assert "fma.rn.f32" in rope.asm["ptx"]  # the addcmul's one fused multiply-add, explicit
+    silu = compile_for(k.silu_mul_kernel, 90, {"gate_up": "*bf16", "out": "*bf16", "gate_up_row": "i32"},
+                       {"INNER": 14336, "BLOCK": 1024, "ACC": tl.float32, "ACCURATE": True, "enable_fp_fusion": False})
+    assert "div.rn.f32" in silu.asm["ptx"]  # the IEEE division
 
 
 def test_one_compiled_merge_serves_every_part_count(monkeypatch):

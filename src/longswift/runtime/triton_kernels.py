@@ -124,21 +124,30 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
 @dataclass(frozen=True)
 class AttentionTiles:
     """How the attention's first kernel is compiled (untuned: no GPU was at hand when it was written;
-    docs/scripts/triton_attention_ab.py `tune` times the choices). Query rows go in blocks of up to
-    ATTENTION_MAX_BLOCK_M (all of a KV head's rows in one block up to 128: a 32-node verify pass of a
-    4-query-head group is 128 rows, so each key is read once), keys `block_n` at a time; `warps`: None for 8 a
-    program with 128-row blocks, else 4; `stages`: Triton's software pipelining depth (None: its default)."""
+    docs/scripts/triton_attention_ab.py `tune` times the choices). Query rows go in blocks of up to `max_block_m`
+    (all of a KV head's rows in one block up to 128: a 32-node verify pass of a 4-query-head group is 128 rows,
+    so each key is read once), keys `block_n` at a time; `warps`: None for 8 a program with blocks of more than
+    64 rows, else 4; `stages`: Triton's software pipelining depth (None: its default; 1 crashed Triton 3.9's
+    compiler in float32)."""
 
     block_n: int = 64
     warps: int | None = None
     stages: int | None = None
+    max_block_m: int = 128
 
     def __post_init__(self) -> None:
-        if self.block_n < 16 or self.block_n & (self.block_n - 1):
-            raise ValueError(f"AttentionTiles.block_n must be a power of two of at least 16; got {self.block_n}")
+        for name in ("block_n", "max_block_m"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"AttentionTiles.{name} must be a power of two of at least 16; got {value}")
 
 
+# bfloat16 and float16: 128 rows and 64 keys a block take 80 KB of shared memory (Triton 3.9, compiled for sm_80
+# and sm_90 on the CPU: tests/test_triton_kernels.py), within the 99 KB of the smallest Ampere-or-newer GPUs.
 DEFAULT_TILES = AttentionTiles()
+# float32's operands take twice the bytes: the default's 128 x 64 blocks took 224 KB (past an A100's 163 KB), so
+# 64 rows and 32 keys a block in 2 stages.
+FLOAT32_TILES = AttentionTiles(block_n=32, stages=2, max_block_m=64)
 ATTENTION_MAX_BLOCK_M = 128
 # Programs the cached keys are split among, per streaming multiprocessor (the merge weighs the parts).
 PROGRAMS_PER_SM = 2
@@ -178,12 +187,34 @@ def attention_parts(device: torch.device, kv_heads: int, rows: int, span: int) -
     return max(1, min(-(-programs // (kv_heads * blocks)), -(-span // PART_MIN_KEYS), MERGE_BLOCK_P - 1))
 
 
-def _block_m(rows: int) -> int:
-    return min(ATTENTION_MAX_BLOCK_M, max(16, 1 << (rows - 1).bit_length()))
+def _block_m(rows: int, most: int = ATTENTION_MAX_BLOCK_M) -> int:
+    return min(most, max(16, 1 << (rows - 1).bit_length()))
+
+
+def default_tiles(dtype: torch.dtype) -> AttentionTiles:
+    return FLOAT32_TILES if dtype in (torch.float32, torch.float64) else DEFAULT_TILES
+
+
+def part_launch(dtype: torch.dtype, rows: int, head_dim: int, tiles: AttentionTiles | None = None,
+                interpreting: bool = False) -> tuple[int, dict[str, Any]]:
+    """The attention's first kernel for queries of `dtype`, `rows` a KV head, heads of `head_dim`: its block of
+    rows, and its constexprs and compile options (what `attention` launches, and what the tests compile for a GPU
+    here)."""
+    tiles = tiles or default_tiles(dtype)
+    block_m = _block_m(rows, tiles.max_block_m)
+    params: dict[str, Any] = {
+        "D": head_dim, "BLOCK_D": max(16, 1 << (head_dim - 1).bit_length()), "BLOCK_M": block_m,
+        "BLOCK_N": tiles.block_n, "ACC": _acc(dtype), "ROUND_P": dtype in (torch.float16, torch.bfloat16),
+        "IEEE": dtype == torch.float32, "UPCAST": interpreting and dtype == torch.bfloat16,
+        "num_warps": tiles.warps or (8 if block_m > 64 else 4),
+        "enable_fp_fusion": True}  # (its sums are not eager's anyway; said, as Triton 3.9 warns where it is not)
+    if tiles.stages is not None:
+        params["num_stages"] = tiles.stages
+    return block_m, params
 
 
 def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: torch.Tensor, scale: float,
-              tree: torch.Tensor | None = None, parts: int = 1, tiles: AttentionTiles = DEFAULT_TILES) -> torch.Tensor:
+              tree: torch.Tensor | None = None, parts: int = 1, tiles: AttentionTiles | None = None) -> torch.Tensor:
     """Attention of every query row over a layer's cached slots [0, used) and, with `tree`, the step's own N
     slots [used, used + N) under the tree mask, in two kernels: the slots in use split into `parts` runs
     (attention_parts) plus the new ones, each attended with its log-sum-exp, then merged by them.
@@ -203,24 +234,20 @@ def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: 
         raise ValueError(f"attention: queries in {qg.dtype}, keys in {keys.dtype}, values in {values.dtype}: "
                          "give them one dtype")
     acc = torch.float64 if qg.dtype == torch.float64 else torch.float32
-    block_d, block_m = max(16, 1 << (d - 1).bit_length()), _block_m(rows)
+    block_m, params = part_launch(qg.dtype, rows, d, tiles, _interpreting())
+    block_d = params["BLOCK_D"]
     part_out = torch.empty(hkv, parts + 1, rows, block_d, dtype=acc, device=qg.device)
     part_lse = torch.empty(hkv, parts + 1, rows, dtype=acc, device=qg.device)
     out = torch.empty(hkv, rows, d, dtype=qg.dtype, device=qg.device)
     tree_i8 = used if tree is None else tree.to(torch.int8).contiguous()  # (used: unread; a body's own: a no-op)
     k = kernels()
     launched = parts + (1 if new else 0)
-    compile_options = {"num_warps": tiles.warps or (8 if block_m > 64 else 4)}
-    if tiles.stages is not None:
-        compile_options["num_stages"] = tiles.stages
     with _on(qg.device):
         k.attention_part_kernel[(hkv, launched, -(-rows // block_m))](
             qg, keys, values, used, tree_i8, part_out, part_lse, *qg.stride(), *keys.stride(), *values.stride(),
-            rows, new, parts, scale, D=d, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=tiles.block_n,
-            ACC=_acc(qg.dtype), ROUND_P=qg.dtype in (torch.float16, torch.bfloat16), IEEE=acc == torch.float32
-            and qg.dtype == torch.float32, UPCAST=_interpreting() and qg.dtype == torch.bfloat16,
-            **compile_options)
+            rows, new, parts, scale, **params)
         k.attention_merge_kernel[(hkv, rows)](part_out, part_lse, out, out.stride(0), out.stride(1), rows, launched,
                                               parts, D=d, BLOCK_D=block_d,
-                                              BLOCK_P=max(MERGE_BLOCK_P, 1 << (launched - 1).bit_length()))
+                                              BLOCK_P=max(MERGE_BLOCK_P, 1 << (launched - 1).bit_length()),
+                                              enable_fp_fusion=True)
     return out
