@@ -70,7 +70,8 @@ class _Unlaunched:
 class _UnlaunchedKernels:
     """runtime.triton_jit as the fake device sees it: kernels that launch nothing."""
 
-    rope_store_kernel = silu_mul_kernel = attention_part_kernel = attention_merge_kernel = _Unlaunched()
+    rope_store_kernel = silu_mul_kernel = rms_norm_kernel = _Unlaunched()
+    attention_part_kernel = attention_merge_kernel = _Unlaunched()
     libdevice = None
 
 

@@ -685,10 +685,13 @@ def needs_triton() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_the_triton_kernels_compute_what_the_eager_ops_do(dtype):
     """Compiled for the GPU (CPU tests run them interpreted): rope_store rotates as apply_rope in both of
-    its orders and writes the keys and values at the given slots only; silu_mul is F.silu(gate) * up; each
-    within one unit in the last place (Triton's exp and its fused multiply-adds), most elements equal."""
+    its orders and writes the keys and values at the given slots only; silu_mul is F.silu(gate) * up; rms_norm
+    is the model's RMSNorm in both of its roundings; each within one unit in the last place (Triton's exp and
+    its fused multiply-adds, another order of the norm's sum), most elements equal."""
     needs_triton()
+    from longswift.runtime.model import rms_norm
     from longswift.runtime.rope import apply_rope
+    from longswift.runtime.triton_kernels import rms_norm as triton_rms_norm
     from longswift.runtime.triton_kernels import rope_store, silu_mul
 
     h, hkv, d, t = 32, 8, 128, 5  # the 8B shape's heads
@@ -719,6 +722,13 @@ def test_the_triton_kernels_compute_what_the_eager_ops_do(dtype):
     got = silu_mul(gate_up)
     assert ulps(got, want).max() <= 1
     equal.append((got == want).float().mean().item())
+    x = (torch.randn(3, 4096, generator=g) * 3).to(dtype).to(CUDA)
+    weight = (torch.rand(4096, generator=g) + 0.5).to(dtype).to(CUDA)
+    for fused in (True,) if dtype == torch.float32 else (False, True):  # (float32: one op, one rounding)
+        want = rms_norm(x, weight, 1e-5, fused)
+        got = triton_rms_norm(x, weight, 1e-5, fused or dtype == torch.float32)
+        assert ulps(got, want).max() <= 1, (fused, ulps(got, want).max())
+        equal.append((got == want).float().mean().item())
     assert min(equal) > 0.9, equal
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from longswift.runtime.rope import apply_rope
 
 triton = pytest.importorskip("triton")
 from longswift.runtime.triton_kernels import attention as triton_attention  # noqa: E402
+from longswift.runtime.triton_kernels import rms_norm as triton_rms_norm  # noqa: E402
 from longswift.runtime.triton_kernels import rope_store, silu_mul, triton_unavailable  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -270,6 +272,12 @@ def test_the_element_wise_kernels_compile_for_a_gpu(monkeypatch):
     silu = compile_for(k.silu_mul_kernel, 90, {"gate_up": "*bf16", "out": "*bf16", "gate_up_row": "i32"},
                        {"INNER": 14336, "BLOCK": 1024, "ACC": tl.float32, "ACCURATE": True, "enable_fp_fusion": False})
     assert "div.rn.f32" in silu.asm["ptx"]  # the IEEE division
+    norm = compile_for(k.rms_norm_kernel, 90, {"x": "*bf16", "weight": "*bf16", "out": "*bf16", "x_row": "i32",
+                                               "eps": "fp32"},
+                       {"N": 4096, "BLOCK": 4096, "ONE_ROUNDING": True, "ACC": tl.float32, "ACCURATE": True,
+                        "num_warps": 16, "enable_fp_fusion": False})
+    # CUDA's rsqrtf, as torch's norms take it (libdevice's flushes subnormals, which mean + eps never is)
+    assert re.search(r"rsqrt\.approx(\.ftz)?\.f32", norm.asm["ptx"])
 
 
 def test_one_compiled_merge_serves_every_part_count(monkeypatch):
@@ -300,6 +308,29 @@ def test_one_compiled_merge_serves_every_part_count(monkeypatch):
     assert blocks == [tk.MERGE_BLOCK_P] * 4
 
 
+@pytest.mark.parametrize("dtype,one_rounding", [(torch.float64, True), (torch.float32, True), (torch.float16, True),
+                                                (torch.float16, False), (torch.bfloat16, True),
+                                                (torch.bfloat16, False)])  # (float32 and float64: one op)
+@pytest.mark.parametrize("rows,width", [(3, 64), (1, 576), (4, 96), (0, 32)])
+def test_rms_norm_normalises_as_the_models_norm(dtype, one_rounding, rows, width):
+    """The Triton RMSNorm against runtime.model.rms_norm (the same rounding: scaled then rounded once, as aten's
+    fused norm and float32/float64; or rounded, then scaled): float16 bit for bit, float32 and float64 to their
+    last bits (the mean's sum runs in another order), bfloat16 to the interpreter's truncating casts."""
+    from longswift.runtime.model import rms_norm
+
+    g = torch.Generator().manual_seed(rows * width)
+    x = (torch.randn(rows, width, generator=g) * 3).to(dtype)
+    weight = (torch.rand(width, generator=g) + 0.5).to(dtype)
+    want = rms_norm(x, weight, 1e-5, fused=one_rounding)
+    got = triton_rms_norm(x, weight, 1e-5, one_rounding)
+    assert got.dtype == dtype and got.shape == (rows, width)
+    if dtype == torch.float16:
+        assert torch.equal(got, want)
+    else:
+        eps = torch.finfo(dtype).eps
+        assert ((got.double() - want.double()).abs() <= 2 * eps * want.double().abs() + 1e-300).all()
+
+
 def test_the_kernels_refuse_what_they_cannot_take():
     qkv, cos, sin = rope_case(torch.float32, 2)
     cache = torch.zeros(HKV, 8, D)
@@ -307,6 +338,8 @@ def test_the_kernels_refuse_what_they_cannot_take():
         rope_store(qkv, cos, sin, torch.tensor([0, 1]), cache, cache, H + 1, HKV, False)
     with pytest.raises(ValueError, match="not .T, 2 I. with contiguous rows"):
         silu_mul(torch.zeros(4, 6).t())
+    with pytest.raises(ValueError, match=r"rms_norm: x \(4, 6\) .* got a weight \(6,\) in torch.float64"):
+        triton_rms_norm(torch.zeros(4, 6), torch.ones(6, dtype=torch.float64), 1e-5, True)
     used, eye = torch.tensor([3]), torch.eye(4, dtype=torch.bool)
     with pytest.raises(ValueError, match=r"attention: queries \(2, 6, 16\) do not fit keys \(2, 8, 16\) and a tree "
                                          r"of \(4, 4\)"):
@@ -388,9 +421,10 @@ def test_float16_bodies_with_the_kernels_equal_the_eager_bodies_bit_for_bit(fuse
 @pytest.mark.parametrize("attention", ["bucketed", "length"])
 def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(attention, monkeypatch):
     """A decoding body with the kernels runs none of the ops they replace: fused rope's roll, product and
-    addcmul, the two index_copy_ into the cache, SwiGLU's silu and product (7 kernels a layer on a GPU; the
-    kernels' own launches are no aten ops, and the interpreter's work inside them is not counted). A length
-    body's attention is the Triton attention's, once a layer, with no aten op of its own."""
+    addcmul, the two index_copy_ into the cache, SwiGLU's silu and product, the two RMSNorms (9 kernels a layer
+    on a GPU with fused norms, and the last norm; the kernels' own launches are no aten ops, and the interpreter's
+    work inside them is not counted). A length body's attention is the Triton attention's, once a layer, with
+    no aten op of its own."""
     import longswift.runtime.cuda_graphs as cg
     import longswift.runtime.model as model_mod
     from torch.utils._python_dispatch import _disable_current_modes
@@ -403,6 +437,7 @@ def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(attention, mon
 
     monkeypatch.setattr(cg, "rope_store", uncounted(rope_store))
     monkeypatch.setattr(model_mod, "silu_mul", uncounted(silu_mul))
+    monkeypatch.setattr(model_mod, "triton_rms_norm", uncounted(triton_rms_norm))
     calls = []
     monkeypatch.setattr(cg, "triton_attention", uncounted(lambda *a, **k: calls.append(1) or triton_attention(*a, **k)))
     engine = engine64()
@@ -417,25 +452,25 @@ def test_the_kernels_take_the_element_wise_ops_out_of_a_step_body(attention, mon
             body.decode(11, 7)
         counts[name] = {op: n for op, n in ops.names.items() if not op.startswith("aten.empty")}
     layers = engine.cfg.num_layers
-    for op in ("aten.roll", "aten.addcmul", "aten.index_copy_", "aten.silu"):
+    for op in ("aten.roll", "aten.addcmul", "aten.index_copy_", "aten.silu", "aten.rms_norm"):
         assert op in counts["eager"] and op not in counts["triton"], op
     launches = {name: sum(n for op, n in c.items() if op not in VIEWS) for name, c in counts.items()}
     if attention == "bucketed":  # eager attention in both bodies
         assert not calls
         assert counts["eager"]["aten.mul"] - counts["triton"]["aten.mul"] == 2 * layers
-        assert launches["eager"] - launches["triton"] == 7 * layers
+        assert launches["eager"] - launches["triton"] == 9 * layers + 1
         return
     assert len(calls) == layers
     attending = {"aten.bmm", "aten.logsumexp", "aten.exp", "aten.masked_fill"}  # the CPU's explicit attention
     assert attending <= counts["eager"].keys() and not attending & counts["triton"].keys()
-    # what is left besides the layers' norms, linears, residual adds and the attention's reshape back: the rope
-    # table, the embedding, the slots, the last norm and the LM head
-    per_layer = {"aten.rms_norm": 2, "aten.linear": 7, "aten.add": 2, "aten.reshape": 1}
+    # what is left besides the layers' linears, residual adds and the attention's reshape back: the rope table,
+    # the embedding, the slots and the LM head
+    per_layer = {"aten.linear": 7, "aten.add": 2, "aten.reshape": 1}
     rest = {op: n - layers * per_layer.get(op, 0) for op, n in counts["triton"].items() if op not in VIEWS}
     rest = {op: n for op, n in rest.items() if n}
     assert rest == {"aten.zeros": 1, "aten.eye": 1, "aten.fill_": 3, "aten.to": 4, "aten.mul": 3, "aten.cat": 5,
                     "aten.cos": 1, "aten.sin": 1, "aten.neg_": 1, "aten.arange": 1, "aten.add": 2,
-                    "aten.embedding": 1, "aten.rms_norm": 1, "aten.linear": 1}, rest
+                    "aten.embedding": 1, "aten.linear": 1}, rest
 
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=6),

@@ -25,6 +25,7 @@ from .linear import (
     packing_supported,
 )
 from .rope import Rope, apply_rope
+from .triton_kernels import rms_norm as triton_rms_norm
 from .triton_kernels import silu_mul, triton_unavailable
 
 if TYPE_CHECKING:
@@ -261,7 +262,11 @@ class Transformer:
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm (see rms_norm): in one op where `fused_norm` (the default in a reduced dtype on
-        CUDA: 6 kernels fewer per layer)."""
+        CUDA: 6 kernels fewer per layer); with triton_kernels, the rows of a hidden state [T, hidden] in one
+        Triton kernel that rounds where this op rounds (q/k norms, over heads, stay this op)."""
+        if self.triton_kernels and x.dim() == 2 and x.stride(1) == 1 and weight.dtype == x.dtype:
+            wide = x.dtype in (torch.float32, torch.float64)
+            return triton_rms_norm(x, weight, self.cfg.rms_norm_eps, one_rounding=self.fused_norm or wide)
         return rms_norm(x, weight, self.cfg.rms_norm_eps, self.fused_norm)
 
     def forward(

@@ -186,3 +186,26 @@ def attention_merge_kernel(part_out, part_lse, out, out_head, out_row, rows, par
     total = _sum(w, 0)
     merged = _sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
     tl.store(out + h * out_head + r * out_row + d, merged.to(out.dtype.element_ty), mask=d < D)
+
+
+@triton.jit
+def rms_norm_kernel(x, weight, out, x_row, eps, N: tl.constexpr, BLOCK: tl.constexpr, ONE_ROUNDING: tl.constexpr,
+                    ACC: tl.constexpr, ACCURATE: tl.constexpr):
+    # One program per row: out = x * rsqrt(mean(x^2) + eps) * weight, in ACC. ONE_ROUNDING: scaled by the weight
+    # in ACC and rounded once (aten's fused RMSNorm; float32 and float64, where rounding to ACC is no rounding);
+    # else transformers' order: the normalised row rounded to the dtype, then its product with the weight rounded.
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    inside = c < N
+    v = tl.load(x + t * x_row + c, mask=inside, other=0.0).to(ACC)
+    mean = _sum(v * v, 0) / N
+    if ACCURATE:  # CUDA's rsqrt, as torch's kernels take it
+        rstd = libdevice.rsqrt(mean + eps)
+    else:
+        rstd = 1.0 / tl.sqrt(mean + eps)
+    w = tl.load(weight + c, mask=inside, other=0.0).to(ACC)
+    if ONE_ROUNDING:
+        y = v * rstd * w
+    else:
+        y = (v * rstd).to(out.dtype.element_ty).to(ACC) * w
+    tl.store(out + t * N + c, y.to(out.dtype.element_ty), mask=inside)

@@ -121,6 +121,26 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_rounding: bool) -> torch.Tensor:
+    """x [T, N] (rows contiguous), weight [N] of x's dtype -> RMSNorm [T, N] in x's dtype, as runtime.model.rms_norm
+    computes it: `one_rounding` (aten's fused RMSNorm, or float32/float64) scales by the weight before rounding,
+    else the normalised row is rounded and then scaled. One kernel a call, one program a row."""
+    t, n = x.shape
+    if x.stride(1) != 1 or weight.shape != (n,) or weight.dtype != x.dtype:
+        raise ValueError(f"rms_norm: x {tuple(x.shape)} with contiguous rows and a weight [{n}] of its dtype; got a "
+                         f"weight {tuple(weight.shape)} in {weight.dtype}")
+    out = torch.empty(t, n, dtype=x.dtype, device=x.device)
+    if t:
+        k = kernels()
+        block = 1 << (n - 1).bit_length()
+        with _on(x.device):
+            k.rms_norm_kernel[(t,)](x, weight.contiguous(), out, x.stride(0), eps, N=n, BLOCK=block,
+                                    ONE_ROUNDING=one_rounding, ACC=_acc(x.dtype),
+                                    ACCURATE=not _interpreting() and k.libdevice is not None,
+                                    num_warps=max(1, min(16, block // 256)), enable_fp_fusion=False)
+    return out
+
+
 @dataclass(frozen=True)
 class AttentionTiles:
     """How the attention's first kernel is compiled (untuned: no GPU was at hand when it was written;
