@@ -23,7 +23,8 @@
 #                                            # `steps separate`: bucketed with q/k/v and gate/up not colocated;
 #                                            # `steps triton`: length with --triton-kernels (rope with the cache
 #                                            # writes and SwiGLU as Triton kernels: 5 kernels fewer a layer; the
-#                                            # attention as the Triton attention's two kernels),
+#                                            # norms as Triton's; the attention as the Triton attention's two
+#                                            # kernels),
 #                                            # `steps fused`: the fused draft mode's projection, no draft forward,
 #                                            # tree 1,3,3,3 + 6 n-gram paths = at most 94 nodes (the paper's 121);
 #                                            # every projection verifies the GPU's default node budget, 32 rows)

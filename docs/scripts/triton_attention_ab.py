@@ -17,8 +17,8 @@ python docs/scripts/triton_attention_ab.py [NODES [CONTEXTS]]   (defaults 1,8,16
 
 python docs/scripts/triton_attention_ab.py tune [CASES]   the Triton attention alone under every AttentionTiles of
   keys 32/64/128 a tile, 4/8 warps and 2/3/4 pipeline stages, per case CONTEXT:NODES (default
-  100000:32,100000:121,100000:1,4096:1,4096:32), fastest first, with the default's place; a choice that does not
-  compile (shared memory) says so.
+  100000:32,100000:121,100000:1,4096:1,4096:32), the six fastest first, after the default's time; a choice that
+  does not compile (shared memory) says so.
 
 Without CUDA it says so and stops: flash's kernels and the compiled Triton kernels exist only there."""
 
@@ -99,12 +99,13 @@ def tune(cases: list[tuple[int, int]]) -> None:
         timed.sort(key=lambda x: x[0])
         default = next((us for us, tiles in timed if tiles == DEFAULT_TILES), None)
         print(f"\n{context} cached, {n} nodes ({rows} rows a KV head, {parts} parts); the default tiles: "
-              + (f"{default:.1f} us" if default is not None else "did not run"))
+              + (f"{default:.1f} us" if default is not None else "did not run"), flush=True)
         for us, tiles in timed[:6]:
             keys = context + (1 if n == 1 else n)
-            print(f"  {us:8.1f} us  {4 * HKV * rows * keys * D / (us * 1e-6) / 1e12:5.0f} TFLOPS  {tiles}")
+            print(f"  {us:8.1f} us  {4 * HKV * rows * keys * D / (us * 1e-6) / 1e12:5.0f} TFLOPS  {tiles}",
+                  flush=True)
         for line in failed:
-            print("  failed:", line)
+            print("  failed:", line, flush=True)
 
 
 def main() -> None:

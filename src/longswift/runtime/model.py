@@ -26,7 +26,7 @@ from .linear import (
 )
 from .rope import Rope, apply_rope
 from .triton_kernels import rms_norm as triton_rms_norm
-from .triton_kernels import silu_mul, triton_unavailable
+from .triton_kernels import norm_fits, silu_mul, triton_unavailable
 
 if TYPE_CHECKING:
     from .parallel import TensorParallel
@@ -171,6 +171,7 @@ class Transformer:
         if triton_kernels and (why := triton_unavailable(self.device)) is not None:
             raise LongswiftError(f"triton_kernels (--triton-kernels): {why}")
         self.triton_kernels = triton_kernels
+        self.triton_norm = triton_kernels and norm_fits(self.device, self.dtype)
         self.embed = embed
         self.packed_copies: list[PackedWeights] = []  # every packed copy the linears read
         # Weights taken out of the state dict because a packed copy holds them: name -> (copy, part)
@@ -264,7 +265,7 @@ class Transformer:
         """RMSNorm (see rms_norm): in one op where `fused_norm` (the default in a reduced dtype on
         CUDA: 6 kernels fewer per layer); with triton_kernels, the rows of a hidden state [T, hidden] in one
         Triton kernel that rounds where this op rounds (q/k norms, over heads, stay this op)."""
-        if self.triton_kernels and x.dim() == 2 and x.stride(1) == 1 and weight.dtype == x.dtype:
+        if self.triton_norm and x.dim() == 2 and x.stride(1) == 1 and weight.dtype == x.dtype:
             wide = x.dtype in (torch.float32, torch.float64)
             return triton_rms_norm(x, weight, self.cfg.rms_norm_eps, one_rounding=self.fused_norm or wide)
         return rms_norm(x, weight, self.cfg.rms_norm_eps, self.fused_norm)

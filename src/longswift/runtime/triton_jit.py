@@ -198,11 +198,10 @@ def rms_norm_kernel(x, weight, out, x_row, eps, N: tl.constexpr, BLOCK: tl.const
     c = tl.arange(0, BLOCK)
     inside = c < N
     v = tl.load(x + t * x_row + c, mask=inside, other=0.0).to(ACC)
-    mean = _sum(v * v, 0) / N
-    if ACCURATE:  # CUDA's rsqrt, as torch's kernels take it
-        rstd = libdevice.rsqrt(mean + eps)
+    if ACCURATE:  # an IEEE division and CUDA's rsqrt, as torch's kernels take them
+        rstd = libdevice.rsqrt(tl.div_rn(_sum(v * v, 0), N) + eps)
     else:
-        rstd = 1.0 / tl.sqrt(mean + eps)
+        rstd = 1.0 / tl.sqrt(_sum(v * v, 0) / N + eps)
     w = tl.load(weight + c, mask=inside, other=0.0).to(ACC)
     if ONE_ROUNDING:
         y = v * rstd * w

@@ -121,6 +121,12 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     return out
 
 
+def norm_fits(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `rms_norm` runs for a model on `device` in `dtype`: not float64 on CUDA (Triton passes eps as a
+    float32 there), anything under the interpreter."""
+    return triton_unavailable(device) is None and (_interpreting() or dtype != torch.float64)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_rounding: bool) -> torch.Tensor:
     """x [T, N] (rows contiguous), weight [N] of x's dtype -> RMSNorm [T, N] in x's dtype, as runtime.model.rms_norm
     computes it: `one_rounding` (aten's fused RMSNorm, or float32/float64) scales by the weight before rounding,
@@ -162,11 +168,12 @@ class AttentionTiles:
                 raise ValueError(f"AttentionTiles.{name} must be a power of two of at least 16; got {value}")
 
 
-# bfloat16 and float16: 128 rows and 64 keys a block take 80 KB of shared memory (Triton 3.9, compiled for sm_80
-# and sm_90 on the CPU: tests/test_triton_kernels.py), within the 99 KB of the smallest Ampere-or-newer GPUs.
-DEFAULT_TILES = AttentionTiles()
-# float32's operands take twice the bytes: the default's 128 x 64 blocks took 224 KB (past an A100's 163 KB), so
-# 64 rows and 32 keys a block in 2 stages.
+# bfloat16 and float16: 128 rows and 64 keys a block, the keys' and values' loads pipelined 2 deep, take 72 KB of
+# shared memory on Ampere and Ada and 104 KB on Hopper (Triton 3.9, compiled for sm_80, sm_86 and sm_90 on the CPU:
+# tests/test_triton_kernels.py), within every such GPU's (99 KB on sm_86/sm_89); Triton's default of 3 took 104 KB
+# and 136 KB. Deeper pipelines are for `tune` to weigh on a GPU.
+DEFAULT_TILES = AttentionTiles(stages=2)
+# float32's operands take twice the bytes: 64 rows and 32 keys a block in 2 stages (72 KB).
 FLOAT32_TILES = AttentionTiles(block_n=32, stages=2, max_block_m=64)
 ATTENTION_MAX_BLOCK_M = 128
 # Programs the cached keys are split among, per streaming multiprocessor (the merge weighs the parts).
