@@ -192,26 +192,36 @@ def test_the_attention_parts_fill_the_gpu_and_fit_one_merge(monkeypatch):
     assert tk.attention_fits(CPU, torch.bfloat16, 128) and not tk.attention_fits(CPU, torch.bfloat16, 256)
 
 
+def record_launches(monkeypatch, kernel: str, keys: tuple[str, ...]) -> list[dict]:
+    """The Triton kernels with `kernel`'s launches recorded (the `keys` of their keyword arguments) before they run:
+    -> the list the launches append to."""
+    import longswift.runtime.triton_kernels as tk
+
+    launched: list[dict] = []
+    real = tk.kernels()
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append({k: kwargs[k] for k in keys})
+                return getattr(real, kernel)[grid](*args, **kwargs)
+            return launch
+
+    class Kernels:
+        def __getattr__(self, name):
+            return Recorded() if name == kernel else getattr(real, name)
+
+    monkeypatch.setattr(tk, "kernels", lambda: Kernels())
+    return launched
+
+
 @pytest.mark.parametrize("block_n", [16, 32, 128])
 def test_the_attention_tiles_change_its_speed_not_its_values(block_n, monkeypatch):
     """Other AttentionTiles (what triton_attention_ab.py's `tune` sweeps on a GPU): keys 16 to 128 a tile, with
     warps and stages (launched with them; the interpreter ignores them), attend as the default's float64 does."""
-    import longswift.runtime.triton_kernels as tk
     from longswift.runtime.triton_kernels import AttentionTiles
 
-    launched, real = [], tk.kernels()
-
-    class Recording:
-        attention_merge_kernel = real.attention_merge_kernel
-
-        class attention_part_kernel:  # noqa: N801 (a kernel's name)
-            def __class_getitem__(cls, grid):
-                def launch(*args, **kwargs):
-                    launched.append({k: kwargs[k] for k in ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages")})
-                    return real.attention_part_kernel[grid](*args, **kwargs)
-                return launch
-
-    monkeypatch.setattr(tk, "kernels", lambda: Recording)
+    launched = record_launches(monkeypatch, "attention_part_kernel", ("BLOCK_N", "BLOCK_M", "num_warps", "num_stages"))
     g = torch.Generator().manual_seed(block_n)
     qg = torch.randn(2, 15, 16, generator=g, dtype=torch.float64)
     keys, values = (torch.randn(2, 400, 16, generator=g, dtype=torch.float64) for _ in range(2))
@@ -309,19 +319,7 @@ def test_one_compiled_merge_serves_every_part_count(monkeypatch):
     part 64): no span's graph compiles another merge inside its capture. 63 parts and a tree still attend right."""
     import longswift.runtime.triton_kernels as tk
 
-    blocks, real = [], tk.kernels()
-
-    class Recording:
-        attention_part_kernel = real.attention_part_kernel
-
-        class attention_merge_kernel:  # noqa: N801 (a kernel's name)
-            def __class_getitem__(cls, grid):
-                def launch(*args, **kwargs):
-                    blocks.append(kwargs["BLOCK_P"])
-                    return real.attention_merge_kernel[grid](*args, **kwargs)
-                return launch
-
-    monkeypatch.setattr(tk, "kernels", lambda: Recording)
+    blocks = record_launches(monkeypatch, "attention_merge_kernel", ("BLOCK_P",))
     g = torch.Generator().manual_seed(0)
     qg, keys, values = (torch.randn(1, 4, 16, generator=g, dtype=torch.float64) for _ in range(3))
     keys, values = (torch.randn(1, 600, 16, generator=g, dtype=torch.float64) for _ in range(2))
@@ -329,7 +327,7 @@ def test_one_compiled_merge_serves_every_part_count(monkeypatch):
     for parts, t in ((1, None), (40, tree), (63, None), (63, tree)):
         got = triton_attention(qg, keys, values, torch.tensor([590]), 0.25, t, parts)
         torch.testing.assert_close(got, attention_reference(qg, keys, values, 590, 0.25, t), rtol=1e-12, atol=1e-12)
-    assert blocks == [tk.MERGE_BLOCK_P] * 4
+    assert blocks == [{"BLOCK_P": tk.MERGE_BLOCK_P}] * 4
 
 
 @pytest.mark.parametrize("dtype,one_rounding", [(torch.float64, True), (torch.float32, True), (torch.float16, True),

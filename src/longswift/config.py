@@ -514,10 +514,10 @@ class RuntimeConfig:
         "whether it keeps reduced-precision TokenSwift on AR's greedy tokens longer; not yet measured on a GPU"))
     triton_kernels: bool = field(default=False, metadata=_help(
         "CUDA: run each layer's rope with its cache writes, and SwiGLU, as one Triton kernel each (5 kernels fewer "
-        "a layer in a step), its RMSNorms as Triton's, and with --graph-attention length its attention as Triton's (all of a verify pass's "
-        "rows a KV head in one block, the keys split among the GPU's multiprocessors); needs triton (CUDA builds "
-        "of torch include it). Equal to the eager ops to the dtype's rounding, not bit for bit; not yet timed on "
-        "a GPU"))
+        "a layer in a step), its RMSNorms as Triton's, and with --graph-attention length its attention as "
+        "Triton's (all of a verify pass's rows a KV head in one block, the keys split among the GPU's "
+        "multiprocessors); needs triton (CUDA builds of torch include it). Equal to the eager ops to the dtype's "
+        "rounding, not bit for bit; not yet timed on a GPU"))
 
     @_validated
     def __post_init__(self) -> None:
