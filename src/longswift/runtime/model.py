@@ -99,15 +99,20 @@ def fused_norm_default(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype not in (torch.float32, torch.float64) and fused_rms_norm_available()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool, triton: bool = False) -> torch.Tensor:
     """RMSNorm of x [..., hidden], normalised in (at least) float32. In float32 and float64 one op,
     the same products as transformers'. In a reduced dtype transformers rounds the normalised x to
     it and then scales by the weight there: four ops (up-cast, norm, down-cast, scale), each a kernel
     on CUDA. `fused` makes it one op, aten's fused RMSNorm, which scales in float32 and rounds once:
     at most a last-bit difference per element from transformers' double rounding. The one op takes
-    a weight of x's dtype only; another weight dtype gets the two steps, promoting as they do."""
+    a weight of x's dtype only; another weight dtype gets the two steps, promoting as they do. `triton`
+    (--triton-kernels where triton_kernels.norm_fits): rows [T, hidden] with a weight of their dtype in one Triton
+    kernel that rounds where these ops round (q/k norms, over heads, stay these ops)."""
     wide = x.dtype in (torch.float32, torch.float64)  # (torch.promote_types(x.dtype, float32) == x.dtype, without
-    if weight.dtype == x.dtype and (wide or fused):  # a dtype computation per norm on the hot path)
+    # a dtype computation per norm on the hot path)
+    if triton and x.dim() == 2 and x.stride(1) == 1 and weight.dtype == x.dtype:
+        return triton_rms_norm(x, weight, eps, one_rounding=wide or fused)
+    if weight.dtype == x.dtype and (wide or fused):
         return F.rms_norm(x, (x.shape[-1],), weight, eps=eps)
     return weight * F.rms_norm(x.to(x.dtype if wide else torch.float32), (x.shape[-1],), eps=eps).to(x.dtype)
 
@@ -263,12 +268,8 @@ class Transformer:
 
     def norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMSNorm (see rms_norm): in one op where `fused_norm` (the default in a reduced dtype on
-        CUDA: 6 kernels fewer per layer); with triton_kernels, the rows of a hidden state [T, hidden] in one
-        Triton kernel that rounds where this op rounds (q/k norms, over heads, stay this op)."""
-        if self.triton_norm and x.dim() == 2 and x.stride(1) == 1 and weight.dtype == x.dtype:
-            wide = x.dtype in (torch.float32, torch.float64)
-            return triton_rms_norm(x, weight, self.cfg.rms_norm_eps, one_rounding=self.fused_norm or wide)
-        return rms_norm(x, weight, self.cfg.rms_norm_eps, self.fused_norm)
+        CUDA: 6 kernels fewer per layer); in a Triton kernel where `triton_norm`."""
+        return rms_norm(x, weight, self.cfg.rms_norm_eps, self.fused_norm, self.triton_norm)
 
     def forward(
         self,

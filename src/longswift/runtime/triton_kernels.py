@@ -122,8 +122,9 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
 
 
 def norm_fits(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `rms_norm` runs for a model on `device` in `dtype`: not float64 on CUDA (Triton passes eps as a
-    float32 there), anything under the interpreter."""
+    """Whether `rms_norm` and `attention` run for a model on `device` in `dtype`: not float64 on CUDA (Triton
+    passes a float argument, eps or the scale, as a float32 there, and its products take no float64), anything
+    under the interpreter."""
     return triton_unavailable(device) is None and (_interpreting() or dtype != torch.float64)
 
 
@@ -191,12 +192,9 @@ ATTENTION_MAX_HEAD_DIM = 128
 
 
 def attention_fits(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether `attention` runs for a model on `device` in `dtype`: on CUDA for float16, bfloat16 and float32
-    (not float64, which Triton's products do not take there) with heads up to ATTENTION_MAX_HEAD_DIM wide;
-    anywhere under the interpreter."""
-    if head_dim > ATTENTION_MAX_HEAD_DIM or triton_unavailable(device) is not None:
-        return False
-    return _interpreting() or dtype != torch.float64
+    """Whether `attention` runs for a model on `device` in `dtype` with heads `head_dim` wide: where `norm_fits`,
+    with heads up to ATTENTION_MAX_HEAD_DIM wide."""
+    return head_dim <= ATTENTION_MAX_HEAD_DIM and norm_fits(device, dtype)
 
 
 @functools.cache
