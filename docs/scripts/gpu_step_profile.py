@@ -10,7 +10,8 @@ colocated linears and the fused kernels, as a model loaded from a file runs on C
 python docs/scripts/gpu_step_profile.py SHAPE CONTEXTS [LAYERS [ATTENTION [triton]]]
 (e.g. llama-3.1-8b 4096,100000; smollm2-135m 2048; LAYERS "" for all; ATTENTION bucketed (default) or
 length, which says why and stops where this torch's flash kernel cannot run it; `triton`: with
---triton-kernels, whose two kernels are a class of their own)
+--triton-kernels, whose rope_store and silu_mul are a class of their own; its norm and attention kernels count
+as norms and attention)
 
 Without CUDA it profiles the eager body on the CPU in float32, counting torch ops' own CPU time
 instead of kernels: a check that the script runs, not a measurement of anything this issue targets."""

@@ -29,6 +29,7 @@ import sys
 import torch
 
 from longswift.runtime.attention import additive_mask, by_length, key_span, prefix_attention
+from longswift.runtime.cuda_graphs import BUCKET, span_for
 from longswift.runtime.triton_kernels import DEFAULT_TILES, AttentionTiles, attention, attention_parts
 
 HKV, GRP, D = 8, 4, 128
@@ -36,11 +37,14 @@ LAYERS, REPS = 8, 20
 
 
 def span_of(context: int) -> int:
-    """The span a step at `context` cached slots reads: doubled from 1,024 (runtime.cuda_graphs)."""
-    span = 1024
-    while span < context + 1:
-        span *= 2
-    return span
+    """The span a step at `context` cached slots reads (StepGraphs: its slot + 1, in a cache that does not cut it)."""
+    return span_for(context + 1, BUCKET, 1 << 62)
+
+
+def layer_caches(span: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """LAYERS layers' bfloat16 keys and values [HKV, span + 128, D] (room for a pass's new entries past the span)."""
+    return [(torch.randn(HKV, span + 128, D, device=device, dtype=torch.bfloat16),
+             torch.randn(HKV, span + 128, D, device=device, dtype=torch.bfloat16)) for _ in range(LAYERS)]
 
 
 def random_trie(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -79,8 +83,7 @@ def tune(cases: list[tuple[int, int]]) -> None:
           f"(median of {REPS} replays of {LAYERS} layers), microseconds; default {DEFAULT_TILES}")
     for context, n in cases:
         span = span_of(context)
-        caches = [(torch.randn(HKV, span + 128, D, device=cuda, dtype=dtype),
-                   torch.randn(HKV, span + 128, D, device=cuda, dtype=dtype)) for _ in range(LAYERS)]
+        caches = layer_caches(span, cuda)
         rows = GRP * n
         q = torch.randn(HKV, rows, D, device=cuda, dtype=dtype)
         parts = attention_parts(cuda, HKV, rows, span)
@@ -127,8 +130,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for context in contexts:
         span = span_of(context)
-        caches = [(torch.randn(HKV, span + 128, D, device=cuda, dtype=dtype),
-                   torch.randn(HKV, span + 128, D, device=cuda, dtype=dtype)) for _ in range(LAYERS)]
+        caches = layer_caches(span, cuda)
         for n in nodes:
             rows = GRP * n
             q = torch.randn(HKV, rows, D, device=cuda, dtype=dtype)
