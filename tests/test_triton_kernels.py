@@ -27,6 +27,7 @@ from longswift.runtime.model import Transformer
 from longswift.runtime.rope import apply_rope
 
 triton = pytest.importorskip("triton")
+from triton_compile import SHARED_LIMIT, compile_for  # noqa: E402
 from longswift.runtime.triton_kernels import attention as triton_attention  # noqa: E402
 from longswift.runtime.triton_kernels import rms_norm as triton_rms_norm  # noqa: E402
 from longswift.runtime.triton_kernels import rope_store, silu_mul, triton_unavailable  # noqa: E402
@@ -231,28 +232,6 @@ def test_the_attention_tiles_change_its_speed_not_its_values(block_n, monkeypatc
     assert launched == [{"BLOCK_N": block_n, "BLOCK_M": 16, "num_warps": 8, "num_stages": 4}]
     with pytest.raises(ValueError, match="block_n must be a power of two of at least 16; got 48"):
         AttentionTiles(48)
-
-
-def compile_for(fn, target: int, signature: dict[str, str], params: dict, ones: tuple[str, ...] = (),
-                aligned: tuple[str, ...] = ()):
-    """Triton's compiler, run here for an NVIDIA GPU of compute capability `target` (no GPU needed: the wheel
-    brings LLVM and ptxas) -> the compiled kernel (its PTX, its shared memory). As a launch specializes them:
-    `ones`, integer arguments equal to 1 (a unit stride: constants), and `aligned`, pointers and integers
-    divisible by 16 (which is what lets Triton vectorise and pipeline the loads)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    options = {k: params.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in params}
-    params = {**params, **dict.fromkeys(ones, 1)}
-    signature = {**signature, **{name: "constexpr" for name in params}}
-    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    source = ASTSource(fn=fn, signature=signature, constexprs=params, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", target, 32), options=options)
-
-
-# The shared memory a thread block may take: sm_86 and sm_89 (RTX 30x0/40x0, L4, L40) 99 KB; an A100 163 KB; an
-# H100 or H200 227 KB.
-SHARED_LIMIT = {86: 99 * 1024, 80: 163 * 1024, 90: 227 * 1024}
 
 
 @pytest.mark.parametrize("target,dtype,rows", [(90, torch.bfloat16, 128), (90, torch.bfloat16, 4),

@@ -35,7 +35,7 @@ import torch
 def triton_unavailable(device: torch.device) -> str | None:
     """Why the Triton kernels cannot run on `device` (None if they can): they need a CUDA device (or, on a CPU,
     Triton's interpreter) and the triton package."""
-    if device.type != "cuda" and not _interpreting():
+    if device.type != "cuda" and not interpreting():
         return f"the Triton kernels need a CUDA device (this model runs on {device})"
     try:
         import triton  # noqa: F401
@@ -44,7 +44,7 @@ def triton_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
@@ -62,17 +62,17 @@ def _kernels(interpret: bool) -> Any:
 
 
 def kernels() -> Any:
-    return _kernels(_interpreting())
+    return _kernels(interpreting())
 
 
-def _acc(dtype: torch.dtype) -> Any:
+def acc(dtype: torch.dtype) -> Any:
     """The Triton dtype a kernel computes in for tensors of `dtype`: float64's own, else float32."""
     import triton.language as tl
 
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _on(device: torch.device) -> Any:
+def on(device: torch.device) -> Any:
     """Where a launch goes: Triton launches on the current CUDA device, which need not be the tensors' (a model on
     cuda:1 while cuda:0 is current)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
@@ -94,11 +94,11 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, s
     q = torch.empty(t, heads, d, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(t, kv_heads, d, dtype=qkv.dtype, device=qkv.device)
     if t:
-        with _on(qkv.device):
+        with on(qkv.device):
             kernels().rope_store_kernel[(t, heads + 2 * kv_heads)](
                 qkv, cos.contiguous(), signed_sin.contiguous(), slots, q, k, cache_k, cache_v,
                 qkv.stride(0), *cache_k.stride(), *cache_v.stride(), H=heads, HKV=kv_heads, D=d,
-                BLOCK=1 << (d - 1).bit_length(), FUSED=fused, ACC=_acc(qkv.dtype), enable_fp_fusion=False)
+                BLOCK=1 << (d - 1).bit_length(), FUSED=fused, ACC=acc(qkv.dtype), enable_fp_fusion=False)
     v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
     return q, k, v
 
@@ -113,10 +113,10 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     out = torch.empty(t, i, dtype=gate_up.dtype, device=gate_up.device)
     if t:
         k = kernels()
-        accurate = not _interpreting() and k.libdevice is not None
-        with _on(gate_up.device):
+        accurate = not interpreting() and k.libdevice is not None
+        with on(gate_up.device):
             k.silu_mul_kernel[(t, -(-i // block))](gate_up, out, gate_up.stride(0), INNER=i, BLOCK=block,
-                                                   ACC=_acc(gate_up.dtype), ACCURATE=accurate,
+                                                   ACC=acc(gate_up.dtype), ACCURATE=accurate,
                                                    enable_fp_fusion=False)
     return out
 
@@ -125,7 +125,7 @@ def norm_fits(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether `rms_norm` and `attention` run for a model on `device` in `dtype`: not float64 on CUDA (Triton
     passes a float argument, eps or the scale, as a float32 there, and its products take no float64), anything
     under the interpreter."""
-    return triton_unavailable(device) is None and (_interpreting() or dtype != torch.float64)
+    return triton_unavailable(device) is None and (interpreting() or dtype != torch.float64)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_rounding: bool) -> torch.Tensor:
@@ -140,10 +140,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_rounding: bo
     if t:
         k = kernels()
         block = 1 << (n - 1).bit_length()
-        with _on(x.device):
+        with on(x.device):
             k.rms_norm_kernel[(t,)](x, weight.contiguous(), out, x.stride(0), eps, N=n, BLOCK=block,
-                                    ONE_ROUNDING=one_rounding, ACC=_acc(x.dtype),
-                                    ACCURATE=not _interpreting() and k.libdevice is not None,
+                                    ONE_ROUNDING=one_rounding, ACC=acc(x.dtype),
+                                    ACCURATE=not interpreting() and k.libdevice is not None,
                                     num_warps=max(1, min(16, block // 256)), enable_fp_fusion=False)
     return out
 
@@ -229,7 +229,7 @@ def part_launch(dtype: torch.dtype, rows: int, head_dim: int, tiles: AttentionTi
     block_m = _block_m(rows, tiles.max_block_m)
     params: dict[str, Any] = {
         "D": head_dim, "BLOCK_D": max(16, 1 << (head_dim - 1).bit_length()), "BLOCK_M": block_m,
-        "BLOCK_N": tiles.block_n, "ACC": _acc(dtype), "ROUND_P": dtype in (torch.float16, torch.bfloat16),
+        "BLOCK_N": tiles.block_n, "ACC": acc(dtype), "ROUND_P": dtype in (torch.float16, torch.bfloat16),
         "IEEE": dtype == torch.float32, "UPCAST": interpreting and dtype == torch.bfloat16,
         "num_warps": tiles.warps or (8 if block_m > 64 else 4),
         "enable_fp_fusion": True}  # (its sums are not eager's anyway; said, as Triton 3.9 warns where it is not)
@@ -258,16 +258,16 @@ def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: 
     if keys.dtype != qg.dtype or values.dtype != qg.dtype:
         raise ValueError(f"attention: queries in {qg.dtype}, keys in {keys.dtype}, values in {values.dtype}: "
                          "give them one dtype")
-    acc = torch.float64 if qg.dtype == torch.float64 else torch.float32
-    block_m, params = part_launch(qg.dtype, rows, d, tiles, _interpreting())
+    sums = torch.float64 if qg.dtype == torch.float64 else torch.float32
+    block_m, params = part_launch(qg.dtype, rows, d, tiles, interpreting())
     block_d = params["BLOCK_D"]
-    part_out = torch.empty(hkv, parts + 1, rows, block_d, dtype=acc, device=qg.device)
-    part_lse = torch.empty(hkv, parts + 1, rows, dtype=acc, device=qg.device)
+    part_out = torch.empty(hkv, parts + 1, rows, block_d, dtype=sums, device=qg.device)
+    part_lse = torch.empty(hkv, parts + 1, rows, dtype=sums, device=qg.device)
     out = torch.empty(hkv, rows, d, dtype=qg.dtype, device=qg.device)
     tree_i8 = used if tree is None else tree.to(torch.int8).contiguous()  # (used: unread; a body's own: a no-op)
     k = kernels()
     launched = parts + (1 if new else 0)
-    with _on(qg.device):
+    with on(qg.device):
         k.attention_part_kernel[(hkv, launched, -(-rows // block_m))](
             qg, keys, values, used, tree_i8, part_out, part_lse, *qg.stride(), *keys.stride(), *values.stride(),
             rows, new, parts, scale, **params)
