@@ -72,6 +72,7 @@ class _UnlaunchedKernels:
 
     rope_store_kernel = silu_mul_kernel = rms_norm_kernel = _Unlaunched()
     attention_part_kernel = attention_merge_kernel = _Unlaunched()
+    sample_prepare_kernel = sample_sums_kernel = sample_pick_kernel = _Unlaunched()
     libdevice = None
 
 

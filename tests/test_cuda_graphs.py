@@ -414,7 +414,9 @@ def test_the_draw_penalizes_the_first_history_token():
     g.bind_sampling(history, SamplingConfig(temperature=0, repetition_penalty=50.0, penalty_window=8))
     g.drawn_from = torch.zeros(e.cfg.vocab_size, dtype=torch.float64)
     g.drawn_from[7], g.drawn_from[3] = 10.0, 9.0  # 7, the history's first token, is penalized to 0.2
-    assert g._draw(torch.tensor([3])).tolist() == [3] and history[3] == 3
+    tokens = torch.zeros(1, dtype=torch.long)
+    g._draw(torch.tensor([3]), tokens)
+    assert tokens.tolist() == [3] and history[3] == 3
 
 
 def test_rebinding_drops_the_sampled_graphs_only():

@@ -51,6 +51,8 @@ from .cache import FullKVCache
 from .model import Transformer
 from .triton_kernels import attention as triton_attention
 from .triton_kernels import attention_fits, attention_parts, rope_store
+from .triton_sampling import sample as triton_sample
+from .triton_sampling import sample_params, sampling_fits
 
 # Slots of a bucket: the masked tail costs one [Hkv, G*N, bucket + N] product per layer; a
 # growing cache captures one graph per bucket (100K tokens: about 100 captures per node budget).
@@ -161,6 +163,7 @@ class StepGraphs:
         self.history: torch.Tensor | None = None
         self.sampling: SamplingConfig | None = None
         self.drawn_from: torch.Tensor | None = None  # [V]
+        self.sample_params: torch.Tensor | None = None  # the Triton draw's (triton_sampling.sample_params), if it draws
         self.u = torch.zeros(1, dtype=torch.float64, device=model.device)
 
     def take_captures(self) -> tuple[int, float]:
@@ -183,7 +186,7 @@ class StepGraphs:
         m, cache, g = self.model, self.cache, self.model.cfg.group_size
         (tokens, positions), mask = self._buffers(n)
         if out == SAMPLED:  # the token is drawn here, into the buffer the forward reads
-            tokens.copy_(self._draw(positions))
+            self._draw(positions, tokens)
         cos, sin = m.rope.cos_sin(positions, 0, m.dtype)  # [N, 1, D]
         where = self.slot + torch.arange(n, device=m.device)  # [N] cache slots of the new tokens
         if self.attention == "length" and self.triton_attention:  # the slots in use and the new ones, two kernels
@@ -239,20 +242,11 @@ class StepGraphs:
             return self.draft_out(x), x
         return (m.logits(x) if out in (LOGITS, SAMPLED) else x[:0]), x
 
-    def _draw(self, positions: torch.Tensor) -> torch.Tensor:
-        """A SAMPLED body's draw: the token at `positions` [1] (its index in the history, which is its
-        position) from `drawn_from` under the bound transform, with the penalty window gathered from the
-        device history at that index (-1: before the history's start), written to the history there.
-        What runtime.blocks does per token on the host's launches, here in device ops only. -> [1] long."""
-        history, sampling = self.history, self.sampling
-        assert history is not None and sampling is not None and self.drawn_from is not None
-        w = sampling.penalized_window
-        at = positions[:1] - w + torch.arange(w, device=history.device)  # [W] the window's history indices
-        window = torch.where(at >= 0, history[at.clamp(min=0)], -1)  # [W]
-        x = transform(self.drawn_from[None], window[None], sampling)  # [1, V]
-        token = draw_rows(x, sampling, None if sampling.greedy else self.u)  # [1]
-        history.index_copy_(0, positions[:1], token)
-        return token
+    def _draw(self, positions: torch.Tensor, tokens: torch.Tensor) -> None:
+        """A SAMPLED body's draw (device_draw) from `drawn_from` under the bound transform."""
+        assert self.history is not None and self.sampling is not None and self.drawn_from is not None
+        device_draw(self.drawn_from, self.history, positions, self.sampling, None if self.sampling.greedy else self.u,
+                    tokens, self.sample_params)
 
     def _capture(self, key: tuple[int, int, str]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         # torch.cuda.graph captures on a stream of the *current* device (its shared default capture stream,
@@ -353,6 +347,10 @@ class StepGraphs:
         self.history, self.sampling = history, dataclasses.replace(sampling)
         if sampling.banned_ids:  # made here, never during a capture (sampling.banned_index)
             banned_index(sampling.banned_ids, history.device)
+        # The Triton draw's numbers, likewise made here (the logits are in the model's acc_dtype)
+        dtype = self.model.acc_dtype
+        self.sample_params = (sample_params(sampling, dtype, history.device)
+                              if self.model.triton_kernels and sampling_fits(sampling, dtype) else None)
         for key in [k for k in self.graphs if k[2] == SAMPLED]:
             del self.graphs[key]
         self.warmed = {w for w in self.warmed if w[1] != SAMPLED}
@@ -391,3 +389,24 @@ class StepGraphs:
         buf_position.fill_(position)  # a kernel argument: no host-to-device copy
         result, hidden = self._run(slot, 1, 1, out)
         return result, hidden[0]
+
+
+def device_draw(logits: torch.Tensor, history: torch.Tensor, positions: torch.Tensor, sampling: SamplingConfig,
+                u: torch.Tensor | None, tokens: torch.Tensor, triton_params: torch.Tensor | None = None) -> None:
+    """A SAMPLED body's draw: the token at `positions` [1] (its index in the history, which is its position)
+    from `logits` [V] under `sampling` with the uniform `u` ([1] float64 on the device; None if greedy), the
+    penalty window gathered from the device `history` before that index (-1: before the history's start),
+    written to the history there and to `tokens` [1]. What runtime.blocks does per token on the host's
+    launches, here in device ops only (about 25 on a GPU); with `triton_params` (triton_sampling.sample_params:
+    --triton-kernels, where they take the transform) in 2-4 Triton kernels."""
+    if triton_params is not None:
+        banned = banned_index(sampling.banned_ids, history.device) if sampling.banned_ids else None
+        triton_sample(logits, history, positions[:1], sampling, triton_params, banned, u, tokens)
+        return
+    w = sampling.penalized_window
+    at = positions[:1] - w + torch.arange(w, device=history.device)  # [W] the window's history indices
+    window = torch.where(at >= 0, history[at.clamp(min=0)], -1)  # [W]
+    x = transform(logits[None], window[None], sampling)  # [1, V]
+    token = draw_rows(x, sampling, u)  # [1]
+    history.index_copy_(0, positions[:1], token)
+    tokens.copy_(token)

@@ -80,6 +80,14 @@ if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
     @triton.jit
     def _sum(x, AXIS: tl.constexpr):
         return tl.reduce(x, AXIS, tl.standard._sum_combine)
+
+    @triton.jit
+    def _min(x, AXIS: tl.constexpr):
+        return tl.reduce(x, AXIS, tl.standard._elementwise_min)
+
+    @triton.jit
+    def _cumsum(x, AXIS: tl.constexpr):
+        return tl.associative_scan(x, AXIS, tl.standard._sum_combine)
 else:
     @triton.jit
     def _max(x, AXIS: tl.constexpr):
@@ -88,6 +96,14 @@ else:
     @triton.jit
     def _sum(x, AXIS: tl.constexpr):
         return tl.sum(x, AXIS)
+
+    @triton.jit
+    def _min(x, AXIS: tl.constexpr):
+        return tl.min(x, AXIS)
+
+    @triton.jit
+    def _cumsum(x, AXIS: tl.constexpr):
+        return tl.cumsum(x, AXIS)
 
 
 @triton.jit
@@ -208,3 +224,153 @@ def rms_norm_kernel(x, weight, out, x_row, eps, N: tl.constexpr, BLOCK: tl.const
     else:
         y = (v * rstd).to(out.dtype.element_ty).to(ACC) * w
     tl.store(out + t * N + c, y.to(out.dtype.element_ty), mask=inside)
+
+
+# The decode step's draw (runtime.triton_sampling): the logits transform of runtime's sampling.transform without
+# top-k, top-p and eta, then draw_rows' inverse-CDF draw, over a row of V logits cut into chunks of CHUNK, one
+# program a chunk, and one program to pick. ACC: the logits' dtype (float32 or float64); params [4] in ACC: the
+# penalty, its reciprocal, the temperature's reciprocal and min-p (CUDA divides a tensor by a number as a product
+# with its reciprocal, which is what torch's transform computes there). ACCURATE: CUDA's exp and IEEE divisions.
+
+
+@triton.jit
+def _exp(x, ACCURATE: tl.constexpr):
+    # CUDA's expf where ACCURATE (Triton's float32 exp is an approximate exp2); Triton's float64 exp is CUDA's
+    if ACCURATE and x.dtype == tl.float32:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def sample_prepare_kernel(logits, history, position_at, banned, params, scratch, part_max, part_arg,
+                          vocab, window, n_banned,
+                          CHUNK: tl.constexpr, WBLOCK: tl.constexpr, PENALTY: tl.constexpr, BAN: tl.constexpr,
+                          SCALE: tl.constexpr, ACC: tl.constexpr):
+    # Program c: the transformed logits of tokens [c CHUNK, (c + 1) CHUNK) (banned at -inf; those of the last
+    # `window` history entries before the position penalized as apply_penalty does; scaled by 1 / temperature)
+    # into scratch (unless no step changes them), and their maximum and its first token.
+    c = tl.program_id(0)
+    lo = c * CHUNK
+    i = lo + tl.arange(0, CHUNK)
+    inside = i < vocab
+    x = tl.load(logits + i, mask=inside, other=float("-inf"))
+    if PENALTY or BAN:
+        tl.store(scratch + i, x, mask=inside)
+        tl.debug_barrier()  # the program's own copy, before it overwrites tokens of its chunk
+        if PENALTY:  # ids that occur twice are written twice with one value
+            theta = tl.load(params)
+            inv_theta = tl.load(params + 1)
+            position = tl.load(position_at)
+            for start in range(0, window, WBLOCK):
+                j = start + tl.arange(0, WBLOCK)
+                at = position - window + j
+                ok = (j < window) & (at >= 0)
+                ids = tl.load(history + at, mask=ok, other=-1)
+                mine = ok & (ids >= lo) & (ids < lo + CHUNK) & (ids < vocab)
+                v = tl.load(logits + ids, mask=mine, other=0.0)
+                tl.store(scratch + ids, tl.where(v > 0, v * inv_theta, v * theta), mask=mine)
+        if BAN:
+            for start in range(0, n_banned, WBLOCK):
+                j = start + tl.arange(0, WBLOCK)
+                ids = tl.load(banned + j, mask=j < n_banned, other=-1)
+                mine = (j < n_banned) & (ids >= lo) & (ids < lo + CHUNK)
+                tl.store(scratch + ids, tl.full([WBLOCK], float("-inf"), ACC), mask=mine)
+        tl.debug_barrier()
+        x = tl.load(scratch + i, mask=inside, other=float("-inf"))
+    if SCALE:
+        x = x * tl.load(params + 2)
+        tl.store(scratch + i, x, mask=inside)
+    top = _max(x, 0)
+    tl.store(part_max + c, top)
+    tl.store(part_arg + c, _min(tl.where(x == top, i, vocab), 0))
+
+
+@triton.jit
+def _div(a, b, ACCURATE: tl.constexpr):
+    # An IEEE division where ACCURATE (Triton's float32 `/` is approximate; float64's is IEEE)
+    if ACCURATE and a.dtype == tl.float32:
+        return tl.div_rn(a, b)
+    else:
+        return a / b
+
+
+@triton.jit
+def _top(part_max, parts, P_BLOCK: tl.constexpr):
+    # The row's maximum from the chunks' (every program reads them in one order: one value for all).
+    p = tl.arange(0, P_BLOCK)
+    return _max(tl.load(part_max + p, mask=p < parts, other=float("-inf")), 0)
+
+
+@triton.jit
+def _mass(part_sum, parts, P_BLOCK: tl.constexpr):
+    p = tl.arange(0, P_BLOCK)
+    return _sum(tl.load(part_sum + p, mask=p < parts, other=0.0), 0)
+
+
+@triton.jit
+def _weights(x, top, mass, params, MIN_P: tl.constexpr, ACCURATE: tl.constexpr):
+    # The draw's weights exp(x - top) in float64, 0 for the tokens min-p drops: those whose softmax probability
+    # exp(x - top) / mass (in x's dtype) is below min_p times the largest, 1 / mass (exp(0) = 1).
+    w = _exp(x.to(tl.float64) - top.to(tl.float64), ACCURATE)
+    if MIN_P:
+        e = _exp(x - top, ACCURATE)
+        one = tl.full([], 1.0, x.dtype)
+        w = tl.where(_div(e, mass, ACCURATE) < tl.load(params + 3) * _div(one, mass, ACCURATE), 0.0, w)
+    return w
+
+
+@triton.jit
+def sample_sums_kernel(source, part_max, part_sum, part_weight, params, vocab, parts,
+                       CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, WEIGHTS: tl.constexpr, MIN_P: tl.constexpr,
+                       ACCURATE: tl.constexpr):
+    # Program c, over the transformed logits of its chunk: WEIGHTS false, the softmax's sum of exp(x - top) in x's
+    # dtype (min-p's); true, the sum of the draw's weights (float64), after part_sum's sums where MIN_P.
+    c = tl.program_id(0)
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(source + i, mask=i < vocab, other=float("-inf"))
+    top = _top(part_max, parts, P_BLOCK)
+    if WEIGHTS:
+        mass = top  # (unread without MIN_P)
+        if MIN_P:
+            mass = _mass(part_sum, parts, P_BLOCK)
+        tl.store(part_weight + c, _sum(_weights(x, top, mass, params, MIN_P, ACCURATE), 0))
+    else:
+        tl.store(part_sum + c, _sum(_exp(x - top, ACCURATE), 0))
+
+
+@triton.jit
+def sample_pick_kernel(source, part_max, part_arg, part_sum, part_weight, params, u_at, history, position_at,
+                       token_out, vocab, parts,
+                       CHUNK: tl.constexpr, P_BLOCK: tl.constexpr, GREEDY: tl.constexpr, MIN_P: tl.constexpr,
+                       ACCURATE: tl.constexpr):
+    # One program: the token, written to token_out and to the history at the position. Greedy: the first token
+    # of the largest logit. Else the first token whose cumulative weight exceeds u times the total (draw_rows'
+    # searchsorted): the chunk where the chunks' cumulative weights pass it, then the token within it; the last
+    # token where none does (searchsorted's clamp).
+    p = tl.arange(0, P_BLOCK)
+    if GREEDY:
+        tops = tl.load(part_max + p, mask=p < parts, other=float("-inf"))
+        first = _min(tl.where(tops == _max(tops, 0), p, P_BLOCK), 0)
+        token = tl.load(part_arg + first)
+    else:
+        weights = tl.load(part_weight + p, mask=p < parts, other=0.0)  # [P_BLOCK] float64
+        target = tl.load(u_at) * _sum(weights, 0)
+        before = _cumsum(weights, 0)
+        k = _min(tl.where(before > target, p, P_BLOCK), 0)
+        token = tl.full([], 0, tl.int64) + (vocab - 1)
+        if k < parts:
+            base = _sum(tl.where(p < k, weights, 0.0), 0)
+            i = k * CHUNK + tl.arange(0, CHUNK)
+            x = tl.load(source + i, mask=i < vocab, other=float("-inf"))
+            top = _top(part_max, parts, P_BLOCK)
+            mass = top
+            if MIN_P:
+                mass = _mass(part_sum, parts, P_BLOCK)
+            w = _weights(x, top, mass, params, MIN_P, ACCURATE)
+            # the chunk's first token past the target; rounding may leave it short of it: its last weighed token
+            found = _min(tl.where(base + _cumsum(w, 0) > target, i, vocab), 0)
+            last = _max(tl.where(w > 0, i, -1), 0)
+            token = tl.where(found < vocab, found, last).to(tl.int64)
+    tl.store(token_out, token)
+    tl.store(history + tl.load(position_at), token)
