@@ -24,7 +24,8 @@ the machine's own pytest and `PYTHONPATH=src` do: see docs/scripts/gpu_session.s
   fuses its sum (fused_rope); float32 keeps the CPU's ops;
 - the Triton kernels (--triton-kernels: rope with the cache writes, SwiGLU) compute what the eager ops do to
   one unit in the last place; their bodies replay exactly, stay as close to float32 as the eager bfloat16
-  forward, and a generation with them and graphs on equals graphs off;
+  forward, and a generation with them and graphs on equals graphs off; their draw (runtime.triton_sampling) draws
+  torch's token for uniforms inside its CDF's intervals over a real vocabulary;
 - the batched walk's device memory stays within the bytes per logit the memory plan counts;
 - `bench --lockstep`'s generations, held at once with their graphs, generate what each does alone."""
 
@@ -828,3 +829,57 @@ def test_generation_with_triton_kernels_and_graphs_equals_without_graphs(dtype):
     assert generate(on, "ar") == generate(off, "ar")
     for spec in SPECS.values():
         assert generate(on, "tokenswift", spec) == generate(off, "tokenswift", spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_triton_draw_draws_what_the_torch_draw_draws(dtype):
+    """The decode body's draw in Triton kernels (runtime.triton_sampling), compiled for the GPU over a real
+    vocabulary (128,256 tokens, 126 chunks), against the torch transform and draw_rows on the same GPU: greedy with
+    a penalty and a ban; the paper's sampling (min-p 0.1, penalty 1.2 over 1,024 tokens); a temperature, min-p
+    and a ban. For uniforms in the middle of kept tokens' intervals of torch's CDF (64 of them, and its ends) the
+    token is torch's. The case keeps every token's probability clear of min-p's threshold by more than float32's
+    sums can differ (1e-5 relative), and the probed intervals wider than float64's (1e-9)."""
+    needs_triton()
+    from longswift.runtime.triton_sampling import sample, sample_params
+    from longswift.sampling import banned_index, draw_rows, transform
+
+    vocab, position = 128256, 3000
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(vocab, generator=g, dtype=torch.float64) * 2.5
+    history = torch.randint(0, vocab, (4096,), generator=g)
+    logits[history[position - 1024 : position][:50]] += 4.0  # likely tokens the penalty sees
+    logits, history = logits.to(dtype).to(CUDA), history.to(CUDA)
+    at = torch.tensor([position], device=CUDA)
+    for sampling in (SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=64, banned_ids=(17, 99)),
+                     SamplingConfig(seed=1),
+                     SamplingConfig(temperature=0.8, min_p=0.05, repetition_penalty=1.0, banned_ids=(5,))):
+        w = sampling.penalized_window
+        window = history[position - w : position][None]
+        banned = banned_index(sampling.banned_ids, CUDA) if sampling.banned_ids else None
+        params = sample_params(sampling, dtype, CUDA)
+
+        def kernels(u: float | None) -> int:
+            mine = history.clone()
+            out = torch.zeros(1, dtype=torch.long, device=CUDA)
+            sample(logits, mine, at, sampling, params, banned,
+                   None if u is None else torch.tensor([u], dtype=torch.float64, device=CUDA), out)
+            assert int(mine[position]) == int(out[0])
+            return int(out[0])
+
+        x = transform(logits[None], window, sampling)
+        if sampling.greedy:
+            assert kernels(None) == int(x.argmax())
+            continue
+        unfiltered = transform(logits[None], window, dataclasses.replace(sampling, min_p=0.0))
+        probs = torch.softmax(unfiltered, -1)
+        threshold = sampling.min_p * probs.max()
+        assert ((probs - threshold).abs() / threshold).min() > 1e-5  # (the case's, not the kernels')
+        cdf = torch.cumsum(torch.softmax(x.double(), -1), -1)[0]
+        before = torch.cat([cdf.new_zeros(1), cdf[:-1]])
+        kept = torch.nonzero(cdf - before > 1e-9).flatten()
+        probed = kept[torch.linspace(0, len(kept) - 1, 64).round().long()].tolist()
+        uniforms = {float((before[t] + cdf[t]) / 2 / cdf[-1]): t for t in probed}
+        uniforms.update({0.0: int(kept[0]), 1.0 - 2 ** -40: int(torch.nonzero(cdf > before).flatten()[-1])})
+        for u, token in uniforms.items():
+            assert int(draw_rows(x, sampling, torch.tensor([u], dtype=torch.float64))[0]) == token
+            assert kernels(u) == token, (sampling, u)

@@ -219,14 +219,15 @@ esac
 
     log, rows = first(tmp_path / "all", 420)
     assert [line.split("'")[1] for line in log.splitlines()] == ["tests", "ar", "steps length", "steps triton",
-                                                                 "attention", "steps fused"]
+                                                                 "attention", "sampling", "steps fused"]
     assert "exited 0" in log and "skipped" not in log and "cut off" not in log
     assert rows[TESTS][1] == rows[FLOOR_100K][1] == rows[EMBEDDED_AR][1] == "**met**"
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["first.log", "parts.tar.gz", "targets.md",
                                                                      "versions.txt"]  # the device tool returns 8
     with tarfile.open(tmp_path / "all" / "parts.tar.gz") as tar:
         assert {"parts/tests.txt", "parts/steps-length.json", "parts/steps-triton.json",
-                "parts/ar-smollm2-135m.txt", "parts/triton-attention-ab.md"} <= set(tar.getnames())
+                "parts/ar-smollm2-135m.txt", "parts/triton-attention-ab.md",
+                "parts/triton-sampling-ab.md"} <= set(tar.getnames())
     assert rows[FLOOR_4K + " (--triton-kernels)"] == rows[FLOOR_4K]  # (the stand-in's same file for both)
     log, rows = first(tmp_path / "short", 46, sleep=3)  # 31 s left before the tests, under 30 after them
     assert "first: 'tests' exited 0" in log and "first: skipped 'ar'" in log and "skipped 'steps fused'" in log
@@ -240,6 +241,6 @@ def test_gpu_session_script_parses_and_knows_its_first_parts():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
     parts = set(re.findall(r"^    run_part \d+ (\w+)", text, flags=re.M))
-    assert parts == {"tests", "steps", "ar", "attention"}
+    assert parts == {"tests", "steps", "ar", "attention", "sampling"}
     for part in parts:
         assert re.search(rf"^  {part}\)", text, flags=re.M), part

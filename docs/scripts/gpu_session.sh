@@ -7,6 +7,7 @@
 #                                            # device call a timeout_s of at least BUDGET + 60): tests, `ar`,
 #                                            # `steps length`, `steps triton` (the same with --triton-kernels),
 #                                            # `attention` (the Triton attention against flash's, per layer),
+#                                            # `sampling` (the decode step's draw, torch against Triton),
 #                                            # then `steps fused` while time is left, each
 #                                            # part cut off at what remains (timeout); then targets.md: issue
 #                                            # #16's targets against the figures (issue16_targets.py), all but
@@ -35,6 +36,9 @@
 #                                            # attention (--triton-kernels), per layer, 8B shape, 4K/32K/100K
 #                                            # context, 1 (decoding) to 121 nodes (triton_attention_ab.py;
 #                                            # `attention tune`: its tiles, warps and pipeline stages swept)
+#   bash docs/scripts/gpu_session.sh sampling  # the decode step's draw, captured: torch's ops against the
+#                                            # Triton kernels (--triton-kernels), 3 vocabularies x 3 presets
+#                                            # (triton_sampling_ab.py)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
 #   bash docs/scripts/gpu_session.sh profile # where a decode step's GPU time goes: kernels by class, replayed and
@@ -54,7 +58,7 @@
 # Nothing is installed (the machine has no network): the package runs from src/ with the machine's
 # torch, and versions.txt records what was there. Every part writes versions.txt first.
 set -uo pipefail
-part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|attention [tune]|plain|profile [small|triton]|cell GGUF}
+part=${1:?usage: bash docs/scripts/gpu_session.sh first|tests|steps [bucketed|length|separate|triton|fused]|ar [8b]|attention [tune]|sampling|plain|profile [small|triton]|cell GGUF}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -112,6 +116,7 @@ case $part in
     run_part 240 steps length
     run_part 120 steps triton
     run_part 90 attention
+    run_part 40 sampling
     run_part 150 steps fused
     $py docs/scripts/issue16_targets.py "$out/parts" > "$out/targets.md"
     tar czf "$out/parts.tar.gz" -C "$out" parts && rm -rf "$out/parts"
@@ -148,6 +153,9 @@ case $part in
     fi
     $py docs/scripts/triton_attention_ab.py > "$out/triton-attention-ab.md" 2>&1
     cat "$out/triton-attention-ab.md" ;;
+  sampling)
+    $py docs/scripts/triton_sampling_ab.py > "$out/triton-sampling-ab.md" 2>&1
+    cat "$out/triton-sampling-ab.md" ;;
   plain)
     for mode in plain adaptive; do
       $py docs/scripts/plain_step_ab.py $mode paper 1024 4 shape > "$out/plain-$mode.txt" 2>&1
@@ -176,6 +184,6 @@ case $part in
     tail -5 "$out/cell.log"
     grep -A8 '^### ' "$out/cell/report.md" ;;
   *)
-    echo "unknown part '$part': use first, tests, steps, ar, attention, plain, profile or cell" >&2
+    echo "unknown part '$part': use first, tests, steps, ar, attention, sampling, plain, profile or cell" >&2
     exit 2 ;;
 esac
