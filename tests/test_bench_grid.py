@@ -42,6 +42,9 @@ def test_speedup_arithmetic():
     assert [n for n, _ in curve] == [3, 4]
     assert curve[0][1] == pytest.approx(3.0 / 1.0)  # baseline interpolated to 3 s at 3 tokens
     assert curve[1][1] == pytest.approx(4.0 / 1.6)
+    # Both at one token a second after the prefill's first token; the baseline's first checkpoint at 5 tokens
+    # (a step of 4 after the first): to 2 tokens each took 1 s, not the baseline 4 * 2 / 5 s (from 0 tokens)
+    assert curve_speedup([(5, 1.0 + 4.0)], [(2, 0.5 + 1.0)], 1.0, 0.5) == [(2, pytest.approx(1.0))]
 
 
 def test_timeline_checkpoints_every_eighth():
