@@ -185,9 +185,14 @@ def test_suite_writes_files_and_resumes(tmp_path, tiny_dir, capsys):
     else:  # said in the report, not silently left out
         assert png == [] and "No plots: matplotlib is not installed" in md
 
-    # the same command again: nothing to do, nothing appended
+    # the same command again: nothing to do, nothing appended; plots an earlier report drew and this one does not
+    # (matplotlib gone since) are removed, other files kept
+    for name in ("alpha_vs_length.png", "speedup_vs_length.png", "time_to_n_tokens.png", "mine.png"):
+        (out_dir / name).write_bytes(b"an earlier report's plot")
     report, err = bench(capsys, tiny_dir, out_dir)
     assert "resuming: 12 runs" in err and "0 runs to do" in err
+    stale = {p.name for p in out_dir.glob("*.png") if p.read_bytes() == b"an earlier report's plot"}
+    assert stale == {"mine.png"} and {p.name for p in out_dir.glob("*.png")} == {*png, "mine.png"}
     assert "resumed: 12 of the 12 runs below were measured by earlier invocations" in report
     assert len(lines(out_dir / "results.jsonl")) == 12
     # a run cut off mid-line is dropped and run again; a longer grid only runs the new cells

@@ -33,6 +33,18 @@ def _label(r: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     return f"{r['method']} ({r['variant']})" if several else r["method"]
 
 
+# Every plot plot_all may write: a directory's plots are those of its last report (stale_plots)
+PLOT_NAMES = ("speedup_vs_length.png", "alpha_vs_length.png", "time_to_n_tokens.png")
+
+
+def stale_plots(out_dir: Path, written: list[str]) -> None:
+    """Remove the plots an earlier report of `out_dir` drew that this one did not (matplotlib gone, --no-plots,
+    or records that no longer support one): they showed fewer records than the report beside them."""
+    for name in PLOT_NAMES:
+        if name not in written:
+            (out_dir / name).unlink(missing_ok=True)
+
+
 def plot_all(records: list[dict[str, Any]], out_dir: Path) -> list[str]:
     """Write the plots that the records support; return their file names (none without matplotlib)."""
     if not records or importlib.util.find_spec("matplotlib") is None:
@@ -44,11 +56,8 @@ def plot_all(records: list[dict[str, Any]], out_dir: Path) -> list[str]:
 
     groups = _longest_cells(records)
     written = []
-    for name, ylabel, series in (
-        ("speedup_vs_length.png", "speedup vs our AR (x)", _speedup_series),
-        ("alpha_vs_length.png", "alpha so far", _alpha_series),
-        ("time_to_n_tokens.png", "time since start (s)", _time_series),
-    ):
+    for name, ylabel, series in zip(PLOT_NAMES, ("speedup vs our AR (x)", "alpha so far", "time since start (s)"),
+                                    (_speedup_series, _alpha_series, _time_series)):
         panels = {g: series(runs) for g, runs in groups.items()}
         panels = {g: s for g, s in panels.items() if s}
         if not panels:

@@ -105,12 +105,13 @@ def write_outputs(store: MemoryStore, ctx: RunContext, out_dir: Path | None, plo
     missing = None
     if out_dir is not None:
         write_atomic(out_dir / "results.csv", to_csv(records))
-        if plots:
-            from .plots import plot_all
+        from .plots import plot_all, stale_plots
 
+        if plots:
             images = plot_all(records, out_dir)
             if records and importlib.util.find_spec("matplotlib") is None:  # said, not silently left out
                 missing = "No plots: matplotlib is not installed (`pip install matplotlib`, then run again to add them)."
+        stale_plots(out_dir, images)
     report = render(records, ctx, images, missing)
     if out_dir is not None:
         write_atomic(out_dir / "report.md", report)
