@@ -486,6 +486,30 @@ def test_export_heads_checks_its_output_before_loading(capsys, tmp_path, no_load
     assert_one_line_error(code, err, match)
 
 
+@pytest.mark.parametrize("command,name", [("export-heads", "h\xff.safetensors"), ("export-heads", "released\xff"),
+                                          ("train-heads", "run\xff")])
+def test_heads_outputs_at_paths_safetensors_cannot_open_are_refused(capsys, tmp_path, no_loading, command, name):
+    """A name of bytes that are not UTF-8 (Latin-1, as Python hands it over): safetensors writes a heads file there
+    but opens none, so the heads could not be read back (they were written, then refused as unreadable); refused
+    before loading, nothing made."""
+    out = str(tmp_path / name.encode("latin-1").decode("utf-8", "surrogateescape"))
+    code, _, err = run_cli(capsys, command, "--heads" if command == "export-heads" else "--data",
+                           "random" if command == "export-heads" else str(tmp_path), "--out", out)
+    assert_one_line_error(code, err, "is not a UTF-8 path: safetensors files there could be written but not read back")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_heads_file_at_a_path_safetensors_cannot_open_says_so(tmp_path):
+    """One already there (renamed by hand): the error names the path as the reason, not the file as damaged."""
+    from longswift.spec.heads import load_heads, new_heads, save_heads
+
+    engine = longswift.load(tiny_hf_model("llama", "default"), heads="random")
+    path = tmp_path / b"h\xe9.safetensors".decode("utf-8", "surrogateescape")
+    save_heads(new_heads(engine.cfg, engine.model.state), engine.cfg, engine.fingerprint, path)
+    with pytest.raises(LongswiftError, match=r"safetensors opens no file whose path is not UTF-8; rename the file"):
+        load_heads(path, engine.cfg, engine.model.embed)
+
+
 def test_an_exported_directory_appears_whole_or_not_at_all(tmp_path):
     out = tmp_path / "nested" / "released"
 

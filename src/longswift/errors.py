@@ -34,10 +34,35 @@ def reason_of(exc: BaseException, limit: int = 300) -> str:
     return reason if len(reason) <= limit else reason[: limit - 3] + "..."
 
 
+def utf8_path(path: os.PathLike | str) -> bool:
+    """Whether a path's name is UTF-8 (a name of other bytes reaches Python as surrogates), which safetensors needs
+    to open a file: it writes one anywhere, but opens none at a path of other bytes."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(path: os.PathLike | str) -> str:
+    """A path that is not UTF-8 as a message can print it: its other bytes as \\xNN escapes."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def refuse_non_utf8(path: os.PathLike | str, flag: str) -> None:
+    """Refuse an output `flag` whose safetensors files could be written but never read back (utf8_path)."""
+    if not utf8_path(path):
+        raise LongswiftError(f"{flag} '{_shown(path)}' is not a UTF-8 path: safetensors files there could be "
+                             "written but not read back; give a name of UTF-8 characters")
+
+
 def unreadable(path: os.PathLike | str, what: str, exc: BaseException, damaged: str) -> LongswiftError:
-    """Why a file could not be read: access to it (safetensors says "No such file or directory" for a file this
-    user may not read), or what `damaged` says (the remedy for a truncated or corrupt file). `what` names the
-    file's kind before its path ("heads file "; "" for weights)."""
+    """Why a file could not be read: a path that is not UTF-8 (utf8_path), access to it (safetensors says "No such
+    file or directory" for a file this user may not read), or what `damaged` says (the remedy for a truncated or
+    corrupt file). `what` names the file's kind before its path ("heads file "; "" for weights)."""
+    if not utf8_path(path):
+        return LongswiftError(f"cannot read {what}'{_shown(path)}': safetensors opens no file whose path is not "
+                              "UTF-8; rename the file (or its directory) in UTF-8 characters")
     if not os.access(path, os.R_OK):
         return LongswiftError(f"cannot read {what}'{path}': permission denied; give this user read access to it "
                               "(chmod a+r)")

@@ -12,7 +12,7 @@ import torch
 
 from ..atomic import OutputLock, check_new_dir, check_writable
 from ..config import RuntimeConfig
-from ..errors import LongswiftError
+from ..errors import LongswiftError, refuse_non_utf8
 from .flags import (DECODING_ONLY, HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value,
                     model_inputs)
 from .outputs import note_stale
@@ -51,6 +51,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
 
     runtime = config_from_args(RuntimeConfig, args)
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading
+    refuse_non_utf8(args.out, "--out")  # (either format writes safetensors)
     if args.format is None:
         args.format = "longswift" if args.out.suffix.lower() == ".safetensors" else "tokenswift"
     if args.format == "tokenswift":  # before loading: a bad --out costs a second, not a load

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import _help, dtype_name, seed_problem, torch_seed
-from ..errors import LongswiftError, reason_of
+from ..errors import LongswiftError, reason_of, refuse_non_utf8
 from ..runtime.memory import GiB, available_bytes
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 from ..runtime.probe import model_probe, same_model
@@ -351,6 +351,7 @@ def check_out_dir(out_dir: str | os.PathLike, resume: bool) -> Path:
     loading the model and distilling): a finished run there (its heads, with or without their checkpoint;
     --resume has nothing left to do), a checkpoint without --resume, none with it, or a train_log.json
     that no unfinished run of this directory wrote."""
+    refuse_non_utf8(out_dir, "--out")  # (the run's heads are a safetensors file)
     out = check_dir_writable(out_dir, "--out")
     checkpoint = out / CHECKPOINT
     if checkpoint.exists() and (out / HEADS_FILE).exists():  # nothing left to continue
