@@ -974,9 +974,14 @@ def test_a_training_checkpoint_given_as_heads_says_what_it_is(tmp_path):
     with pytest.raises(LongswiftError, match="checkpoint.pt' is a train-heads training checkpoint, not heads: pass "
                                              "the run's heads.safetensors"):
         load_heads(tmp_path / "checkpoint.pt", None, None)
-    (tmp_path / "other.pt").write_bytes((tmp_path / "checkpoint.pt").read_bytes())  # another name: as before
-    with pytest.raises(LongswiftError, match="it is truncated or not a heads file"):
+    (tmp_path / "other.pt").write_bytes((tmp_path / "checkpoint.pt").read_bytes())  # renamed: what it may be
+    with pytest.raises(LongswiftError, match=r"other.pt' is a torch.save file \(a renamed train-heads "
+                                             r"checkpoint.pt\?\), not a safetensors heads file: pass the "
+                                             "heads.safetensors"):
         load_heads(tmp_path / "other.pt", None, None)
+    (tmp_path / "other.safetensors").write_bytes(b"\x08" + bytes(40))  # not a zip: as before
+    with pytest.raises(LongswiftError, match="it is truncated or not a heads file"):
+        load_heads(tmp_path / "other.safetensors", None, None)
 
 
 @pytest.mark.parametrize("command", ["train-heads", "eval-heads"])

@@ -299,9 +299,14 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
             layout = _header_layout(f)
             tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
-        if path.name == TRAIN_CHECKPOINT and zipfile.is_zipfile(path):  # torch.save's format, not safetensors
-            raise LongswiftError(f"'{path}' is a train-heads training checkpoint, not heads: pass the run's "
-                                 f"{HEADS_FILE} (or its directory), which the run writes when it finishes") from None
+        if zipfile.is_zipfile(path):  # torch.save's format, not safetensors
+            if path.name == TRAIN_CHECKPOINT:
+                raise LongswiftError(f"'{path}' is a train-heads training checkpoint, not heads: pass the run's "
+                                     f"{HEADS_FILE} (or its directory), which the run writes when it "
+                                     "finishes") from None
+            raise LongswiftError(f"'{path}' is a torch.save file (a renamed train-heads {TRAIN_CHECKPOINT}?), not a "
+                                 f"safetensors heads file: pass the {HEADS_FILE} that train-heads or export-heads "
+                                 "wrote") from None
         raise unreadable(path, "heads file ", exc, "it is truncated or not a heads file") from None
     if raw is None:
         raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
