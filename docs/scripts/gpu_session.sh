@@ -37,7 +37,7 @@
 #                                            # context, 1 (decoding) to 121 nodes (triton_attention_ab.py;
 #                                            # `attention tune`: its tiles, warps and pipeline stages swept)
 #   bash docs/scripts/gpu_session.sh sampling  # the decode step's draw, captured: torch's ops against the
-#                                            # Triton kernels (--triton-kernels), 3 vocabularies x 3 presets
+#                                            # Triton kernels (--triton-kernels), 2 vocabularies x 3 presets
 #                                            # (triton_sampling_ab.py)
 #   bash docs/scripts/gpu_session.sh plain   # TokenSwift's plain steps vs AR steps under the paper's sampling,
 #                                            # embedded shape (every step forced plain, then the adaptive loop)
@@ -116,7 +116,7 @@ case $part in
     run_part 240 steps length
     run_part 120 steps triton
     run_part 90 attention
-    run_part 40 sampling
+    run_part 60 sampling
     run_part 150 steps fused
     $py docs/scripts/issue16_targets.py "$out/parts" > "$out/targets.md"
     tar czf "$out/parts.tar.gz" -C "$out" parts && rm -rf "$out/parts"

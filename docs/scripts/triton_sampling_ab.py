@@ -8,7 +8,8 @@ Session 51 (H200): the draw took 0.24 ms of the 4K AR step (6.11 ms; the target,
 ways, their ratio, and how many of TOKENS uniforms (spread over [0, 1)) drew the same token both ways (they may
 differ within rounding of a boundary: runtime.triton_sampling).
 
-python docs/scripts/triton_sampling_ab.py [VOCABS]   (default 49152,128256,152064: SmolLM2, Llama 3, Qwen2)
+python docs/scripts/triton_sampling_ab.py [VOCABS]   (default 49152,128256: SmolLM2's, Llama 3's; each vocabulary
+compiles the kernels anew, a second or so each, which `gpu_session.sh first` gives 60 s in all)
 
 Without CUDA it says so and stops."""
 
@@ -92,4 +93,4 @@ if __name__ == "__main__":
         print("no CUDA device: the draw's kernels run compiled only on one (tests/test_triton_sampling.py runs them "
               "interpreted here)")
         sys.exit(0)
-    main([int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [49152, 128256, 152064])
+    main([int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [49152, 128256])
