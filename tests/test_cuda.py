@@ -838,7 +838,8 @@ def test_the_triton_draw_draws_what_the_torch_draw_draws(dtype):
     a penalty and a ban; the paper's sampling (min-p 0.1, penalty 1.2 over 1,024 tokens); a temperature, min-p
     and a ban. For uniforms in the middle of kept tokens' intervals of torch's CDF (64 of them, and its ends) the
     token is torch's. The case keeps every token's probability clear of min-p's threshold by more than float32's
-    sums can differ (1e-5 relative), and the probed intervals wider than float64's (1e-9)."""
+    sums can differ (1e-5 relative), and the probed intervals wider than float64's (1e-9). A banned token in the
+    penalty window, the likeliest, is never drawn (300 greedy draws)."""
     needs_triton()
     from longswift.runtime.triton_sampling import sample, sample_params
     from longswift.sampling import banned_index, draw_rows, transform
@@ -883,3 +884,15 @@ def test_the_triton_draw_draws_what_the_torch_draw_draws(dtype):
         for u, token in uniforms.items():
             assert int(draw_rows(x, sampling, torch.tensor([u], dtype=torch.float64))[0]) == token
             assert kernels(u) == token, (sampling, u)
+    # A banned token in the penalty window, the likeliest: two threads of the prepare kernel write its penalized
+    # value and its -inf, which a barrier orders (the interpreter runs a program's loops in order); 300 greedy draws
+    hot = torch.arange(1000, 1008, device=CUDA)
+    history[position - 8 : position] = hot
+    logits[hot] = logits.max() + 5
+    sampling = SamplingConfig(temperature=0, repetition_penalty=1.3, penalty_window=64, banned_ids=tuple(hot.tolist()))
+    params, banned = sample_params(sampling, dtype, CUDA), banned_index(sampling.banned_ids, CUDA)
+    want = int(transform(logits[None], history[position - 64 : position][None], sampling).argmax())
+    assert want not in sampling.banned_ids
+    out = torch.zeros(1, dtype=torch.long, device=CUDA)
+    drawn = {int(sample(logits, history, at, sampling, params, banned, None, out)[0]) for _ in range(300)}
+    assert drawn == {want}, drawn

@@ -74,7 +74,8 @@ def kernel_draw(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingC
 
 def probes(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingConfig, most: int = 24) -> dict[float, int]:
     """Uniforms -> the token the torch draw gives: the middle of each kept token's interval of the CDF (at most
-    `most` of them, the first and last kept among them), and the CDF's two ends."""
+    `most` of them, the first and last kept among them), and the CDF's two ends (u within 2^-53 of 1 among them:
+    the last kept token, never the banned last token of the vocabulary)."""
     w = sampling.penalized_window
     at = POSITION - w + torch.arange(w)
     window = torch.where(at >= 0, history[at.clamp(min=0)], -1)
@@ -84,7 +85,8 @@ def probes(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingConfig
     chosen = kept if len(kept) <= most else kept[torch.linspace(0, len(kept) - 1, most).round().long()]
     out = {float((before[t] + cdf[t]) / 2 / cdf[-1]): int(t) for t in chosen}
     out[0.0] = int(kept[0])
-    out[1.0 - 2 ** -40] = int(kept[-1])
+    for ulps in (40, 52, 53):  # within ulps of 1 the sums' rounding may leave u * total unpassed: the last kept
+        out[1.0 - 2.0 ** -ulps] = int(kept[-1])
     for u, token in out.items():
         assert torch_draw(logits, history, sampling, u) == token  # (the probes' own check)
     return out
@@ -117,6 +119,13 @@ def test_the_kernels_draw_what_transform_and_draw_rows_draw(name, dtype):
     wanted = probes(logits, history, sampling)
     assert len(set(wanted.values())) >= 10
     assert {u: kernel_draw(logits, history, sampling, u) for u in wanted} == wanted
+    # u = 1, which no generator gives, passes no cumulative weight (as rounding may leave a u within ulps of 1):
+    # the last kept token, where torch's clamp gives the vocabulary's last (banned in one preset)
+    assert kernel_draw(logits, history, sampling, 1.0) == wanted[1.0 - 2.0 ** -53]
+    if sampling.min_p > 0:  # the last chunk all dropped by min-p: the last chunk with a kept token is another
+        low = logits.clone()
+        low[-(V % 64 or 64) :] = logits.min() - 30
+        assert kernel_draw(low, history, sampling, 1.0) == probes(low, history, sampling)[1.0 - 2.0 ** -53]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -252,7 +261,8 @@ def test_binding_a_config_the_kernels_do_not_take_draws_with_torch():
 @pytest.mark.parametrize("dtype", ["fp32", "fp64"])
 def test_the_draw_compiles_for_ampere_and_hopper(target, dtype, monkeypatch):
     """The three kernels as `sample` launches them for the paper's sampling (penalty, ban, temperature, min-p),
-    compiled here: a barrier between the prepare kernel's copy and its scatter, and float32's divisions IEEE."""
+    compiled here: the prepare kernel's barriers (after its copy, between the penalty's and the ban's scatters,
+    before its reload; the reductions' own are not counted), and float32's divisions IEEE."""
     import triton.language as tl
 
     import longswift.runtime.triton_kernels as tk
@@ -261,11 +271,15 @@ def test_the_draw_compiles_for_ampere_and_hopper(target, dtype, monkeypatch):
     k = tk._kernels(False)
     acc = {"fp32": tl.float32, "fp64": tl.float64}[dtype]
     common = {"CHUNK": 1024, "num_warps": 4, "enable_fp_fusion": False}
-    prepare = compile_for(k.sample_prepare_kernel, target, {
-        "logits": f"*{dtype}", "history": "*i64", "position_at": "*i64", "banned": "*i64", "params": f"*{dtype}",
-        "scratch": f"*{dtype}", "part_max": f"*{dtype}", "part_arg": "*i64", "vocab": "i32", "window": "i32",
-        "n_banned": "i32"}, {"WBLOCK": 256, "PENALTY": True, "BAN": True, "SCALE": True, "ACC": acc, **common})
-    assert "bar.sync" in prepare.asm["ptx"]
+    barriers = {}
+    for penalty, ban in ((True, True), (True, False), (False, True), (False, False)):
+        prepare = compile_for(k.sample_prepare_kernel, target, {
+            "logits": f"*{dtype}", "history": "*i64", "position_at": "*i64", "banned": "*i64", "params": f"*{dtype}",
+            "scratch": f"*{dtype}", "part_max": f"*{dtype}", "part_arg": "*i64", "vocab": "i32", "window": "i32",
+            "n_banned": "i32"}, {"WBLOCK": 256, "PENALTY": penalty, "BAN": ban, "SCALE": True, "ACC": acc, **common})
+        barriers[penalty, ban] = prepare.asm["ttgir"].count("ttg.barrier")
+    # after the copy, between the penalty's scatter and the ban's (a banned token in the window), before the reload
+    assert barriers == {(True, True): 3, (True, False): 2, (False, True): 2, (False, False): 0}, barriers
     ptx = ""
     sums = {"source": f"*{dtype}", "part_max": f"*{dtype}", "part_sum": f"*{dtype}", "part_weight": "*fp64",
             "params": f"*{dtype}", "vocab": "i32", "parts": "i32"}

@@ -271,10 +271,12 @@ def sample_prepare_kernel(logits, history, position_at, banned, params, scratch,
                 v = tl.load(logits + ids, mask=mine, other=0.0)
                 tl.store(scratch + ids, tl.where(v > 0, v * inv_theta, v * theta), mask=mine)
         if BAN:
+            if PENALTY:
+                tl.debug_barrier()  # a banned token in the window: its -inf after its penalized value, not before
             for start in range(0, n_banned, WBLOCK):
                 j = start + tl.arange(0, WBLOCK)
                 ids = tl.load(banned + j, mask=j < n_banned, other=-1)
-                mine = (j < n_banned) & (ids >= lo) & (ids < lo + CHUNK)
+                mine = (j < n_banned) & (ids >= lo) & (ids < lo + CHUNK) & (ids < vocab)
                 tl.store(scratch + ids, tl.full([WBLOCK], float("-inf"), ACC), mask=mine)
         tl.debug_barrier()
         x = tl.load(scratch + i, mask=inside, other=float("-inf"))
@@ -346,8 +348,9 @@ def sample_pick_kernel(source, part_max, part_arg, part_sum, part_weight, params
                        ACCURATE: tl.constexpr):
     # One program: the token, written to token_out and to the history at the position. Greedy: the first token
     # of the largest logit. Else the first token whose cumulative weight exceeds u times the total (draw_rows'
-    # searchsorted): the chunk where the chunks' cumulative weights pass it, then the token within it; the last
-    # token where none does (searchsorted's clamp).
+    # searchsorted): the first weighed chunk where the chunks' cumulative weights pass it, then the first weighed
+    # token within it. Where rounding leaves the target unpassed (u within ulps of 1), the last weighed chunk or
+    # token: never a token of weight 0 (banned, dropped by min-p).
     p = tl.arange(0, P_BLOCK)
     if GREEDY:
         tops = tl.load(part_max + p, mask=p < parts, other=float("-inf"))
@@ -355,22 +358,21 @@ def sample_pick_kernel(source, part_max, part_arg, part_sum, part_weight, params
         token = tl.load(part_arg + first)
     else:
         weights = tl.load(part_weight + p, mask=p < parts, other=0.0)  # [P_BLOCK] float64
-        target = tl.load(u_at) * _sum(weights, 0)
         before = _cumsum(weights, 0)
-        k = _min(tl.where(before > target, p, P_BLOCK), 0)
-        token = tl.full([], 0, tl.int64) + (vocab - 1)
-        if k < parts:
-            base = _sum(tl.where(p < k, weights, 0.0), 0)
-            i = k * CHUNK + tl.arange(0, CHUNK)
-            x = tl.load(source + i, mask=i < vocab, other=float("-inf"))
-            top = _top(part_max, parts, P_BLOCK)
-            mass = top
-            if MIN_P:
-                mass = _mass(part_sum, parts, P_BLOCK)
-            w = _weights(x, top, mass, params, MIN_P, ACCURATE)
-            # the chunk's first token past the target; rounding may leave it short of it: its last weighed token
-            found = _min(tl.where(base + _cumsum(w, 0) > target, i, vocab), 0)
-            last = _max(tl.where(w > 0, i, -1), 0)
-            token = tl.where(found < vocab, found, last).to(tl.int64)
+        target = tl.load(u_at) * _sum(tl.where(p == parts - 1, before, 0.0), 0)  # u times the scan's own total
+        weighed = weights > 0
+        k = _min(tl.where((before > target) & weighed, p, P_BLOCK), 0)
+        k = tl.maximum(tl.where(k < P_BLOCK, k, _max(tl.where(weighed, p, -1), 0)), 0)
+        base = _sum(tl.where(p == k - 1, before, 0.0), 0)
+        i = k * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(source + i, mask=i < vocab, other=float("-inf"))
+        top = _top(part_max, parts, P_BLOCK)
+        mass = top
+        if MIN_P:
+            mass = _mass(part_sum, parts, P_BLOCK)
+        w = _weights(x, top, mass, params, MIN_P, ACCURATE)  # (what sample_sums_kernel summed for the chunk)
+        found = _min(tl.where((base + _cumsum(w, 0) > target) & (w > 0), i, vocab), 0)
+        last = _max(tl.where(w > 0, i, 0), 0)
+        token = tl.where(found < vocab, found, last).to(tl.int64)
     tl.store(token_out, token)
     tl.store(history + tl.load(position_at), token)
