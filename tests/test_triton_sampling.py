@@ -54,12 +54,25 @@ def case(dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]
     return logits.to(dtype), history
 
 
-def torch_draw(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingConfig, u: float | None) -> int:
+def transformed(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """The torch transform of logits [V] with the penalty window before POSITION -> [1, V]."""
     w = sampling.penalized_window
     at = POSITION - w + torch.arange(w)
     window = torch.where(at >= 0, history[at.clamp(min=0)], -1)
-    x = transform(logits[None], window[None], sampling)
+    return transform(logits[None], window[None], sampling)
+
+
+def torch_draw(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingConfig, u: float | None) -> int:
+    x = transformed(logits, history, sampling)
     return int(draw_rows(x, sampling, None if u is None else torch.tensor([u], dtype=torch.float64))[0])
+
+
+def torch_cdf(logits: torch.Tensor, history: torch.Tensor,
+              sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draw's CDF [V] (float64, as draw_rows sums it), the mass before each token [V], the kept tokens."""
+    cdf = torch.cumsum(torch.softmax(transformed(logits, history, sampling)[0].double(), -1), -1)
+    before = torch.cat([torch.zeros(1, dtype=torch.float64), cdf[:-1]])
+    return cdf, before, torch.nonzero(cdf > before).flatten()
 
 
 def kernel_draw(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingConfig, u: float | None) -> int:
@@ -76,12 +89,7 @@ def probes(logits: torch.Tensor, history: torch.Tensor, sampling: SamplingConfig
     """Uniforms -> the token the torch draw gives: the middle of each kept token's interval of the CDF (at most
     `most` of them, the first and last kept among them), and the CDF's two ends (u within 2^-53 of 1 among them:
     the last kept token, never the banned last token of the vocabulary)."""
-    w = sampling.penalized_window
-    at = POSITION - w + torch.arange(w)
-    window = torch.where(at >= 0, history[at.clamp(min=0)], -1)
-    cdf = torch.cumsum(torch.softmax(transform(logits[None], window[None], sampling)[0].double(), -1), -1)
-    before = torch.cat([torch.zeros(1, dtype=torch.float64), cdf[:-1]])
-    kept = torch.nonzero(cdf > before).flatten()
+    cdf, before, kept = torch_cdf(logits, history, sampling)
     chosen = kept if len(kept) <= most else kept[torch.linspace(0, len(kept) - 1, most).round().long()]
     out = {float((before[t] + cdf[t]) / 2 / cdf[-1]): int(t) for t in chosen}
     out[0.0] = int(kept[0])
@@ -135,12 +143,7 @@ def test_the_draws_weights_are_float64(dtype):
     penalty: the kernels multiply by its reciprocal, as CUDA divides, where the CPU divides (1e-7 apart in float32)."""
     sampling = SamplingConfig(temperature=1.0, min_p=0.1, repetition_penalty=1.0)
     logits, history = case(dtype)
-    w = sampling.penalized_window
-    at = POSITION - w + torch.arange(w)
-    window = torch.where(at >= 0, history[at.clamp(min=0)], -1)
-    cdf = torch.cumsum(torch.softmax(transform(logits[None], window[None], sampling)[0].double(), -1), -1)
-    before = torch.cat([torch.zeros(1, dtype=torch.float64), cdf[:-1]])
-    kept = torch.nonzero(cdf > before).flatten()
+    cdf, before, kept = torch_cdf(logits, history, sampling)
     wanted = {}
     for k in torch.linspace(0, len(kept) - 2, 8).round().long().tolist():
         edge = float(cdf[kept[k]] / cdf[-1])
