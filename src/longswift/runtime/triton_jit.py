@@ -7,8 +7,6 @@ roundings, as torch's separate kernels make them; the one fused multiply-add eag
 the CUDA compiler contracts) is an explicit `tl.fma`. ACCURATE: CUDA's own exp and an IEEE division, as torch's
 silu computes (libdevice); Triton's interpreter has neither and takes tl.exp and `/`."""
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -69,41 +67,29 @@ def silu_mul_kernel(gate_up, out, gate_up_row, INNER: tl.constexpr, BLOCK: tl.co
     tl.store(out + t * INNER + c, (silu * u).to(out.dtype.element_ty), mask=inside)
 
 
-if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):  # (what triton.jit reads)
-    # Under the interpreter, tl.max and tl.sum are jit functions it cannot call when triton was imported before
-    # TRITON_INTERPRET was set (as in the tests: tl.cdiv and tl.zeros likewise, which the kernels avoid). Their
-    # reductions by their own combine functions are what the interpreter computes in numpy.
-    @triton.jit
-    def _max(x, AXIS: tl.constexpr):
-        return tl.reduce(x, AXIS, tl.standard._elementwise_max)
+# The reductions by their combine functions, which is how tl.max, tl.min, tl.sum and tl.cumsum reduce the 32- and
+# 64-bit values the kernels reduce: every kernel here compiled for sm_90 to the same PTX either way (compared when
+# one definition replaced a pair, interpreted and compiled). Triton's interpreter cannot call those four, jit
+# functions of their own, when triton was imported before TRITON_INTERPRET was set (as in the tests: tl.cdiv and
+# tl.zeros likewise, which the kernels avoid); their combine functions it computes in numpy.
+@triton.jit
+def _max(x, AXIS: tl.constexpr):
+    return tl.reduce(x, AXIS, tl.standard._elementwise_max)
 
-    @triton.jit
-    def _sum(x, AXIS: tl.constexpr):
-        return tl.reduce(x, AXIS, tl.standard._sum_combine)
 
-    @triton.jit
-    def _min(x, AXIS: tl.constexpr):
-        return tl.reduce(x, AXIS, tl.standard._elementwise_min)
+@triton.jit
+def _min(x, AXIS: tl.constexpr):
+    return tl.reduce(x, AXIS, tl.standard._elementwise_min)
 
-    @triton.jit
-    def _cumsum(x, AXIS: tl.constexpr):
-        return tl.associative_scan(x, AXIS, tl.standard._sum_combine)
-else:
-    @triton.jit
-    def _max(x, AXIS: tl.constexpr):
-        return tl.max(x, AXIS)
 
-    @triton.jit
-    def _sum(x, AXIS: tl.constexpr):
-        return tl.sum(x, AXIS)
+@triton.jit
+def _sum(x, AXIS: tl.constexpr):
+    return tl.reduce(x, AXIS, tl.standard._sum_combine)
 
-    @triton.jit
-    def _min(x, AXIS: tl.constexpr):
-        return tl.min(x, AXIS)
 
-    @triton.jit
-    def _cumsum(x, AXIS: tl.constexpr):
-        return tl.cumsum(x, AXIS)
+@triton.jit
+def _cumsum(x, AXIS: tl.constexpr):
+    return tl.associative_scan(x, AXIS, tl.standard._sum_combine)
 
 
 @triton.jit
