@@ -72,6 +72,12 @@ def acc(dtype: torch.dtype) -> Any:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+def accurate(k: Any) -> bool:
+    """Whether the kernels of `k` (kernels()) take CUDA's own exp, rsqrt and IEEE divisions (libdevice): compiled, with
+    a Triton that has libdevice; the interpreter has none and takes tl.exp and `/`."""
+    return not interpreting() and k.libdevice is not None
+
+
 def on(device: torch.device) -> Any:
     """Where a launch goes: Triton launches on the current CUDA device, which need not be the tensors' (a model on
     cuda:1 while cuda:0 is current)."""
@@ -113,10 +119,9 @@ def silu_mul(gate_up: torch.Tensor, block: int = 1024) -> torch.Tensor:
     out = torch.empty(t, i, dtype=gate_up.dtype, device=gate_up.device)
     if t:
         k = kernels()
-        accurate = not interpreting() and k.libdevice is not None
         with on(gate_up.device):
             k.silu_mul_kernel[(t, -(-i // block))](gate_up, out, gate_up.stride(0), INNER=i, BLOCK=block,
-                                                   ACC=acc(gate_up.dtype), ACCURATE=accurate,
+                                                   ACC=acc(gate_up.dtype), ACCURATE=accurate(k),
                                                    enable_fp_fusion=False)
     return out
 
@@ -143,7 +148,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, one_rounding: bo
         with on(x.device):
             k.rms_norm_kernel[(t,)](x, weight.contiguous(), out, x.stride(0), eps, N=n, BLOCK=block,
                                     ONE_ROUNDING=one_rounding, ACC=acc(x.dtype),
-                                    ACCURATE=not interpreting() and k.libdevice is not None,
+                                    ACCURATE=accurate(k),
                                     num_warps=max(1, min(16, block // 256)), enable_fp_fusion=False)
     return out
 

@@ -74,7 +74,7 @@ def sample(logits: torch.Tensor, history: torch.Tensor, position: torch.Tensor, 
     part_sum = torch.empty(parts, dtype=acc, device=dev)
     part_weight = torch.empty(parts, dtype=torch.float64, device=dev)
     k = triton_kernels.kernels()
-    accurate = not triton_kernels.interpreting() and k.libdevice is not None
+    accurate = triton_kernels.accurate(k)
     min_p = not sampling.greedy and sampling.min_p > 0.0
     common = {"CHUNK": SAMPLE_CHUNK, "num_warps": 4, "enable_fp_fusion": False}
     with triton_kernels.on(dev):
