@@ -610,7 +610,7 @@ def test_commit_keeps_the_root_and_the_accepted_path_in_the_cache_in_order():
     for path in ([6, 8], [7, 9, 10], [7, 9, 11]):  # nodes 1: 6, 2: 8, 3: 7, 4: 9, 5: 10, 6: 11
         trie.add_path(path, HEADS)
     assert len(trie) == nodes and trie.tokens == [5, 6, 8, 7, 9, 10, 11]
-    walk = Walk(nodes=[3, 4, 6], tokens=[7, 9, 11], next_root=3, ngram_only=1)
+    walk = Walk(nodes=[3, 4, 6], tokens=[7, 9, 11], next_root=3, ngram=(False, True, False))
     hidden = torch.arange(nodes, dtype=torch.float32)[:, None].expand(nodes, 3)
     emitted = []
     s = SimpleNamespace(n=base + 1, full=cache, prev_hidden=None, stats=GenerationStats("tokenswift", base),

@@ -337,7 +337,7 @@ def best_of_paths_walk(trie, row_logits, history, length, sampling, generator, s
             tokens.append(y)
         if best is None or len(tokens) > len(best[1]):
             best = (nodes, tokens, y)
-    return verify_mod.Walk(best[0], best[1], best[2], 0)
+    return verify_mod.Walk(best[0], best[1], best[2], (False,) * len(best[0]))
 
 
 def test_the_chi_square_test_rejects_the_reference_codes_best_of_paths_acceptance(monkeypatch):

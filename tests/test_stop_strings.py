@@ -4,6 +4,7 @@ commit several tokens, ends after the same token as AR (lossless), and a resumed
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import assert_one_line_error, byte_tokenizer, run_cli
@@ -13,10 +14,17 @@ from hypothesis import strategies as st
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.detok import decode_text
 from longswift.errors import ConfigTypeError, LongswiftError
+from longswift.stats import GenerationStats, StepTokens
 from longswift.stop_strings import StopStrings
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 GREEDY, SAMPLED = SamplingConfig(temperature=0), SamplingConfig(seed=11)
+
+
+def record_steps(monkeypatch, steps):
+    """Append each drafting step's StepTokens to `steps` as TokenSwift makes it."""
+    init = StepTokens.__init__
+    monkeypatch.setattr(StepTokens, "__init__", lambda self, t, f: steps.append(self) or init(self, t, f))
 
 
 def first_stop(tokenizer, ids, stop):
@@ -61,9 +69,10 @@ def test_stop_strings_of_multibyte_characters_end_at_the_completing_token(pieces
 def test_tokenswift_stops_after_the_token_ar_stops_after(embedded, sampling, monkeypatch):
     """TokenSwift drafting at every step (adaptive off: several tokens a step) ends after AR's token,
     the step's later tokens dropped; greedy, some of these stops fall inside a step (checked)."""
-    cuts = []
+    cuts, steps = [], []
     cut = StopStrings.cut
     monkeypatch.setattr(StopStrings, "cut", lambda self, ids: cuts.append((cut(self, ids), len(ids))) or cuts[-1][0])
+    record_steps(monkeypatch, steps)
     free = embedded.generate(PROMPT, chat=True, method="ar", sampling=sampling,
                              generation=GenerationConfig(max_new_tokens=60, ignore_eos=True))
     words = [w for w in free.text.split() if len(w) >= 4 and w.isalpha()][:5]
@@ -71,15 +80,60 @@ def test_tokenswift_stops_after_the_token_ar_stops_after(embedded, sampling, mon
         k = first_stop(embedded.tokenizer, free.token_ids, word)
         gen = GenerationConfig(max_new_tokens=60, ignore_eos=True, stop=("@@never@@", word))
         for method in ("ar", "tokenswift"):
+            steps.clear()
             result = embedded.generate(PROMPT, chat=True, method=method, sampling=sampling, generation=gen,
                                        spec=SpecConfig(adaptive=False))
             assert result.token_ids == free.token_ids[:k], (method, word)
             assert result.stats.finish_reason == "stop" and result.stats.new_tokens == k and word in result.text
+        # the drafts accepted past the stop string are not the run's: each step emits its accepted drafts (n-gram
+        # only or not), then a root (None)
+        flags = [f for step in steps for f in step.ngram + (None,)][: k - 1]  # (token 1 is the prefill's draw)
+        assert result.stats.accepted_tokens == sum(f is not None for f in flags), word
+        assert result.stats.ngram_accepted == sum(f is True for f in flags), word
     if sampling is GREEDY:  # (sampled, these heads' drafts are seldom accepted: the stops fall on 1-token steps)
         assert any(keep is not None and keep < n for keep, n in cuts)  # a stop inside a multi-token step
     never = embedded.generate(PROMPT, chat=True, method="tokenswift", sampling=sampling,
                               generation=GenerationConfig(max_new_tokens=60, ignore_eos=True, stop=("@@never@@",)))
     assert never.token_ids == free.token_ids and never.stats.finish_reason == "length"
+
+
+def test_a_stop_string_inside_a_drafting_step_takes_back_the_drafts_it_drops():
+    """Of a step that emitted 4 accepted drafts (the 2nd and 4th only the n-gram table proposed) and its new root,
+    a cut after `keep` tokens leaves the accepted drafts before it: the root goes first, then the drafts from
+    the last."""
+    step = StepTokens([5, 6, 7, 8, 9], (False, True, False, True))
+    for keep, accepted, ngram in [(5, 4, 2), (4, 4, 2), (3, 3, 1), (2, 2, 1), (1, 1, 0)]:
+        before = GenerationStats("tokenswift", 3, new_tokens=10, steps=6, accepted_tokens=4, ngram_accepted=1)
+        stats = replace(before, new_tokens=15, steps=7, accepted_tokens=8, ngram_accepted=3)
+        stats.drop(step, keep, before)
+        assert (stats.new_tokens, stats.steps) == (10 + keep, 7), keep
+        assert (stats.accepted_tokens - 4, stats.ngram_accepted - 1) == (accepted, ngram), keep
+    with pytest.raises(ValueError, match="new root"):
+        StepTokens([5, 6], (False, True))
+
+
+@pytest.mark.slow
+def test_a_stop_string_inside_a_drafting_step_keeps_only_the_drafts_before_it(embedded, monkeypatch):
+    """A stop string completed by the first token of a step of 3+ tokens (accepted drafts, then the new root)
+    ends the run there, and the run's stats count only the accepted drafts before it (here 0 of that step's)."""
+    steps = []
+    record_steps(monkeypatch, steps)
+    run = {"chat": True, "method": "tokenswift", "sampling": GREEDY, "spec": SpecConfig(adaptive=False)}
+    whole = embedded.generate(PROMPT, generation=GenerationConfig(max_new_tokens=80, ignore_eos=True), **run)
+    flags = [f for step in steps for f in step.ngram + (None,)]  # token 2 on (token 1 is the prefill's draw)
+    starts = [1 + sum(len(st) for st in steps[:i]) for i, st in enumerate(steps) if len(st) >= 3]
+    assert starts, [len(st) for st in steps]  # (these heads make 3-token steps: 5 of the first 40 here)
+    k = starts[-1] + 1  # the run ends at that step's first token
+    text = decode_text(embedded.tokenizer, whole.token_ids[:k])
+    stop = next(text[-n:] for n in range(1, len(text) + 1)
+                if first_stop(embedded.tokenizer, whole.token_ids, text[-n:]) == k)  # the shortest that ends there
+    steps.clear()
+    result = embedded.generate(PROMPT, generation=GenerationConfig(max_new_tokens=80, ignore_eos=True, stop=(stop,)),
+                               **run)
+    assert result.token_ids == whole.token_ids[:k] and result.stats.finish_reason == "stop"
+    assert result.stats.accepted_tokens == sum(f is not None for f in flags[: k - 1])
+    assert result.stats.ngram_accepted == sum(f is True for f in flags[: k - 1])
+    assert result.stats.steps == len(steps) + 1
 
 
 @pytest.mark.slow

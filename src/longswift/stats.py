@@ -77,6 +77,21 @@ class GenerationStats:
         stats.stage_seconds = dict(stats.stage_seconds)  # the run's own: resuming added to the checkpoint's dict
         return stats
 
+    def drop(self, ids: list[int], keep: int, before: GenerationStats) -> None:
+        """Take back a step's tokens after its first `keep` of `ids` (a stop string ended the run there; `before`:
+        the stats before the step): they are not the run's tokens, nor, in a block of one-token steps (AR's, or
+        plain ones), their steps; nor, in a drafting step (StepTokens), the accepted drafts among them."""
+        dropped = len(ids) - keep
+        self.new_tokens -= dropped
+        if self.steps - before.steps == len(ids):  # a block of one-token steps: the dropped tokens' steps
+            self.steps -= dropped
+            if self.plain_steps - before.plain_steps == len(ids):
+                self.plain_steps -= dropped
+        if isinstance(ids, StepTokens):
+            lost = ids.ngram[keep:]  # the accepted drafts the cut drops (the new root, last, is not one)
+            self.accepted_tokens -= len(lost)
+            self.ngram_accepted -= sum(lost)
+
     def add_captures(self, graphs: Iterable[Any]) -> None:
         """Count the CUDA graphs these step bodies (runtime.cuda_graphs.StepGraphs) captured since last asked."""
         for g in graphs:
@@ -92,6 +107,19 @@ class GenerationStats:
         rate = round(self.tokens_per_second, 3) if self.has_rate else None
         return asdict(self) | {"tokens_per_second": rate, "alpha": alpha,
                                "tokens_per_step": round(self.tokens_per_step, 3)}
+
+
+class StepTokens(list[int]):
+    """A drafting step's emitted tokens: the drafts the walk accepted, in order, then the new root; `ngram`
+    [accepted]: which of the accepted ones only the n-gram table proposed. A stop string that ends the run inside
+    the step takes the tokens after it back from the run's stats (GenerationStats.drop)."""
+
+    def __init__(self, tokens: list[int], ngram: tuple[bool, ...]) -> None:
+        if len(ngram) != len(tokens) - 1:
+            raise ValueError(f"StepTokens: {len(tokens)} tokens are {len(tokens) - 1} accepted drafts and the new "
+                             f"root; got {len(ngram)} flags")
+        super().__init__(tokens)
+        self.ngram = ngram
 
 
 @dataclass

@@ -93,12 +93,7 @@ class GenerationStream:
                 ids = next(self._steps)
                 keep = self._stop.cut(ids) if self._stop is not None else None
                 if keep is not None:  # a stop string ends the run: the tokens after it in this step are dropped
-                    dropped, before = len(ids) - keep, boundary[1]
-                    self.stats.new_tokens -= dropped
-                    if self.stats.steps - before.steps == len(ids):  # a block of one-token steps (AR's, or plain
-                        self.stats.steps -= dropped  # ones): the dropped tokens' steps are not the run's
-                        if self.stats.plain_steps - before.plain_steps == len(ids):
-                            self.stats.plain_steps -= dropped
+                    self.stats.drop(ids, keep, boundary[1])
                     self.stats.finish_reason = "stop"
                     ids = ids[:keep]
                     self._steps.close()  # type: ignore[attr-defined]

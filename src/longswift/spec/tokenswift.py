@@ -20,7 +20,7 @@ from ..runtime.cuda_graphs import StepGraphs, padded_nodes, step_bodies
 from ..runtime.memory import new_cache
 from ..runtime.model import Transformer
 from ..sampling import draw, penalty_window, token_history, transform
-from ..stats import GenerationStats, finished
+from ..stats import GenerationStats, StepTokens, finished
 from .budget import draft_cache_tokens, draft_levels, lookup_budget, tree_budget, unpruned_budget, walk_rows
 from .heads import DraftHeads
 from .ngram import NGRAM_N, NGramTracker, path_scores
@@ -338,7 +338,7 @@ def commit(s: TokenSwiftState, trie: Trie, v: Verified, walk: Walk) -> list[int]
     base = s.n - 1  # the root's slot
     s.full.compact(base, [base] + [base + node for node in walk.nodes])
     s.prev_hidden = v.hidden[walk.nodes[-1] if walk.nodes else 0]
-    emitted = walk.tokens + [walk.next_root]
+    emitted = StepTokens(walk.tokens + [walk.next_root], walk.ngram)
     s.emit(emitted)
     s.stats.accepted_tokens += len(walk.tokens)
     s.stats.ngram_accepted += walk.ngram_only

@@ -28,12 +28,21 @@ from .tree import NGRAM, Trie
 
 @dataclass
 class Walk:
-    """Accepted trie nodes (root excluded, in order), their tokens, and the new root."""
+    """Accepted trie nodes (root excluded, in order), their tokens, the new root, and which accepted nodes only
+    the n-gram table proposed."""
 
     nodes: list[int]
     tokens: list[int]
     next_root: int
-    ngram_only: int  # accepted nodes that only the n-gram table proposed
+    ngram: tuple[bool, ...]  # [len(nodes)]: node i only the n-gram table proposed
+
+    @classmethod
+    def of(cls, trie: Trie, nodes: list[int], tokens: list[int], next_root: int) -> Walk:
+        return cls(nodes, tokens, next_root, tuple(trie.sources[n] == NGRAM for n in nodes))
+
+    @property
+    def ngram_only(self) -> int:  # accepted nodes that only the n-gram table proposed
+        return sum(self.ngram)
 
 
 def lossless_walk(
@@ -70,8 +79,7 @@ def lossless_walk(
         child = trie.children[node].get(y)
         done = y in stop_ids or (max_tokens is not None and d + 1 >= max_tokens)
         if child is None or done:
-            ngram_only = sum(1 for n in nodes if trie.sources[n] == NGRAM)
-            return Walk(nodes, tokens, y, ngram_only)
+            return Walk.of(trie, nodes, tokens, y)
         nodes.append(child)
         tokens.append(y)
         node = child
@@ -139,4 +147,4 @@ def batched_walk(
     if u is not None:  # consume exactly one uniform per emitted token, as AR and the row walk do
         gen.set_state(start)
         uniforms(gen, len(tokens) + 1)
-    return Walk(nodes, tokens, y, sum(1 for n in nodes if trie.sources[n] == NGRAM))
+    return Walk.of(trie, nodes, tokens, y)
