@@ -17,7 +17,7 @@ import longswift.spec.verify as verify_mod
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.sampling import probabilities, transform
 from longswift.spec.ngram import NGRAM_N
-from longswift.spec.schedule import FULL, LOOKUP, NARROW, PLAIN, StepSchedule
+from longswift.spec.schedule import FULL, HALF, LOOKUP, NARROW, PLAIN, StepSchedule
 from longswift.spec.tokenswift import TokenSwiftState, build_tree, draft, verify
 from longswift.stats import GenerationStats
 
@@ -444,33 +444,53 @@ def test_a_text_that_repeats_itself_gets_lookup_steps_where_plain_steps_lead(tin
 @pytest.mark.parametrize("sampling", [SAMPLINGS["greedy-penalty"], SAMPLINGS["sampled-filters"]],
                          ids=["greedy-penalty", "sampled-filters"])
 @pytest.mark.parametrize("mode", ["paper", "fused"])
-def test_narrow_steps_stay_lossless(tiny64, sampling, mode, monkeypatch):
+def test_narrow_and_half_steps_stay_lossless(tiny64, sampling, mode, monkeypatch):
     """Where --tree or --ngram-topk is wide, adaptive steps may also run a full step on a narrow trie
-    (the draft's first candidate per depth, one n-gram path): mixed with the other kinds in a fixed
-    pattern, still AR's tokens, and the narrow tries are that small."""
+    (the draft's first candidate per depth, one n-gram path), and where the trie is cut to a node budget
+    of 32 or more, on the likeliest half of it: mixed with the other kinds in a fixed pattern, still AR's
+    tokens; the narrow tries are that small, and the half ones the likeliest nodes of the full ones."""
     from longswift.spec import tokenswift
 
-    pattern = iter([FULL, NARROW, NARROW, LOOKUP, PLAIN] * 100)
+    pattern = iter([FULL, HALF, NARROW, NARROW, LOOKUP, PLAIN] * 100)
     monkeypatch.setattr(StepSchedule, "choose", lambda self: next(pattern))
-    sizes: dict[bool, list[int]] = {False: [], True: []}
+    sizes: dict[str, list[int]] = {FULL: [], HALF: [], NARROW: []}
     build = tokenswift.build_tree
 
-    def spy(s, d, narrow=False):
-        trie = build(s, d, narrow)
-        sizes[narrow].append(len(trie))
+    def spy(s, d, narrow=False, half=False):
+        trie = build(s, d, narrow, half)
+        sizes[NARROW if narrow else HALF if half else FULL].append(len(trie))
+        if half:  # the full trie's first 16 nodes grown best first: its 16 likeliest
+            whole = build(s, d)
+            assert sorted(token_path(trie, n) for n in range(len(trie))) == \
+                sorted(token_path(whole, n) for n in best_first(whole)[:16])
         return trie
 
     monkeypatch.setattr(tokenswift, "build_tree", spy)
-    spec = SpecConfig(tree="1,3,2,2", ngram_topk=3, draft_mode=mode)
+    spec = SpecConfig(tree="1,3,3,3", ngram_topk=3, draft_mode=mode, max_nodes=32)  # (41+ nodes: cut)
     gen = GenerationConfig(max_new_tokens=70, ignore_eos=True)
     prompt = repetitive_prompt(2, 24)
     ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar")
     ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
     assert ts.token_ids == ar.token_ids
-    assert ts.stats.narrow_steps == len(sizes[True]) > 0
+    assert ts.stats.narrow_steps == len(sizes[NARROW]) > 0 and ts.stats.half_steps == len(sizes[HALF]) > 0
     depths = 4 if mode == "paper" else 3
-    assert max(sizes[True]) <= 1 + depths + NGRAM_N - 1  # a chain and one n-gram path
-    assert max(sizes[False]) > max(sizes[True])
+    assert max(sizes[NARROW]) <= 1 + depths + NGRAM_N - 1  # a chain and one n-gram path
+    assert max(sizes[FULL]) > max(sizes[NARROW]) and max(sizes[FULL]) > 16 >= max(sizes[HALF])
+
+
+def token_path(trie, node: int) -> tuple[int, ...]:
+    return tuple(trie.tokens[n] for n in trie.path(node))
+
+
+def best_first(trie) -> list[int]:
+    """The trie's nodes in the order Trie.pruned grows them: the highest-scoring child of a kept node first."""
+    order, frontier = [0], list(trie.children[0].values())
+    while frontier:
+        node = max(frontier, key=lambda c: (trie.scores[c], -trie.depths[c], -c))
+        frontier.remove(node)
+        order.append(node)
+        frontier += trie.children[node].values()
+    return order
 
 
 def random_case(rng: random.Random, vocab: int, context: int) -> tuple:
@@ -491,7 +511,7 @@ def random_case(rng: random.Random, vocab: int, context: int) -> tuple:
     depths = rng.randint(2, 4)  # the random heads draft 3 depths after the base model's
     sinks, window = rng.choice([0, 4]), rng.choice([2, 8])
     spec = SpecConfig(tree=",".join(str(rng.choice([1, 1, 2, 3])) for _ in range(depths)), draft_mode=mode,
-                      ngram_topk=rng.choice([0, 1, 3]), max_nodes=rng.choice([0, 0, 3, 6]),
+                      ngram_topk=rng.choice([0, 1, 3]), max_nodes=rng.choice([0, 0, 3, 6, 32]),
                       walk=rng.choice(["rows", "batched"]), draft_cache=rng.choice(["dynamic", "static", "full"]),
                       attention_sinks=sinks, draft_window=window, draft_kv_budget=sinks + window + rng.choice([4, 20]))
     spec = dataclasses.replace(spec, suffix_lookup=rng.random() < 0.7, lookup_nodes=rng.choice([2, 5, 32]))
@@ -557,7 +577,7 @@ def random_cases_stay_lossless(monkeypatch, seed: int, cases: int) -> tuple[int,
 
 
 def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
-    from longswift.spec.schedule import KINDS, WIDE_KINDS
+    from longswift.spec.schedule import HALF_KINDS, KINDS, WIDE_KINDS
 
     hf = tiny_hf_model("llama", seed=5, vocab=24)
     e = longswift.load(hf, dtype="float32", heads="random")
@@ -573,6 +593,11 @@ def test_a_narrow_kind_exists_only_where_the_trie_is_wide():
     assert kinds(SpecConfig(tree="1,2,2", draft_mode="fused", ngram_topk=1)) == WIDE_KINDS
     assert kinds(SpecConfig(tree="2,1,1", draft_mode="fused", ngram_topk=1)) == KINDS  # fused drops depth 1
     assert kinds(SpecConfig(tree="1,1,1", ngram_topk=4)) == WIDE_KINDS
+    # a half-budget kind where the trie is cut to a budget of 32 nodes or more (the GPU's default)
+    assert kinds(SpecConfig(tree="1,3,3,3", ngram_topk=20, max_nodes=32)) == HALF_KINDS
+    assert kinds(SpecConfig(tree="1,3,3,3", ngram_topk=20, max_nodes=31)) == WIDE_KINDS
+    assert kinds(SpecConfig(tree="1,3,3,3", ngram_topk=20, max_nodes=0)) == WIDE_KINDS  # not pruned: the CPU's
+    assert kinds(SpecConfig(tree="1,3,3", ngram_topk=1, max_nodes=32)) == WIDE_KINDS  # at most 19 nodes: not cut
 
 
 def test_float32_verify_logits_equal_the_decode_steps_up_to_rounding(embedded):

@@ -30,6 +30,7 @@ class GenerationStats:
     ngram_accepted: int = 0  # accepted tokens that only the n-gram table had proposed
     lookup_steps: int = 0  # adaptive steps that verified only n-gram continuations of the root (no draft pass)
     narrow_steps: int = 0  # adaptive full steps on a narrow trie (first candidate per depth, one n-gram path)
+    half_steps: int = 0  # adaptive full steps on the likeliest half of the node budget (--max-nodes of 32 or more)
     plain_steps: int = 0  # adaptive steps that ran the root alone (an AR step: no draft paid for itself)
     verified_nodes: int = 0  # trie nodes (root included) the verify passes of full, narrow and lookup steps ran
     verify_steps: int = 0  # those steps (every step but plain ones and the first token's draw): alpha's sample

@@ -535,6 +535,7 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "tokens_per_step": stats.tokens_per_step if spec else None,
         "lookup_steps": stats.lookup_steps if spec else None,
         "narrow_steps": stats.narrow_steps if spec else None,
+        "half_steps": stats.half_steps if spec else None,
         "plain_steps": stats.plain_steps if spec else None,
         "steps": stats.steps if spec else None,  # the first token's draw included
         "verify_steps": stats.verify_steps if spec else None,  # the steps that drafted (alpha's sample)

@@ -1,19 +1,33 @@
 """Adaptive steps: which kind of TokenSwift step runs next, chosen by each kind's measured tokens/s.
 
-A step is FULL (draft pass + the heads' tree), NARROW (the same draft pass, a narrow trie), LOOKUP
-(n-gram continuations of the root only, no draft pass) or PLAIN (the root alone: an AR step). Every
-kind emits AR's tokens; the choice changes only how fast they come."""
+A step is FULL (draft pass + the heads' tree), HALF (the same draft pass, the tree's likeliest half of the node
+budget), NARROW (the same draft pass, a narrow trie), LOOKUP (n-gram continuations of the root only, no draft pass)
+or PLAIN (the root alone: an AR step). Every kind emits AR's tokens; the choice changes only how fast they come."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-FULL, NARROW, LOOKUP, PLAIN = "full", "narrow", "lookup", "plain"
+FULL, HALF, NARROW, LOOKUP, PLAIN = "full", "half", "narrow", "lookup", "plain"
 KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup only, the root alone (an AR step)
 # ... and, where --tree or --ngram-topk is wider than this, a full step on a narrow trie: the draft's
 # first candidate at each depth plus one n-gram continuation (the trie the CPU measured best, docs/benchmarks.md)
 WIDE_KINDS = (FULL, NARROW, LOOKUP, PLAIN)
+# ... and, where the tree is cut to a node budget of at least 2 * HALF_MIN_NODES (--max-nodes; the GPU's 32), a full
+# step on the likeliest half of it. On the H200 at 100K context a 16-node verify pass cost 1.16x an AR step, a
+# 32-node one 1.45x, an 8-node one 1.13x (session 51); on the embedded model the 8 likeliest nodes held every
+# accepted path that 16, 32 and 64 did (session 55). Smaller halves cost what a narrow trie does.
+HALF_MIN_NODES = 16
+HALF_KINDS = (FULL, HALF, NARROW, LOOKUP, PLAIN)
+
+
+def step_kinds(wide: bool, budget: int) -> tuple[str, ...]:
+    """The kinds of step a run chooses among: a `wide` trie (more than one candidate at a depth or n-gram path)
+    adds NARROW; one pruned to `budget` nodes (0: not pruned) of at least 2 * HALF_MIN_NODES adds HALF."""
+    if wide and budget >= 2 * HALF_MIN_NODES:
+        return HALF_KINDS
+    return WIDE_KINDS if wide else KINDS
 PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
 MAX_PROBE_EVERY = 1024  # ... doubling (per kind) while its probes do not win it the lead
 # ... and never more often than keeps what the probes of all other kinds together cost beyond the leader's
@@ -56,7 +70,7 @@ class StepSchedule:
         return None if tokens is None else tokens / max(self.step_seconds[kind], 1e-9)
 
     def choose(self) -> str:
-        """FULL, NARROW (where the configured trie is wide, its verify pass may cost more than its
+        """FULL, HALF or NARROW (where the configured trie is wide, its verify pass may cost more than its
         extra tokens are worth, as at long contexts on a GPU), LOOKUP or PLAIN (for text where no
         draft pays for itself): whichever has been fastest, probing each other kind every
         `interval(kind)` steps; probes cost time, so a kind's interval doubles (up to

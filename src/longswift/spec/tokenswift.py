@@ -24,7 +24,7 @@ from ..stats import GenerationStats, StepTokens, finished
 from .budget import draft_cache_tokens, draft_levels, lookup_budget, tree_budget, unpruned_budget, walk_rows
 from .heads import DraftHeads
 from .ngram import NGRAM_N, NGramTracker, path_scores
-from .schedule import FULL, KINDS, LOOKUP, NARROW, PLAIN, WIDE_KINDS, StepSchedule
+from .schedule import FULL, HALF, LOOKUP, NARROW, PLAIN, StepSchedule, step_kinds
 from .suffix import REPEAT_HELD, SuffixIndex
 from .tree import NGRAM, Trie
 from .verify import Walk, batched_walk, lossless_walk
@@ -96,7 +96,8 @@ class TokenSwiftState:
         # Whether a trie can outgrow the node budget: then its nodes are scored and the likeliest kept.
         self.pruning = 0 < spec.max_nodes < unpruned_budget(spec)
         wide = any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK  # then NARROW steps exist
-        self.schedule = StepSchedule(WIDE_KINDS if wide else KINDS, spec.adaptive)  # which kind of step runs next
+        kinds = step_kinds(wide, spec.max_nodes if self.pruning else 0)  # (and, on a large budget, HALF steps)
+        self.schedule = StepSchedule(kinds, spec.adaptive)  # which kind of step runs next
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
@@ -251,10 +252,10 @@ def draft(s: TokenSwiftState) -> Draft:
     return Draft(levels, logprobs)
 
 
-def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False) -> Trie:
+def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False, half: bool = False) -> Trie:
     """The heads' cartesian tree plus n-gram paths for each depth-1 token, merged as a trie, then
-    cut to the node budget (--max-nodes) by its nodes' scores; `narrow`: the first candidate of each
-    depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
+    cut to the node budget (--max-nodes) by its nodes' scores, or to half of it (`half`: a HALF step);
+    `narrow`: the first candidate of each depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
     levels = [level[:1] for level in d.levels] if narrow else d.levels
     topk = min(s.spec.ngram_topk, NARROW_NGRAM_TOPK) if narrow else s.spec.ngram_topk
     trie = Trie.with_root(int(s.history[s.n - 1]))
@@ -262,7 +263,7 @@ def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False) -> Trie:
     if s.ngrams is not None and levels:
         for i, first in enumerate(levels[0]):
             add_ngram_paths(s, trie, first, topk, (first,), d.logprobs[0][i] if d.logprobs is not None else 0.0)
-    return trie.pruned(s.spec.max_nodes) if s.pruning else trie
+    return trie.pruned(s.spec.max_nodes // (2 if half else 1)) if s.pruning else trie
 
 
 def lookup_tree(s: TokenSwiftState) -> Trie:
@@ -431,12 +432,13 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
                 yield emitted
                 continue
             t = t0
-            if kind in (FULL, NARROW):
+            if kind in (FULL, HALF, NARROW):
                 d = draft(s)
                 t = _stage_done(s, "draft", t0)
-                trie = build_tree(s, d, narrow=kind == NARROW)
+                trie = build_tree(s, d, narrow=kind == NARROW, half=kind == HALF)
             assert trie is not None
             stats.lookup_steps += kind == LOOKUP
+            stats.half_steps += kind == HALF
             stats.narrow_steps += kind == NARROW
             stats.verified_nodes += len(trie)
             stats.verify_steps += 1
