@@ -81,6 +81,11 @@ def test_a_pruned_trie_keeps_its_highest_scoring_nodes(seed):
             old = paths.index(kept[i])
             assert (pruned.sources[i], pruned.scores[i], pruned.depths[i]) == (
                 trie.sources[old], trie.scores[old], trie.depths[old])
+        for leaf in range(len(trie)):  # of every path, the nodes the budget keeps: the prefix whose tokens it holds
+            path = trie.path(leaf)
+            held = next((d for d in range(len(path)) if paths[path[d]] not in kept), len(path))
+            assert trie.held(path, budget) == held, (budget, leaf)
+            assert trie.pruned(budget * 2).held(trie.pruned(budget * 2).path(0), budget) == 0
     assert trie.pruned(len(trie)) is trie
 
 

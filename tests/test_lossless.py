@@ -478,6 +478,60 @@ def test_narrow_and_half_steps_stay_lossless(tiny64, sampling, mode, monkeypatch
     assert max(sizes[FULL]) > max(sizes[NARROW]) and max(sizes[FULL]) > 16 >= max(sizes[HALF])
 
 
+@pytest.mark.parametrize("sampling", [SAMPLINGS["greedy-penalty"], SAMPLINGS["sampled-filters"]],
+                         ids=["greedy-penalty", "sampled-filters"])
+def test_what_a_full_step_says_a_half_step_would_have_emitted_is_what_its_walk_emits(tiny64, sampling, monkeypatch):
+    """Each full step tells the schedule how many tokens a half step would have emitted in its place (Trie.held:
+    the accepted path's prefix that the trie's likeliest 16 nodes hold, and a new root): the walk over those 16
+    nodes with the same rows' logits and the same uniforms emits exactly that many. Drafts often hold AR's next
+    tokens (as in the random sweep), so that paths are accepted beyond the half."""
+    from longswift.spec import tokenswift
+    from longswift.spec.verify import lossless_walk
+
+    prompt, gen = repetitive_prompt(3, 24), GenerationConfig(max_new_tokens=70, ignore_eos=True)
+    ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar").token_ids
+    real_draft, real_accept, rng = tokenswift.draft, tokenswift.accept, random.Random(5)
+
+    def draft(s):
+        d = real_draft(s)
+        for j, level in enumerate(d.levels):
+            if s.produced + j < len(ar) and rng.random() < 0.8:
+                level[-1] = ar[s.produced + j]
+        return d
+
+    told, walked, emitted = [], [], []
+
+    def accept(s, trie, v):
+        before = None if s.generator is None else s.generator.get_state()
+        walk = real_accept(s, trie, v)
+        emitted.append(len(walk.tokens) + 1)
+        half = trie.pruned(16)
+        if half is trie:
+            walked.append(len(walk.tokens) + 1)
+            return walk
+        after = None if s.generator is None else s.generator.get_state()
+        if before is not None:
+            s.generator.set_state(before)
+        index = {token_path(trie, n): n for n in range(len(trie))}
+        other = lossless_walk(half, lambda node: v.row_logits(index[token_path(half, node)]), s.history, s.n,
+                              s.sampling, s.generator, s.stop_ids, max_tokens=s.gen.max_new_tokens - s.produced)
+        if after is not None:
+            s.generator.set_state(after)
+        walked.append(len(other.tokens) + 1)
+        return walk
+
+    monkeypatch.setattr(tokenswift, "draft", draft)
+    monkeypatch.setattr(tokenswift, "accept", accept)
+    monkeypatch.setattr(StepSchedule, "choose", lambda self: self._run(FULL))
+    monkeypatch.setattr(TokenSwiftState, "repeating", lambda self: False)  # (no lookup steps where text repeats)
+    monkeypatch.setattr(StepSchedule, "would_emit", lambda self, kind, tokens: told.append((kind, tokens)))
+    spec = SpecConfig(tree="1,3,3,3", ngram_topk=3, max_nodes=32, walk="rows")
+    ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+    assert ts.token_ids == ar
+    assert told == [(HALF, n) for n in walked]
+    assert any(h < f for h, f in zip(walked, emitted)) and any(h > 2 for h in walked)  # cut paths, long ones
+
+
 def token_path(trie, node: int) -> tuple[int, ...]:
     return tuple(trie.tokens[n] for n in trie.path(node))
 

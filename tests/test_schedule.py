@@ -10,6 +10,8 @@ import pytest
 
 from longswift.spec.schedule import (
     FULL,
+    HALF,
+    HALF_KINDS,
     KINDS,
     LOOKUP,
     MAX_PROBE_EVERY,
@@ -40,6 +42,25 @@ def test_a_wide_trie_s_narrow_kind_takes_the_lead_when_it_is_fastest():
                         step_seconds=dict.fromkeys(WIDE_KINDS, 0.02))
     wide.step_seconds[NARROW] = 0.01  # twice the others' tokens/s: it leads
     assert wide.choose() == NARROW and wide.best == NARROW
+
+
+def test_a_half_steps_tokens_learned_from_full_steps_win_it_the_lead_without_a_probe():
+    """The tokens a HALF step would have emitted in place of each FULL step (known exactly: the likeliest half of
+    the trie holds a prefix of the accepted path) feed its tokens per step; its seconds come only from its own
+    steps, so an untimed HALF still runs once before it is compared."""
+    s = StepSchedule(HALF_KINDS)
+    s.would_emit(HALF, 3)
+    assert s.rate(HALF) is None and s.step_tokens[HALF] == 3.0
+    for kind in HALF_KINDS:  # each kind once: HALF's first timed step keeps what it had learned
+        assert s.choose() == kind
+        s.record(kind, {FULL: 3, HALF: 1}.get(kind, 1), {FULL: 0.012, HALF: 0.01}.get(kind, 0.02))
+    assert s.step_tokens[HALF] == pytest.approx(0.9 * 3 + 0.1 * 1) and s.step_seconds[HALF] == 0.01
+    s.step_tokens[HALF] = 1.0
+    assert s.choose() == FULL and s.best == FULL  # 250 tok/s against HALF's 100
+    for _ in range(40):  # full steps whose accepted paths lie within the half: HALF would have emitted as much
+        s.record(FULL, 3, 0.012)
+        s.would_emit(HALF, 3)
+    assert s.rate(HALF) == pytest.approx(300, rel=0.02) and s.choose() == HALF and s.best == HALF
 
 
 def test_a_costly_probe_waits_until_it_costs_at_most_the_probe_budget():

@@ -65,9 +65,10 @@ class StepSchedule:
 
     def rate(self, kind: str) -> float | None:
         """A kind's measured tokens/s: the ratio of its tokens and seconds per step (EMAs), steadier
-        than an average of per-step rates when a step emits 1 or 2 tokens at random."""
+        than an average of per-step rates when a step emits 1 or 2 tokens at random; None until it has
+        been timed (its tokens may be known before: `would_emit`)."""
         tokens = self.step_tokens[kind]
-        return None if tokens is None else tokens / max(self.step_seconds[kind], 1e-9)
+        return None if tokens is None or self.step_seconds[kind] <= 0 else tokens / self.step_seconds[kind]
 
     def choose(self) -> str:
         """FULL, HALF or NARROW (where the configured trie is wide, its verify pass may cost more than its
@@ -159,9 +160,16 @@ class StepSchedule:
         leader = self.rate(self.best) if self.best is not None else None
         beat = kind != self.best and leader is not None and tokens / max(seconds, 1e-9) > leader
         self.follow = kind if beat else None
+        self._tokens(kind, tokens)
+        old = self.step_seconds[kind]
+        self.step_seconds[kind] = seconds if old <= 0 else (1 - RATE_EMA) * old + RATE_EMA * seconds
+
+    def would_emit(self, kind: str, tokens: int) -> None:
+        """The tokens a step of `kind` would have emitted in place of the step just run, known exactly (a HALF
+        step's share of a FULL step's accepted path: Trie.held): its tokens per step learn without a probe; its
+        seconds, only from its own steps."""
+        self._tokens(kind, tokens)
+
+    def _tokens(self, kind: str, tokens: int) -> None:
         old = self.step_tokens[kind]
-        if old is None:
-            self.step_tokens[kind], self.step_seconds[kind] = float(tokens), seconds
-        else:
-            self.step_tokens[kind] = (1 - RATE_EMA) * old + RATE_EMA * tokens
-            self.step_seconds[kind] = (1 - RATE_EMA) * self.step_seconds[kind] + RATE_EMA * seconds
+        self.step_tokens[kind] = float(tokens) if old is None else (1 - RATE_EMA) * old + RATE_EMA * tokens

@@ -98,6 +98,7 @@ class TokenSwiftState:
         wide = any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK  # then NARROW steps exist
         kinds = step_kinds(wide, spec.max_nodes if self.pruning else 0)  # (and, on a large budget, HALF steps)
         self.schedule = StepSchedule(kinds, spec.adaptive)  # which kind of step runs next
+        self.half = spec.max_nodes // 2 if HALF in kinds else 0  # a HALF step's node budget
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
@@ -263,7 +264,7 @@ def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False, half: bool = 
     if s.ngrams is not None and levels:
         for i, first in enumerate(levels[0]):
             add_ngram_paths(s, trie, first, topk, (first,), d.logprobs[0][i] if d.logprobs is not None else 0.0)
-    return trie.pruned(s.spec.max_nodes // (2 if half else 1)) if s.pruning else trie
+    return trie.pruned(s.half if half else s.spec.max_nodes) if s.pruning else trie
 
 
 def lookup_tree(s: TokenSwiftState) -> Trie:
@@ -451,6 +452,8 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
             t = _stage_done(s, "commit", t)
             stats.decode_seconds += t - t0
             schedule.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
+            if kind == FULL and s.half and schedule.adaptive:  # what the trie's likeliest half would have emitted
+                schedule.would_emit(HALF, trie.held(walk.nodes, s.half) + 1)
             stats.new_tokens += len(emitted)
             stats.steps += 1
             stats.add_captures(s.graphs.values())

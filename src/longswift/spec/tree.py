@@ -85,19 +85,34 @@ class Trie:
         trie's `max_nodes` highest-scoring nodes; every kept node's parent is kept."""
         if len(self.tokens) <= max_nodes:
             return self
-        frontier = [(-self.scores[c], self.depths[c], c) for c in self.children[0].values()]
-        heapq.heapify(frontier)
-        kept = [0]
-        while frontier and len(kept) < max_nodes:
-            _, _, node = heapq.heappop(frontier)
-            kept.append(node)
-            for c in self.children[node].values():
-                heapq.heappush(frontier, (-self.scores[c], self.depths[c], c))
+        kept = self.best_first(max_nodes)
         out = Trie.with_root(self.tokens[0])
         new = {0: 0}
         for node in sorted(kept)[1:]:  # a parent's index is below its children's
             new[node] = out._child(new[self.parents[node]], self.tokens[node], self.sources[node], self.scores[node])
         return out
+
+    def best_first(self, count: int) -> list[int]:
+        """The first `count` nodes `pruned` grows (the root first): the highest-scoring child of a kept node, ties
+        to the shallower, then the earlier. The first b of them are `pruned(b)`'s nodes, for every b."""
+        frontier = [(-self.scores[c], self.depths[c], c) for c in self.children[0].values()]
+        heapq.heapify(frontier)
+        kept = [0]
+        while frontier and len(kept) < count:
+            _, _, node = heapq.heappop(frontier)
+            kept.append(node)
+            for c in self.children[node].values():
+                heapq.heappush(frontier, (-self.scores[c], self.depths[c], c))
+        return kept
+
+    def held(self, path: Sequence[int], budget: int) -> int:
+        """How many nodes of `path` (root excluded, from the root down) `pruned(budget)` keeps: a prefix of it,
+        since a kept node's parent is kept. The walk over that trie accepts them and draws the next of `path`'s
+        tokens as its new root (the same draws: what a step of that budget would have emitted)."""
+        if len(self.tokens) <= budget:
+            return len(path)
+        kept = set(self.best_first(budget))
+        return next((i for i, node in enumerate(path) if node not in kept), len(path))
 
     def spine(self) -> list[int]:
         """The root and its first-added children down the trie: a lookup trie's copy, a full step's
