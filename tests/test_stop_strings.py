@@ -86,7 +86,7 @@ def test_tokenswift_stops_after_the_token_ar_stops_after(embedded, sampling, mon
             assert result.token_ids == free.token_ids[:k], (method, word)
             assert result.stats.finish_reason == "stop" and result.stats.new_tokens == k and word in result.text
         # the drafts accepted past the stop string are not the run's: each step emits its accepted drafts (n-gram
-        # only or not), then a root (None)
+        # only or not), then a root (None). (These cuts drop at most a step's root: the test below cuts drafts.)
         flags = [f for step in steps for f in step.ngram + (None,)][: k - 1]  # (token 1 is the prefill's draw)
         assert result.stats.accepted_tokens == sum(f is not None for f in flags), word
         assert result.stats.ngram_accepted == sum(f is True for f in flags), word

@@ -35,8 +35,8 @@ for r in range(rounds):
         s = out.stats
         got[name] = s.tokens_per_second
         kinds = "" if spec is None else (
-            f", full {s.steps - 1 - s.plain_steps - s.lookup_steps - s.narrow_steps} / narrow {s.narrow_steps} / "
-            f"lookup {s.lookup_steps} / plain {s.plain_steps} steps")
+            f", full {s.steps - 1 - s.plain_steps - s.lookup_steps - s.narrow_steps - s.half_steps} / half "
+            f"{s.half_steps} / narrow {s.narrow_steps} / lookup {s.lookup_steps} / plain {s.plain_steps} steps")
         print(f"round {r} {name}: {s.tokens_per_second:.2f} tok/s, {s.tokens_per_step:.2f} tokens/step{kinds}, "
               f"same as AR: {out.token_ids == reference}", flush=True)
     for name in names:

@@ -413,7 +413,8 @@ class SpecConfig:
         "--max-nodes where that is set: the copy is at most 3 tokens per token of the match it follows, and "
         "the n-gram continuations fill the rest"))
     adaptive: bool = field(default=True, metadata=_help(
-        "per step, use whichever kind of step has been faster: full steps (draft pass + tree), narrow "
+        "per step, use whichever kind of step has been faster: full steps (draft pass + tree), half steps "
+        "(the same draft, the likeliest half of a --max-nodes of 32 or more), narrow "
         "steps (the same draft, a narrow tree; only with a wide --tree or --ngram-topk), lookup steps "
         "(the suffix index's copy and n-gram continuations of the root, no draft pass) or plain steps (the root "
         "alone, an AR step); output is the same either way"))

@@ -32,7 +32,7 @@ class GenerationStats:
     narrow_steps: int = 0  # adaptive full steps on a narrow trie (first candidate per depth, one n-gram path)
     half_steps: int = 0  # adaptive full steps on the likeliest half of the node budget (--max-nodes of 32 or more)
     plain_steps: int = 0  # adaptive steps that ran the root alone (an AR step: no draft paid for itself)
-    verified_nodes: int = 0  # trie nodes (root included) the verify passes of full, narrow and lookup steps ran
+    verified_nodes: int = 0  # trie nodes (root included) verified by full, half, narrow and lookup steps
     verify_steps: int = 0  # those steps (every step but plain ones and the first token's draw): alpha's sample
     stage_seconds: dict[str, float] = field(default_factory=dict)  # draft / tree / verify / accept / commit / plain
     graph_captures: int = 0  # CUDA graphs captured (one per step shape, cache bucket and node budget in use)
