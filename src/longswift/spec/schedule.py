@@ -16,18 +16,10 @@ KINDS = (FULL, LOOKUP, PLAIN)  # adaptive steps: draft + tree, n-gram lookup onl
 WIDE_KINDS = (FULL, NARROW, LOOKUP, PLAIN)
 # ... and, where the tree is cut to a node budget of at least 2 * HALF_MIN_NODES (--max-nodes; the GPU's 32), a full
 # step on the likeliest half of it. On the H200 at 100K context a 16-node verify pass cost 1.16x an AR step, a
-# 32-node one 1.45x, an 8-node one 1.13x (session 51); on the embedded model the 8 likeliest nodes held every
-# accepted path that 16, 32 and 64 did (session 55). Smaller halves cost what a narrow trie does.
+# 32-node one 1.45x, an 8-node one 1.13x (session 51); on the embedded model the 16 likeliest nodes took as few
+# steps as 32 and 64 for the same tokens (session 55). Smaller halves cost what a narrow trie does.
 HALF_MIN_NODES = 16
 HALF_KINDS = (FULL, HALF, NARROW, LOOKUP, PLAIN)
-
-
-def step_kinds(wide: bool, budget: int) -> tuple[str, ...]:
-    """The kinds of step a run chooses among: a `wide` trie (more than one candidate at a depth or n-gram path)
-    adds NARROW; one pruned to `budget` nodes (0: not pruned) of at least 2 * HALF_MIN_NODES adds HALF."""
-    if wide and budget >= 2 * HALF_MIN_NODES:
-        return HALF_KINDS
-    return WIDE_KINDS if wide else KINDS
 PROBE_EVERY = 16  # adaptive steps: how often a slower kind of step is tried again at first ...
 MAX_PROBE_EVERY = 1024  # ... doubling (per kind) while its probes do not win it the lead
 # ... and never more often than keeps what the probes of all other kinds together cost beyond the leader's
@@ -38,6 +30,14 @@ PROBE_BUDGET = 0.01
 LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
 RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per step
 EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
+
+
+def step_kinds(wide: bool, budget: int) -> tuple[str, ...]:
+    """The kinds of step a run chooses among: a `wide` trie (more than one candidate at a depth or n-gram path)
+    adds NARROW; one pruned to `budget` nodes (0: not pruned) of at least 2 * HALF_MIN_NODES adds HALF."""
+    if wide and budget >= 2 * HALF_MIN_NODES:
+        return HALF_KINDS
+    return WIDE_KINDS if wide else KINDS
 
 
 @dataclass
