@@ -563,7 +563,7 @@ def test_tokenswift_plain_blocks_on_cuda_equal_ar_in_float32(monkeypatch):
     """Where plain steps lead (rates fixed so, no timing), TokenSwift runs them as token blocks of
     --read-every (auto 16 on CUDA) between its probes; seeded-sampled output is still AR's."""
     monkeypatch.setattr(StepSchedule, "rate",
-                        lambda self, kind: {FULL: 1.0, NARROW: 1.5, LOOKUP: 2.0, PLAIN: 3.0}[kind])
+                        lambda self, kind: {FULL: 1.0, HALF: 1.25, NARROW: 1.5, LOOKUP: 2.0, PLAIN: 3.0}[kind])
     engine = longswift.load(tiny_hf_model("llama", "default", seed=9), device="cuda", dtype="float32",
                             heads="random")
     sampling = SamplingConfig(seed=4, top_p=0.9, repetition_penalty=1.2, penalty_window=16)
