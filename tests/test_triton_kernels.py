@@ -194,8 +194,8 @@ def test_the_attention_parts_fill_the_gpu_and_fit_one_merge(monkeypatch):
 
 
 def record_launches(monkeypatch, kernel: str, keys: tuple[str, ...]) -> list[dict]:
-    """The Triton kernels with `kernel`'s launches recorded (the `keys` of their keyword arguments) before they run:
-    -> the list the launches append to."""
+    """The Triton kernels with `kernel`'s launches recorded (the `keys` of their keyword arguments, and "grid": the
+    launch's grid) before they run: -> the list the launches append to."""
     import longswift.runtime.triton_kernels as tk
 
     launched: list[dict] = []
@@ -204,7 +204,7 @@ def record_launches(monkeypatch, kernel: str, keys: tuple[str, ...]) -> list[dic
     class Recorded:
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launched.append({k: kwargs[k] for k in keys})
+                launched.append({k: grid if k == "grid" else kwargs[k] for k in keys})
                 return getattr(real, kernel)[grid](*args, **kwargs)
             return launch
 
@@ -284,6 +284,11 @@ def test_the_element_wise_kernels_compile_for_a_gpu(monkeypatch):
     silu = compile_for(k.silu_mul_kernel, 90, {"gate_up": "*bf16", "out": "*bf16", "gate_up_row": "i32"},
                        {"INNER": 14336, "BLOCK": 1024, "ACC": tl.float32, "ACCURATE": True, "enable_fp_fusion": False})
     assert "div.rn.f32" in silu.asm["ptx"]  # the IEEE division
+    # float64 (a model run in it with --triton-kernels): div_rn takes float32 only, and float64's `/` is IEEE
+    silu64 = compile_for(k.silu_mul_kernel, 90, {"gate_up": "*fp64", "out": "*fp64", "gate_up_row": "i32"},
+                         {"INNER": 14336, "BLOCK": 1024, "ACC": tl.float64, "ACCURATE": True,
+                          "enable_fp_fusion": False})
+    assert "div.rn.f64" in silu64.asm["ptx"]
     norm = compile_for(k.rms_norm_kernel, 90, {"x": "*bf16", "weight": "*bf16", "out": "*bf16", "x_row": "i32",
                                                "eps": "fp32"},
                        {"N": 4096, "BLOCK": 4096, "ONE_ROUNDING": True, "ACC": tl.float32, "ACCURATE": True,
@@ -307,6 +312,18 @@ def test_one_compiled_merge_serves_every_part_count(monkeypatch):
         got = triton_attention(qg, keys, values, torch.tensor([590]), 0.25, t, parts)
         torch.testing.assert_close(got, attention_reference(qg, keys, values, 590, 0.25, t), rtol=1e-12, atol=1e-12)
     assert blocks == [{"BLOCK_P": tk.MERGE_BLOCK_P}] * 4
+
+
+def test_the_merge_takes_its_rows_on_the_grids_first_axis(monkeypatch):
+    """A GPU's grid takes at most 65,535 programs on its second and third axes: the merge's query rows (4 a node for
+    Llama's GQA, so past 16,383 nodes) go on the first, its KV heads on the second."""
+    grids = record_launches(monkeypatch, "attention_merge_kernel", ("grid",))
+    g = torch.Generator().manual_seed(0)
+    qg = torch.randn(2, 12, 16, generator=g, dtype=torch.float64)
+    keys, values = (torch.randn(2, 40, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    got = triton_attention(qg, keys, values, torch.tensor([35]), 0.25, None, 2)
+    torch.testing.assert_close(got, attention_reference(qg, keys, values, 35, 0.25, None), rtol=1e-12, atol=1e-12)
+    assert grids == [{"grid": (12, 2)}]
 
 
 @pytest.mark.parametrize("dtype,one_rounding", [(torch.float64, True), (torch.float32, True), (torch.float16, True),

@@ -181,6 +181,25 @@ def test_greedy_takes_the_first_of_the_largest_transformed_logits(dtype):
     assert want == second and kernel_draw(edged, history, sampling, None) == want
 
 
+@pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0, repetition_penalty=1.0), SAMPLED["paper"]],
+                         ids=["greedy", "paper"])
+def test_a_row_of_nans_draws_a_token_of_the_vocabulary(sampling, monkeypatch):
+    """Logits all NaN (a model gone wrong) match no chunk's maximum: greedy read the chunks' argmax one entry past
+    the last chunk (on a GPU, whatever memory lies there), an id that an embedding then fails a device assert on.
+    The chunks' argmax entries here sit in a buffer whose next entry is 10**9, so such a read shows."""
+    real_empty = torch.empty
+
+    def empty(*shape, **kwargs):  # the chunks' argmax: the head of a longer buffer
+        if kwargs.get("dtype") == torch.long:
+            return torch.full((shape[0] + 8,), 10**9, dtype=torch.long)[: shape[0]]
+        return real_empty(*shape, **kwargs)
+
+    monkeypatch.setattr(triton_sampling.torch, "empty", empty)
+    _, history = case(torch.float32)
+    token = kernel_draw(torch.full((V,), float("nan")), history, sampling, None if sampling.greedy else 0.5)
+    assert 0 <= token < V
+
+
 def test_only_what_the_kernels_take_is_given_to_them():
     """Top-k, top-p and eta keep the torch transform; float16 logits are refused; a sampled draw needs its
     uniform."""

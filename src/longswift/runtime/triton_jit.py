@@ -59,8 +59,8 @@ def silu_mul_kernel(gate_up, out, gate_up_row, INNER: tl.constexpr, BLOCK: tl.co
     inside = c < INNER
     g = tl.load(gate_up + t * gate_up_row + c, mask=inside).to(ACC)
     u = tl.load(gate_up + t * gate_up_row + INNER + c, mask=inside).to(ACC)
-    if ACCURATE:  # torch's silu: x / (1 + exp(-x)), CUDA's expf and an IEEE division
-        silu = tl.div_rn(g, 1.0 + libdevice.exp(-g))
+    if ACCURATE and g.dtype == tl.float32:  # torch's silu: x / (1 + exp(-x)), CUDA's expf and an IEEE division
+        silu = tl.div_rn(g, 1.0 + libdevice.exp(-g))  # (div_rn takes float32 only; float64's `/` is IEEE)
     else:
         silu = g / (1.0 + tl.exp(-g))
     silu = silu.to(out.dtype.element_ty).to(ACC)  # F.silu's output, rounded as it is
@@ -175,9 +175,10 @@ def attention_part_kernel(q, keys, values, used_at, tree, part_out, part_lse,
 @triton.jit(do_not_specialize=["parts", "splits"])
 def attention_merge_kernel(part_out, part_lse, out, out_head, out_row, rows, parts, splits,
                            D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
-    # One program per (KV head h, query row r): the parts' outputs weighted by exp(lse_s - max lse), over their sum.
-    h = tl.program_id(0).to(tl.int64)
-    r = tl.program_id(1).to(tl.int64)
+    # One program per (query row r, KV head h): the parts' outputs weighted by exp(lse_s - max lse), over their sum.
+    # (Rows on the grid's first axis: its second and third take at most 65,535.)
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
     p = tl.arange(0, BLOCK_P)
     d = tl.arange(0, BLOCK_D)
     at = (h * (splits + 1) + p) * rows + r  # [BLOCK_P]
@@ -341,7 +342,10 @@ def sample_pick_kernel(source, part_max, part_arg, part_sum, part_weight, params
     if GREEDY:
         tops = tl.load(part_max + p, mask=p < parts, other=float("-inf"))
         first = _min(tl.where(tops == _max(tops, 0), p, P_BLOCK), 0)
-        token = tl.load(part_arg + first)
+        # A row of NaNs matches no maximum, in its chunks or here: the last chunk's, clamped to a token (vocab - 1;
+        # torch's argmax would give the first NaN), so that an embedding of it does not fail a device assert.
+        first = tl.minimum(first, parts - 1)
+        token = tl.minimum(tl.load(part_arg + first), vocab - 1)
     else:
         weights = tl.load(part_weight + p, mask=p < parts, other=0.0)  # [P_BLOCK] float64
         before = _cumsum(weights, 0)

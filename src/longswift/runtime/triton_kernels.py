@@ -276,7 +276,7 @@ def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: 
         k.attention_part_kernel[(hkv, launched, -(-rows // block_m))](
             qg, keys, values, used, tree_i8, part_out, part_lse, *qg.stride(), *keys.stride(), *values.stride(),
             rows, new, parts, scale, **params)
-        k.attention_merge_kernel[(hkv, rows)](part_out, part_lse, out, out.stride(0), out.stride(1), rows, launched,
+        k.attention_merge_kernel[(rows, hkv)](part_out, part_lse, out, out.stride(0), out.stride(1), rows, launched,
                                               parts, D=d, BLOCK_D=block_d,
                                               BLOCK_P=max(MERGE_BLOCK_P, 1 << (launched - 1).bit_length()),
                                               enable_fp_fusion=True)
