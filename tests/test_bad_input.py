@@ -1246,6 +1246,9 @@ def test_a_run_that_cannot_be_is_refused_by_stream_itself():
     (["--heads", "none", "--ngram-topk", "3", "--max-nodes", "9"],
      "--ngram-topk, --max-nodes set how TokenSwift drafts, and --heads none runs AR, which does not draft"),
     (["--tree", "1,3"], "--tree sets how TokenSwift drafts, and this model has no draft heads, so the run is AR"),
+    (["--method", "ar", "--heads", "random"], "--heads sets how TokenSwift drafts, and --method ar runs AR"),
+    (["--method", "ar", "--heads", "random", "--tree", "1,3"],
+     "--heads, --tree set how TokenSwift drafts, and --method ar runs AR"),
 ])
 def test_tokenswift_flags_on_an_ar_run_are_said_to_do_nothing(args, note, tmp_path, capsys):
     """They were ignored without a word; refusing them would break one command line run with each method."""

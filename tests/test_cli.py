@@ -422,8 +422,10 @@ def test_info_prints_config_and_memory_plan(capsys):
     assert "memory plan for 100000 tokens with TokenSwift (tree 1,1,1 + 1 n-grams: 7 nodes, lookup steps 32) in float32" in out
     assert "KV cache 4.29 GiB (100032 tokens) + draft KV cache 0.18 GiB (4096 tokens)" in out
     assert "exceed the model's context of 8192" in out
+    assert "in memory, past the model's context" in out  # (info's verdict: not a plain "fits")
     code, out, err = run_cli(capsys, "info", "--tokens", "100000", "--rope-scaling", "yarn:16")
     assert code == 0 and "context: 131072 tokens (yarn rope scaling)" in out and "exceed" not in out
+    assert "past the model's context" not in out
 
 
 def test_info_plans_for_the_prefill_chunk_given(capsys):
@@ -582,7 +584,8 @@ def test_a_prompt_file_of_dash_is_standard_input(tmp_path, capsys, monkeypatch, 
     assert read_prompt_file(Path("-")) == "Tell a story.\n"
     monkeypatch.setattr(sys, "stdin", _Stdin(b"ab\xff"))
     code, _, err = run_cli(capsys, "generate", "--prompt-file", "-")
-    assert_one_line_error(code, err, "the prompt on standard input is not UTF-8 text (bad byte at offset 2)")
+    assert_one_line_error(code, err, "the prompt on standard input is not UTF-8 text (bad byte at offset 2): convert "
+                                     "it to UTF-8")
     monkeypatch.setattr(sys, "stdin", _Stdin(b""))
     code, _, err = run_cli(capsys, "generate", "--prompt-file", "-")
     assert_one_line_error(code, err, "the prompt is empty")

@@ -47,6 +47,35 @@ def test_readme_flags_exist():
     assert set(commands) <= seen, f"commands missing from the synopsis: {set(commands) - seen}"
 
 
+def test_every_on_off_flag_takes_its_other_form():
+    """README: every on/off flag also takes its other form, which states the default (`--lockstep` and
+    `--no-lockstep`, `--no-progress` and `--progress`); the last given wins. Not switches: --debug (tracebacks, a
+    global flag), generate's --greedy (shorthand for --temperature 0) and train-heads' --resume (an action)."""
+    import argparse
+
+    from longswift.cli import build_parser
+
+    not_switches = {"debug", "greedy", "resume"}
+    commands = build_parser()._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        actions = [a for a in command._actions if a.option_strings and a.dest not in not_switches]
+        for action in actions:
+            if isinstance(action, argparse.BooleanOptionalAction):
+                continue
+            if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                others = [a for a in actions if a.dest == action.dest and a.const is not action.const]
+                assert others, f"longswift {name} {action.option_strings[0]} has no other form"
+    parse = build_parser().parse_args
+    bench = parse(["bench", "--lockstep", "--no-lockstep", "--warmup", "--progress", "--fresh", "--no-fresh",
+                   "--chat", "--no-chat"])
+    assert (bench.lockstep, bench.no_warmup, bench.no_progress, bench.fresh, bench.chat) == (False,) * 5
+    assert parse(["bench", "--no-warmup", "--no-progress"]).no_warmup is True
+    assert parse(["generate", "--prompt", "x", "--no-progress", "--progress"]).no_progress is False
+    for heads in (["train-heads", "--out", "d"], ["eval-heads", "--heads", "default"]):
+        assert parse([*heads, "--progress"]).no_progress is False
+        assert parse([*heads, "--progress", "--no-progress"]).no_progress is True
+
+
 def test_readme_names_every_json_stats_field():
     """`generate --json` writes GenerationStats.to_dict(): the README's command-line section names
     each of its keys, so a field added to the stats is not left undocumented."""

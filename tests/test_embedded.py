@@ -89,8 +89,8 @@ def test_a_system_message_replaces_the_templates_default_one(embedded):
     ids = embedded.encode("Rain.", chat=True, system="You write only haiku.")
     assert embedded.tokenizer.decode(ids) == expected and "SmolLM" not in expected
     assert embedded.encode("Rain.", chat=None, system="You write only haiku.") == ids  # the CLI's default
-    for prompt, chat, system, match in (("Rain.", False, "Be brief.", "goes into the chat template"),
-                                        ([5, 6], None, "Be brief.", "goes into the chat template"),
+    for prompt, chat, system, match in (("Rain.", False, "Be brief.", "chat template: pass chat=True with it"),
+                                        ([5, 6], None, "Be brief.", "chat template, which takes prompt text, not"),
                                         ("Rain.", True, "  ", "system message is empty")):
         with pytest.raises(LongswiftError, match=match):
             embedded.encode(prompt, chat=chat, system=system)

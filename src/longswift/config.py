@@ -275,7 +275,9 @@ class SamplingConfig:
     penalty_window: int = field(
         default=1024, metadata=_help("the penalty looks at this many most recent tokens")
     )
-    seed: int | None = field(default=None, metadata=_help("RNG seed; the same seed gives the same output"))
+    seed: int | None = field(default=None, metadata=_help(
+        "RNG seed; the same seed gives the same output (default: a random one, which --json and checkpoints record; "
+        "-1 is a seed like any other, not a random one)"))
     # Token ids whose logits are -inf before anything else (never drawn, never drafted). Not a flag of its own
     # (generate's --ban-ids / --ban-token set it): Engine.stream adds the model's EOS ids under --ignore-eos, and a
     # checkpoint records the result,

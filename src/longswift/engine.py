@@ -211,9 +211,12 @@ class Engine:
         CLI's default). `system`: the chat's system message (instead of the template's default one)."""
         if system is not None and not isinstance(system, str):
             raise ConfigTypeError(f"system must be text (str) or None; got {type(system).__name__}")
-        if system is not None and (not isinstance(prompt, str) or chat is False):
-            raise LongswiftError("a system message (system=, --system) goes into the chat template: give prompt text "
-                                 "without chat=False (--raw) or token ids")
+        if system is not None and not isinstance(prompt, str):
+            raise LongswiftError("a system message (system=, --system) goes into the chat template, which takes prompt "
+                                 "text, not token ids")
+        if system is not None and chat is False:
+            raise LongswiftError("a system message (system=, --system) goes into the chat template: pass chat=True "
+                                 "with it (the API sends text without the template unless asked)")
         if system is not None and not system.strip():
             raise LongswiftError("the system message is empty: give some text or leave it out")
         if hasattr(prompt, "tolist") and not isinstance(prompt, str):  # a tensor or numpy array of token ids

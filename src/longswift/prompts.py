@@ -34,5 +34,6 @@ def read_prompt_file(path: Path) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise LongswiftError(f"{what} is not UTF-8 text (bad byte at offset {exc.start})") from None
+        raise LongswiftError(f"{what} is not UTF-8 text (bad byte at offset {exc.start}): convert it to UTF-8 (e.g. "
+                             "`iconv -f latin1 -t utf-8`)") from None
     return text.removeprefix("\ufeff")

@@ -9,8 +9,8 @@ from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
-from .flags import (HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value,
-                    output_file, seed_number, whole_number)
+from .flags import (HEADS_HELP, MODEL_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args,
+                    heads_value, output_file, seed_number, whole_number)
 
 
 def add_parser(sub: Any) -> None:
@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
                        help="prompt text: a .txt file is repeated to each prefix length (or, with --chat, sent as a "
                             "chat message); a .jsonl file holds one {\"id\", \"prompt\"} a line, each a grid cell "
                             "(docs/prompts/ has a public set). Default: seeded random token ids")
-    bench.add_argument("--chat", action="store_true", help="send the prompt(s) through the model's chat template")
+    add_switch(bench, "--chat", "--no-chat", "send the prompt(s) through the model's chat template")
     bench.add_argument("--seed", type=seed_number, default=0,
                        help="seed of the sampled presets and of random prompts (default %(default)s)")
     bench.add_argument("--pld-tokens", type=whole_number, default=10,
@@ -51,15 +51,15 @@ def add_parser(sub: Any) -> None:
                        help="write results.jsonl (a line per finished run), results.csv, PNG plots, report.md and "
                             "config.json (what the runs share) here; "
                             "rerunning the same command resumes, skipping finished runs")
-    bench.add_argument("--fresh", action="store_true", help="discard the results already in --out-dir")
-    bench.add_argument("--no-warmup", action="store_true", help="skip the short untimed warm-up run of each method")
-    bench.add_argument("--no-progress", action="store_true",
-                       help="log each run's start and result on stderr, not its tokens as it goes")
-    bench.add_argument("--lockstep", action="store_true",
-                       help="run our methods (ar, tokenswift, tokenswift-fused) of each cell and run together, a step "
-                            "at a time, the one furthest behind in tokens next, each timed on its own clock, so that "
-                            "the machine's drift over minutes hits them alike (their ratio holds where rates move); "
-                            "holds every method's KV cache at once")
+    add_switch(bench, "--fresh", "--no-fresh", "discard the results already in --out-dir")
+    add_switch(bench, "--no-warmup", "--warmup", "skip the short untimed warm-up run of each method")
+    add_switch(bench, "--no-progress", "--progress",
+               "log each run's start and result on stderr, not its tokens as it goes")
+    add_switch(bench, "--lockstep", "--no-lockstep",
+               "run our methods (ar, tokenswift, tokenswift-fused) of each cell and run together, a step "
+               "at a time, the one furthest behind in tokens next, each timed on its own clock, so that "
+               "the machine's drift over minutes hits them alike (their ratio holds where rates move); "
+               "holds every method's KV cache at once")
     bench.add_argument("--out", type=output_file, help="also append the markdown report to this file")
     bench.add_argument("--json", type=output_file, help="also write every run's record to this JSON file")
     add_config_flags(bench, SpecConfig)

@@ -96,6 +96,14 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type,
         group.add_argument(flag, dest=f.name, type=parse, default=default, metavar=metavar, help=text)
 
 
+def add_switch(group: Any, flag: str, other: str, help: str) -> None:
+    """A command's own on/off flag (off by default; `flag` turns it on) and its other form, which states the default,
+    as every config switch has (`--adaptive` / `--no-adaptive`): the last given wins."""
+    dest = flag.removeprefix("--").replace("-", "_")
+    group.add_argument(flag, action="store_true", help=help)
+    group.add_argument(other, dest=dest, action="store_false", help=f"(the default) the opposite of {flag}")
+
+
 def config_from_args(cls: type, args: argparse.Namespace) -> Any:
     """The config the flags give (a field the command has no flag for keeps its default)."""
     return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)

@@ -14,13 +14,13 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name
 from ..errors import ConfigError, LongswiftError
-from .flags import (HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_inputs, heads_value,
-                    model_inputs, output_file, whole_number)
+from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, heads_inputs,
+                    heads_value, model_inputs, output_file, whole_number)
 from .outputs import Outputs, shown, write_run
 from .stop import StopRequest
 
-RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--threads", "--model",
-                "--heads", "--device", "--max-new-tokens", "--debug")
+RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--progress", "--threads",
+                "--model", "--heads", "--device", "--max-new-tokens", "--debug")
 
 
 EXAMPLES = """examples:
@@ -74,8 +74,8 @@ def add_parser(sub: Any) -> None:
                             "continue it with --resume")
     files.add_argument("--checkpoint-every", type=whole_number, default=1024, metavar="N",
                        help="tokens between the checkpoints --checkpoint saves (default: 1024)")
-    files.add_argument("--no-progress", action="store_true",
-                       help="no status line (it is shown only on a terminal: tokens, tok/s, ETA, alpha, tokens/step)")
+    add_switch(files, "--no-progress", "--progress",
+               "no status line (it is shown only on a terminal: tokens, tok/s, ETA, alpha, tokens/step)")
     gen.add_argument("--greedy", action="store_true", help=(
         "shorthand for --temperature 0: the argmax after the repetition penalty, which still applies "
         "(the paper's default); --greedy --repetition-penalty 1 is transformers' plain greedy"))
@@ -194,6 +194,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 raise LongswiftError(f"--ban-token: {exc.cli_message}") from None
             sampling = replace(sampling, banned_ids=(*sampling.banned_ids, *named))
         drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
+        if args.method == "ar" and args.heads not in (None, "none"):
+            drafting = ["heads", *drafting]
         if drafting and ranks.main and (args.method == "ar" or engine.heads is None):
             flags = ", ".join(f"--{name.replace('_', '-')}" for name in drafting)
             why = ("--method ar runs AR" if args.method == "ar" else "--heads none runs AR" if heads == "none"

@@ -15,9 +15,9 @@ import torch
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
-from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, check_heads_flag, config_from_args,
-                    heads_value, model_inputs, output_file, progress_lines, seed_number, show_progress,
-                    whole_number)
+from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, add_switch, check_heads_flag,
+                    config_from_args, heads_value, model_inputs, output_file, progress_lines, seed_number,
+                    show_progress, whole_number)
 from .outputs import note_stale, os_error_with
 
 
@@ -30,7 +30,7 @@ def add_parsers(sub: Any) -> None:
                        help="directory for checkpoint.pt, heads.safetensors, train_log.json")
     _add_data_flags(train)
     train.add_argument("--resume", action="store_true", help="continue from --out's checkpoint.pt")
-    train.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_switch(train, "--no-progress", "--progress", "no progress bars on stderr")
     add_config_flags(train, TrainConfig)
     add_config_flags(train, RuntimeConfig, skip=DECODING_ONLY)
 
@@ -48,7 +48,7 @@ def add_parsers(sub: Any) -> None:
                     help="tokens of held-out TokenSwift generation for alpha (paper sampling; 0 skips; default "
                          "%(default)s)")
     ev.add_argument("--json", type=output_file, help="write the results here (atomically)")
-    ev.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_switch(ev, "--no-progress", "--progress", "no progress bars on stderr")
     # alpha measures the heads, so every step drafts: adaptive steps (generate's default) run nearly all
     # steps plain where the heads do not pay on this machine, and alpha would come from a handful of drafts.
     add_config_flags(ev, SpecConfig, {"adaptive": (False, (

@@ -68,5 +68,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     free = available_bytes(device)
     if free is not None:
         verdict = "fits" if plan.total <= free else "does NOT fit"
+        if tokens > cfg.context_limit:
+            verdict += " in memory, past the model's context (the note above)"
         print(f"available on {device}: {free / GiB:.2f} GiB -> {verdict}")
     return 0

@@ -96,8 +96,8 @@ def resolve_hub_id(source: str, what: str = "model") -> Path:
         why = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
         if local:
             raise LongswiftError(f"{local}it is not in the Hugging Face cache and {why}: check the path") from None
-        raise LongswiftError(f"{what} '{source}' is not in the Hugging Face cache ({cache}) and {why}: "
-                             f"get it with {get} (online), or pass a local path") from None
+        raise LongswiftError(f"{what} '{source}' is no local path, and not in the Hugging Face cache ({cache}) and "
+                             f"{why}: get it with {get} (online), or check the path") from None
     except (HFValidationError, ValueError) as exc:
         raise LongswiftError(f"'{source}' is neither a local path nor a valid Hugging Face model id "
                              f"({str(exc).splitlines()[0]})") from None
