@@ -19,6 +19,7 @@ from longswift.spec.schedule import (
     PLAIN,
     PROBE_BUDGET,
     PROBE_EVERY,
+    STALE_STEPS,
     WIDE_KINDS,
     StepSchedule,
 )
@@ -92,6 +93,7 @@ def test_adaptive_choice_follows_measured_rates():
 
     def set_rate(kind: str, tokens_per_second: float) -> None:
         s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step
+        s.timed_at[kind] = s.steps  # timed now (not stale)
 
     assert s.choose() == FULL
     s.record(FULL, 4, 0.0825)  # 48.5 tok/s (a probe costs 2.5 ms more than the leader's time for its 4 tokens)
@@ -120,8 +122,10 @@ def test_adaptive_choice_follows_measured_rates():
         assert s.choose() == FULL
     assert s.probe_every[FULL] == MAX_PROBE_EVERY
     s.probe_every = dict.fromkeys(KINDS, 10**6)
-    set_rate(PLAIN, 1.0)  # plain steps have become slow: LOOKUP (50 tok/s) leads again
-    assert s.choose() == LOOKUP
+    set_rate(PLAIN, 1.0)  # plain steps have become slow: LOOKUP (50 tok/s) is the fastest, but its seconds are
+    assert s.choose() == LOOKUP and s.best == PLAIN  # from long before (stale): it is timed again first ...
+    s.record(LOOKUP, 1, 0.02)
+    assert s.choose() == LOOKUP and s.best == LOOKUP  # ... and leads again
     set_rate(FULL, 51.0)  # 2% faster than the leader: noise, the lead stays
     assert s.choose() == LOOKUP and s.best == LOOKUP
     set_rate(FULL, 60.0)  # a clear margin takes the lead
@@ -191,3 +195,30 @@ def test_a_due_probe_is_not_put_off_by_the_follow_up_of_a_kind_that_took_the_lea
     s.step_tokens[FULL], s.step_seconds[FULL] = 3.0, 0.01  # ... and its rate now leads by far
     assert s.choose() == LOOKUP and s.best == FULL
     assert s.choose() == FULL
+
+
+def test_a_kind_timed_long_ago_is_timed_again_before_it_takes_the_lead():
+    """Another process takes a core: every step gets slower, plain steps' seconds follow within ~10 steps, and a
+    drafting kind's seconds stay those of its last probe, from before. Compared as they are, the old probe looked
+    faster and took the lead, which it kept for several steps of the slow kind while its EMA caught up (session 56:
+    under a load switched on and off every 15 s, 24 full steps at 4.4x a plain step's cost for 1.2 tokens). A kind
+    whose seconds are more than STALE_STEPS old runs once first, and that step's seconds replace its old ones."""
+    s = StepSchedule(step_tokens={FULL: 1.5, LOOKUP: 1.0, PLAIN: 1.0},
+                     step_seconds={FULL: 0.09, LOOKUP: 0.06, PLAIN: 0.05})
+    s.probe_every = dict.fromkeys(KINDS, 10**6)
+    assert s.choose() == PLAIN and s.best == PLAIN  # 20 tok/s against FULL's 16.7
+    s.record(PLAIN, 1, 0.05)
+    for _ in range(STALE_STEPS):  # quiet plain steps (the other kinds' probes not due)
+        assert s.choose() == PLAIN
+        s.record(PLAIN, 1, 0.05)
+    picks = []
+    for _ in range(60):  # the load arrives: every step costs 4x (FULL 4.5x), the tokens are as they were
+        kind = s.choose()
+        picks.append(kind)
+        s.record(kind, {FULL: 2}.get(kind, 1), {FULL: 0.405, LOOKUP: 0.24}.get(kind, 0.2))
+    # Plain steps' EMA passes FULL's stale 16.7 tok/s after about 10 loaded steps: FULL runs once, its seconds are
+    # now the loaded ones (4.9 tok/s against plain's 5), and plain steps keep the lead; so for LOOKUP.
+    assert picks.count(FULL) == 1 and picks.count(LOOKUP) == 1 and s.best == PLAIN, picks
+    assert s.step_seconds[FULL] == 0.405 and s.step_seconds[LOOKUP] == 0.24  # replaced, not averaged in
+    s.record(FULL, 2, 0.5)  # a kind timed within STALE_STEPS: averaged in
+    assert s.step_seconds[FULL] == pytest.approx(0.9 * 0.405 + 0.1 * 0.5)

@@ -29,6 +29,12 @@ MAX_PROBE_EVERY = 1024  # ... doubling (per kind) while its probes do not win it
 PROBE_BUDGET = 0.01
 LEAD_MARGIN = 1.05  # a drafting kind takes the lead when its tokens/s beat the leader's by this factor
 RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per step
+# A kind's seconds from its last step more than this many steps back are stale: the machine's load may have changed
+# since (another process on a core makes every step slower, plain steps' EMA follows within ~10 steps, a probe's
+# seconds stay as they were). A stale kind is timed again before it may take the lead, and that step's seconds replace
+# its EMA. Under a load switched on and off every 15 s, stale quiet-time probes won drafting kinds the lead
+# several times a run, each lead costing several steps (session 56).
+STALE_STEPS = 64
 EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
 
@@ -52,6 +58,8 @@ class StepSchedule:
     step_tokens: dict[str, float | None] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
     since: dict[str, int] = field(default_factory=dict)  # steps since each kind last ran
+    steps: int = 0  # steps chosen so far (a token block's plain steps counted)
+    timed_at: dict[str, int] = field(default_factory=dict)  # `steps` at each kind's last timed step
     probe_every: dict[str, int] = field(default_factory=dict)  # each kind's probe interval
     best: str | None = None  # the leading kind
     follow: str | None = None  # a probed kind whose step beat the leader: run it again next step
@@ -61,6 +69,7 @@ class StepSchedule:
         self.step_tokens = {k: self.step_tokens.get(k) for k in self.kinds}
         self.step_seconds = {k: self.step_seconds.get(k, 0.0) for k in self.kinds}
         self.since = {k: self.since.get(k, 0) for k in self.kinds}
+        self.timed_at = {k: self.timed_at.get(k, 0) for k in self.kinds}
         self.probe_every = {k: self.probe_every.get(k, PROBE_EVERY) for k in self.kinds}
 
     def rate(self, kind: str) -> float | None:
@@ -93,6 +102,8 @@ class StepSchedule:
         margin = 1.0 if fastest == PLAIN else LEAD_MARGIN
         if self.best is None or rates[fastest] > margin * rates[self.best]:  # type: ignore[operator]
             if fastest != self.best:
+                if self.best is not None and self.stale(fastest):  # timed under another load, maybe: timed
+                    return self._run(fastest)  # again first (its seconds replace the old ones), then compared
                 self.probe_every[fastest] = PROBE_EVERY  # once it loses the lead again, probe it soon
             self.best = fastest
         best = self.best
@@ -144,12 +155,19 @@ class StepSchedule:
         for k in self.kinds:
             if k != PLAIN:
                 self.since[k] += steps
+        self.steps += steps
 
     def _run(self, kind: str) -> str:
         for k in self.kinds:
             self.since[k] += 1
         self.since[kind] = 0
+        self.steps += 1
         return kind
+
+    def stale(self, kind: str) -> bool:
+        """Whether `kind`'s seconds come from a step more than STALE_STEPS back (a lookup step that found no n-gram
+        is timed as a plain step: `since` counts from the kind chosen, this from the kind timed)."""
+        return self.steps - self.timed_at[kind] > STALE_STEPS
 
     def record(self, kind: str, tokens: int, seconds: float | None) -> None:
         """A step's tokens, and its time unless None (a step that captured a CUDA graph or refilled
@@ -162,7 +180,9 @@ class StepSchedule:
         self.follow = kind if beat else None
         self._tokens(kind, tokens)
         old = self.step_seconds[kind]
-        self.step_seconds[kind] = seconds if old <= 0 else (1 - RATE_EMA) * old + RATE_EMA * seconds
+        fresh = old <= 0 or self.stale(kind)  # (seconds from before a long gap: replaced, not averaged in)
+        self.step_seconds[kind] = seconds if fresh else (1 - RATE_EMA) * old + RATE_EMA * seconds
+        self.timed_at[kind] = self.steps
 
     def would_emit(self, kind: str, tokens: int) -> None:
         """The tokens a step of `kind` would have emitted in place of the step just run, known exactly (a HALF
