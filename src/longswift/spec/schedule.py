@@ -32,8 +32,8 @@ RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per s
 # A kind's seconds from its last step more than this many steps back are stale: the machine's load may have changed
 # since (another process on a core makes every step slower, plain steps' EMA follows within ~10 steps, a probe's
 # seconds stay as they were). A stale kind is timed again before it may take the lead, and that step's seconds replace
-# its EMA. Under a load switched on and off every 15 s, stale quiet-time probes won drafting kinds the lead
-# several times a run, each lead costing several steps (session 56).
+# its EMA. Under a load switched on and off every 15 s, lookup steps timed once at a run's start took the lead
+# from plain steps as soon as the load came on (session 56).
 STALE_STEPS = 64
 EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
