@@ -22,12 +22,12 @@ from conftest import OpCount, run_cli, tiny_hf_model
 from fake_cuda import fake_cuda, fake_heads, fake_state
 
 import longswift
-from longswift.bench.shapes import expected_shapes, shape_config
+from longswift.bench.shapes import shape_config
 from longswift.config import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.generate import ar_steps
 from longswift.runtime.cache import FullKVCache, PartialKVCache
 from longswift.runtime.cuda_graphs import StepGraphs, step_bodies
-from longswift.runtime.model import Transformer
+from longswift.runtime.model import Transformer, expected_shapes
 from longswift.sampling import banned_index
 from longswift.spec.tokenswift import draft_logits, tokenswift_steps
 from longswift.stats import GenerationStats

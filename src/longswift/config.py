@@ -10,11 +10,12 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, ConfigTypeError, LongswiftError
+
+if TYPE_CHECKING:  # (torch is imported where it is used: the command line parses its flags without it)
+    import torch
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -240,7 +241,7 @@ class ModelConfig:
         return self.num_layers * layer + embed + h
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        elem = torch.empty((), dtype=dtype).element_size()
+        elem = dtype.itemsize
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
@@ -528,14 +529,14 @@ class RuntimeConfig:
             raise LongswiftError(f"--dtype must be one of auto, {', '.join(_DTYPES)}; got '{self.dtype}'")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise LongswiftError(f"--device must be cpu, cuda, cuda:N or auto; got '{self.device}'")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
+        if self.device.startswith("cuda") and not _cuda():
             raise ConfigError(f"RuntimeConfig.device='{self.device}' but no CUDA device is available: use device='cpu'",
                               f"--device {self.device} requested but no CUDA device is available; use --device cpu")
         if self.threads is not None and not 0 < self.threads <= MAX_THREADS:
             raise LongswiftError(f"--threads must be between 1 and {MAX_THREADS}; got {self.threads}")
         if self.cuda_graphs not in ("auto", "on", "off"):
             raise LongswiftError(f"--cuda-graphs must be auto, on or off; got '{self.cuda_graphs}'")
-        if self.cuda_graphs == "on" and (self.device == "cpu" or not torch.cuda.is_available()):
+        if self.cuda_graphs == "on" and (self.device == "cpu" or not _cuda()):
             raise ConfigError("RuntimeConfig.cuda_graphs='on' needs a CUDA device: use cuda_graphs='auto' or 'off' here",
                               "--cuda-graphs on needs a CUDA device: use --cuda-graphs auto or off here")
         if self.triton_kernels and self.device == "cpu":
@@ -550,8 +551,10 @@ class RuntimeConfig:
             parse_rope_scaling(self.rope_scaling)
 
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            return torch.device("cuda" if _cuda() else "cpu")
         return torch.device(self.device)
 
     def token_block(self, device: torch.device) -> int:
@@ -559,9 +562,17 @@ class RuntimeConfig:
         return self.read_every or (READ_EVERY_CUDA if device.type == "cuda" else 1)
 
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype == "auto":
             return torch.bfloat16 if self.torch_device().type == "cuda" else torch.float32
-        return _DTYPES[self.dtype]
+        return getattr(torch, self.dtype)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 ROPE_SCALINGS = ("yarn", "linear", "dynamic")
@@ -598,12 +609,7 @@ def parse_rope_scaling(text: str) -> tuple[str, float]:
     return kind, value
 
 
-_DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+_DTYPES = ("float32", "bfloat16", "float16", "float64")  # the names of torch's dtypes --dtype takes
 
 
 # What --heads and heads= take besides a heads file, a directory or a hub id (Engine.set_heads).

@@ -3,14 +3,13 @@ of those shapes, made directly in the run's dtype on its device: per-step costs 
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..config import ModelConfig
 from ..errors import LongswiftError
-from ..runtime.loading import with_rope_scaling
-from ..runtime.model import expected_shapes
+
+if TYPE_CHECKING:  # (torch and the runtime are imported where they are used: bench-steps' flags need only SHAPES)
+    import torch
 
 # transformers-style config dicts, with the fields that shape the forward as in each model's
 # config.json on the Hugging Face hub (Qwen2.5-7B is the base model: 128K context, no rope scaling).
@@ -57,6 +56,8 @@ def shape_config(shape: str | dict[str, Any], layers: int | None = None, rope_sc
     overrides the depth (to fit a smaller machine: the per-layer shapes stay the real ones)."""
     from transformers import AutoConfig
 
+    from ..runtime.loading import with_rope_scaling
+
     check_shape(shape, layers)
     fields = dict(SHAPES[shape] if isinstance(shape, str) else shape)
     if layers is not None:
@@ -69,7 +70,7 @@ def shape_config(shape: str | dict[str, Any], layers: int | None = None, rope_sc
 def weight_bytes_read(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """Weight bytes one decoding step reads: every weight, except that an untied embedding table is
     only gathered (one row), while the LM head (the table itself when tied) is read in full."""
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = dtype.itemsize
     embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
     return (cfg.parameter_count() - embed) * elem
 
@@ -80,6 +81,10 @@ def random_state(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, see
     Matrices are N(0, 1/fan_in) so activations stay finite; norms are ones, biases small. An untied
     LM head shares the embedding's tensor: the cost is the same (the embedding lookup reads one
     row) and an 8B shape needs 1-2 GB less."""
+    import torch
+
+    from ..runtime.model import expected_shapes
+
     gen = torch.Generator(device=device).manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
     for name, shape in expected_shapes(cfg).items():

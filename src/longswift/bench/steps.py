@@ -29,13 +29,8 @@ from ..spec.verify import batched_walk, lossless_walk
 from ..stats import GenerationStats
 from .projection import Projection, StepCosts, check_alpha, floor_seconds, project, tokens_per_step
 from .shapes import SHAPES, check_shape, random_state, shape_config, weight_bytes_read
+from .step_defaults import CPU_CONTEXTS, GPU_CONTEXTS, GPU_NEW_TOKENS, PAPER_PREFIX, REPS, SEED, TREE_NODES, WARMUP
 from .timing import last_level_cache_bytes, measure_bandwidth, median_seconds, synchronizer
-
-GPU_CONTEXTS = (20000, 50000, 100000)
-CPU_CONTEXTS = (2048, 4096, 8192)
-TREE_NODES = (1, 4, 8, 16, 32, 64)
-GPU_NEW_TOKENS = 100000
-PAPER_PREFIX = 4096  # the paper's prefix length (LLaMA3.1-8B results)
 
 
 @dataclass
@@ -46,14 +41,14 @@ class StepBenchConfig:
     layers: int | None = None  # None: the shape's real depth
     contexts: tuple[int, ...] | None = None  # None: GPU_CONTEXTS on CUDA, CPU_CONTEXTS on CPU
     tree_nodes: tuple[int, ...] = TREE_NODES  # verify-pass sizes (root included)
-    reps: int = 10
-    warmup: int = 2
+    reps: int = REPS
+    warmup: int = WARMUP
     alphas: tuple[float, ...] = ()  # acceptance rates to project with; empty: no projection
     prefix: int = PAPER_PREFIX
     new_tokens: int | None = None  # None: GPU_NEW_TOKENS on CUDA, up to the largest context on CPU
     spec: SpecConfig = field(default_factory=SpecConfig)
     bandwidth_mib: int | None = None  # read-bandwidth buffer; None: max(1 GiB, 4x the last-level cache)
-    seed: int = 0
+    seed: int = SEED
 
     def __post_init__(self) -> None:
         if seed_problem(self.seed) is not None:

@@ -16,7 +16,7 @@ from .stop import StopRequest
 
 
 def _prefix() -> str:
-    from ..runtime.parallel import env_rank
+    from ..runtime.torchrun_env import env_rank
 
     # Under torchrun every rank prints its own errors; ranks other than 0 say which they are.
     try:
@@ -119,7 +119,7 @@ def _main(argv: list[str]) -> int:
     commands = {"generate": generate.cmd_generate, "info": info.cmd_info, "bench": bench.cmd_bench,
                 "bench-steps": bench_steps.cmd_bench_steps, "train-heads": heads.cmd_train_heads,
                 "eval-heads": heads.cmd_eval_heads, "export-heads": export_heads.cmd_export_heads}
-    from ..runtime.parallel import env_world_size
+    from ..runtime.torchrun_env import env_world_size
 
     # generate and train-heads stop after a step and save at a signal; the other commands stop at once, SIGTERM
     # and SIGHUP as Ctrl-C does (an export's half-written directory was left behind by a SIGTERM)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 from typing import Any
@@ -12,15 +11,10 @@ from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from .flags import add_config_flags, config_from_args, output_file, seed_number, whole_number
 
 
-def _default(name: str) -> Any:
-    from ..bench.steps import StepBenchConfig
-
-    return next(f.default for f in dataclasses.fields(StepBenchConfig) if f.name == name)
-
-
 def add_parser(sub: Any) -> None:
     from ..bench.shapes import SHAPES
-    from ..bench.steps import CPU_CONTEXTS, GPU_CONTEXTS, GPU_NEW_TOKENS, TREE_NODES
+    from ..bench.step_defaults import (CPU_CONTEXTS, GPU_CONTEXTS, GPU_NEW_TOKENS, PAPER_PREFIX, REPS, SEED, TREE_NODES,
+                                       WARMUP)
 
     p = sub.add_parser("bench-steps", help="per-step costs (AR, draft, verify by tree size) on random weights of a "
                                            "real model's shape at long contexts, the bandwidth floor, and projections")
@@ -31,19 +25,19 @@ def add_parser(sub: Any) -> None:
                    f"{','.join(map(str, GPU_CONTEXTS))} on CUDA, {','.join(map(str, CPU_CONTEXTS))} on CPU)")
     p.add_argument("--tree-nodes", default=None,
                    help=f"comma list of verify-pass sizes, root included (default {','.join(map(str, TREE_NODES))})")
-    p.add_argument("--reps", type=whole_number, default=_default("reps"),
+    p.add_argument("--reps", type=whole_number, default=REPS,
                    help="timed repetitions per cost (median reported; default %(default)s)")
-    p.add_argument("--warmup", type=whole_number, default=_default("warmup"),
+    p.add_argument("--warmup", type=whole_number, default=WARMUP,
                    help="untimed repetitions before them (default %(default)s)")
     p.add_argument("--alpha", default=None, help="comma list of acceptance rates in [0, 1] (accepted draft tokens / "
                    "draft positions, e.g. measured by `longswift bench`) to project TokenSwift's time with")
-    p.add_argument("--prefix", type=whole_number, default=_default("prefix"),
+    p.add_argument("--prefix", type=whole_number, default=PAPER_PREFIX,
                    help="prefix length of the projection (default %(default)s)")
     p.add_argument("--new-tokens", type=whole_number, default=None, help="tokens the projection generates (default: "
                    f"{GPU_NEW_TOKENS} on CUDA; on CPU up to the largest context)")
     p.add_argument("--bandwidth-mib", type=whole_number, default=None,
                    help="buffer summed to measure read bandwidth (default: max(1 GiB, 4x the last-level cache))")
-    p.add_argument("--seed", type=seed_number, default=_default("seed"),
+    p.add_argument("--seed", type=seed_number, default=SEED,
                    help="seed of the random weights, caches and tries (default %(default)s)")
     p.add_argument("--out", type=output_file, help="also append the markdown report to this file")
     p.add_argument("--json", type=output_file, help="also write the measurements and projections to this JSON file")

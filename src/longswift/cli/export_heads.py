@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..atomic import OutputLock, check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError, refuse_non_utf8
@@ -85,6 +83,8 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
         print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
+        import torch
+
         heads = engine.heads
         if engine.model.dtype != torch.float32:
             # The engine holds them in the model's dtype (--dtype bfloat16 rounds them): a heads file or a released

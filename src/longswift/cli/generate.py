@@ -158,7 +158,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chat: bool | None = False
     else:
         if args.prompt is None and str(args.prompt_file) == STDIN:
-            from ..runtime.parallel import env_world_size
+            from ..runtime.torchrun_env import env_world_size
 
             if env_world_size() > 1:  # one process got the text, which one by chance; the others an empty prompt
                 raise LongswiftError("--prompt-file - (standard input) reaches only one of torchrun's processes: "
@@ -224,7 +224,7 @@ class Ranks:
     model's shard and the same loop; rank 0 alone writes output, progress, JSON and checkpoints."""
 
     def __init__(self, runtime: RuntimeConfig) -> None:
-        from ..runtime.parallel import env_rank, env_world_size
+        from ..runtime.torchrun_env import env_rank, env_world_size
 
         self.parallel = env_world_size() > 1
         self.main = env_rank() == 0
@@ -417,7 +417,7 @@ def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (
         try:
             check_writable(fallback)
         except LongswiftError as exc:  # the run itself may still write what it was asked to (stdout)
-            from ..runtime.parallel import env_rank
+            from ..runtime.torchrun_env import env_rank
 
             if env_rank() == 0:  # (under torchrun every process checks; rank 0 alone says so, as it writes)
                 print(f"longswift: warning: {exc}, where an interrupted run saves its state: give --checkpoint FILE "

@@ -9,9 +9,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
@@ -20,9 +18,12 @@ from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, add
                     show_progress, whole_number)
 from .outputs import note_stale, os_error_with
 
+if TYPE_CHECKING:
+    import torch
+
 
 def add_parsers(sub: Any) -> None:
-    from ..train.train import TrainConfig
+    from ..train.config import TrainConfig
 
     train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
     train.add_argument("--model", help=MODEL_HELP)
