@@ -20,6 +20,7 @@ from longswift.spec.schedule import (
     PROBE_BUDGET,
     PROBE_EVERY,
     STALE_STEPS,
+    UNTIMED_TRIES,
     WIDE_KINDS,
     StepSchedule,
 )
@@ -28,7 +29,7 @@ from longswift.spec.schedule import (
 def test_a_new_schedule_runs_each_kind_once_before_it_compares_them():
     s = StepSchedule()
     assert s.kinds == KINDS and s.best is None and s.probe_every == dict.fromkeys(KINDS, PROBE_EVERY)
-    assert s.choose() == s.choose() == FULL  # an unmeasured kind runs until a step of it is timed
+    assert s.choose() == s.choose() == FULL  # an unmeasured kind runs until a step of it is timed (UNTIMED_TRIES)
     s.record(FULL, 2, None)  # a step that captured a graph: its tokens count, its time does not
     assert s.choose() == FULL and s.rate(FULL) is None
     for kind in KINDS:  # then each in turn
@@ -222,3 +223,38 @@ def test_a_kind_timed_long_ago_is_timed_again_before_it_takes_the_lead():
     assert s.step_seconds[FULL] == 0.405 and s.step_seconds[LOOKUP] == 0.24  # replaced, not averaged in
     s.record(FULL, 2, 0.5)  # a kind timed within STALE_STEPS: averaged in
     assert s.step_seconds[FULL] == pytest.approx(0.9 * 0.405 + 0.1 * 0.5)
+
+
+def test_a_kind_whose_steps_go_untimed_does_not_take_every_step():
+    """Lookup steps that find no n-gram for the root are plain steps, timed as plain ones (with --ngram-topk 0 every
+    one of them). An untimed kind ran first at every choice, so such a run ran lookup-then-plain steps to its end:
+    no full step after the first, no token blocks (a review's run: 1 verify step, 197 plain). It runs first
+    UNTIMED_TRIES times, then on its probe interval. And a stale kind is timed again once, not at every step while
+    its steps go untimed: the other kinds' probes went on being skipped."""
+    s = StepSchedule()
+    picks = []
+    for _ in range(2000):
+        kind = s.choose()
+        picks.append(kind)
+        s.record(PLAIN if kind == LOOKUP else kind, 1, 0.02 if kind == FULL else 0.01)  # lookups never find one
+    assert picks[:UNTIMED_TRIES + 2] == [FULL] + [LOOKUP] * UNTIMED_TRIES + [PLAIN]
+    assert picks.count(PLAIN) > 1900 and picks.count(LOOKUP) < 2 * UNTIMED_TRIES and s.best == PLAIN
+    # A stale LOOKUP, the fastest, whose re-timing step finds no n-gram: one attempt, then probes as before
+    s = StepSchedule(step_tokens={FULL: 1.5, LOOKUP: 1.0, PLAIN: 1.0},
+                     step_seconds={FULL: 0.03, LOOKUP: 0.011, PLAIN: 0.010})
+    for _ in range(200):  # quiet
+        kind = s.choose()
+        s.record(PLAIN if kind == LOOKUP else kind, 1, 0.03 if kind == FULL else 0.01)
+    full_at = []
+    for step in range(3000):  # plain steps 2x slower: LOOKUP's old seconds look fast
+        kind = s.choose()
+        if kind == FULL:
+            full_at.append(step)
+        s.record(PLAIN if kind == LOOKUP else kind, 1, 0.06 if kind == FULL else 0.02)
+    assert len(full_at) >= 3 and max(b - a for a, b in zip([0, *full_at], [*full_at, 3000])) <= 2 * MAX_PROBE_EVERY
+    s.timed_at[LOOKUP], s.best, s.follow = s.steps - STALE_STEPS - 1, PLAIN, None  # stale, and the fastest again
+    s.step_seconds[PLAIN] = 0.05
+    assert s.choose() == LOOKUP and s.best == PLAIN and not s.stale(LOOKUP)  # timed again, once ...
+    s.record(PLAIN, 1, 0.05)  # ... by a step that found no n-gram
+    s.record(LOOKUP, 2, 0.04)  # a later lookup step within STALE_STEPS: its seconds replace the old 0.011
+    assert s.step_seconds[LOOKUP] == 0.04 and LOOKUP not in s.refresh

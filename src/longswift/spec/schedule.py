@@ -35,6 +35,10 @@ RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per s
 # its EMA. Under a load switched on and off every 15 s, lookup steps timed once at a run's start took the lead
 # from plain steps as soon as the load came on (session 56).
 STALE_STEPS = 64
+# A kind not yet timed runs first, up to this many times: a kind's first steps may capture CUDA graphs (untimed), and
+# one whose steps are never timed (lookup steps that find no n-gram are timed as plain steps: with --ngram-topk 0 all
+# of them) would otherwise run at every step, no other kind probed again.
+UNTIMED_TRIES = 8
 EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
 
@@ -59,7 +63,9 @@ class StepSchedule:
     step_seconds: dict[str, float] = field(default_factory=dict)
     since: dict[str, int] = field(default_factory=dict)  # steps since each kind last ran
     steps: int = 0  # steps chosen so far (a token block's plain steps counted)
-    timed_at: dict[str, int] = field(default_factory=dict)  # `steps` at each kind's last timed step
+    timed_at: dict[str, int] = field(default_factory=dict)  # `steps` at each kind's last timed step (or re-timing)
+    refresh: set[str] = field(default_factory=set)  # kinds being timed again: their next seconds replace the old
+    tries: dict[str, int] = field(default_factory=dict)  # steps each kind ran while it had no rate
     probe_every: dict[str, int] = field(default_factory=dict)  # each kind's probe interval
     best: str | None = None  # the leading kind
     follow: str | None = None  # a probed kind whose step beat the leader: run it again next step
@@ -70,6 +76,7 @@ class StepSchedule:
         self.step_seconds = {k: self.step_seconds.get(k, 0.0) for k in self.kinds}
         self.since = {k: self.since.get(k, 0) for k in self.kinds}
         self.timed_at = {k: self.timed_at.get(k, 0) for k in self.kinds}
+        self.tries = {k: self.tries.get(k, 0) for k in self.kinds}
         self.probe_every = {k: self.probe_every.get(k, PROBE_EVERY) for k in self.kinds}
 
     def rate(self, kind: str) -> float | None:
@@ -92,9 +99,13 @@ class StepSchedule:
             return FULL
         rates = {kind: self.rate(kind) for kind in self.kinds}
         for kind in self.kinds:
-            if rates[kind] is None:
+            if rates[kind] is None and self.tries[kind] < UNTIMED_TRIES:
+                self.tries[kind] += 1
                 return self._run(kind)
-        fastest = max(self.kinds, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
+        rated = [kind for kind in self.kinds if rates[kind] is not None]  # (the others: probed on their intervals)
+        if not rated:
+            return self._run(self.kinds[-1])
+        fastest = max(rated, key=lambda k: rates[k])  # type: ignore[arg-type,return-value]
         # A drafting kind takes the lead only for a clear margin: two kinds that do the same work (a
         # lookup step that found no n-gram is a plain step) would otherwise swap on noise, and a
         # drafting kind that leads on a lucky streak costs more than the plain step it displaced.
@@ -103,7 +114,9 @@ class StepSchedule:
         if self.best is None or rates[fastest] > margin * rates[self.best]:  # type: ignore[operator]
             if fastest != self.best:
                 if self.best is not None and self.stale(fastest):  # timed under another load, maybe: timed
-                    return self._run(fastest)  # again first (its seconds replace the old ones), then compared
+                    self.timed_at[fastest] = self.steps  # again first (once: its step may go untimed, as a lookup
+                    self.refresh.add(fastest)  # step that finds no n-gram does), its seconds replacing the old ones
+                    return self._run(fastest)
                 self.probe_every[fastest] = PROBE_EVERY  # once it loses the lead again, probe it soon
             self.best = fastest
         best = self.best
@@ -180,9 +193,10 @@ class StepSchedule:
         self.follow = kind if beat else None
         self._tokens(kind, tokens)
         old = self.step_seconds[kind]
-        fresh = old <= 0 or self.stale(kind)  # (seconds from before a long gap: replaced, not averaged in)
+        fresh = old <= 0 or self.stale(kind) or kind in self.refresh  # (old seconds: replaced, not averaged in)
         self.step_seconds[kind] = seconds if fresh else (1 - RATE_EMA) * old + RATE_EMA * seconds
         self.timed_at[kind] = self.steps
+        self.refresh.discard(kind)
 
     def would_emit(self, kind: str, tokens: int) -> None:
         """The tokens a step of `kind` would have emitted in place of the step just run, known exactly (a HALF
