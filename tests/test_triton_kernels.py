@@ -27,7 +27,7 @@ from longswift.runtime.model import Transformer
 from longswift.runtime.rope import apply_rope
 
 triton = pytest.importorskip("triton")
-from triton_compile import SHARED_LIMIT, compile_for  # noqa: E402
+from triton_compile import SHARED_LIMIT, compile_for, spilled_bytes  # noqa: E402
 from longswift.runtime.triton_kernels import attention as triton_attention  # noqa: E402
 from longswift.runtime.triton_kernels import rms_norm as triton_rms_norm  # noqa: E402
 from longswift.runtime.triton_kernels import rope_store, silu_mul, triton_unavailable  # noqa: E402
@@ -236,13 +236,16 @@ def test_the_attention_tiles_change_its_speed_not_its_values(block_n, monkeypatc
 
 @pytest.mark.parametrize("target,dtype,rows", [(90, torch.bfloat16, 128), (90, torch.bfloat16, 4),
                                                (86, torch.bfloat16, 128), (80, torch.float16, 484),
-                                               (86, torch.float32, 128), (80, torch.float32, 4)])
+                                               (80, torch.bfloat16, 64), (86, torch.float32, 128),
+                                               (90, torch.float32, 128), (80, torch.float32, 32),
+                                               (80, torch.float32, 4)])
 def test_the_attention_compiles_for_ampere_and_hopper(target, dtype, rows, monkeypatch):
     """The attention's kernels as `attention` launches them on a cache [Hkv, C, 128] (unit dimension strides,
     aligned rows), compiled here for sm_80, sm_86 and sm_90 (a GPU-only failure, such as a type Triton's compiler
     refuses, shows without one): within each GPU's shared memory, the keys' and values' loads pipelined
     (cp.async), and on Hopper the half-precision blocks of 64+ rows on wgmma, the tensor-core instructions
-    flash's kernels do not use there."""
+    flash's kernels do not use there; and no thread spills registers to local memory (ptxas's report: a float32
+    block of 64 rows on 4 warps spilled ~16 KB a thread)."""
     import longswift.runtime.triton_kernels as tk
 
     monkeypatch.delenv("TRITON_INTERPRET")
@@ -260,16 +263,18 @@ def test_the_attention_compiles_for_ampere_and_hopper(target, dtype, rows, monke
     assert "cp.async" in part.asm["ptx"]
     half = dtype != torch.float32
     assert ("wgmma.mma_async" in part.asm["ptx"]) == (target == 90 and half and block_m >= 64)
+    assert spilled_bytes(part, target) == 0
     merge = compile_for(k.attention_merge_kernel, target, {"part_out": "*fp32", "part_lse": "*fp32", "out": f"*{el}",
                                                            "out_head": "i32", "out_row": "i32", "rows": "i32",
                                                            "parts": "i32", "splits": "i32"},
                         {"D": 128, "BLOCK_D": 128, "BLOCK_P": tk.MERGE_BLOCK_P})
     assert merge.metadata.shared <= SHARED_LIMIT[target]
+    assert spilled_bytes(merge, target) == 0
 
 
 def test_the_element_wise_kernels_compile_for_a_gpu(monkeypatch):
     """rope_store and silu_mul as their wrappers launch them (CUDA's exp, no floating-point fusion), compiled here
-    for sm_90."""
+    for sm_90, with no registers spilled."""
     import triton.language as tl
 
     import longswift.runtime.triton_kernels as tk
@@ -296,6 +301,7 @@ def test_the_element_wise_kernels_compile_for_a_gpu(monkeypatch):
     # CUDA's rsqrtf, as torch's norms take it (libdevice's flushes subnormals, which mean + eps never is)
     assert re.search(r"rsqrt\.approx(\.ftz)?\.f32", norm.asm["ptx"])
     assert "div.rn.f32" in norm.asm["ptx"]  # the mean's IEEE division
+    assert [spilled_bytes(kernel, 90) for kernel in (rope, silu, silu64, norm)] == [0, 0, 0, 0]
 
 
 def test_one_compiled_merge_serves_every_part_count(monkeypatch):

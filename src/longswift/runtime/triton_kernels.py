@@ -158,9 +158,8 @@ class AttentionTiles:
     """How the attention's first kernel is compiled (untuned: no GPU was at hand when it was written;
     docs/scripts/triton_attention_ab.py `tune` times the choices). Query rows go in blocks of up to `max_block_m`
     (all of a KV head's rows in one block up to 128: a 32-node verify pass of a 4-query-head group is 128 rows,
-    so each key is read once), keys `block_n` at a time; `warps`: None for 8 a program with blocks of more than
-    64 rows, else 4; `stages`: Triton's software pipelining depth (None: its default; 1 crashed Triton 3.9's
-    compiler in float32)."""
+    so each key is read once), keys `block_n` at a time; `warps`: None for `default_warps`; `stages`: Triton's
+    software pipelining depth (None: its default; 1 crashed Triton 3.9's compiler in float32)."""
 
     block_n: int = 64
     warps: int | None = None
@@ -179,7 +178,8 @@ class AttentionTiles:
 # tests/test_triton_kernels.py), within every such GPU's (99 KB on sm_86/sm_89); Triton's default of 3 took 104 KB
 # and 136 KB. Deeper pipelines are for `tune` to weigh on a GPU.
 DEFAULT_TILES = AttentionTiles(stages=2)
-# float32's operands take twice the bytes: 64 rows and 32 keys a block in 2 stages (72 KB).
+# float32's operands take twice the bytes: 64 rows and 32 keys a block in 2 stages (72 KB), on 8 warps
+# (default_warps).
 FLOAT32_TILES = AttentionTiles(block_n=32, stages=2, max_block_m=64)
 ATTENTION_MAX_BLOCK_M = 128
 # Programs the cached keys are split among, per streaming multiprocessor (the merge weighs the parts).
@@ -221,6 +221,17 @@ def _block_m(rows: int, most: int = ATTENTION_MAX_BLOCK_M) -> int:
     return min(most, max(16, 1 << (rows - 1).bit_length()))
 
 
+def default_warps(dtype: torch.dtype, block_m: int) -> int:
+    """The warps a program of the attention's first kernel runs on when its tiles do not say: 8 for blocks of
+    128 rows in half precision, and of 32+ rows in float32 or float64, else 4. Each thread holds its share of the
+    block's sums and product tiles in registers: ptxas (Triton 3.9, compiled here for sm_80 and sm_90) reported a
+    float32 block of 64 rows on 4 warps spilling ~16 KB a thread to local memory, and 255 registers with 40 bytes
+    spilled for 32 rows on sm_80; on 8 warps neither spills (tests/test_triton_kernels.py). Half precision's
+    blocks spill on neither count."""
+    wide = 64 if dtype in (torch.float16, torch.bfloat16) else 16
+    return 8 if block_m > wide else 4
+
+
 def default_tiles(dtype: torch.dtype) -> AttentionTiles:
     return FLOAT32_TILES if dtype in (torch.float32, torch.float64) else DEFAULT_TILES
 
@@ -236,7 +247,7 @@ def part_launch(dtype: torch.dtype, rows: int, head_dim: int, tiles: AttentionTi
         "D": head_dim, "BLOCK_D": max(16, 1 << (head_dim - 1).bit_length()), "BLOCK_M": block_m,
         "BLOCK_N": tiles.block_n, "ACC": acc(dtype), "ROUND_P": dtype in (torch.float16, torch.bfloat16),
         "IEEE": dtype == torch.float32, "UPCAST": interpreting and dtype == torch.bfloat16,
-        "num_warps": tiles.warps or (8 if block_m > 64 else 4),
+        "num_warps": tiles.warps or default_warps(dtype, block_m),
         "enable_fp_fusion": True}  # (its sums are not eager's anyway; said, as Triton 3.9 warns where it is not)
     if tiles.stages is not None:
         params["num_stages"] = tiles.stages
