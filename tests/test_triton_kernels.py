@@ -339,7 +339,7 @@ def test_the_merge_takes_its_rows_on_the_grids_first_axis(monkeypatch):
                                                (2, 2880, True), (1, 16384, False)])
 def test_rms_norm_normalises_as_the_models_norm(dtype, one_rounding, rows, width, strided):
     """The Triton RMSNorm against runtime.model.rms_norm (the same rounding: scaled then rounded once, as aten's
-    fused norm and float32/float64; or rounded, then scaled): float16 bit for bit up to 576 wide, float32 and
+    fused norm and float32/float64; or rounded, then scaled): float16 to a unit up to 576 wide, float32 and
     float64 to their last bits (the mean's sum runs in another order), bfloat16 to the interpreter's truncating
     casts; rows of any stride (a wider tensor's first columns), 16 warps for 16,384."""
     from longswift.runtime.model import rms_norm
@@ -351,8 +351,10 @@ def test_rms_norm_normalises_as_the_models_norm(dtype, one_rounding, rows, width
     got = triton_rms_norm(x, weight, 1e-5, one_rounding)
     assert got.dtype == dtype and got.shape == (rows, width)
     eps = torch.finfo(dtype).eps
-    if dtype == torch.float16 and width <= 576:
-        assert torch.equal(got, want)
+    if dtype == torch.float16 and width <= 576:  # the mean's float32 sum in another order than torch's (whose
+        # order is the CPU's vector width): most values equal, none more than a float16 unit apart
+        assert ((got.double() - want.double()).abs() <= eps * want.double().abs()).all()
+        assert rows == 0 or (got == want).double().mean() >= 0.99
     elif dtype == torch.bfloat16:  # each of (up to) two roundings truncated, off by less than a unit
         assert ((got.double() - want.double()).abs() <= 2 * eps * want.double().abs()).all()
     else:  # the mean of thousands of squares summed in another order: a few units of float32 or float64 (and of
@@ -425,13 +427,17 @@ def test_step_bodies_with_the_kernels_equal_the_model_forward(family, attention,
 
 @pytest.mark.parametrize("fused_rope", [False, True])
 def test_float16_bodies_with_the_kernels_equal_the_eager_bodies_bit_for_bit(fused_rope):
-    """In float16, which the interpreter rounds as torch does, a body with the kernels is the eager body bit for
-    bit, logits and cache, in either rope order: the body passes the model's order on (fused_rope). Bucketed: the
-    length bodies attend through the Triton attention, its own sums (test_attention_*)."""
+    """In float16, which the interpreter rounds as torch does, a body with the rope and SwiGLU kernels is the eager
+    body bit for bit, logits and cache, in either rope order: the body passes the model's order on (fused_rope).
+    Bucketed: the length bodies attend through the Triton attention, its own sums (test_attention_*). Without the
+    Triton norm: its mean's float32 sum runs in another order than torch's, whose order is the CPU's vector width
+    (on an AVX-512 Xeon one tree row's norm came out a float16 unit apart, which an AMD EPYC's AVX2 sums did not
+    show); test_rms_norm_normalises_as_the_models_norm holds it to that unit."""
     engine = longswift.load(tiny_hf_model("llama", "default", seed=5), dtype="float16", pack_weights=False)
     cfg, state = engine.cfg, engine.model.state
     models = [Transformer(cfg, state, fused_rope=fused_rope), Transformer(cfg, state, fused_rope=fused_rope,
                                                                           triton_kernels=True)]
+    models[1].triton_norm = False
     prompt = torch.randint(0, 128, (11,), generator=torch.Generator().manual_seed(3))
     caches = [FullKVCache(cfg, 48, torch.float16, CPU) for _ in models]
     outs: list[list[torch.Tensor]] = [[], []]
