@@ -17,7 +17,7 @@ from conftest import assert_one_line_error, run_cli, tiny_hf_model
 
 import longswift
 from longswift.errors import LongswiftError
-from longswift.runtime.loading import default_model_path, load_config, load_model
+from longswift.runtime.loading import EMBED, default_model_path, load_config, load_model
 
 CPU = torch.device("cpu")
 
@@ -653,7 +653,11 @@ def test_weights_of_integer_or_bool_values_are_refused(tmp_path):
     state = {k: v.clone() for k, v in hf.state_dict().items()}
     state["model.norm.weight"] = torch.ones(64, dtype=torch.int32)
     save_file(state, str(tmp_path / "model.safetensors"))
-    check_error(tmp_path, "holds torch.int32 values in 'model.norm.weight', where longswift reads floating-point weights")
+    check_error(tmp_path, "holds torch.int32 values in 'model.norm.weight', where longswift reads 16- to 64-bit "
+                          "floating-point weights")
+    state["model.norm.weight"] = torch.ones(64).to(torch.float8_e4m3fn)  # fp8 checkpoints' block-scaled weights
+    save_file(state, str(tmp_path / "model.safetensors"))
+    check_error(tmp_path, "holds torch.float8_e4m3fn values in 'model.norm.weight'")
 
 
 def test_gguf_an_eos_id_equal_to_the_vocabulary_size_is_refused(tmp_path):
@@ -792,3 +796,81 @@ def test_weights_past_float16s_range_are_refused_in_float16(tmp_path):
         load_model(tmp_path, torch.float16, CPU)
     assert "\n" not in str(info.value)
     assert load_model(tmp_path, torch.bfloat16, CPU).state["model.layers.0.mlp.up_proj.weight"][2, 7] == 1e6
+
+
+def _logits(source, ids: torch.Tensor) -> torch.Tensor:
+    engine = longswift.load(source, dtype="float32", heads=None)
+    with torch.inference_mode():
+        return engine.model.forward(ids, torch.arange(len(ids)), None)[0]
+
+
+def test_a_tied_config_runs_the_lm_head_transformers_runs(tmp_path):
+    """A config that ties the LM head to the embedding while the weights hold a head of other values: transformers
+    (5+) keeps that head, untied; the load dropped it and ran the embedding in its place (logits off by ~100%, from
+    a folder and from a loaded model alike). A stored head equal to the embedding is still dropped, and a head
+    stored without the embedding serves as both, as transformers ties them."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_hf_model("llama", tie=True, seed=5)
+    hf.save_pretrained(tmp_path)
+    state = {k: v.clone().contiguous() for k, v in hf.state_dict().items()}
+    embed = state[EMBED]
+    ids = torch.arange(3, 23)
+    save_file({**state, "lm_head.weight": torch.randn(embed.shape, generator=torch.Generator().manual_seed(1))},
+              str(tmp_path / "model.safetensors"))
+    other = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert not torch.equal(other.lm_head.weight, other.model.embed_tokens.weight)  # transformers kept the head
+    with torch.no_grad():
+        ref = other(ids[None]).logits[0]
+    assert not load_model(tmp_path, torch.float32, CPU).cfg.tie_word_embeddings
+    for source in (tmp_path, other):
+        torch.testing.assert_close(_logits(source, ids), ref, rtol=1e-4, atol=1e-4)
+    without = {name: {k: v for k, v in state.items() if k != name} for name in ("lm_head.weight", EMBED)}
+    for stored in ({**state, "lm_head.weight": embed.clone()}, without["lm_head.weight"],
+                   {**without[EMBED], "lm_head.weight": embed}):
+        save_file(stored, str(tmp_path / "model.safetensors"))
+        loaded = load_model(tmp_path, torch.float32, CPU)
+        assert loaded.cfg.tie_word_embeddings and "lm_head.weight" not in loaded.state
+        assert torch.equal(loaded.state[EMBED], embed)
+    with torch.no_grad():
+        tied_ref = hf(ids[None]).logits[0]
+    torch.testing.assert_close(_logits(tmp_path, ids), tied_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_rope_frequencies_older_checkpoints_store_are_skipped(tmp_path):
+    """Derived from the config (transformers loads such folders); they were refused as unexpected tensors."""
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("llama", seed=3)
+    hf.save_pretrained(tmp_path)
+    state = {k: v.clone().contiguous() for k, v in hf.state_dict().items()}
+    state.update({f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(8) for i in range(2)})
+    save_file(state, str(tmp_path / "model.safetensors"))
+    assert not any("inv_freq" in name for name in load_model(tmp_path, torch.float32, CPU).state)
+
+
+def test_a_model_safetensors_is_read_without_the_other_files_beside_it(tmp_path):
+    """As transformers reads it: mistral's releases hold consolidated.safetensors (other names) beside it, which
+    was read too and refused the folder. Without model.safetensors or an index, every file is still read."""
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("mistral", seed=3)
+    hf.save_pretrained(tmp_path)
+    save_file({"layers.0.attention.wq.weight": torch.ones(4, 4)}, str(tmp_path / "consolidated.safetensors"))
+    assert_same_state(load_model(tmp_path, torch.float32, CPU).state, hf.state_dict(), tied=False)
+    (tmp_path / "model.safetensors").rename(tmp_path / "weights.safetensors")
+    check_error(tmp_path, "unexpected tensor 'layers.0.attention.wq.weight'")
+
+
+def test_a_quantized_config_or_one_without_a_model_type_is_one_line(tmp_path):
+    hf = tiny_hf_model("llama", seed=3)
+    hf.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    check_error(tmp_path, "is a quantized checkpoint \\(fp8 quantization_config\\), where longswift reads "
+                          "floating-point weights: use its float16/bfloat16/float32 release, or a GGUF of it")
+    del config["quantization_config"], config["model_type"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    check_error(tmp_path, "config.json' names no model_type, so its architecture is unknown")

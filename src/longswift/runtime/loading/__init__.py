@@ -295,6 +295,14 @@ def _hf_dir_config(path: Path) -> Any:
         raise LongswiftError(f"'{path / 'config.json'}' holds a JSON {type(raw).__name__}, not the object of a model "
                              "config; fix or re-download it")
     model_type = raw.get("model_type")
+    if model_type is None:
+        raise LongswiftError(f"'{path / 'config.json'}' names no model_type, so its architecture is unknown: "
+                             f"longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}; fix or re-download the config")
+    quantized = raw.get("quantization_config")
+    if quantized is not None:
+        method = quantized.get("quant_method", "unnamed") if isinstance(quantized, dict) else "unnamed"
+        raise LongswiftError(f"'{path}' is a quantized checkpoint ({method} quantization_config), where longswift "
+                             "reads floating-point weights: use its float16/bfloat16/float32 release, or a GGUF of it")
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise LongswiftError(
             f"unsupported architecture '{model_type}' in '{path}': longswift runs {', '.join(SUPPORTED_ARCHITECTURES)}"
@@ -309,19 +317,40 @@ def _hf_dir_config(path: Path) -> Any:
 def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
     cfg = _path_config(path, rope_scaling)
     stored = {k.removeprefix("_orig_mod."): v for k, v in _read_safetensors(path).items()}
-    whole = next((k for k, v in stored.items() if not v.is_floating_point()), None)
+    # (integers, and float8's one byte, which fp8 checkpoints scale per block: neither ran as a plain weight)
+    whole = next((k for k, v in stored.items() if not v.is_floating_point() or v.dtype.itemsize == 1), None)
     if whole is not None:  # cast to the model's dtype without a word, they ran as weights
         raise LongswiftError(f"'{path}' holds {stored[whole].dtype} values in '{whole}', where longswift reads "
-                             "floating-point weights: a quantized or damaged checkpoint; use its float16/bfloat16/float32 "
-                             "release, or a GGUF of it")
+                             "16- to 64-bit floating-point weights: a quantized or damaged checkpoint; use its "
+                             "float16/bfloat16/float32 release, or a GGUF of it")
     for name, t in stored.items():
         check_finite(name, t, path, dtype)
+    cfg = _lm_head(cfg, stored)
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.to(device=device, dtype=dtype) for k, v in stored.items()}
     del stored
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
     return LoadedModel(cfg, state, _hf_tokenizer(path), str(path), embed_corner=corner)
+
+
+def _lm_head(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> ModelConfig:
+    """The LM head a config that ties it to the embedding runs with, as transformers runs it, settled in `state`
+    (changed in place) and the config returned: the embedding, where the weights hold no other head (a stored
+    `lm_head.weight` equal to it is dropped); the stored head, untied, where it holds other values (transformers 5
+    warns and keeps it; dropping it ran another model); and the head as the embedding too where only the head is
+    stored. Also drops the rope frequencies older checkpoints store per layer (derived from the config)."""
+    for name in [k for k in state if k.endswith(".rotary_emb.inv_freq")]:
+        del state[name]
+    head = state.get("lm_head.weight")
+    if not cfg.tie_word_embeddings or head is None:
+        return cfg
+    embed = state.get(EMBED)
+    if embed is None:
+        state[EMBED] = state.pop("lm_head.weight")
+    elif head.shape == embed.shape and torch.equal(head, embed):
+        del state["lm_head.weight"]
+    else:
+        return replace(cfg, tie_word_embeddings=False)
+    return cfg
 
 
 # The files a Hugging Face tokenizer is read from; a directory with none of them has no tokenizer.
@@ -371,8 +400,8 @@ def _generation_eos(path: Path) -> Any:
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
-    """The safetensors files of an HF directory (its index's shards, else every *.safetensors), each
-    checked present, and the index's map of tensor names to file names (None without an index)."""
+    """The safetensors files of an HF directory (its index's shards, else model.safetensors, else every
+    *.safetensors), each checked present, and the index's map of tensor names to file names (None without an index)."""
     index = path / "model.safetensors.index.json"
     weight_map = None
     if index.is_file():
@@ -383,6 +412,8 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise LongswiftError(f"'{index}' is not a valid safetensors index ({exc}); re-download it") from None
         names = sorted(set(weight_map.values()))
+    elif (path / "model.safetensors").is_file():  # transformers' one file (another beside it, such as mistral's
+        names = ["model.safetensors"]               # consolidated.safetensors of other names, is not the model's)
     else:
         names = sorted(p.name for p in path.glob("*.safetensors"))
     if not names:
@@ -431,11 +462,10 @@ def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rop
         raise LongswiftError(f"cannot load {type(model).__name__}: pass a path or a transformers causal-LM model")
     cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
     cfg = with_eos(cfg, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
-    stored = model.state_dict()
+    stored = dict(model.state_dict())
+    cfg = _lm_head(cfg, stored)
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.detach().to(device=device, dtype=dtype) for k, v in stored.items()}
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
     return LoadedModel(cfg, state, None, f"<{type(model).__name__}>", embed_corner=corner)
 
 
