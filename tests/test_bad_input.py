@@ -1003,6 +1003,36 @@ def test_heads_commands_refuse_windows_beyond_the_context_before_loading(capsys,
                 "--seq-len", "300", "--rope-scaling", "yarn:2")
 
 
+@pytest.mark.parametrize("command", ["train-heads", "eval-heads"])
+def test_heads_commands_refuse_windows_past_a_sliding_attention_window(capsys, tmp_path, monkeypatch, command):
+    """A mistral with a 16-token sliding window trained heads on 48-token windows attended in full (98% off the
+    model's own hidden states past the window): refused from the config by the command line, and by the
+    library's hidden-state pass for API callers."""
+    from conftest import tiny_hf_model
+
+    from longswift.train.train import base_hidden, window_hidden
+
+    model = tmp_path / "tiny"
+    tiny_hf_model("mistral", seed=5, sliding_window=16).save_pretrained(model)
+    (tmp_path / "a.txt").write_text("some text")
+    where = ["--out", str(tmp_path / "o")] if command == "train-heads" else ["--heads", "random"]
+    engine = longswift.load(str(model), dtype="float32", heads=None)  # (before the loader is stubbed)
+    windows = torch.zeros(2, 17, dtype=torch.long)
+    for compute in (base_hidden, lambda m, w: next(window_hidden(m, w))):
+        with pytest.raises(LongswiftError, match="windows of 17 tokens pass this model's sliding attention window "
+                                                 "of 16 tokens, which longswift does not implement"):
+            compute(engine.model, windows)
+    assert base_hidden(engine.model, windows[:, :16]).shape == (2, 16, 64)
+    def loader(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr("longswift.engine.load_model", loader)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, command, "--model", str(model), *where, "--data", str(tmp_path / "a.txt"),
+                           "--seq-len", "17")
+    assert_one_line_error(code, err, "windows of 17 tokens pass this model's sliding attention window of 16 tokens")
+
+
 def test_bench_checks_its_out_dir_before_loading(capsys, no_loading):
     code, _, err = run_cli(capsys, "bench", "--out-dir", "/proc/longswift-bench", "--methods", "ar")
     assert_one_line_error(code, err, "cannot write --out-dir '/proc/longswift-bench'")

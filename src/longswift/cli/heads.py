@@ -89,11 +89,14 @@ def check_seq_len(args: argparse.Namespace, runtime: RuntimeConfig, seq_len: int
     """Refuse windows longer than the model's context (from its config, before the weights load): the
     base's hidden states past it are not what generation ever feeds the heads."""
     from ..runtime.loading import load_config
+    from ..train.train import check_window_length
 
-    limit = load_config(args.model, runtime.rope_scaling).context_limit
+    cfg = load_config(args.model, runtime.rope_scaling)
+    limit = cfg.context_limit
     if seq_len > limit:
         raise LongswiftError(f"--seq-len {seq_len} exceeds this model's context of {limit} tokens: lower --seq-len "
                              "(or extend the context on purpose with --rope-scaling)")
+    check_window_length(cfg, seq_len)
 
 
 def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq_len: int,

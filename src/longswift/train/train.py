@@ -45,6 +45,7 @@ def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> to
     """windows [N, L] -> the base's last-layer pre-norm hidden states [N, L, hidden] (no autograd), refused in
     one line where they do not fit in memory (the allocation's traceback, and a run that began regardless)."""
     n, length = windows.shape
+    check_window_length(model.cfg, length)
     need = n * length * model.cfg.hidden_size * model.dtype.itemsize
     free = available_bytes(model.device)
     out = None
@@ -64,8 +65,20 @@ def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> to
     return out
 
 
+def check_window_length(cfg: Any, length: int) -> None:
+    """Refuse windows longer than a sliding attention window (the model's ModelConfig `cfg`): a window's forward
+    attends over all of it, which such a model never does past its window, so heads would learn from hidden
+    states generation never feeds them (generation refuses runs past the window)."""
+    if cfg.sliding_window is not None and length > cfg.sliding_window:
+        raise LongswiftError(f"windows of {length} tokens pass this model's sliding attention window of "
+                             f"{cfg.sliding_window} tokens, which longswift does not implement: train and evaluate on "
+                             f"windows of at most {cfg.sliding_window} tokens (--seq-len)")
+
+
 def window_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> Iterator[torch.Tensor]:
-    """windows [N, L] -> each window's last-layer pre-norm hidden states [L, hidden] in turn (no autograd)."""
+    """windows [N, L] -> each window's last-layer pre-norm hidden states [L, hidden] in turn (no autograd),
+    refused past a sliding attention window (check_window_length)."""
+    check_window_length(model.cfg, windows.shape[1])
     from tqdm import tqdm
 
     positions = torch.arange(windows.shape[1], device=model.device)
