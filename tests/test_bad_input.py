@@ -1489,3 +1489,27 @@ def test_a_resume_of_heads_passed_as_an_object_asks_for_their_file(tmp_path, cap
     code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "c.json"), "--no-progress")
     assert_one_line_error(code, err, "the checkpoint's draft heads were a Python object (<DraftHeads>): pass --heads "
                                      "PATH (the file they were saved to)")
+
+
+def test_bad_values_given_to_the_api_are_value_errors():
+    """The README: a value out of range raises a LongswiftError that is also a ValueError; these were plain
+    LongswiftErrors, method='' ran the default method, a range of ids (a Sequence[int], as the hint says) was
+    refused, and tensor_parallel took any value (found by a review)."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
+    for call, match in [(lambda: engine.generate([1, 5], method="AR"), "unknown method 'AR'"),
+                        (lambda: engine.generate([1, 5], method=""), "unknown method ''"),
+                        (lambda: engine.stream([1, 5], tree="1,1,1,1,1,1", max_new_tokens=4),
+                         "SpecConfig.tree='1,1,1,1,1,1' has 6"),
+                        (lambda: engine.generate([]), "the prompt is empty"),
+                        (lambda: engine.generate(" "), "the prompt is empty"),
+                        (lambda: engine.generate("hi", chat=True, system=""), "the system message is empty"),
+                        (lambda: engine.generate([1, 5], method="ar", tree="1,2"), "tree sets how TokenSwift drafts"),
+                        (lambda: engine.set_heads(""), "heads is an empty string"),
+                        (lambda: engine.token_id(""), "an empty token text names no token")]:
+        with pytest.raises(ValueError, match=match) as info:
+            call()
+        assert isinstance(info.value, LongswiftError)
+    ar = dict(method="ar", max_new_tokens=4, temperature=0)
+    assert engine.generate(range(1, 6), **ar).token_ids == engine.generate([1, 2, 3, 4, 5], **ar).token_ids
+    with pytest.raises(TypeError, match="tensor_parallel must be True or False; got 'yes'"):
+        longswift.load(tiny_hf_model("llama", seed=5), tensor_parallel="yes")

@@ -15,7 +15,7 @@ from conftest import Calls, OpCount, needs_fused_rms_norm, tiny_hf_model, ulps
 import longswift
 from longswift import GenerationConfig, SamplingConfig
 from longswift.config import SpecConfig
-from longswift.errors import LongswiftError
+from longswift.errors import ConfigError, LongswiftError
 from longswift.runtime.cache import FullKVCache, PartialKVCache
 from longswift.spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, save_heads
 from longswift.spec.ngram import NGramTable, NGramTracker, path_scores
@@ -506,8 +506,9 @@ def test_the_default_tree_is_cut_to_the_depths_the_heads_draft():
         got = engine.generate(prompt, method="tokenswift", sampling=greedy, generation=gen,
                               spec=SpecConfig(draft_mode=mode, adaptive=False))
         assert got.token_ids == want and got.stats.draft_positions > 0, mode
-    with pytest.raises(LongswiftError, match="--tree 1,1,1 has 3 depths but the heads draft only 2"):
+    with pytest.raises(ConfigError, match="SpecConfig.tree='1,1,1' has 3 depths but the heads draft only 2") as info:
         engine.generate(prompt, method="tokenswift", sampling=greedy, generation=gen, spec=SpecConfig(tree="1,1,1"))
+    assert info.value.cli_message.startswith("--tree 1,1,1 has 3 depths but the heads draft only 2: give at most")
     assert SpecConfig().for_device(torch.device("cuda"), depths=2).tree == "1,3"
 
 

@@ -94,7 +94,7 @@ class Engine:
         if not isinstance(token, str):
             raise ConfigTypeError(f"a token is named by its text (str); got {type(token).__name__}")
         if not token:
-            raise LongswiftError("an empty token text names no token: give its text, or its id")
+            raise ConfigError("an empty token text names no token: give its text, or its id")
         if self.tokenizer is None:
             raise LongswiftError("this model has no tokenizer to look tokens up in: give token ids instead")
         vocab = getattr(self.tokenizer, "get_vocab", None)  # (a caller's tokenizer may lack it: text alone)
@@ -104,25 +104,25 @@ class Engine:
             if len(encoded) == 1 and encoded[0] != int(entry):
                 # A byte-level vocabulary spells lone bytes as characters: its entry 'é' is byte 0xE9, while the
                 # text 'é' is another token. Which one was meant cannot be told: refused, naming both.
-                raise LongswiftError(f"{token!r} names two tokens of this model: the vocabulary entry {int(entry)} and "
+                raise ConfigError(f"{token!r} names two tokens of this model: the vocabulary entry {int(entry)} and "
                                      f"the text's token {encoded[0]}: give the id meant")
             return self._logit_id(token, int(entry))
         if not encoded:
-            raise LongswiftError(f"{token!r} encodes as no token of this model: give a token's text, or its id")
+            raise ConfigError(f"{token!r} encodes as no token of this model: give a token's text, or its id")
         if len(encoded) != 1:
-            raise LongswiftError(f"{token!r} is not one token of this model: it encodes as {len(encoded)} tokens "
+            raise ConfigError(f"{token!r} is not one token of this model: it encodes as {len(encoded)} tokens "
                                  f"({encoded[:8]}{' ...' if len(encoded) > 8 else ''}); name a single token, or give "
                                  "its ids")
         unk = getattr(self.tokenizer, "unk_token_id", None)
         if unk is not None and encoded[0] == unk:  # text the vocabulary lacks, read as the unknown token
-            raise LongswiftError(f"{token!r} is not in this model's vocabulary (it reads as the unknown token "
+            raise ConfigError(f"{token!r} is not in this model's vocabulary (it reads as the unknown token "
                                  f"{unk}): name a token the vocabulary has, or give its id")
         return self._logit_id(token, encoded[0])
 
     def _logit_id(self, token: str, tid: int) -> int:
         """token_id's answer, refused where the tokenizer's id has no logit in the model."""
         if not 0 <= tid < self.cfg.vocab_size:
-            raise LongswiftError(f"{token!r} is token {tid} of the tokenizer, past this model's {self.cfg.vocab_size} "
+            raise ConfigError(f"{token!r} is token {tid} of the tokenizer, past this model's {self.cfg.vocab_size} "
                                  "logits")
         return tid
 
@@ -135,7 +135,7 @@ class Engine:
         or None / "none" (AR only)."""
         check_heads_type(heads)
         if isinstance(heads, str) and not heads.strip():
-            raise LongswiftError("heads is an empty string: give a heads file or directory, 'auto', 'default', "
+            raise ConfigError("heads is an empty string: give a heads file or directory, 'auto', 'default', "
                                  "'random', 'none' or None")
         if isinstance(heads, os.PathLike):  # a pathlib.Path: read as the same path given as a string
             heads = os.fspath(heads)
@@ -218,7 +218,7 @@ class Engine:
             raise LongswiftError("a system message (system=, --system) goes into the chat template: pass chat=True "
                                  "with it (the API sends text without the template unless asked)")
         if system is not None and not system.strip():
-            raise LongswiftError("the system message is empty: give some text or leave it out")
+            raise ConfigError("the system message is empty: give some text or leave it out")
         if hasattr(prompt, "tolist") and not isinstance(prompt, str):  # a tensor or numpy array of token ids
             prompt = prompt.tolist()
             if not isinstance(prompt, list) or any(isinstance(t, list) for t in prompt):
@@ -231,7 +231,7 @@ class Engine:
                                   + (" (a chat: its text with chat=True, and system= for the system message)"
                                      if what == "chat messages" else " (one stream per prompt; streams may be "
                                                                      "iterated in turn)"))
-        if isinstance(prompt, (list, tuple)):
+        if isinstance(prompt, (list, tuple, range)):
             for i, t in enumerate(prompt):
                 if isinstance(t, bool) or not isinstance(t, numbers.Integral):
                     raise ConfigTypeError(f"prompt token ids must be whole numbers; got {t!r} ({type(t).__name__}) "
@@ -247,7 +247,7 @@ class Engine:
             raise ConfigTypeError(f"prompt must be text (str) or a list of token ids (ints); got {type(prompt).__name__}")
         else:
             if not prompt.strip():
-                raise LongswiftError("the prompt is empty: give some prompt text")
+                raise ConfigError("the prompt is empty: give some prompt text")
             if self.tokenizer is None:
                 raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids",
                                      "this model has no tokenizer: give the prompt as token ids (--prompt-ids)")
@@ -264,7 +264,7 @@ class Engine:
             else:
                 ids = self.tokenizer.encode(prompt)
         if not ids:
-            raise LongswiftError("the prompt is empty: give at least one token of prompt text")
+            raise ConfigError("the prompt is empty: give at least one token of prompt text")
         return ids
 
     def _check_prompt_length(self, text: str) -> None:
@@ -327,9 +327,9 @@ class Engine:
             raise ConfigTypeError(f"chat must be True, False or None; got {chat!r}")
         if method is not None and not isinstance(method, str):
             raise ConfigTypeError(f"method must be one of {', '.join(METHODS)} or None; got {method!r}")
-        method = method or ("tokenswift" if self.heads is not None else "ar")
-        if method not in METHODS:
-            raise LongswiftError(f"unknown method '{method}': choose one of {', '.join(METHODS)}")
+        method = method if method is not None else ("tokenswift" if self.heads is not None else "ar")
+        if method not in METHODS:  # ('' too: it ran the default method)
+            raise ConfigError(f"unknown method '{method}': choose one of {', '.join(METHODS)}")
         if method == "tokenswift" and self.heads is None:
             raise LongswiftError("method='tokenswift' (--method tokenswift) needs draft heads and this model has "
                                  "none: train some with `longswift train-heads` and pass them (heads=PATH, --heads PATH; "
@@ -339,7 +339,7 @@ class Engine:
         drafting = sorted(set(fields_given) & {f.name for f in fields(SpecConfig)})
         if method == "ar" and drafting:
             why = "method='ar'" if self.heads is not None else "this engine has no draft heads, so it runs AR"
-            raise LongswiftError(f"{', '.join(drafting)} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift "
+            raise ConfigError(f"{', '.join(drafting)} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift "
                                  f"drafts and {why}: drop {'it' if len(drafting) == 1 else 'them'}, or generate with "
                                  "TokenSwift (draft heads, method='tokenswift')")
         # The run's own copies, checked again: a config changed after it was made (reused for the next request)
@@ -575,6 +575,8 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
                               f"embedded default); got {type(model).__name__}")
     if runtime is not None and not isinstance(runtime, RuntimeConfig):
         raise ConfigTypeError(f"runtime must be a longswift.RuntimeConfig; got {type(runtime).__name__}")
+    if not isinstance(tensor_parallel, bool):
+        raise ConfigTypeError(f"tensor_parallel must be True or False; got {tensor_parallel!r}")
     unknown = next((name for name in runtime_fields if name not in {f.name for f in fields(RuntimeConfig)}), None)
     if unknown is not None:
         elsewhere = any(unknown in {f.name for f in fields(c)} for c in (SamplingConfig, GenerationConfig, SpecConfig))

@@ -13,7 +13,7 @@ from functools import partial
 import torch
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
-from ..errors import LongswiftError
+from ..errors import ConfigError, LongswiftError
 from ..runtime.blocks import decode, sample_block
 from ..runtime.cache import FullKVCache, PartialKVCache
 from ..runtime.cuda_graphs import StepGraphs, padded_nodes, step_bodies
@@ -80,12 +80,11 @@ class TokenSwiftState:
         spec = spec.for_device(model.device, heads.gamma + 1)
         levels = draft_levels(spec)
         if len(spec.levels) > heads.gamma + 1:
-            raise LongswiftError(
-                f"--tree {spec.tree} has {len(spec.levels)} depths but the heads draft only {heads.gamma + 1}"
-            )
+            depths = f"has {len(spec.levels)} depths but the heads draft only {heads.gamma + 1}: give at most that many"
+            raise ConfigError(f"SpecConfig.tree='{spec.tree}' {depths}", f"--tree {spec.tree} {depths}")
         if not levels:
-            raise LongswiftError("draft_mode='fused' (--draft-mode fused) needs a tree (--tree) of at least two "
-                                 "depths (the first is skipped)")
+            raise ConfigError("draft_mode='fused' (--draft-mode fused) needs a tree (--tree) of at least two "
+                              "depths (the first is skipped)")
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
         self.stats, self.generator = stats, generator
         self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
