@@ -180,10 +180,16 @@ def test_refuses_another_model_other_heads_or_settings(base):
         engine(seed=32).resume(ckpt)
     other_heads = engine()
     other_heads.set_heads(other_heads.heads.randomize(seed=1))
-    with pytest.raises(LongswiftError, match="other draft heads"):
+    # which heads they were, not only what set_heads was given ("auto" resolves otherwise on another engine)
+    with pytest.raises(LongswiftError, match=r"other draft heads \(random: \d heads random \(seeded, for testing\)\): "
+                                             "resume with the same heads"):
         other_heads.resume(ckpt)
-    with pytest.raises(LongswiftError, match="this engine has no draft heads: load the checkpoint's heads .random"):
+    with pytest.raises(LongswiftError, match=r"this engine has no draft heads: load the checkpoint's heads, \d heads "
+                                             r"random \(seeded, for testing\) \(random; heads= or set_heads\)"):
         engine(heads=None).resume(ckpt)
+    old = dataclasses.replace(ckpt, heads_origin=None)  # (a checkpoint from before the field)
+    with pytest.raises(LongswiftError, match=r"other draft heads \(random\): resume with the same heads"):
+        other_heads.resume(old)
     as_float32 = longswift.load(hf_model(), dtype="float32", heads="random")
     with pytest.raises(LongswiftError, match="made with another model|dtype float64"):
         as_float32.resume(ckpt)

@@ -67,6 +67,9 @@ class Checkpoint:
     # The model's answer to a fixed input (runtime.probe) and the dtype it ran in: {"dtype", "values"}. The
     # fingerprint is a corner of the embedding, which a fine-tune keeps; None in checkpoints made before it.
     model_probe: dict[str, Any] | None = None
+    # Which draft heads a TokenSwift run had and where they came from, as `longswift info` says it ("4 heads from
+    # the heads file PATH"): heads_source may be "auto", which another engine resolves otherwise. None before it.
+    heads_origin: str | None = None
 
     def to_json(self) -> str:
         """The file's text: the body serialised once, in its canonical form (sorted keys), which the
@@ -157,6 +160,7 @@ def _wrong_field(c: Checkpoint) -> str | None:
         ("model_fingerprint", isinstance(c.model_fingerprint, str), "a string"),
         ("heads_source", optional_str(c.heads_source), "a string or null"),
         ("heads_fingerprint", optional_str(c.heads_fingerprint), "a string or null"),
+        ("heads_origin", optional_str(c.heads_origin), "a string or null"),
         ("method", isinstance(c.method, str), "a string"),
         ("rng_state", optional_str(c.rng_state), "a string or null"),
         ("version", isinstance(c.version, str), "a string"),

@@ -411,13 +411,15 @@ class Engine:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}), whose embeddings "
                                  "this one shares but whose other weights differ: resume with that model (--model)")
         if c.method == "tokenswift" and self.heads is None:
-            said = f"the checkpoint is a TokenSwift run and this engine has no draft heads: load the checkpoint's heads"
+            said = (f"the checkpoint is a TokenSwift run and this engine has no draft heads: load the checkpoint's heads"
+                    + (f", {c.heads_origin}" if c.heads_origin else ""))
             raise LongswiftError(f"{said} ({c.heads_source}; heads= or set_heads)", f"{said} (--heads {c.heads_source})")
         # (rounded to bfloat16: the heads of a GPU run in bfloat16 are those of a CPU run in float32; before session
         # 52 checkpoints hashed them as they ran)
         if c.method == "tokenswift" and c.heads_fingerprint not in (heads_fingerprint(self.heads, any_precision=True),
                                                                     heads_fingerprint(self.heads)):
-            said = f"the checkpoint was made with other draft heads ({c.heads_source}): resume with the same heads"
+            said = (f"the checkpoint was made with other draft heads ({c.heads_source}"
+                    + (f": {c.heads_origin}" if c.heads_origin else "") + "): resume with the same heads")
             raise LongswiftError(f"{said} (heads= or set_heads)", f"{said} (--heads)")
         try:
             setup = RunSetup(c.method, list(c.prompt_ids), SamplingConfig(**c.sampling),
@@ -469,7 +471,7 @@ class Engine:
             heads = None if self.heads is None else (self.heads.gamma, self.heads_source)
             run = (r.method, r.prompt_ids, generated, replace(r.sampling, seed=None), r.generation, r.spec, heads)
             self.tp.agree("prompts, methods or settings", run)
-        r = replace(r, heads=self.heads, heads_source=self.heads_source)
+        r = replace(r, heads=self.heads, heads_source=self.heads_source, heads_origin=self.heads_origin)
         stop = None
         if r.generation.stop:
             if self.tokenizer is None:

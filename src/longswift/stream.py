@@ -30,6 +30,7 @@ class RunSetup:
     generator: torch.Generator | None
     heads: DraftHeads | None = None  # the engine's heads when the run started (set_heads may change them later)
     heads_source: str | None = None
+    heads_origin: str | None = None  # which heads those were and where they came from (Engine.heads_origin)
 
 
 class PrefillRelay:
@@ -167,6 +168,7 @@ class GenerationStream:
             method=r.method, sampling=asdict(r.sampling), generation=asdict(r.generation), spec=asdict(r.spec),
             prompt_ids=list(r.prompt_ids), token_ids=list(self.token_ids), rng_state=rng_state,
             stats=stats.to_dict(), outputs=dict(outputs or {}), model_probe=e.probe(),
+            heads_origin=r.heads_origin if r.method == "tokenswift" else None,
         )
         wrong = ckpt.wrong_field()  # (only `outputs` can be: a file that read_checkpoint would refuse)
         if wrong:
