@@ -1078,3 +1078,70 @@ def test_the_report_says_decode_time_includes_graph_captures():
     share = sum(r["graph_capture_seconds"] for r in captured) / sum(r["decode_seconds"] for r in captured)
     assert f"- decode time includes capturing CUDA graphs: {100 * share:.1f}% of the decode time" in \
         render(records, ctx, [])
+
+
+def _record(method: str, run: int, ids: list[int], checkpoints: list[tuple[int, float]], prefill: float) -> dict:
+    return {"prompt": "p", "prompt_tokens": 4, "preset": "greedy", "length": 16, "prompt_digest": "d",
+            "method": method, "variant": "", "run": run, "token_ids": ids, "checkpoints": checkpoints,
+            "prefill_seconds": prefill, "decode_tokens_per_second": 15 / (checkpoints[-1][1] - prefill),
+            "alpha": None, "ngram_alpha": None, "tokens_per_step": None, "peak_memory_bytes": 2**30,
+            "memory_at_start_bytes": 2**29, "lockstep_with": None, "finished_at": run, "invocation": "one",
+            **{f"distinct_{n}": 1.0 for n in (1, 2, 3, 4)}}
+
+
+def test_the_report_compares_every_run_and_times_each_method_to_each_count():
+    """A review: the table along the generation drew a line between a drafting method's checkpoints, putting it
+    at a count earlier than its steps reached it (1.15x where its recorded times gave 1.03x); and the outputs
+    line compared the first run alone, up to the shorter record's end."""
+    from longswift.bench.report import _cell_section, group
+
+    ids = list(range(16))
+    ar = [(n, 1.0 + 0.1 * (n - 1)) for n in checkpoint_targets(16)]  # one token a step: 0.1 s a token
+    # a drafting method: 1 token at 1.0 s, then one step to 11 tokens at 1.5 s, one to 16 at 1.8 s
+    drafted = [(11, 1.5), (12, 1.8), (14, 1.8), (16, 1.8)]
+    records = [_record("ar", 0, ids, ar, 1.0), _record("tokenswift", 0, ids, drafted, 1.0),
+               _record("ar", 1, ids, ar, 1.0), _record("tokenswift", 1, ids, drafted, 1.0)]
+    (cid, rows), = group(records).items()
+    text = "\n".join(_cell_section(cid, rows))
+    assert "tokenswift identical in all 2 runs" in text
+    along = text.split("Speedup vs ar along the generation")[1].splitlines()
+    assert along[2] == "| method | 2 | 4 | 6 | 8 | 10 | 12 | 14 | 16 |"
+    # at 10 tokens ar took 0.9 s and tokenswift 0.5 s (its step to 11): 1.80x, where the line from (1, 0 s) to
+    # (11, 0.5 s) put it at 0.45 s, 2.00x; at 12 tokens 1.1 s against 0.8 s (its step to 12)
+    assert along[4] == "| tokenswift | 0.20x | 0.60x | 1.00x | 1.40x | 1.80x | 1.38x | 1.62x | 1.88x |"
+    def section() -> str:
+        return "\n".join(_cell_section(*next(iter(group(records).items()))))
+
+    records[3] = _record("tokenswift", 1, ids[:9] + [99] + ids[10:], drafted, 1.0)
+    assert "tokenswift run 2 first differs at new token 9" in section()
+    records[3] = _record("tokenswift", 1, ids[:12], drafted, 1.0)
+    assert "tokenswift run 2 holds 12 tokens where ar's holds 16 (the same up to there)" in section()
+
+
+def test_a_report_of_uncommitted_code_says_so(tmp_path):
+    """The report named the commit alone while the package's files held uncommitted changes (a review found a
+    published report's commit line wrong that way)."""
+    import subprocess
+
+    from longswift.bench.machine import _git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "one")
+    commit = _git_commit(package)
+    assert commit and not commit.endswith("-dirty")
+    (tmp_path / "notes.txt").write_text("outside the package")
+    assert _git_commit(package) == commit
+    (package / "b.py").write_text("y = 2\n")
+    assert _git_commit(package) == f"{commit}-dirty"
+    (package / "b.py").unlink()
+    (package / "a.py").write_text("x = 2\n")
+    assert _git_commit(package) == f"{commit}-dirty"
+    assert _git_commit(tmp_path.parent / "nowhere") is None

@@ -108,10 +108,18 @@ def machine_lines(identity: dict[str, Any], records: list[dict[str, Any]] | None
     ]
 
 
-def _git_commit() -> str | None:
+def _git_commit(here: Path = Path(__file__).parent.parent) -> str | None:
+    """The checkout's commit, with "-dirty" where the files under `here` (the package: changes elsewhere in the
+    checkout do not change what ran) differ from it or are new (a report of a commit with uncommitted changes
+    named the commit alone, as if it had measured it); None outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=5)
+        commit = out.stdout.strip()
+        if not commit:
+            return None
+        changed = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here,
+                                 capture_output=True, text=True, timeout=5)
+        return f"{commit}-dirty" if changed.returncode == 0 and changed.stdout.strip() else commit
     except (OSError, subprocess.SubprocessError):
         return None

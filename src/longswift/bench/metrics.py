@@ -123,6 +123,17 @@ def curve_speedup(base: list[tuple[int, float]], other: list[tuple[int, float]],
     return out
 
 
+def time_to(checkpoints: list[tuple[int, float]], target: int, prefill: float) -> float | None:
+    """A run's decode time until it held `target` tokens, a checkpoint target of its length (checkpoint_targets):
+    the time of its first checkpoint at or past the target, which is when the step that crossed it ended, less
+    the prefill. Exact, as an interpolation between checkpoints is not: a method that commits many tokens a step
+    crosses a target within a step, and the line between its checkpoints put it there earlier (the report's
+    table showed greedy TokenSwift 1.15x AR at a point where its recorded times gave 1.03x). None where no
+    checkpoint reaches the target, or it came within the prefill's block (no decode time of its own)."""
+    when = next((t for n, t in checkpoints if n >= target), None)
+    return None if when is None or when - prefill <= 0 else when - prefill
+
+
 class PeakMemory:
     """Peak memory during a block: on CUDA, torch's allocator peak; on the CPU, the process's resident
     set sampled every `interval` seconds by a thread (getrusage's high-water mark cannot be reset,

@@ -14,7 +14,7 @@ from typing import Any
 from ..atomic import write_atomic
 from ..config import SamplingConfig
 from .machine import machine_lines, software_versions
-from .metrics import curve_speedup, speedup
+from .metrics import checkpoint_targets, speedup, time_to
 from .peers import sampler_note
 from .store import MemoryStore
 
@@ -242,6 +242,16 @@ def _invocations(rows: dict[tuple[str, str], list[dict[str, Any]]]) -> str | Non
                      for (m, variant), rs in rows.items())
 
 
+def _differs(want: list[int], got: list[int]) -> str | None:
+    """How `got` differs from `want` (ar's tokens), or None where they are the same tokens."""
+    diverge = next((i for i, (x, y) in enumerate(zip(want, got)) if x != y), None)
+    if diverge is not None:
+        return f"first differs at new token {diverge}"
+    if len(got) != len(want):
+        return f"holds {len(got)} tokens where ar's holds {len(want)} (the same up to there)"
+    return None
+
+
 def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]], digest: bool = False) -> list[str]:
     name, prompt_tokens, preset, length, ids = cid
     ar, hf = baseline(rows, "ar"), baseline(rows, "hf")
@@ -252,11 +262,17 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]],
         for (m, variant), runs in rows.items():
             if m == "ar":
                 continue
-            a, b = ar[0]["token_ids"], runs[0]["token_ids"]
-            diverge = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            same.append(f"{_row_label(rows, m, variant)} {'identical' if diverge is None else f'first differs at new token {diverge}'}")
+            # every run (all of a cell's runs take one seed), and their lengths: the first run alone, compared up
+            # to the shorter of the two, was reported identical with a later run or a shorter record differing
+            verdicts = [(k, _differs(ar[0]["token_ids"], r["token_ids"])) for k, r in enumerate(runs)]
+            differing = next(((k, v) for k, v in verdicts if v is not None), None)
+            label = _row_label(rows, m, variant)
+            if differing is None:
+                same.append(f"{label} identical" + (f" in all {len(runs)} runs" if len(runs) > 1 else ""))
+            else:
+                same.append(f"{label}{f' run {differing[0] + 1}' if len(runs) > 1 else ''} {differing[1]}")
         if same:
-            lines += [f"- outputs compared with ar (first run): {'; '.join(same)}", ""]
+            lines += [f"- outputs compared with ar's first run: {'; '.join(same)}", ""]
     alone = [f"{_row_label(rows, m, variant)} run {r['run'] + 1}" for (m, variant), runs in rows.items()
              for r in runs if r.get("lockstep_with") == []]
     if alone:
@@ -282,16 +298,15 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]],
                      f"{_fmt(med('ngram_alpha'))} | {_fmt(med('tokens_per_step'))} | {distinct} | "
                      f"{_memory(runs)} |")
     if ar and len(rows) > 1:
-        lines += ["", "Speedup vs ar along the generation (decode time to the same token count, first run):", ""]
-        header = [n for n, _ in ar[0]["checkpoints"]]
+        lines += ["", "Speedup vs ar along the generation (decode time until each method held the same token count, "
+                      "first run):", ""]
+        header = checkpoint_targets(length)  # (each method's time to each is exact: metrics.time_to)
         lines += ["| method | " + " | ".join(str(n) for n in header) + " |", "|" + "---|" * (len(header) + 1)]
+        base = [time_to(ar[0]["checkpoints"], n, ar[0]["prefill_seconds"]) for n in header]
         for (m, variant), runs in rows.items():
             if m == "ar":
                 continue
-            # at ar's own token counts (the header): this method's time interpolated to each (its checkpoints fall
-            # where its steps end, past them; a cell showed the value at the next one, under ar's count)
-            inverse = dict(curve_speedup(runs[0]["checkpoints"], ar[0]["checkpoints"], runs[0]["prefill_seconds"],
-                                         ar[0]["prefill_seconds"]))
-            cells = [f"{1 / inverse[n]:.2f}x" if n in inverse else "-" for n in header]
+            mine = [time_to(runs[0]["checkpoints"], n, runs[0]["prefill_seconds"]) for n in header]
+            cells = [f"{theirs / t:.2f}x" if theirs and t else "-" for theirs, t in zip(base, mine)]
             lines.append(f"| {_row_label(rows, m, variant)} | " + " | ".join(cells) + " |")
     return lines
