@@ -4,6 +4,7 @@ computations, random tries, a tiny shape end to end (JSON and markdown), and one
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 import torch
@@ -157,6 +158,8 @@ def test_tiny_shape_end_to_end(tiny, tmp_path, capsys):
     assert [c["context"] for c in data["contexts"]] == [64, 100, 128, 250, 256]  # asked + projection ends + budget
     assert data["identity"]["layers"] == 2 and data["identity"]["dtype"] == "float32"
     assert data["identity"]["command"].startswith("longswift bench-steps --shape tiny")
+    assert data["versions"]["torch"] == torch.__version__ and "longswift" in data["versions"]
+    assert data["processor"].startswith(platform.machine())  # (the CPU's model: the JSON had no machine)
     kv, weights, bw = data["kv_bytes_per_token"], data["weight_bytes_per_step"], data["bandwidth_bytes_per_s"]
     assert kv == 2 * 2 * 2 * 16 * 4
     for c in data["contexts"]:

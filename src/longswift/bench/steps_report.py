@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+import torch
+
 from ..spec.budget import draft_levels
 from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
-from .machine import machine_lines
+from .machine import machine_lines, processor_name, software_versions
 from .steps import StepBenchConfig, StepBenchResult
 
 
@@ -116,8 +118,9 @@ def render(r: StepBenchResult) -> str:
                      "plus tau x the walk row without it, as if the walk stayed on the spine)") + " and "
                   f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
                   f"{b.depth} draft positions per step; `bench` counts each step's deepest trie position, which short "
-                  "n-gram paths or --max-nodes can make shallower: its records' accepted_tokens / verify_steps + 1 are "
-                  "the tokens its drafting steps committed)" + _refills(b)
+                  "n-gram paths or --max-nodes can make shallower, and its adaptive lookup steps' n-gram paths up to "
+                  "31 deep, so its alpha is not this one: its records' accepted_tokens / verify_steps + 1 are "
+                  "the tokens its drafting steps committed, tau here)" + _refills(b)
                   + ". Not included: trie building, cache compaction, n-gram "
                   "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
                   "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
@@ -132,7 +135,9 @@ def render(r: StepBenchResult) -> str:
 def to_json(r: StepBenchResult) -> dict[str, Any]:
     b = r.config
     return {
-        "identity": r.identity, "bandwidth_bytes_per_s": r.bandwidth,
+        # (what measured it, as the markdown report's machine lines say: the JSON had neither)
+        "identity": r.identity, "versions": software_versions(),
+        "processor": processor_name(torch.device(r.identity["device"])), "bandwidth_bytes_per_s": r.bandwidth,
         "bandwidth_buffer_bytes": r.bandwidth_buffer, "weight_bytes_per_step": r.weight_bytes,
         "kv_bytes_per_token": r.kv_bytes_per_token,
         "settings": {"reps": b.reps, "warmup": b.warmup, "draft_mode": b.spec.draft_mode, "tree": b.spec.tree,

@@ -30,7 +30,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--warmup", type=whole_number, default=WARMUP,
                    help="untimed repetitions before them (default %(default)s)")
     p.add_argument("--alpha", default=None, help="comma list of acceptance rates in [0, 1] (accepted draft tokens / "
-                   "draft positions, e.g. measured by `longswift bench`) to project TokenSwift's time with")
+                   "draft positions of the tree's depths) to project TokenSwift's time with; `longswift bench`'s alpha "
+                   "also counts its lookup steps' deeper n-gram paths: from its records, (accepted_tokens / "
+                   "verify_steps) / depth is the comparable one")
     p.add_argument("--prefix", type=whole_number, default=PAPER_PREFIX,
                    help="prefix length of the projection (default %(default)s)")
     p.add_argument("--new-tokens", type=whole_number, default=None, help="tokens the projection generates (default: "
