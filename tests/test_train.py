@@ -174,7 +174,7 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):
     lines: list[str] = []  # what a log file under nohup reads, where no bar is drawn
     resumed = train_heads(tiny, windows, cfg, tmp_path / "b", resume=True, progress=False, log=lines.append)
     assert lines[:2] == ["base model's hidden states of 5 windows",
-                         "training 6 steps, from step 3; a line at each checkpoint (every 3 steps)"]
+                         "training 6 steps, from step 3; a line at each checkpoint (every 3 steps and the last)"]
     assert len(lines) == 3 and lines[2].startswith("step 6/6: loss ") and "checkpoint saved" in lines[2]
     for k, v in whole.heads.state_dict().items():
         assert torch.equal(v, resumed.heads.state_dict()[k]), k
@@ -678,3 +678,54 @@ def test_distill_a_document_that_exactly_fills_the_context_is_allowed(tiny):
     with pytest.raises(LongswiftError, match="shorter than --seq-len"):  # past the context check
         # (refused before the cache is used)
         self_distill(tiny, 1, new_tokens=limit - 4, prompts=[[1, 2, 3, 4]], window=10**6, cache_dir=None)
+
+
+def test_the_hidden_state_pass_runs_on_the_windows_the_steps_read(tiny, tmp_path, monkeypatch):
+    """A review: 1.5 MB of text (9,375 windows) for 2 steps of 2 ran the base over every window, minutes and
+    gigabytes for windows no step draws. Now only the ones read, and the heads are bit for bit those of a run
+    whose hidden states hold every window; from an epoch on, every window is read."""
+    import longswift.train.train as tt
+
+    windows = _windows(tiny, n=12)
+    cfg = TrainConfig(steps=3, lr=1e-2, seq_len=24, batch_size=2, warmup=1, checkpoint_every=10, bf16_lm_head=False)
+    seen = []
+    monkeypatch.setattr(tt, "base_hidden", lambda model, w, progress=False: seen.append(w) or base_hidden(model, w))
+    lines: list[str] = []
+    trainer = train_heads(tiny, windows, cfg, tmp_path / "a", progress=False, log=lines.append)
+    read = sorted({int(i) for step in range(3) for i in trainer.batch_windows(step, 0)})
+    assert len(read) == 6 and torch.equal(seen[0], windows[read])
+    assert "base model's hidden states of 6 windows (of 12: the ones 3 steps of 2 read)" in lines
+    everything = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
+    for _ in range(3):
+        everything.run_step()
+    for got, want in zip(trainer.heads.parameters(), everything.heads.parameters()):
+        assert torch.equal(got, want)
+    seen.clear()
+    train_heads(tiny, windows, dataclasses.replace(cfg, steps=7), tmp_path / "b", progress=False)  # 14 reads: all 12
+    assert torch.equal(seen[0], windows)
+
+
+def test_a_batch_larger_than_the_data_is_refused(tiny, tmp_path, capsys, monkeypatch):
+    """--batch-size 1000 on 12 windows read each ~83 times a step, for minutes a step, without a word: refused,
+    from the API (naming the field) and the command line (the flag, in one line, leaving no --out behind)."""
+    from conftest import assert_one_line_error, run_cli, tiny_hf_model
+
+    import longswift.cli.heads as heads_cli
+    from longswift.errors import ConfigError
+
+    windows = _windows(tiny, n=3)
+    with pytest.raises(ConfigError, match="TrainConfig.batch_size=4 exceeds the 3 windows of the training data: a "
+                                          "batch would hold each window 1.3 times on average; give at most 3, or more "
+                                          "data"):
+        train_heads(tiny, windows, TrainConfig(steps=2, seq_len=24, batch_size=4, warmup=1), tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    tiny_hf_model("llama", seed=3, vocab=96).save_pretrained(tmp_path / "m")
+    (tmp_path / "d.txt").write_text("text")
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (windows, {}))  # (no tokenizer: ids given)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),
+                           "--out", str(tmp_path / "o"), "--seq-len", "24", "--batch-size", "50", "--steps", "2",
+                           "--warmup", "1", "--no-progress", "--threads", "1")
+    assert_one_line_error(code, err, "--batch-size 50 exceeds the 3 windows of the training data: a batch would hold "
+                                     "each window 16.7 times on average; give at most 3, or more data")
+    assert not (tmp_path / "o").exists()

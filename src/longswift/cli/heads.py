@@ -31,7 +31,8 @@ def add_parsers(sub: Any) -> None:
                        help="directory for checkpoint.pt, heads.safetensors, train_log.json")
     _add_data_flags(train)
     train.add_argument("--resume", action="store_true", help="continue from --out's checkpoint.pt")
-    add_switch(train, "--no-progress", "--progress", "no progress bars on stderr")
+    add_switch(train, "--no-progress", "--progress", "no progress on stderr: no bars on a terminal, and no plain "
+               "line as each phase starts and a checkpoint is saved where stderr is redirected (a log)")
     add_config_flags(train, TrainConfig)
     add_config_flags(train, RuntimeConfig, skip=DECODING_ONLY)
 
@@ -49,7 +50,8 @@ def add_parsers(sub: Any) -> None:
                     help="tokens of held-out TokenSwift generation for alpha (paper sampling; 0 skips; default "
                          "%(default)s)")
     ev.add_argument("--json", type=output_file, help="write the results here (atomically)")
-    add_switch(ev, "--no-progress", "--progress", "no progress bars on stderr")
+    add_switch(ev, "--no-progress", "--progress", "no progress on stderr: no bars on a terminal, and no plain "
+               "line as each phase starts where stderr is redirected (a log)")
     # alpha measures the heads, so every step drafts: adaptive steps (generate's default) run nearly all
     # steps plain where the heads do not pay on this machine, and alpha would come from a handful of drafts.
     add_config_flags(ev, SpecConfig, {"adaptive": (False, (
@@ -204,7 +206,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     resumed = f" ({cfg.steps - trainer.resumed_at} in this run, resumed at step {trainer.resumed_at})" \
         if trainer.resumed_at else ""
     loss = last["loss"] if last else float("nan")
-    print(f"trained {cfg.gamma} heads on {info['windows']} windows x {cfg.seq_len} tokens for {cfg.steps} steps"
+    steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+    print(f"trained {cfg.gamma} heads on {info['windows']} windows x {cfg.seq_len} tokens for {steps}"
           f"{resumed} in {time.perf_counter() - t0:.0f} s; last step loss {loss:.3f}, top-1 accuracy per head {acc}",
           file=sys.stderr)
     print(f"heads: {Path(args.out) / HEADS_FILE} (use with --heads)", file=sys.stderr)

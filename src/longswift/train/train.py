@@ -7,6 +7,7 @@ the base model's frozen LM head. Checkpoints are written atomically and resume e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import dtype_name, torch_seed
-from ..errors import LongswiftError, reason_of, refuse_non_utf8
+from ..errors import ConfigError, LongswiftError, reason_of, refuse_non_utf8
 from ..runtime.memory import GiB, available_bytes
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 from ..runtime.probe import model_probe, same_model
@@ -142,7 +143,14 @@ class HeadTrainer:
         if cfg.bf16_lm_head is None:  # (the checkpoint and the heads file record what ran)
             cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
         self.engine, self.cfg = engine, cfg
-        self.windows, self.hidden = windows, hidden  # [N, L], [N, L, hidden]
+        self.windows, self.hidden = windows, hidden  # [N, L], [M, L, hidden]: the M windows the steps read
+        n = windows.shape[0]
+        read = windows_read(cfg, n) if hidden.shape[0] < n else torch.arange(n)
+        if hidden.shape[0] != read.shape[0]:
+            raise ValueError(f"hidden states of {hidden.shape[0]} windows for the {read.shape[0]} of {n} this run "
+                             "reads")
+        self.row = torch.full((n,), -1, dtype=torch.long)  # window index -> its row of `hidden` (-1: never read)
+        self.row[read] = torch.arange(read.shape[0])
         self.targets = head_targets(windows, cfg.gamma)  # [gamma, N, L]
         model = engine.model
         self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
@@ -162,15 +170,7 @@ class HeadTrainer:
 
     def batch_windows(self, step: int, micro: int) -> torch.Tensor:
         """Window indices of one micro-batch: a seeded permutation per epoch (resumable from `step` alone)."""
-        n = self.windows.shape[0]
-        per_step = self.cfg.batch_size * self.cfg.grad_accum
-        start = (step * per_step + micro * self.cfg.batch_size)
-        idx = []
-        for k in range(start, start + self.cfg.batch_size):
-            epoch, offset = divmod(k, n)
-            g = torch.Generator().manual_seed(torch_seed(self.cfg.seed * 1_000_003 + epoch))
-            idx.append(int(torch.randperm(n, generator=g)[offset]))
-        return torch.tensor(idx)
+        return batch_windows(self.cfg, self.windows.shape[0], step, micro)
 
     def run_step(self) -> StepMetrics:
         cfg, t0 = self.cfg, time.perf_counter()
@@ -184,7 +184,7 @@ class HeadTrainer:
         correct = torch.zeros(cfg.gamma, dtype=torch.long)
         counted = torch.zeros(cfg.gamma, dtype=torch.long)
         for idx in micro_batches:
-            h0 = self.hidden[idx].flatten(0, 1).to(self.heads.weights.dtype)  # [B*L, hidden]
+            h0 = self.hidden[self.row[idx]].flatten(0, 1).to(self.heads.weights.dtype)  # [B*L, hidden]
             targets = self.targets[:, idx].flatten(1, 2)  # [gamma, B*L]
             for lo in range(0, h0.shape[0], cfg.chunk):
                 ce, c, v = head_losses(self.heads, self.lm_head, h0[lo : lo + cfg.chunk],
@@ -298,6 +298,35 @@ def _wrong_part(ck: dict) -> str | None:
     return None
 
 
+def batch_windows(cfg: TrainConfig, n: int, step: int, micro: int) -> torch.Tensor:
+    """Indices of the windows (of `n`) micro-batch `micro` of step `step` trains on: the k-th read of a run is
+    place k mod n of a permutation seeded by cfg.seed and the epoch k // n."""
+    per_step = cfg.batch_size * cfg.grad_accum
+    start = step * per_step + micro * cfg.batch_size
+    idx = []
+    for k in range(start, start + cfg.batch_size):
+        epoch, offset = divmod(k, n)
+        idx.append(int(_epoch_order(cfg.seed, epoch, n)[offset]))
+    return torch.tensor(idx)
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(seed: int, epoch: int, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(torch_seed(seed * 1_000_003 + epoch))
+    return torch.randperm(n, generator=g)
+
+
+def windows_read(cfg: TrainConfig, n: int) -> torch.Tensor:
+    """The indices, ascending, of the windows (of `n`) that a run of cfg.steps steps trains on at all: each, once
+    every window is read (an epoch or more). The hidden-state pass runs on these alone: with more data than the
+    steps read (1.5 MB of text, 9,375 windows of 32 tokens, for 2 steps of 2) it ran over all of it, minutes
+    and gigabytes for windows no step draws."""
+    reads = cfg.steps * cfg.batch_size * cfg.grad_accum
+    if reads >= n:
+        return torch.arange(n)
+    return _epoch_order(cfg.seed, 0, n)[:reads].sort().values
+
+
 def window_hash(windows: torch.Tensor) -> str:
     """Identity of the training windows [N, L], kept in the checkpoint so a resume runs on the same data."""
     return hashlib.sha256(windows.cpu().numpy().tobytes()).hexdigest()[:20]
@@ -391,6 +420,11 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     holds `claimed_out_dir(out_dir)` already (train-heads takes it before loading the model). `log`: where to
     say, in plain lines, what it starts and each checkpoint's step, loss and accuracy (a log file's progress,
     where no bar is drawn). `data_settings`: see run_settings."""
+    n = windows.shape[0]
+    if cfg.batch_size > n:  # (accepted: 1,000 on 12 windows read each ~83 times a step, for minutes a step)
+        said = (f"exceeds the {n} windows of the training data: a batch would hold each window "
+                f"{cfg.batch_size / n:.1f} times on average; give at most {n}, or more data")
+        raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} {said}", f"--batch-size {cfg.batch_size} {said}")
     if claimed:
         return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
     with claimed_out_dir(out_dir, resume) as out:
@@ -415,15 +449,21 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
         del ck  # (mapped: trainer.load_checkpoint reads it again)
     with stop if stop is not None else nullcontext():
         with stop.at_once() if stop is not None else nullcontext():
+            read = windows_read(cfg, windows.shape[0])  # (the windows its steps draw: all, from an epoch on)
             if log:
-                log(f"base model's hidden states of {windows.shape[0]:,} windows")
-            hidden = base_hidden(engine.model, windows, progress)
+                log(f"base model's hidden states of {read.shape[0]:,} windows" + (
+                    f" (of {windows.shape[0]:,}: the ones {cfg.steps} step{'s' if cfg.steps != 1 else ''} of "
+                    f"{cfg.batch_size * cfg.grad_accum} read)"
+                    if read.shape[0] < windows.shape[0] else ""))
+            hidden = base_hidden(engine.model, windows[read.to(windows.device)], progress)
         trainer = HeadTrainer(engine, windows, hidden, cfg, data_settings)
         if resume:
             trainer.load_checkpoint(checkpoint)
         if log:
-            log(f"training {cfg.steps} steps" + (f", from step {trainer.step}" if trainer.step else "")
-                + f"; a line at each checkpoint (every {cfg.checkpoint_every} steps)")
+            every = (f"every {cfg.checkpoint_every} steps and the last" if cfg.checkpoint_every < cfg.steps
+                     else "after the last step")
+            log(f"training {cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+                + (f", from step {trainer.step}" if trainer.step else "") + f"; a line at each checkpoint ({every})")
         t0 = time.perf_counter()
         bar = tqdm(total=cfg.steps, initial=trainer.step, desc="train heads", unit="step", disable=not progress)
         while trainer.step < cfg.steps:
