@@ -823,9 +823,15 @@ def test_a_tied_config_runs_the_lm_head_transformers_runs(tmp_path):
     assert not torch.equal(other.lm_head.weight, other.model.embed_tokens.weight)  # transformers kept the head
     with torch.no_grad():
         ref = other(ids[None]).logits[0]
-    assert not load_model(tmp_path, torch.float32, CPU).cfg.tie_word_embeddings
+    untied = load_model(tmp_path, torch.float32, CPU).cfg
+    assert not untied.tie_word_embeddings and not untied.hf_config.tie_word_embeddings  # (hf_twin builds from it)
     for source in (tmp_path, other):
         torch.testing.assert_close(_logits(source, ids), ref, rtol=1e-4, atol=1e-4)
+    from longswift.runtime.twin import hf_twin
+
+    with torch.no_grad():  # bench's transformers baseline on our weights: the stored head too, not re-tied
+        twin_logits = hf_twin(longswift.load(tmp_path, dtype="float32", heads=None))(ids[None]).logits[0]
+    torch.testing.assert_close(twin_logits, ref, rtol=1e-4, atol=1e-4)
     without = {name: {k: v for k, v in state.items() if k != name} for name in ("lm_head.weight", EMBED)}
     for stored in ({**state, "lm_head.weight": embed.clone()}, without["lm_head.weight"],
                    {**without[EMBED], "lm_head.weight": embed}):

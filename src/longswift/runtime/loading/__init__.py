@@ -348,8 +348,11 @@ def _lm_head(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> ModelConfig:
         state[EMBED] = state.pop("lm_head.weight")
     elif head.shape == embed.shape and torch.equal(head, embed):
         del state["lm_head.weight"]
-    else:
-        return replace(cfg, tie_word_embeddings=False)
+    else:  # (the config too, which hf_twin builds a transformers model from, and export-heads writes)
+        hf = copy.copy(cfg.hf_config)
+        if hf is not None:
+            hf.tie_word_embeddings = False
+        return replace(cfg, tie_word_embeddings=False, hf_config=hf)
     return cfg
 
 
