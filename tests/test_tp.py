@@ -118,6 +118,17 @@ def run_cases(tensor_parallel: bool) -> dict:
                            method=method if dist.get_rank() == 1 else "tokenswift")
             except LongswiftError as exc:
                 out[f"differ/{name}"] = str(exc)
+        # rank 1 loaded another model, dtype or rope scaling: refused on both ranks, before any of the model's
+        # collectives (another dtype's size aborted gloo; the others wrote other tokens with exit 0)
+        other = dist.get_rank() == 1
+        for name, kwargs in (("model", {"seed": 1 if other else 0}),
+                             ("dtype", {"dtype": "float32" if other else "float64"}),
+                             ("rope", {"rope_scaling": "linear:2" if other else None})):
+            hf = tiny_hf_model("llama", seed=kwargs.pop("seed", 0))
+            try:
+                longswift.load(hf, heads=None, tensor_parallel=True, **{"dtype": "float64", **kwargs})
+            except LongswiftError as exc:
+                out[f"load-differ/{name}"] = str(exc)
     for model, method, spec, sampling in GENERATIONS:
         e = engines[model]
         r = e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY if sampling == "greedy" else sampled,
@@ -218,6 +229,15 @@ def test_ranks_given_different_generations_are_refused_together(ranks, name):
         assert r[f"differ/{name}"] == ("the processes of this run were given different prompts, methods or settings "
                                        "(rank 1's differ from rank 0's): every rank must make the same calls with the "
                                        "same arguments")
+
+
+@pytest.mark.parametrize("name", ["model", "dtype", "rope"])
+def test_ranks_that_loaded_different_models_or_settings_are_refused_together(ranks, name):
+    # Before: another model or rope scaling wrote other tokens with exit 0; another dtype aborted gloo.
+    for r in ranks:
+        assert r[f"load-differ/{name}"] == ("the processes of this run were given different models, dtypes or rope "
+                                            "scalings (rank 1's differ from rank 0's): every rank must make the same "
+                                            "calls with the same arguments")
 
 
 def test_every_rank_stops_with_rank_0s_exit_status(ranks):

@@ -24,7 +24,7 @@ from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
 from .runtime.memory import check_context, keep_freed_buffers, return_freed_memory
 from .runtime.model import Transformer
-from .runtime.parallel import TensorParallel, shard_config, shard_state
+from .runtime.parallel import TensorParallel, shard_config, shard_state, state_digest
 from .runtime.probe import model_probe, probe_tolerance, same_model
 from .runtime.triton_kernels import triton_unavailable
 from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
@@ -611,6 +611,10 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     tp = None
     if tensor_parallel:
         tp = TensorParallel(loaded.cfg, device)
+        # What makes the numbers, the same on every rank: ranks loaded with another --dtype, --rope-scaling or
+        # model wrote garbage with exit 0 (a dtype of other size crashed gloo), as the run's own settings do not
+        tp.agree("models, dtypes or rope scalings", (dtype_name(runtime.torch_dtype()), runtime.rope_scaling,
+                                                     runtime.float32_logits, state_digest(loaded.state)))
     engine = Engine(loaded, pack_weights=pack, runtime=runtime, tp=tp, device=device,
                     model_source="<embedded>" if model is None else None)
     engine.set_heads(heads)

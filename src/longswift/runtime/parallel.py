@@ -238,6 +238,17 @@ class TensorParallel:
         return self.broadcast_int(draw(transformed, cfg, generator) if self.rank == 0 else 0)
 
 
+def state_digest(state: dict[str, torch.Tensor], samples: int = 4096) -> list[tuple[str, tuple[int, ...], float]]:
+    """Each tensor's name, shape and the float64 sum of up to `samples` of its values, evenly strided: what ranks
+    compare (TensorParallel.agree) to find another model loaded on one of them, reading a few thousand values a
+    tensor rather than every weight."""
+    out = []
+    for name in sorted(state):
+        t = state[name].detach().reshape(-1)
+        out.append((name, tuple(state[name].shape), float(t[:: max(1, t.numel() // samples)].double().sum())))
+    return out
+
+
 def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:
     """Join the process group torchrun describes (NCCL for CUDA, gloo for CPU) and return the
     runtime config with this rank's device (cuda:LOCAL_RANK on CUDA)."""
