@@ -254,6 +254,38 @@ def test_a_signal_while_loading_stops_at_once():
     assert stop2.signum == signal.SIGINT
 
 
+def test_under_torchrun_a_signal_relayed_right_after_the_first_is_the_same_request(monkeypatch):
+    """torchrun passes a signal it gets on to its processes: a SIGTERM sent to the whole run (scancel, kill of
+    every pid) or Ctrl-C reached each rank twice, and the second stopped it at once, saving nothing (a review).
+    Under torchrun a second signal within RELAYED_SECONDS is the first's relay; later, or in one process, it
+    stops at once as before."""
+    import signal
+
+    import longswift.cli.stop as stop_module
+    from longswift.cli.stop import StopRequest
+
+    now = [100.0]
+    monkeypatch.setattr(stop_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    stop = StopRequest()
+    stop._handle(signal.SIGTERM, None)
+    now[0] += 0.5
+    try:
+        stop._handle(signal.SIGTERM, None)  # torchrun's relay: still a request to stop after the step
+    except KeyboardInterrupt:
+        pytest.fail("torchrun's relay of the first signal stopped the run at once")
+    assert stop.signum == signal.SIGTERM
+    now[0] += stop_module.RELAYED_SECONDS
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)  # a second request, later: at once
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    one = StopRequest()
+    one._handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):  # one process: Ctrl-C twice stops at once, however quick
+        one._handle(signal.SIGINT, None)
+
+
 def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_status(tmp_path, capsys, monkeypatch):
     """Ctrl-C in a directory where nothing can be written (the start warned of it): the exit status is the
     signal's, and one line says the state could not be saved and what to do, rather than exit 1 on the

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -24,6 +25,16 @@ def _signals() -> list[int]:
 
 SAVING = "finishing the current step and saving"
 READING = "stopping the reading of the context (nothing generated yet, nothing to save)"
+
+
+# Under torchrun, a second signal this soon after the first is the same request relayed: torchrun passes a signal
+# it gets on to its processes, so a SIGTERM (scancel, systemd, kill of every pid) or a Ctrl-C sent to the whole run
+# reached each process twice, and the second stopped it at once, saving nothing.
+RELAYED_SECONDS = 2.0
+
+
+def _several_processes() -> bool:
+    return os.environ.get("WORLD_SIZE", "1").strip() not in ("", "0", "1")
 
 
 def _main_process() -> bool:
@@ -45,6 +56,7 @@ class StopRequest:
         self._pending = False
         self._at_once = False  # inside at_once(): the first signal stops at once too
         self.doing = SAVING  # what the first signal makes the run do, as said to the user
+        self._first_at = 0.0  # time.monotonic() of the first signal
         self._depth = 0  # nested `with`s: the outermost installs and restores the handlers
 
     # The signal that last stopped a command at once (its KeyboardInterrupt), whichever StopRequest took it: the
@@ -57,6 +69,8 @@ class StopRequest:
             StopRequest.stopped_by = signum
             raise KeyboardInterrupt
         if self.signum is not None:
+            if _several_processes() and time.monotonic() - self._first_at < RELAYED_SECONDS:
+                return  # (torchrun's relay of the first, RELAYED_SECONDS)
             if self._held:
                 self._pending = True
                 StopRequest.stopped_by = signum  # (held() raises it at its end)
@@ -64,6 +78,7 @@ class StopRequest:
             StopRequest.stopped_by = signum
             raise KeyboardInterrupt
         self.signum = signum
+        self._first_at = time.monotonic()
         if _main_process():  # under torchrun every rank gets it: rank 0 says so
             say(f"\nlongswift: {signal.Signals(signum).name} received: {self.doing} (send it again to stop at once)")
 
