@@ -40,8 +40,7 @@ def _several_processes() -> bool:
 def _main_process() -> bool:
     """A single process, or rank 0 under torchrun (runtime.torchrun_env.env_rank, read from the environment alone: a
     signal handler imports nothing); a RANK without a WORLD_SIZE above 1 is another launcher's."""
-    world = os.environ.get("WORLD_SIZE", "1").strip()
-    return world in ("", "0", "1") or os.environ.get("RANK", "0").strip() in ("", "0")
+    return not _several_processes() or os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 class StopRequest:
