@@ -215,6 +215,32 @@ def test_length_attention_is_refused_where_torch_lacks_seqused_k(monkeypatch):
     assert why is not None and "lacks" in why and "use --graph-attention bucketed" in why
 
 
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor")
+@pytest.mark.parametrize("triton", [False, True])
+def test_length_attention_runs_with_the_triton_attention_where_flash_lacks_seqused_k(monkeypatch, triton):
+    """--triton-kernels' attention reads the cached length from device memory itself, so a torch whose flash
+    kernel lacks seqused_k runs --graph-attention length with it (on the fake device: no GPU here), and
+    refuses length without it."""
+    pytest.importorskip("triton")
+    import longswift.runtime.attention as attention
+    from fake_cuda import fake_cuda, fake_state
+
+    from longswift.bench.shapes import shape_config
+    from longswift.runtime.model import Transformer, expected_shapes
+
+    monkeypatch.setattr(attention, "varlen_features", lambda: frozenset())
+    with fake_cuda(monkeypatch):
+        cfg = shape_config("smollm2-135m", 2)
+        model = Transformer(cfg, fake_state(expected_shapes(cfg), torch.bfloat16), triton_kernels=triton)
+        cache = FullKVCache(cfg, 64, torch.bfloat16, model.device)
+        if triton:
+            graphs = StepGraphs(model, cache, capture=False, attention="length")
+            assert graphs.triton_attention and graphs.attention == "length"
+        else:
+            with pytest.raises(LongswiftError, match="lacks: use --graph-attention bucketed, or --triton-kernels"):
+                StepGraphs(model, cache, capture=False, attention="length")
+
+
 def test_auto_graph_attention_is_length_where_torch_can_and_bucketed_elsewhere(monkeypatch):
     """--graph-attention auto (the default): length on CUDA with a flash kernel that takes seqused_k
     (measured faster on an H100: docs/benchmarks.md), bucketed without it and on the CPU (where no step

@@ -249,7 +249,8 @@ def length_unsupported(device: torch.device) -> str | None:
     """Why --graph-attention length cannot run on this device with this torch, or None if it can."""
     if device.type == "cuda" and "seqused_k" not in varlen_features():
         return (f"--graph-attention length needs flash attention's seqused_k, which torch {torch.__version__} "
-                "lacks: use --graph-attention bucketed")
+                "lacks: use --graph-attention bucketed, or --triton-kernels (its attention reads the length itself, "
+                "for heads up to 128 wide and not in float64)")
     return None
 
 

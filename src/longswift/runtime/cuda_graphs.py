@@ -142,13 +142,14 @@ class StepGraphs:
             raise LongswiftError(why + "; use cuda_graphs='off' (--cuda-graphs off)")
         if attention not in GRAPH_ATTENTIONS:
             raise LongswiftError(f"graph_attention must be one of {', '.join(GRAPH_ATTENTIONS)}; got '{attention}'")
-        if attention == "length" and (why := length_unsupported(model.device)) is not None:
+        # --triton-kernels, length: attention by runtime.triton_kernels.attention rather than flash's kernel and the
+        # masked part's, with their merge (not in float64 on CUDA, which stays on the explicit products). It reads
+        # the cached length from device memory itself, so it needs no flash kernel that takes seqused_k.
+        self.triton_attention = model.triton_kernels and attention_fits(model.device, model.dtype, model.cfg.head_dim)
+        if attention == "length" and not self.triton_attention and (why := length_unsupported(model.device)):
             raise LongswiftError(why)
         self.model, self.cache, self.capture, self.bucket, self.evict = model, cache, capture, bucket, evict
         self.attention, self.draft_out, self.sample_in_body = attention, draft, sample_in_body
-        # --triton-kernels, length: attention by runtime.triton_kernels.attention rather than flash's kernel and the
-        # masked part's, with their merge (not in float64 on CUDA, which stays on the explicit products)
-        self.triton_attention = model.triton_kernels and attention_fits(model.device, model.dtype, model.cfg.head_dim)
         self.buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # N -> [tokens; positions], mask
         self.slot = torch.zeros(1, dtype=torch.long, device=model.device)
         self.graphs: dict[tuple[int, int, str], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
