@@ -284,6 +284,25 @@ def test_the_memory_plan_asks_the_planned_gpu_whether_flash_runs(monkeypatch):
     assert on_1.workspace > on_0.workspace  # no flash on cuda:1: its cached part is explicit
 
 
+def test_a_refused_plan_names_the_rows_a_cuda_step_verifies(monkeypatch):
+    """On CUDA the step bodies verify the trie padded to a node budget, which the plan counts: the refusal's
+    advice named the unpadded count (101 nodes where 128 rows are verified)."""
+    import longswift.runtime.memory as memory
+    from longswift.spec.budget import run_plan
+
+    cfg = shape_config("llama-3.1-8b", layers=2)
+    spec = SpecConfig(max_nodes=0).for_device(torch.device("cuda"), 4)
+    plan = run_plan(cfg, torch.bfloat16, torch.device("cuda"), 104_096, 512, False, False, spec)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 20)
+    with pytest.raises(longswift.LongswiftError) as refused:
+        plan.check(weights_loaded=True)
+    assert f"a step verifies {plan.tree_nodes} nodes, padded to 128 rows on CUDA" in str(refused.value)
+    assert plan.capacity_tokens == 104_096 + 128  # (what the plan counted)
+    cpu = run_plan(cfg, torch.bfloat16, torch.device("cpu"), 104_096, 512, False, False, spec)
+    with pytest.raises(longswift.LongswiftError, match=rf"a step verifies {cpu.tree_nodes} nodes\)"):
+        cpu.check(weights_loaded=True)
+
+
 def test_bodies_of_one_bucket_keep_each_others_graphs(monkeypatch):
     """A decode and a verify pass of one bucket keep each other's graphs (an eviction by `<=` re-captured
     both at every step on a GPU)."""

@@ -143,13 +143,17 @@ class MemoryPlan:
             return
         need = self.needed(weights_loaded)
         if need > free:
+            verified = f"a step verifies {self.tree_nodes} nodes"
+            if torch.device(self.device).type == "cuda" and (rows := padded_nodes(self.tree_nodes)) != self.tree_nodes:
+                verified += f", padded to {rows} rows on CUDA"  # (the step bodies' node budget, counted above)
+
             def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
                 return (f"not enough memory: this run needs {need / GiB:.2f} GiB more ({self.describe()}) but "
                         f"{free / GiB:.2f} GiB is free; lower {name('max_new_tokens')} or the prompt length, or use a "
                         f"smaller {name('dtype')}"
                         + (f", a smaller {name('draft_kv_budget')}" if self.draft_cache else "")  # (AR has none)
                         + (f", {name('tree')}, {name('ngram_topk')} or {name('lookup_nodes')}, or a "
-                           f"{name('max_nodes')} (a step verifies {self.tree_nodes} nodes)" if self.tree_nodes else ""))
+                           f"{name('max_nodes')} ({verified})" if self.tree_nodes else ""))
 
             raise LongswiftError(advice(lambda field: field), advice(lambda field: "--" + field.replace("_", "-")))
 
