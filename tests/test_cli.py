@@ -54,6 +54,34 @@ def test_a_second_signal_during_the_renames_leaves_both_outputs_or_neither(tmp_p
     assert calls == [out_file, json_file] and out_file.read_text() == json.loads(json_file.read_text())["text"]
 
 
+def test_two_signals_while_a_finished_run_writes_its_outputs_lose_nothing(tmp_path, capsys, monkeypatch):
+    """Ctrl-C twice while a finished run staged its text (before any rename): the second discarded the staged
+    text and JSON, so that a run without a periodic checkpoint kept nothing of its work. The writing is bounded:
+    both signals now wait for it, and the run says what it wrote."""
+    import signal
+
+    from longswift.atomic import AtomicFile
+
+    stage, calls = AtomicFile.stage, []
+
+    def stage_then_signal(self):
+        calls.append(self.path)
+        if len(calls) == 1:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+        stage(self)
+
+    monkeypatch.setattr(AtomicFile, "stage", stage_then_signal)
+    out_file, json_file = tmp_path / "out.txt", tmp_path / "out.json"
+    code, _, err = run_cli(capsys, "generate", "--prompt", "Hi.", "--greedy", "--max-new-tokens", "4", "--no-progress",
+                           "--output", str(out_file), "--json", str(json_file))
+    assert code == 130, err
+    assert "SIGINT received: the run is complete and writing its outputs, which a second signal waits for\n" in err
+    assert err.rstrip().endswith("longswift: interrupted after the finished run's outputs were written in full"), err
+    done = json.loads(json_file.read_text())
+    assert done["stats"]["finish_reason"] == "length" and out_file.read_text() == done["text"]
+
+
 def test_ctrl_c_while_the_command_line_imports_is_one_line_not_a_traceback(monkeypatch, capsys):
     """The entry point imports torch and transformers (2-3 s) inside its Ctrl-C handler: an interrupt
     there ends as one during a run does."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import LongswiftError
 from .display import summary_line
-from .stop import READING, SAVING, StopRequest, say
+from .stop import READING, SAVING, WRITING, StopRequest, say
 
 
 @dataclass
@@ -132,23 +132,28 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                 display.text("\n")
         interrupted = stop.signum is not None and stream.result is None
         result = stream.result_so_far(finish_reason="interrupted") if interrupted else stream.result
-        # All that can fail on a full disk comes before the first rename: the outputs appear together or not at all.
-        if text_file:
-            text_file.stage()
-        if out.json:
-            json_file = AtomicFile(out.json)
-            json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
-            json_file.stage()
-        if interrupted:
-            try:
-                path = out.save_interrupted(stream.checkpoint(saved))
-                last_saved = (path, len(stream.token_ids))
-            except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands
-                path, unsaved = None, exc
-        elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
-            stream.checkpoint(saved).save(out.checkpoint)
-            last_saved = (out.checkpoint, len(stream.token_ids))
-        with stop.held():  # a second Ctrl-C here would leave one output renamed and not the other
+        # Bounded work that a second signal waits for: it discarded a finished run's staged outputs (or left one
+        # output renamed and not the other), so that a run without a periodic checkpoint kept nothing.
+        with stop.held():
+            if not interrupted:
+                stop.doing = WRITING
+            # All that can fail on a full disk comes before the first rename: the outputs appear together or not
+            # at all.
+            if text_file:
+                text_file.stage()
+            if out.json:
+                json_file = AtomicFile(out.json)
+                json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+                json_file.stage()
+            if interrupted:
+                try:
+                    path = out.save_interrupted(stream.checkpoint(saved))
+                    last_saved = (path, len(stream.token_ids))
+                except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands
+                    path, unsaved = None, exc
+            elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
+                stream.checkpoint(saved).save(out.checkpoint)
+                last_saved = (out.checkpoint, len(stream.token_ids))
             for f in (text_file, json_file):
                 if f:
                     f.commit()
@@ -187,6 +192,9 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
         where = shown(path)
         say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{where}'. "
             f"Continue with: longswift generate --resume {shlex.quote(where)}")
+        return stop.exit_code
+    if stop.deferred:  # a second signal while the finished run wrote its outputs, which it waited for
+        say("longswift: interrupted after the finished run's outputs were written in full")
         return stop.exit_code
     return 0
 

@@ -25,6 +25,7 @@ def _signals() -> list[int]:
 
 SAVING = "finishing the current step and saving"
 READING = "stopping the reading of the context (nothing generated yet, nothing to save)"
+WRITING = "the run is complete and writing its outputs, which a second signal waits for"
 
 
 # Under torchrun, a second signal this soon after the first is the same request relayed: torchrun passes a signal
@@ -71,15 +72,15 @@ class StopRequest:
             if _several_processes() and time.monotonic() - self._first_at < RELAYED_SECONDS:
                 return  # (torchrun's relay of the first, RELAYED_SECONDS)
             if self._held:
-                self._pending = True
-                StopRequest.stopped_by = signum  # (held() raises it at its end)
+                self._pending = True  # (the section's end comes soon: its caller stops there, `deferred`)
                 return
             StopRequest.stopped_by = signum
             raise KeyboardInterrupt
         self.signum = signum
         self._first_at = time.monotonic()
         if _main_process():  # under torchrun every rank gets it: rank 0 says so
-            say(f"\nlongswift: {signal.Signals(signum).name} received: {self.doing} (send it again to stop at once)")
+            again = "" if self._held else " (send it again to stop at once)"
+            say(f"\nlongswift: {signal.Signals(signum).name} received: {self.doing}{again}")
 
     def __enter__(self) -> StopRequest:
         self._depth += 1
@@ -106,15 +107,19 @@ class StopRequest:
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """A section that a second signal must not cut in two (the renames that put a run's outputs in
-        place together): the interruption comes right after it instead."""
+        """A section of bounded work that a second signal must not cut short (a finished or stopped run
+        writing its outputs and state, and renaming them into place together): the signal waits for its
+        end, and `deferred` then says it came, for the caller to stop there."""
         self._held, self._pending = True, False
         try:
             yield
         finally:
             self._held = False
-        if self._pending:
-            raise KeyboardInterrupt
+
+    @property
+    def deferred(self) -> bool:
+        """Whether a second signal came inside the last held() section."""
+        return self._pending
 
     @property
     def exit_code(self) -> int:
