@@ -347,10 +347,14 @@ def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
     cases = {
         "truncated.json": (data[: len(data) // 2], "truncated or corrupt"),
         "empty.json": (b"", "truncated or corrupt"),
-        "binary.json": (b"\xff\xfe\x00garbage", "truncated or corrupt"),
+        "binary.json": (b"{\xff\xfe\x00garbage", "truncated or corrupt"),
+        "text.txt": (b"Once upon a time", "'.*text.txt' is not a longswift generation checkpoint \\(a checkpoint is a "
+                     "JSON object\\): pass the file written by --checkpoint"),  # (an output named by mistake)
+        "list.json": (b"  [1, 2]", "not a longswift generation checkpoint"),
         "flipped.json": (data.replace(b'"token_ids":[', b'"token_ids":[1,', 1), "checksum mismatch"),
         "foreign.json": (b'{"hello": 1}', "not a longswift generation checkpoint"),
-        "deep.json": (b"[" * 100_000 + b"]" * 100_000, "truncated or corrupt"),  # past the parser's recursion
+        # past the parser's recursion
+        "deep.json": (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "truncated or corrupt"),
         "huge-int.json": (b'{"format": ' + b"7" * 5000 + b"}", "truncated or corrupt"),  # past int's digit limit
     }
     for name, (content, message) in cases.items():
@@ -370,6 +374,8 @@ def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
             raise AssertionError(f"a flipped bit at byte {offset} went unnoticed")
     with pytest.raises(LongswiftError, match="does not exist"):
         read_checkpoint(tmp_path / "missing.json")
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + data)  # a byte order mark an editor added: no damage
+    assert read_checkpoint(tmp_path / "bom.json") == read_checkpoint(good)
     old = tmp_path / "old.json"
     old.write_bytes(data)
     rewrite(old, lambda c: c.update(version="0.0.1"))

@@ -118,8 +118,11 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     except OSError as exc:
         raise LongswiftError(f"cannot read checkpoint '{p}': {exc.strerror}") from None
     damaged = f"checkpoint '{p}' is truncated or corrupt"
+    if raw.strip() and not raw.removeprefix(_BOM).lstrip().startswith(b"{"):  # (a text output named by mistake)
+        raise LongswiftError(f"'{p}' is not a longswift generation checkpoint (a checkpoint is a JSON object): pass "
+                             "the file written by --checkpoint")
     try:
-        outer = json.loads(raw.decode("utf-8"))
+        outer = json.loads(raw.removeprefix(_BOM).decode("utf-8"))  # (a byte order mark an editor added is no damage)
     except (ValueError, RecursionError):  # (not UTF-8, not JSON, nested past the parser's depth, a huge integer)
         raise LongswiftError(f"{damaged} (not valid JSON): resume from an earlier copy or start again") from None
     if not isinstance(outer, dict) or outer.get("format") != FORMAT:
@@ -144,6 +147,28 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if wrong:  # an edit whose checksum was recomputed: the JSON is valid but its values are not
         raise LongswiftError(f"checkpoint '{p}' is not valid: {wrong}; resume from an unedited copy")
     return ckpt
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def unfinished_run(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(tokens held, tokens asked for) of the run in an intact longswift checkpoint (its checksum holds) that
+    has not ended, whichever version of longswift wrote it: a file that this one may refuse to resume, but that
+    a new run must not replace (its own version resumes it). None for anything else."""
+    try:
+        outer = json.loads(Path(path).read_bytes().removeprefix(_BOM).decode("utf-8"))
+        body = outer["checkpoint"]
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        if outer["format"] != FORMAT or hashlib.sha256(canonical.encode()).hexdigest() != outer["sha256"]:
+            return None
+        held, total = len(body["token_ids"]), body["generation"]["max_new_tokens"]
+        reason = body["stats"].get("finish_reason")
+    except (OSError, ValueError, RecursionError, LookupError, TypeError, AttributeError):
+        return None
+    if reason in ("eos", "stop") or not isinstance(total, int) or isinstance(total, bool) or held >= total:
+        return None
+    return held, total
 
 
 def _is_id(v: Any) -> bool:

@@ -354,7 +354,7 @@ def _keep_unfinished(out: Outputs, resuming: Path | None = None) -> None:
     command after it was stopped (a batch script after preemption), or an output named by mistake (--json on
     a checkpoint, --checkpoint on another job's), would replace hours of saved state. `resuming`: the
     checkpoint this run continues, which it updates."""
-    from ..checkpoint import read_checkpoint
+    from ..checkpoint import read_checkpoint, unfinished_run
 
     fallback = out.fallback_checkpoint() if out.checkpoint is None and (out.output or out.json) else None
     for flag, path in (("--checkpoint", out.checkpoint), ("the checkpoint next to --output/--json", fallback),
@@ -363,11 +363,18 @@ def _keep_unfinished(out: Outputs, resuming: Path | None = None) -> None:
             continue
         try:
             with open(path, "rb") as f:
-                if f.read(1) != b"{":  # (a text output, read no further)
+                if not f.read(64).removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"{"):  # (text: read no further)
                     continue
             c = read_checkpoint(path)
-        except (OSError, LongswiftError):  # not a checkpoint we can resume (damaged, another version): nothing to keep
+        except OSError:
             continue
+        except LongswiftError as exc:  # damaged: nothing to keep; another version's run: its version resumes it
+            if (run := unfinished_run(path)) is None:
+                continue
+            raise LongswiftError(f"'{shown(path)}' ({flag}) holds an unfinished run ({run[0]} of {run[1]} tokens) that "
+                                 f"this run would replace: {exc}; or "
+                                 + ("delete the file to start over" if "checkpoint" in flag else
+                                    f"give {flag} another file")) from None
         total = c.generation.get("max_new_tokens")
         if c.stats.get("finish_reason") in ("eos", "stop") or not isinstance(total, int) or len(c.token_ids) >= total:
             continue
