@@ -883,6 +883,83 @@ def test_a_resume_does_not_replace_an_output_another_run_wrote_after_its_checkpo
     assert (tmp_path / "o.txt").read_text() == mine
 
 
+def test_a_copied_or_moved_job_directory_resumes_into_its_own_outputs(tmp_path, capsys, monkeypatch):
+    """`cp -r job job2` and a resume of job2/c.json wrote the text and JSON into job/ (the checkpoint's absolute
+    paths), left job2's as they were, and made job's own resume refuse its newer output. Outputs that lay beside
+    the checkpoint now follow it; one elsewhere stays where it was; the copy's file times are not checked."""
+    import shutil
+
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job").mkdir()
+    run = ["generate", "--model", "m", "--heads", "none", "--greedy", "--ignore-eos", "--no-progress",
+           "--prompt-ids", "3,4,5"]
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "12", "--json", "whole.json")
+    assert code == 0, err
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "6", "--output", "job/o.txt", "--json", "job/o.json",
+                           "--checkpoint", "job/c.json")
+    assert code == 0, err
+    original = {p.name: p.read_bytes() for p in (tmp_path / "job").iterdir()}
+    shutil.copytree(tmp_path / "job", tmp_path / "job2")
+    (tmp_path / "job2" / "o.txt").touch()  # (a copy's times are the copy's: here the text is newer than its checkpoint)
+    code, _, err = run_cli(capsys, "generate", "--resume", "job2/c.json", "--max-new-tokens", "12", "--no-progress")
+    assert code == 0, err
+    assert f"the checkpoint was saved as '{tmp_path / 'job' / 'c.json'}' (copied or moved since): --json follows " \
+           "it to 'job2/o.json', --output follows it to 'job2/o.txt'" in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "job").iterdir()} == original
+    done = json.loads((tmp_path / "job2" / "o.json").read_text())
+    assert done["token_ids"] == whole["token_ids"]
+    assert (tmp_path / "job2" / "o.txt").read_text() == " ".join(map(str, whole["token_ids"]))
+    (tmp_path / "job2").rename(tmp_path / "job3")  # moved: the resume goes on in the new place
+    code, _, err = run_cli(capsys, "generate", "--resume", "job3/c.json", "--no-progress")
+    assert code == 0 and "follows it to 'job3/o.json'" in err, err
+    assert json.loads((tmp_path / "job3" / "o.json").read_text())["token_ids"] == whole["token_ids"]
+    code, _, err = run_cli(capsys, "generate", "--resume", "job/c.json", "--no-progress")  # the original: in place
+    assert code == 0 and "follows" not in err, err
+    assert (tmp_path / "job" / "o.txt").read_bytes() == original["o.txt"]
+    # An output outside the checkpoint's directory stays where it was recorded
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "6", "--json", "away.json", "--checkpoint", "job/d.json")
+    assert code == 0, err
+    shutil.copy(tmp_path / "job" / "d.json", tmp_path / "d.json")
+    code, _, err = run_cli(capsys, "generate", "--resume", "d.json", "--max-new-tokens", "12", "--no-progress")
+    assert code == 0 and "follows" not in err, err
+    assert json.loads((tmp_path / "away.json").read_text())["token_ids"] == whole["token_ids"]
+
+
+def test_a_new_run_does_not_replace_an_unfinished_checkpoint_of_another_version(tmp_path, capsys, monkeypatch):
+    """A checkpoint of a run not yet finished, written by another longswift (a batch script re-run after an
+    upgrade), was replaced by a new run's, with exit 0: this longswift cannot resume it, but its own version can."""
+    import hashlib
+
+    from longswift.checkpoint import read_checkpoint
+    from longswift.errors import LongswiftError
+
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    run = ["generate", "--model", "m", "--heads", "none", "--greedy", "--ignore-eos", "--no-progress",
+           "--prompt-ids", "3,4,5"]
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "6", "--checkpoint", "c.json")
+    assert code == 0, err
+    outer = json.loads((tmp_path / "c.json").read_text())
+    body = outer["checkpoint"]
+    body["version"], body["generation"]["max_new_tokens"], body["stats"]["finish_reason"] = "0.0.1", 500, None
+    outer["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    (tmp_path / "c.json").write_text(json.dumps(outer))
+    before = (tmp_path / "c.json").read_bytes()
+    with pytest.raises(LongswiftError, match="written by longswift 0.0.1"):
+        read_checkpoint(tmp_path / "c.json")
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "4", "--checkpoint", "c.json")
+    assert_one_line_error(code, err, "'c.json' (--checkpoint) holds an unfinished run (6 of 500 tokens) that this run "
+                          "would replace: checkpoint ")
+    assert "resume it with longswift 0.0.1" in err and err.rstrip().endswith("or delete the file to start over")
+    assert (tmp_path / "c.json").read_bytes() == before
+    outer["sha256"] = "0" * 64  # damaged: nothing to keep, as before
+    (tmp_path / "c.json").write_text(json.dumps(outer))
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "4", "--checkpoint", "c.json")
+    assert code == 0, err
+
+
 def test_a_model_without_a_tokenizer_writes_its_ids_and_is_told_of_prompt_ids(tmp_path, capsys, monkeypatch):
     """Its text (the ids) began with a space; a text prompt was told to pass "a list of token ids" (the API's
     words); --heads given to the resume of an AR run was taken without a word, and the run went on as AR."""

@@ -257,6 +257,7 @@ class Ranks:
 
 def _resume(args: argparse.Namespace) -> int:
     from ..checkpoint import read_checkpoint
+    from ..runtime.torchrun_env import env_rank
     from ..stats import ended
 
     given = _given(args)
@@ -275,6 +276,17 @@ def _resume(args: argparse.Namespace) -> int:
     resumed = args.resume.expanduser().absolute()
     here = resumed.parent
     saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items() if k in ("output", "json")}
+    # A checkpoint resumed from elsewhere than it was saved (its job's directory copied or moved): the outputs that
+    # lay in its old directory follow it there (the copy's resume wrote into the original job's files).
+    followed = set()
+    if (was := _moved_from(ckpt.outputs.get("checkpoint"), resumed)) is not None:
+        for k, p in saved.items():
+            if p is not None and ("--" + k) not in given and p.is_relative_to(was.parent):
+                saved[k], followed = here / p.relative_to(was.parent), followed | {"--" + k}
+        if followed and env_rank() == 0:
+            print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
+                  + ", ".join(f"{flag} follows it to '{shown(saved[flag[2:]])}'" for flag in sorted(followed)),
+                  file=sys.stderr)
     args.output = saved.get("output") if args.output is None else args.output
     args.json = saved.get("json") if args.json is None else args.json
     if "--checkpoint-every" not in given and ckpt.outputs.get("checkpoint_every"):  # saves as often as the first run
@@ -285,7 +297,8 @@ def _resume(args: argparse.Namespace) -> int:
                                  f"give {flag} FILE with --resume to write it elsewhere")
         # A run writes its outputs before it saves its state, so one written after the checkpoint is another
         # run's (given the same --output, it finished meanwhile) or an edit: the resume would replace it unasked.
-        if path is not None and flag not in given and path.is_file() and \
+        # (A copied directory's files carry the times of the copy: not checked there.)
+        if path is not None and flag not in given and flag not in followed and path.is_file() and \
                 path.stat().st_mtime_ns > resumed.stat().st_mtime_ns:
             raise LongswiftError(f"'{path}' (the checkpoint's {flag}) was written after the checkpoint was saved, by "
                                  f"another run or by hand, and resuming would replace it: move it away, or give "
@@ -347,6 +360,20 @@ def _resume(args: argparse.Namespace) -> int:
                      if (dtype := dtype_name(engine.model.dtype)) in ("bfloat16", "float16") else ""), file=sys.stderr)
         return write_run(engine, stream, outputs, stop, args.no_progress,
                          last_saved=(resumed, len(ckpt.token_ids)))
+
+
+def _moved_from(was: Any, resumed: Path) -> Path | None:
+    """Where the checkpoint now read from `resumed` was saved (`was`, its outputs' record), if that is another
+    file: a copy or a move of it since; None where it is the same file, or an older checkpoint records none."""
+    if not isinstance(was, str) or not was:
+        return None
+    old = Path(was)
+    try:
+        if old == resumed or (old.exists() and os.path.samefile(old, resumed)):
+            return None
+    except OSError:  # (unreadable where it was: it is not this file)
+        pass
+    return old
 
 
 def _keep_unfinished(out: Outputs, resuming: Path | None = None) -> None:

@@ -62,9 +62,11 @@ class Outputs:
 
     def saved(self) -> dict[str, str | int | None]:
         """What a checkpoint records, so that --resume writes the same files from any directory, and saves
-        as often."""
+        as often; and where the checkpoint itself goes, so that a resume of a copy of the job's directory
+        writes the copy's outputs, not the original's (a run on stdout alone has none to follow it)."""
+        at = self.checkpoint or (self.fallback_checkpoint() if self.output or self.json else None)
         return {"output": str(self.output) if self.output else None, "json": str(self.json) if self.json else None,
-                "checkpoint_every": self.every}
+                "checkpoint_every": self.every, "checkpoint": str(at) if at else None}
 
     def locked(self) -> Any:
         from ..atomic import OutputLock
