@@ -223,6 +223,7 @@ def test_gpu_session_first_runs_its_parts_within_the_budget(tmp_path):
     import subprocess
     import sys
     import tarfile
+    import time
 
     stub = tmp_path / "python"
     stub.write_text(f"""#!/usr/bin/env bash
@@ -232,23 +233,26 @@ case "$1" in
         pytest) sleep "${{STUB_SLEEP:-0}}"; echo "151 passed in 1.0s" ;;
         longswift) while [ $# -gt 0 ]; do [ "$1" = --json ] && cp {S28}/steps-length.json "$2"; shift; done ;;
       esac ;;
-  docs/scripts/gpu_ar_throughput.py) cat {S28}/ar-smollm2-135m.txt ;;
+  docs/scripts/gpu_ar_throughput.py) sleep "${{STUB_AR_SLEEP:-0}}"; cat {S28}/ar-smollm2-135m.txt ;;
   *) exec {sys.executable} "$@" ;;
 esac
 """)
     stub.chmod(0o755)
 
+    def env(out, budget, sleep=0, ar_sleep=0):
+        return {**os.environ, "PYTHON": str(stub), "OUT": str(out), "BUDGET": str(budget), "STUB_SLEEP": str(sleep),
+                "STUB_AR_SLEEP": str(ar_sleep), "PYTHONPATH": str(ROOT / "src"),
+                "PARTS_DIR": str(tmp_path / f"{out.name}-work" / "parts")}
+
     def first(out, budget, sleep=0):
-        env = {**os.environ, "PYTHON": str(stub), "OUT": str(out), "BUDGET": str(budget),
-               "STUB_SLEEP": str(sleep), "PYTHONPATH": str(ROOT / "src")}
-        done = subprocess.run(["bash", "docs/scripts/gpu_session.sh", "first"], cwd=ROOT, env=env,
+        done = subprocess.run(["bash", "docs/scripts/gpu_session.sh", "first"], cwd=ROOT, env=env(out, budget, sleep),
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return (out / "first.log").read_text(), target_rows((out / "targets.md").read_text())
 
     log, rows = first(tmp_path / "all", 420)
-    assert [line.split("'")[1] for line in log.splitlines()] == ["tests", "ar", "steps length", "steps triton",
-                                                                 "attention", "sampling", "steps fused"]
+    assert [line.split("'")[1] for line in log.splitlines()] == ["tests", "ar smollm2 targets", "steps length",
+                                                                 "steps triton", "attention", "sampling", "steps fused"]
     assert "exited 0" in log and "skipped" not in log and "cut off" not in log
     assert rows[TESTS][1] == rows[FLOOR_100K][1] == rows[EMBEDDED_AR][1] == "**met**"
     assert sorted(p.name for p in (tmp_path / "all").iterdir()) == ["first.log", "parts.tar.gz", "targets.md",
@@ -259,8 +263,21 @@ esac
                 "parts/triton-sampling-ab.md"} <= set(tar.getnames())
     assert rows[FLOOR_4K + " (--triton-kernels)"] == rows[FLOOR_4K]  # (the stand-in's same file for both)
     log, rows = first(tmp_path / "short", 46, sleep=3)  # 31 s left before the tests, under 30 after them
-    assert "first: 'tests' exited 0" in log and "first: skipped 'ar'" in log and "skipped 'steps fused'" in log
+    assert "first: 'tests' exited 0" in log and "first: skipped 'ar" in log and "skipped 'steps fused'" in log
     assert rows[TESTS][1] == "**met**" and rows[FLOOR_4K][1] == "not measured"
+    # A call cut off mid-way (the device tool's timeout) keeps the parts done so far in the one file it returns
+    cut = tmp_path / "cut"
+    run = subprocess.Popen(["bash", "docs/scripts/gpu_session.sh", "first"], cwd=ROOT, env=env(cut, 420, ar_sleep=60),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 60
+    while "'tests' exited" not in ((cut / "first.log").read_text() if (cut / "first.log").exists() else "") \
+            and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # (in the ar part's sleep)
+    run.terminate()
+    assert run.wait(timeout=60) == 143
+    with tarfile.open(cut / "parts.tar.gz") as tar:
+        assert "parts/tests.txt" in tar.getnames()
 
 
 def test_gpu_session_script_parses_and_knows_its_first_parts():

@@ -8,7 +8,9 @@ fused_norm, fused_residual and fused_rope off), in blocks with --graph-attention
 (where this torch's flash kernel takes seqused_k), and that with --triton-kernels (where triton is
 installed: rope with the cache writes and SwiGLU as one Triton kernel each), through the public Engine:
 `python docs/scripts/gpu_ar_throughput.py SHAPE PROMPT NEW [LAYERS [DTYPE]]` (e.g. smollm2-135m 2048
-1024). Random weights make the text meaningless but not the speed of AR: every step does the same
+1024); with AR_MODES=targets, only the colocated, fused, token-block runs that issue16_targets.py reads
+(bucketed, length and Triton: `gpu_session.sh first`, whose budget the full sweep's 16 runs strained).
+Random weights make the text meaningless but not the speed of AR: every step does the same
 work. Prints one line per run (each setting twice, interleaved) and where each run's tokens first differ
 from the first run's (bucketed runs with separate weights should never; length sums attention in
 another order, a colocated product may split its sums otherwise, and the fused kernels round once
@@ -16,6 +18,7 @@ where the separate ops round twice, so in bf16 they may, which is rounding, not 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -51,6 +54,8 @@ def main() -> None:
         modes.append(("on", 0, default, True, True, True))
     else:
         print(triton_unavailable(cuda), flush=True)
+    if os.environ.get("AR_MODES") == "targets":
+        modes = [m for m in modes if m[1] == 0 and m[3] and m[4]]
     settings = modes * 2
     for graphs, every, attention, colocated, fused, triton in settings:
         runtime = RuntimeConfig(device="cuda", dtype=str(dtype).removeprefix("torch."), cuda_graphs=graphs,

@@ -13,8 +13,9 @@
 #                                            # #16's targets against the figures (issue16_targets.py), all but
 #                                            # the bench cell's, which `cell` measures with the GGUF carried.
 #                                            # The device tool brings back at most 8 files from $OUT: the parts
-#                                            # write under $OUT/parts, which ends up as $OUT/parts.tar.gz beside
-#                                            # targets.md, first.log and versions.txt
+#                                            # write under $PARTS_DIR (default /tmp/gpu-session/parts), packed
+#                                            # into $OUT/parts.tar.gz after each part (so a call cut off keeps the
+#                                            # parts done), beside targets.md, first.log and versions.txt
 #
 # or in parts, each fitting one call of the device tool (10 minutes):
 #
@@ -94,7 +95,7 @@ run_part() {
     echo "first: skipped '$*': ${left}s of the ${budget}s budget left" | tee -a "$out/first.log"
     return
   fi
-  GPU_SESSION_PART=1 OUT=$out/parts timeout -k 10 $((cap < left ? cap : left)) bash "$0" "$@" &
+  GPU_SESSION_PART=1 OUT=$parts timeout -k 10 $((cap < left ? cap : left)) bash "$0" "$@" &
   pid=$!
   trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 143' INT TERM
   wait $pid
@@ -104,22 +105,25 @@ run_part() {
     124|137) echo "first: '$*' cut off after $((SECONDS - start))s (the budget)" | tee -a "$out/first.log" ;;
     *) echo "first: '$*' exited $status after $((SECONDS - start))s" | tee -a "$out/first.log" ;;
   esac
+  # the parts so far, as one file in $OUT (which brings back at most 8): kept even if this call is cut off
+  tar czf "$out/parts.tar.gz" -C "$(dirname "$parts")" "$(basename "$parts")"
 }
 
 case $part in
   first)
     budget=${BUDGET:-420}
+    parts=${PARTS_DIR:-/tmp/gpu-session/parts}  # outside $OUT: only parts.tar.gz goes there
     : > "$out/first.log"
-    rm -rf "$out/parts" && mkdir -p "$out/parts" && cp "$out/versions.txt" "$out/parts/"
+    rm -rf "$parts" && mkdir -p "$parts" && cp "$out/versions.txt" "$parts/"
     run_part 150 tests
-    run_part 150 ar  # the embedded shape's AR: cheap, and the only source of its target's row here
+    run_part 150 ar smollm2 targets  # the embedded shape's AR (the runs its target reads): its row's only source
     run_part 240 steps length
     run_part 120 steps triton
     run_part 90 attention
     run_part 60 sampling
     run_part 150 steps fused
-    $py docs/scripts/issue16_targets.py "$out/parts" > "$out/targets.md"
-    tar czf "$out/parts.tar.gz" -C "$out" parts && rm -rf "$out/parts"
+    $py docs/scripts/issue16_targets.py "$parts" > "$out/targets.md"
+    cp "$out/targets.md" "$parts/" && tar czf "$out/parts.tar.gz" -C "$(dirname "$parts")" "$(basename "$parts")"
     cat "$out/targets.md" ;;
   tests)
     $py -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_attention.py tests/test_cuda_graphs.py \
@@ -139,6 +143,7 @@ case $part in
       tail -25 "$out/steps-$variant.log"
     done ;;
   ar)
+    [[ ${3:-} == targets ]] && export AR_MODES=targets  # (gpu_ar_throughput.py: the runs issue16_targets reads)
     case ${2:-smollm2} in
       8b) args=(llama-3.1-8b 4096 256) ;;
       *) args=(smollm2-135m 2048 1024) ;;

@@ -69,7 +69,7 @@ def steps_rows(path: Path, how: str = "") -> list[Row]:
         return [Row(t, "-", None, f"{path.name} missing") for t in targets]
     data = json.loads(path.read_text())
     contexts, nodes = data["contexts"], data["projection"]["tree_nodes"]
-    source = f"{path.name} ({data['identity'].get('device_name', data['identity'].get('device'))})"
+    source = f"{path.name} ({data['identity'].get('device_name') or data['identity'].get('device')})"  # (None on a CPU)
     measured = ", ".join(f"{c['context']:,}" for c in contexts)
     rows = []
     for target, context in zip(targets, (PREFIX, NEW_TOKENS)):

@@ -120,7 +120,8 @@ def main() -> None:
         tune([(int(c), int(n)) for c, n in (case.split(":") for case in cases.split(","))])
         return
     nodes = [int(n) for n in (sys.argv[1] if len(sys.argv) > 1 else "1,8,16,32,41,64,121").split(",")]
-    contexts = [int(c) for c in (sys.argv[2] if len(sys.argv) > 2 else "4096,32768,100000").split(",")]
+    # 100K first: the verify target's context, kept if `gpu_session.sh first` cuts the part off at its budget
+    contexts = [int(c) for c in (sys.argv[2] if len(sys.argv) > 2 else "100000,4096,32768").split(",")]
     cuda, dtype, scale = torch.device("cuda"), torch.bfloat16, D**-0.5
     gen = torch.Generator().manual_seed(0)
     print(f"{torch.cuda.get_device_name(cuda)}, torch {torch.__version__}; {HKV} KV heads x {GRP} query heads of "
