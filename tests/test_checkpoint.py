@@ -351,6 +351,8 @@ def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
         "text.txt": (b"Once upon a time", "'.*text.txt' is not a longswift generation checkpoint \\(a checkpoint is a "
                      "JSON object\\): pass the file written by --checkpoint"),  # (an output named by mistake)
         "list.json": (b"  [1, 2]", "not a longswift generation checkpoint"),
+        "zeros.json": (b"\0" * 3000, "truncated or corrupt"),  # (damage, not another file)
+        "latin1.json": (b"caf\xe9", "truncated or corrupt"),
         "flipped.json": (data.replace(b'"token_ids":[', b'"token_ids":[1,', 1), "checksum mismatch"),
         "foreign.json": (b'{"hello": 1}', "not a longswift generation checkpoint"),
         # past the parser's recursion

@@ -54,32 +54,36 @@ def test_a_second_signal_during_the_renames_leaves_both_outputs_or_neither(tmp_p
     assert calls == [out_file, json_file] and out_file.read_text() == json.loads(json_file.read_text())["text"]
 
 
-def test_two_signals_while_a_finished_run_writes_its_outputs_lose_nothing(tmp_path, capsys, monkeypatch):
-    """Ctrl-C twice while a finished run staged its text (before any rename): the second discarded the staged
-    text and JSON, so that a run without a periodic checkpoint kept nothing of its work. The writing is bounded:
-    both signals now wait for it, and the run says what it wrote."""
+@pytest.mark.parametrize("during", ["stage", "save"])
+def test_two_signals_while_a_finished_run_writes_its_outputs_lose_nothing(tmp_path, capsys, monkeypatch, during):
+    """Ctrl-C twice while a finished run staged its text or saved its final checkpoint (before any rename): the
+    second discarded the staged text and JSON, so that a run without a periodic checkpoint kept nothing of its
+    work. The writing is bounded: both signals now wait for it, and the run says what it wrote."""
     import signal
 
     from longswift.atomic import AtomicFile
+    from longswift.checkpoint import Checkpoint, read_checkpoint
 
-    stage, calls = AtomicFile.stage, []
+    owner = {"stage": AtomicFile, "save": Checkpoint}[during]
+    real, calls = getattr(owner, during), []
 
-    def stage_then_signal(self):
-        calls.append(self.path)
+    def signal_then(self, *args):
+        calls.append(self)
         if len(calls) == 1:
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)
-        stage(self)
+        return real(self, *args)
 
-    monkeypatch.setattr(AtomicFile, "stage", stage_then_signal)
-    out_file, json_file = tmp_path / "out.txt", tmp_path / "out.json"
+    monkeypatch.setattr(owner, during, signal_then)
+    out_file, json_file, ckpt = tmp_path / "out.txt", tmp_path / "out.json", tmp_path / "c.json"
     code, _, err = run_cli(capsys, "generate", "--prompt", "Hi.", "--greedy", "--max-new-tokens", "4", "--no-progress",
-                           "--output", str(out_file), "--json", str(json_file))
+                           "--output", str(out_file), "--json", str(json_file), "--checkpoint", str(ckpt))
     assert code == 130, err
     assert "SIGINT received: the run is complete and writing its outputs, which a second signal waits for\n" in err
     assert err.rstrip().endswith("longswift: interrupted after the finished run's outputs were written in full"), err
     done = json.loads(json_file.read_text())
     assert done["stats"]["finish_reason"] == "length" and out_file.read_text() == done["text"]
+    assert read_checkpoint(ckpt).token_ids == done["token_ids"]
 
 
 def test_ctrl_c_while_the_command_line_imports_is_one_line_not_a_traceback(monkeypatch, capsys):
@@ -925,6 +929,26 @@ def test_a_copied_or_moved_job_directory_resumes_into_its_own_outputs(tmp_path, 
     code, _, err = run_cli(capsys, "generate", "--resume", "d.json", "--max-new-tokens", "12", "--no-progress")
     assert code == 0 and "follows" not in err, err
     assert json.loads((tmp_path / "away.json").read_text())["token_ids"] == whole["token_ids"]
+    # The job's checkpoint in a folder of its own: the job's place is the folders the two paths do not share
+    (tmp_path / "jobs" / "a" / "ckpt").mkdir(parents=True)
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "6", "--output", "jobs/a/o.txt", "--json",
+                           "jobs/a/../a/o.json", "--checkpoint", "jobs/a/ckpt/c.json")  # (a `..` in one path)
+    assert code == 0, err
+    shutil.copytree(tmp_path / "jobs" / "a", tmp_path / "jobs" / "b")
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "latest.json").symlink_to(tmp_path / "jobs" / "b" / "ckpt" / "c.json")  # (read through it)
+    code, _, err = run_cli(capsys, "generate", "--resume", "links/latest.json", "--max-new-tokens", "12",
+                           "--no-progress")
+    assert code == 0 and "--json follows it to 'jobs/b/o.json', --output follows it to 'jobs/b/o.txt'" in err, err
+    assert json.loads((tmp_path / "jobs" / "b" / "o.json").read_text())["token_ids"] == whole["token_ids"]
+    assert len(json.loads((tmp_path / "jobs" / "a" / "o.json").read_text())["token_ids"]) == 6
+    assert not (tmp_path / "links" / "o.txt").exists()
+    # A copy beside the original (a backup) is no move: an output edited since is not replaced unasked
+    shutil.copy2(tmp_path / "jobs" / "a" / "ckpt" / "c.json", tmp_path / "jobs" / "a" / "ckpt" / "backup.json")
+    saved = (tmp_path / "jobs" / "a" / "ckpt" / "c.json").stat().st_mtime_ns
+    os.utime(tmp_path / "jobs" / "a" / "o.txt", ns=(saved + 10**9, saved + 10**9))
+    code, _, err = run_cli(capsys, "generate", "--resume", "jobs/a/ckpt/backup.json", "--no-progress")
+    assert_one_line_error(code, err, "(the checkpoint's --output) was written after the checkpoint was saved")
 
 
 def test_a_new_run_does_not_replace_an_unfinished_checkpoint_of_another_version(tmp_path, capsys, monkeypatch):

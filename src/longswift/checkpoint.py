@@ -118,7 +118,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
     except OSError as exc:
         raise LongswiftError(f"cannot read checkpoint '{p}': {exc.strerror}") from None
     damaged = f"checkpoint '{p}' is truncated or corrupt"
-    if raw.strip() and not raw.removeprefix(_BOM).lstrip().startswith(b"{"):  # (a text output named by mistake)
+    if _text_not_json_object(raw.removeprefix(_BOM).strip()):  # (a text output named by mistake, not damage)
         raise LongswiftError(f"'{p}' is not a longswift generation checkpoint (a checkpoint is a JSON object): pass "
                              "the file written by --checkpoint")
     try:
@@ -150,6 +150,18 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
 
 
 _BOM = b"\xef\xbb\xbf"
+
+
+def _text_not_json_object(raw: bytes) -> bool:
+    """Whether a file's bytes are text that is no JSON object (no NUL bytes, UTF-8, not starting with '{'):
+    another file named for a checkpoint; zeros or binary bytes are damage."""
+    if not raw or raw.startswith(b"{") or b"\0" in raw:
+        return False
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def unfinished_run(path: str | os.PathLike) -> tuple[int, int] | None:

@@ -277,12 +277,12 @@ def _resume(args: argparse.Namespace) -> int:
     here = resumed.parent
     saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items() if k in ("output", "json")}
     # A checkpoint resumed from elsewhere than it was saved (its job's directory copied or moved): the outputs that
-    # lay in its old directory follow it there (the copy's resume wrote into the original job's files).
+    # lay in the job's directory follow it (the copy's resume wrote into the original job's files).
     followed = set()
     if (was := _moved_from(ckpt.outputs.get("checkpoint"), resumed)) is not None:
-        for k, p in saved.items():
-            if p is not None and ("--" + k) not in given and p.is_relative_to(was.parent):
-                saved[k], followed = here / p.relative_to(was.parent), followed | {"--" + k}
+        moved = _following(was, resumed, {k: p for k, p in saved.items() if ("--" + k) not in given})
+        saved |= moved
+        followed = {"--" + k for k in moved}
         if followed and env_rank() == 0:
             print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
                   + ", ".join(f"{flag} follows it to '{shown(saved[flag[2:]])}'" for flag in sorted(followed)),
@@ -374,6 +374,26 @@ def _moved_from(was: Any, resumed: Path) -> Path | None:
     except OSError:  # (unreadable where it was: it is not this file)
         pass
     return old
+
+
+def _following(was: Path, resumed: Path, outputs: dict[str, Path | None]) -> dict[str, Path]:
+    """The outputs that follow a checkpoint saved at `was` and read now from `resumed` (a job's directory copied
+    or moved), and where to. The checkpoint's old and new folders, less the trailing folders they share (job/ckpt
+    and job2/ckpt give job and job2), are the job's old and new places: an output under the old one goes to the
+    same place under the new one where its folder exists there; one elsewhere, or whose folder the copy left out,
+    stays where it was recorded. Recorded paths are compared as normalised text (`..`); the new place is taken
+    through symlinks, and an output that lands on the file it was (another name for it) does not follow."""
+    old_root, new_root = Path(os.path.normpath(was)).parent, resumed.resolve().parent
+    while old_root.name and old_root.name == new_root.name:
+        old_root, new_root = old_root.parent, new_root.parent
+    moved = {}
+    for k, p in outputs.items():
+        if p is None or not (p := Path(os.path.normpath(p))).is_relative_to(old_root):
+            continue
+        new = new_root / p.relative_to(old_root)
+        if new.parent.is_dir() and new.resolve() != p.resolve():
+            moved[k] = new
+    return moved
 
 
 def _keep_unfinished(out: Outputs, resuming: Path | None = None) -> None:
