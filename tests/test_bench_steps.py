@@ -4,6 +4,7 @@ computations, random tries, a tiny shape end to end (JSON and markdown), and one
 from __future__ import annotations
 
 import json
+import math
 import platform
 
 import pytest
@@ -39,13 +40,24 @@ def test_shapes_have_the_published_sizes():
     llama, qwen, smol = (shape_config(name) for name in ("llama-3.1-8b", "qwen2.5-7b", "smollm2-135m"))
     assert llama.parameter_count() == 8_030_261_248 and llama.rope_type == "llama3" and llama.context_limit == 131072
     assert (llama.num_heads, llama.num_kv_heads, llama.head_dim, llama.num_layers) == (32, 8, 128, 32)
-    # Qwen2.5-7B: 7.62B with the q/k/v biases that parameter_count leaves out
-    assert qwen.parameter_count() == 7_615_487_488 and qwen.qkv_bias and qwen.sliding_window is None
+    # Qwen2.5-7B: 7.62B, its q/k/v biases counted (they were left out: 129,024 values fewer than published)
+    assert qwen.parameter_count() == 7_615_616_512 and qwen.qkv_bias and qwen.sliding_window is None
     assert (qwen.num_heads, qwen.num_kv_heads, qwen.num_layers, qwen.vocab_size) == (28, 4, 28, 152064)
     assert smol.parameter_count() == 134_515_008 and smol.tie_word_embeddings  # the embedded model's count
     assert shape_config("llama-3.1-8b", layers=2).num_layers == 2
     with pytest.raises(LongswiftError, match="unknown shape 'llama-9b'"):
         shape_config("llama-9b")
+
+
+@pytest.mark.parametrize("variant", [{}, {"tie_word_embeddings": True},
+                                     {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
+                                     {"model_type": "qwen3", "head_dim": 32, "attention_bias": True}])
+def test_the_parameter_count_is_every_value_of_the_state_dict(variant):
+    """What the memory plan, info and bench-steps' bytes read count: every tensor's values, biases and q/k norms
+    included (the biases were left out)."""
+    cfg = shape_config(TINY | variant)
+    assert cfg.parameter_count() == sum(math.prod(shape) for shape in expected_shapes(cfg).values())
+    assert cfg.qkv_bias == ("attention_bias" in variant or variant.get("model_type") is None)
 
 
 def test_random_state_has_every_tensor_and_shares_the_untied_head():

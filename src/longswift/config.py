@@ -234,9 +234,13 @@ class ModelConfig:
         return self.max_position_embeddings
 
     def parameter_count(self) -> int:
+        """Every value of the state dict (runtime.model.expected_shapes): the memory plan's weights, info's count
+        and bench-steps' bytes read a step."""
         h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
-        layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0)
+        biases = ((self.num_heads + 2 * self.num_kv_heads) * d if self.qkv_bias else 0) + (h if self.o_bias else 0) \
+            + (2 * i + h if self.mlp_bias else 0)
+        layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0) + biases
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + embed + h
 
