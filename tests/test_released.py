@@ -473,6 +473,19 @@ def test_info_reports_which_heads_and_where(tmp_path, capsys):
     assert code == 0 and "draft heads: heads shipped with longswift for this model" in out
 
 
+def test_info_says_a_model_folder_without_heads_given_as_heads_is_refused(tmp_path, capsys):
+    """`info --heads DIR` with a plain model folder called it "the released checkpoint DIR" and planned a
+    TokenSwift run, where generate refuses it ("has no draft heads")."""
+    tiny_hf_model("llama", "default").save_pretrained(tmp_path / "plain")
+    tiny_hf_model("llama", "default").save_pretrained(tmp_path / "m")
+    code, out, _ = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(tmp_path / "plain"))
+    assert code == 0 and f"draft heads: '{tmp_path / 'plain'}' has no draft heads (no {PREFIX}* tensors and no " \
+        "heads.safetensors): generate refuses it" in out
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--heads", str(tmp_path / "plain"),
+                           "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    assert_one_line_error(code, err, "has no draft heads")
+
+
 def test_info_reads_a_heads_files_metadata(tmp_path, capsys):
     """`info --heads FILE` says how many heads, whether they were made for this model, and how they were
     trained, from the file's header; a file generate would refuse is reported, not loaded."""

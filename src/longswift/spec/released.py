@@ -243,6 +243,9 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
         what = describe_heads_file(choice.path, cfg, model_embed)
         return f"heads shipped with longswift for this model: {choice.path} ({what})", True
     if choice.kind == "released":
+        if not any(name.startswith(HEAD_PREFIX) for name in tensor_shapes(choice.path)):  # (a plain model folder)
+            return (f"'{choice.path}' has no draft heads (no {HEAD_PREFIX}* tensors and no heads.safetensors): "
+                    "generate refuses it"), True
         return (f"from the released checkpoint {choice.path} (TokenSwift layout; checked against the model when "
                 f"loaded){_trained(choice.path)}"), True
     if not choice.path.exists():
