@@ -566,6 +566,8 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--model", "/nonexistent/model.gguf"], "does not exist"),
     (["--prompt", "hi", "--tree", "1,0"], "--tree must be"),
     (["--prompt", "hi", "--draft-mode", "eager"], "--draft-mode must be"),
+    (["--prompt", "hi", "--draft-mode", "fused", "--tree", "4"],
+     "--tree 4 has one depth, and --draft-mode fused skips the first"),
     (["--prompt", "hi", "--heads", "none", "--method", "tokenswift"], "needs draft heads"),
     (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
     (["--max-new-tokens", "5"], "give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS"),
@@ -585,6 +587,33 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
 def test_bad_generate_arguments(capsys, args, match):
     code, out, err = run_cli(capsys, "generate", *args)
     assert_one_line_error(code, err, match)
+
+
+@pytest.mark.parametrize("command", ["info", "bench-steps"])
+def test_info_and_bench_steps_refuse_a_one_depth_fused_tree_before_planning(capsys, monkeypatch, command):
+    """info planned a fused run of --tree 1 (exit 0) that generate refuses; bench-steps refused it only after
+    its bandwidth measurement and, on an 8B shape, tens of GiB of random weights. SpecConfig refuses it now."""
+    import longswift.bench.steps as steps
+    from longswift import SpecConfig
+
+    monkeypatch.setattr(steps, "run_bench_steps", lambda *a, **k: pytest.fail("bench-steps ran"))
+    extra = ["--shape", "smollm2-135m", "--layers", "1"] if command == "bench-steps" else []
+    code, _, err = run_cli(capsys, command, *extra, "--draft-mode", "fused", "--tree", "1")
+    assert_one_line_error(code, err, "--tree 1 has one depth, and --draft-mode fused skips the first")
+    with pytest.raises(ValueError, match="SpecConfig.tree 2 has one depth"):
+        SpecConfig(draft_mode="fused", tree="2")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="--device auto is CUDA there")
+def test_bench_steps_refuses_triton_kernels_off_cuda_before_measuring(capsys, monkeypatch):
+    """--device auto on a machine without CUDA: it measured the bandwidth and drew the random weights (an 8B
+    shape's tens of GiB) first."""
+    import longswift.bench.steps as steps
+
+    monkeypatch.setattr(steps, "measure_bandwidth", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, _, err = run_cli(capsys, "bench-steps", "--shape", "smollm2-135m", "--layers", "1", "--triton-kernels")
+    assert_one_line_error(code, err, "triton_kernels (--triton-kernels): the Triton kernels need a CUDA device")
 
 
 @pytest.mark.parametrize("args", [["--res", "c.json", "--out", "x.txt", "--js", "x.json"],

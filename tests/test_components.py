@@ -121,12 +121,12 @@ def test_ngram_path_scores_are_log_shares_of_prefixes():
 
 
 @pytest.mark.parametrize("tree,topk,mode", [("1,1,1", 1, "paper"), ("1,3,3,3", 20, "paper"), ("1,3,3,3", 6, "fused"),
-                                             ("2,2", 3, "fused"), ("1", 4, "fused"), ("3", 0, "paper")])
+                                             ("2,2", 3, "fused"), ("1,2", 4, "fused"), ("3", 0, "paper")])
 def test_the_node_budget_is_the_largest_trie_a_step_builds(tree, topk, mode):
     """unpruned_budget (buffers, memory plans, `longswift info`) is reached by a step whose drafted
     and n-gram tokens are all distinct, and never passed: the heads' cartesian tree, then topk n-gram
-    paths after each depth-1 token (the root's, where no heads draft: a lookup step), each the
-    lead and its n-gram's NGRAM_N - 1 following tokens."""
+    paths after each depth-1 token, each the lead and its n-gram's NGRAM_N - 1 following tokens. (A fused
+    tree of one depth, which drafts nothing, is refused by SpecConfig.)"""
     from longswift.spec.budget import draft_levels, unpruned_budget
     from longswift.spec.ngram import NGRAM_N
 

@@ -440,6 +440,9 @@ class SpecConfig:
                                  f"got {self.lookup_nodes}")
         if self.draft_mode not in ("paper", "fused"):
             raise LongswiftError(f"--draft-mode must be paper or fused; got '{self.draft_mode}'")
+        if self.draft_mode == "fused" and self.tree != "auto" and len(self.levels) < 2:  # (info planned it)
+            raise LongswiftError(f"--tree {self.tree} has one depth, and --draft-mode fused skips the first (the "
+                                 "model's own next token is the root): give a tree of at least two depths")
         if self.walk not in WALKS:
             raise LongswiftError(f"--walk must be one of {', '.join(WALKS)}; got '{self.walk}'")
         if self.draft_cache not in DRAFT_CACHES:

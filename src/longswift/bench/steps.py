@@ -19,6 +19,7 @@ from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
 from ..runtime.model import Transformer, fused_kernels
+from ..runtime.triton_kernels import triton_unavailable
 from ..sampling import draw, penalty_window, transform, uniforms
 from ..spec.budget import draft_cache_tokens, draft_levels, step_budget, tree_budget, walk_rows, will_pack
 from ..spec.heads import DraftHeads, new_heads
@@ -361,6 +362,8 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     if runtime.threads:
         torch.set_num_threads(runtime.threads)
     device, dtype = runtime.torch_device(), runtime.torch_dtype()
+    if runtime.triton_kernels and (why := triton_unavailable(device)) is not None:  # (before the weights are drawn)
+        raise LongswiftError(f"triton_kernels (--triton-kernels): {why}")
     bench = bench.for_device(device)
     cfg = shape_config(bench.shape, bench.layers, runtime.rope_scaling)
     packed = will_pack(runtime)
