@@ -899,6 +899,34 @@ def test_an_out_file_that_is_not_utf8_text_is_refused_before_any_run(tmp_path, t
     assert notes.read_bytes() == "old notes\n".encode("utf-16") and not (tmp_path / "b" / "results.jsonl").exists()
 
 
+@pytest.mark.parametrize("content", ['{"a": 1}\n', "  [1, 2]", '{"a": 1}\n{"b": 2}\n', "\0\0\0"])
+def test_an_out_file_holding_json_is_refused_before_any_run(tmp_path, tiny_dir, capsys, content):
+    """--out named an earlier --json result (bench-steps too): the markdown report was appended to it, exit 0,
+    and the JSON broken. A file of NUL bytes is valid UTF-8 and was taken too."""
+    j = tmp_path / "earlier.json"
+    j.write_text(content)
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
+                 "ar", "--prefix", "12", "--lengths", "4", "--presets", "greedy", "--out", str(j),
+                 "--out-dir", str(tmp_path / "b")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        f"longswift: error: --out '{j}' exists and holds JSON or binary data, and the markdown report is appended "
+        "to it: choose another file name"], err
+    assert j.read_text() == content and not (tmp_path / "b" / "results.jsonl").exists()
+    code = main(["bench-steps", "--shape", "smollm2-135m", "--layers", "1", "--out", str(j)])
+    assert code == 2 and j.read_text() == content
+
+
+def test_a_markdown_out_file_that_begins_with_a_bracket_is_appended_to(tmp_path):
+    from longswift.atomic import append_atomic, check_appendable
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("[TOC]\n\n# Runs\n")
+    check_appendable(notes, "--out")
+    append_atomic(notes, "| a |\n")
+    assert notes.read_text() == "[TOC]\n\n# Runs\n| a |\n"
+
+
 class _BosTokenizer:
     """Characters as ids, with a BOS (id 1) in front unless asked not to add special tokens, as Llama's adds one."""
 

@@ -102,15 +102,34 @@ def check_appendable(path: Path, flag: str) -> None:
         return
 
 
+def _json_like(text: str) -> bool:
+    """Whether `text` is a JSON document, or JSON lines, of objects or arrays (a markdown file may begin with '['
+    too: a link reference is no JSON)."""
+    import json
+
+    first = text.lstrip().split("\n", 1)[0]
+    for candidate in (text, first):
+        try:
+            if isinstance(json.loads(candidate), (dict, list)):
+                return True
+        except (ValueError, RecursionError):
+            pass
+    return False
+
+
 def _text_to_append_to(path: Path, flag: str) -> str:
     """The text of the file a report is appended to ("" where there is none yet), refused where it is not UTF-8."""
     try:
-        return path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         return ""
     except UnicodeDecodeError:
         raise LongswiftError(f"{flag} '{path}' exists and is not UTF-8 text, and the report is appended to it: choose "
                              "another file name") from None
+    if "\0" in text or _json_like(text):  # (a --json result named by mistake: markdown would break it)
+        raise LongswiftError(f"{flag} '{path}' exists and holds JSON or binary data, and the markdown report is "
+                             "appended to it: choose another file name")
+    return text
 
 
 def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
