@@ -298,6 +298,9 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
     (("--contexts", "64", "--reps", "-1"), "--reps must be positive, got -1"),  # (each flag and value named)
     (("--contexts", "64", "--warmup", "-1"), "--warmup must be >= 0, got -1"),
     (("--contexts", "64", "--new-tokens", "0"), "--new-tokens must be positive, got 0"),
+    # a generation loop's settings, which one step's cost does not read (they were taken, and changed nothing)
+    (("--contexts", "64", "--no-adaptive"), "unrecognized arguments: --no-adaptive"),
+    (("--contexts", "64", "--read-every", "4"), "unrecognized arguments: --read-every 4"),
 ])
 def test_bad_inputs_are_one_line_errors(tiny, capsys, argv, match):
     code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, *argv)

@@ -43,8 +43,9 @@ def add_parser(sub: Any) -> None:
                    help="seed of the random weights, caches and tries (default %(default)s)")
     p.add_argument("--out", type=output_file, help="also append the markdown report to this file")
     p.add_argument("--json", type=output_file, help="also write the measurements and projections to this JSON file")
-    add_config_flags(p, SpecConfig)
-    add_config_flags(p, RuntimeConfig)
+    # (without the settings a generation's loop reads and one step's cost does not: they changed nothing here)
+    add_config_flags(p, SpecConfig, skip=("adaptive", "suffix_lookup", "lookup_nodes"))
+    add_config_flags(p, RuntimeConfig, skip=("read_every",))
 
 
 def _list(text: str | None, flag: str, kind: type) -> tuple | None:
