@@ -107,16 +107,21 @@ def test_a_checkpoint_of_a_device_this_machine_lacks_resumes_with_device(tmp_pat
 def test_a_resume_after_its_job_directory_moved_says_which_output_to_give(tmp_path, capsys, monkeypatch):
     tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
     (tmp_path / "Y").mkdir()
+    (tmp_path / "W").mkdir()
     capsys.readouterr()
     code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5", "--heads",
                            "none", "--max-new-tokens", "6", "--greedy", "--ignore-eos", "--no-progress",
-                           "--output", str(tmp_path / "Y/t.txt"), "--json", str(tmp_path / "Y/t.json"),
+                           "--output", str(tmp_path / "W/t.txt"), "--json", str(tmp_path / "Y/t.json"),
                            "--checkpoint", str(tmp_path / "Y/t.ckpt"))
     assert code == 0, err
-    (tmp_path / "Y").rename(tmp_path / "Z")
+    (tmp_path / "Y").rename(tmp_path / "Z")  # the JSON beside the checkpoint follows it; the text's folder is gone
+    (tmp_path / "W").rename(tmp_path / "V")
     code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--no-progress")
-    assert_one_line_error(code, err, f"the checkpoint writes --output to '{tmp_path / 'Y/t.txt'}', whose directory no "
+    assert_one_line_error(code, err, f"the checkpoint writes --output to '{tmp_path / 'W/t.txt'}', whose directory no "
                                      "longer exists: give --output FILE with --resume to write it elsewhere")
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--no-progress",
+                           "--output", str(tmp_path / "V/t.txt"))
+    assert code == 0 and f"--json follows it to '{tmp_path / 'Z/t.json'}'" in err, err
     code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--no-progress",
                            "--output", str(tmp_path / "Z/t.txt"), "--json", str(tmp_path / "Z/t.json"))
     assert code == 0, err

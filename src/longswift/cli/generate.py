@@ -283,10 +283,6 @@ def _resume(args: argparse.Namespace) -> int:
         moved = _following(was, resumed, {k: p for k, p in saved.items() if ("--" + k) not in given})
         saved |= moved
         followed = {"--" + k for k in moved}
-        if followed and env_rank() == 0:
-            print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
-                  + ", ".join(f"{flag} follows it to '{shown(saved[flag[2:]])}'" for flag in sorted(followed)),
-                  file=sys.stderr)
     args.output = saved.get("output") if args.output is None else args.output
     args.json = saved.get("json") if args.json is None else args.json
     if "--checkpoint-every" not in given and ckpt.outputs.get("checkpoint_every"):  # saves as often as the first run
@@ -303,6 +299,10 @@ def _resume(args: argparse.Namespace) -> int:
             raise LongswiftError(f"'{path}' (the checkpoint's {flag}) was written after the checkpoint was saved, by "
                                  f"another run or by hand, and resuming would replace it: move it away, or give "
                                  f"{flag} FILE with --resume to write elsewhere")
+    if followed and env_rank() == 0:  # (once the refusals above are past: a refusal is one line)
+        print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
+              + ", ".join(f"{flag} follows it to '{shown(saved[flag[2:]])}'" for flag in sorted(followed)),
+              file=sys.stderr)
     if args.checkpoint is None:
         args.checkpoint = args.resume
         if not os.access(here, os.W_OK):
