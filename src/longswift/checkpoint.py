@@ -76,8 +76,7 @@ class Checkpoint:
         checksum covers. A save costs O(tokens so far); dataclasses.asdict's deep copy of the token
         ids and a second serialisation made it 83-87 ms at 100K tokens (a checkpoint every 1,024), now ~9."""
         body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # (no copy: serialised at once)
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        digest = hashlib.sha256(canonical.encode()).hexdigest()
+        canonical, digest = _canonical(body)
         head = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "sha256": digest}, separators=(",", ":"))
         return f'{head[:-1]},"checkpoint":{canonical}}}\n'
 
@@ -98,6 +97,13 @@ class Checkpoint:
         """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""
         _check_path(path, "Checkpoint.save")
         write_atomic(path, self.to_json())
+
+
+def _canonical(body: Any) -> tuple[str, str]:
+    """A checkpoint body's canonical JSON (sorted keys, no spaces), as the file holds it, and its SHA-256, the
+    checksum the file records: one definition for the writer and both readers."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return canonical, hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _check_path(path: Any, what: str) -> None:
@@ -131,8 +137,7 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise LongswiftError(f"checkpoint '{p}' has format version {outer.get('format_version')}; this longswift "
                              f"reads version {FORMAT_VERSION}: resume with the longswift that wrote it")
     body = outer.get("checkpoint")
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    if not isinstance(body, dict) or hashlib.sha256(canonical.encode()).hexdigest() != outer.get("sha256"):
+    if not isinstance(body, dict) or _canonical(body)[1] != outer.get("sha256"):
         raise LongswiftError(f"{damaged} (checksum mismatch): resume from an earlier copy or start again")
     version = body.get("version")
     # Before the fields: another version's may differ from this one's, and that is not damage.
@@ -171,8 +176,7 @@ def unfinished_run(path: str | os.PathLike) -> tuple[int, int] | None:
     try:
         outer = json.loads(Path(path).read_bytes().removeprefix(_BOM).decode("utf-8"))
         body = outer["checkpoint"]
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        if outer["format"] != FORMAT or hashlib.sha256(canonical.encode()).hexdigest() != outer["sha256"]:
+        if outer["format"] != FORMAT or _canonical(body)[1] != outer["sha256"]:
             return None
         held, total = len(body["token_ids"]), body["generation"]["max_new_tokens"]
         reason = body["stats"].get("finish_reason")
