@@ -4,7 +4,6 @@ computations, random tries, a tiny shape end to end (JSON and markdown), and one
 from __future__ import annotations
 
 import json
-import math
 import platform
 
 import pytest
@@ -18,7 +17,7 @@ from longswift.cli import main
 from longswift.config import SpecConfig
 from longswift.errors import LongswiftError
 from longswift.runtime.linear import packing_supported
-from longswift.runtime.model import Transformer, expected_shapes
+from longswift.runtime.model import Transformer
 
 TINY = {"model_type": "qwen2", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
@@ -52,19 +51,24 @@ def test_shapes_have_the_published_sizes():
 @pytest.mark.parametrize("variant", [{}, {"tie_word_embeddings": True},
                                      {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
                                      {"model_type": "qwen3", "head_dim": 32, "attention_bias": True}])
-def test_the_parameter_count_is_every_value_of_the_state_dict(variant):
-    """What the memory plan, info and bench-steps' bytes read count: every tensor's values, biases and q/k norms
-    included (the biases were left out)."""
+def test_the_state_shapes_and_parameter_count_are_transformers_own(variant):
+    """The tensors a checkpoint must hold, and what the memory plan, info and bench-steps' bytes read count, are
+    the parameters transformers builds for the config: biases and q/k norms included (the count left the biases
+    out while it was a second copy of the layout), a tied head counted once."""
+    from transformers import AutoModelForCausalLM
+
     cfg = shape_config(TINY | variant)
-    assert cfg.parameter_count() == sum(math.prod(shape) for shape in expected_shapes(cfg).values())
+    reference = AutoModelForCausalLM.from_config(cfg.hf_config)
+    assert cfg.state_shapes() == {name: tuple(p.shape) for name, p in reference.named_parameters()}
+    assert cfg.parameter_count() == sum(p.numel() for p in reference.parameters())
     assert cfg.qkv_bias == ("attention_bias" in variant or variant.get("model_type") is None)
 
 
 def test_random_state_has_every_tensor_and_shares_the_untied_head():
     cfg = shape_config(TINY)
     state = random_state(cfg, torch.bfloat16, torch.device("cpu"), seed=1)
-    assert set(state) == set(expected_shapes(cfg))
-    assert all(t.dtype == torch.bfloat16 and tuple(t.shape) == expected_shapes(cfg)[k] for k, t in state.items())
+    assert set(state) == set(cfg.state_shapes())
+    assert all(t.dtype == torch.bfloat16 and tuple(t.shape) == cfg.state_shapes()[k] for k, t in state.items())
     assert state["lm_head.weight"] is state["model.embed_tokens.weight"]
     assert torch.equal(random_state(cfg, torch.bfloat16, torch.device("cpu"), seed=1)["model.norm.weight"],
                        torch.ones(64, dtype=torch.bfloat16))

@@ -226,12 +226,12 @@ def test_length_attention_runs_with_the_triton_attention_where_flash_lacks_sequs
     from fake_cuda import fake_cuda, fake_state
 
     from longswift.bench.shapes import shape_config
-    from longswift.runtime.model import Transformer, expected_shapes
+    from longswift.runtime.model import Transformer
 
     monkeypatch.setattr(attention, "varlen_features", lambda: frozenset())
     with fake_cuda(monkeypatch):
         cfg = shape_config("smollm2-135m", 2)
-        model = Transformer(cfg, fake_state(expected_shapes(cfg), torch.bfloat16), triton_kernels=triton)
+        model = Transformer(cfg, fake_state(cfg.state_shapes(), torch.bfloat16), triton_kernels=triton)
         cache = FullKVCache(cfg, 64, torch.bfloat16, model.device)
         if triton:
             graphs = StepGraphs(model, cache, capture=False, attention="length")

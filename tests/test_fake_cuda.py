@@ -27,7 +27,7 @@ from longswift.config import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.generate import ar_steps
 from longswift.runtime.cache import FullKVCache, PartialKVCache
 from longswift.runtime.cuda_graphs import StepGraphs, step_bodies
-from longswift.runtime.model import Transformer, expected_shapes
+from longswift.runtime.model import Transformer
 from longswift.sampling import banned_index
 from longswift.spec.tokenswift import draft_logits, tokenswift_steps
 from longswift.stats import GenerationStats
@@ -44,7 +44,7 @@ FLASH_OPS = {"aten._flash_attention_forward", "aten._scaled_dot_product_flash_at
 
 def fake_model(shape: str, dtype: torch.dtype, float32_logits: bool = False):
     cfg = shape_config(shape, 2)
-    return Transformer(cfg, fake_state(expected_shapes(cfg), dtype), pack=True, float32_logits=float32_logits)
+    return Transformer(cfg, fake_state(cfg.state_shapes(), dtype), pack=True, float32_logits=float32_logits)
 
 
 @pytest.mark.parametrize("attention", ["length", "bucketed"])

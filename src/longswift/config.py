@@ -233,16 +233,44 @@ class ModelConfig:
             return max(self.max_position_embeddings, int(original * float(rope["factor"])))
         return self.max_position_embeddings
 
+    def state_shapes(self, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
+        """Every tensor name of the state dict and its shape, in transformers' naming: what a checkpoint must hold
+        (runtime.model.check_state_dict) and what parameter_count counts. An untied LM head has `lm_head_rows` rows
+        if given: a tensor-parallel rank's vocabulary block."""
+        h, d, i = self.hidden_size, self.head_dim, self.intermediate_size
+        qd, kvd = self.num_heads * d, self.num_kv_heads * d
+        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (self.vocab_size, h),
+                                               "model.norm.weight": (h,)}
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (lm_head_rows or self.vocab_size, h)
+        for n in range(self.num_layers):
+            p = f"model.layers.{n}."
+            shapes |= {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (qd, h),
+                p + "self_attn.k_proj.weight": (kvd, h),
+                p + "self_attn.v_proj.weight": (kvd, h),
+                p + "self_attn.o_proj.weight": (h, qd),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+            }
+            if self.qkv_bias:
+                shapes |= {p + "self_attn.q_proj.bias": (qd,), p + "self_attn.k_proj.bias": (kvd,),
+                           p + "self_attn.v_proj.bias": (kvd,)}
+            if self.o_bias:
+                shapes[p + "self_attn.o_proj.bias"] = (h,)
+            if self.mlp_bias:
+                shapes |= {p + "mlp.gate_proj.bias": (i,), p + "mlp.up_proj.bias": (i,), p + "mlp.down_proj.bias": (h,)}
+            if self.qk_norm:
+                shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+        return shapes
+
     def parameter_count(self) -> int:
-        """Every value of the state dict (runtime.model.expected_shapes): the memory plan's weights, info's count
-        and bench-steps' bytes read a step."""
-        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
-        biases = ((self.num_heads + 2 * self.num_kv_heads) * d if self.qkv_bias else 0) + (h if self.o_bias else 0) \
-            + (2 * i + h if self.mlp_bias else 0)
-        layer = attn + 3 * h * i + 2 * h + (2 * d if self.qk_norm else 0) + biases
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + embed + h
+        """Every value of the state dict (state_shapes): the memory plan's weights, info's count and bench-steps'
+        bytes read a step."""
+        return sum(math.prod(shape) for shape in self.state_shapes().values())
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
         elem = dtype.itemsize

@@ -83,11 +83,9 @@ def random_state(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, see
     row) and an 8B shape needs 1-2 GB less."""
     import torch
 
-    from ..runtime.model import expected_shapes
-
     gen = torch.Generator(device=device).manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
-    for name, shape in expected_shapes(cfg).items():
+    for name, shape in cfg.state_shapes().items():
         if name == "lm_head.weight":
             continue
         t = torch.empty(shape, dtype=dtype, device=device)

@@ -38,42 +38,9 @@ AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tenso
 RotateFn = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def expected_shapes(cfg: ModelConfig, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
-    """Every tensor name of the state dict and its shape, in transformers' naming (an untied LM head
-    has `lm_head_rows` rows if given: a tensor-parallel rank's vocabulary block)."""
-    h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    qd, kvd = cfg.num_heads * d, cfg.num_kv_heads * d
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
-    if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (lm_head_rows or cfg.vocab_size, h)
-    for n in range(cfg.num_layers):
-        p = f"model.layers.{n}."
-        shapes |= {
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (qd, h),
-            p + "self_attn.k_proj.weight": (kvd, h),
-            p + "self_attn.v_proj.weight": (kvd, h),
-            p + "self_attn.o_proj.weight": (h, qd),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        }
-        if cfg.qkv_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (qd,), p + "self_attn.k_proj.bias": (kvd,),
-                       p + "self_attn.v_proj.bias": (kvd,)}
-        if cfg.o_bias:
-            shapes[p + "self_attn.o_proj.bias"] = (h,)
-        if cfg.mlp_bias:
-            shapes |= {p + "mlp.gate_proj.bias": (i,), p + "mlp.up_proj.bias": (i,), p + "mlp.down_proj.bias": (h,)}
-        if cfg.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
-    return shapes
-
-
 def check_state_dict(cfg: ModelConfig, state: dict[str, torch.Tensor], lm_head_rows: int | None = None) -> None:
     """Raise a LongswiftError naming the first tensor that does not match the config."""
-    shapes = expected_shapes(cfg, lm_head_rows)
+    shapes = cfg.state_shapes(lm_head_rows)
     for name, shape in shapes.items():
         if name not in state:
             raise LongswiftError(f"checkpoint does not match its config: tensor '{name}' is missing")
