@@ -216,7 +216,24 @@ def test_directory_without_config(tmp_path):
 
 def test_not_a_gguf_file(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"x")
-    check_error(tmp_path / "weights.bin", "not a .gguf file")
+    check_error(tmp_path / "weights.bin", r"not a \.gguf file: pass a GGUF file or a directory with config\.json and "
+                                          r"safetensors$")
+
+
+@pytest.mark.parametrize("name, hint", [
+    ("model.safetensors", r"'model\.safetensors' holds part of a model: pass the directory it is in \(draft heads go "
+                          r"to heads=\)"),
+    ("config.json", r"'config\.json' holds part of a model: pass the directory it is in"),
+    ("run.json", r"if 'run\.json' is a generation checkpoint, continue it with engine\.resume\(path\)"),
+])
+def test_a_file_of_a_model_or_a_run_says_where_it_goes(tmp_path, name, hint):
+    """A heads file, a checkpoint or a model's own file given as the model: the refusal says where it goes."""
+    (tmp_path / name).write_text("{}")
+    check_error(tmp_path / name, "not a .gguf file.*; " + hint)
+    with pytest.raises(LongswiftError) as info:
+        load_model(tmp_path / name, torch.float32, CPU)
+    assert ("(draft heads go to --heads)" in info.value.cli_message) == (name != "run.json")
+    assert ("longswift generate --resume" in info.value.cli_message) == (name == "run.json")
 
 
 def test_unsupported_architecture(tmp_path):

@@ -89,10 +89,22 @@ def resolve_path(source: str | os.PathLike | None) -> Path:
     if not path.exists():
         raise LongswiftError(f"model path '{path}' does not exist: pass a .gguf file or a directory with config.json")
     if path.is_file() and path.suffix != ".gguf":
-        raise LongswiftError(
-            f"'{path}' is not a .gguf file: pass a GGUF file or a directory with config.json and safetensors"
-        )
+        refusal = f"'{path}' is not a .gguf file: pass a GGUF file or a directory with config.json and safetensors"
+        api, cli = _other_kind(path)
+        raise LongswiftError(refusal + api, refusal + cli)
     return path
+
+
+def _other_kind(path: Path) -> tuple[str, str]:
+    """Where a file given as the model by mistake goes instead, as the end of the refusal in the API's words and
+    the CLI's (empty for most files)."""
+    if path.name == "config.json" or path.suffix == ".safetensors":
+        where = f"; '{path.name}' holds part of a model: pass the directory it is in (draft heads go to "
+        return where + "heads=)", where + "--heads)"
+    if path.suffix == ".json":  # (the name generate's --checkpoint files have)
+        maybe = f"; if '{path.name}' is a generation checkpoint, continue it with "
+        return maybe + "engine.resume(path)", maybe + f"`longswift generate --resume {path}`"
+    return "", ""
 
 
 def model_files(source: str | os.PathLike | Any | None) -> list[Path]:
