@@ -538,10 +538,20 @@ def test_resuming_leaves_the_checkpoint_as_it_was(base):
     (lambda c: replace(c, stats={**c.stats, "stage_seconds": {"draft": "x"}}),
      r"settings are damaged \(GenerationStats.stage_seconds must map stage names to seconds\)"),
     (lambda c: replace(c, stats={**c.stats, "stage_seconds": "x"}), "stage_seconds must map stage names to seconds"),
+    (lambda c: replace(c, stats={**c.stats, "finish_reason": "bogus"}),
+     r"settings are damaged \(GenerationStats.finish_reason must be null or one of length, eos, stop, interrupted; "
+     r"got 'bogus'\)"),
+    (lambda c: replace(c, stats={**c.stats, "resumes": -1}), r"GenerationStats.resumes must be 0 or more; got -1"),
+    (lambda c: replace(c, stats={**c.stats, "decode_seconds": float("inf")}),
+     r"GenerationStats.decode_seconds must be finite seconds of 0 or more; got inf"),
+    (lambda c: replace(c, stats={**c.stats, "stage_seconds": {"plain": -0.5}}),
+     r"GenerationStats.stage_seconds must be finite seconds of 0 or more"),
+    (lambda c: replace(c, stats={**c.stats, "processes": 0}), r"GenerationStats.processes must be 1 or more; got 0"),
 ])
 def test_checkpoint_values_a_run_refuses_are_refused_on_resume(base, edit, message):
     """A banned id past the vocabulary was an IndexError in the first step, every id banned ran, and stage seconds
-    that are not numbers a TypeError (a Checkpoint built in Python, or a file edited with its checksum redone)."""
+    that are not numbers a TypeError (a Checkpoint built in Python, or a file edited with its checksum redone).
+    Stats no run writes (a finish reason of none, a negative count or time) were read, and went on counting."""
     c = stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 13)
     with pytest.raises(LongswiftError, match=message) as info:
         list(base.resume(edit(c)))

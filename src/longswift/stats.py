@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .config import GenerationConfig, check_types
-from .errors import ConfigTypeError
+from .errors import ConfigError, ConfigTypeError
 
 # Why a run ended: its length, an EOS, a stop string, or a stop between steps (the CLI's signal; a caller's break).
 FINISH_REASONS = ("length", "eos", "stop", "interrupted")
@@ -76,6 +77,9 @@ class GenerationStats:
             raise ConfigTypeError("GenerationStats.stage_seconds must map stage names to seconds",
                                   "stats.stage_seconds must map stage names to seconds")
         stats.stage_seconds = dict(stats.stage_seconds)  # the run's own: resuming added to the checkpoint's dict
+        problem = _out_of_range(stats)
+        if problem:
+            raise ConfigError(f"GenerationStats.{problem}", f"stats.{problem}")
         return stats
 
     def drop(self, ids: list[int], keep: int, before: GenerationStats) -> None:
@@ -148,3 +152,21 @@ def ended(generated: list[int], gen: GenerationConfig, eos_ids: frozenset[int], 
     """`finished`, or "stop" for a run a stop string ended (its stats' `finish_reason`): why a run with these
     tokens goes no further (a resume of it generates nothing), or None."""
     return finished(generated, gen, eos_ids) or ("stop" if finish_reason == "stop" and generated else None)
+
+
+def _out_of_range(stats: GenerationStats) -> str | None:
+    """What a stats field read back holds that no run writes (a hand-edited checkpoint: a negative count, a time
+    that is negative or not finite, a finish reason of no run), as `name must ...; got value`; None when all are."""
+    if stats.finish_reason is not None and stats.finish_reason not in FINISH_REASONS:
+        return f"finish_reason must be null or one of {', '.join(FINISH_REASONS)}; got {stats.finish_reason!r}"
+    for f in fields(stats):
+        value = getattr(stats, f.name)
+        if f.name == "seed" or isinstance(value, (str, bool)) or value is None:
+            continue
+        values = value.values() if isinstance(value, dict) else (value,)
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values):
+            expected = "finite seconds of 0 or more" if isinstance(value, (float, dict)) else "0 or more"
+            return f"{f.name} must be {expected}; got {value!r}"
+    if stats.processes < 1:
+        return f"processes must be 1 or more; got {stats.processes}"
+    return None
