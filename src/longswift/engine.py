@@ -95,6 +95,7 @@ class Engine:
             raise ConfigTypeError(f"a token is named by its text (str); got {type(token).__name__}")
         if not token:
             raise ConfigError("an empty token text names no token: give its text, or its id")
+        _check_encodable(token, "the token text")
         if self.tokenizer is None:
             raise LongswiftError("this model has no tokenizer to look tokens up in: give token ids instead")
         vocab = getattr(self.tokenizer, "get_vocab", None)  # (a caller's tokenizer may lack it: text alone)
@@ -251,7 +252,11 @@ class Engine:
             if self.tokenizer is None:
                 raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids",
                                      "this model has no tokenizer: give the prompt as token ids (--prompt-ids)")
+            _check_encodable(prompt, "the prompt")
             self._check_prompt_length(prompt)
+            if system is not None:
+                _check_encodable(system, "the system message")
+                self._check_prompt_length(system, "the system message")
             template = bool(getattr(self.tokenizer, "chat_template", None))
             if chat and not template:
                 raise LongswiftError("this model has no chat template: drop chat=True (--chat)")
@@ -263,11 +268,16 @@ class Engine:
                                             {"role": "user", "content": prompt}])
             else:
                 ids = self.tokenizer.encode(prompt)
+            past = next((t for t in ids if not 0 <= t < self.cfg.vocab_size), None)
+            if past is not None:  # (the embedding's IndexError in the first forward, and a stream left broken)
+                raise LongswiftError(f"the prompt text encodes to token {past} of the tokenizer, past this model's "
+                                     f"{self.cfg.vocab_size} logits: the tokenizer is not this model's; load the "
+                                     "model with its own tokenizer")
         if not ids:
             raise ConfigError("the prompt is empty: give at least one token of prompt text")
         return ids
 
-    def _check_prompt_length(self, text: str) -> None:
+    def _check_prompt_length(self, text: str, what: str = "the prompt text") -> None:
         """Refuse text that cannot fit the context, before tokenizing it: a token covers at most as many characters
         as its vocabulary entry has (twice that, for normalizers that merge characters), so text longer than that
         many per token of context is longer than the context (a 20 MB file took 21 s and 4 GB to be refused)."""
@@ -276,7 +286,7 @@ class Engine:
             self._longest_token = (self.tokenizer, max((len(t) for t in vocab()), default=1) if vocab else 0)
         limit, longest = self.cfg.context_limit, self._longest_token[1]
         if longest and len(text) > 2 * longest * limit:
-            raise ConfigError(f"the prompt text ({len(text):,} characters) is far longer than this model's context of "
+            raise ConfigError(f"{what} ({len(text):,} characters) is far longer than this model's context of "
                               f"{limit:,} tokens can hold: shorten it")
 
     def _apply_template(self, messages: list[dict[str, str]]) -> list[int]:
@@ -551,6 +561,16 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
         yield ids
 
 
+def _check_encodable(text: str, what: str) -> None:
+    """Refuse text no tokenizer can take: a lone surrogate (a JSON escape such as \\ud800 without its pair) is no
+    Unicode character, and the tokenizer's TypeError (or the chat template's failure) did not say which text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), "
+                          "which is not Unicode text: remove it, or pair it (a JSON escape cut in half)") from None
+
+
 def check_heads_type(heads: Any) -> None:
     if not (heads is None or isinstance(heads, (DraftHeads, str, os.PathLike))):
         raise ConfigTypeError("heads must be a DraftHeads, a path or hub id, 'auto', 'default', 'random', 'none' or "
@@ -598,9 +618,10 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
         loaded = load_model(model, runtime.torch_dtype(), torch.device("cpu") if tensor_parallel else device,
                             runtime.rope_scaling)
     if tokenizer is not None:
-        if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))):
-            raise ConfigTypeError(f"tokenizer must be a transformers tokenizer (with encode and decode); got "
-                                  f"{type(tokenizer).__name__}")
+        if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))
+                and hasattr(tokenizer, "__len__") and hasattr(tokenizer, "eos_token_id")):
+            raise ConfigTypeError(f"tokenizer must be a transformers tokenizer (with encode, decode, len() and "
+                                  f"eos_token_id); got {type(tokenizer).__name__}")
         if len(tokenizer) > loaded.cfg.vocab_size:
             raise LongswiftError(f"this tokenizer has {len(tokenizer)} tokens and the model's vocabulary "
                                  f"{loaded.cfg.vocab_size}: pass the model's own tokenizer")

@@ -104,7 +104,7 @@ class GenerationStream:
                 self._interrupted = boundary
                 raise
             self.token_ids.extend(ids)
-            yield ids
+            yield list(ids)  # (a copy: the caller may change it; AR's loop reads its block after the yield)
             if keep is not None:
                 break
         self.result = self._result(self.stats)
@@ -136,15 +136,17 @@ class GenerationStream:
 
     def result_so_far(self, finish_reason: str | None = None) -> GenerationResult:
         """The ids and text generated so far with the stats (a copy while running; `finish_reason` if given,
-        e.g. "interrupted" for a run stopped between steps; None, unless given, while the stream has not
-        ended: after a `break`)."""
+        e.g. "interrupted" for a run stopped between steps; unless given, the live stats' reason: None while
+        the run goes on, as after a `break`, and "stop" from the step a stop string ended it). After a step
+        raised, the stats of the step boundary before it, which the ids are at (as checkpoint() saves)."""
         if finish_reason is not None and finish_reason not in FINISH_REASONS:
             raise ConfigError(f"finish_reason must be one of {', '.join(FINISH_REASONS)} or None; got {finish_reason!r}")
         if finish_reason is None and self.result is not None:  # ended: its own reason
             return self._result(self.stats)
+        stats = self.stats if self._interrupted is None else self._interrupted[1]
         # (its own stage_seconds: the running stream's dict goes on changing)
-        return self._result(replace(self.stats, finish_reason=finish_reason,
-                                    stage_seconds=dict(self.stats.stage_seconds)))
+        return self._result(replace(stats, finish_reason=finish_reason or stats.finish_reason,
+                                    stage_seconds=dict(stats.stage_seconds)))
 
     def _result(self, stats: GenerationStats) -> GenerationResult:
         text = None if self._engine.tokenizer is None else decode_text(self._engine.tokenizer, self.token_ids)
