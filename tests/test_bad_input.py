@@ -1518,3 +1518,166 @@ def test_bad_values_given_to_the_api_are_value_errors():
     assert engine.generate(range(1, 6), **ar).token_ids == engine.generate([1, 2, 3, 4, 5], **ar).token_ids
     with pytest.raises(TypeError, match="tensor_parallel must be True or False; got 'yes'"):
         longswift.load(tiny_hf_model("llama", seed=5), tensor_parallel="yes")
+
+
+# ---- session 59's review of the Python API -----------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["ar", "tokenswift"])
+def test_the_ids_a_stream_yields_are_the_callers_to_change(method):
+    """AR's loop read its block's last id after the yield: a caller that emptied the list it was given broke the
+    stream (an IndexError), and one that appended an EOS id to it ended the run there."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
+    whole = engine.generate([1, 5, 9], method=method, max_new_tokens=10, seed=1).token_ids
+    for change in (list.clear, lambda ids: ids.append(2)):
+        stream = engine.stream([1, 5, 9], method=method, max_new_tokens=10, seed=1)
+        for ids in stream:
+            change(ids)
+        assert stream.result.token_ids == whole
+
+
+def test_result_so_far_after_a_step_raised_is_the_step_boundarys():
+    """After an exception inside a step, the ids are those before the step: result_so_far() gave them with the
+    step's own stats (one more token and step), unlike checkpoint()."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
+
+    class Interrupting:  # stands in for the stop strings' check: raises at its third step
+        calls = 0
+
+        def cut(self, ids):
+            self.calls += 1
+            if self.calls == 3:
+                raise KeyboardInterrupt
+            return None
+
+    stream = engine.stream([1, 5, 9, 7, 3], max_new_tokens=24, seed=7, ignore_eos=True)
+    stream._stop = Interrupting()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in stream:
+            pass
+    so_far, saved = stream.result_so_far("interrupted"), stream.checkpoint().stats
+    assert len(so_far.token_ids) == so_far.stats.new_tokens == saved["new_tokens"] == 2
+    assert so_far.stats.steps == saved["steps"] and so_far.stats.finish_reason == "interrupted"
+
+
+def test_a_stop_strings_step_says_stop_in_the_stats_and_the_result_so_far():
+    """The step a stop string ends the run at is yielded with the live stats' finish_reason "stop" (a checkpoint
+    taken there must not resume past it); result_so_far() said None there."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+
+    class StopAtThird:  # the stop strings' check, a stop string completed by the third step's token
+        calls = 0
+
+        def cut(self, ids):
+            self.calls += 1
+            return len(ids) if self.calls == 3 else None
+
+    stream = engine.stream([1, 5, 9, 7, 3], max_new_tokens=24, seed=7, ignore_eos=True)
+    stream._stop = StopAtThird()
+    for _ in stream:
+        if stream.complete():
+            break
+    assert stream.result is None and len(stream.token_ids) == 3
+    assert stream.stats.finish_reason == stream.result_so_far().stats.finish_reason == "stop"
+    assert list(engine.resume(stream.checkpoint())) == []
+
+
+def test_prompt_text_past_the_models_vocabulary_is_refused_in_one_line(tmp_path):
+    """A model directory whose tokenizer is larger than its vocabulary (here 260 tokens for 128 logits) gave an
+    IndexError from the embedding in the first step, and a stream that could not go on."""
+    from conftest import byte_tokenizer
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    byte_tokenizer().save_pretrained(tmp_path / "m")
+    engine = longswift.load(tmp_path / "m", dtype="float32", heads=None)
+    assert engine.generate("cafe", max_new_tokens=2).token_ids  # ids inside the vocabulary run
+    with pytest.raises(LongswiftError, match=r"^the prompt text encodes to token 258 of the tokenizer, past this "
+                                             r"model's 128 logits: the tokenizer is not this model's"):
+        engine.stream("café")
+
+
+@pytest.mark.parametrize("call, what", [
+    (lambda e: e.stream("a\ud800b"), r"the prompt holds a lone surrogate \(U\+D800 at character 1\)"),
+    (lambda e: e.stream("ab", chat=True, system="\udc80"),
+     r"the system message holds a lone surrogate \(U\+DC80 at character 0\)"),
+    (lambda e: e.token_id("\ud800"), r"the token text holds a lone surrogate \(U\+D800 at character 0\)"),
+])
+def test_text_with_a_lone_surrogate_is_refused_by_name(call, what):
+    """A lone surrogate (a JSON escape without its pair) was the tokenizer's bare TypeError, or with the chat
+    template a 'template fails' whose advice (chat=False) led to that TypeError."""
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+    engine.tokenizer = byte_tokenizer_with_template()
+    with pytest.raises(ValueError, match=what + r", which is not Unicode text: remove it, or pair it"):
+        call(engine)
+
+
+def byte_tokenizer_with_template():
+    from conftest import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    return tokenizer
+
+
+def test_a_system_message_longer_than_the_context_is_refused_before_tokenizing():
+    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None)
+    engine.tokenizer = byte_tokenizer_with_template()
+    with pytest.raises(ValueError, match=r"^the system message \(2,000,000 characters\) is far longer than this "
+                                         r"model's context of 256 tokens can hold"):
+        engine.stream("hi", chat=True, system="x" * 2_000_000)
+
+
+def test_a_tokenizer_object_needs_len_and_an_eos_id():
+    """Any object with encode and decode was taken, and failed later in len() or at its eos_token_id."""
+    class Tok:
+        def encode(self, text):
+            return [1]
+
+        def decode(self, ids):
+            return ""
+
+    with pytest.raises(TypeError, match=r"tokenizer must be a transformers tokenizer \(with encode, decode, len\(\) "
+                                        r"and eos_token_id\); got Tok"):
+        longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads=None, tokenizer=Tok())
+
+
+@pytest.mark.parametrize("device", ["cudafoo", "cuda:x", "cuda:-1", "cuda ", "cuda:"])
+def test_a_device_name_torch_cannot_read_is_refused_by_the_config(device, monkeypatch):
+    """With CUDA present, any name beginning with "cuda" was taken, and torch refused it later with a bare
+    'Invalid device string' (CUDA's presence is patched in: the names are refused before any device is used)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=rf"^RuntimeConfig.device must be cpu, cuda, cuda:N or auto; got '{device}'$"):
+        RuntimeConfig(device=device)
+    assert RuntimeConfig(device="cuda:1").device == "cuda:1"
+    with pytest.raises(ValueError, match=r"^RuntimeConfig.device='cuda:2': this machine has 2 CUDA device\(s\), "
+                                         r"numbered from 0$"):
+        RuntimeConfig(device="cuda:2")
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: SamplingConfig(banned_ids=[1.5]), TypeError,
+     r"^SamplingConfig.banned_ids must be token ids \(whole numbers\); got 1.5 \(float\) among them"),
+    (lambda: SamplingConfig(banned_ids=["<|im_start|>"]), TypeError, r"got '<\|im_start\|>' \(str\) among them \(a "
+                                                                      r"token's text: Engine.token_id gives its id\)"),
+    (lambda: SamplingConfig(banned_ids=[3, -1]), ValueError,
+     r"^SamplingConfig.banned_ids must be non-negative; got -1"),
+    (lambda: GenerationConfig(stop=[5]), TypeError,
+     r"^GenerationConfig.stop must be strings; got 5 \(int\) among them"),
+    (lambda: GenerationConfig(stop=[b"END"]), TypeError,
+     r"^GenerationConfig.stop must be strings; got b'END' \(bytes\)"),
+    (lambda: GenerationConfig(stop=["a\ud800"]), ValueError, r"^GenerationConfig.stop string 'a\\ud800' holds a lone "
+                                                             r"surrogate, which is not Unicode text"),
+])
+def test_wrong_elements_of_banned_ids_and_stop_name_the_field_and_their_type(make, error, match):
+    """They were ValueErrors alone ("banned token ids must be non-negative integers", not naming the field), a
+    token's text among the ids included; a stop string with a lone surrogate was taken and could never match."""
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_banned_ids_come_as_an_array_or_a_range_as_prompts_do():
+    import numpy as np
+
+    assert SamplingConfig(banned_ids=np.array([7, 3])).banned_ids == (3, 7)
+    assert SamplingConfig(banned_ids=torch.tensor([5, 5])).banned_ids == (5,)
+    assert SamplingConfig(banned_ids=range(2)).banned_ids == (0, 1)

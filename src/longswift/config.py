@@ -319,11 +319,19 @@ class SamplingConfig:
 
     @_validated
     def __post_init__(self) -> None:
-        if not isinstance(self.banned_ids, (tuple, list, set, frozenset)):
+        if hasattr(self.banned_ids, "tolist") and getattr(self.banned_ids, "ndim", None) == 1:  # a tensor or array
+            self.banned_ids = self.banned_ids.tolist()
+        if not isinstance(self.banned_ids, (tuple, list, set, frozenset, range)):
             raise ConfigTypeError(f"SamplingConfig.banned_ids must be a tuple or list of token ids; got "
                                   f"{self.banned_ids!r} ({type(self.banned_ids).__name__})")
-        if any(not isinstance(t, numbers.Integral) or isinstance(t, bool) or t < 0 for t in self.banned_ids):
-            raise LongswiftError("banned token ids must be non-negative integers")
+        wrong = next((t for t in self.banned_ids if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+        if wrong is not None:
+            raise ConfigTypeError(f"SamplingConfig.banned_ids must be token ids (whole numbers); got {wrong!r} "
+                                  f"({type(wrong).__name__}) among them (a token's text: Engine.token_id gives its id)",
+                                  f"banned token ids must be whole numbers; got {wrong!r}")
+        if any(t < 0 for t in self.banned_ids):
+            raise ConfigError(f"SamplingConfig.banned_ids must be non-negative; got {min(self.banned_ids)}",
+                              f"banned token ids must be non-negative; got {min(self.banned_ids)}")
         # a list from JSON, numpy ids, repeats: one canonical form of Python ints
         self.banned_ids = tuple(sorted({int(t) for t in self.banned_ids}))
         checks = [
@@ -382,8 +390,18 @@ class GenerationConfig:
         if not isinstance(self.stop, (tuple, list)):
             raise ConfigTypeError(f"GenerationConfig.stop must be a string, or a tuple or list of strings; got "
                                   f"{self.stop!r} ({type(self.stop).__name__})", "--stop must be text")
-        if any(not isinstance(s, str) or not s for s in self.stop):
+        wrong = next((s for s in self.stop if not isinstance(s, str)), None)
+        if wrong is not None:
+            raise ConfigTypeError(f"GenerationConfig.stop must be strings; got {wrong!r} ({type(wrong).__name__}) "
+                                  "among them", "--stop strings must be non-empty text")
+        if not all(self.stop):
             raise LongswiftError("--stop strings must be non-empty text")
+        for s in self.stop:  # (a lone surrogate, a JSON escape without its pair, is no text the run can write)
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"GenerationConfig.stop string {s!r} holds a lone surrogate, which is not Unicode "
+                                  "text: remove it, or pair it", "--stop strings must be UTF-8 text") from None
         self.stop = tuple(self.stop)  # a checkpoint's JSON gives a list
 
 
@@ -562,11 +580,14 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
             raise LongswiftError(f"--dtype must be one of auto, {', '.join(_DTYPES)}; got '{self.dtype}'")
-        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+        if self.device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:[0-9]+)?", self.device):
             raise LongswiftError(f"--device must be cpu, cuda, cuda:N or auto; got '{self.device}'")
         if self.device.startswith("cuda") and not _cuda():
             raise ConfigError(f"RuntimeConfig.device='{self.device}' but no CUDA device is available: use device='cpu'",
                               f"--device {self.device} requested but no CUDA device is available; use --device cpu")
+        if self.device.startswith("cuda:") and int(self.device[5:]) >= _cuda_count():
+            there = f"this machine has {_cuda_count()} CUDA device(s), numbered from 0"
+            raise ConfigError(f"RuntimeConfig.device='{self.device}': {there}", f"--device {self.device}: {there}")
         if self.threads is not None and not 0 < self.threads <= MAX_THREADS:
             raise LongswiftError(f"--threads must be between 1 and {MAX_THREADS}; got {self.threads}")
         if self.cuda_graphs not in ("auto", "on", "off"):
@@ -608,6 +629,12 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 ROPE_SCALINGS = ("yarn", "linear", "dynamic")
