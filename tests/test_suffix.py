@@ -122,6 +122,24 @@ def test_a_lookup_trie_holds_the_copy_then_the_ngram_paths_that_fit():
     assert off.suffixes is None and len(lookup_tree(off)) == 1 + 4  # 13's continuations: 14 15 11 and 14 15 20
 
 
+@pytest.mark.parametrize("max_nodes", [0, 5])
+def test_a_lookup_trie_ends_its_copies_before_a_banned_token(max_nodes):
+    """The suffix index's copy and the n-gram paths proposed banned tokens (a chat template's '<|im_start|>', banned
+    as README shows, is in every chat prompt), verify rows the walk always rejects. (The heads' candidates never
+    were: their logits are -inf.) build_tree's n-gram paths are add_ngram_paths' too."""
+    from test_components import wiring_state
+
+    from longswift.spec.tokenswift import lookup_tree
+
+    motif = [11, 12, 13, 14, 15]
+    prompt = [3, 4] + motif * 4 + [20, 21] + motif[:3]  # the copy: 14 15 20 21 11 12 13 14; 13's n-grams 14 15 11/20
+    sampling = SamplingConfig(temperature=0, repetition_penalty=1.0, banned_ids=(20,))
+    with torch.inference_mode():
+        s = wiring_state(SpecConfig(tree="1,1", ngram_topk=2, max_nodes=max_nodes, lookup_nodes=9), prompt, sampling)
+    trie = lookup_tree(s)
+    assert 20 not in trie.tokens and sorted(trie.tokens[1:]) == [11, 14, 15]  # 14 -> 15 -> 11: the path left
+
+
 def test_a_pruned_lookup_trie_keeps_the_copy_first():
     from longswift.spec.tokenswift import lookup_tree
 

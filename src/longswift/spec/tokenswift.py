@@ -6,7 +6,7 @@ State between steps: the full KV cache holds the committed context `history[:n-1
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -92,6 +92,9 @@ class TokenSwiftState:
         self.sync = model.device.type == "cuda"  # stage timers wait for the device (adaptive steps read them)
         self.read_every = read_every if model.tp is None else 1  # plain steps run as token blocks of up to this
         self.levels = levels
+        # Tokens never drafted: the heads' candidates cannot be these (their logits are -inf), and the copies of
+        # the text (n-gram paths, the suffix index's) end before one, which the walk would reject.
+        self.banned = frozenset(sampling.banned_ids)
         # Whether a trie can outgrow the node budget: then its nodes are scored and the likeliest kept.
         self.pruning = 0 < spec.max_nodes < unpruned_budget(spec)
         wide = any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK  # then NARROW steps exist
@@ -276,7 +279,7 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
     root = int(s.history[s.n - 1])
     trie = Trie.with_root(root)
     if s.suffixes is not None:
-        copy = s.suffixes.propose(s.tokens, s.n, s.lookup_budget - 1)
+        copy = until_banned(s.suffixes.propose(s.tokens, s.n, s.lookup_budget - 1), s.banned)
         trie.add_path(copy, NGRAM, [0.0] * len(copy))
     if s.ngrams is not None:
         add_ngram_paths(s, trie, root, s.spec.ngram_topk, room=None if s.pruning else s.lookup_budget)
@@ -293,12 +296,22 @@ def add_ngram_paths(s: TokenSwiftState, trie: Trie, token: int, topk: int, lead:
     conts = table.top(token, topk)
     if not s.pruning:
         for cont, _count in conts:
-            path = (*lead, *cont)
+            path = (*lead, *until_banned(cont, s.banned))
             if room is None or len(trie) + trie.missing(path) <= room:
                 trie.add_path(path, NGRAM)
         return
     for (cont, _count), scores in zip(conts, path_scores(conts, table.total_of(token), base)):
-        trie.add_path((*lead, *cont), NGRAM, [base] * len(lead) + scores)
+        cont = until_banned(cont, s.banned)
+        trie.add_path((*lead, *cont), NGRAM, [base] * len(lead) + scores[:len(cont)])
+
+
+def until_banned(path: Sequence[int], banned: frozenset[int]) -> Sequence[int]:
+    """`path` up to its first banned token (all of it where none is)."""
+    if banned:
+        for i, t in enumerate(path):
+            if t in banned:
+                return path[:i]
+    return path
 
 
 def verify(s: TokenSwiftState, trie: Trie) -> Verified:
