@@ -777,6 +777,7 @@ def test_gguf_tensors_of_impossible_shapes_or_names_are_one_line(tmp_path, meta,
 
 def test_a_safetensors_index_whose_map_is_not_of_names_is_one_line(tmp_path):
     tiny_hf_model("llama", seed=3).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").rename(tmp_path / "model-00001-of-00001.safetensors")
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": None}}))
     check_error(tmp_path, "is not a valid safetensors index \\(weight_map must map tensor names to file names\\)")
 
@@ -871,6 +872,28 @@ def test_the_rope_frequencies_older_checkpoints_store_are_skipped(tmp_path):
     state.update({f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(8) for i in range(2)})
     save_file(state, str(tmp_path / "model.safetensors"))
     assert not any("inv_freq" in name for name in load_model(tmp_path, torch.float32, CPU).state)
+
+
+def test_model_safetensors_is_read_before_an_index_as_transformers_reads_them(tmp_path):
+    """A sharded save, then a single-file save into the same folder, leaves the shards' index (save_pretrained
+    removes the old shards only): the index was read first and the folder refused for its missing shards; with the
+    shards there too, their weights ran. transformers reads model.safetensors first; so do the load, the header
+    reads of `info` and of heads, and the embedding the fingerprint is taken from."""
+    from longswift.runtime.loading import read_tensors, tensor_shapes
+
+    old, new = tiny_hf_model("llama", seed=3), tiny_hf_model("llama", seed=4)
+    old.save_pretrained(tmp_path, max_shard_size="40KB")
+    new.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors.index.json").exists()
+    assert not list(tmp_path.glob("model-*.safetensors"))
+    assert_same_state(load_model(tmp_path, torch.float32, CPU).state, new.state_dict(), tied=False)
+
+    old.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    for shard in (tmp_path / "sharded").glob("model-*.safetensors"):
+        shard.rename(tmp_path / shard.name)  # both: the index's shards of one model, model.safetensors of another
+    assert_same_state(load_model(tmp_path, torch.float32, CPU).state, new.state_dict(), tied=False)
+    assert torch.equal(read_tensors(tmp_path, {EMBED})[EMBED], new.state_dict()[EMBED])
+    assert tensor_shapes(tmp_path) == {k: tuple(v.shape) for k, v in new.state_dict().items()}
 
 
 def test_a_model_safetensors_is_read_without_the_other_files_beside_it(tmp_path):

@@ -568,3 +568,22 @@ def test_a_sigterm_while_exporting_leaves_nothing_behind(tmp_path, capsys, monke
     assert code == 128 + signal.SIGTERM and "interrupted" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["base"]  # no --out, no .longswift-*.partial
     assert signal.getsignal(signal.SIGTERM) == handler  # the command's handler is gone with it
+
+
+def test_a_hub_download_takes_the_files_a_load_reads_and_not_mistrals_consolidated_copy():
+    """snapshot_download's patterns over Mistral-7B-Instruct-v0.3's listing: the shards, index, config and tokenizer;
+    not consolidated.safetensors, a second copy of the model (14.5 GB) in mistral-inference's names, nor .bin/.pt."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from longswift.runtime.loading.hub import ALLOW_PATTERNS, IGNORE_PATTERNS
+
+    listing = [".gitattributes", "README.md", "config.json", "consolidated.safetensors", "generation_config.json",
+               "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+               "model-00003-of-00003.safetensors", "model.safetensors.index.json", "params.json",
+               "special_tokens_map.json", "tokenizer.json", "tokenizer.model", "tokenizer.model.v3",
+               "tokenizer_config.json", "pytorch_model.bin", "consolidated.00.pth"]
+    kept = set(filter_repo_objects(listing, allow_patterns=ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS))
+    assert kept == {"config.json", "generation_config.json", "model-00001-of-00003.safetensors",
+                    "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                    "model.safetensors.index.json", "params.json", "special_tokens_map.json", "tokenizer.json",
+                    "tokenizer.model", "tokenizer.model.v3", "tokenizer_config.json"}

@@ -415,11 +415,15 @@ def _generation_eos(path: Path) -> Any:
 
 
 def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
-    """The safetensors files of an HF directory (its index's shards, else model.safetensors, else every
-    *.safetensors), each checked present, and the index's map of tensor names to file names (None without an index)."""
+    """The safetensors files of an HF directory in transformers' order (model.safetensors, else its index's shards;
+    failing both, every *.safetensors), each checked present, and the index's map of tensor names to file names (None
+    without an index). An index beside model.safetensors is a sharded save's leftover (save_pretrained removes the
+    old shards, not their index) and is not read."""
     index = path / "model.safetensors.index.json"
     weight_map = None
-    if index.is_file():
+    if (path / "model.safetensors").is_file():  # transformers' one file (another beside it, such as mistral's
+        names = ["model.safetensors"]               # consolidated.safetensors or an old index's shards, is not read)
+    elif index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
@@ -427,8 +431,6 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise LongswiftError(f"'{index}' is not a valid safetensors index ({exc}); re-download it") from None
         names = sorted(set(weight_map.values()))
-    elif (path / "model.safetensors").is_file():  # transformers' one file (another beside it, such as mistral's
-        names = ["model.safetensors"]               # consolidated.safetensors of other names, is not the model's)
     else:
         names = sorted(p.name for p in path.glob("*.safetensors"))
     if not names:
@@ -437,6 +439,12 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
         if not (path / name).is_file():
             raise LongswiftError(f"weight shard '{path / name}' named in the index is missing; re-download the model")
     return [path / name for name in names], weight_map
+
+
+def _owns(f: Path, name: str, weight_map: dict[str, str] | None) -> bool:
+    """Whether tensor `name` of weight file `f` is the one a load takes: any, without an index; else the file the
+    index maps it to (a copy in another shard is not)."""
+    return weight_map is None or weight_map.get(name, f.name) == f.name
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -455,8 +463,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError) as exc:
             raise weights_unreadable(f, exc) from None
         for name, t in tensors.items():
-            owner = None if weight_map is None else weight_map.get(name)
-            if owner is not None and owner != f.name:
+            if not _owns(f, name, weight_map):
                 continue
             if name in found:
                 raise LongswiftError(f"'{name}' is in both '{found[name]}' and '{f}', and no index says which to use; "
@@ -495,10 +502,11 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     from safetensors import SafetensorError
 
     shapes: dict[str, tuple[int, ...]] = {}
-    for f in sorted(path.glob("*.safetensors")):
+    files, weight_map = _weight_files(path)  # (the files a load reads, not every *.safetensors of the folder)
+    for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
-                shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys()}
+                shapes |= {k: tuple(st.get_slice(k).get_shape()) for k in st.keys() if _owns(f, k, weight_map)}
         except (SafetensorError, OSError, ValueError) as exc:
             raise weights_unreadable(f, exc) from None
     return shapes
@@ -513,10 +521,11 @@ def read_tensors(path: Path, names: set[str], dtype: torch.dtype | None = None) 
         reader, hf_config = gguf_header(path)
         return gguf_state_dict(reader, hf_config, dtype or torch.float32, torch.device("cpu"), only=names)
     out: dict[str, torch.Tensor] = {}
-    for f in sorted(path.glob("*.safetensors")):
+    files, weight_map = _weight_files(path)
+    for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
-                for k in [k for k in st.keys() if k in names]:
+                for k in [k for k in st.keys() if k in names and _owns(f, k, weight_map)]:
                     out[k] = st.get_tensor(k) if dtype is None else st.get_tensor(k).to(dtype)
         except (SafetensorError, OSError, ValueError) as exc:
             raise weights_unreadable(f, exc) from None

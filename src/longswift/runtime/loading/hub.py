@@ -14,6 +14,9 @@ from ...errors import LongswiftError
 # What a model directory needs: config, safetensors weights (and their index), tokenizer files.
 # Not *.bin / *.pt / *.gguf: longswift reads safetensors from HF directories.
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
+# Mistral's repositories hold the model twice: transformers' shards and mistral-inference's consolidated file
+# (14.5 GB more for Mistral-7B), which neither transformers nor longswift reads.
+IGNORE_PATTERNS = ["consolidated*.safetensors"]
 
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?$")
 _TRUE = {"1", "ON", "YES", "TRUE"}
@@ -83,7 +86,7 @@ def resolve_hub_id(source: str, what: str = "model") -> Path:
         local = ""
     try:
         path = snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
-                                 allow_patterns=ALLOW_PATTERNS)
+                                 allow_patterns=ALLOW_PATTERNS, ignore_patterns=IGNORE_PATTERNS)
     except (RepositoryNotFoundError, GatedRepoError) as exc:
         kind = "gated (log in with `hf auth login` and accept its terms)" if isinstance(exc, GatedRepoError) \
             else "not found on the Hugging Face Hub (or private)"
