@@ -516,6 +516,16 @@ def test_a_released_config_declaring_bad_head_counts_is_one_line(tmp_path, value
     check_error(tmp_path, match)
 
 
+@pytest.mark.parametrize("eos", [-1, [2, -1], 500])
+def test_config_eos_ids_the_model_cannot_write_are_left_out(tmp_path, eos):
+    """A -1 in config.json (some configs' "none") was banned under ignore_eos and refused there as the user's:
+    "SamplingConfig.banned_ids must be non-negative"."""
+    tiny_hf_model("llama", seed=3, eos_token_id=eos).save_pretrained(tmp_path)
+    engine = longswift.load(tmp_path, dtype="float32", heads=None)
+    assert engine.cfg.eos_token_ids == ((2,) if eos == [2, -1] else ())
+    assert len(engine.generate([1, 5, 9], max_new_tokens=3, ignore_eos=True).token_ids) == 3
+
+
 def test_gguf_special_token_ids_outside_the_vocabulary_are_one_line(tmp_path):
     """An EOS id past the vocabulary failed transformers' tokenizer conversion: "list index out of range"."""
     write_small_gguf(tmp_path / "g.gguf", {"tokenizer.ggml.eos_token_id": 999}, tokens=8)

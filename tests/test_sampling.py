@@ -267,7 +267,7 @@ def test_greedy_never_picks_a_banned_token():
 
 def test_banned_ids_are_canonical_and_checked():
     assert SamplingConfig(banned_ids=[5, 2, 5]).banned_ids == (2, 5)  # as read back from a checkpoint's JSON
-    with pytest.raises(LongswiftError, match="banned token ids"):
+    with pytest.raises(LongswiftError, match=r"^SamplingConfig.banned_ids must be non-negative; got -1"):
         SamplingConfig(banned_ids=(-1,))
 
 

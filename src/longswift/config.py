@@ -178,6 +178,9 @@ class ModelConfig:
                 _positive_number(f"rope_parameters.{key}", rope[key])
         eos = getattr(hf, "eos_token_id", None)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (int(eos),))
+        # Only ids the model can write (as with_eos keeps a generation config's): a -1 some configs hold for "none"
+        # was banned under ignore_eos, and refused there as a banned id of the user's.
+        eos_ids = tuple(t for t in eos_ids if isinstance(t, int) and not isinstance(t, bool) and 0 <= t < hf.vocab_size)
         # Biases as transformers' classes build them, whatever else a config says (a mistral's attention_bias or
         # a qwen's mlp_bias, which they never read, had the load look for bias tensors and refuse the checkpoint).
         attention_bias = bool(getattr(hf, "attention_bias", False))
