@@ -557,6 +557,29 @@ def test_a_gguf_tensor_type_the_gguf_package_cannot_read_names_the_remedy(tmp_pa
                                      "dequantize its type Q5_0; use a file of another type")
 
 
+@pytest.mark.parametrize("meta, which", [({"split.count": 2, "split.no": 0}, "part 1 of 2"),
+                                         ({"split.count": 3}, "one of 3 parts")])
+def test_a_part_of_a_split_gguf_says_to_merge_them(tmp_path, meta, which):
+    """llama.cpp's gguf-split writes a model as several files: the first was refused for a tensor it lacks."""
+    write_small_gguf(tmp_path / "g.gguf", meta)
+    check_error(tmp_path / "g.gguf", rf"is {which} of a split model: merge them into one file with llama.cpp's "
+                                     r"`llama-gguf-split --merge FIRST-PART MERGED.gguf` and pass that")
+    write_small_gguf(tmp_path / "whole.gguf", {"split.count": 1})  # (gguf-split's --merge may leave the count at 1)
+    check_error(tmp_path / "whole.gguf", "does not match its config")
+
+
+def test_a_gguf_tensor_type_the_gguf_package_does_not_list_says_to_upgrade_it(tmp_path):
+    """A type id newer than the installed gguf (llama.cpp adds quantizations) was called a file that "ends early or is
+    damaged": download it again."""
+    write_small_gguf(tmp_path / "g.gguf", {})
+    raw = (tmp_path / "g.gguf").read_bytes()
+    at = raw.index(b"token_embd.weight") + len("token_embd.weight") + 4 + 16  # past the name, n_dims, [64, 4]
+    (tmp_path / "g.gguf").write_bytes(raw[:at] + struct.pack("<I", 200) + raw[at + 4:])
+    check_error(tmp_path / "g.gguf", r"tensor token_embd.weight has type id 200, which the installed gguf package "
+                                     r"\([0-9.]+\) does not know .*: upgrade it \(pip install -U gguf\), or use a file "
+                                     r"of another quantization")
+
+
 def test_a_big_endian_gguf_reads_the_numbers_a_little_endian_one_holds(tmp_path):
     """gguf-py's dequantize read a big-endian file's F32 tensors in the machine's byte order: garbled weights."""
     import gguf

@@ -13,7 +13,7 @@ import torch
 
 from ...errors import LongswiftError, reason_of
 from .gguf_quants import DEQUANTIZE
-from .gguf_reader import SUPPORTED_VERSIONS, GGUFHeader
+from .gguf_reader import SUPPORTED_VERSIONS, GGUFHeader, UnknownTensorType
 from .hub import quiet_transformers
 
 # GGUF architecture -> transformers model_type. Mistral GGUFs are written as "llama".
@@ -55,6 +55,13 @@ def open_gguf(path: Path) -> GGUFHeader:
         raise LongswiftError(f"reading GGUF file '{path}' needs the gguf package ({exc}): pip install gguf") from None
     try:
         return GGUFHeader(path)
+    except UnknownTensorType as exc:
+        from importlib.metadata import version
+
+        raise LongswiftError(f"GGUF file '{path}': tensor {exc.name} has type id {exc.raw_type}, which the installed "
+                             f"gguf package ({version('gguf')}) does not know (a quantization newer than it, or "
+                             "damage): upgrade it (pip install -U gguf), or use a file of another quantization "
+                             "(Q8_0, Q4_K, F16)") from None
     except Exception as exc:  # the reader raises ValueError, IndexError, OSError... on damage
         raise LongswiftError(_unreadable(path, exc)) from None
 
@@ -133,6 +140,12 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
         raise LongswiftError(
             f"unsupported GGUF architecture '{arch}' in '{path}': longswift reads {', '.join(_ARCHITECTURES)} GGUFs"
         )
+    parts = _field(reader, "split.count") if "split.count" in reader.fields else None
+    if isinstance(parts, numbers.Integral) and not isinstance(parts, bool) and parts > 1:  # llama.cpp's gguf-split
+        number = _field(reader, "split.no") if "split.no" in reader.fields else None
+        which = f"part {int(number) + 1} of {parts}" if isinstance(number, numbers.Integral) else f"one of {parts} parts"
+        raise LongswiftError(f"GGUF file '{path}' is {which} of a split model: merge them into one file with "
+                             "llama.cpp's `llama-gguf-split --merge FIRST-PART MERGED.gguf` and pass that")
     a = arch
     required = [f"{a}.{k}" for k in ("attention.head_count", "embedding_length", "feed_forward_length", "block_count")]
     missing = [k for k in required if k not in reader.fields]

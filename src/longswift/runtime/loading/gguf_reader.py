@@ -74,6 +74,15 @@ class GGUFTensor:
     data: np.ndarray
 
 
+class UnknownTensorType(ValueError):
+    """A tensor type id the installed gguf package does not list: a newer quantization than it knows (llama.cpp
+    adds types), or damage."""
+
+    def __init__(self, name: str, raw_type: int) -> None:
+        super().__init__(f"tensor {name} has type id {raw_type}, which gguf does not list")
+        self.name, self.raw_type = name, raw_type
+
+
 class GGUFHeader:
     """`fields`: every metadata key's value (numbers, strings, lists; a string array as StringArray),
     led by the header's GGUF.version, GGUF.tensor_count and GGUF.kv_count as in the gguf package;
@@ -191,7 +200,10 @@ class GGUFHeader:
         return value
 
     def _tensor(self, name: str, shape: tuple[int, ...], raw_type: int, offset: int, gguf: Any) -> GGUFTensor:
-        kind = gguf.GGMLQuantizationType(raw_type)
+        try:
+            kind = gguf.GGMLQuantizationType(raw_type)
+        except ValueError:
+            raise UnknownTensorType(name, raw_type) from None
         n_elements = math.prod(shape)
         block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
         n_bytes = n_elements * block_bytes // block
