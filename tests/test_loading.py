@@ -677,6 +677,53 @@ def test_a_config_with_more_layers_than_its_weights_is_refused_before_planning_m
     assert_one_line_error(code, err, "says 10,000,000 layers, its weights hold 2; fix the config")
 
 
+@pytest.mark.parametrize("edit, match", [
+    (lambda d, state: d.update(hidden_size=4096), r"'model.embed_tokens.weight' has shape \(128, 64\), the config "
+                                                   r"implies \(128, 4096\)"),
+    (lambda d, state: state.pop("model.layers.1.mlp.up_proj.weight"), "tensor 'model.layers.1.mlp.up_proj.weight' is "
+                                                                       "missing"),
+    (lambda d, state: state.update(stray=torch.ones(2)), "unexpected tensor 'stray'"),
+])
+def test_info_refuses_what_the_load_refuses_from_the_weights_headers(tmp_path, capsys, edit, match):
+    """info planned memory and exited 0 for a checkpoint generate then refused (a config of other sizes than its
+    weights, a tensor missing or extra): load_config compared only the layer count. It reads the headers now."""
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("llama", seed=3)
+    hf.config.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    edit(raw, state)
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    message = "checkpoint does not match its config: " + match
+    with pytest.raises(LongswiftError, match=message):
+        load_model(tmp_path, torch.float32, CPU)
+    with pytest.raises(LongswiftError, match=message):
+        load_config(tmp_path)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "info", "--model", str(tmp_path))
+    assert_one_line_error(code, err, "checkpoint does not match its config")
+
+
+def test_a_header_check_takes_a_tied_configs_stored_head_and_released_heads_as_the_load_does(tmp_path):
+    """A tied config whose weights hold only lm_head.weight (the load takes it as the embedding), one holding both,
+    and a released checkpoint's head tensors pass the header check, as they load."""
+    from safetensors.torch import save_file
+
+    hf = tiny_hf_model("llama", seed=3, tie=True)
+    hf.config.save_pretrained(tmp_path)
+    state = {k: v.clone().contiguous() for k, v in hf.state_dict().items()}
+    for kept in (["lm_head.weight"], ["lm_head.weight", EMBED]):
+        save_file({k: v for k, v in state.items() if k not in {"lm_head.weight", EMBED} or k in kept},
+                  str(tmp_path / "model.safetensors"))
+        assert load_config(tmp_path).tie_word_embeddings
+        load_model(tmp_path, torch.float32, CPU)
+    save_file({**state, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)},
+              str(tmp_path / "model.safetensors"))
+    load_config(tmp_path)
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_weights_holding_nan_or_infinity_are_refused(tmp_path, bad):
     """They loaded and ran, writing garbage (heads with NaN were refused; the model's weights were not)."""

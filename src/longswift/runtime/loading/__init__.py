@@ -171,7 +171,23 @@ def load_config(source: str | os.PathLike | None, rope_scaling: str | None = Non
         except LongswiftError:  # a file whose header cannot be read: loading says so (the plan is of the config)
             shapes = {}
         _check_layer_count(cfg, shapes, path)
+        if shapes:
+            _check_header_shapes(cfg, shapes)
     return cfg
+
+
+def _check_header_shapes(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Refuse, from the weights' headers, what the load's check_state_dict would refuse once it had read them all (a
+    tensor missing, extra or of another shape than the config implies), so that `info` does not plan the memory of a
+    model that cannot load. As the load: a released checkpoint's head tensors and stored rope frequencies are not the
+    model's, and a tied config's stored head is the embedding where that is missing (where both are stored, the
+    load compares their values, which headers do not hold)."""
+    drop = [k for k in shapes if k.startswith(HEAD_PREFIX) or k.endswith(".rotary_emb.inv_freq")]
+    state = {k: torch.empty(v, device="meta") for k, v in shapes.items() if k not in drop}
+    if cfg.tie_word_embeddings and "lm_head.weight" in state:
+        head = state.pop("lm_head.weight")
+        state.setdefault(EMBED, head)
+    check_state_dict(cfg, state)
 
 
 def _check_layer_count(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], path: Path) -> None:
