@@ -220,6 +220,17 @@ def test_not_a_gguf_file(tmp_path):
                                           r"safetensors$")
 
 
+def test_a_gguf_of_another_name_is_read_by_its_magic_and_a_folder_of_one_points_to_it(tmp_path):
+    """A GGUF saved as model.bin was refused as "not a .gguf file"; a folder holding only a GGUF said it had no
+    config.json, without naming the file to pass."""
+    write_small_gguf(tmp_path / "model.bin", {})
+    check_error(tmp_path / "model.bin", "checkpoint does not match its config")  # read as the GGUF it is
+    check_error(tmp_path, r"has no config.json: pass an HF model directory or a .gguf file$")
+    (tmp_path / "model.bin").rename(tmp_path / "m.gguf")
+    check_error(tmp_path, r"has no config.json: pass an HF model directory or a .gguf file; it holds m.gguf: pass the "
+                          r"file$")
+
+
 @pytest.mark.parametrize("name, hint", [
     ("model.safetensors", r"'model\.safetensors' holds part of a model: pass the directory it is in \(draft heads go "
                           r"to heads=\)"),

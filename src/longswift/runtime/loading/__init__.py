@@ -88,11 +88,20 @@ def resolve_path(source: str | os.PathLike | None) -> Path:
         check_model_snapshot(path, source)
     if not path.exists():
         raise LongswiftError(f"model path '{path}' does not exist: pass a .gguf file or a directory with config.json")
-    if path.is_file() and path.suffix != ".gguf":
+    if path.is_file() and path.suffix != ".gguf" and not _begins_gguf(path):
         refusal = f"'{path}' is not a .gguf file: pass a GGUF file or a directory with config.json and safetensors"
         api, cli = _other_kind(path)
         raise LongswiftError(refusal + api, refusal + cli)
     return path
+
+
+def _begins_gguf(path: Path) -> bool:
+    """Whether a file of another name is a GGUF (its magic bytes): a model saved as model.bin loads as one."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _other_kind(path: Path) -> tuple[str, str]:
@@ -314,7 +323,10 @@ def _hf_dir_config(path: Path) -> Any:
     from transformers import AutoConfig
 
     if not (path / "config.json").is_file():
-        raise LongswiftError(f"'{path}' has no config.json: pass an HF model directory or a .gguf file")
+        ggufs = sorted(path.glob("*.gguf"))
+        inside = f"; it holds {ggufs[0].name}{' and more GGUF files' if len(ggufs) > 1 else ''}: pass the file" \
+            if ggufs else ""
+        raise LongswiftError(f"'{path}' has no config.json: pass an HF model directory or a .gguf file{inside}")
     try:
         raw = json.loads((path / "config.json").read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
