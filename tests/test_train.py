@@ -182,15 +182,24 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):
 
 
 def test_bf16_lm_head_follows_the_device_and_a_resume_goes_on_as_its_checkpoint_did(tiny, tmp_path, monkeypatch):
-    """Not given, --bf16-lm-head is on where the device computes bfloat16 natively (bf16_lm_head_default: on an
-    AVX2-only CPU autocast made a train-heads step 35x slower) and the checkpoint records what ran; a resume not
+    """Not given, --bf16-lm-head is on where the device multiplies bfloat16 in hardware (bf16_lm_head_default: on
+    an AVX2-only CPU autocast made a train-heads step 35x slower, ~3x on AVX-512 without BF16) and the checkpoint
+    records what ran; a resume not
     given it goes on as its checkpoint did, on a machine whose default differs, to an uninterrupted run's heads."""
     import longswift.train.train as train_module
-    from longswift.runtime.linear import packing_supported
+    from longswift.runtime import linear
+    from longswift.runtime.linear import bfloat16_products_native, packing_supported
 
     cpu = torch.device("cpu")
-    assert train_module.bf16_lm_head_default(cpu) == packing_supported(torch.bfloat16, cpu)
+    assert train_module.bf16_lm_head_default(cpu) == (packing_supported(torch.bfloat16, cpu)
+                                                      and bfloat16_products_native())
     assert train_module.bf16_lm_head_default(torch.device("cuda")) is True
+    # AVX-512 without BF16: oneDNN runs bfloat16 by converting, ~3x slower than float32 for the head's many rows
+    monkeypatch.setattr(linear, "onednn_computes", lambda dtype: True)
+    for native in (False, True):
+        monkeypatch.setattr(linear, "bfloat16_products_native", lambda native=native: native)
+        assert train_module.bf16_lm_head_default(cpu) is native
+    monkeypatch.undo()
     windows = _windows(tiny, n=3, seed=2)
     cfg = TrainConfig(steps=4, seq_len=24, batch_size=1, warmup=1, checkpoint_every=2)
     assert cfg.bf16_lm_head is None

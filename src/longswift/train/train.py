@@ -110,12 +110,13 @@ class StepMetrics:
 
 
 def bf16_lm_head_default(device: torch.device) -> bool:
-    """--bf16-lm-head where not given: on where the device computes bfloat16 products natively (CUDA, and a CPU
-    whose oneDNN has them: AVX-512 or AVX-NE-CONVERT), off elsewhere: on an AVX2-only CPU bfloat16 autocast ran
-    the LM head's product 6x slower than float32 (session 48)."""
-    from ..runtime.linear import onednn_computes
+    """--bf16-lm-head where not given: on where the device multiplies bfloat16 in hardware (CUDA, and a CPU with
+    AVX512-BF16 or AMX), off elsewhere: the LM head's product over a chunk's thousands of rows ran 6x slower than
+    float32 under an AVX2-only CPU's emulation (session 48) and ~3x on AVX-512 without BF16, where oneDNN converts
+    (a step 2.2-2.4 s against 0.73-0.78 s, session 59)."""
+    from ..runtime.linear import bfloat16_products_native, onednn_computes
 
-    return device.type != "cpu" or onednn_computes(torch.bfloat16)
+    return device.type != "cpu" or (onednn_computes(torch.bfloat16) and bfloat16_products_native())
 
 
 def head_losses(heads: DraftHeads, lm_head: torch.Tensor, h0: torch.Tensor, targets: torch.Tensor,
