@@ -1233,6 +1233,39 @@ def test_eval_heads_refuses_windows_too_short_for_its_heads(tmp_path, capsys):
         assert_one_line_error(code, err, f"--seq-len {length} leaves head 3 no token to predict")
 
 
+def test_eval_heads_without_data_says_evaluation_data_and_an_alpha_of_no_drafts_is_na(tmp_path, capsys):
+    """It said "no training data"; an alpha run of one token (the prefill's draw, no step drafted) printed alpha
+    0.000."""
+    from conftest import byte_tokenizer, tiny_hf_model
+
+    model, data = tiny_model_and_text(tmp_path, capsys)
+    code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "random")
+    assert_one_line_error(code, err, "no evaluation data: pass --data FILE_OR_DIR and/or --self-distill N")
+    tiny_hf_model("llama", seed=5, vocab=300).save_pretrained(model)  # with a tokenizer, for the alpha run's prompt
+    byte_tokenizer().save_pretrained(model)
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "random", "--data", str(data),
+                             "--device", "cpu", "--seq-len", "32", "--alpha-tokens", "1", "--no-progress")
+    assert code == 0, err
+    assert "alpha n/a (nothing drafted) (0 of 1 steps drafted)" in out
+
+
+def test_eval_heads_refuses_a_tree_deeper_than_its_heads_before_the_accuracy(tmp_path, capsys, monkeypatch):
+    """The alpha run refused --tree 1,3,3,3 for heads drafting 2 depths only after the accuracy's work (minutes with
+    --self-distill), with no --json written: refused once the heads are known."""
+    import longswift.train.eval as evaluation
+
+    monkeypatch.setattr(evaluation, "head_accuracy", lambda *a, **k: pytest.fail("the accuracy ran first"))
+    model, data = tiny_model_and_text(tmp_path, capsys)
+    heads = tmp_path / "h.safetensors"
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(model), "--heads", "random", "--out", str(heads))
+    assert code == 0, err  # 3 heads: 4 depths; the tree asks for 5
+    code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", str(heads), "--data", str(data),
+                           "--device", "cpu", "--seq-len", "32", "--alpha-tokens", "8", "--tree", "1,2,2,2,2",
+                           "--no-progress")
+    assert_one_line_error(code, err, "--tree 1,2,2,2,2 has 5 depths but the heads draft only 4")
+
+
 @pytest.mark.slow
 def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
     """eval-heads' alpha measures the heads: with adaptive steps (generate's default) nearly every

@@ -344,8 +344,12 @@ def test_a_diverged_step_stops_training_before_it_updates_the_heads(tiny, tmp_pa
     monkeypatch.setattr(train_module, "head_losses", nan_on_the_second_step)
     cfg = TrainConfig(steps=3, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1, chunk=10**6)
     with pytest.raises(LongswiftError, match=r"training diverged at step 2 \(loss nan\): the checkpoints so far are "
-                                             r"intact; train again into a new --out with a lower --lr"):
+                                             r"intact; train again into a new --out with a lower --lr \(now 0.03\)$"):
         train_heads(tiny, _windows(tiny, n=3, seed=2), cfg, tmp_path, progress=False)
+    calls.clear()  # with a weight decay, the message names it too
+    cfg = TrainConfig(steps=3, seq_len=24, batch_size=1, warmup=1, checkpoint_every=1, chunk=10**6, weight_decay=5.0)
+    with pytest.raises(LongswiftError, match=r"lower --lr \(now 0.03\) or --weight-decay \(now 5\)$"):
+        train_heads(tiny, _windows(tiny, n=3, seed=2), cfg, tmp_path / "decay", progress=False)
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ck["step"] == 1 and all(torch.isfinite(t).all() for t in ck["heads"].values())
     assert not (tmp_path / "heads.safetensors").exists()
@@ -450,6 +454,11 @@ def test_train_config_errors():
     for bad in (float("nan"), float("inf"), -0.1):  # nan: torch's ValueError after loading; inf: NaN heads saved
         with pytest.raises(LongswiftError, match="--weight-decay must be a number >= 0"):
             TrainConfig(weight_decay=bad)
+    # 1e30 is finite and was taken: AdamW's 1 - lr x decay scaled the heads by -3e28 and training diverged
+    with pytest.raises(LongswiftError, match=r"^--weight-decay 1e\+30 at --lr 0.03 scales the "
+                                             r"heads by -3e\+28 a step"):
+        TrainConfig(weight_decay=1e30)
+    assert TrainConfig(weight_decay=33.0).weight_decay == 33.0  # (0.01 of the heads kept a step: harsh, not broken)
 
 
 def test_self_distill_greedy_matches_our_ar(tiny, tmp_path):
@@ -468,6 +477,19 @@ def test_self_distill_greedy_matches_our_ar(tiny, tmp_path):
     again = self_distill(tiny, 3 * 12, new_tokens=12, batch_size=3, sampling=sampling, cache_dir=tmp_path,
                          progress=False, prompts=prompts)
     assert again == docs
+
+
+def test_self_distill_past_the_machines_memory_is_refused_at_once(tiny, tmp_path, monkeypatch):
+    """--self-distill 100000000000 built a list of 10^9 prompts for minutes, gigabytes deep, without a word."""
+    import longswift.train.distill as distill
+    from longswift.runtime import memory
+
+    monkeypatch.setattr(distill, "_sampler", lambda engine: pytest.fail("sampled before refusing"))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 8 * memory.GiB)
+    with pytest.raises(LongswiftError, match=r"^--self-distill 100,000,000,000 tokens would hold ~5,215.4 GiB of "
+                                             r"documents in memory, more than the 8.0 GiB available: lower it"):
+        self_distill(tiny, 10**11, new_tokens=100, cache_dir=tmp_path, progress=False)
+    distill.check_distill_memory(10**8)  # 5.2 GiB: taken
 
 
 def test_self_distill_refuses_documents_shorter_than_a_window_before_sampling(tiny, tmp_path, monkeypatch):

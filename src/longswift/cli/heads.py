@@ -72,13 +72,14 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="self-distill documents generated at once (default %(default)s)")
 
 
-def read_data(args: argparse.Namespace) -> list[str]:
+def read_data(args: argparse.Namespace, purpose: str = "training") -> list[str]:
     """Check the data flags and read the --data texts, before the model loads (which takes minutes,
-    and --self-distill many more): a missing file or a bad number costs no loading time."""
+    and --self-distill many more): a missing file or a bad number costs no loading time. `purpose`: what the data
+    is for, as the refusal of none names it ("training", "evaluation")."""
     from ..train.data import read_texts
 
     if not args.data and not args.self_distill:
-        raise LongswiftError("no training data: pass --data FILE_OR_DIR and/or --self-distill N")
+        raise LongswiftError(f"no {purpose} data: pass --data FILE_OR_DIR and/or --self-distill N")
     if args.self_distill < 0:
         raise LongswiftError(f"--self-distill must be a number of tokens >= 0, got {args.self_distill}")
     for flag in ("distill_new_tokens", "distill_batch"):
@@ -240,7 +241,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if args.heads == "none":
         raise LongswiftError("eval-heads needs draft heads: pass --heads with a heads file, 'default' or 'auto'")
     check_heads_flag(args.heads, None)
-    texts = read_data(args)
+    texts = read_data(args, "evaluation")
     check_seq_len(args, runtime, args.seq_len)
     engine = load(args.model, runtime, heads=args.heads)
     if engine.heads is None:
@@ -248,14 +249,15 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
                              "(train one with `longswift train-heads`)")
     check_window(args.seq_len, engine.heads.gamma)  # before the windows, which may distill for minutes
     if args.alpha_tokens:
-        check_alpha_fits(engine, args.alpha_tokens)  # before the windows, which may distill for minutes
+        check_alpha_fits(engine, args.alpha_tokens, spec=spec)  # before the windows, which may distill for minutes
     windows, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
     acc = head_accuracy(engine, engine.heads, windows, progress=show_progress(args))
     print(f"accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
         s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=show_progress(args))
-        print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {s.alpha:.3f} "
+        alpha = f"{s.alpha:.3f}" if s.draft_positions else "n/a (nothing drafted)"  # (to_dict's alpha: None)
+        print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {alpha} "
               f"({s.verify_steps} of {s.steps} steps drafted), {s.tokens_per_step:.2f} tokens/step, "
               f"n-gram share {s.ngram_accepted / max(1, s.accepted_tokens):.2f}")
         result["generation"] = s.to_dict()

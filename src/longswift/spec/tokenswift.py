@@ -70,6 +70,20 @@ class Verified:
         return self.cached[i]
 
 
+def spec_for_heads(spec: SpecConfig, device: torch.device, gamma: int) -> tuple[SpecConfig, list[int]]:
+    """`spec` as it runs on `device` with heads of `gamma` heads, and its draft pass's candidates per depth; refused
+    where its tree is deeper than the heads draft, or a fused draft mode is left no depth to draft."""
+    spec = spec.for_device(device, gamma + 1)
+    levels = draft_levels(spec)
+    if len(spec.levels) > gamma + 1:
+        depths = f"has {len(spec.levels)} depths but the heads draft only {gamma + 1}: give at most that many"
+        raise ConfigError(f"SpecConfig.tree='{spec.tree}' {depths}", f"--tree {spec.tree} {depths}")
+    if not levels:
+        raise ConfigError("draft_mode='fused' (--draft-mode fused) needs a tree (--tree) of at least two "
+                          "depths (the first is skipped)")
+    return spec, levels
+
+
 class TokenSwiftState:
     """Everything one generation carries from step to step."""
 
@@ -77,14 +91,7 @@ class TokenSwiftState:
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
                  read_every: int = 1, graph_attention: str = "bucketed") -> None:
-        spec = spec.for_device(model.device, heads.gamma + 1)
-        levels = draft_levels(spec)
-        if len(spec.levels) > heads.gamma + 1:
-            depths = f"has {len(spec.levels)} depths but the heads draft only {heads.gamma + 1}: give at most that many"
-            raise ConfigError(f"SpecConfig.tree='{spec.tree}' {depths}", f"--tree {spec.tree} {depths}")
-        if not levels:
-            raise ConfigError("draft_mode='fused' (--draft-mode fused) needs a tree (--tree) of at least two "
-                              "depths (the first is skipped)")
+        spec, levels = spec_for_heads(spec, model.device, heads.gamma)
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
         self.stats, self.generator = stats, generator
         self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all

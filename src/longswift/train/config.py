@@ -46,7 +46,11 @@ class TrainConfig:
                                  f"the default is {TrainConfig.lr}), got {self.lr}")
         if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):  # nan/inf: NaN heads after one step
             raise LongswiftError(f"--weight-decay must be a number >= 0, got {self.weight_decay}")
+        if self.lr * self.weight_decay >= 1:  # AdamW scales the weights by 1 - lr x decay a step: 0 or below flips them
+            raise LongswiftError(f"--weight-decay {self.weight_decay:g} at --lr {self.lr:g} scales the heads by "
+                                 f"{1 - self.lr * self.weight_decay:.3g} a step (AdamW's 1 - lr x decay): keep lr x "
+                                 "decay below 1 (AdamW's usual decay is 0.01-0.1)")
         if seed_problem(self.seed) is not None:
             raise LongswiftError(seed_problem(self.seed))
         if self.seq_len < self.gamma + 2:
-            raise LongswiftError(f"--seq-len must be at least gamma + 2 = {self.gamma + 2}")
+            raise LongswiftError(f"--seq-len must be at least gamma + 2 = {self.gamma + 2}, got {self.seq_len}")

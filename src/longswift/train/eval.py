@@ -61,9 +61,14 @@ def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: 
     return HeadAccuracy(int(count[0]), (top1 / c).tolist(), (top3 / c).tolist())
 
 
-def check_alpha_fits(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT) -> None:
+def check_alpha_fits(engine: Any, new_tokens: int, prompt: str = HELD_OUT_PROMPT,
+                     spec: SpecConfig | None = None) -> None:
     """Refuse, naming --alpha-tokens, a held-out generation longer than the model's context, or one that this
-    model, without a tokenizer, cannot write from its text prompt."""
+    model, without a tokenizer, cannot write from its text prompt; and a `spec` its heads cannot draft (a tree
+    deeper than they are), which the run would refuse only after the accuracy's work."""
+    from ..spec.tokenswift import spec_for_heads
+
+    spec_for_heads(spec or SpecConfig(), engine.model.device, engine.heads.gamma)
     if engine.tokenizer is None:  # (encode's advice, to give token ids, is not one eval-heads can take)
         raise LongswiftError("the alpha run writes from a held-out text prompt, and this model has no tokenizer: "
                              f"{ADD_TOKENIZER_FILES}, or give --alpha-tokens 0")

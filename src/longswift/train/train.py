@@ -195,9 +195,10 @@ class HeadTrainer:
                 correct += c.cpu()
                 counted += v.cpu()
         if not torch.isfinite(ce_sum).all():  # before the update: the heads and the last checkpoint stay finite
+            decay = f" or --weight-decay (now {cfg.weight_decay:g})" if cfg.weight_decay else ""
             raise LongswiftError(f"training diverged at step {self.step + 1} (loss {ce_sum.sum().item()}): the "
                                  f"checkpoints so far are intact; train again into a new --out with a lower --lr "
-                                 f"(now {cfg.lr})")
+                                 f"(now {cfg.lr}){decay}")
         torch.nn.utils.clip_grad_norm_(self.heads.parameters(), 1.0)
         self.optimizer.step()
         self.step += 1
