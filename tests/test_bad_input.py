@@ -905,9 +905,9 @@ def test_train_heads_resume_checks_its_checkpoint_before_loading(capsys, tmp_pat
 @pytest.mark.parametrize("command", ["train-heads", "eval-heads"])
 @pytest.mark.parametrize("flags,match", [
     ([], "no training data: pass --data FILE_OR_DIR and/or --self-distill N"),
-    (["--data", "MISSING"], "training data 'MISSING' does not exist"),
-    (["--data", "PIPE"], "training data 'PIPE' is a pipe or device, not a file: save the data to a file"),
-    (["--data", "EMPTY"], "no text in EMPTY: the training data is empty"),
+    (["--data", "MISSING"], "--data 'MISSING' does not exist"),
+    (["--data", "PIPE"], "--data 'PIPE' is a pipe or device, not a file: save the data to a file"),
+    (["--data", "EMPTY"], "no text in EMPTY: the --data is empty"),
     (["--data", "BINARY"], "looks binary (it holds NUL bytes)"),
     (["--self-distill", "-5"], "--self-distill must be a number of tokens >= 0, got -5"),
     (["--self-distill", "100", "--distill-batch", "0"], "--distill-batch must be positive, got 0"),
@@ -921,6 +921,8 @@ def test_heads_commands_check_their_data_before_loading(capsys, tmp_path, no_loa
              "PIPE": tmp_path / "pipe"}
     flags = [str(names[f]) if f in names else f for f in flags]
     match = next((match.replace(k, str(v)) for k, v in names.items() if k in match), match)
+    if command == "eval-heads":  # (what the data is for: "no training data" was said to eval-heads too)
+        match = match.replace("no training data", "no evaluation data")
     where = ["--out", str(tmp_path / "heads")] if command == "train-heads" else ["--heads", "default"]
     code, _, err = run_cli(capsys, command, *where, *flags)
     assert_one_line_error(code, err, match)

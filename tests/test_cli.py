@@ -1159,7 +1159,7 @@ def test_train_heads_then_eval_heads(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("content, args, match", [
-    (b"", [], "training data is empty"),
+    (b"", [], "the --data is empty"),
     (b"\x00\x01\x02binary", [], "looks binary"),
     (b"too short", ["--seq-len", "64"], "no document reaches --seq-len 64"),
     (None, [], "no training data"),

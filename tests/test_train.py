@@ -405,8 +405,8 @@ def test_jsonl_lines_end_at_newlines_only_and_ndjson_is_jsonl(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    (b"", "training data is empty"),
-    (b"   \n", "training data is empty"),
+    (b"", "the --data is empty"),
+    (b"   \n", "the --data is empty"),
     (b"\x7fELF\x00\x00\x01", "looks binary"),
     (b"caf\xe9", "not UTF-8"),
 ])

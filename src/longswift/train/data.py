@@ -24,10 +24,10 @@ def _files(source: Path) -> list[Path]:
                                  "--data at text files")
         return found
     if source.exists() and not source.is_file():  # (a shell's <(...) is a pipe: it exists, and is read once)
-        raise LongswiftError(f"training data '{source}' is a pipe or device, not a file: save the data to a file and "
+        raise LongswiftError(f"--data '{source}' is a pipe or device, not a file: save the data to a file and "
                              "pass that (a text file, a .jsonl file or a directory)")
     if not source.is_file():
-        raise LongswiftError(f"training data '{source}' does not exist: pass a text file, a .jsonl file or a directory")
+        raise LongswiftError(f"--data '{source}' does not exist: pass a text file, a .jsonl file or a directory")
     return [source]
 
 
@@ -86,7 +86,7 @@ def read_texts(sources: list[str | os.PathLike]) -> list[str]:
             elif content.strip():
                 texts.append(content)
     if not texts:
-        raise LongswiftError(f"no text in {', '.join(map(str, sources))}: the training data is empty")
+        raise LongswiftError(f"no text in {', '.join(map(str, sources))}: the --data is empty")
     return texts
 
 
