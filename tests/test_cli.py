@@ -1303,7 +1303,9 @@ def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tm
 
     def cut(engine, windows, cfg, out, **kwargs):  # saved a step, then the second Ctrl-C
         assert Path(out).is_dir() and kwargs["claimed"]  # (made and held before loading)
-        (Path(out) / "checkpoint.pt").write_bytes(b"saved")
+        import torch
+
+        torch.save({"step": 7, "config": {"steps": 20}}, Path(out) / "checkpoint.pt")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (None, {}))  # (the tiny model has no tokenizer)
@@ -1312,8 +1314,8 @@ def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tm
     code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),
                            "--out", str(out), "--seq-len", "32", "--no-progress")
     assert code == 130, err
-    assert err.startswith(f"longswift: interrupted; '{out / 'checkpoint.pt'}' holds the last saved step: continue "
-                          "with: longswift train-heads --model "), err
+    assert err.startswith(f"longswift: interrupted; '{out / 'checkpoint.pt'}' holds the last saved step (step 7 of "
+                          "20): continue with: longswift train-heads --model "), err
     assert err.rstrip().endswith(" --resume")
 
 

@@ -72,6 +72,18 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="self-distill documents generated at once (default %(default)s)")
 
 
+def _saved_step(checkpoint: Path) -> str:
+    """' (step N of M)' of a training checkpoint, for the line that says where a stopped run can go on; empty where it
+    cannot be read (the line still names the file)."""
+    import torch
+
+    try:
+        saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        return f" (step {int(saved['step'])} of {int(saved['config']['steps'])})"
+    except Exception:  # (a damaged file: the resume will say so)
+        return ""
+
+
 def read_data(args: argparse.Namespace, purpose: str = "training") -> list[str]:
     """Check the data flags and read the --data texts, before the model loads (which takes minutes,
     and --self-distill many more): a missing file or a bad number costs no loading time. `purpose`: what the data
@@ -188,7 +200,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         if type(exc) is not KeyboardInterrupt:
             raise
         if (out / CHECKPOINT).exists():
-            kept = f"'{out / CHECKPOINT}' holds the last saved step: continue with: {again}"
+            step = _saved_step(out / CHECKPOINT)
+            kept = f"'{out / CHECKPOINT}' holds the last saved step{step}: continue with: {again}"
             if stop.signum is None:
                 raise KeyboardInterrupt(kept) from exc
             say(f"longswift: interrupted; {kept}")
