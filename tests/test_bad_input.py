@@ -473,6 +473,7 @@ def test_an_output_where_no_file_can_be_created_is_refused_before_loading(capsys
     (["--format", "tokenswift", "--out", "/proc/released"], "cannot write --out '/proc/released'"),
     (["--format", "tokenswift", "--out", "FILE"], "is a file, and --out here is a new directory"),
     (["--out", "FILE"], "is a file, and --out here is a new directory"),  # no .safetensors: the released layout
+    (["--out", "/dev/null"], "'/dev/null' is a device, pipe or socket, and --out here is a new directory"),
     (["--format", "tokenswift", "--out", "x.safetensors"], "--format tokenswift writes a directory, and --out "
                                                            "'x.safetensors' names a file: give a directory name, or "
                                                            "drop --format for one heads file"),

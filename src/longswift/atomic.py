@@ -168,7 +168,8 @@ def check_new_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     _refuse_dash(path, "a directory", flag)
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
-        raise LongswiftError(f"'{p}' is a file, and {flag} here is a new directory: choose a new {flag}")
+        kind = "a file" if p.is_file() else "a device, pipe or socket"
+        raise LongswiftError(f"'{p}' is {kind}, and {flag} here is a new directory: choose a new {flag}")
     if p.exists() and any(not _left_by_killed_writer(e) for e in p.iterdir()):  # (those the write removes)
         raise LongswiftError(f"'{p}' is a directory that is not empty: choose a new {flag}")
     return check_dir_writable(p, flag)
