@@ -282,6 +282,63 @@ def test_missing_peers_are_skipped_not_failed(tmp_path, tiny_dir, capsys, monkey
     assert [r["method"] for r in lines(out_dir / "results.jsonl")] == ["ar"]
 
 
+def test_a_peer_that_fails_as_it_loads_is_skipped_with_why(tmp_path, tiny_dir, capsys, monkeypatch):
+    """llama-cpp-python whose native library will not load raises a RuntimeError on import: every bench, even of
+    ar alone, stopped with a traceback (the versions line asks every peer's version)."""
+    fake = tmp_path / "site" / "llama_cpp"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise RuntimeError(\"Failed to load shared library 'libllama.so'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    assert missing("llamacpp") == ("installed but fails to import (RuntimeError: Failed to load shared library "
+                                   "'libllama.so'); reinstall it: pip install --force-reinstall llama-cpp-python")
+    report, err = bench(capsys, tiny_dir, tmp_path / "bench", "--methods", "ar,llamacpp", "--lengths", "4",
+                        "--presets", "greedy")
+    assert "llamacpp: skipped (installed but fails to import" in report
+
+
+def test_the_files_are_written_before_the_report_is_printed(tmp_path, tiny_dir, capsys, monkeypatch):
+    """A reader of stdout that stops (`| head -3`) ended the command at the report's print, before --json and --out
+    were written: the grid's results went without a word (its --out-dir, if given, kept them)."""
+    import builtins
+
+    real_print = builtins.print
+
+    def closed_pipe(*args, **kwargs):  # stdout's reader is gone; stderr still takes the log
+        if kwargs.get("file") in (None, sys.stdout):
+            raise BrokenPipeError(32, "Broken pipe")
+        real_print(*args, **kwargs)
+
+    monkeypatch.setattr(builtins, "print", closed_pipe)
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
+                 "ar", "--prefix", "12", "--lengths", "4", "--presets", "greedy", "--json", str(tmp_path / "r.json"),
+                 "--out", str(tmp_path / "r.md")])
+    monkeypatch.undo()
+    assert code == 141  # (the shell's status for a closed pipe)
+    assert json.loads((tmp_path / "r.json").read_text())["runs"][0]["method"] == "ar"
+    assert "| ar |" in (tmp_path / "r.md").read_text()
+
+
+def test_results_recorded_before_a_sampling_field_was_added_resume_as_done(tmp_path, tiny_dir, capsys):
+    """A run's key hashes its sampling settings: banned_ids, added later, changed every key, so a directory made
+    before it re-ran every run on resume and its report counted each twice. Such records are found by their
+    earlier key (the added field at its default left out)."""
+    from longswift.bench.grid import KEYED_SAMPLING, _key
+
+    out_dir = tmp_path / "bench"
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "4")
+    pool = tuple(torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(0)).tolist())
+    records = lines(out_dir / "results.jsonl")
+    for r in records:  # as a bench from before banned_ids wrote them
+        assert r["key"] == _key(r["prompt"], pool, r["length"], r["sampling"], r["method"], r["variant"], r["run"])
+        r["sampling"] = {k: v for k, v in r["sampling"].items() if k in KEYED_SAMPLING}
+        r["key"] = _key(r["prompt"], pool, r["length"], r["sampling"], r["method"], r["variant"], r["run"])
+    (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report, err = bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "4")
+    assert f"resuming: {len(records)} runs already in" in err and "0 runs to do" in err
+    assert len(lines(out_dir / "results.jsonl")) == len(records)
+
+
 def test_ablation_rerun_adds_a_variant_next_to_the_existing_runs(tmp_path, tiny_dir, capsys):
     out_dir = tmp_path / "bench"
     bench(capsys, tiny_dir, out_dir, "--methods", "ar,tokenswift", "--lengths", "6", "--presets", "greedy")

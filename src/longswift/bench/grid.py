@@ -146,6 +146,19 @@ def spec_label(spec: SpecConfig, method: str, default_walk: str = "rows") -> str
             f"adaptive {'on' if spec.adaptive else 'off'}")
 
 
+# SamplingConfig's fields when run keys were first made. A run's key holds every field; a run recorded before a
+# field was added (banned_ids, which changed every key: a resume re-ran every run and the report counted each
+# twice) is found by its key without the added fields that are at their defaults.
+KEYED_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "eta", "repetition_penalty", "penalty_window", "seed")
+
+
+def sampling_key(sampling: SamplingConfig) -> dict[str, Any]:
+    """The sampling settings an earlier run's key holds (KEYED_SAMPLING, and any other field away from its
+    default)."""
+    defaults = SamplingConfig()
+    return {k: v for k, v in asdict(sampling).items() if k in KEYED_SAMPLING or v != getattr(defaults, k)}
+
+
 def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
@@ -427,8 +440,10 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                 for m in runnable:
                     if methods.skip_reason(m, sampling):
                         continue
-                    key = _key(cell.prompt.name, cell.prompt.ids, cell.length, asdict(sampling), m, methods.variant(m), r)
-                    if not store.has(key):
+                    key, earlier = (_key(cell.prompt.name, cell.prompt.ids, cell.length, settings, m,
+                                         methods.variant(m), r)
+                                    for settings in (asdict(sampling), sampling_key(sampling)))
+                    if not (store.has(key) or store.has(earlier)):
                         plan.append((cell, r, m, key))
         log(f"{len(plan)} runs to do over {len(cells)} cells ({', '.join(runnable) or 'no methods'})")
         note = half_precision_note(engine.model.dtype, engine.model.device)
@@ -482,7 +497,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             write_outputs(store, ctx, out_dir, plots=False)
         records = store.records
         report = write_outputs(store, ctx, out_dir, plots=True)
-        print(report)
+        # The files first: a reader of stdout that stops (`| head`) ends the command at the print
         if out is not None:
             from ..atomic import append_atomic
 
@@ -491,6 +506,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             from ..atomic import write_atomic
 
             write_atomic(json_path, json.dumps({"config": identity, "runs": records}) + "\n")
+        print(report)
         return records
     finally:
         store.close()

@@ -30,13 +30,16 @@ def missing(method: str) -> str | None:
         importlib.import_module(module)
     except ImportError:
         return f"not installed: pip install {dist}"
+    except Exception as exc:  # installed, but it fails as it loads (llama_cpp: its native library will not load)
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+        return f"installed but fails to import ({why}); reinstall it: pip install --force-reinstall {dist}"
     return None
 
 
 def version(module: str) -> str | None:
     try:
         return str(importlib.import_module(module).__version__)
-    except (ImportError, AttributeError):
+    except Exception:  # (not installed, no __version__, or failing as it loads: missing() says why)
         return None
 
 
