@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import re
 import sys
 
 import pytest
@@ -614,9 +615,13 @@ def test_lockstep_bytes_add_up_the_graph_pools_only_with_cuda_graphs():
 
 
 def run_record(key: str, **more) -> dict:
-    """A run's record with the fields every record has (store.RECORD_FIELDS), for the store's own tests."""
+    """A run's record with the fields every record has (store.RECORD_FIELDS, and the others the report reads:
+    store.RECORD_TYPES), for the store's own tests."""
     return {"key": key, "prompt": "p", "prompt_tokens": 8, "preset": "greedy", "length": 4, "method": "ar",
-            "variant": "", "run": 0, "decode_tokens_per_second": 1.0, "token_ids": [1, 2, 3, 4], **more}
+            "variant": "", "run": 0, "decode_tokens_per_second": 1.0, "token_ids": [1, 2, 3, 4],
+            "finished_at": "2026-12-01T04:00:00", "peak_memory_bytes": 2**30, "decode_seconds": 3.0,
+            "prefill_seconds": 0.5, "sampling": {"temperature": 0.0}, "checkpoints": [[1, 0.5], [4, 3.5]],
+            **{f"distinct_{n}": 1.0 for n in (1, 2, 3, 4)}, **more}
 
 
 def test_a_results_directory_takes_one_invocation_at_a_time_and_a_batch_at_once(tmp_path):
@@ -1083,16 +1088,27 @@ def test_runs_of_one_prompt_name_tokenized_otherwise_are_another_cell(tmp_path, 
     (b"\xff\xfe\n", ":2 is not UTF-8 text"),
     (b"42\n", ":2 is not a bench run's record"),
     (b'{"key": "k", "prompt": "p"}\n', ":2 is not a bench run's record (a JSON object with decode_tokens_per_second"),
+    (json.dumps({k: v for k, v in run_record("b").items() if k != "sampling"}).encode() + b"\n",
+     ":2 is a damaged bench record (it has no 'sampling'): fix or remove the line, or use --fresh"),
+    (json.dumps(run_record("b", run="x")).encode() + b"\n", ":2 is a damaged bench record (its 'run' is 'x', not a "
+                                                              "whole number)"),
+    (json.dumps(run_record("b", decode_tokens_per_second="fast")).encode() + b"\n",
+     ":2 is a damaged bench record (its 'decode_tokens_per_second' is 'fast', not a number)"),
+    (json.dumps(run_record("b", token_ids=None)).encode() + b"\n", ":2 is a damaged bench record (its 'token_ids' "
+                                                                     "is None, not a list)"),
+    (json.dumps(run_record("b", checkpoints=[[1]])).encode() + b"\n",
+     ":2 is a damaged bench record (its 'checkpoints' are not all [tokens, seconds] pairs)"),
 ])
 def test_a_damaged_results_file_is_a_one_line_error(tmp_path, damage, said):
     """A byte that is not UTF-8 was a UnicodeDecodeError; a line of JSON that is not a run (42) a TypeError; a
-    record without its fields ran the whole grid, then failed in the report with a KeyError."""
+    record without its fields ran the whole grid, then failed in the report with a KeyError; one without a field
+    only the report reads (sampling), or of another type, the same (session 59's review)."""
     from longswift.bench.store import ResultStore
 
     ResultStore(tmp_path, {"model": "m"}).close()
     good = run_record("a")
     (tmp_path / "results.jsonl").write_bytes(json.dumps(good).encode() + b"\n" + damage)
-    with pytest.raises(LongswiftError, match=f"results.jsonl{said}".replace("(", "\\(")):
+    with pytest.raises(LongswiftError, match=re.escape(f"results.jsonl{said}")):
         ResultStore(tmp_path, {"model": "m"})
     assert not (tmp_path / "results.jsonl.lock").exists()
     (tmp_path / "results.jsonl").write_bytes(json.dumps(good).encode() + b"\n")

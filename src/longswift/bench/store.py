@@ -16,6 +16,36 @@ from ..runtime.probe import same_model
 # What every run's record has, which the report groups and resumes by (older versions' records included).
 RECORD_FIELDS = frozenset({"key", "prompt", "prompt_tokens", "preset", "length", "method", "variant", "run",
                            "decode_tokens_per_second", "token_ids"})
+# What the report reads of every record, and its type: `int` a whole number, `float` any number.
+RECORD_TYPES: dict[str, type] = {
+    "key": str, "prompt": str, "preset": str, "method": str, "variant": str, "finished_at": str,
+    "prompt_tokens": int, "length": int, "run": int, "peak_memory_bytes": int,
+    "decode_tokens_per_second": float, "decode_seconds": float, "prefill_seconds": float,
+    **{f"distinct_{n}": float for n in (1, 2, 3, 4)}, "sampling": dict, "token_ids": list, "checkpoints": list,
+}
+
+
+def record_problem(record: dict[str, Any]) -> str | None:
+    """What in a results record the report cannot read (a field missing or of another type, token ids that are not
+    whole numbers, checkpoints that are not [tokens, seconds] pairs), or None."""
+    def number(v: Any, kind: type) -> bool:
+        return not isinstance(v, bool) and isinstance(v, int if kind is int else (int, float))
+
+    for name, kind in RECORD_TYPES.items():
+        if name not in record:
+            return f"it has no '{name}'"
+        value = record[name]
+        if not (number(value, kind) if kind in (int, float) else isinstance(value, kind)):
+            return f"its '{name}' is {value!r}, not {_KINDS[kind]}"
+    if not all(number(t, int) for t in record["token_ids"]):
+        return "its 'token_ids' are not all whole numbers"
+    if not all(isinstance(c, list) and len(c) == 2 and number(c[0], int) and number(c[1], float)
+               for c in record["checkpoints"]):
+        return "its 'checkpoints' are not all [tokens, seconds] pairs"
+    return None
+
+
+_KINDS = {str: "text", int: "a whole number", float: "a number", dict: "an object", list: "a list"}
 # What a results directory holds (all of it bench's: --fresh discards these, and outputs may not replace them).
 OUTPUT_FILES = ("results.jsonl", "results.csv", "report.md", "config.json", "speedup_vs_length.png",
                 "alpha_vs_length.png", "time_to_n_tokens.png")
@@ -155,6 +185,10 @@ class ResultStore(MemoryStore):
             if not isinstance(record, dict) or not RECORD_FIELDS <= record.keys():
                 raise LongswiftError(f"{self.path}:{i + 1} is not a bench run's record (a JSON object with "
                                      f"{', '.join(sorted(RECORD_FIELDS))}): fix or remove the line, or use --fresh")
+            wrong = record_problem(record)
+            if wrong:  # (what the report reads: a field missing or of another type was its traceback)
+                raise LongswiftError(f"{self.path}:{i + 1} is a damaged bench record ({wrong}): fix or remove the "
+                                     "line, or use --fresh")
             good.append(line)
             super().append(record)
         if text and not text.endswith("\n"):  # a whole last record without its newline: the next would join it
