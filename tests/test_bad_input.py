@@ -1101,10 +1101,14 @@ def test_a_bench_grid_value_given_twice_is_refused_before_loading(flags, match, 
     (["--prompt-file", "P.txt", "--chat", "--prompt-tokens", "32"], "--prompt-tokens sets prompt lengths, but a chat"),
     (["--chat"], "--chat sends a prompt file through the chat template: give --prompt-file"),
     (["--fresh"], "--fresh discards the results in --out-dir: give --out-dir"),
+    (["--prompt-file", "P.JSONL", "--prefix", "32"], "--prefix sets prompt lengths, but a .jsonl file's prompts are"),
+    (["--sampling", "greedy,paper"], "--sampling takes a single preset; got 'greedy,paper': give several with "
+                                     "--presets"),
 ])
 def test_bench_flags_that_would_be_dropped_are_refused(flags, match, capsys, no_loading, tmp_path):
     """They ran, recorded (--chat in config.json) or were ignored without a word (found by review)."""
     (tmp_path / "P.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    (tmp_path / "P.JSONL").write_text('{"id": "a", "prompt": "hi"}\n')  # (read as one text prompt, its suffix upper)
     (tmp_path / "P.txt").write_text("hi")
     flags = [str(tmp_path / f) if f.startswith("P.") else f for f in flags]
     code, _, err = run_cli(capsys, "bench", "--methods", "ar", *flags)
@@ -1118,6 +1122,22 @@ def test_an_empty_bench_list_is_refused_naming_it(flags, match, capsys, no_loadi
     """--presets ',' ran the default greedy preset silently; --methods ',' said "unknown bench method(s) []"."""
     code, _, err = run_cli(capsys, "bench", *flags)
     assert_one_line_error(code, err, match)
+
+
+@pytest.mark.parametrize("argv", [["generate", "--prompt-file", ""], ["generate", "--resume", " "],
+                                  ["export-heads", "--out", ""], ["train-heads", "--data", "d.txt", "--out", ""],
+                                  ["bench", "--out-dir", ""], ["bench", "--prompt-file", ""]])
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(argv, capsys, no_loading):
+    """Path("") is ".": train-heads --out "" (an unset variable) trained into the current directory, bench --out-dir ""
+    wrote its results there, --prompt-file "" read '.' and said it was a directory."""
+    code, _, err = run_cli(capsys, *argv)
+    flag = next(a for a in argv if a.startswith("--") and argv[argv.index(a) + 1].strip() == "")
+    assert_one_line_error(code, err, f"argument {flag}: is empty (an unset variable?): give a path")
+
+
+def test_a_tree_is_written_one_way():
+    """'1, 1,1' and '1,1,1' were two bench ablations of one configuration (the label held the text as given)."""
+    assert SpecConfig(tree=" 1, 1,1").tree == "1,1,1" and SpecConfig(tree="auto").tree == "auto"
 
 
 def test_a_disk_that_fills_mid_run_says_which_checkpoint_is_intact(tmp_path, capsys, monkeypatch):

@@ -477,8 +477,8 @@ class SpecConfig:
 
     @_validated
     def __post_init__(self) -> None:
-        if self.tree != "auto":
-            self.levels  # parses --tree, raising on a bad one
+        if self.tree != "auto":  # parsed (raising on a bad one) and written one way: "1, 3,3,3" is "1,3,3,3" (bench's
+            self.tree = ",".join(map(str, self.levels))  # run keys, checkpoints and reports hold it as text)
         if self.ngram_topk is not None and not 0 <= self.ngram_topk <= MAX_NGRAM_TOPK:
             raise LongswiftError(f"--ngram-topk must be 0 to {MAX_NGRAM_TOPK}; got {self.ngram_topk}")
         if self.max_nodes is not None and (self.max_nodes < 0 or self.max_nodes == 1):

@@ -179,7 +179,7 @@ class Methods:
             why = missing(method)
             if why:
                 return why
-            if method.startswith("llamacpp") and (self.gguf is None or self.gguf.suffix != ".gguf"):
+            if method.startswith("llamacpp") and (self.gguf is None or not self.gguf.is_file()):  # (a GGUF of any name)
                 return "llama.cpp needs a .gguf model file"
             if sampling is not None:
                 return (LlamaCppRunner if method.startswith("llamacpp") else HFRunner).unsupported(sampling)

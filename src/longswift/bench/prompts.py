@@ -62,7 +62,7 @@ def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: t
     if engine.tokenizer is None:  # (encode's advice, to give token ids, is not one bench can take)
         raise LongswiftError(f"--prompt-file '{prompt_file}' is text, and this model has no tokenizer: "
                              f"{ADD_TOKENIZER_FILES}, or leave out --prompt-file (random token ids)")
-    if prompt_file.suffix == ".jsonl":
+    if prompt_file.suffix.lower() == ".jsonl":
         return [(None, Prompt(name, tuple(engine.encode(text, chat=chat)), True))
                 for name, text in read_instructions(prompt_file)]
     text = read_prompt_file(prompt_file)

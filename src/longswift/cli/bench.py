@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
 from typing import Any
 
 from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
 from .flags import (HEADS_HELP, MODEL_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args,
-                    heads_value, output_file, seed_number, whole_number)
+                    given_path, heads_value, output_file, seed_number, whole_number)
 
 
 def add_parser(sub: Any) -> None:
@@ -38,7 +37,7 @@ def add_parser(sub: Any) -> None:
     prefixes.add_argument("--prompt-tokens", type=whole_number, default=None, help="a single prefix length")
     bench.add_argument("--runs", type=whole_number, default=1,
                        help="timed runs per method and cell (interleaved); medians reported (default %(default)s)")
-    bench.add_argument("--prompt-file", type=Path,
+    bench.add_argument("--prompt-file", type=given_path,
                        help="prompt text: a .txt file is repeated to each prefix length (or, with --chat, sent as a "
                             "chat message); a .jsonl file holds one {\"id\", \"prompt\"} a line, each a grid cell "
                             "(docs/prompts/ has a public set). Default: seeded random token ids")
@@ -47,7 +46,7 @@ def add_parser(sub: Any) -> None:
                        help="seed of the sampled presets and of random prompts (default %(default)s)")
     bench.add_argument("--pld-tokens", type=whole_number, default=10,
                        help="tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld; default %(default)s)")
-    bench.add_argument("--out-dir", type=Path, metavar="DIR",
+    bench.add_argument("--out-dir", type=given_path, metavar="DIR",
                        help="write results.jsonl (a line per finished run), results.csv, PNG plots, report.md and "
                             "config.json (what the runs share) here; "
                             "rerunning the same command resumes, skipping finished runs")
@@ -77,8 +76,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     runtime = config_from_args(RuntimeConfig, args)
     # Flags that would be dropped without a word (found by review): refused, as other conflicts are.
     prefix_flag = "--prefix" if args.prefix is not None else "--prompt-tokens" if args.prompt_tokens is not None else None
-    if prefix_flag and args.prompt_file is not None and (args.chat or args.prompt_file.suffix == ".jsonl"):
-        what = "a .jsonl file's prompts" if args.prompt_file.suffix == ".jsonl" else "a chat message"
+    if prefix_flag and args.prompt_file is not None and (args.chat or args.prompt_file.suffix.lower() == ".jsonl"):
+        what = "a .jsonl file's prompts" if args.prompt_file.suffix.lower() == ".jsonl" else "a chat message"
         raise LongswiftError(f"{prefix_flag} sets prompt lengths, but {what} are sent whole: drop {prefix_flag}")
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading, in flags
     if args.prompt_file is not None and str(args.prompt_file) == STDIN:
@@ -94,6 +93,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         kwargs["lengths"] = parse_number_list(args.lengths, "--lengths") if args.lengths is not None else (args.new_tokens,)
     if args.prefix is not None or args.prompt_tokens is not None:
         kwargs["prefixes"] = parse_number_list(args.prefix, "--prefix") if args.prefix is not None else (args.prompt_tokens,)
+    if args.sampling is not None and len(_names(args.sampling) or ()) > 1:
+        raise LongswiftError(f"--sampling takes a single preset; got '{args.sampling}': give several with --presets")
     presets = _names(args.presets) if args.presets is not None else _names(args.sampling)  # ',' -> (): refused
     if presets is not None:
         kwargs["presets"] = presets

@@ -11,8 +11,8 @@ from typing import Any
 from ..atomic import OutputLock, check_new_dir, check_writable
 from ..config import RuntimeConfig
 from ..errors import LongswiftError, refuse_non_utf8
-from .flags import (DECODING_ONLY, HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, heads_value,
-                    model_inputs)
+from .flags import (DECODING_ONLY, HEADS_HELP, add_config_flags, check_heads_flag, config_from_args, given_path,
+                    heads_value, model_inputs)
 from .outputs import note_stale
 
 FORMATS = ("tokenswift", "longswift")
@@ -32,7 +32,7 @@ def add_parser(sub: Any) -> None:
                         "model and heads, tokenizer), as TokenSwift's released checkpoints; longswift: one heads "
                         ".safetensors file with base-model identity and its training record (default: longswift "
                         "for an --out ending in .safetensors, else tokenswift)")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR|FILE",
+    p.add_argument("--out", type=given_path, required=True, metavar="DIR|FILE",
                    help="a new (or empty) directory for --format tokenswift; a .safetensors file for longswift")
     add_config_flags(p, RuntimeConfig, skip=DECODING_ONLY, overrides={"pack_weights": (
         None, "run CPU linears on oneDNN-packed weight copies; off unless given: an export writes the state dict's "

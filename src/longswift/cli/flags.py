@@ -44,6 +44,14 @@ def output_file(text: str) -> Path:
     return Path(text)
 
 
+def given_path(text: str) -> Path:
+    """argparse type: a path that is not empty (Path("") is ".": an unset variable trained into, resumed from or
+    wrote results into the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty (an unset variable?): give a path")
+    return Path(text)
+
+
 def whole_number(text: str) -> int:
     """argparse type: an integer, with a one-line reason when it is not one ('1e9', '2.5', 'abc')."""
     try:

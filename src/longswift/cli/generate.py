@@ -14,8 +14,8 @@ from typing import Any
 
 from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name
 from ..errors import ConfigError, LongswiftError
-from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, heads_inputs,
-                    heads_value, model_inputs, output_file, whole_number)
+from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, given_path,
+                    heads_inputs, heads_value, model_inputs, output_file, whole_number)
 from .outputs import Outputs, shown, write_run
 from .stop import StopRequest
 
@@ -44,11 +44,11 @@ def add_parser(sub: Any) -> None:
                          epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = gen.add_argument_group("prompt (one of)").add_mutually_exclusive_group()
     source.add_argument("--prompt", help="prompt text")
-    source.add_argument("--prompt-file", type=Path, metavar="FILE",
+    source.add_argument("--prompt-file", type=given_path, metavar="FILE",
                         help="read the prompt from this UTF-8 file ('-': from standard input)")
     source.add_argument("--prompt-ids", metavar="IDS",
                         help="the prompt as token ids, e.g. 1,5,9 (sent as they are; for models without a tokenizer)")
-    source.add_argument("--resume", type=Path, metavar="CHECKPOINT",
+    source.add_argument("--resume", type=given_path, metavar="CHECKPOINT",
                         help="continue the generation saved in this checkpoint file, with its settings "
                              "(--max-new-tokens gives it a new length, e.g. to extend a finished run)")
     fmt = gen.add_argument_group("prompt format")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import RuntimeConfig, SamplingConfig, SpecConfig
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, add_switch, check_heads_flag,
-                    config_from_args, heads_value, model_inputs, output_file, progress_lines, seed_number,
+                    config_from_args, given_path, heads_value, model_inputs, output_file, progress_lines, seed_number,
                     show_progress, whole_number)
 from .outputs import note_stale, os_error_with
 
@@ -27,7 +27,7 @@ def add_parsers(sub: Any) -> None:
 
     train = sub.add_parser("train-heads", help="train draft heads for a model (the base stays frozen)")
     train.add_argument("--model", help=MODEL_HELP)
-    train.add_argument("--out", type=Path, required=True, metavar="DIR",
+    train.add_argument("--out", type=given_path, required=True, metavar="DIR",
                        help="directory for checkpoint.pt, heads.safetensors, train_log.json")
     _add_data_flags(train)
     train.add_argument("--resume", action="store_true", help="continue from --out's checkpoint.pt")
