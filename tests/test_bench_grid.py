@@ -298,6 +298,20 @@ def test_a_peer_that_fails_as_it_loads_is_skipped_with_why(tmp_path, tiny_dir, c
     assert "llamacpp: skipped (installed but fails to import" in report
 
 
+def test_a_grid_that_would_measure_nothing_is_refused_before_any_file(tmp_path, tiny_dir, capsys, monkeypatch):
+    """Every method skipped for every preset (llamacpp for the eta preset) planned 0 runs, wrote an empty report and
+    a results directory, and exited 0."""
+    from longswift.bench.grid import Methods
+
+    monkeypatch.setattr(Methods, "skip_reason", lambda self, m, sampling=None: None if sampling is None else "no eta")
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",
+                 "ar", "--prefix", "12", "--lengths", "4", "--presets", "eta", "--out-dir", str(tmp_path / "b")])
+    _, err = capsys.readouterr()
+    assert code == 2 and err.strip().endswith("no method can run any preset of this grid: ar (eta): no eta: choose "
+                                              "other --methods or --presets"), err
+    assert not (tmp_path / "b").exists()
+
+
 def test_the_files_are_written_before_the_report_is_printed(tmp_path, tiny_dir, capsys, monkeypatch):
     """A reader of stdout that stops (`| head -3`) ended the command at the report's print, before --json and --out
     were written: the grid's results went without a word (its --out-dir, if given, kept them)."""

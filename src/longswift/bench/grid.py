@@ -408,6 +408,11 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             runnable.append(m)
     if not runnable:
         raise LongswiftError("none of the methods can run here: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
+    presets = list(dict.fromkeys(c.preset for c in cells))
+    refused = {(m, p): methods.skip_reason(m, cfg.sampling(p)) for m in runnable for p in presets}
+    if all(refused.values()):  # (it measured nothing, wrote an empty report and exited 0)
+        raise LongswiftError("no method can run any preset of this grid: " + "; ".join(
+            f"{m} ({p}): {why}" for (m, p), why in refused.items()) + ": choose other --methods or --presets")
     # before any run (and any file), not when the longest cell's cache (or its second cache, in lockstep) is allocated
     check_grid_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
     identity = suite_identity(engine, cfg, heads)
