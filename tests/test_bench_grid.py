@@ -229,6 +229,17 @@ def test_different_config_is_refused_unless_fresh(tmp_path, tiny_dir, capsys):
     assert [r["run"] for r in lines(out_dir / "results.jsonl")] == [0]
 
 
+def test_a_directory_stopped_before_its_first_run_takes_other_settings(tmp_path, tiny_dir, capsys):
+    """A Ctrl-C during the first run left config.json and an empty results.jsonl, and the directory then refused
+    any other settings ("holds results of a different configuration") though it held no result."""
+    out_dir = tmp_path / "bench"
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar", "--lengths", "4", "--presets", "greedy")
+    (out_dir / "results.jsonl").write_text("")  # as the interrupted first run left it
+    bench(capsys, tiny_dir, out_dir, "--methods", "ar", "--lengths", "4", "--presets", "greedy", "--seed", "1")
+    assert json.loads((out_dir / "config.json").read_text())["identity"]["seed"] == 1
+    assert [r["run"] for r in lines(out_dir / "results.jsonl")] == [0]
+
+
 def test_a_relative_and_an_absolute_path_to_one_model_resume_into_the_same_results(tmp_path, tiny_dir, capsys,
                                                                                      monkeypatch):
     out_dir = tmp_path / "bench"

@@ -25,6 +25,14 @@ RECORD_TYPES: dict[str, type] = {
 }
 
 
+def _holds_runs(out_dir: Path) -> bool:
+    """Whether a results directory holds any run's record (a grid stopped during its first run holds none)."""
+    try:
+        return bool((out_dir / "results.jsonl").read_bytes().strip())
+    except FileNotFoundError:
+        return False
+
+
 def record_problem(record: dict[str, Any]) -> str | None:
     """What in a results record the report cannot read (a field missing or of another type, token ids that are not
     whole numbers, checkpoints that are not [tokens, seconds] pairs), or None."""
@@ -133,6 +141,10 @@ class ResultStore(MemoryStore):
                 stored = {**stored, "processor": wanted["processor"]}
             if with_absolute_paths(stored) == wanted:  # (made when bench kept paths as typed: they are now absolute)
                 stored = wanted
+            if stored != wanted and not _holds_runs(out_dir):  # stopped before its first run: nothing to keep
+                for name in OUTPUT_FILES:
+                    (out_dir / name).unlink(missing_ok=True)
+                return self._open(out_dir, config, identity, False, fingerprint, probe)
             if stored != wanted:
                 diff = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
                 raise LongswiftError(f"--out-dir '{out_dir}' holds results of a different configuration (differs in: "
