@@ -1565,6 +1565,7 @@ def test_half_precision_on_a_cpu_that_emulates_it_gets_a_note(tmp_path, capsys, 
 
     # (--no-pack-weights: a CPU that emulates bfloat16 cannot pack it, whatever the patched probe says)
     monkeypatch.setattr(linear, "onednn_computes", lambda dtype: native or dtype == torch.float32)
+    monkeypatch.setattr(linear, "bfloat16_products_native", lambda: native)  # (AVX512-BF16: its own test below)
     tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
     capsys.readouterr()
     monkeypatch.chdir(tmp_path)
@@ -1585,6 +1586,23 @@ def test_half_precision_on_a_cpu_that_emulates_it_gets_a_note(tmp_path, capsys, 
     assert code == 0, err
     assert (note in err) is (not native), err
     assert linear.half_precision_note(torch.float16, torch.device("cuda")) is None
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bfloat16_on_avx512_without_bf16_arithmetic_gets_its_own_note(monkeypatch, native):
+    """oneDNN runs bfloat16 on AVX-512 without AVX512-BF16 by converting to float32: one-row products run faster,
+    many-row ones 2.4-3.4x slower (docs/scripts/bf16_head_rows.py). No note was given there."""
+    import torch
+
+    import longswift.runtime.linear as linear
+
+    monkeypatch.setattr(linear, "onednn_computes", lambda dtype: True)
+    monkeypatch.setattr(linear, "bfloat16_products_native", lambda: native)
+    note = linear.half_precision_note(torch.bfloat16, torch.device("cpu"))
+    assert (note is None) is native
+    if not native:
+        assert note.startswith("this CPU has no bfloat16 arithmetic (AVX512-BF16 or AMX): oneDNN converts to float32")
+    assert linear.half_precision_note(torch.float16, torch.device("cpu")) is None  # (float16: oneDNN's own)
 
 
 def test_eval_heads_alpha_on_a_model_without_a_tokenizer_says_what_to_do(tmp_path, capsys):

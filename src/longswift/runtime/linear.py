@@ -40,8 +40,9 @@ def onednn_computes(dtype: torch.dtype) -> bool:
 def bfloat16_products_native() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX). Without, oneDNN still runs bfloat16
     products on AVX-512 (onednn_computes) by converting to float32: that pays where a product reads one row (half
-    the weight bytes), not for many rows: the embedded model's LM head over 1,024 rows took 4.2 s against float32's
-    1.3 s, over one row 11 ms against 17 (session 59, a Xeon with AVX-512 and no BF16)."""
+    the weight bytes), not for many rows: the embedded model's LM head took 0.6-0.8x float32's time over one row,
+    2.4-2.9x over 32 and 2.6-3.4x over 1,024 (session 59, a Xeon with AVX-512 and no BF16,
+    docs/scripts/bf16_head_rows.py)."""
     return any(getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported",
                                                                        "_is_amx_tile_supported"))
 
@@ -56,8 +57,14 @@ def half_precision_note(dtype: torch.dtype, device: torch.device) -> str | None:
     """What to tell someone who runs bfloat16 or float16 on a CPU that only emulates it (None elsewhere): on an
     AVX2-only AMD EPYC a bfloat16 run of the embedded model read a 2,260-token prompt in 55.9 s against float32's
     10.9 s and decoded at 6.8 tok/s against 14.9 (session 48)."""
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16) or onednn_computes(dtype):
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
         return None
+    if onednn_computes(dtype):
+        if dtype != torch.bfloat16 or bfloat16_products_native():
+            return None
+        return ("this CPU has no bfloat16 arithmetic (AVX512-BF16 or AMX): oneDNN converts to float32, so a one-row "
+                "product reads half the bytes and runs faster than float32's, but a product of many rows (a prompt's "
+                "prefill, a verify pass) runs 2.4-3.4x slower; --dtype float32 may run faster here")
     name = str(dtype).removeprefix("torch.")
     return (f"this CPU has no native {name} arithmetic (AVX-512 or AVX-NE-CONVERT): torch emulates it, several "
             "times slower than float32 (on an AVX2 AMD EPYC a 2K-token prompt 5x, decoding 2x); --dtype float32 runs "
