@@ -1356,7 +1356,8 @@ def test_train_heads_stopped_before_its_steps_writes_nothing(tmp_path, capsys, m
     assert code == 143, err
     if when == "resumed":
         assert err.strip().splitlines()[-1].startswith(f"longswift: interrupted; '{out / 'checkpoint.pt'}' holds the "
-                                                       "last saved step: continue with: longswift train-heads"), err
+                                                       "last saved step (step 2 of 2): continue with: longswift "
+                                                       "train-heads"), err
         assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt"]
         assert (out / "checkpoint.pt").read_bytes() == saved
     else:

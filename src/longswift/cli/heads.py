@@ -195,7 +195,9 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     except OSError as exc:  # a disk that fills, a directory made read-only: the last checkpoint saved still resumes
         if isinstance(exc, BrokenPipeError) or not (out / CHECKPOINT).exists():
             raise
-        raise os_error_with(exc, f"'{out / CHECKPOINT}' holds the last saved step: continue with: {again}") from exc
+        step = _saved_step(out / CHECKPOINT)
+        raise os_error_with(exc, f"'{out / CHECKPOINT}' holds the last saved step{step}: continue with: {again}") \
+            from exc
     except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
         if type(exc) is not KeyboardInterrupt:
             raise
