@@ -1447,6 +1447,11 @@ def test_an_exception_between_a_step_and_its_record_keeps_the_stream_resumable()
             pass
     with pytest.raises(LongswiftError, match="cannot go on"):
         next(iter(stream))
+    # result_so_far() is at the step boundary too, as the checkpoint (it gave the ids before the step with the
+    # step's own stats: one more token and step)
+    so_far, saved = stream.result_so_far("interrupted"), stream.checkpoint().stats
+    assert len(so_far.token_ids) == so_far.stats.new_tokens == saved["new_tokens"] == 2
+    assert so_far.stats.steps == saved["steps"] and so_far.stats.finish_reason == "interrupted"
     resumed = engine.resume(stream.checkpoint())
     list(resumed)
     assert resumed.result.token_ids == whole
@@ -1556,30 +1561,6 @@ def test_the_ids_a_stream_yields_are_the_callers_to_change(method):
         for ids in stream:
             change(ids)
         assert stream.result.token_ids == whole
-
-
-def test_result_so_far_after_a_step_raised_is_the_step_boundarys():
-    """After an exception inside a step, the ids are those before the step: result_so_far() gave them with the
-    step's own stats (one more token and step), unlike checkpoint()."""
-    engine = longswift.load(tiny_hf_model("llama", seed=5), dtype="float32", heads="random")
-
-    class Interrupting:  # stands in for the stop strings' check: raises at its third step
-        calls = 0
-
-        def cut(self, ids):
-            self.calls += 1
-            if self.calls == 3:
-                raise KeyboardInterrupt
-            return None
-
-    stream = engine.stream([1, 5, 9, 7, 3], max_new_tokens=24, seed=7, ignore_eos=True)
-    stream._stop = Interrupting()
-    with pytest.raises(KeyboardInterrupt):
-        for _ in stream:
-            pass
-    so_far, saved = stream.result_so_far("interrupted"), stream.checkpoint().stats
-    assert len(so_far.token_ids) == so_far.stats.new_tokens == saved["new_tokens"] == 2
-    assert so_far.stats.steps == saved["steps"] and so_far.stats.finish_reason == "interrupted"
 
 
 def test_a_stop_strings_step_says_stop_in_the_stats_and_the_result_so_far():
