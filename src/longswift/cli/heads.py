@@ -72,16 +72,17 @@ def _add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="self-distill documents generated at once (default %(default)s)")
 
 
-def _saved_step(checkpoint: Path) -> str:
-    """' (step N of M)' of a training checkpoint, for the line that says where a stopped run can go on; empty where it
-    cannot be read (the line still names the file)."""
+def _kept(checkpoint: Path, again: str) -> str:
+    """What a stopped run's saved checkpoint holds and how to go on from it: the line a second signal and a full disk
+    end with. Its step (`step N of M`) is read from the file; left out where it cannot be (the resume will say)."""
     import torch
 
     try:
         saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        return f" (step {int(saved['step'])} of {int(saved['config']['steps'])})"
-    except Exception:  # (a damaged file: the resume will say so)
-        return ""
+        step = f" (step {int(saved['step'])} of {int(saved['config']['steps'])})"
+    except Exception:  # (a damaged file)
+        step = ""
+    return f"'{checkpoint}' holds the last saved step{step}: continue with: {again}"
 
 
 def read_data(args: argparse.Namespace, purpose: str = "training") -> list[str]:
@@ -195,15 +196,12 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     except OSError as exc:  # a disk that fills, a directory made read-only: the last checkpoint saved still resumes
         if isinstance(exc, BrokenPipeError) or not (out / CHECKPOINT).exists():
             raise
-        step = _saved_step(out / CHECKPOINT)
-        raise os_error_with(exc, f"'{out / CHECKPOINT}' holds the last saved step{step}: continue with: {again}") \
-            from exc
+        raise os_error_with(exc, _kept(out / CHECKPOINT, again)) from exc
     except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
         if type(exc) is not KeyboardInterrupt:
             raise
         if (out / CHECKPOINT).exists():
-            step = _saved_step(out / CHECKPOINT)
-            kept = f"'{out / CHECKPOINT}' holds the last saved step{step}: continue with: {again}"
+            kept = _kept(out / CHECKPOINT, again)
             if stop.signum is None:
                 raise KeyboardInterrupt(kept) from exc
             say(f"longswift: interrupted; {kept}")
