@@ -409,7 +409,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     if not runnable:
         raise LongswiftError("none of the methods can run here: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
     presets = list(dict.fromkeys(c.preset for c in cells))
-    refused = {(m, p): methods.skip_reason(m, cfg.sampling(p)) for m in runnable for p in presets}
+    refused = {(m, p): methods.skip_reason(m, cfg.sampling(p)) for m in runnable for p in presets}  # (None: runs)
     if all(refused.values()):  # (it measured nothing, wrote an empty report and exited 0)
         raise LongswiftError("no method can run any preset of this grid: " + "; ".join(
             f"{m} ({p}): {why}" for (m, p), why in refused.items()) + ": choose other --methods or --presets")
@@ -434,7 +434,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         for cell in cells:
             sampling = cfg.sampling(cell.preset)
             for m in runnable:
-                why = methods.skip_reason(m, sampling)
+                why = refused[(m, cell.preset)]
                 if why:
                     skipped[f"{m} ({cell.preset})"] = why
                     continue
@@ -443,7 +443,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                     ctx.notes[f"{m}, {cell.preset}"] = note
             for r in range(cfg.runs):
                 for m in runnable:
-                    if methods.skip_reason(m, sampling):
+                    if refused[(m, cell.preset)]:
                         continue
                     key, earlier = (_key(cell.prompt.name, cell.prompt.ids, cell.length, settings, m,
                                          methods.variant(m), r)

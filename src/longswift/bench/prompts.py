@@ -51,6 +51,12 @@ def read_instructions(path: Path) -> list[tuple[str, str]]:
     return pairs
 
 
+def holds_instructions(prompt_file: Path) -> bool:
+    """Whether a --prompt-file is a JSONL file of instructions, each prompt a cell sent whole (its suffix, in any
+    case), rather than prose cut to each prefix length."""
+    return prompt_file.suffix.lower() == ".jsonl"
+
+
 def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: tuple[int, ...],
                   seed: int) -> list[tuple[int | None, Prompt]]:
     """(prefix, prompt) pairs to run: random ids or a prose file for each prefix length; a chat
@@ -62,7 +68,7 @@ def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: t
     if engine.tokenizer is None:  # (encode's advice, to give token ids, is not one bench can take)
         raise LongswiftError(f"--prompt-file '{prompt_file}' is text, and this model has no tokenizer: "
                              f"{ADD_TOKENIZER_FILES}, or leave out --prompt-file (random token ids)")
-    if prompt_file.suffix.lower() == ".jsonl":
+    if holds_instructions(prompt_file):
         return [(None, Prompt(name, tuple(engine.encode(text, chat=chat)), True))
                 for name, text in read_instructions(prompt_file)]
     text = read_prompt_file(prompt_file)

@@ -71,13 +71,15 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.grid import BenchConfig, run_bench
+    from ..bench.prompts import holds_instructions
     from ..prompts import STDIN
 
     runtime = config_from_args(RuntimeConfig, args)
     # Flags that would be dropped without a word (found by review): refused, as other conflicts are.
     prefix_flag = "--prefix" if args.prefix is not None else "--prompt-tokens" if args.prompt_tokens is not None else None
-    if prefix_flag and args.prompt_file is not None and (args.chat or args.prompt_file.suffix.lower() == ".jsonl"):
-        what = "a .jsonl file's prompts" if args.prompt_file.suffix.lower() == ".jsonl" else "a chat message"
+    jsonl = args.prompt_file is not None and holds_instructions(args.prompt_file)
+    if prefix_flag and args.prompt_file is not None and (args.chat or jsonl):
+        what = "a .jsonl file's prompts" if jsonl else "a chat message"
         raise LongswiftError(f"{prefix_flag} sets prompt lengths, but {what} are sent whole: drop {prefix_flag}")
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading, in flags
     if args.prompt_file is not None and str(args.prompt_file) == STDIN:
