@@ -20,6 +20,7 @@ import torch
 from ...config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
 from ...errors import LongswiftError, reason_of, unreadable
 from .gguf import check_token_ids, gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
+from .gguf_reader import MAGIC
 from .hub import check_model_snapshot, parse_hub_id, quiet_transformers, resolve_hub_id
 from ..model import check_state_dict
 from .tokenizer_cache import gguf_tokenizer
@@ -99,7 +100,7 @@ def _begins_gguf(path: Path) -> bool:
     """Whether a file of another name is a GGUF (its magic bytes): a model saved as model.bin loads as one."""
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
+            return f.read(len(MAGIC)) == MAGIC
     except OSError:
         return False
 

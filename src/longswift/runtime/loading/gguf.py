@@ -13,7 +13,7 @@ import torch
 
 from ...errors import LongswiftError, reason_of
 from .gguf_quants import DEQUANTIZE
-from .gguf_reader import SUPPORTED_VERSIONS, GGUFHeader, UnknownTensorType
+from .gguf_reader import MAGIC, SUPPORTED_VERSIONS, GGUFHeader, UnknownTensorType
 from .hub import quiet_transformers
 
 # GGUF architecture -> transformers model_type. Mistral GGUFs are written as "llama".
@@ -76,7 +76,7 @@ def _unreadable(path: Path, exc: Exception) -> str:
         size = f"{path.stat().st_size:,} bytes"
     except OSError as err:
         return f"cannot read GGUF file '{path}': {err.strerror or reason}"
-    if head[:4] != b"GGUF":
+    if head[:4] != MAGIC:
         return (f"'{path}' is not a GGUF file (it does not begin with the bytes 'GGUF'): give a .gguf model, or a "
                 "directory or hub id of a transformers checkpoint")
     version = int.from_bytes(head[4:8], "little") if len(head) == 8 else None

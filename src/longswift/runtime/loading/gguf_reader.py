@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+MAGIC = b"GGUF"  # a GGUF file's first four bytes
 SUPPORTED_VERSIONS = (2, 3)  # the gguf package's reader reads these; version 1 had 32-bit counts
 DEFAULT_ALIGNMENT = 32
 STRING, ARRAY = 8, 9
@@ -95,7 +96,7 @@ class GGUFHeader:
         self.path = Path(path)
         self.data = np.memmap(path, mode="r").view(np.ndarray)
         self._raw = memoryview(self.data)
-        if bytes(self._raw[:4]) != b"GGUF":
+        if bytes(self._raw[:4]) != MAGIC:
             raise ValueError("GGUF magic invalid")
         version = struct.unpack_from("<I", self._raw, 4)[0]
         self.order = "<" if version & 0xFFFF else ">"  # a big-endian file's version reads as n << 16
