@@ -1014,6 +1014,31 @@ def test_a_markdown_out_file_that_begins_with_a_bracket_is_appended_to(tmp_path)
     assert notes.read_text() == "[TOC]\n\n# Runs\n| a |\n"
 
 
+def test_two_reports_appended_to_one_file_at_once_are_both_kept(tmp_path, monkeypatch):
+    """Each append rewrites the file from what it read: a second bench's append between the first's read and
+    its rename was lost (the first wrote the file as it had read it, plus its own report)."""
+    import threading
+
+    import longswift.atomic as atomic
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("# Runs\n")
+    read = atomic._text_to_append_to
+    other = threading.Thread(target=atomic.append_atomic, args=(notes, "| second |\n"))
+
+    def read_then_let_the_other_run(path, flag):
+        text = read(path, flag)
+        if not other.is_alive() and other.ident is None:  # the first append, once: the second starts now
+            other.start()
+            other.join(timeout=1.0)  # (it finishes within this without a turn; with one it waits for ours)
+        return text
+
+    monkeypatch.setattr(atomic, "_text_to_append_to", read_then_let_the_other_run)
+    atomic.append_atomic(notes, "| first |\n")
+    other.join()
+    assert notes.read_text() == "# Runs\n| first |\n| second |\n"
+
+
 class _BosTokenizer:
     """Characters as ids, with a BOS (id 1) in front unless asked not to add special tokens, as Llama's adds one."""
 

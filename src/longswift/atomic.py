@@ -382,9 +382,29 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 
 
 def append_atomic(path: str | os.PathLike, text: str) -> None:
-    """Append to a text file by rewriting it atomically: readers see the old file or the new one."""
+    """Append to a text file by rewriting it atomically: readers see the old file or the new one. Appenders
+    to one directory take turns (a lock on the directory), so two benches appending to one notes file at
+    the same moment keep both reports: each rewrite read the file before the other's landed and lost it."""
     path = Path(path)  # (its text is checked before a command's work too: check_appendable)
-    write_atomic(path, _text_to_append_to(path, "the output") + text)
+    with _directory_turn(path.parent):
+        write_atomic(path, _text_to_append_to(path, "the output") + text)
+
+
+@contextmanager
+def _directory_turn(directory: Path) -> Iterator[None]:
+    """Hold an advisory lock (flock) on `directory` itself while the body runs: no file is left behind, and a
+    killed holder's turn ends with it. Without flock, or a directory that cannot be opened, no turn is taken."""
+    try:
+        fd = os.open(directory, os.O_RDONLY) if fcntl is not None else None
+    except OSError:  # (write_atomic says what is wrong with a directory it cannot write)
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits: another report's rewrite takes a moment
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
