@@ -345,6 +345,37 @@ def test_heads_of_a_newer_format_are_refused(tmp_path):
         load_heads(path, engine.cfg, engine.model.embed)
 
 
+def test_heads_trained_under_another_rope_scaling_get_a_note(tmp_path, capsys):
+    """Heads trained with --rope-scaling and used without it (or the other way) ran without a word: the tokens
+    are the same, but the heads learnt other positions' hidden states and fewer of their drafts are accepted."""
+    from longswift.spec.heads import save_heads
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads="random")
+    heads = tmp_path / "heads.safetensors"
+    save_heads(engine.heads, engine.cfg, engine.fingerprint, heads,
+               {"training": {"settings": {"dtype": "float32", "rope_scaling": "yarn:4"}}})
+    capsys.readouterr()
+
+    def note(*args):
+        code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--heads", str(heads),
+                               "--prompt-ids", "3,4,5", "--max-new-tokens", "3", "--no-progress", *args)
+        assert code == 0, err
+        return [line for line in err.splitlines() if "rope scaling" in line]
+
+    assert note() == ["longswift: note: these heads were trained with rope scaling yarn:4 and this run has no rope "
+                      "scaling: the tokens are the model's either way, but fewer drafts may be accepted; run with the "
+                      "heads' rope scaling, or train heads under this one"]
+    assert note("--rope-scaling", "yarn:2")[0].startswith("longswift: note: these heads were trained with rope "
+                                                            "scaling yarn:4 and this run has rope scaling yarn:2:")
+    assert note("--rope-scaling", "yarn:4.0") == []  # the same scaling, spelt otherwise
+    assert note("--method", "ar") == []  # (AR does not draft)
+    same = longswift.load(str(tmp_path / "m"), dtype="float32", heads=str(heads), rope_scaling="yarn:4")
+    assert same.heads_note() is None
+    save_heads(engine.heads, engine.cfg, engine.fingerprint, heads)  # no training record: nothing to compare
+    assert note() == []
+
+
 def test_a_heads_count_the_tensors_do_not_hold_is_refused_before_allocating_it(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file

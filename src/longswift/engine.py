@@ -27,8 +27,8 @@ from .runtime.model import Transformer
 from .runtime.parallel import TensorParallel, shard_config, shard_state, state_digest
 from .runtime.probe import model_probe, probe_tolerance, same_model
 from .runtime.triton_kernels import triton_unavailable
-from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads
-from .spec.released import choose_heads, heads_from_tensors, load_released_heads
+from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads, training_record
+from .spec.released import choose_heads, heads_from_tensors, load_released_heads, released_training_record
 from .spec.tokenswift import tokenswift_steps
 from .stats import GenerationResult, GenerationStats, ended
 from .stop_strings import StopStrings
@@ -187,6 +187,30 @@ class Engine:
         self.heads, self.heads_source, self.heads_origin = found, source, origin
         self.heads_file = file if found is not None else None
         self.heads_dir = released if found is not None else None
+
+    def heads_note(self) -> str | None:
+        """What to tell someone whose heads were trained under another rope scaling than this run's (None
+        otherwise, and for heads without train-heads' record): the tokens are the same, since the model decides
+        them, but the heads learnt hidden states of other positions, so fewer of their drafts are accepted."""
+        record = (training_record(self.heads_file) if self.heads_file is not None
+                  else released_training_record(self.heads_dir) if self.heads_dir is not None else None)
+        settings = record.get("settings") if isinstance(record, dict) else None
+        if self.heads is None or not isinstance(settings, dict) or "rope_scaling" not in settings:
+            return None
+        trained, now = settings["rope_scaling"], self.runtime.rope_scaling
+
+        def scaling(text: Any) -> Any:  # ('yarn', 4.0) for 'yarn:4' and 'yarn:4.0' alike
+            try:
+                return None if text is None else parse_rope_scaling(text)
+            except (LongswiftError, TypeError, AttributeError):  # (a record edited by hand: compared as written)
+                return text
+
+        if scaling(trained) == scaling(now):
+            return None
+        said = {None: "no rope scaling"}
+        return (f"these heads were trained with {said.get(trained, f'rope scaling {trained}')} and this run has "
+                f"{said.get(now, f'rope scaling {now}')}: the tokens are the model's either way, but fewer drafts "
+                "may be accepted; run with the heads' rope scaling, or train heads under this one")
 
     def _check_given_heads(self, heads: DraftHeads) -> None:
         """A DraftHeads object is refused as a heads file is: made for another model (the fingerprint that

@@ -183,7 +183,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # process that never comes blocks in torch, where a handler's flag is never read; SIGTERM's default ends it
     with Ranks(runtime) as ranks, StopRequest() as stop, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
-            engine = ranks.load(args.model, heads)
+            engine = ranks.load(args.model, heads, drafts=args.method != "ar")
         if args.ban_token:  # names need the tokenizer: looked up once it is loaded
             if engine.tokenizer is None:
                 raise LongswiftError("--ban-token names tokens by their text, and this model has no tokenizer: ban "
@@ -237,14 +237,16 @@ class Ranks:
             self.runtime = init_from_env(self.runtime)
         return self
 
-    def load(self, model: str | None, heads: str) -> Any:
+    def load(self, model: str | None, heads: str, drafts: bool) -> Any:
+        """`drafts`: the run may be TokenSwift's (notes on its heads are said)."""
         from ..engine import load
         from ..runtime.linear import half_precision_note
 
         engine = load(model, self.runtime, heads=heads, tensor_parallel=self.parallel)
         note = half_precision_note(engine.model.dtype, engine.model.device)  # (once it loads: an error is one line)
-        if note and self.main:
-            print(f"longswift: note: {note}", file=sys.stderr)
+        for note in (note, engine.heads_note() if drafts else None):
+            if note and self.main:
+                print(f"longswift: note: {note}", file=sys.stderr)
         return engine
 
     def __exit__(self, *exc: Any) -> None:
@@ -346,7 +348,7 @@ def _resume(args: argparse.Namespace) -> int:
     # process that never comes blocks in torch, where a handler's flag is never read; SIGTERM's default ends it
     with Ranks(runtime) as ranks, StopRequest() as stop, (outputs.locked() if ranks.main else nullcontext()):
         with stop.at_once():
-            engine = ranks.load(model, heads)
+            engine = ranks.load(model, heads, drafts=ckpt.method == "tokenswift")
         stream = engine.resume(ckpt)
         if ranks.main:
             done = ended(list(ckpt.token_ids), gen, engine.eos_ids, ckpt.stats.get("finish_reason"))  # no re-read then
