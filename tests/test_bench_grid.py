@@ -612,8 +612,9 @@ def test_lockstep_refuses_before_any_run_when_the_caches_together_do_not_fit(tmp
     free = one.kv_cache + one.draft_cache + one.workspace + 1  # TokenSwift's run alone fits
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)
     check_grid_memory(engine, cfg, cell, ["tokenswift"])  # one method: nothing held beside it
-    with pytest.raises(LongswiftError, match=r"--lockstep holds the KV caches of ar, tokenswift at once: .* GiB for the "
-                                             r"212-token cell, but .* GiB is free; drop --lockstep"):
+    with pytest.raises(LongswiftError, match=r"--lockstep holds the KV caches of ar, tokenswift at once: .* "
+                                             r"[GMK]iB for the 212-token cell, but .* [GMK]iB is free; drop "
+                                             r"--lockstep"):
         check_grid_memory(engine, cfg, cell, ["ar", "tokenswift"])
     check_grid_memory(engine, BenchConfig(), cell, ["ar", "tokenswift"])  # one at a time: each fits
     code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--no-warmup", "--methods",

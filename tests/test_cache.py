@@ -388,6 +388,19 @@ def test_memory_plan_loaded_weights_are_not_counted_again(monkeypatch):
         plan.check(weights_loaded=False)
 
 
+def test_a_tiny_plan_reads_in_mib_not_as_nothing():
+    """A tiny model's plan read 'weights 0.00 GiB + ... = 0.00 GiB' (`info` on a test model, a refusal on a machine
+    with a few MiB free): below 0.005 GiB sizes are MiB (KiB), and only nothing is 0.00 GiB."""
+    from longswift.runtime.memory import GiB, MemoryPlan, size_text
+
+    assert [size_text(n) for n in (0, 1000, 3 * 2**20, 5 * 2**20, 6 * 2**20, 80 * GiB)] == [
+        "0.00 GiB", "1.0 KiB", "3.0 MiB", "5.0 MiB", "0.01 GiB", "80.00 GiB"]
+    plan = MemoryPlan(weights=2**21, packed_weights=0, kv_cache=2**14, workspace=3 * 2**20, capacity_tokens=8,
+                      device="cpu")
+    assert plan.describe() == ("weights 2.0 MiB + weight copies 0.00 GiB + KV cache 16.0 KiB (8 tokens) + workspace "
+                               "3.0 MiB = 5.0 MiB on cpu")
+
+
 def test_memory_plan_a_chunk_of_fused_from_tokens_holds_no_scores_over_the_cache():
     from longswift.runtime.attention import FUSED_FROM_TOKENS
     from longswift.runtime.memory import masked_attention_bytes

@@ -148,7 +148,7 @@ def test_hidden_states_that_do_not_fit_in_memory_are_refused_in_a_line(tiny, mon
 
     windows = _windows(tiny, n=3, length=20)
     monkeypatch.setattr(train_module, "available_bytes", lambda device: 1000)
-    with pytest.raises(LongswiftError, match=r"hidden states of 3 windows of 20 tokens need 0.00 GiB, and 0.00 GiB is "
+    with pytest.raises(LongswiftError, match=r"hidden states of 3 windows of 20 tokens need 15.0 KiB, and 1.0 KiB is "
                                              r"free: give less data \(--data, --self-distill\) or a smaller --seq-len"):
         base_hidden(tiny.model, windows)
 
@@ -157,7 +157,7 @@ def test_hidden_states_that_do_not_fit_in_memory_are_refused_in_a_line(tiny, mon
 
     monkeypatch.setattr(train_module, "available_bytes", lambda device: None)
     monkeypatch.setattr(train_module.torch, "empty", no_memory)  # (a ulimit -v that free memory does not show)
-    with pytest.raises(LongswiftError, match=r"need 0.00 GiB, which this process could not allocate \(a limit"):
+    with pytest.raises(LongswiftError, match=r"need 15.0 KiB, which this process could not allocate \(a limit"):
         base_hidden(tiny.model, windows)
 
 

@@ -445,7 +445,7 @@ class Engine:
             raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}), whose embeddings "
                                  "this one shares but whose other weights differ: resume with that model (--model)")
         if c.method == "tokenswift" and self.heads is None:
-            said = (f"the checkpoint is a TokenSwift run and this engine has no draft heads: load the checkpoint's heads"
+            said = ("the checkpoint is a TokenSwift run and this engine has no draft heads: load the checkpoint's heads"
                     + (f", {c.heads_origin}" if c.heads_origin else ""))
             raise LongswiftError(f"{said} ({c.heads_source}; heads= or set_heads)", f"{said} (--heads {c.heads_source})")
         # (rounded to bfloat16: the heads of a GPU run in bfloat16 are those of a CPU run in float32; before session

@@ -318,7 +318,7 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
     """Refuse, before any run, a grid whose longest cell does not fit the free memory: each of `ours` alone (the
     run's own check came after the grid's smaller cells, and named generate's flags), and with --lockstep, which
     holds their KV caches at once (lockstep_bytes), all of them together."""
-    from ..runtime.memory import GiB, available_bytes
+    from ..runtime.memory import available_bytes, size_text
     from ..spec.budget import run_plan
 
     if not ours or (free := available_bytes(engine.model.device)) is None:
@@ -330,8 +330,8 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
     for m, plan in zip(ours, plans):
         need = plan.needed(weights_loaded=True)
         if need > free:
-            raise LongswiftError(f"{m} needs {need / GiB:.2f} GiB more for the {tokens}-token cell "
-                                 f"({plan.describe()}), but {free / GiB:.2f} GiB is free; lower --lengths or --prefix, "
+            raise LongswiftError(f"{m} needs {size_text(need)} more for the {tokens}-token cell "
+                                 f"({plan.describe()}), but {size_text(free)} is free; lower --lengths or --prefix, "
                                  "or use a smaller --dtype"
                                  + (", --draft-kv-budget, --tree, --ngram-topk or --lookup-nodes, or a --max-nodes"
                                     if plan.tree_nodes else ""))
@@ -339,8 +339,8 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
         return
     need = lockstep_bytes(plans, model.device.type == "cuda" and use_graphs(engine.runtime.cuda_graphs, model))
     if need > free:
-        raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {need / GiB:.2f} GiB for "
-                             f"the {tokens}-token cell, but {free / GiB:.2f} GiB is free; drop --lockstep, or lower "
+        raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {size_text(need)} for "
+                             f"the {tokens}-token cell, but {size_text(free)} is free; drop --lockstep, or lower "
                              "--lengths or --prefix")
 
 

@@ -17,7 +17,7 @@ import torch
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name, seed_problem
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
-from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory
+from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory, size_text
 from ..runtime.model import Transformer, fused_kernels
 from ..runtime.triton_kernels import triton_unavailable
 from ..sampling import draw, penalty_window, transform, uniforms
@@ -198,9 +198,9 @@ def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:
         return
     if buffer_bytes > free:  # the bandwidth buffer is freed before the model is made
         raise LongswiftError(f"the read-bandwidth buffer of {buffer_bytes / 2**20:.0f} MiB does not fit in the "
-                             f"{free / GiB:.2f} GiB free: give a smaller --bandwidth-mib")
+                             f"{size_text(free)} free: give a smaller --bandwidth-mib")
     if plan.total > free:
-        raise LongswiftError(f"not enough memory for these step costs: {plan.describe()}, but {free / GiB:.2f} GiB "
+        raise LongswiftError(f"not enough memory for these step costs: {plan.describe()}, but {size_text(free)} "
                              "is free; lower --contexts (or --prefix + --new-tokens), --tree-nodes or --layers, "
                              "or use --dtype bfloat16")
 

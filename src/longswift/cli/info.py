@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> None:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.loading import load_config, resolve_path
-    from ..runtime.memory import GiB, available_bytes, current_rss
+    from ..runtime.memory import available_bytes, current_rss, size_text
     from ..spec.budget import lookup_budget, plan_before_loading, step_budget
     from ..spec.released import describe_heads
 
@@ -61,7 +61,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"memory plan for {tokens} tokens with {method} in {dtype_name(dtype)}: {plan.describe()}")
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
-              f"holds {current_rss() / GiB:.2f} GiB now, already left out of the available figure below")
+              f"holds {size_text(current_rss())} now, already left out of the available figure below")
     if tokens > cfg.context_limit:
         print(f"note: {tokens} tokens exceed the model's context of {cfg.context_limit}: generation will refuse them "
               "unless the context is extended with --rope-scaling")
@@ -70,5 +70,5 @@ def cmd_info(args: argparse.Namespace) -> int:
         verdict = "fits" if plan.total <= free else "does NOT fit"
         if tokens > cfg.context_limit:
             verdict += " in memory, past the model's context (the note above)"
-        print(f"available on {device}: {free / GiB:.2f} GiB -> {verdict}")
+        print(f"available on {device}: {size_text(free)} -> {verdict}")
     return 0

@@ -20,6 +20,14 @@ from .cuda_graphs import BUCKET, padded_nodes
 from .model import Transformer
 
 GiB = 1024**3
+
+
+def size_text(n: int | float) -> str:
+    """Bytes in a message: GiB to two decimals, or MiB (KiB) where that would read 0.00 GiB (a tiny model's plan,
+    a machine with next to nothing free): only nothing reads 0.00 GiB."""
+    if n == 0 or abs(n) >= 0.005 * GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 0.05 * 2**20 else f"{n / 1024:.1f} KiB"
 # Transient bytes per logit when a block of rows [R, V] is transformed and drawn (sampling.transform,
 # draw_rows), beyond the logits themselves: the float32 copy and masks, top-p's sorted values and
 # int64 order, the draw's float64 softmax and cdf. Live bytes peak at about 20 on the CPU under the
@@ -124,12 +132,13 @@ class MemoryPlan:
         return self.weights + self.packed_weights + self.kv_cache + self.draft_cache + self.workspace
 
     def describe(self) -> str:
-        draft = (f" + draft KV cache {self.draft_cache / GiB:.2f} GiB ({self.draft_tokens} tokens)"
+        draft = (f" + draft KV cache {size_text(self.draft_cache)} ({self.draft_tokens} tokens)"
                  if self.draft_tokens else "")
         return (
-            f"weights {self.weights / GiB:.2f} GiB + weight copies {self.packed_weights / GiB:.2f} GiB + KV cache {self.kv_cache / GiB:.2f} GiB "
-            f"({self.capacity_tokens} tokens){draft} + workspace {self.workspace / GiB:.2f} GiB "
-            f"= {self.total / GiB:.2f} GiB on {self.device}"
+            f"weights {size_text(self.weights)} + weight copies {size_text(self.packed_weights)} "
+            f"+ KV cache {size_text(self.kv_cache)} "
+            f"({self.capacity_tokens} tokens){draft} + workspace {size_text(self.workspace)} "
+            f"= {size_text(self.total)} on {self.device}"
         )
 
     def needed(self, weights_loaded: bool) -> int:
@@ -148,8 +157,8 @@ class MemoryPlan:
                 verified += f", padded to {rows} rows on CUDA"  # (the step bodies' node budget, counted above)
 
             def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
-                return (f"not enough memory: this run needs {need / GiB:.2f} GiB more ({self.describe()}) but "
-                        f"{free / GiB:.2f} GiB is free; lower {name('max_new_tokens')} or the prompt length, or use a "
+                return (f"not enough memory: this run needs {size_text(need)} more ({self.describe()}) but "
+                        f"{size_text(free)} is free; lower {name('max_new_tokens')} or the prompt length, or use a "
                         f"smaller {name('dtype')}"
                         + (f", a smaller {name('draft_kv_budget')}" if self.draft_cache else "")  # (AR has none)
                         + (f", {name('tree')}, {name('ngram_topk')} or {name('lookup_nodes')}, or a "

@@ -13,7 +13,7 @@ from functools import partial
 import torch
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
-from ..errors import ConfigError, LongswiftError
+from ..errors import ConfigError
 from ..runtime.blocks import decode, sample_block
 from ..runtime.cache import FullKVCache, PartialKVCache
 from ..runtime.cuda_graphs import StepGraphs, padded_nodes, step_bodies

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
 from ..config import dtype_name, torch_seed
 from ..errors import ConfigError, LongswiftError, reason_of, refuse_non_utf8
-from ..runtime.memory import GiB, available_bytes
+from ..runtime.memory import available_bytes, size_text
 from ..spec.heads import HEADS_FILE, TRAIN_CHECKPOINT, DraftHeads, new_heads, save_heads
 from ..runtime.probe import model_probe, same_model
 from .config import TrainConfig
@@ -57,9 +57,9 @@ def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> to
             pass
     if out is None:
         short = ("which this process could not allocate (a limit: ulimit -v, a container's)" if free is None
-                 or need <= free else f"and {free / GiB:.2f} GiB is free")
+                 or need <= free else f"and {size_text(free)} is free")
         raise LongswiftError(f"the base model's hidden states of {n:,} windows of {length} tokens need "
-                             f"{need / GiB:.2f} GiB, {short}: give less data (--data, --self-distill) or a smaller "
+                             f"{size_text(need)}, {short}: give less data (--data, --self-distill) or a smaller "
                              "--seq-len")
     for i, hidden in enumerate(window_hidden(model, windows, progress)):
         out[i] = hidden
