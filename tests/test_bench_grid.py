@@ -1270,6 +1270,21 @@ def test_the_report_compares_every_run_and_times_each_method_to_each_count():
     assert "tokenswift run 2 holds 12 tokens where ar's holds 16 (the same up to there)" in section()
 
 
+def test_the_report_times_no_method_to_its_first_token():
+    """At lengths under 12 the table along the generation had a column for 1 token, the prefill's: AR hands it
+    over after one more forward, a drafting method with its first step, and the column compared those."""
+    from longswift.bench.report import _cell_section, group
+
+    ids = list(range(8))
+    ar = [(n, 1.0 + 0.1 * n) for n in checkpoint_targets(8)]  # the first token after one forward
+    drafted = [(1, 1.0), (5, 1.2), (8, 1.4)]
+    records = [{**_record("ar", 0, ids, ar, 1.0), "length": 8}, {**_record("tokenswift", 0, ids, drafted, 1.0),
+                                                                 "length": 8}]
+    along = "\n".join(_cell_section(*next(iter(group(records).items())))).split("along the generation")[1]
+    assert along.splitlines()[2] == "| method | 2 | 3 | 4 | 5 | 6 | 7 | 8 |"
+    assert along.splitlines()[4] == "| tokenswift | 1.00x | 1.50x | 2.00x | 2.50x | 1.50x | 1.75x | 2.00x |"
+
+
 def test_a_report_of_uncommitted_code_says_so(tmp_path):
     """The report named the commit alone while the package's files held uncommitted changes (a review found a
     published report's commit line wrong that way)."""
