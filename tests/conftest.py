@@ -13,6 +13,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's test command runs a worker per core) each worker runs on one thread, and so
+    does every process a test starts: two workers of two threads each on two cores, or a test's subprocess beside
+    the other worker, ran OpenMP's threads by turns (an interrupted and resumed generation took 190 s, alone 41)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(1)
+
+
 ROPES = {
     "default": {"rope_type": "default", "rope_theta": 10000.0},
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
