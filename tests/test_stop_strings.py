@@ -253,6 +253,22 @@ def test_a_byte_fallback_tokenizers_stop_strings_end_at_the_completing_token(sto
     pytest.fail(f"{stop!r} never found; expected after token {want}")
 
 
+@pytest.mark.parametrize("after", [0, 50])
+def test_a_stop_string_in_a_byte_run_longer_than_the_kept_tail_is_found_where_it_ends(after):
+    """A run of byte tokens longer than the tail kept (RUN_REACH) widened the window back to the tail's start, in
+    the middle of a character: the whole run decoded to U+FFFD, and the stop string was found only once the run
+    ended (or one token late), with text past it in the output."""
+    from test_detok import SP, SP_BYTES
+
+    from longswift.stop_strings import RUN_REACH
+
+    run = "東" * (RUN_REACH // 3 + 60) + "京京" + "東" * after  # (3 bytes a character)
+    ids = SP.convert_tokens_to_ids(["▁hello"]) + [SP_BYTES[b] for b in run.encode()] + SP.convert_tokens_to_ids(["▁x"])
+    want = first_stop(SP, ids, "京京")
+    checker = StopStrings(SP, ("京京",))
+    assert next(i for i, t in enumerate(ids) if checker.cut([t])) + 1 == want
+
+
 def test_a_stop_string_split_by_added_special_tokens_is_found(embedded):
     """SmolLM2's tokenizer flags 17 added tokens special but names 3: 11 of the others between "a" and "b" hid
     the stop string "ab" the text holds."""

@@ -29,6 +29,9 @@ class StopStrings:
         self.bytes = byte_fallback_ids(tokenizer)
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
         self.kept = self.window + (RUN_REACH if self.bytes else 0)  # tokens of the tail kept
+        # the byte tokens of UTF-8's continuation bytes (0x80-0xBF), which no character begins with
+        self.continuation = frozenset(i for token, i in tokenizer.get_vocab().items()
+                                      if i in self.bytes and 0x80 <= int(token[3:5], 16) <= 0xBF) if self.bytes else ()
         self.tail: list[int] = [t for t in previous or [] if t not in self.special][-self.kept :]  # generated ids
 
     def cut(self, ids: list[int]) -> int | None:
@@ -41,6 +44,9 @@ class StopStrings:
             start = max(0, len(self.tail) - self.window)
             while start > 0 and self.tail[start] in self.bytes and self.tail[start - 1] in self.bytes:
                 start -= 1  # (a byte-fallback window that began inside a run decoded to U+FFFD: "。" was missed)
+            if start == 0 and len(self.tail) == self.kept:  # a run longer than the tail: begin at a character
+                while start < len(self.tail) - 1 and self.tail[start] in self.continuation:
+                    start += 1  # (from a continuation byte the whole run decoded to U+FFFD, a stop string unseen)
             text = decode_text(self.tokenizer, self.tail[start:])
             if any(s in text for s in self.strings):
                 return i + 1
