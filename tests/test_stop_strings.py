@@ -263,7 +263,8 @@ def test_a_stop_string_in_a_byte_run_longer_than_the_kept_tail_is_found_where_it
     from longswift.stop_strings import RUN_REACH
 
     run = "東" * (RUN_REACH // 3 + 60) + "京京" + "東" * after  # (3 bytes a character)
-    ids = SP.convert_tokens_to_ids(["▁hello"]) + [SP_BYTES[b] for b in run.encode()] + SP.convert_tokens_to_ids(["▁x"])
+    ids = [*SP.convert_tokens_to_ids(["▁hello"]), *(SP_BYTES[b] for b in run.encode()),
+           *SP.convert_tokens_to_ids(["▁x"])]
     want = first_stop(SP, ids, "京京")
     checker = StopStrings(SP, ("京京",))
     assert next(i for i, t in enumerate(ids) if checker.cut([t])) + 1 == want
