@@ -258,3 +258,22 @@ def test_a_kind_whose_steps_go_untimed_does_not_take_every_step():
     s.record(PLAIN, 1, 0.05)  # ... by a step that found no n-gram
     s.record(LOOKUP, 2, 0.04)  # a later lookup step within STALE_STEPS: its seconds replace the old 0.011
     assert s.step_seconds[LOOKUP] == 0.04 and LOOKUP not in s.refresh
+
+
+def test_a_step_timed_at_zero_seconds_leaves_its_kind_a_rate():
+    """A review: a fresh step of 0.0 s (a coarse or patched clock) replaced its kind's seconds with 0, whose rate is
+    None; with the leader's next steps untimed, choose() computed `margin * None`, a TypeError."""
+    s = StepSchedule(KINDS)
+    for k in KINDS:
+        assert s.choose() == k
+        s.record(k, {FULL: 3, LOOKUP: 1, PLAIN: 1}[k], {FULL: 0.01, LOOKUP: 0.02, PLAIN: 0.01}[k])
+    for _ in range(STALE_STEPS + 2):  # FULL leads; its steps go untimed, so its seconds grow stale
+        k = s.choose()
+        s.record(k, 1, None if k == FULL else 0.01)
+    assert s.best == FULL and s.stale(FULL)
+    k = s.choose()
+    s.record(k, 3, 0.0)
+    assert s.rate(FULL) is not None and s.rate(FULL) > 0
+    for _ in range(20):
+        k = s.choose()
+        s.record(k, 1, None if k == FULL else 0.01)

@@ -188,6 +188,7 @@ class StepSchedule:
         self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
         if seconds is None:
             return
+        seconds = max(seconds, 1e-9)  # (a coarse or patched clock's 0 s made the kind's rate None, the leader's too)
         leader = self.rate(self.best) if self.best is not None else None
         beat = kind != self.best and leader is not None and tokens / max(seconds, 1e-9) > leader
         self.follow = kind if beat else None
