@@ -20,7 +20,7 @@ from longswift.bench.prompts import read_instructions
 from longswift.cli import main
 from longswift.config import GenerationConfig, SpecConfig
 from longswift.errors import LongswiftError
-from longswift.spec.budget import draft_cache_tokens, tree_budget, walk_rows
+from longswift.spec.budget import draft_cache_tokens, held_logit_rows, tree_budget, walk_rows
 
 
 def test_distinct_n_matches_a_hand_count():
@@ -608,7 +608,7 @@ def test_lockstep_refuses_before_any_run_when_the_caches_together_do_not_fit(tmp
     spec = SpecConfig().for_device(engine.model.device)
     one = memory.plan_memory(engine.cfg, engine.model.dtype, engine.model.device, 212 + tree_budget(spec),
                              GenerationConfig().prefill_chunk, engine.model.packed, draft_cache_tokens(spec, 212),
-                             tree_budget(spec), sampled_rows=walk_rows(spec))
+                             tree_budget(spec), sampled_rows=walk_rows(spec), held_rows=held_logit_rows(spec))
     free = one.kv_cache + one.draft_cache + one.workspace + 1  # TokenSwift's run alone fits
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)
     check_grid_memory(engine, cfg, cell, ["tokenswift"])  # one method: nothing held beside it

@@ -101,3 +101,34 @@ if __name__ == "__main__":  # the table in docs/benchmarks.md: python tests/test
     for preset in ("paper", "top-p", "eta", "min-p", "greedy"):
         print(preset, *(f"{dtype} {measured_peak(preset, dtype) / (N * V):.1f}" for dtype in (torch.float32,
                                                                                              torch.bfloat16)), sep=" | ")
+
+
+def test_the_rows_walk_plans_the_spine_the_verify_pass_computes_at_once(monkeypatch):
+    """A review: once steps average 1.5 tokens the verify pass computes a large trie's spine in one LM-head pass
+    (a lookup trie's copy: up to --lookup-nodes rows), while the plan counted the rows walk's logits as 4 rows (at
+    --lookup-nodes 4096 about 768 MiB on the embedded model that the fits-or-refuse check did not see)."""
+    import longswift
+    from longswift.runtime.model import Transformer
+    from longswift.spec.budget import held_logit_rows, run_plan
+
+    engine = longswift.load(tiny_hf_model("llama", seed=0, max_position_embeddings=2048), dtype="float32",
+                            heads="random", threads=1)
+    most, logits = [0], Transformer.logits
+
+    def counted(self, hidden):
+        most[0] = max(most[0], hidden.shape[0])
+        return logits(self, hidden)
+
+    monkeypatch.setattr(Transformer, "logits", counted)
+    spec = SpecConfig(tree="1,1,1", lookup_nodes=256, walk="rows")
+    result = engine.generate([5, 6, 7, 8, 9, 10, 11, 12] * 40, spec=spec, max_new_tokens=300, ignore_eos=True,
+                             temperature=0.0, repetition_penalty=1.0)
+    assert result.stats.lookup_steps > 0
+    resolved = spec.for_device(torch.device("cpu"))
+    assert 16 < most[0] <= held_logit_rows(resolved) == 256  # a copy's spine, in one pass
+    cfg, cpu = engine.cfg, torch.device("cpu")
+    plan = run_plan(cfg, torch.float32, cpu, 700, 512, False, False, resolved)
+    before = plan_memory(cfg, torch.float32, cpu, 700 + tree_budget(resolved), 512, False,
+                         tree_nodes=tree_budget(resolved))  # what the plan counted before
+    assert plan.workspace - before.workspace == 256 * cfg.vocab_size * 4
+    assert held_logit_rows(SpecConfig(walk="batched").for_device(torch.device("cpu"))) == 0  # (walk_rows counts those)

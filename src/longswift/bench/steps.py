@@ -21,7 +21,8 @@ from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory, size
 from ..runtime.model import Transformer, fused_kernels
 from ..runtime.triton_kernels import triton_unavailable
 from ..sampling import draw, penalty_window, transform, uniforms
-from ..spec.budget import draft_cache_tokens, draft_levels, step_budget, tree_budget, walk_rows, will_pack
+from ..spec.budget import (draft_cache_tokens, draft_levels, held_logit_rows, step_budget, tree_budget, walk_rows,
+                           will_pack)
 from ..spec.heads import DraftHeads, new_heads
 from ..spec.ngram import NGRAM_N
 from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, TokenSwiftState, Verified, draft, verify
@@ -180,7 +181,8 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     draft = draft_cache_tokens(state_spec, total)
     plan = plan_memory(cfg, dtype, device, total + tree_budget(state_spec), 1, packed,
                        draft + 1 if draft else 0, max_nodes, float32_logits,
-                       walk_rows(state_spec, max_nodes))  # the rig builds its own tries
+                       walk_rows(state_spec, max_nodes),  # the rig builds its own tries
+                       held_logit_rows(state_spec, max_nodes))
     elem = torch.empty((), dtype=dtype).element_size()
     shared = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size * elem
     heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * elem

@@ -209,13 +209,15 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
 def plan_memory(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
     draft_tokens: int = 0, tree_nodes: int = 0, float32_logits: bool = False, sampled_rows: int = 1,
+    held_rows: int = 0,
 ) -> MemoryPlan:
     """`capacity`: tokens of the full KV cache (prompt + new tokens + TokenSwift's tree nodes);
     `draft_tokens`: size of the partial KV cache of the draft pass (0: none); `tree_nodes`: the
     largest verify pass, whose hidden states and attention scores are transients; `float32_logits`:
     a bf16/fp16 model's LM head runs on a float32 copy of its weight off CUDA (linear.float32_head);
     `sampled_rows`: rows of logits transformed and drawn at once (the batched walk: the whole padded
-    trie; otherwise one row, and the draft stage's depth rows, counted as at least 4)."""
+    trie; otherwise one row, and the draft stage's depth rows, counted as at least 4); `held_rows`: rows of
+    logits held besides those (the rows walk's, computed in one pass: spec.budget.held_logit_rows)."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
     # Packing replaces each weight by its packed copy (the model lets the original go), but for the
@@ -238,7 +240,8 @@ def plan_memory(
     flash = cuda_flash_fits(torch.device(device), dtype, cfg.head_dim)  # the planned GPU's own (cuda:1's, not the current one's)
     scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash),
                  masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
-    logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), 4 if float32_logits else elem)
+    logit_elem = 4 if float32_logits else elem
+    logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), logit_elem) + held_rows * cfg.vocab_size * logit_elem
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     # PartialKVCache holds the budget and one slot more: the root its draft pass feeds
     draft = (draft_tokens + 1) * cfg.kv_bytes_per_token(dtype) if draft_tokens else 0
@@ -288,7 +291,7 @@ def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: i
 
 
 def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0,
-              sampled_rows: int = 1, context: int | None = None) -> FullKVCache:
+              sampled_rows: int = 1, context: int | None = None, held_rows: int = 0) -> FullKVCache:
     """Plan the memory of a run (with TokenSwift's draft cache and tree, if any), refuse what
     cannot fit, then allocate its full KV cache. `context`: the run's prompt + new tokens where the
     capacity is larger (a tree's rows past the run's end are verified, never read by the walk)."""
@@ -299,5 +302,5 @@ def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int =
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
         )
     plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
-                tree_nodes, model.float32_logits, sampled_rows).check(weights_loaded=True)
+                tree_nodes, model.float32_logits, sampled_rows, held_rows).check(weights_loaded=True)
     return FullKVCache(cfg, capacity, model.dtype, model.device)

@@ -61,6 +61,24 @@ def walk_rows(spec: SpecConfig, nodes: int | None = None) -> int:
     return padded_nodes(tree_budget(spec) if nodes is None else nodes) if spec.walk == "batched" else 1
 
 
+# The rows walk's logits: while steps emit at least 1.5 tokens on average, the verify pass computes the rows of a
+# trie of at most this many nodes all at once, and of a larger trie its spine (spec.tokenswift.verify)
+BATCHED_LOGITS_NODES = 16
+
+
+def held_logit_rows(spec: SpecConfig, nodes: int | None = None) -> int:
+    """Rows of logits the rows walk holds at once besides the one it draws (0 for the batched walk, whose rows
+    walk_rows counts): a trie of at most BATCHED_LOGITS_NODES nodes, all of them; a larger one's spine, the root
+    and a path down the first children, which a lookup trie's copy makes as long as its node budget. `nodes`: the
+    largest trie (default: tree_budget). `spec` must be resolved for the device."""
+    if spec.walk == "batched":
+        return 0
+    budget = tree_budget(spec) if nodes is None else nodes
+    deepest = 1 + max(len(draft_levels(spec)), NGRAM_N)  # a full step's spine: its heads' depths or an n-gram path
+    copies = spec.ngram_topk > 0 and spec.suffix_lookup
+    return min(budget, max(BATCHED_LOGITS_NODES, deepest, lookup_budget(spec) if copies else 0))
+
+
 def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
     """Size of the draft pass's partial KV cache for a run of `total` tokens: the budget when the
     paper draft mode will outgrow it, else 0 (shorter runs, fused mode and --draft-cache full draft
@@ -82,7 +100,8 @@ def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens:
     # padded to its node budget (tensor parallelism, where they do not, is planned with the padding: a few slots more)
     bodies = graphs_blocker(device, cfg, tensor_parallel=False) is None
     slots = padded_nodes(nodes) if bodies and nodes else nodes
-    return plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows)
+    held = held_logit_rows(spec) if spec is not None else 0
+    return plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows, held)
 
 
 def will_pack(runtime: RuntimeConfig) -> bool:

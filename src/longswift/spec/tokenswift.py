@@ -21,7 +21,8 @@ from ..runtime.memory import new_cache
 from ..runtime.model import Transformer
 from ..sampling import draw, penalty_window, token_history, transform
 from ..stats import GenerationStats, StepTokens, finished
-from .budget import draft_cache_tokens, draft_levels, lookup_budget, tree_budget, unpruned_budget, walk_rows
+from .budget import (BATCHED_LOGITS_NODES, draft_cache_tokens, draft_levels, held_logit_rows, lookup_budget,
+                     tree_budget, unpruned_budget, walk_rows)
 from .heads import DraftHeads
 from .ngram import NGRAM_N, NGramTracker, path_scores
 from .schedule import FULL, HALF, LOOKUP, NARROW, PLAIN, StepSchedule, step_kinds
@@ -49,8 +50,8 @@ class Draft:
 # whose rows one at a time cost 14x the pass in session 46's greedy cell). Other rows, and every row
 # where most steps emit one token (as under sampling on hard text), the walk computes as it visits
 # them, one by one. The choice changes speed, not the method: both are the rows of the same product
-# (up to float rounding between one-row and many-row kernels, as for the verify forward).
-BATCHED_LOGITS_NODES = 16
+# (up to float rounding between one-row and many-row kernels, as for the verify forward). The memory plan counts
+# those rows (spec.budget.held_logit_rows, where BATCHED_LOGITS_NODES is set).
 BATCH_FROM_TOKENS = 1.5
 
 
@@ -114,7 +115,8 @@ class TokenSwiftState:
         draft_tokens = draft_cache_tokens(spec, total)
         bodies = step_bodies(model)  # CUDA: fixed-shape steps (runtime.cuda_graphs), verify padded to a budget
         self.full = new_cache(model, total + (padded_nodes(nodes) if bodies else nodes), gen.prefill_chunk,
-                              draft_tokens, nodes, walk_rows(spec) if self.batched else 1, context=total)
+                              draft_tokens, nodes, walk_rows(spec) if self.batched else 1, context=total,
+                              held_rows=held_logit_rows(spec))
         self.partial = None
         if draft_tokens:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
