@@ -674,6 +674,18 @@ def parse_rope_scaling(text: str) -> tuple[str, float]:
     return kind, value
 
 
+def same_rope_scaling(a: Any, b: Any) -> bool:
+    """Whether two rope-scaling settings (None: none) are one, as 'yarn:2' and 'yarn:2.0' are; a setting that does
+    not parse (a record edited by hand) is compared as written."""
+    def parsed(setting: Any) -> Any:
+        try:
+            return None if setting is None else parse_rope_scaling(setting)
+        except (LongswiftError, TypeError, AttributeError):
+            return setting
+
+    return parsed(a) == parsed(b)
+
+
 _DTYPES = ("float32", "bfloat16", "float16", "float64")  # the names of torch's dtypes --dtype takes
 
 

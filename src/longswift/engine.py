@@ -17,7 +17,7 @@ import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
 from .config import (HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name,
-                     parse_rope_scaling)
+                     same_rope_scaling)
 from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -198,14 +198,7 @@ class Engine:
         if self.heads is None or not isinstance(settings, dict) or "rope_scaling" not in settings:
             return None
         trained, now = settings["rope_scaling"], self.runtime.rope_scaling
-
-        def scaling(text: Any) -> Any:  # ('yarn', 4.0) for 'yarn:4' and 'yarn:4.0' alike
-            try:
-                return None if text is None else parse_rope_scaling(text)
-            except (LongswiftError, TypeError, AttributeError):  # (a record edited by hand: compared as written)
-                return text
-
-        if scaling(trained) == scaling(now):
+        if same_rope_scaling(trained, now):
             return None
         said = {None: "no rope scaling"}
         return (f"these heads were trained with {said.get(trained, f'rope scaling {trained}')} and this run has "
@@ -432,11 +425,8 @@ class Engine:
                                  "load the model with the checkpoint's dtype")
         for key, default in (("rope_scaling", None), ("float32_logits", False)):
             made_with, has = c.runtime.get(key, default), getattr(self.runtime, key)
-            if key == "rope_scaling" and isinstance(made_with, str) and has is not None:  # yarn:2 is yarn:2.0
-                try:
-                    made_with = has if parse_rope_scaling(made_with) == parse_rope_scaling(has) else made_with
-                except LongswiftError:
-                    pass  # (a damaged setting: refused below as another)
+            if key == "rope_scaling" and same_rope_scaling(made_with, has):  # (yarn:2 is yarn:2.0; a damaged
+                made_with = has  # setting is refused below as another)
             if made_with != has:
                 raise LongswiftError(f"the checkpoint was made with {key} {made_with} and this engine has "
                                      f"{has}: load the model with the checkpoint's settings")
