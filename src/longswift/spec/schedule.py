@@ -190,7 +190,7 @@ class StepSchedule:
             return
         seconds = max(seconds, 1e-9)  # (a coarse or patched clock's 0 s made the kind's rate None, the leader's too)
         leader = self.rate(self.best) if self.best is not None else None
-        beat = kind != self.best and leader is not None and tokens / max(seconds, 1e-9) > leader
+        beat = kind != self.best and leader is not None and tokens / seconds > leader
         self.follow = kind if beat else None
         self._tokens(kind, tokens)
         old = self.step_seconds[kind]
