@@ -113,3 +113,30 @@ def test_the_status_line_is_redrawn_a_few_times_a_second_not_per_step(monkeypatc
     clock[0] += 1.0
     term.text("b")  # after a pause: drawn at once
     assert redraws[-1] == clock[0]
+
+
+def test_control_characters_the_model_writes_do_not_reach_the_terminal(monkeypatch):
+    """An escape sequence in the generated text (a byte-level tokenizer can write any byte) would clear the
+    screen or recolour what follows: on a terminal control characters show as symbols, newlines and tabs
+    keep their meaning; text for a file or a pipe stays exact."""
+    import io
+
+    from longswift.cli import display
+
+    text = "red\x1b[31m \x9b2J\x07bell\x7f\r\nnext\tline\n"
+    term = display.TerminalDisplay(total=10, initial=0)
+    lines: list[str] = []
+    monkeypatch.setattr(term, "_emit", lines.append)
+    term.text(text)
+    assert lines == ["red\u241b[31m \ufffd2J\u2407bell\u2421", "next    line"]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for out, expected in ((Terminal(), "red\u241b[31m \ufffd2J\u2407bell\u2421\nnext\tline\n"), (io.StringIO(), text)):
+        monkeypatch.setattr(display.sys, "stdout", out)
+        plain = display.make_display(None, total=10, initial=0, progress=False)
+        with plain:
+            plain.text(text)
+        assert out.getvalue() == expected

@@ -4,7 +4,9 @@ On a terminal, the text streams readably while one status line below it shows to
 ETA, alpha and tokens per step: rich's live display keeps the status at the bottom and prints
 the text above it, line by line (the line being written is part of the live display until it
 is complete, so text and status never share a line). Text that goes to a file or a pipe is
-written plain, with a tqdm bar on stderr only when stderr is a terminal."""
+written plain, with a tqdm bar on stderr only when stderr is a terminal. On a terminal, control characters
+in the text (an escape sequence a model wrote could clear the screen or recolour it) show as symbols
+(`visible`); `--output` and `--json` keep the exact text."""
 
 from __future__ import annotations
 
@@ -28,8 +30,20 @@ def make_display(text_file: AtomicFile | None, total: int, initial: int, progres
 
 
 def _stdout_write(text: str) -> None:
-    sys.stdout.write(text)
+    sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
     sys.stdout.flush()
+
+
+# C0 controls but newline and tab as their Unicode control pictures (ESC as U+241B), DEL as U+2421, C1 controls
+# (U+009B is a one-character CSI on some terminals) as U+FFFD; carriage returns dropped (CRLF line ends).
+_VISIBLE = {**{c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}, 0x0D: None, 0x7F: 0x2421,
+          **{c: 0xFFFD for c in range(0x80, 0xA0)}}
+
+
+def visible(text: str) -> str:
+    """`text` as a terminal may show it: control characters other than newline and tab as visible symbols,
+    carriage returns dropped."""
+    return text.translate(_VISIBLE)
 
 
 def _status(stats: Any) -> str:
@@ -114,7 +128,7 @@ class TerminalDisplay:
     def text(self, text: str) -> None:
         if not text:
             return
-        self.pending += text.replace("\r", "").replace("\t", "    ")
+        self.pending += visible(text).replace("\t", "    ")
         width = max(self.console.width, 10)
         while True:
             cut = _fits(self.pending, width)
