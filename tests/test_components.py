@@ -696,7 +696,8 @@ def test_the_paper_drafts_first_depth_is_the_base_models_own_next_token_logits(p
 
 def test_a_lookup_step_that_finds_no_continuation_runs_and_counts_as_a_plain_step(monkeypatch):
     """A lookup step whose root continues no n-gram has a trie of the root alone: it runs as a plain step
-    (AR's code, no verify pass) and is counted and timed as one, so the lookup kind's rate measures lookups."""
+    (AR's code, no verify pass) and is counted as one, but timed as the lookup step it was chosen as: the lookup
+    kind's rate is what choosing it gets (tests/test_schedule.py: a leader whose lookups stop finding n-grams)."""
     import longswift.spec.tokenswift as ts
     from longswift.spec import schedule
     from longswift.spec.tokenswift import tokenswift_steps
@@ -717,4 +718,4 @@ def test_a_lookup_step_that_finds_no_continuation_runs_and_counts_as_a_plain_ste
                                   SpecConfig(tree="1,1", ngram_topk=0).for_device("cpu"), stats, frozenset(), None):
             pass
     assert stats.new_tokens == 12 and stats.plain_steps == 11 and stats.lookup_steps == 0 and stats.verify_steps == 0
-    assert verified == [] and recorded == [schedule.PLAIN] * 11
+    assert verified == [] and recorded == [schedule.LOOKUP] * 11

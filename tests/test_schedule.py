@@ -226,11 +226,12 @@ def test_a_kind_timed_long_ago_is_timed_again_before_it_takes_the_lead():
 
 
 def test_a_kind_whose_steps_go_untimed_does_not_take_every_step():
-    """Lookup steps that find no n-gram for the root are plain steps, timed as plain ones (with --ngram-topk 0 every
-    one of them). An untimed kind ran first at every choice, so such a run ran lookup-then-plain steps to its end:
-    no full step after the first, no token blocks (a review's run: 1 verify step, 197 plain). It runs first
-    UNTIMED_TRIES times, then on its probe interval. And a stale kind is timed again once, not at every step while
-    its steps go untimed: the other kinds' probes went on being skipped."""
+    """A kind whose steps go untimed as its own (until session 61, lookup steps that found no n-gram for the root,
+    timed as plain steps: with --ngram-topk 0 every one of them; now, one whose every step captures a graph) ran
+    first at every choice, so such a run ran lookup-then-plain steps to its end: no full step after the first, no
+    token blocks (a review's run: 1 verify step, 197 plain). It runs first UNTIMED_TRIES times, then on its probe
+    interval. And a stale kind is timed again once, not at every step while its steps go untimed: the other kinds'
+    probes went on being skipped."""
     s = StepSchedule()
     picks = []
     for _ in range(2000):
@@ -277,3 +278,22 @@ def test_a_step_timed_at_zero_seconds_leaves_its_kind_a_rate():
     for _ in range(20):
         k = s.choose()
         s.record(k, 1, None if k == FULL else 0.01)
+
+
+def test_a_lookup_leader_whose_lookups_stop_finding_n_grams_loses_the_lead():
+    """Lookup steps led through a repetitive stretch (3 tokens a step); then the text stops repeating and lookups
+    find no n-gram: each runs as a plain step. The loop records such a step as the LOOKUP it was chosen as (1 token
+    at a plain step's cost), so LOOKUP's rate falls to what choosing it gets and full steps, 1.5x a plain step's
+    rate, take the lead. Recorded as PLAIN's, LOOKUP kept its repetitive stretch's rate: full steps never beat it,
+    and the run went on at AR's speed."""
+    s = StepSchedule()
+    for _ in range(300):  # repetitive: lookups emit 3 tokens at about a plain step's cost
+        kind = s.choose()
+        s.record(kind, {FULL: 2, LOOKUP: 3, PLAIN: 1}[kind], {FULL: 0.02, LOOKUP: 0.011, PLAIN: 0.01}[kind])
+    assert s.best == LOOKUP
+    picks = []
+    for _ in range(1500):  # no n-gram continues any root now: a lookup is a plain step; full steps emit 3 in 0.02 s
+        kind = s.choose()
+        picks.append(kind)
+        s.record(kind, 3 if kind == FULL else 1, 0.02 if kind == FULL else 0.01)
+    assert s.best == FULL and picks[-500:].count(FULL) > 450, (s.best, picks[-500:].count(FULL))
