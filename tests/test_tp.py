@@ -157,6 +157,8 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
     try:
         out = run_cases(tensor_parallel=True)
         out["stopped"] = _stop_on_rank_0(Path(out_dir))
+        out["stopped-rank-1"] = _stop_on(1, Path(out_dir) / "by-rank-1", max_new_tokens=30)
+        out["stopped-last-step"] = _stop_on(0, Path(out_dir) / "last-step", max_new_tokens=1)
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -173,6 +175,25 @@ def _stop_on_rank_0(tmp: Path) -> int:
     stream = e.stream(prompt(3, e.cfg.vocab_size), sampling=GREEDY, spec=SPECS["paper"],
                       generation=GenerationConfig(max_new_tokens=30, ignore_eos=True))
     return write_run(e, stream, Outputs(None, tmp / "stopped.json", tmp / "stopped.ckpt", 1024), stop, no_progress=True)
+
+
+def _stop_on(signalled: int, tmp: Path, max_new_tokens: int) -> tuple[int, int | None]:
+    """The CLI's loop when only rank `signalled` got SIGTERM (a kill of one process's pid), before its first
+    token: this rank's exit status, and the tokens of the checkpoint rank 0 saved (None: none)."""
+    from longswift.checkpoint import read_checkpoint
+    from longswift.cli.outputs import Outputs, write_run
+    from longswift.cli.stop import StopRequest
+
+    tmp.mkdir(exist_ok=True)
+    e = engine("gqa", tensor_parallel=True)
+    stop = StopRequest()  # not entered: no handlers; the signal is set by hand
+    stop.signum = signal.SIGTERM if dist.get_rank() == signalled else None
+    stream = e.stream(prompt(3, e.cfg.vocab_size), sampling=GREEDY, spec=SPECS["paper"],
+                      generation=GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=True))
+    code = write_run(e, stream, Outputs(None, tmp / "run.json", None, 1024), stop, no_progress=True)
+    dist.barrier()
+    saved = tmp / "run.json.checkpoint.json"
+    return code, len(read_checkpoint(saved).token_ids) if saved.exists() else None
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +266,18 @@ def test_every_rank_stops_with_rank_0s_exit_status(ranks):
     assert [r["stopped"] for r in ranks] == [128 + signal.SIGTERM] * WORLD
 
 
+def test_a_signal_that_reaches_one_process_stops_every_rank(ranks):
+    """A SIGTERM sent to rank 1's pid alone was ignored (rank 0 alone decided, and rank 1 broadcast nothing): every
+    rank now stops after the same step, at a signal any of them got, and rank 0 saves the run's state."""
+    assert [r["stopped-rank-1"] for r in ranks] == [(128 + signal.SIGTERM, 1)] * WORLD
+
+
+def test_a_signal_during_the_last_step_ends_every_rank_with_status_0(ranks):
+    """A signal in the run's last step: rank 0 finishes the run (complete, nothing to save) and exits 0; rank 1
+    exited 143, which torchrun reports as a failed process of a run that finished."""
+    assert [r["stopped-last-step"] for r in ranks] == [(0, None)] * WORLD
+
+
 def test_unsplittable_gqa_is_refused_in_one_line(ranks):
     for r in ranks:
         assert r["refusal"] == ("cannot run this model on 2 processes: its 3 KV heads neither split into 2 parts "
@@ -279,9 +312,63 @@ def test_a_rank_that_fails_stops_the_others_in_one_line(tmp_path):
         p.join(timeout=240)
     assert (tmp_path / "rank1.txt").read_text() == "ZeroDivisionError: division by zero"
     lost = (tmp_path / "rank0.txt").read_text()
-    assert lost.startswith("LongswiftError: lost contact with the other processes of this run (Connection closed")
+    assert lost.startswith("LostContact: lost contact with the other processes of this run (Connection closed")
     assert lost.endswith("): one of them failed or stopped (an error it printed, a stop, its output closed, or it "
                          "was killed)") and "\n" not in lost
+
+
+def _lose_rank_1_in_the_cli(rank: int, store: str, out_dir: str) -> None:
+    """As _lose_rank_1, with the CLI's loop writing rank 0's outputs: what rank 0 raised, and the checkpoint's
+    tokens."""
+    from longswift.checkpoint import read_checkpoint
+    from longswift.cli.outputs import Outputs, write_run
+    from longswift.cli.stop import StopRequest
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))
+    e = engine("gqa", tensor_parallel=True)
+    if rank == 1:
+        draws = iter(range(4))
+        real = e.model.tp.draw
+        e.model.tp.draw = lambda *args: real(*args) if next(draws, None) is not None else 1 / 0
+    out = Path(out_dir)
+    stream = e.stream(prompt(3, e.cfg.vocab_size), sampling=SAMPLED, spec=SPECS["paper"],
+                      generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    try:
+        write_run(e, stream, Outputs(out / "run.txt", None, None, 1024), StopRequest(), no_progress=True)
+    except Exception as exc:
+        (out / f"rank{rank}.txt").write_text(f"{type(exc).__name__}: {exc}")
+    if rank == 0:
+        torch.save(read_checkpoint(out / "run.txt.checkpoint.json").token_ids, out / "saved.pt")
+    if rank == 1:
+        dist.destroy_process_group()
+
+
+def test_a_run_that_loses_a_process_saves_its_state_on_rank_0(tmp_path, monkeypatch):
+    """A process of the run dies (an OOM kill, a failed GPU): rank 0 holds the tokens and the generator's state of
+    the last whole step, and saves them as an interrupted run's, which one process resumes to the uninterrupted
+    run's tokens. Before, the run's state was lost with the error."""
+    monkeypatch.chdir(tmp_path)
+    ctx = mp.spawn(_lose_rank_1_in_the_cli, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD, join=False)
+    for p in ctx.processes:
+        p.join(timeout=240)
+    assert (tmp_path / "rank1.txt").read_text() == "ZeroDivisionError: division by zero"
+    lost = (tmp_path / "rank0.txt").read_text()
+    saved = torch.load(tmp_path / "saved.pt")
+    assert 1 <= len(saved) < 20, saved
+    assert lost.startswith("LongswiftError: lost contact with the other processes of this run ("), lost
+    assert lost.endswith(f"; state saved at {len(saved)} of 20 tokens to 'run.txt.checkpoint.json': continue with: "
+                         "longswift generate --resume run.txt.checkpoint.json") and "\n" not in lost, lost
+    assert not (tmp_path / "run.txt").exists()
+    e = engine("gqa", tensor_parallel=False)
+    whole = e.generate(prompt(3, e.cfg.vocab_size), sampling=SAMPLED, spec=SPECS["paper"],
+                       generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    assert saved == whole.token_ids[:len(saved)]
+    resumed = e.resume(tmp_path / "run.txt.checkpoint.json")
+    for _ in resumed:
+        pass
+    assert resumed.result.token_ids == whole.token_ids
 
 
 def _cfg(**fields) -> longswift.ModelConfig:

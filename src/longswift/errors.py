@@ -18,6 +18,10 @@ class LongswiftError(Exception):
         self.cli_message = cli_message or message
 
 
+class LostContact(LongswiftError):
+    """A collective of a tensor-parallel run failed: another of its processes exited or stopped answering."""
+
+
 class ConfigError(LongswiftError, ValueError):
     """A bad config value: the message names the field (`SamplingConfig.top_k`), `cli_message` the flag."""
 

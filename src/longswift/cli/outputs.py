@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import LongswiftError
+from ..errors import LongswiftError, LostContact
 from .display import summary_line
 from .stop import READING, SAVING, WRITING, StopRequest, say
 
@@ -84,12 +84,13 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
     from .display import make_display
 
     tp = engine.tp
-    if tp is not None and tp.rank != 0:  # other ranks: same steps, rank 0's stop decisions and exit status, no output
+    if tp is not None and tp.rank != 0:  # other ranks: same steps, the same stop decisions and exit status, no output
         for _ in stream:
-            signum = tp.broadcast_int(0)  # the signal rank 0 stops at, or 0
+            signum = tp.max_int(stop.signum or 0)  # a signal any rank got (to all of them: the same one), or 0
             if signum:
-                stop.signum = signum
-                return stop.exit_code
+                stop.signum = stop.signum or signum
+                if not stream.complete():  # (one that is ends at the next iteration, as on rank 0: status 0)
+                    return stop.exit_code
         return 0
     saved = out.saved()
     text_file = AtomicFile(out.output) if out.output else None
@@ -122,8 +123,13 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                     last_saved = (out.checkpoint, len(stream.token_ids))
                     next_save = len(stream.token_ids) + out.every
                 stopping = stop.signum is not None
-                if tp is not None:  # every rank must stop after the same step, with this signal's status
-                    stopping = bool(tp.broadcast_int(stop.signum or 0))
+                if tp is not None:  # every rank stops after the same step, at a signal any of them got
+                    agreed = tp.max_int(stop.signum or 0)
+                    if agreed and stop.signum is None:  # (only another process got it: a kill of its pid)
+                        stop.signum = agreed
+                        say(f"\nlongswift: {signal.Signals(agreed).name} received by another process of this run: "
+                            f"{SAVING}")
+                    stopping = bool(agreed)
                 if stopping:
                     stop.signum = stop.signum or signal.SIGTERM
                     if not stream.complete():  # (one that is ends at the next iteration, which runs no step)
@@ -179,6 +185,15 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                 return stop.exit_code
         if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
             raise _with_resume_hint(exc, *last_saved) from exc
+        if isinstance(exc, LostContact) and len(stream.token_ids) > (last_saved[1] if last_saved else 0):
+            # Another process of a tensor-parallel run died (an OOM kill, a failed GPU): this one holds the tokens
+            # and the generator's state of the last whole step (stream.checkpoint), saved as an interrupted run's.
+            path = _save_quietly(out, stream, saved)
+            if path is not None:
+                where = shown(path)
+                raise LongswiftError(f"{exc}; state saved at {len(stream.token_ids)} of {stream.max_new_tokens} tokens "
+                                     f"to '{where}': continue with: longswift generate --resume "
+                                     f"{shlex.quote(where)}") from exc
         if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
             said = getattr(exc, "cli_message", None) or exc
             raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc

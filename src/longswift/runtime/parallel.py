@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig, RuntimeConfig, SamplingConfig
-from ..errors import LongswiftError
+from ..errors import LongswiftError, LostContact
 from ..sampling import draw
 from .linear import LinearFn
 from .torchrun_env import _env_int, env_rank, env_world_size
@@ -45,17 +45,17 @@ class ShardPlan:
             raise ValueError(f"rank {self.rank} outside a world of {self.world}")
 
 
-def collective(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`op(*args, **kwargs)`, a torch.distributed call that every rank makes; its failure (torch
+def collective(call: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)`, a torch.distributed call that every rank makes; its failure (torch
     raises RuntimeError: another rank exited, or the ranks fell out of step and timed out) becomes
-    a one-line LongswiftError instead of gloo's traceback."""
+    a one-line LostContact instead of gloo's traceback."""
     try:
-        return op(*args, **kwargs)
+        return call(*args, **kwargs)
     except RuntimeError as exc:
         text = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip())  # gloo starts with "[file:line] "
         why = re.split(r"\.\s|\n", text)[0] or type(exc).__name__  # its first sentence
-        raise LongswiftError(f"lost contact with the other processes of this run ({why}): one of them failed or "
-                             "stopped (an error it printed, a stop, its output closed, or it was killed)") from exc
+        raise LostContact(f"lost contact with the other processes of this run ({why}): one of them failed or "
+                          "stopped (an error it printed, a stop, its output closed, or it was killed)") from exc
 
 
 def _works(cfg: ModelConfig, world: int) -> bool:
@@ -218,6 +218,12 @@ class TensorParallel:
         """Rank 0's `value` on every rank (the others' argument is ignored)."""
         t = torch.tensor([value], dtype=torch.long, device=self.device)
         collective(dist.broadcast, t, src=self.src, group=self.group)
+        return int(t.item())
+
+    def max_int(self, value: int) -> int:
+        """The largest of the ranks' `value`s, on every rank."""
+        t = torch.tensor([value], dtype=torch.long, device=self.device)
+        collective(dist.all_reduce, t, op=dist.ReduceOp.MAX, group=self.group)
         return int(t.item())
 
     def agree(self, what: str, value: Any) -> None:
