@@ -444,7 +444,10 @@ def test_torchrun_plans_one_processs_shard_on_cuda(tmp_path, monkeypatch, device
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr("longswift.runtime.memory.available_bytes", lambda _device: 1)
-    monkeypatch.setattr(RuntimeConfig, "torch_device", lambda self: torch.device(device))
+    monkeypatch.setattr(RuntimeConfig, "torch_device",
+                        lambda self: torch.device(device if self.device in ("auto", "cuda") else self.device))
+    monkeypatch.setattr("longswift.config._cuda", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     model = _config_dir(tmp_path)
     cfg = longswift.runtime.loading.load_config(model)
     held = shard_config(cfg, plan_shards(cfg, 0, 2)) if device == "cuda" else cfg
@@ -453,6 +456,41 @@ def test_torchrun_plans_one_processs_shard_on_cuda(tmp_path, monkeypatch, device
     with pytest.raises(LongswiftError) as info:
         _plan_before_loading(model, RuntimeConfig(dtype="float32"), GenerationConfig(max_new_tokens=8), 9)
     assert f"(weights {held.parameter_count() * 4 / 1024**3:.2f} GiB + " in str(info.value)
+
+
+def test_torchrun_plans_each_process_on_its_own_gpu(tmp_path, monkeypatch):
+    """Before the model loads, each process's memory check read the current GPU, cuda:0 for every process (and set
+    up CUDA there): K-1 extra contexts on GPU 0, and each process judged by GPU 0's free memory, not its own."""
+    from longswift.cli.generate import _plan_before_loading
+    from longswift.config import RuntimeConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    asked = []
+    monkeypatch.setattr("longswift.runtime.memory.available_bytes", lambda device: asked.append(device) or 1)
+    monkeypatch.setattr(RuntimeConfig, "torch_device",
+                        lambda self: torch.device("cuda" if self.device in ("auto", "cuda") else self.device))
+    monkeypatch.setattr("longswift.config._cuda", lambda: True)
+    monkeypatch.setattr("longswift.config._cuda_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(LongswiftError, match="not enough memory"):
+        _plan_before_loading(_config_dir(tmp_path), RuntimeConfig(dtype="float32", device="cuda"),
+                             GenerationConfig(max_new_tokens=8), 9)
+    assert asked and all(device == torch.device("cuda:1") for device in asked), asked
+
+
+def test_torchrun_refuses_float32_logits_before_loading(tmp_path, monkeypatch):
+    """--float32-logits, which tensor parallelism does not run, was refused once every process had read the whole
+    checkpoint."""
+    from longswift.cli.generate import _plan_before_loading
+    from longswift.config import RuntimeConfig
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(LongswiftError, match="^--float32-logits is not supported with tensor parallelism"):
+        _plan_before_loading(_config_dir(tmp_path), RuntimeConfig(dtype="bfloat16", float32_logits=True),
+                             GenerationConfig(max_new_tokens=8), 9)
+    _plan_before_loading(_config_dir(tmp_path), RuntimeConfig(dtype="float32", float32_logits=True),
+                         GenerationConfig(max_new_tokens=8), 9)  # (float32 logits of a float32 model: nothing to do)
 
 
 def test_generate_help_and_readme_show_torchrun():

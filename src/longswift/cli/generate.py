@@ -492,9 +492,13 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     checkpoint's rope scaling). A new run (`prompt_tokens` None: not tokenized yet) plans for a one-token
     prompt: the exact plan, with the prompt, is checked again before the cache is allocated. Under torchrun, a model that does not split across the processes is
     refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
+    import torch
+
     from ..runtime.loading import load_config
     from ..runtime.memory import check_context
-    from ..runtime.parallel import env_world_size, plan_shards, shard_config
+    from ..runtime.model import FLOAT32_LOGITS_TP
+    from ..runtime.parallel import plan_shards, shard_config
+    from ..runtime.torchrun_env import env_local_rank, env_world_size
     from ..spec.budget import plan_before_loading
 
     cfg = load_config(model, runtime.rope_scaling)
@@ -505,7 +509,13 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
         shard = shard_config(cfg, plan_shards(cfg, 0, env_world_size()))
         # A GPU holds its process's shard (the LM head counted whole); on a CPU the processes share the
         # host's memory, and each reads the whole checkpoint while loading.
-        held = shard if runtime.torch_device().type == "cuda" else cfg
+        device = runtime.torch_device()
+        if runtime.float32_logits and runtime.torch_dtype() in (torch.bfloat16, torch.float16):  # (as the model does,
+            raise LongswiftError(FLOAT32_LOGITS_TP)  # but before every process has read the whole checkpoint)
+        held = shard if device.type == "cuda" else cfg
+        local = env_local_rank()  # this process's GPU, as init_from_env chooses it (which refuses one not there)
+        if device.type == "cuda" and device.index is None and local < torch.cuda.device_count():
+            runtime = replace(runtime, device=f"cuda:{local}")  # (the current one is cuda:0 for all)
     plan_before_loading(held, runtime, tokens, gen.prefill_chunk, spec).check(weights_loaded=False)
     return cfg
 

@@ -31,6 +31,7 @@ from .triton_kernels import norm_fits, silu_mul, triton_unavailable
 if TYPE_CHECKING:
     from .parallel import TensorParallel
 
+FLOAT32_LOGITS_TP = "--float32-logits is not supported with tensor parallelism: leave it off"
 # attend(layer, q [T, H, D], k [T, Hkv, D], v [T, Hkv, D]) -> [T, H*D]
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # rotate(layer, qkv [T, (H + 2 Hkv) D]) -> q [T, H, D], k, v [T, Hkv, D]: rope applied, and the keys and values
@@ -153,7 +154,7 @@ class Transformer:
         # Logits kept in float32 rather than rounded to a reduced dtype (a no-op for float32/float64 models).
         self.float32_logits = float32_logits and self.dtype in (torch.bfloat16, torch.float16)
         if tp is not None and self.float32_logits:
-            raise LongswiftError("--float32-logits is not supported with tensor parallelism: leave it off")
+            raise LongswiftError(FLOAT32_LOGITS_TP)
         # The embedding stays (the tied head's packed copy is the one extra copy of a weight).
         head_names = () if cfg.tie_word_embeddings else (head_name,)
         if self.float32_logits:

@@ -24,7 +24,7 @@ from ..config import ModelConfig, RuntimeConfig, SamplingConfig
 from ..errors import LongswiftError, LostContact
 from ..sampling import draw
 from .linear import LinearFn
-from .torchrun_env import _env_int, env_rank, env_world_size
+from .torchrun_env import env_local_rank, env_rank, env_world_size
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:
     runtime config with this rank's device (cuda:LOCAL_RANK on CUDA)."""
     device = runtime.torch_device()
     if device.type == "cuda":
-        local = _env_int("LOCAL_RANK", 0, 0)
+        local = env_local_rank()
         if local >= torch.cuda.device_count():
             raise LongswiftError(f"rank {env_rank()} wants cuda:{local} but only {torch.cuda.device_count()} "
                                  "CUDA devices are visible: use --nproc-per-node <= the GPU count")

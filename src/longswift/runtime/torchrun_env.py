@@ -31,3 +31,8 @@ def env_rank() -> int:
     RANK that another launcher set for its own job made a plain run a "rank 1" that took no output lock,
     wrote over another run's --output, and hid its notes."""
     return _env_int("RANK", 0, 0) if env_world_size() > 1 else 0
+
+
+def env_local_rank() -> int:
+    """This process's rank on its machine, which torchrun sets (its GPU: cuda:LOCAL_RANK); 0 if unset."""
+    return _env_int("LOCAL_RANK", 0, 0)
