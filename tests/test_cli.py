@@ -449,6 +449,23 @@ def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_p
     assert code == 2 and planned[0][0] == 3 and isinstance(planned[0][1], SpecConfig) and planned[0][2], err
 
 
+@pytest.mark.parametrize("rank,said", [("0", "longswift: interrupted\n"), ("1", "longswift (rank 1): interrupted\n")])
+def test_a_process_stopped_at_once_under_torchrun_says_which_it_is(capsys, monkeypatch, rank, said):
+    """Ctrl-C while the model loads stops every process at once: each said "longswift: interrupted", with no rank
+    on the others' lines as their errors have."""
+    import longswift.cli.generate as generate_cli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+
+    def loading(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_cli, "cmd_generate", loading)
+    code, _, err = run_cli(capsys, "generate", "--prompt", "x")
+    assert code == 130 and err == said
+
+
 @pytest.mark.parametrize("rank,world,said", [("0", "2", True), ("1", "2", False), (None, None, True),
                                              ("1", None, True), ("1", "1", True)])
 def test_only_rank_0_says_a_signal_was_received(capsys, monkeypatch, rank, world, said):
@@ -1281,7 +1298,8 @@ def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
     gen = json.loads(js.read_text())["generation"]
     assert gen["plain_steps"] == 0 and gen["lookup_steps"] == 0, gen
     assert gen["verify_steps"] == gen["steps"] - 1  # every step but the first token's draw, which follows the prefill
-    assert f"({gen['verify_steps']} of {gen['steps']} steps drafted)" in out_text
+    # (the first token is the prefill's, a step of no drafts: "4 of 5 steps drafted" read as one that did not draft)
+    assert f"({gen['verify_steps']} of {gen['steps'] - 1} steps after the first token drafted)" in out_text
     code, out_text, err = run_cli(capsys, *args, "--adaptive", "--json", str(js))
     assert code == 0, err
     gen = json.loads(js.read_text())["generation"]

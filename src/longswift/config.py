@@ -309,7 +309,7 @@ class SamplingConfig:
         default=1.2, metadata=_help("contextual penalty theta on tokens of the last window; 1 disables")
     )
     penalty_window: int = field(
-        default=1024, metadata=_help("the penalty looks at this many most recent tokens")
+        default=1024, metadata=_help("the penalty looks at this many most recent tokens (0: none, as a penalty of 1)")
     )
     seed: int | None = field(default=None, metadata=_help(
         "RNG seed; the same seed gives the same output (default: a random one, which --json and checkpoints record; "

@@ -148,5 +148,5 @@ def _main(argv: list[str]) -> int:
         print(f"{_prefix()}: error: {exc}{access} (--debug shows where)", file=sys.stderr)
         return 1
     except KeyboardInterrupt as exc:  # (a run stopped at once may say where it can continue from)
-        print(f"longswift: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
+        print(f"{_prefix()}: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
         return 128 + StopRequest.stopped_by if StopRequest.stopped_by is not None else 130

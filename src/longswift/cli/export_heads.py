@@ -26,7 +26,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("export-heads", help="write draft heads as a TokenSwift checkpoint directory or a heads file")
     p.add_argument("--model", help="the base model: a .gguf file, an HF directory or a hub id (default: embedded model)")
     p.add_argument("--heads", type=heads_value, default="auto",
-                   help=f"the heads to export (default: auto): {HEADS_HELP}")
+                   help=f"the heads to export (default: auto): {HEADS_HELP}; 'random' (seeded and untrained: a file "
+                        "for testing)")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="tokenswift: an HF directory (config.json with medusa_heads, model.safetensors holding base "
                         "model and heads, tokenizer), as TokenSwift's released checkpoints; longswift: one heads "

@@ -271,7 +271,8 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
         s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=show_progress(args))
         alpha = f"{s.alpha:.3f}" if s.draft_positions else "n/a (nothing drafted)"  # (to_dict's alpha: None)
         print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {alpha} "
-              f"({s.verify_steps} of {s.steps} steps drafted), {s.tokens_per_step:.2f} tokens/step, "
+              f"({s.verify_steps} of {s.steps - 1} steps after the first token drafted), "
+              f"{s.tokens_per_step:.2f} tokens/step, "
               f"n-gram share {s.ngram_accepted / max(1, s.accepted_tokens):.2f}")
         result["generation"] = s.to_dict()
     if args.json:

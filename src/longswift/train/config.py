@@ -26,9 +26,9 @@ class TrainConfig:
     gamma: int = field(default=3, metadata=_help("number of draft heads"))
     seed: int = field(default=0, metadata=_help("seed for the data order and for --self-distill's sampling"))
     bf16_lm_head: bool | None = field(default=None, metadata=_help(
-        "run the frozen LM head in bfloat16 autocast (default: where the device computes bfloat16 natively: on "
-        "CUDA, and on CPUs with AVX-512, 4x faster with AVX512-BF16/AMX; not on an AVX2-only CPU, where a step "
-        "ran 35x slower)"))
+        "run the frozen LM head in bfloat16 autocast (default: where the device multiplies bfloat16 in hardware: "
+        "on CUDA, and on CPUs with AVX512-BF16 or AMX; not on other CPUs, where a step ran ~3x slower with "
+        "AVX-512 and 35x with AVX2 alone)"))
     checkpoint_every: int = field(default=50, metadata=_help("write a checkpoint every N steps"))
     chunk: int = field(default=1024, metadata=_help("positions per loss chunk (bounds the [heads, chunk, vocab] logits memory)"))
 
