@@ -493,6 +493,14 @@ def test_torchrun_refuses_float32_logits_before_loading(tmp_path, monkeypatch):
                          GenerationConfig(max_new_tokens=8), 9)  # (float32 logits of a float32 model: nothing to do)
 
 
+def test_tensor_parallel_outside_torchrun_is_refused_before_the_checkpoint_is_read(monkeypatch):
+    """load(..., tensor_parallel=True) without a process group read the whole checkpoint, then refused."""
+    assert not dist.is_initialized()
+    monkeypatch.setattr("longswift.engine.load_model", lambda *a, **k: pytest.fail("the checkpoint was read"))
+    with pytest.raises(LongswiftError, match="^tensor parallelism needs torch.distributed: start with torchrun$"):
+        longswift.load("any/model", tensor_parallel=True)
+
+
 def test_generate_help_and_readme_show_torchrun():
     """`generate --help` had no word of running across processes; its example and the README's parse."""
     import shlex

@@ -24,7 +24,7 @@ from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
 from .runtime.memory import check_context, keep_freed_buffers, return_freed_memory
 from .runtime.model import Transformer
-from .runtime.parallel import TensorParallel, shard_config, shard_state, state_digest
+from .runtime.parallel import TensorParallel, require_process_group, shard_config, shard_state, state_digest
 from .runtime.probe import model_probe, probe_tolerance, same_model
 from .runtime.triton_kernels import triton_unavailable
 from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads, training_record
@@ -627,6 +627,8 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     device = runtime.torch_device()
     if runtime.triton_kernels and (why := triton_unavailable(device)) is not None:  # (device auto, no CUDA)
         raise LongswiftError(f"triton_kernels: {why}; leave it off", f"--triton-kernels: {why}; leave it off")
+    if tensor_parallel:
+        require_process_group()  # (before the checkpoint is read: TensorParallel refuses after)
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
         # Sharded runs read the checkpoint on the CPU and move only this rank's shard to the device.
         loaded = load_model(model, runtime.torch_dtype(), torch.device("cpu") if tensor_parallel else device,

@@ -141,14 +141,19 @@ def vocab_block(weight: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
     return torch.cat([block, block.new_zeros(pad, block.shape[1])]) if pad else block
 
 
+def require_process_group() -> None:
+    """Refuse tensor parallelism outside a torch.distributed process group (torchrun's)."""
+    if not dist.is_initialized():
+        raise LongswiftError("tensor parallelism needs torch.distributed: start with torchrun")
+
+
 class TensorParallel:
     """This rank's shard of a model and the collectives over `group` (None: the default group).
 
     Creating it is collective when KV heads are replicated (a process group per KV head)."""
 
     def __init__(self, cfg: ModelConfig, device: torch.device, group: Any = None) -> None:
-        if not dist.is_initialized():
-            raise LongswiftError("tensor parallelism needs torch.distributed: start with torchrun")
+        require_process_group()
         self.group, self.device = group, device
         self.plan = plan_shards(cfg, dist.get_rank(group), dist.get_world_size(group))
         self.vocab_size = cfg.vocab_size
