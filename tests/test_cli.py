@@ -1264,7 +1264,7 @@ def test_eval_heads_without_data_says_evaluation_data_and_an_alpha_of_no_drafts_
     code, out, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", "random", "--data", str(data),
                              "--device", "cpu", "--seq-len", "32", "--alpha-tokens", "1", "--no-progress")
     assert code == 0, err
-    assert "alpha n/a (nothing drafted) (0 of 1 steps drafted)" in out
+    assert "alpha n/a (nothing drafted) (0 of 0 steps after the first token drafted)" in out
 
 
 def test_eval_heads_refuses_a_tree_deeper_than_its_heads_before_the_accuracy(tmp_path, capsys, monkeypatch):
