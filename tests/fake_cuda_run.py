@@ -101,12 +101,24 @@ def _on_the_fake_device(monkeypatch):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With $FAKE_CUDA_ONE_EACH set, the first parametrization of each test function alone: each function's
-    code, in a fraction of the time (the fake device runs every op's meta kernel, ~0.2 ms an op on a CPU)."""
+    code, in a fraction of the time (the fake device runs every op's meta kernel, ~0.2 ms an op on a CPU).
+    With $FAKE_CUDA_PART set to 'I/N' as well, the functions whose place in the module (from 0) is I modulo N:
+    one of N parts, which CI's workers run side by side (see part_of)."""
     if os.environ.get("FAKE_CUDA_ONE_EACH"):
         seen: set[str] = set()
         kept = [item for item in items if not (item.originalname in seen or seen.add(item.originalname))]
+        part = os.environ.get("FAKE_CUDA_PART")
+        if part:
+            mine = set(part_of([item.originalname for item in kept], part))
+            kept = [item for item in kept if item.originalname in mine]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+
+
+def part_of(functions: list[str], part: str) -> list[str]:
+    """The test functions (in the module's order) that part 'I/N' runs: every N-th from the I-th."""
+    index, parts = (int(x) for x in part.split("/"))
+    return functions[index::parts]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

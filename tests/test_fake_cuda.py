@@ -323,15 +323,22 @@ TESTS = Path(__file__).resolve().parent
 FAKE_SKIPS = ("needs a second CUDA device", "--graph-attention length needs")
 
 
+OWN_CODE_PARTS = 4  # one subprocess took 4 minutes, which CI's two workers now share
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs tests/test_cuda.py itself")
-def test_the_gpu_tests_own_code_runs_on_the_fake_device(tmp_path):
+@pytest.mark.parametrize("part", range(OWN_CODE_PARTS))
+def test_the_gpu_tests_own_code_runs_on_the_fake_device(tmp_path, part):
     """tests/test_cuda.py is skipped wherever CI runs, so a change to the package that breaks its code (a
     renamed argument, a moved helper) would first show on a lent GPU, whose minutes are few. Here each of
     its test functions (the first parametrization of each) runs on the fake device (tests/fake_cuda_run.py)
     and must pass or stop at one of its own asserts, whose values the fake device cannot give; any other
-    error is code that would fail on the GPU too."""
+    error is code that would fail on the GPU too. In OWN_CODE_PARTS parts: every part's functions run."""
+    from fake_cuda_run import part_of
+
     report = tmp_path / "report.jsonl"
     env = {**os.environ, "FAKE_CUDA_REPORT": str(report), "FAKE_CUDA_ONE_EACH": "1",
+           "FAKE_CUDA_PART": f"{part}/{OWN_CODE_PARTS}",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fake_cuda_run", "-p", "no:cacheprovider",
                           "tests/test_cuda.py"], cwd=TESTS.parent, env=env, capture_output=True, text=True, check=False,
@@ -339,7 +346,8 @@ def test_the_gpu_tests_own_code_runs_on_the_fake_device(tmp_path):
     assert report.exists(), run.stdout[-3000:] + run.stderr[-3000:]
     rows = [json.loads(line) for line in report.read_text().splitlines()]
     module = ast.parse((TESTS / "test_cuda.py").read_text())
-    functions = {f.name for f in module.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")}
+    functions = set(part_of([f.name for f in module.body if isinstance(f, ast.FunctionDef)
+                             and f.name.startswith("test_")], f"{part}/{OWN_CODE_PARTS}"))
     assert {row["id"].split("::")[1].split("[")[0] for row in rows} == functions, run.stdout[-3000:]
     for row in rows:
         if row["outcome"] == "skipped":
