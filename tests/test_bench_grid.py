@@ -175,10 +175,10 @@ def test_suite_writes_files_and_resumes(tmp_path, tiny_dir, capsys):
     assert "llamacpp: skipped (" in md and "--lengths 8,6" in md and "torch " in md
     assert md.count("### random-ids-seed0: 12-token prompt") == 4
     assert "tokenswift identical; hf identical" in md
-    for preset in ("greedy", "paper"):  # alpha's sample: the steps that drafted, of all steps
+    for preset in ("greedy", "paper"):  # alpha's sample: the steps that drafted, of the steps after the first token
         ts = by[("tokenswift", preset, 8)]
         assert 0 < ts["steps"] <= 8 and ts["verify_steps"] + ts["plain_steps"] + 1 == ts["steps"]  # + the first draw
-        assert f"| {ts['alpha']:.2f} ({ts['verify_steps']} of {ts['steps']}) |" in md
+        assert f"| {ts['alpha']:.2f} ({ts['verify_steps']} of {ts['steps'] - 1}) |" in md
     assert "tokenswift outputs equal ar's token for token in float64; in float32 the verify pass's" in md
     png = sorted(p.name for p in out_dir.glob("*.png"))
     if importlib.util.find_spec("matplotlib"):

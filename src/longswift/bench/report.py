@@ -144,12 +144,12 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 def _drafted(runs: list[dict[str, Any]]) -> str:
     """' (D of S)': how many of a TokenSwift row's steps drafted (verified a trie; medians over runs),
-    the sample its alpha comes from, of all its steps; '' for AR, peers and records made before bench
-    kept these counts."""
+    the sample its alpha comes from, of its steps after the first token (the prefill's, which drafts nothing:
+    eval-heads counts the same way); '' for AR, peers and records made before bench kept these counts."""
     if any(r.get("verify_steps") is None or r.get("steps") is None for r in runs):
         return ""
     drafted = statistics.median(r["verify_steps"] for r in runs)
-    return f" ({drafted:g} of {statistics.median(r['steps'] for r in runs):g})"
+    return f" ({drafted:g} of {statistics.median(r['steps'] - 1 for r in runs):g})"
 
 
 def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], plots_note: str | None = None) -> str:
@@ -282,7 +282,7 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]],
     if apart:
         lines += [f"- measured by different invocations (1 = earliest): {apart}; a ratio between rows measured apart "
                   "compares different machine conditions (a new --out-dir measures them side by side)", ""]
-    lines += ["| method | variant | runs | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha (steps drafted) | "
+    lines += ["| method | variant | runs | prefill s | decode tok/s | ms/token | vs ar | vs hf | alpha (drafted of steps after the first) | "
               "n-gram alpha | "
               "tokens/step | distinct-1/2/3/4 | peak MiB (+ added by the run) |", "|" + "---|" * 13]
     for (m, variant), runs in rows.items():
