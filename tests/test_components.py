@@ -696,17 +696,19 @@ def test_the_paper_drafts_first_depth_is_the_base_models_own_next_token_logits(p
 
 def test_a_lookup_step_that_finds_no_continuation_runs_and_counts_as_a_plain_step(monkeypatch):
     """A lookup step whose root continues no n-gram has a trie of the root alone: it runs as a plain step
-    (AR's code, no verify pass) and is counted as one, but timed as the lookup step it was chosen as: the lookup
-    kind's rate is what choosing it gets (tests/test_schedule.py: a leader whose lookups stop finding n-grams)."""
+    (AR's code, no verify pass), is counted as one, and is timed through record_empty_lookup: as a plain step, and
+    as a lookup step while lookups lead (tests/test_schedule.py: a leader whose lookups stop finding n-grams)."""
     import longswift.spec.tokenswift as ts
     from longswift.spec import schedule
     from longswift.spec.tokenswift import tokenswift_steps
 
     monkeypatch.setattr(schedule.StepSchedule, "choose", lambda self: self._run(schedule.LOOKUP))
     recorded, verified = [], []
-    record = schedule.StepSchedule.record
+    record, empty = schedule.StepSchedule.record, schedule.StepSchedule.record_empty_lookup
     monkeypatch.setattr(schedule.StepSchedule, "record",
                         lambda self, kind, tokens, seconds: recorded.append(kind) or record(self, kind, tokens, seconds))
+    monkeypatch.setattr(schedule.StepSchedule, "record_empty_lookup",
+                        lambda self, seconds: recorded.append("empty lookup") or empty(self, seconds))
     real = ts.verify
     monkeypatch.setattr(ts, "verify", lambda s, trie: verified.append(len(trie)) or real(s, trie))
     engine = longswift.load(tiny_hf_model("llama", seed=61), dtype="float64", heads="random")
@@ -718,4 +720,4 @@ def test_a_lookup_step_that_finds_no_continuation_runs_and_counts_as_a_plain_ste
                                   SpecConfig(tree="1,1", ngram_topk=0).for_device("cpu"), stats, frozenset(), None):
             pass
     assert stats.new_tokens == 12 and stats.plain_steps == 11 and stats.lookup_steps == 0 and stats.verify_steps == 0
-    assert verified == [] and recorded == [schedule.LOOKUP] * 11
+    assert verified == [] and recorded == ["empty lookup", schedule.PLAIN] * 11

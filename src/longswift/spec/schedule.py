@@ -36,8 +36,8 @@ RATE_EMA = 0.1  # weight of the newest step in a kind's tokens and seconds per s
 # from plain steps as soon as the load came on (session 56).
 STALE_STEPS = 64
 # A kind not yet timed runs first, up to this many times: a kind's first steps may capture CUDA graphs (untimed), and
-# one whose steps are never timed (each capturing a graph, or refilling the partial cache) would otherwise run at
-# every step, no other kind probed again.
+# one whose steps are never timed as its own (lookup steps that find no n-gram while another kind leads are timed as
+# plain steps: with --ngram-topk 0 all of them) would otherwise run at every step, no other kind probed again.
 UNTIMED_TRIES = 8
 EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
@@ -114,8 +114,8 @@ class StepSchedule:
         if self.best is None or rates[fastest] > margin * rates[self.best]:  # type: ignore[operator]
             if fastest != self.best:
                 if self.best is not None and self.stale(fastest):  # timed under another load, maybe: timed
-                    self.timed_at[fastest] = self.steps  # again first (once: its step may go untimed, as one that
-                    self.refresh.add(fastest)  # captures a graph does), its seconds replacing the old ones
+                    self.timed_at[fastest] = self.steps  # again first (once: its step may go untimed, as a lookup
+                    self.refresh.add(fastest)  # step that finds no n-gram does), its seconds replacing the old ones
                     return self._run(fastest)
                 self.probe_every[fastest] = PROBE_EVERY  # once it loses the lead again, probe it soon
             self.best = fastest
@@ -179,15 +179,13 @@ class StepSchedule:
 
     def stale(self, kind: str) -> bool:
         """Whether `kind`'s seconds come from a step more than STALE_STEPS back (`since` counts from the kind
-        chosen, this from the kind timed: a step that captured a graph goes untimed)."""
+        chosen, this from the kind timed: a lookup step that found no n-gram may be timed as a plain one)."""
         return self.steps - self.timed_at[kind] > STALE_STEPS
 
     def record(self, kind: str, tokens: int, seconds: float | None) -> None:
         """A step's tokens, and its time unless None (a step that captured a CUDA graph or refilled
-        the partial cache: one-off costs that would misjudge its kind for many steps). `kind` is the kind
-        chosen: a lookup step that found no n-gram ran as a plain step, and is recorded as LOOKUP's, which
-        is what choosing LOOKUP got (recorded as PLAIN's, a lookup leader whose lookups stopped finding
-        n-grams kept the rate of its repetitive stretch, and no kind could take the lead from it)."""
+        the partial cache: one-off costs that would misjudge its kind for many steps). A lookup step that
+        found no n-gram ran as a plain step: `record_empty_lookup`."""
         self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
         if seconds is None:
             return
@@ -195,6 +193,22 @@ class StepSchedule:
         leader = self.rate(self.best) if self.best is not None else None
         beat = kind != self.best and leader is not None and tokens / seconds > leader
         self.follow = kind if beat else None
+        self._timed(kind, tokens, seconds)
+
+    def record_empty_lookup(self, seconds: float | None) -> None:
+        """A lookup step whose root continued no n-gram: it ran as a plain step, and is recorded as PLAIN's
+        (a plain step's work: it keeps plain steps' rate fresh, and a probe that drafted nothing says nothing
+        of what lookups get when they draft) and, while LOOKUP leads, as LOOKUP's too (what choosing it gets
+        now: a lookup leader whose lookups stopped finding n-grams kept the rate of its repetitive stretch,
+        and full steps 1.5x faster never took the lead). Recorded as LOOKUP's alone, a lookup step that
+        drafted nothing was a plain step timed against plain steps: on noise alone it beat the leader, was
+        followed up and took the lead, and under the paper's sampling (drafts almost never accepted) a run
+        spent a quarter of its steps verifying n-grams, 0.95x AR (session 61)."""
+        if seconds is not None and self.best == LOOKUP:
+            self._timed(LOOKUP, 1, max(seconds, 1e-9))
+        self.record(PLAIN, 1, seconds)
+
+    def _timed(self, kind: str, tokens: int, seconds: float) -> None:
         self._tokens(kind, tokens)
         old = self.step_seconds[kind]
         fresh = old <= 0 or self.stale(kind) or kind in self.refresh  # (old seconds: replaced, not averaged in)

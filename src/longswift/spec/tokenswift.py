@@ -435,8 +435,8 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
                 s.catch_up()
                 if kind == LOOKUP:
                     trie = lookup_tree(s)
-                    if len(trie) == 1:  # no n-gram continues the root: a plain step, counted as one, timed as
-                        kind = PLAIN  # the lookup it was (what choosing LOOKUP gets: see StepSchedule.record)
+                    if len(trie) == 1:  # no n-gram continues the root: a plain step, counted as one (timed:
+                        kind = PLAIN  # StepSchedule.record_empty_lookup)
             if kind == PLAIN:  # AR's step through AR's code: one, or a token block of them where plain steps lead
                 emitted = plain_block(s, 1 if trie is not None else
                                       schedule.plain_run(s.read_every, gen.max_new_tokens - s.produced))
@@ -445,7 +445,10 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
                 stats.decode_seconds += t - t0
                 seconds = None if s.captures() != captures else (t - t0) / len(emitted)
                 for _ in emitted:  # timed as that many plain steps of the block's average cost
-                    schedule.record(PLAIN if trie is None else LOOKUP, 1, seconds)
+                    if trie is None:
+                        schedule.record(PLAIN, 1, seconds)
+                    else:
+                        schedule.record_empty_lookup(seconds)
                 stats.new_tokens += len(emitted)
                 stats.steps += len(emitted)
                 stats.plain_steps += len(emitted)
