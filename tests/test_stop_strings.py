@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 from conftest import assert_one_line_error, byte_tokenizer, run_cli
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -277,3 +278,24 @@ def test_a_stop_string_split_by_added_special_tokens_is_found(embedded):
     ids = tokenizer.encode("x a", add_special_tokens=False) + [3] * 11 + tokenizer.encode("b", add_special_tokens=False)
     assert decode_text(tokenizer, ids).endswith("ab")
     assert StopStrings(tokenizer, ("ab",)).cut(ids) == len(ids)
+
+
+@pytest.mark.parametrize("stop", ["<|im_start|>", "\n<|im_start|>", "end", "<|im_"])
+def test_a_stop_string_ending_with_a_special_tokens_text_ends_after_that_token(embedded, stop):
+    """`--stop "<|im_start|>"` (a raw chat prompt, the model going on to write the user's turn) never ended a run:
+    special tokens were left out of the checked text, so no stop string could name one. It ends where
+    transformers' StopStringCriteria ends (which reads every token's string): after the special token whose text
+    completes the stop string, which may end inside it, as inside any token ("end" and "<|im_" at "<|im_end|>")."""
+    from transformers import StopStringCriteria
+
+    tokenizer = embedded.tokenizer
+    start, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>"))
+    ids = (tokenizer.encode("Hello! How can I help?", add_special_tokens=False) + [end]
+           + tokenizer.encode("\n", add_special_tokens=False) + [start]
+           + tokenizer.encode("user\nThe end is near.", add_special_tokens=False))
+    criteria = StopStringCriteria(tokenizer, [stop])
+    want = next((n for n in range(1, len(ids) + 1) if criteria(torch.tensor([ids[:n]]), None).item()), None)
+    assert want == (ids.index(end) + 1 if stop in ("end", "<|im_") else ids.index(start) + 1), want
+    assert StopStrings(tokenizer, (stop,)).cut(ids) == want
+    checker = StopStrings(tokenizer, (stop,))  # a token at a time
+    assert next((n + 1 for n, t in enumerate(ids) if checker.cut([t])), None) == want

@@ -17,14 +17,17 @@ RUN_REACH = 1024
 
 class StopStrings:
     """Finds, among generated tokens pushed in order, the first whose text completes a stop string.
-    Only the generated text counts (not the prompt); special tokens are left out, as in the output."""
+    Only the generated text counts (not the prompt); special tokens are left out, as in the output,
+    except that a special token's own text ("<|im_end|>") counts where it completes a stop string, which then
+    ends the run after it (`--stop "<|im_start|>"`, "\n<|im_start|>"), as in transformers' stop_strings, which
+    read every token's string (and, as for any token, a stop string that ends inside it: "end", "<|im_")."""
 
     def __init__(self, tokenizer: Any, strings: tuple[str, ...], previous: list[int] | None = None) -> None:
         """`previous`: tokens generated before (a resumed run's), whose last ones a stop string can begin in."""
         self.tokenizer, self.strings = tokenizer, strings
         # tokens decoded per check: every token a stop string's characters can span, and a few before. Special
         # tokens are no part of the text: kept out of the window (11 <eos> inside "ab" filled it, and "ab" was
-        # missed), and none completes a stop string.
+        # missed); its own text counts only where it completes a stop string ("<|im_start|>", "\n<|im_start|>").
         self.special = special_ids(tokenizer)
         self.bytes = byte_fallback_ids(tokenizer)
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
@@ -39,15 +42,23 @@ class StopStrings:
         completes a stop string; None where none does."""
         for i, t in enumerate(ids):
             if t in self.special:
+                mark = self.tokenizer.convert_ids_to_tokens(int(t))  # (its text: "<|im_end|>")
+                if isinstance(mark, str) and any(s in self._text() + mark for s in self.strings):
+                    return i + 1
                 continue
             self.tail = [*self.tail[1 - self.kept :], t]
-            start = max(0, len(self.tail) - self.window)
-            while start > 0 and self.tail[start] in self.bytes and self.tail[start - 1] in self.bytes:
-                start -= 1  # (a byte-fallback window that began inside a run decoded to U+FFFD: "。" was missed)
-            if start == 0 and len(self.tail) == self.kept:  # a run longer than the tail: begin at a character
-                while start < len(self.tail) - 1 and self.tail[start] in self.continuation:
-                    start += 1  # (from a continuation byte the whole run decoded to U+FFFD, a stop string unseen)
-            text = decode_text(self.tokenizer, self.tail[start:])
-            if any(s in text for s in self.strings):
+            if any(s in self._text() for s in self.strings):
                 return i + 1
         return None
+
+    def _text(self) -> str:
+        """The text of the tail's last tokens, as many as a stop string's characters can span."""
+        if not self.tail:
+            return ""
+        start = max(0, len(self.tail) - self.window)
+        while start > 0 and self.tail[start] in self.bytes and self.tail[start - 1] in self.bytes:
+            start -= 1  # (a byte-fallback window that began inside a run decoded to U+FFFD: "。" was missed)
+        if start == 0 and len(self.tail) == self.kept:  # a run longer than the tail: begin at a character
+            while start < len(self.tail) - 1 and self.tail[start] in self.continuation:
+                start += 1  # (from a continuation byte the whole run decoded to U+FFFD, a stop string unseen)
+        return decode_text(self.tokenizer, self.tail[start:])
