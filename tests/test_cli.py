@@ -352,6 +352,50 @@ def test_an_interrupted_run_whose_state_cannot_be_saved_exits_with_the_signals_s
     assert not nowhere.parent.exists()
 
 
+def test_an_interrupted_run_whose_last_save_fails_names_its_periodic_checkpoint(tmp_path, capsys, monkeypatch):
+    """Ctrl-C, and the interrupted run's save fails (a full disk) where a periodic checkpoint was saved before: the
+    line said no state was saved and to give --checkpoint (given), and the outputs it wrote, newer than that
+    checkpoint, made its resume refuse to replace them. It names the intact checkpoint, and writes no outputs."""
+    import errno
+    import signal
+
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.checkpoint import read_checkpoint
+    from longswift.cli.outputs import Outputs, write_run
+    from longswift.cli.stop import StopRequest
+
+    engine = longswift.load(tiny_hf_model(), heads="random")
+    stop = StopRequest()
+
+    class SignalledAtStep7(Proxy):
+        def __iter__(self):
+            for i, ids in enumerate(self._stream):
+                if i == 7:
+                    stop.signum = signal.SIGINT
+                yield ids
+
+    def full(self, ckpt):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "c.json"))
+
+    monkeypatch.setattr(Outputs, "save_interrupted", full)
+    monkeypatch.chdir(tmp_path)
+    stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar",
+                           generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    outputs = Outputs(tmp_path / "out.txt", tmp_path / "out.json", tmp_path / "c.json", 3)
+    code = write_run(engine, SignalledAtStep7(stream), outputs, stop, no_progress=True)
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert ("longswift: interrupted at 8 of 20 tokens; its state could not be saved ([Errno 28] No space left on "
+            f"device: '{tmp_path / 'c.json'}'), so its outputs were not written either; the checkpoint saved at 6 "
+            "tokens is intact: continue with: longswift generate --resume c.json") in err, err
+    assert not (tmp_path / "out.txt").exists() and not (tmp_path / "out.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]  # (no staged file left either)
+    assert len(read_checkpoint(tmp_path / "c.json").token_ids) == 6
+
+
 def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, monkeypatch):
     """A second Ctrl-C stops at once, without saving: the run's last periodic checkpoint is still there to
     continue from, and the interruption says which it is."""

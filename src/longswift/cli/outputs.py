@@ -157,8 +157,13 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                 try:
                     path = out.save_interrupted(stream.checkpoint(saved))
                     last_saved = (path, len(stream.token_ids))
-                except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands
-                    path, unsaved = None, exc
+                except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands,
+                    path, unsaved = None, exc  # unless a checkpoint saved earlier is intact: outputs newer than it
+                    if last_saved is not None:  # would stop its resume (which replaces no file written after it)
+                        for f in (text_file, json_file):
+                            if f:
+                                f.discard()
+                        text_file = json_file = None
             elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
                 stream.checkpoint(saved).save(out.checkpoint)
                 last_saved = (out.checkpoint, len(stream.token_ids))
@@ -202,6 +207,10 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
         raise
     say(summary_line(result.stats))  # (best effort from here: after a hangup nobody reads stderr)
     if interrupted:
+        if path is None and last_saved is not None:
+            say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
+                f"({unsaved}), so its outputs were not written either; {_resume_hint(*last_saved)}")
+            return stop.exit_code
         if path is None:
             say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
                 f"({unsaved}): give --checkpoint FILE in a writable directory to make a run resumable")
