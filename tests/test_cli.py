@@ -997,6 +997,10 @@ def test_a_copied_or_moved_job_directory_resumes_into_its_own_outputs(tmp_path, 
     original = {p.name: p.read_bytes() for p in (tmp_path / "job").iterdir()}
     shutil.copytree(tmp_path / "job", tmp_path / "job2")
     (tmp_path / "job2" / "o.txt").touch()  # (a copy's times are the copy's: here the text is newer than its checkpoint)
+    with monkeypatch.context() as m:  # a refusal after the outputs followed: one line (the note came before it)
+        m.setattr("longswift.cli.generate.os.access", lambda path, mode: False)
+        code, _, err = run_cli(capsys, "generate", "--resume", "job2/c.json", "--max-new-tokens", "12", "--no-progress")
+        assert_one_line_error(code, err, "cannot update the checkpoint 'job2/c.json' in place")
     code, _, err = run_cli(capsys, "generate", "--resume", "job2/c.json", "--max-new-tokens", "12", "--no-progress")
     assert code == 0, err
     assert f"the checkpoint was saved as '{tmp_path / 'job' / 'c.json'}' (copied or moved since): --json follows " \

@@ -301,10 +301,6 @@ def _resume(args: argparse.Namespace) -> int:
             raise LongswiftError(f"'{path}' (the checkpoint's {flag}) was written after the checkpoint was saved, by "
                                  f"another run or by hand, and resuming would replace it: move it away, or give "
                                  f"{flag} FILE with --resume to write elsewhere")
-    if followed and env_rank() == 0:  # (once the refusals above are past: a refusal is one line)
-        print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
-              + ", ".join(f"{flag} follows it to '{shown(saved[flag[2:]])}'" for flag in sorted(followed)),
-              file=sys.stderr)
     if args.checkpoint is None:
         args.checkpoint = args.resume
         if not os.access(here, os.W_OK):
@@ -343,6 +339,10 @@ def _resume(args: argparse.Namespace) -> int:
     except (TypeError, LongswiftError) as exc:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
     _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec, resumed=True)
+    if followed and env_rank() == 0:  # (once the refusals before loading are past: a refusal is one line)
+        print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
+              + ", ".join(f"{flag} follows it to '{shown(saved[flag[2:]])}'" for flag in sorted(followed)),
+              file=sys.stderr)
     heads = args.heads or ckpt.heads_source or "none"
     # torchrun's group is joined before the stop handlers take SIGTERM and SIGINT: a rendezvous that waits for a
     # process that never comes blocks in torch, where a handler's flag is never read; SIGTERM's default ends it
