@@ -30,6 +30,7 @@ import torch
 # its first tiny model).
 import transformers.generation.utils
 import transformers.modeling_utils  # noqa: F401
+from fake_cuda_parts import part_of
 from torch._subclasses.fake_tensor import FakeTensor
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,12 +114,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             kept = [item for item in kept if item.originalname in mine]
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
-
-
-def part_of(functions: list[str], part: str) -> list[str]:
-    """The test functions (in the module's order) that part 'I/N' runs: every N-th from the I-th."""
-    index, parts = (int(x) for x in part.split("/"))
-    return functions[index::parts]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -334,7 +334,7 @@ def test_the_gpu_tests_own_code_runs_on_the_fake_device(tmp_path, part):
     its test functions (the first parametrization of each) runs on the fake device (tests/fake_cuda_run.py)
     and must pass or stop at one of its own asserts, whose values the fake device cannot give; any other
     error is code that would fail on the GPU too. In OWN_CODE_PARTS parts: every part's functions run."""
-    from fake_cuda_run import part_of
+    from fake_cuda_parts import part_of  # not from fake_cuda_run, which fakes CUDA as it is imported
 
     report = tmp_path / "report.jsonl"
     env = {**os.environ, "FAKE_CUDA_REPORT": str(report), "FAKE_CUDA_ONE_EACH": "1",
@@ -356,3 +356,20 @@ def test_the_gpu_tests_own_code_runs_on_the_fake_device(tmp_path, part):
             assert row["when"] == "call" and row["error"] == "AssertionError", (row, run.stdout[-6000:])
             assert row["where"].startswith("tests/"), (row, run.stdout[-6000:])  # an assert of the test's own
     assert sum(row["outcome"] == "passed" for row in rows) >= len(functions) // 2, rows
+
+
+def test_a_test_that_leaves_cuda_faked_fails_by_name_and_the_next_finds_it_as_it_was(tmp_path):
+    """conftest's guard: a test that replaces torch.cuda.is_available without restoring it (importing the
+    fake-device plugin does) is the one that fails, and the tests after it on its worker see the real one."""
+    (tmp_path / "test_leak.py").write_text(
+        "import torch\n\n"
+        "def test_a_leaks():\n    torch.cuda.is_available = lambda: True\n\n"
+        "def test_b_finds_it_as_it_was():\n    assert torch.cuda.is_available.__module__ == 'torch.cuda'\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
+                          "test_leak.py"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
+                         timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "2 passed, 1 error" in out, out  # test_a_leaks passes its call and errs at teardown
+    assert "ERROR test_leak.py::test_a_leaks" in out and "left torch.cuda.is_available replaced" in out, out
