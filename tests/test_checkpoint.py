@@ -429,6 +429,27 @@ def test_a_checkpoint_of_another_version_is_named_as_such_whatever_its_fields(ba
             read_checkpoint(path)
 
 
+@pytest.mark.parametrize("value, message", [
+    ('"1"', r'truncated or corrupt \(it has format version "1", where a checkpoint has a whole number\)'),
+    ("true", r"truncated or corrupt \(it has format version true, where"),
+    (None, r"truncated or corrupt \(it has no format version, where"),
+    ("2", r"has format version 2; this longswift reads version 1: resume with the longswift that wrote it"),
+])
+def test_a_format_version_that_is_not_this_ones_says_which_it_is(base, tmp_path, value, message):
+    """The outer format_version, which the checksum does not cover: a string "1" (an edit) was refused as
+    "format version 1; this longswift reads version 1"."""
+    path = tmp_path / "ckpt.json"
+    stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 3).save(path)
+    outer = json.loads(path.read_text())
+    if value is None:
+        del outer["format_version"]
+    else:
+        outer["format_version"] = json.loads(value)
+    path.write_text(json.dumps(outer))
+    with pytest.raises(LongswiftError, match=message):
+        read_checkpoint(path)
+
+
 # The config fields the first version of the format wrote, which every checkpoint must hold (written out here,
 # not read from the module, so that a field dropped from checkpoint.ALWAYS_HELD fails the test below).
 FIRST_VERSION_FIELDS = {

@@ -133,9 +133,15 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise LongswiftError(f"{damaged} (not valid JSON): resume from an earlier copy or start again") from None
     if not isinstance(outer, dict) or outer.get("format") != FORMAT:
         raise LongswiftError(f"'{p}' is not a longswift generation checkpoint")
-    if outer.get("format_version") != FORMAT_VERSION:
-        raise LongswiftError(f"checkpoint '{p}' has format version {outer.get('format_version')}; this longswift "
-                             f"reads version {FORMAT_VERSION}: resume with the longswift that wrote it")
+    found = outer.get("format_version")
+    if "format_version" not in outer or type(found) is not int:  # (bool is an int: true == 1)
+        # ('"1"' read "has format version 1; this longswift reads version 1")
+        what = "no format version" if "format_version" not in outer else f"format version {json.dumps(found)}"
+        raise LongswiftError(f"{damaged} (it has {what}, where a checkpoint has a whole number): resume from an "
+                             "earlier copy or start again")
+    if found != FORMAT_VERSION:
+        raise LongswiftError(f"checkpoint '{p}' has format version {found}; this longswift reads version "
+                             f"{FORMAT_VERSION}: resume with the longswift that wrote it")
     body = outer.get("checkpoint")
     if not isinstance(body, dict) or _canonical(body)[1] != outer.get("sha256"):
         raise LongswiftError(f"{damaged} (checksum mismatch): resume from an earlier copy or start again")
