@@ -718,6 +718,32 @@ def test_a_system_error_while_running_is_one_line_with_its_reason(capsys, monkey
                         "(--debug shows where)")
 
 
+def test_text_that_stdout_cannot_take_says_it_was_stdout(tmp_path, capsys, monkeypatch):
+    """`longswift generate > /dev/full`: the line named no file ('[Errno 28] No space left on device')."""
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+
+    class FullStdout:
+        encoding = "utf-8"
+
+        def isatty(self):
+            return False
+
+        def write(self, text):
+            return len(text)
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5",
+                           "--max-new-tokens", "4", "--greedy", "--ignore-eos", "--no-progress", "--heads", "none")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == ("longswift: error: [Errno 28] cannot write the text to stdout: No space left on device "
+                        "(--debug shows where)"), err
+
+
 @pytest.mark.parametrize("argv,what", [
     (("bench", "--json", "-"), "output path '-' would write a file"),
     (("bench", "--out", "-"), "output path '-' would write a file"),

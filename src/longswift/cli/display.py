@@ -30,8 +30,13 @@ def make_display(text_file: AtomicFile | None, total: int, initial: int, progres
 
 
 def _stdout_write(text: str) -> None:
-    sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(visible(text) if sys.stdout.isatty() else text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # (the reader stopped reading: the command line's quiet stop)
+        raise
+    except OSError as exc:  # ('[Errno 28] No space left on device' named no file: `> /dev/full`, a full disk)
+        raise OSError(exc.errno, f"cannot write the text to stdout: {exc.strerror}") from None
 
 
 # C0 controls but newline and tab as their Unicode control pictures (ESC as U+241B), DEL as U+2421, C1 controls
