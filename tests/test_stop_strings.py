@@ -280,12 +280,15 @@ def test_a_stop_string_split_by_added_special_tokens_is_found(embedded):
     assert StopStrings(tokenizer, ("ab",)).cut(ids) == len(ids)
 
 
-@pytest.mark.parametrize("stop", ["<|im_start|>", "\n<|im_start|>", "end", "<|im_"])
+@pytest.mark.parametrize("stop", ["<|im_start|>", "\n<|im_start|>", "end", "<|im_", "<|im_start|>user",
+                                  "<|im_end|>\n", "?<|im_end|>\n<|im_start|>user\nThe"])
 def test_a_stop_string_ending_with_a_special_tokens_text_ends_after_that_token(embedded, stop):
     """`--stop "<|im_start|>"` (a raw chat prompt, the model going on to write the user's turn) never ended a run:
     special tokens were left out of the checked text, so no stop string could name one. It ends where
     transformers' StopStringCriteria ends (which reads every token's string): after the special token whose text
-    completes the stop string, which may end inside it, as inside any token ("end" and "<|im_" at "<|im_end|>")."""
+    completes the stop string, which may end inside it, as inside any token ("end" and "<|im_" at "<|im_end|>"),
+    or after the token that completes one that goes on past a special token ("<|im_start|>user", missed when
+    only a stop string's end could be a special token's text)."""
     from transformers import StopStringCriteria
 
     tokenizer = embedded.tokenizer
@@ -295,7 +298,24 @@ def test_a_stop_string_ending_with_a_special_tokens_text_ends_after_that_token(e
            + tokenizer.encode("user\nThe end is near.", add_special_tokens=False))
     criteria = StopStringCriteria(tokenizer, [stop])
     want = next((n for n in range(1, len(ids) + 1) if criteria(torch.tensor([ids[:n]]), None).item()), None)
-    assert want == (ids.index(end) + 1 if stop in ("end", "<|im_") else ids.index(start) + 1), want
+    after = {"end": ids.index(end), "<|im_": ids.index(end), "<|im_end|>\n": ids.index(end) + 1,
+             "<|im_start|>user": ids.index(start) + 1, "?<|im_end|>\n<|im_start|>user\nThe": ids.index(start) + 3}
+    assert want == after.get(stop, ids.index(start)) + 1, want
     assert StopStrings(tokenizer, (stop,)).cut(ids) == want
     checker = StopStrings(tokenizer, (stop,))  # a token at a time
     assert next((n + 1 for n, t in enumerate(ids) if checker.cut([t])), None) == want
+
+
+@pytest.mark.parametrize("stop", ["</s> hello", "</s>hello", "hello</s>", "</s> hello你"])
+def test_a_byte_fallback_tokenizers_stop_strings_across_a_special_token_end_where_transformers_ends(stop):
+    """With a SentencePiece byte-fallback tokenizer, whose decoder puts the space of '▁hello' after a special token
+    ('</s> hello', not '</s>hello'), and a stop string ending in a run of byte tokens: where StopStringCriteria ends."""
+    from test_detok import SP, SP_BYTES
+    from transformers import StopStringCriteria
+
+    hello, eos = SP.convert_tokens_to_ids("▁hello"), SP.convert_tokens_to_ids("</s>")
+    ids = [hello, eos, hello, *(SP_BYTES[b] for b in "你好".encode())]
+    criteria = StopStringCriteria(SP, [stop])
+    want = next((n for n in range(1, len(ids) + 1) if criteria(torch.tensor([ids[:n]]), None).item()), None)
+    assert want == {"</s> hello": 3, "</s>hello": None, "hello</s>": 2, "</s> hello你": 6}[stop]
+    assert StopStrings(SP, (stop,)).cut(ids) == want

@@ -17,10 +17,10 @@ RUN_REACH = 1024
 
 class StopStrings:
     """Finds, among generated tokens pushed in order, the first whose text completes a stop string.
-    Only the generated text counts (not the prompt); special tokens are left out, as in the output,
-    except that a special token's own text ("<|im_end|>") counts where it completes a stop string, which then
-    ends the run after it (`--stop "<|im_start|>"`, "\n<|im_start|>"), as in transformers' stop_strings, which
-    read every token's string (and, as for any token, a stop string that ends inside it: "end", "<|im_")."""
+    Only the generated text counts (not the prompt), read two ways: as the output shows it, special tokens
+    left out (a stop string split by an <eos> is found), and with each special token's own text in place, as
+    transformers' stop_strings read every token's string (`--stop "<|im_start|>"`, "<|im_start|>user",
+    "<|im_end|>\n"; and, as for any token, a stop string that ends inside one: "end", "<|im_" at "<|im_end|>")."""
 
     def __init__(self, tokenizer: Any, strings: tuple[str, ...], previous: list[int] | None = None) -> None:
         """`previous`: tokens generated before (a resumed run's), whose last ones a stop string can begin in."""
@@ -36,29 +36,33 @@ class StopStrings:
         self.continuation = frozenset(i for token, i in tokenizer.get_vocab().items()
                                       if i in self.bytes and 0x80 <= int(token[3:5], 16) <= 0xBF) if self.bytes else ()
         self.tail: list[int] = [t for t in previous or [] if t not in self.special][-self.kept :]  # generated ids
+        self.marked: list[int] = list(previous or [])[-self.kept :]  # the same with the special tokens
 
     def cut(self, ids: list[int]) -> int | None:
         """How many of `ids` (the next generated tokens) to keep: up to and including the one that
         completes a stop string; None where none does."""
         for i, t in enumerate(ids):
-            if t in self.special:
-                mark = self.tokenizer.convert_ids_to_tokens(int(t))  # (its text: "<|im_end|>")
-                if isinstance(mark, str) and any(s in self._text() + mark for s in self.strings):
+            self.marked = [*self.marked[1 - self.kept :], t]
+            if t not in self.special:
+                self.tail = [*self.tail[1 - self.kept :], t]
+                if any(s in self._text(self.tail) for s in self.strings):
                     return i + 1
-                continue
-            self.tail = [*self.tail[1 - self.kept :], t]
-            if any(s in self._text() for s in self.strings):
-                return i + 1
+            if any(x in self.special for x in self.marked[-self.window :]):  # (else the texts are one)
+                if any(s in self._text(self.marked, marked=True) for s in self.strings):
+                    return i + 1
         return None
 
-    def _text(self) -> str:
-        """The text of the tail's last tokens, as many as a stop string's characters can span."""
-        if not self.tail:
+    def _text(self, tail: list[int], marked: bool = False) -> str:
+        """The text of `tail`'s last tokens, as many as a stop string's characters can span (a special token
+        spans one token and more characters than any); `marked`: with the special tokens' own text."""
+        if not tail:
             return ""
-        start = max(0, len(self.tail) - self.window)
-        while start > 0 and self.tail[start] in self.bytes and self.tail[start - 1] in self.bytes:
+        start = max(0, len(tail) - self.window)
+        while start > 0 and tail[start] in self.bytes and tail[start - 1] in self.bytes:
             start -= 1  # (a byte-fallback window that began inside a run decoded to U+FFFD: "。" was missed)
-        if start == 0 and len(self.tail) == self.kept:  # a run longer than the tail: begin at a character
-            while start < len(self.tail) - 1 and self.tail[start] in self.continuation:
+        if start == 0 and len(tail) == self.kept:  # a run longer than the tail: begin at a character
+            while start < len(tail) - 1 and tail[start] in self.continuation:
                 start += 1  # (from a continuation byte the whole run decoded to U+FFFD, a stop string unseen)
-        return decode_text(self.tokenizer, self.tail[start:])
+        if marked:
+            return self.tokenizer.decode(tail[start:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return decode_text(self.tokenizer, tail[start:])
