@@ -284,9 +284,8 @@ def test_unsplittable_gqa_is_refused_in_one_line(ranks):
                                 "nor divide 2; world sizes that work: 1, 3, 6")
 
 
-def _lose_rank_1(rank: int, store: str, out_dir: str) -> None:
-    """Rank 1 fails inside a step (its fifth draw raises) and leaves; rank 0, waiting in a collective
-    for it, records what it raised (it would wait out the 60 s timeout if the failure went unnoticed)."""
+def _engine_whose_rank_1_fails(rank: int, store: str):
+    """This rank's engine in a group of WORLD (a 60 s timeout); on rank 1 its fifth draw raises."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))
@@ -295,6 +294,13 @@ def _lose_rank_1(rank: int, store: str, out_dir: str) -> None:
         draws = iter(range(4))
         real = e.model.tp.draw
         e.model.tp.draw = lambda *args: real(*args) if next(draws, None) is not None else 1 / 0
+    return e
+
+
+def _lose_rank_1(rank: int, store: str, out_dir: str) -> None:
+    """Rank 1 fails inside a step (its fifth draw raises) and leaves; rank 0, waiting in a collective
+    for it, records what it raised (it would wait out the 60 s timeout if the failure went unnoticed)."""
+    e = _engine_whose_rank_1_fails(rank, store)
     try:
         e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY, spec=SPECS["paper"],
                    generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
@@ -324,14 +330,7 @@ def _lose_rank_1_in_the_cli(rank: int, store: str, out_dir: str) -> None:
     from longswift.cli.outputs import Outputs, write_run
     from longswift.cli.stop import StopRequest
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
-    e = engine("gqa", tensor_parallel=True)
-    if rank == 1:
-        draws = iter(range(4))
-        real = e.model.tp.draw
-        e.model.tp.draw = lambda *args: real(*args) if next(draws, None) is not None else 1 / 0
+    e = _engine_whose_rank_1_fails(rank, store)
     out = Path(out_dir)
     stream = e.stream(prompt(3, e.cfg.vocab_size), sampling=SAMPLED, spec=SPECS["paper"],
                       generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
