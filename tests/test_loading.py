@@ -142,8 +142,10 @@ def test_a_gguf_with_llama3_rope_freqs_matches_transformers(tmp_path, capsys):
         ours, _ = engine.model.forward(ids, torch.arange(48), None)
     assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-4
     assert load_config(path).rope_freq_factors is not None
-    with pytest.raises(LongswiftError, match="already uses llama3"):
+    with pytest.raises(LongswiftError, match="already uses llama3") as info:
         load_config(path, rope_scaling="yarn:2")
+    # (the API's words, as errors.py promises; the command line's name its flag)
+    assert str(info.value).endswith("drop rope_scaling") and info.value.cli_message.endswith("drop --rope-scaling")
     from longswift.runtime.twin import hf_twin  # bench's "hf" baseline and self-distillation's sampler
 
     with torch.no_grad():
@@ -905,6 +907,40 @@ def test_weights_past_float16s_range_are_refused_in_float16(tmp_path):
         load_model(tmp_path, torch.float16, CPU)
     assert "\n" not in str(info.value)
     assert load_model(tmp_path, torch.bfloat16, CPU).state["model.layers.0.mlp.up_proj.weight"][2, 7] == 1e6
+
+
+@pytest.mark.parametrize("bad, dtype, match", [
+    (float("nan"), "float32", "the LlamaForCausalLM model's weights hold NaN or infinite values in "
+                              "'model.layers.1.mlp.down_proj.weight': \\(a training run diverged\\?\\); load or fix"),
+    (1e6, "float16", "the LlamaForCausalLM model's weights hold values up to 1e\\+06 in "
+                     "'model.layers.1.mlp.down_proj.weight', past float16's range"),
+])
+def test_a_model_objects_weights_are_checked_as_a_files_are(bad, dtype, match):
+    """A model object with NaN weights (a fine-tune that diverged in this process) or values past float16's range
+    loaded without a word and wrote token 0 forever; the same weights in a file were refused."""
+    hf = tiny_hf_model("llama", seed=3)
+    with torch.no_grad():
+        hf.model.layers[1].mlp.down_proj.weight[3, 3] = bad
+    with pytest.raises(LongswiftError, match=match) as info:
+        longswift.load(hf, dtype=dtype, heads=None)
+    assert "\n" not in str(info.value) and "file" not in str(info.value)
+
+
+def test_a_base_model_or_one_without_weights_is_refused_saying_what_to_pass():
+    """A LlamaModel (no LM head) was refused as a 'checkpoint' missing 'model.embed_tokens.weight'; a model built on
+    the meta device (accelerate's init_empty_weights) raised NotImplementedError from a tensor copy."""
+    from transformers import AutoModelForCausalLM
+
+    hf = tiny_hf_model("llama", seed=3)
+    with pytest.raises(LongswiftError, match="^cannot load LlamaModel, a base model without its LM head: pass the "
+                                             "causal-LM model that holds it \\(LlamaForCausalLM\\)$"):
+        longswift.load(hf.model, dtype="float32", heads=None)
+    with torch.device("meta"):
+        empty = AutoModelForCausalLM.from_config(hf.config)
+    with pytest.raises(LongswiftError, match="^the LlamaForCausalLM model's weights are not loaded "
+                                             "\\('model.embed_tokens.weight' is on the meta device, with no data\\): "
+                                             "load the model with its weights, or pass its path$"):
+        longswift.load(empty, dtype="float32", heads=None)
 
 
 def _logits(source, ids: torch.Tensor) -> torch.Tensor:

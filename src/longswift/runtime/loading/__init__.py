@@ -143,8 +143,8 @@ def with_rope_scaling(hf_config: Any, scaling: str | None) -> Any:
     if getattr(hf_config, "rope_freq_factors", None) is not None:
         current = "llama3 (the GGUF's rope_freqs)"
     if current != "default":
-        raise LongswiftError(f"this model already uses {current} rope scaling (context "
-                             f"{hf_config.max_position_embeddings}); drop --rope-scaling")
+        message = f"this model already uses {current} rope scaling (context {hf_config.max_position_embeddings}); drop"
+        raise LongswiftError(f"{message} rope_scaling", cli_message=f"{message} --rope-scaling")
     scaled = copy.deepcopy(hf_config)
     original = int(hf_config.max_position_embeddings)
     rope.update(rope_type=kind, factor=factor, original_max_position_embeddings=original)
@@ -252,15 +252,18 @@ def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike, dtype: t
         finite = bool(torch.sum(t, dtype=torch.float32).isfinite())
     finally:
         torch.set_num_threads(threads)
+    in_memory = str(source).startswith("<")  # (a model object: "<LlamaForCausalLM>")
+    weights = f"the {source[1:-1]} model's weights" if in_memory else f"the weights in '{source}'"
     if not finite:
-        raise LongswiftError(f"the weights in '{source}' hold NaN or infinite values in '{name}': the file is damaged "
-                             "(or a training run diverged); re-download or re-export the model")
+        cause = ("(a training run diverged?); load or fix its weights" if in_memory else
+                 "the file is damaged (or a training run diverged); re-download or re-export the model")
+        raise LongswiftError(f"{weights} hold NaN or infinite values in '{name}': {cause}")
     if dtype == torch.float16 and t.dtype != torch.float16:  # (the cast to `dtype` turned them into infinities)
         largest = t.abs().amax()
         if largest.to(torch.float16).isinf():
-            raise LongswiftError(f"the weights in '{source}' hold values up to {float(largest):.4g} in '{name}', past "
-                                 "float16's range (65,504): they would run as infinities; use bfloat16 or float32 "
-                                 "(--dtype)")
+            message = (f"{weights} hold values up to {float(largest):.4g} in '{name}', past float16's range "
+                       "(65,504): they would run as infinities; use bfloat16 or float32")
+            raise LongswiftError(message, cli_message=f"{message} (--dtype)")
 
 
 HEAD_PREFIX = "model.medusa_layers."
@@ -514,6 +517,16 @@ def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rop
     cfg = ModelConfig.from_hf(with_rope_scaling(hf_config, rope_scaling))
     cfg = with_eos(cfg, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
     stored = dict(model.state_dict())
+    name = type(model).__name__
+    if EMBED not in stored and "embed_tokens.weight" in stored:  # (a LlamaModel: a checkpoint's keys less "model.")
+        raise LongswiftError(f"cannot load {name}, a base model without its LM head: pass the causal-LM model "
+                             f"that holds it ({name.removesuffix('Model')}ForCausalLM)")
+    meta = next((k for k, v in stored.items() if v.is_meta), None)
+    if meta is not None:  # (accelerate's init_empty_weights, an offloading device_map)
+        raise LongswiftError(f"the {name} model's weights are not loaded ('{meta}' is on the meta device, with no "
+                             "data): load the model with its weights, or pass its path")
+    for k, v in stored.items():  # (as the readers of files do: a diverged fine-tune in this process ran as garbage)
+        check_finite(k, v, f"<{name}>", dtype)
     cfg = _lm_head(cfg, stored)
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.detach().to(device=device, dtype=dtype) for k, v in stored.items()}
