@@ -1590,7 +1590,7 @@ def test_bad_values_given_to_the_api_are_value_errors():
                         (lambda: engine.generate([1, 5], method=""), "unknown method ''"),
                         (lambda: engine.stream([1, 5], tree="1,1,1,1,1,1", max_new_tokens=4),
                          "SpecConfig.tree='1,1,1,1,1,1' has 6"),
-                        (lambda: engine.generate([]), "the prompt is empty"),
+                        (lambda: engine.generate([]), "the prompt is empty: give at least one token id$"),
                         (lambda: engine.generate(" "), "the prompt is empty"),
                         (lambda: engine.generate("hi", chat=True, system=""), "the system message is empty"),
                         (lambda: engine.generate([1, 5], method="ar", tree="1,2"), "tree sets how TokenSwift drafts"),

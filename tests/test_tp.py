@@ -496,7 +496,13 @@ def test_tensor_parallel_outside_torchrun_is_refused_before_the_checkpoint_is_re
     """load(..., tensor_parallel=True) without a process group read the whole checkpoint, then refused."""
     assert not dist.is_initialized()
     monkeypatch.setattr("longswift.engine.load_model", lambda *a, **k: pytest.fail("the checkpoint was read"))
-    with pytest.raises(LongswiftError, match="^tensor parallelism needs torch.distributed: start with torchrun$"):
+    with pytest.raises(LongswiftError, match="^tensor parallelism needs torch.distributed's default process group: "
+                                             "start the processes with torchrun and call torch.distributed."
+                                             "init_process_group\\(\\) in each before loading$"):
+        longswift.load("any/model", tensor_parallel=True)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # (torchrun --nproc-per-node 1 was told to start with torchrun)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(LongswiftError, match="call torch.distributed.init_process_group"):
         longswift.load("any/model", tensor_parallel=True)
 
 

@@ -291,7 +291,8 @@ class Engine:
                                      f"{self.cfg.vocab_size} logits: the tokenizer is not this model's; load the "
                                      "model with its own tokenizer")
         if not ids:
-            raise ConfigError("the prompt is empty: give at least one token of prompt text")
+            raise ConfigError("the prompt is empty: give at least one token id" if not isinstance(prompt, str)
+                              else "the prompt is empty: give at least one token of prompt text")
         return ids
 
     def _check_prompt_length(self, text: str, what: str = "the prompt text") -> None:

@@ -143,8 +143,9 @@ def vocab_block(weight: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
 
 def require_process_group() -> None:
     """Refuse tensor parallelism outside a torch.distributed process group (torchrun's)."""
-    if not dist.is_initialized():
-        raise LongswiftError("tensor parallelism needs torch.distributed: start with torchrun")
+    if not dist.is_initialized():  # ("start with torchrun" alone misled a script that torchrun had started)
+        raise LongswiftError("tensor parallelism needs torch.distributed's default process group: start the processes "
+                             "with torchrun and call torch.distributed.init_process_group() in each before loading")
 
 
 class TensorParallel:
