@@ -1364,9 +1364,18 @@ def test_a_run_that_cannot_be_is_refused_by_stream_itself():
     (["--method", "ar", "--heads", "random"], "--heads sets how TokenSwift drafts, and --method ar runs AR"),
     (["--method", "ar", "--heads", "random", "--tree", "1,3"],
      "--heads, --tree set how TokenSwift drafts, and --method ar runs AR"),
+    (["--heads", "random", "--tree", "1,1", "--draft-mode", "fused", "--draft-kv-budget", "8192", "--draft-cache",
+      "static"], "--draft-cache, --draft-kv-budget set nothing here: --draft-mode fused has no draft pass, whose "
+                 "cache they set"),
+    (["--heads", "random", "--ngram-topk", "0", "--lookup-nodes", "12"],
+     "--lookup-nodes sets nothing here: --ngram-topk 0 turns off n-gram reuse and with it the suffix lookup"),
+    (["--heads", "random", "--no-suffix-lookup", "--lookup-nodes", "12"],
+     "--lookup-nodes sets nothing here: --no-suffix-lookup turns off the suffix lookup, whose copy it bounds"),
 ])
 def test_tokenswift_flags_on_an_ar_run_are_said_to_do_nothing(args, note, tmp_path, capsys):
-    """They were ignored without a word; refusing them would break one command line run with each method."""
+    """They were ignored without a word; refusing them would break one command line run with each method. So were
+    the draft pass's cache settings in fused mode, which has no draft pass, and the suffix lookup's size where it is
+    off."""
     tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
     capsys.readouterr()
     code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5",

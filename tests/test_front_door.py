@@ -333,6 +333,14 @@ def test_settings_that_would_be_ignored_are_refused(tiny):
     # (unseeded sampling by default: an EOS drawn early would end a run short, so EOS is ignored)
     assert len(drafting.generate([1, 2], tree="1,2", max_new_tokens=3, ignore_eos=True).token_ids) == 3  # TokenSwift
     assert len(drafting.generate([1, 2], method="ar", max_new_tokens=3, ignore_eos=True).token_ids) == 3  # takes them
+    # TokenSwift's own settings that another of its settings leaves unused: the draft pass's cache in fused mode
+    with pytest.raises(LongswiftError, match="^attention_sinks, draft_kv_budget set nothing here: draft_mode='fused' "
+                                             "has no draft pass, whose cache they set; drop them$"):
+        drafting.generate([1, 2], draft_mode="fused", tree="1,1", draft_kv_budget=2048, attention_sinks=4)
+    with pytest.raises(LongswiftError, match="^lookup_nodes sets nothing here: ngram_topk=0 turns off"):
+        drafting.generate([1, 2], ngram_topk=0, lookup_nodes=12)
+    fused = SpecConfig(draft_mode="fused", tree="1,1", draft_kv_budget=2048, attention_sinks=4)  # (an object: bench's)
+    assert len(drafting.generate([1, 2], spec=fused, max_new_tokens=3, ignore_eos=True).token_ids) == 3
 
 
 def test_api_messages_name_fields_and_cli_messages_name_flags(capsys):

@@ -9,6 +9,7 @@ import numbers
 import re
 import types
 import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -530,6 +531,31 @@ def changed_spec_fields(spec: SpecConfig) -> list[str]:
     """The fields of `spec` that differ from SpecConfig's defaults."""
     default = SpecConfig()
     return [f.name for f in dataclasses.fields(SpecConfig) if getattr(spec, f.name) != getattr(default, f.name)]
+
+
+# SpecConfig fields that a setting of the same config leaves unused: (fields, when, why, why on the command line)
+_UNUSED_WHEN: tuple[tuple[frozenset[str], Callable[[SpecConfig], bool], str, str], ...] = (
+    (frozenset({"draft_kv_budget", "draft_window", "attention_sinks", "draft_cache"}),
+     lambda spec: spec.draft_mode == "fused",
+     "draft_mode='fused' has no draft pass, whose cache they set",
+     "--draft-mode fused has no draft pass, whose cache they set"),
+    (frozenset({"lookup_nodes"}), lambda spec: spec.ngram_topk == 0,
+     "ngram_topk=0 turns off n-gram reuse and with it the suffix lookup, whose copy it bounds",
+     "--ngram-topk 0 turns off n-gram reuse and with it the suffix lookup, whose copy it bounds"),
+    (frozenset({"lookup_nodes"}), lambda spec: not spec.suffix_lookup,
+     "suffix_lookup=False turns off the suffix lookup, whose copy it bounds",
+     "--no-suffix-lookup turns off the suffix lookup, whose copy it bounds"),
+)
+
+
+def unused_spec_fields(spec: SpecConfig, named: Iterable[str]) -> tuple[list[str], str, str]:
+    """Of the fields `named` (those a caller set), the first group that another setting of `spec` leaves unused,
+    and why (in the API's words, then the command line's); ([], '', '') where none is."""
+    named = set(named)
+    for group, when, why, cli_why in _UNUSED_WHEN:
+        if group & named and when(spec):
+            return sorted(group & named), why, cli_why
+    return [], "", ""
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 
 from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
 from .config import (HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name,
-                     same_rope_scaling)
+                     same_rope_scaling, unused_spec_fields)
 from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
@@ -373,6 +373,10 @@ class Engine:
         # The run's own copies, checked again: a config changed after it was made (reused for the next request)
         # neither reaches a run already going nor skips its checks.
         spec = replace(spec) if spec is not None else SpecConfig()
+        unused, why, _ = unused_spec_fields(spec, fields_given) if method == "tokenswift" else ([], "", "")
+        if unused:  # (as for AR above: keywords that would change nothing without a word)
+            raise ConfigError(f"{', '.join(unused)} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}; "
+                              f"drop {'it' if len(unused) == 1 else 'them'}")
         sampling = replace(sampling) if sampling is not None else SamplingConfig()
         generation = replace(generation) if generation is not None else GenerationConfig()
         if any(t >= self.cfg.vocab_size for t in sampling.banned_ids):

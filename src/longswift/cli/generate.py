@@ -12,7 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name
+from ..config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
+                      unused_spec_fields)
 from ..errors import ConfigError, LongswiftError
 from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, given_path,
                     heads_inputs, heads_value, model_inputs, output_file, whole_number)
@@ -202,6 +203,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                    else "this model has no draft heads, so the run is AR")
             print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
                   f"{why}, which does not draft", file=sys.stderr)
+        elif drafting and ranks.main:
+            unused, _, why = unused_spec_fields(spec, drafting)
+            if unused:
+                flags = ", ".join(f"--{name.replace('_', '-')}" for name in unused)
+                print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}",
+                      file=sys.stderr)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec, system=args.system)
         return write_run(engine, stream, outputs, stop, args.no_progress)
