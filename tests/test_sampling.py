@@ -319,10 +319,46 @@ def test_bad_sampling_values_are_refused(bad):
         SamplingConfig(**bad)
 
 
-def test_a_ban_list_is_one_tensor_for_the_process():
+def test_a_ban_list_is_one_tensor_while_held_and_lists_no_one_holds_are_freed():
     """A captured CUDA graph reads the ban's index tensor by address, and a capture may not copy one
-    from the host: each list is made once and never freed, however many lists a process uses."""
+    from the host: a list's tensor is the same one for as long as anything holds it (StepGraphs holds the
+    one it binds), however many lists come between. Lists no one holds are freed past the recent few: every
+    list was kept for the process, and a service banning other tokens per request grew on every request."""
+    import gc
+
+    banned_index.cache_clear()
     first = banned_index((3, 9), torch.device("cpu"))
     for n in range(100):  # more lists than any bounded cache of the past held
         banned_index((n, n + 1000), torch.device("cpu"))
     assert banned_index((3, 9), torch.device("cpu")) is first and first.tolist() == [3, 9]
+    gc.collect()
+    assert banned_index.held() == banned_index.RECENT  # (the recent ones, `first` among them)
+    del first
+    for n in range(100, 100 + banned_index.RECENT):
+        banned_index((n,), torch.device("cpu"))
+    gc.collect()
+    assert banned_index.held() == banned_index.RECENT
+
+
+def test_graphs_that_bound_a_ban_keep_its_tensor_through_other_lists(tmp_path):
+    """StepGraphs.bind_sampling holds the ban's index tensor that its SAMPLED graphs read: other requests' lists
+    (more than the recent ones kept) neither free it nor make a capture find another (its replays would read
+    freed memory; a capture cannot make one)."""
+    import gc
+
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift.runtime.cache import FullKVCache
+    from longswift.runtime.cuda_graphs import StepGraphs
+
+    engine = longswift.load(tiny_hf_model("llama", seed=2), dtype="float32", heads=None)
+    graphs = StepGraphs(engine.model, FullKVCache(engine.model.cfg, 16, torch.float32, torch.device("cpu")),
+                        capture=False)
+    graphs.bind_sampling(torch.zeros(16, dtype=torch.long), SamplingConfig(banned_ids=(5, 7), seed=1))
+    bound_address = graphs.banned.data_ptr()
+    for n in range(3 * banned_index.RECENT):
+        banned_index((n, n + 20), torch.device("cpu"))
+    gc.collect()
+    again = banned_index((5, 7), torch.device("cpu"))
+    assert again is graphs.banned and again.data_ptr() == bound_address

@@ -6,8 +6,9 @@ by verification is drawn from exactly the distribution AR would have drawn it fr
 
 from __future__ import annotations
 
-import functools
+import collections
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -42,12 +43,41 @@ def apply_penalty(logits: torch.Tensor, window_ids: torch.Tensor, theta: float) 
     return torch.where(present, penalized, logits)
 
 
-@functools.cache
-def banned_index(banned_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The ids as a long tensor on the device, made once and kept for the process: a CUDA graph that
-    captures the ban (the decode body's draw, runtime.cuda_graphs) may not copy from the host while it
-    captures, and replays read the tensor's memory, so it is never freed (one small tensor per list)."""
-    return torch.tensor(banned_ids, dtype=torch.long, device=device)
+class BanTensors:
+    """banned_index(ids, device): the ids as a long tensor on the device, the same tensor for as long as anything
+    holds it. A CUDA graph that captures the ban (the decode body's draw, runtime.cuda_graphs) may not copy from
+    the host while it captures, and its replays read the tensor's memory: StepGraphs holds the tensor it binds,
+    so it stays, and stays the one a capture finds. Besides those, the RECENT last lists used are kept (a run
+    bans with one list for every token); the rest are freed (every list a process ever used was kept: a service
+    banning other tokens per request grew by their size on every request)."""
+
+    RECENT = 16
+
+    def __init__(self) -> None:
+        self.recent: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
+        self.alive: weakref.WeakValueDictionary[tuple, torch.Tensor] = weakref.WeakValueDictionary()
+
+    def __call__(self, banned_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        key = (tuple(banned_ids), torch.device(device))
+        index = self.alive.get(key)
+        if index is None:
+            index = self.alive[key] = torch.tensor(banned_ids, dtype=torch.long, device=device)
+        self.recent[key] = index
+        self.recent.move_to_end(key)
+        while len(self.recent) > self.RECENT:
+            self.recent.popitem(last=False)
+        return index
+
+    def held(self) -> int:
+        """How many lists' tensors are alive (the recent ones and those held elsewhere)."""
+        return len(self.alive)
+
+    def cache_clear(self) -> None:
+        self.recent.clear()
+        self.alive.clear()
+
+
+banned_index = BanTensors()
 
 
 def ban(logits: torch.Tensor, banned_ids: tuple[int, ...]) -> torch.Tensor:

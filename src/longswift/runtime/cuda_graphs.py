@@ -163,6 +163,7 @@ class StepGraphs:
         # draws from and the draw's uniform, in buffers whose addresses the graphs keep.
         self.history: torch.Tensor | None = None
         self.sampling: SamplingConfig | None = None
+        self.banned: torch.Tensor | None = None  # the ban's index tensor the SAMPLED graphs read
         self.drawn_from: torch.Tensor | None = None  # [V]
         self.sample_params: torch.Tensor | None = None  # the Triton draw's (triton_sampling.sample_params), if it draws
         self.u = torch.zeros(1, dtype=torch.float64, device=model.device)
@@ -346,8 +347,9 @@ class StepGraphs:
         # A copy: the SAMPLED graphs bake in these settings, so a caller's later change to its own config
         # object must compare unequal here (and drop them), not change the stored one along with it.
         self.history, self.sampling = history, dataclasses.replace(sampling)
-        if sampling.banned_ids:  # made here, never during a capture (sampling.banned_index)
-            banned_index(sampling.banned_ids, history.device)
+        # Made here, never during a capture, and held while the graphs that read it may be replayed
+        # (sampling.banned_index keeps a list's tensor only while something holds it, or recently used)
+        self.banned = banned_index(sampling.banned_ids, history.device) if sampling.banned_ids else None
         # The Triton draw's numbers, likewise made here (the logits are in the model's acc_dtype)
         dtype = self.model.acc_dtype
         self.sample_params = (sample_params(sampling, dtype, history.device)
