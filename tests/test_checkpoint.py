@@ -450,6 +450,23 @@ def test_a_format_version_that_is_not_this_ones_says_which_it_is(base, tmp_path,
         read_checkpoint(path)
 
 
+def test_save_never_replaces_a_file_that_is_not_json_and_an_empty_path_is_named(base, tmp_path):
+    """Checkpoint.save replaced any file (a notes file named by mistake), which --checkpoint refuses; an empty path
+    was refused as "output path '.' is a directory"."""
+    ckpt = stop_after(base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar"), 3)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    with pytest.raises(LongswiftError, match="notes.txt' exists and is not a JSON file, which Checkpoint.save would "
+                                             "replace: choose another file name"):
+        ckpt.save(notes)
+    assert notes.read_text() == "my notes\n"
+    with pytest.raises(LongswiftError, match="^Checkpoint.save got an empty path: give a file name$"):
+        ckpt.save("")
+    ckpt.save(tmp_path / "run.json")
+    ckpt.save(tmp_path / "run.json")  # (a checkpoint is JSON: replaced, as each periodic save does)
+    assert read_checkpoint(tmp_path / "run.json").token_ids == ckpt.token_ids
+
+
 # The config fields the first version of the format wrote, which every checkpoint must hold (written out here,
 # not read from the module, so that a field dropped from checkpoint.ALWAYS_HELD fails the test below).
 FIRST_VERSION_FIELDS = {

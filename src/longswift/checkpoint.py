@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .atomic import write_atomic
+from .atomic import check_json_output, write_atomic
 from .config import GenerationConfig
 from .errors import ConfigError, ConfigTypeError, LongswiftError
 
@@ -94,9 +94,13 @@ class Checkpoint:
         return _wrong_field(self)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint."""
+        """Write atomically (temp file + fsync + rename): a crash leaves the previous checkpoint. A file at `path`
+        that is not JSON (a text output, a heads file named by mistake) is refused, as --checkpoint refuses it."""
         _check_path(path, "Checkpoint.save")
-        write_atomic(path, self.to_json())
+        if not os.fspath(path).strip():  # (Path("") is ".", which was refused as "output path '.' is a directory")
+            raise ConfigError("Checkpoint.save got an empty path: give a file name")
+        check_json_output(Path(path).expanduser(), "Checkpoint.save")
+        write_atomic(Path(path).expanduser(), self.to_json())
 
 
 def _canonical(body: Any) -> tuple[str, str]:
