@@ -89,6 +89,41 @@ def test_a_pruned_trie_keeps_its_highest_scoring_nodes(seed):
     assert trie.pruned(len(trie)) is trie
 
 
+@pytest.mark.parametrize("seed", range(30))
+def test_heads_levels_grown_to_a_budget_prune_to_the_whole_trees_nodes(seed):
+    """add_levels(keep=B-1) makes and grows only each depth's B-1 best nodes (a 64,64,64,64 tree made 16.8 M nodes
+    to keep 32): with the n-gram paths added after, as build_tree adds them, the trie pruned to B holds the same
+    paths with the same scores as the whole tree pruned to B; a node the n-grams alone brought back may lack the
+    heads' mark (the heads' score it would have had ranked below the budget)."""
+    r = random.Random(seed)
+    levels = [list(dict.fromkeys(r.randrange(8) for _ in range(r.randrange(1, 6)))) for _ in range(r.randrange(1, 5))]
+    logprobs = [[math.log(r.random()) if r.random() < 0.8 else -1.0 for _ in level] for level in levels]
+    grams = []
+    for _ in range(r.randrange(0, 6)):
+        first = r.randrange(len(levels[0]))
+        share = [math.log(r.random()) for _ in range(3)]
+        grams.append(([levels[0][first]] + [r.randrange(8) for _ in range(3)],
+                      [logprobs[0][first]] + [logprobs[0][first] + min(share[: j + 1]) for j in range(3)]))
+
+    def built(keep):
+        trie = Trie.with_root(9)
+        trie.add_levels(levels, logprobs, keep=keep)
+        for tokens, scores in grams:
+            trie.add_path(tokens, NGRAM, scores)
+        return trie
+
+    whole = built(None)
+    for budget in range(2, len(whole) + 2):
+        grown = built(budget - 1)
+        assert len(grown) <= 1 + (budget - 1) * len(levels) + 4 * len(grams)
+        want, got = whole.pruned(budget), grown.pruned(budget)
+        nodes = [{tuple(t.tokens[j] for j in t.path(i)): (t.scores[i], t.sources[i]) for i in range(len(t))}
+                 for t in (want, got)]
+        assert {k: v[0] for k, v in nodes[0].items()} == {k: v[0] for k, v in nodes[1].items()}, budget
+        assert all(nodes[1][k][1] | HEADS == v[1] | HEADS and nodes[1][k][1] & v[1] for k, v in nodes[0].items()
+                   if k), budget
+
+
 def test_pruning_keeps_ancestors_even_where_a_child_outscores_its_parent():
     trie = Trie.with_root(0)
     trie.add_path([1, 2, 3], NGRAM, [-5.0, -0.1, -0.1])

@@ -270,12 +270,13 @@ def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False, half: bool = 
     `narrow`: the first candidate of each depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
     levels = [level[:1] for level in d.levels] if narrow else d.levels
     topk = min(s.spec.ngram_topk, NARROW_NGRAM_TOPK) if narrow else s.spec.ngram_topk
+    budget = s.half if half else s.spec.max_nodes
     trie = Trie.with_root(int(s.history[s.n - 1]))
-    trie.add_levels(levels, d.logprobs)
+    trie.add_levels(levels, d.logprobs, keep=budget - 1 if s.pruning else None)
     if s.ngrams is not None and levels:
         for i, first in enumerate(levels[0]):
             add_ngram_paths(s, trie, first, topk, (first,), d.logprobs[0][i] if d.logprobs is not None else 0.0)
-    return trie.pruned(s.half if half else s.spec.max_nodes) if s.pruning else trie
+    return trie.pruned(budget) if s.pruning else trie
 
 
 def lookup_tree(s: TokenSwiftState) -> Trie:

@@ -69,14 +69,21 @@ class Trie:
             node = child
         return 0
 
-    def add_levels(self, levels: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]] | None = None) -> None:
+    def add_levels(self, levels: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]] | None = None,
+                   keep: int | None = None) -> None:
         """The heads' cartesian tree: every node at depth j gets all of levels[j] as children;
-        `logprobs[j][i]`: the log-probability of levels[j][i], summed along each path into its score."""
+        `logprobs[j][i]`: the log-probability of levels[j][i], summed along each path into its score.
+        `keep` (with logprobs): of each depth, only its `keep` highest-scoring nodes (ties: the earlier) are made
+        and grown, as `pruned(keep + 1)` keeps no other: each of those outranks every node below the rest, whose
+        scores, sums of log-probabilities, are at most theirs (a 64,64,64,64 tree made 16.8 M nodes to keep 32)."""
         frontier = [(0, 0.0)]  # (node, its heads' path score)
         for j, level in enumerate(levels):
-            frontier = [(self._child(node, int(t), HEADS, score + lp), score + lp)
-                        for node, score in frontier
-                        for t, lp in zip(level, [0.0] * len(level) if logprobs is None else logprobs[j])]
+            lps = [0.0] * len(level) if logprobs is None else logprobs[j]
+            grown = [(node, int(t), score + lp) for node, score in frontier for t, lp in zip(level, lps)]
+            if keep is not None and logprobs is not None and len(grown) > keep:
+                best = sorted(range(len(grown)), key=lambda i: (-grown[i][2], i))[:keep]
+                grown = [grown[i] for i in sorted(best)]  # (made in the order the whole tree makes them)
+            frontier = [(self._child(node, t, HEADS, score), score) for node, t, score in grown]
 
     def pruned(self, max_nodes: int) -> Trie:
         """The trie of at most `max_nodes` nodes (root included) grown best first: from the root,
