@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 import weakref
 
 import numpy as np
@@ -56,25 +57,28 @@ class BanTensors:
     def __init__(self) -> None:
         self.recent: collections.OrderedDict[tuple, torch.Tensor] = collections.OrderedDict()
         self.alive: weakref.WeakValueDictionary[tuple, torch.Tensor] = weakref.WeakValueDictionary()
+        self.lock = threading.Lock()  # (engines generating in several threads share it)
 
     def __call__(self, banned_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
         key = (tuple(banned_ids), torch.device(device))
-        index = self.alive.get(key)
-        if index is None:
-            index = self.alive[key] = torch.tensor(banned_ids, dtype=torch.long, device=device)
-        self.recent[key] = index
-        self.recent.move_to_end(key)
-        while len(self.recent) > self.RECENT:
-            self.recent.popitem(last=False)
-        return index
+        with self.lock:
+            index = self.alive.get(key)
+            if index is None:
+                index = self.alive[key] = torch.tensor(banned_ids, dtype=torch.long, device=device)
+            self.recent[key] = index
+            self.recent.move_to_end(key)
+            while len(self.recent) > self.RECENT:
+                self.recent.popitem(last=False)
+            return index
 
     def held(self) -> int:
         """How many lists' tensors are alive (the recent ones and those held elsewhere)."""
         return len(self.alive)
 
     def cache_clear(self) -> None:
-        self.recent.clear()
-        self.alive.clear()
+        with self.lock:
+            self.recent.clear()
+            self.alive.clear()
 
 
 banned_index = BanTensors()
