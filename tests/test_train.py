@@ -726,6 +726,10 @@ def test_the_hidden_state_pass_runs_on_the_windows_the_steps_read(tiny, tmp_path
     read = sorted({int(i) for step in range(3) for i in trainer.batch_windows(step, 0)})
     assert len(read) == 6 and torch.equal(seen[0], windows[read])
     assert "base model's hidden states of 6 windows (of 12: the ones 3 steps of 2 read)" in lines
+    from longswift.spec.heads import training_record
+
+    # the heads' record (and `info`) count the windows trained on, not the data's (it said 12)
+    assert trainer.windows_read == 6 and training_record(tmp_path / "a" / "heads.safetensors")["windows"] == 6
     everything = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
     for _ in range(3):
         everything.run_step()
@@ -749,6 +753,12 @@ def test_a_batch_larger_than_the_data_is_refused(tiny, tmp_path, capsys, monkeyp
                                           "batch would hold each window 1.3 times on average; give at most 3, or more "
                                           "data"):
         train_heads(tiny, windows, TrainConfig(steps=2, seq_len=24, batch_size=4, warmup=1), tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ConfigError, match=r"^TrainConfig.batch_size=2 x grad_accum=2 = 4 windows a step exceeds the 3 "
+                                          r"windows of the training data: a step would read each window 1.3 times on "
+                                          r"average; give a grad_accum of at most 1, or more data$"):
+        train_heads(tiny, windows, TrainConfig(steps=2, seq_len=24, batch_size=2, grad_accum=2, warmup=1),
+                    tmp_path / "a")  # (a batch of 300 x 20 on 308 windows read each ~19 times a step)
     assert not (tmp_path / "a").exists()
     tiny_hf_model("llama", seed=3, vocab=96).save_pretrained(tmp_path / "m")
     (tmp_path / "d.txt").write_text("text")

@@ -221,7 +221,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         if trainer.resumed_at else ""
     loss = last["loss"] if last else float("nan")
     steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
-    print(f"trained {cfg.gamma} heads on {info['windows']} windows x {cfg.seq_len} tokens for {steps}"
+    read = f" (of {info['windows']})" if trainer.windows_read < info["windows"] else ""  # (the steps read no more)
+    print(f"trained {cfg.gamma} heads on {trainer.windows_read}{read} windows x {cfg.seq_len} tokens for {steps}"
           f"{resumed} in {time.perf_counter() - t0:.0f} s; last step loss {loss:.3f}, top-1 accuracy per head {acc}",
           file=sys.stderr)
     print(f"heads: {Path(args.out) / HEADS_FILE} (use with --heads)", file=sys.stderr)

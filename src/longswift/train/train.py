@@ -145,6 +145,7 @@ class HeadTrainer:
             cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
         self.engine, self.cfg = engine, cfg
         self.windows, self.hidden = windows, hidden  # [N, L], [M, L, hidden]: the M windows the steps read
+        self.windows_read = int(hidden.shape[0])  # M
         n = windows.shape[0]
         read = windows_read(cfg, n) if hidden.shape[0] < n else torch.arange(n)
         if hidden.shape[0] != read.shape[0]:
@@ -427,6 +428,14 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
         said = (f"exceeds the {n} windows of the training data: a batch would hold each window "
                 f"{cfg.batch_size / n:.1f} times on average; give at most {n}, or more data")
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} {said}", f"--batch-size {cfg.batch_size} {said}")
+    per_step = cfg.batch_size * cfg.grad_accum
+    if per_step > n:  # (--batch-size 300 --grad-accum 20 on 308 windows: each read ~19 times a step, 7 s a step)
+        said = (f"= {per_step} windows a step exceeds the {n} windows of the training data: a step would read each "
+                f"window {per_step / n:.1f} times on average; give a grad_accum of at most {n // cfg.batch_size}, "
+                "or more data")
+        raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} x grad_accum={cfg.grad_accum} {said}",
+                          f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} "
+                          + said.replace("a grad_accum of", "--grad-accum"))
     if claimed:
         return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
     with claimed_out_dir(out_dir, resume) as out:
@@ -484,7 +493,8 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                 trainer.interrupted = True
                 return trainer
     bar.close()
-    meta = {"training": {"config": asdict(trainer.cfg), "settings": trainer.settings, "windows": int(windows.shape[0]),
+    # "windows": those the steps read (of the data's, which may be many more: the hidden states' line says both)
+    meta = {"training": {"config": asdict(trainer.cfg), "settings": trainer.settings, "windows": trainer.windows_read,
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
     save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)
     write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
