@@ -1352,6 +1352,11 @@ def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
     assert code == 0, err
     gen = json.loads(js.read_text())["generation"]
     assert gen["plain_steps"] > 0, gen  # adaptive steps try a plain step among their first
+    # In a log (stderr no terminal, no --no-progress): a plain line as each phase starts (there was none)
+    code, _, err = run_cli(capsys, *[a for a in args if a != "--no-progress"])
+    assert code == 0, err
+    assert ("longswift: the heads' accuracy on " in err and " windows x 16 tokens\n" in err
+            and "longswift: held-out TokenSwift generation of 12 tokens (paper sampling)\n" in err), err
 
 
 @pytest.mark.slow

@@ -132,7 +132,8 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
     if args.self_distill:
         t0 = time.perf_counter()
         if (log := progress_lines(args)) is not None:
-            log(f"self-distill: the model writes {args.self_distill:,} tokens of training text")
+            purpose = "text to evaluate on" if getattr(args, "command", None) == "eval-heads" else "training text"
+            log(f"self-distill: the model writes {args.self_distill:,} tokens of {purpose}")
         docs = self_distill(engine, args.self_distill, args.distill_new_tokens, args.distill_batch,
                             SamplingConfig(seed=seed), progress=show_progress(args), window=seq_len)
         documents += docs
@@ -265,10 +266,15 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     if args.alpha_tokens:
         check_alpha_fits(engine, args.alpha_tokens, spec=spec)  # before the windows, which may distill for minutes
     windows, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
+    log = progress_lines(args)  # (a log's plain line as each phase starts, as --no-progress's help says)
+    if log is not None:
+        log(f"the heads' accuracy on {info['windows']:,} windows x {args.seq_len} tokens")
     acc = head_accuracy(engine, engine.heads, windows, progress=show_progress(args))
     print(f"accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
+        if log is not None:
+            log(f"held-out TokenSwift generation of {args.alpha_tokens:,} tokens (paper sampling)")
         s = held_out_alpha(engine, args.alpha_tokens, spec=spec, progress=show_progress(args))
         alpha = f"{s.alpha:.3f}" if s.draft_positions else "n/a (nothing drafted)"  # (to_dict's alpha: None)
         print(f"held-out TokenSwift generation ({s.new_tokens} tokens, paper sampling): alpha {alpha} "
