@@ -376,6 +376,40 @@ def test_heads_trained_under_another_rope_scaling_get_a_note(tmp_path, capsys):
     assert note() == []
 
 
+
+def test_the_rope_note_compares_the_rope_the_model_runs_with_its_own_scaling_included(tmp_path, capsys):
+    """The note compared --rope-scaling flags alone: heads trained with --rope-scaling yarn:4 got a note on the same
+    model with yarn:4 in its config (which refuses the flag the note advised), and heads trained on that model got
+    none on the plain one. Heads record the rope their base ran with (`rope`), and the note compares it."""
+    from longswift.spec.heads import save_heads, training_record
+    from longswift.train.train import TrainConfig, train_heads
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "plain")
+    tiny_hf_model("llama", "yarn", seed=5).save_pretrained(tmp_path / "yarn")  # the same weights, yarn:4 in its config
+    plain = longswift.load(str(tmp_path / "plain"), dtype="float32", heads="random")
+    assert plain.cfg.rope_setting is None
+    scaled = longswift.load(str(tmp_path / "plain"), dtype="float32", heads="random", rope_scaling="yarn:4")
+    own = longswift.load(str(tmp_path / "yarn"), dtype="float32", heads="random")
+    assert scaled.cfg.rope_setting == own.cfg.rope_setting == "yarn:4.0"
+    windows = torch.randint(3, 128, (4, 24), generator=torch.Generator().manual_seed(0))
+    train_heads(scaled, windows, TrainConfig(steps=1, seq_len=24, batch_size=2, warmup=0), tmp_path / "t",
+                progress=False)
+    trained = tmp_path / "t" / "heads.safetensors"
+    assert training_record(trained)["rope"] == "yarn:4.0"
+    assert training_record(trained)["settings"]["rope_scaling"] == "yarn:4"
+    for engine, note in [(own, False), (scaled, False), (plain, True)]:
+        engine.set_heads(str(trained))
+        assert (engine.heads_note() is not None) == note, engine.heads_note()
+    assert plain.heads_note().startswith("these heads were trained with rope scaling yarn:4.0 and this run has no "
+                                         "rope scaling:")
+    on_own = tmp_path / "on-own.safetensors"  # trained on the model with yarn in its config, no flag
+    save_heads(own.heads, own.cfg, own.fingerprint, on_own,
+               {"training": {"settings": {"dtype": "float32", "rope_scaling": None}, "rope": "yarn:4.0"}})
+    for engine, note in [(own, False), (scaled, False), (plain, True)]:
+        engine.set_heads(str(on_own))
+        assert (engine.heads_note() is not None) == note, engine.heads_note()
+
+
 def test_a_heads_count_the_tensors_do_not_hold_is_refused_before_allocating_it(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file

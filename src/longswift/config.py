@@ -228,6 +228,16 @@ class ModelConfig:
         return None if self.rope_type == "default" else self.rope_type
 
     @property
+    def rope_setting(self) -> str | None:
+        """The rope scaling this config runs with, a --rope-scaling applied or the model's own, as --rope-scaling
+        writes it ('yarn:2.0'); 'llama3' for llama3's, None for plain rope."""
+        kind = self.scaled_rope
+        rope = (getattr(self.hf_config, "rope_parameters", None) or {}) if self.hf_config is not None else {}
+        if kind in ("linear", "dynamic", "yarn") and rope.get("factor"):
+            return f"{kind}:{float(rope['factor'])}"
+        return kind
+
+    @property
     def context_limit(self) -> int:
         """Positions the model is meant to handle: its trained context, extended by the factor of a
         linear / dynamic / yarn rope scaling (llama3 configs state the extended length themselves)."""

@@ -197,7 +197,10 @@ class Engine:
         settings = record.get("settings") if isinstance(record, dict) else None
         if self.heads is None or not isinstance(settings, dict) or "rope_scaling" not in settings:
             return None
-        trained, now = settings["rope_scaling"], self.runtime.rope_scaling
+        if "rope" in record:  # the rope the base ran with, its own scaling included (a config with yarn)
+            trained, now = record["rope"], self.cfg.rope_setting
+        else:  # (records before it: the --rope-scaling flags alone)
+            trained, now = settings["rope_scaling"], self.runtime.rope_scaling
         if same_rope_scaling(trained, now):
             return None
         said = {None: "no rope scaling"}

@@ -494,7 +494,9 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                 return trainer
     bar.close()
     # "windows": those the steps read (of the data's, which may be many more: the hidden states' line says both)
-    meta = {"training": {"config": asdict(trainer.cfg), "settings": trainer.settings, "windows": trainer.windows_read,
+    # "rope": the rope the base model ran with (its own scaling or --rope-scaling's), which Engine.heads_note compares
+    meta = {"training": {"config": asdict(trainer.cfg), "settings": trainer.settings, "rope": engine.cfg.rope_setting,
+                         "windows": trainer.windows_read,
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
     save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)
     write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
