@@ -99,8 +99,9 @@ class Checkpoint:
         _check_path(path, "Checkpoint.save")
         if not os.fspath(path).strip():  # (Path("") is ".", which was refused as "output path '.' is a directory")
             raise ConfigError("Checkpoint.save got an empty path: give a file name")
-        check_json_output(Path(path).expanduser(), "Checkpoint.save")
-        write_atomic(Path(path).expanduser(), self.to_json())
+        target = Path(path).expanduser()
+        check_json_output(target, "Checkpoint.save")
+        write_atomic(target, self.to_json())
 
 
 def _canonical(body: Any) -> tuple[str, str]:

@@ -227,22 +227,24 @@ class ModelConfig:
             return "llama3"
         return None if self.rope_type == "default" else self.rope_type
 
+    def _rope_parameters(self) -> dict:
+        """The config's rope parameters, where a linear / dynamic / yarn scaling states a factor; {} otherwise."""
+        rope = (getattr(self.hf_config, "rope_parameters", None) or {}) if self.hf_config is not None else {}
+        return rope if self.rope_type in ("linear", "dynamic", "yarn") and rope.get("factor") else {}
+
     @property
     def rope_setting(self) -> str | None:
         """The rope scaling this config runs with, a --rope-scaling applied or the model's own, as --rope-scaling
         writes it ('yarn:2.0'); 'llama3' for llama3's, None for plain rope."""
-        kind = self.scaled_rope
-        rope = (getattr(self.hf_config, "rope_parameters", None) or {}) if self.hf_config is not None else {}
-        if kind in ("linear", "dynamic", "yarn") and rope.get("factor"):
-            return f"{kind}:{float(rope['factor'])}"
-        return kind
+        rope = self._rope_parameters() if self.rope_freq_factors is None else {}  # (rope_freqs: llama3's)
+        return f"{self.rope_type}:{float(rope['factor'])}" if rope else self.scaled_rope
 
     @property
     def context_limit(self) -> int:
         """Positions the model is meant to handle: its trained context, extended by the factor of a
         linear / dynamic / yarn rope scaling (llama3 configs state the extended length themselves)."""
-        rope = (getattr(self.hf_config, "rope_parameters", None) or {}) if self.hf_config is not None else {}
-        if self.rope_type in ("linear", "dynamic", "yarn") and rope.get("factor"):
+        rope = self._rope_parameters()
+        if rope:
             original = rope.get("original_max_position_embeddings") or self.max_position_embeddings
             return max(self.max_position_embeddings, int(original * float(rope["factor"])))
         return self.max_position_embeddings

@@ -145,7 +145,6 @@ class HeadTrainer:
             cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
         self.engine, self.cfg = engine, cfg
         self.windows, self.hidden = windows, hidden  # [N, L], [M, L, hidden]: the M windows the steps read
-        self.windows_read = int(hidden.shape[0])  # M
         n = windows.shape[0]
         read = windows_read(cfg, n) if hidden.shape[0] < n else torch.arange(n)
         if hidden.shape[0] != read.shape[0]:
@@ -169,6 +168,11 @@ class HeadTrainer:
         self.data_hash = window_hash(windows)
         self.settings = run_settings(model.dtype, engine.runtime.rope_scaling, data_settings)
         self.probe = model_probe(model)  # (a fine-tune with the base's embeddings has the base's fingerprint)
+
+    @property
+    def windows_read(self) -> int:
+        """M: how many windows the steps read (those with hidden states)."""
+        return int(self.hidden.shape[0])
 
     def batch_windows(self, step: int, micro: int) -> torch.Tensor:
         """Window indices of one micro-batch: a seeded permutation per epoch (resumable from `step` alone)."""
@@ -430,12 +434,14 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} {said}", f"--batch-size {cfg.batch_size} {said}")
     per_step = cfg.batch_size * cfg.grad_accum
     if per_step > n:  # (--batch-size 300 --grad-accum 20 on 308 windows: each read ~19 times a step, 7 s a step)
-        said = (f"= {per_step} windows a step exceeds the {n} windows of the training data: a step would read each "
-                f"window {per_step / n:.1f} times on average; give a grad_accum of at most {n // cfg.batch_size}, "
-                "or more data")
-        raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} x grad_accum={cfg.grad_accum} {said}",
-                          f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} "
-                          + said.replace("a grad_accum of", "--grad-accum"))
+        def said(accum: str) -> str:
+            return (f"= {per_step} windows a step exceeds the {n} windows of the training data: a step would read "
+                    f"each window {per_step / n:.1f} times on average; give {accum} at most {n // cfg.batch_size}, "
+                    "or more data")
+
+        raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} x grad_accum={cfg.grad_accum} "
+                          + said("a grad_accum of"),
+                          f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} " + said("--grad-accum"))
     if claimed:
         return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
     with claimed_out_dir(out_dir, resume) as out:
