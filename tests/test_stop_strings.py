@@ -33,6 +33,14 @@ def first_stop(tokenizer, ids, stop):
     return next(k for k in range(1, len(ids) + 1) if stop in decode_text(tokenizer, ids[:k]))
 
 
+def transformers_stop(tokenizer, ids, stop):
+    """The number of tokens after which transformers' StopStringCriteria ends a run on `stop` (None: never)."""
+    from transformers import StopStringCriteria
+
+    criteria = StopStringCriteria(tokenizer, [stop])
+    return next((n for n in range(1, len(ids) + 1) if criteria(torch.tensor([ids[:n]]), None).item()), None)
+
+
 BYTES = byte_tokenizer()  # every byte a token: a character of 4 UTF-8 bytes spans 4 tokens
 TEXTS = ["🙂👍🏽 ", "東京の天気", "naïve café ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "ab ab", "x"]
 
@@ -289,15 +297,12 @@ def test_a_stop_string_ending_with_a_special_tokens_text_ends_after_that_token(e
     completes the stop string, which may end inside it, as inside any token ("end" and "<|im_" at "<|im_end|>"),
     or after the token that completes one that goes on past a special token ("<|im_start|>user", missed when
     only a stop string's end could be a special token's text)."""
-    from transformers import StopStringCriteria
-
     tokenizer = embedded.tokenizer
     start, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>"))
     ids = (tokenizer.encode("Hello! How can I help?", add_special_tokens=False) + [end]
            + tokenizer.encode("\n", add_special_tokens=False) + [start]
            + tokenizer.encode("user\nThe end is near.", add_special_tokens=False))
-    criteria = StopStringCriteria(tokenizer, [stop])
-    want = next((n for n in range(1, len(ids) + 1) if criteria(torch.tensor([ids[:n]]), None).item()), None)
+    want = transformers_stop(tokenizer, ids, stop)
     after = {"end": ids.index(end), "<|im_": ids.index(end), "<|im_end|>\n": ids.index(end) + 1,
              "<|im_start|>user": ids.index(start) + 1, "?<|im_end|>\n<|im_start|>user\nThe": ids.index(start) + 3}
     assert want == after.get(stop, ids.index(start)) + 1, want
@@ -311,11 +316,9 @@ def test_a_byte_fallback_tokenizers_stop_strings_across_a_special_token_end_wher
     """With a SentencePiece byte-fallback tokenizer, whose decoder puts the space of '▁hello' after a special token
     ('</s> hello', not '</s>hello'), and a stop string ending in a run of byte tokens: where StopStringCriteria ends."""
     from test_detok import SP, SP_BYTES
-    from transformers import StopStringCriteria
 
     hello, eos = SP.convert_tokens_to_ids("▁hello"), SP.convert_tokens_to_ids("</s>")
     ids = [hello, eos, hello, *(SP_BYTES[b] for b in "你好".encode())]
-    criteria = StopStringCriteria(SP, [stop])
-    want = next((n for n in range(1, len(ids) + 1) if criteria(torch.tensor([ids[:n]]), None).item()), None)
+    want = transformers_stop(SP, ids, stop)
     assert want == {"</s> hello": 3, "</s>hello": None, "hello</s>": 2, "</s> hello你": 6}[stop]
     assert StopStrings(SP, (stop,)).cut(ids) == want
