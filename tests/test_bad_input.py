@@ -871,6 +871,27 @@ def test_a_prompt_that_alone_fills_the_context_is_told_to_shrink(capsys):
     assert str(info.value).endswith("256 tokens: lower max_new_tokens")
 
 
+def test_a_context_past_the_runs_own_rope_scaling_is_told_a_larger_factor(capsys):
+    """A run given --rope-scaling yarn:2 that still does not fit was told only to shorten it: the same kind with a
+    factor that reaches, counted from the trained context, is advised; a model's own scaling still gets none."""
+    from longswift.runtime.memory import check_context
+
+    engine = longswift.load(tiny_hf_model("llama", seed=9), dtype="float32", heads=None, rope_scaling="yarn:2")
+    assert engine.cfg.context_limit == 512  # trained 256
+    with pytest.raises(LongswiftError) as info:
+        engine.generate([3, 4, 5], max_new_tokens=700, method="ar")
+    assert str(info.value) == ("prompt (3 tokens) + max_new_tokens=700 = 703 exceeds this model's context of 512 "
+                               "tokens: lower max_new_tokens, or extend the context on purpose with "
+                               "load(..., rope_scaling='yarn:3')")
+    with pytest.raises(LongswiftError) as info:
+        check_context(engine.cfg, 3, 700, applied="linear:2")
+    assert info.value.cli_message.endswith("--max-new-tokens, or extend the context on purpose with "
+                                           "--rope-scaling linear:3")
+    with pytest.raises(LongswiftError) as info:  # the model's own scaling (none given): only shorter
+        check_context(engine.cfg, 3, 700)
+    assert str(info.value).endswith("512 tokens: lower max_new_tokens or shorten the prompt")
+
+
 def test_a_run_that_could_not_save_an_interrupt_here_warns_as_it_starts(tmp_path, capsys, monkeypatch):
     """Without --checkpoint, an interrupted run saves its state in the working directory (or beside
     --output/--json). Where that cannot be written, the run still goes on (its text goes to stdout),

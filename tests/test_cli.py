@@ -1325,6 +1325,7 @@ def test_eval_heads_refuses_a_tree_deeper_than_its_heads_before_the_accuracy(tmp
     heads = tmp_path / "h.safetensors"
     code, _, err = run_cli(capsys, "export-heads", "--model", str(model), "--heads", "random", "--out", str(heads))
     assert code == 0, err  # 3 heads: 4 depths; the tree asks for 5
+    assert f"wrote 3 heads random (seeded, for testing) to {heads}" in err  # (said "3 heads (3 heads random ...")
     code, _, err = run_cli(capsys, "eval-heads", "--model", str(model), "--heads", str(heads), "--data", str(data),
                            "--device", "cpu", "--seq-len", "32", "--alpha-tokens", "8", "--tree", "1,2,2,2,2",
                            "--no-progress")

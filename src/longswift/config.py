@@ -245,9 +245,13 @@ class ModelConfig:
         linear / dynamic / yarn rope scaling (llama3 configs state the extended length themselves)."""
         rope = self._rope_parameters()
         if rope:
-            original = rope.get("original_max_position_embeddings") or self.max_position_embeddings
-            return max(self.max_position_embeddings, int(original * float(rope["factor"])))
+            return max(self.max_position_embeddings, int(self.trained_context * float(rope["factor"])))
         return self.max_position_embeddings
+
+    @property
+    def trained_context(self) -> int:
+        """The context before a linear / dynamic / yarn rope scaling (the one its factor multiplies)."""
+        return self._rope_parameters().get("original_max_position_embeddings") or self.max_position_embeddings
 
     def state_shapes(self, lm_head_rows: int | None = None) -> dict[str, tuple[int, ...]]:
         """Every tensor name of the state dict and its shape, in transformers' naming: what a checkpoint must hold

@@ -496,7 +496,8 @@ class Engine:
     def _start(self, r: RunSetup, stats: GenerationStats, generated: list[int],
                resumed: bool = False) -> GenerationStream:
         """`resumed`: a checkpoint's run, which keeps its rope scaling (none is advised when it is too long)."""
-        check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens, rescalable=not resumed)
+        check_context(self.cfg, len(r.prompt_ids), r.generation.max_new_tokens, rescalable=not resumed,
+                      applied=self.runtime.rope_scaling)
         stats.processes = 1 if self.tp is None else self.tp.world
         stats.device, stats.dtype = str(self.model.device), dtype_name(self.model.dtype)
         if self.tp is not None:  # every rank runs the same generation (rank 0 draws: only its seed counts)

@@ -300,8 +300,8 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
     total, limit = prompt_tokens + length, engine.cfg.context_limit
     if total <= limit:
         return
-    factor = rope_extension(engine.cfg, total)
-    extend = f", or extend the context with --rope-scaling yarn:{factor}" if factor is not None else ""
+    setting = rope_extension(engine.cfg, total, engine.runtime.rope_scaling)
+    extend = f", or extend the context with --rope-scaling {setting}" if setting is not None else ""
     raise LongswiftError(f"the grid's longest cell (prefix {prompt_tokens} + {length} new = {total} tokens) exceeds "
                          f"this model's context of {limit}: lower --lengths/--prefix{extend}")
 

@@ -81,7 +81,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
     if args.format == "tokenswift":
         out = export_tokenswift(args.out, engine.cfg, engine.model.full_state(), engine.heads, engine.tokenizer,
                                 engine.model.dtype, training, on_stale=note_stale)
-        print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) with the base model to {out} "
+        print(f"wrote {engine.heads_origin} with the base model to {out} "
               "(TokenSwift layout: model.medusa_layers.*)", file=sys.stderr)
     else:
         import torch
@@ -98,7 +98,7 @@ def cmd_export_heads(args: argparse.Namespace) -> int:
             _refuse_existing(args.out)  # (made while the model loaded: still not replaced)
             save_heads(heads, engine.cfg, engine.fingerprint, args.out,
                        {"exported_from": engine.heads_origin, **({"training": training} if training else {})})
-        print(f"wrote {engine.heads.gamma} heads ({engine.heads_origin}) to {args.out}", file=sys.stderr)
+        print(f"wrote {engine.heads_origin} to {args.out}", file=sys.stderr)
     return 0
 
 

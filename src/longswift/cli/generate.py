@@ -509,7 +509,7 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
     from ..spec.budget import plan_before_loading
 
     cfg = load_config(model, runtime.rope_scaling)
-    check_context(cfg, prompt_tokens, gen.max_new_tokens, rescalable=not resumed)
+    check_context(cfg, prompt_tokens, gen.max_new_tokens, rescalable=not resumed, applied=runtime.rope_scaling)
     tokens = (prompt_tokens or 1) + gen.max_new_tokens
     held = cfg  # what one process holds
     if env_world_size() > 1:

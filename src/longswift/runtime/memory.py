@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import MAX_ROPE_FACTOR, ModelConfig
+from ..config import MAX_ROPE_FACTOR, ModelConfig, parse_rope_scaling
 from ..errors import ConfigError, LongswiftError
 from . import attention
 from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
@@ -249,33 +249,38 @@ def plan_memory(
                       draft_tokens, tree_nodes)
 
 
-def rope_factor_for(cfg: ModelConfig, total: int) -> int:
-    """The smallest whole rope-scaling factor whose extended context holds `total` tokens."""
-    return -(-total // cfg.max_position_embeddings)
+def rope_extension(cfg: ModelConfig, total: int, applied: str | None = None) -> str | None:
+    """The --rope-scaling setting ('yarn:4') that extends the context to `total` tokens; None where none can.
+    `applied`: the scaling this run gave (--rope-scaling, load's rope_scaling), whose kind is advised with a
+    factor large enough, counted from the trained context; a model's own scaling cannot be replaced (None), nor
+    can any factor that --rope-scaling takes reach past MAX_ROPE_FACTOR times the trained context."""
+    if cfg.scaled_rope is None:
+        kind = "yarn"
+    elif applied is not None:
+        kind = parse_rope_scaling(applied)[0]
+    else:
+        return None
+    factor = -(-total // cfg.trained_context)
+    return f"{kind}:{factor}" if factor <= MAX_ROPE_FACTOR else None
 
 
-def rope_extension(cfg: ModelConfig, total: int) -> int | None:
-    """The --rope-scaling yarn factor that extends the context to `total` tokens; None where none can: the
-    rope is scaled already (ModelConfig.scaled_rope), or no factor that --rope-scaling takes reaches that far."""
-    factor = rope_factor_for(cfg, total)
-    return factor if cfg.scaled_rope is None and factor <= MAX_ROPE_FACTOR else None
-
-
-def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: int, rescalable: bool = True) -> None:
+def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: int, rescalable: bool = True,
+                  applied: str | None = None) -> None:
     """Refuse a generation longer than the model's context (trained, or extended by rope scaling), in the
     API's words (cli_message: the flags'). `prompt_tokens` None: the prompt is not tokenized yet (the command
     line, before loading): one at least. `rescalable`: whether a rope scaling may be advised (not to a
-    resumed run, which keeps its checkpoint's)."""
+    resumed run, which keeps its checkpoint's). `applied`: the rope scaling this run gave, if any, whose larger
+    factor is advised (rope_extension)."""
     counted = 1 if prompt_tokens is None else prompt_tokens
     total, limit = counted + max_new_tokens, cfg.context_limit
     if total <= limit:
         return
     full = counted >= limit  # the prompt alone: fewer new tokens would not help
-    factor = rope_extension(cfg, total) if rescalable else None
+    setting = rope_extension(cfg, total, applied) if rescalable else None
 
     def say(length: str, asked: str, rope: str) -> str:
         shorter = "shorten the prompt" if full else f"lower {length}"
-        if factor is not None:
+        if setting is not None:
             advice = f"{shorter}, or extend the context on purpose with {rope}"
         elif cfg.scaled_rope is not None and not full:
             advice = f"lower {length} or shorten the prompt"
@@ -285,8 +290,8 @@ def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: i
                 else f"prompt ({prompt_tokens} token{'' if prompt_tokens == 1 else 's'}) + {asked} = {total}")
         return f"{what} exceeds this model's context of {limit} tokens: {advice}"
 
-    api = say("max_new_tokens", f"max_new_tokens={max_new_tokens}", f"load(..., rope_scaling='yarn:{factor}')")
-    cli = say("--max-new-tokens", f"--max-new-tokens {max_new_tokens}", f"--rope-scaling yarn:{factor}")
+    api = say("max_new_tokens", f"max_new_tokens={max_new_tokens}", f"load(..., rope_scaling='{setting}')")
+    cli = say("--max-new-tokens", f"--max-new-tokens {max_new_tokens}", f"--rope-scaling {setting}")
     raise ConfigError(api, cli)
 
 
