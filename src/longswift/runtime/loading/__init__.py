@@ -237,13 +237,15 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
     return loaded
 
 
-def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike, dtype: torch.dtype | None = None,
+                 in_memory: bool = False) -> None:
     """Refuse a weight holding NaN or infinite values (a damaged file, a diverged fine-tune): it ran and wrote
     garbage. Checked as read, on the CPU before the cast: one float32-accumulated sum (0.02-0.04 s for the
     embedded model's tensors), which a NaN or an infinity makes non-finite (sums of real weights are far from its
     range). On one thread: memory-bound, a sum gains little from two, and on a busy machine two threads' start-up
     cost 6 ms a tensor (1.7 s for the embedded model's, against 0.04 s on one). `dtype`, the one the weights are
-    cast to: for float16, whose range ends at 65,504, values the cast would make infinite are refused too."""
+    cast to: for float16, whose range ends at 65,504, values the cast would make infinite are refused too.
+    `in_memory`: `source` names a model object's class (load(model)), not a file."""
     if not t.is_floating_point():
         return
     threads = torch.get_num_threads()
@@ -252,8 +254,7 @@ def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike, dtype: t
         finite = bool(torch.sum(t, dtype=torch.float32).isfinite())
     finally:
         torch.set_num_threads(threads)
-    in_memory = str(source).startswith("<")  # (a model object: "<LlamaForCausalLM>")
-    weights = f"the {source[1:-1]} model's weights" if in_memory else f"the weights in '{source}'"
+    weights = f"the {source} model's weights" if in_memory else f"the weights in '{source}'"
     if not finite:
         cause = ("(a training run diverged?); load or fix its weights" if in_memory else
                  "the file is damaged (or a training run diverged); re-download or re-export the model")
@@ -526,7 +527,7 @@ def _from_transformers(model: Any, dtype: torch.dtype, device: torch.device, rop
         raise LongswiftError(f"the {name} model's weights are not loaded ('{meta}' is on the meta device, with no "
                              "data): load the model with its weights, or pass its path")
     for k, v in stored.items():  # (as the readers of files do: a diverged fine-tune in this process ran as garbage)
-        check_finite(k, v, f"<{name}>", dtype)
+        check_finite(k, v, name, dtype, in_memory=True)
     cfg = _lm_head(cfg, stored)
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.detach().to(device=device, dtype=dtype) for k, v in stored.items()}
