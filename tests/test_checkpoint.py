@@ -176,8 +176,16 @@ def test_refuses_another_model_other_heads_or_settings(base):
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="tokenswift",
                          spec=RUNS["tokenswift-fused"][1])
     ckpt = stop_after(stream, 10)
-    with pytest.raises(LongswiftError, match="made with another model"):
+    with pytest.raises(LongswiftError, match="made with another model") as info:
         engine(seed=32).resume(ckpt)
+    assert str(info.value).endswith(": resume with that model (load(model) with it)")  # (a model object's)
+    assert info.value.cli_message.endswith(": resume with that model (--model: where it is saved)")
+    for source, api, cli in (("<embedded>", "(longswift.load() without a model)", "(without --model: the embedded one)"),
+                             ("/m/my model", "(load('/m/my model'))", "(--model '/m/my model')")):
+        with pytest.raises(LongswiftError) as info:  # ("(--model)" alone: no --model names the embedded one)
+            engine(seed=32).resume(dataclasses.replace(ckpt, model_source=source))
+        assert str(info.value) == f"the checkpoint was made with another model ({source}): resume with that model {api}"
+        assert info.value.cli_message.endswith(f"resume with that model {cli}")
     other_heads = engine()
     other_heads.set_heads(other_heads.heads.randomize(seed=1))
     # which heads they were, not only what set_heads was given ("auto" resolves otherwise on another engine)

@@ -370,6 +370,8 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     hf = tiny_hf_model("qwen2", "default", tie=True, seed=17)
     base = tmp_path / "base"
     hf.save_pretrained(base)
+    # its generation config stops at one more id than config.json names (Llama 3 Instruct's <|eot_id|>)
+    (base / "generation_config.json").write_text(json.dumps({"eos_token_id": [hf.config.eos_token_id, 7]}))
     engine = longswift.load(str(base), dtype="float32", heads=None)
     heads = new_heads(engine.cfg, engine.model.state).randomize(seed=4)
     with torch.no_grad():
@@ -388,6 +390,11 @@ def test_export_tokenswift_layout_round_trips_bit_for_bit(tmp_path, capsys):
     assert code == 0, err
     assert not killed.exists() and f"removed '{killed}', left by a run that was killed" in err
     assert json.loads((out / "config.json").read_text())["medusa_heads"] == GAMMA
+    assert longswift.load(str(out), heads=None).cfg.eos_token_ids == engine.cfg.eos_token_ids == (
+        hf.config.eos_token_id, 7)  # (the export wrote no generation config: it stopped at the first only)
+    from transformers import GenerationConfig
+
+    assert GenerationConfig.from_pretrained(str(out)).eos_token_id == [hf.config.eos_token_id, 7]
     assert load_file(str(out / "model.safetensors"))[f"{PREFIX}2.linear.weight"].dtype == torch.float32
     loaded = longswift.load(str(out), dtype="float32")
     for k, v in loaded.heads.state_dict().items():

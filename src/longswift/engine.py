@@ -7,6 +7,7 @@ import copy
 import numbers
 import os
 import secrets
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -418,8 +419,7 @@ class Engine:
             checkpoint = checkpoint.with_length(max_new_tokens)
         c = checkpoint
         if self.fingerprint != c.model_fingerprint:
-            raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}): "
-                                 "resume with that model (--model)")
+            raise _another_model(c.model_source, "")
         # The dtype the checkpoint's setting names on this engine's device ('auto' follows the device, as a run
         # continued on another device with --device does): a checkpoint of the CLI's 'auto' resumes on float32.
         made, this = c.runtime.get("dtype"), self.runtime.torch_dtype()
@@ -440,8 +440,7 @@ class Engine:
                                      f"{has}: load the model with the checkpoint's settings")
         # (after the settings: another rope scaling answers otherwise too, and is named as such above)
         if not self._same_probe(c.model_probe):  # the same embeddings and shape: a fine-tune, or its base
-            raise LongswiftError(f"the checkpoint was made with another model ({c.model_source}), whose embeddings "
-                                 "this one shares but whose other weights differ: resume with that model (--model)")
+            raise _another_model(c.model_source, ", whose embeddings this one shares but whose other weights differ")
         if c.method == "tokenswift" and self.heads is None:
             said = ("the checkpoint is a TokenSwift run and this engine has no draft heads: load the checkpoint's heads"
                     + (f", {c.heads_origin}" if c.heads_origin else ""))
@@ -582,6 +581,17 @@ def _inference(steps: Iterator[list[int]]) -> Iterator[list[int]]:
             except StopIteration:
                 return
         yield ids
+
+
+def _another_model(source: str, how: str) -> LongswiftError:
+    """A checkpoint made with another model (`source`, its Checkpoint.model_source): refused, saying how to load
+    that one (the embedded model is the one no --model names)."""
+    said = f"the checkpoint was made with another model ({source}){how}: resume with that model"
+    if source == "<embedded>":
+        return LongswiftError(f"{said} (longswift.load() without a model)", f"{said} (without --model: the embedded one)")
+    if source.startswith("<"):  # a model object's class: one the caller holds
+        return LongswiftError(f"{said} (load(model) with it)", f"{said} (--model: where it is saved)")
+    return LongswiftError(f"{said} (load({source!r}))", f"{said} (--model {shlex.quote(source)})")
 
 
 def _check_encodable(text: str, what: str) -> None:

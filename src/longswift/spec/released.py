@@ -178,7 +178,9 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
                       tokenizer: Any, dtype: torch.dtype, training: dict | None = None,
                       on_stale: Callable[[Path], None] | None = None) -> Path:
     """Write base model + heads as a released TokenSwift checkpoint: an HF directory (config.json with
-    `medusa_heads`, model.safetensors, the tokenizer) that transformers and TokenSwift's code load.
+    `medusa_heads`, model.safetensors, the tokenizer, and generation_config.json with every id the model stops
+    at, as transformers' generate() reads them: a generation config's <|eot_id|> or a GGUF's end-of-turn id,
+    which config.json's eos_token_id may lack) that transformers and TokenSwift's code load.
     `training`: the heads' training record, kept in config.json (TRAINING_KEY). `on_stale`: hears of each
     temporary directory a killed export left there, which this one removes (write_dir_atomically)."""
     from safetensors.torch import save_file
@@ -200,12 +202,16 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
         hf.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
     tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in state.items()}
     tensors |= tensors_from_heads(heads, dtype)
+    stops = list(cfg.eos_token_ids)
+    generation = {"bos_token_id": hf.get("bos_token_id"), "eos_token_id": stops[0] if len(stops) == 1 else stops}
 
     def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
         (tmp / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+        if stops:
+            (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n")
 
     return write_dir_atomically(out, write, on_stale)
 
