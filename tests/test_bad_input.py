@@ -232,6 +232,22 @@ def test_a_prompt_from_standard_input_is_refused_under_torchrun(capsys, monkeypa
     assert_one_line_error(code, err, "--prompt-file - (standard input) reaches only one of torchrun's processes")
 
 
+@pytest.mark.parametrize("kind", ["fifo", "process substitution"])
+def test_a_prompt_from_a_pipe_is_refused_under_torchrun(capsys, monkeypatch, tmp_path, kind):
+    """A FIFO's text went to one of torchrun's processes and the others waited for a writer: a hang. torchrun passes
+    no process substitution <(...) on, so each process was told that its /dev/fd/N 'does not exist'."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    path = tmp_path / "fifo"
+    if kind == "fifo":
+        os.mkfifo(path)  # no writer: opening it to read would block this test
+    else:
+        path = Path("/dev/fd/987654")  # a descriptor this process does not have, as under torchrun
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(path), "--max-new-tokens", "4")
+    assert_one_line_error(code, err, f"--prompt-file '{path}' is a pipe (a process substitution <(...), a FIFO or a "
+                                     "device), which torchrun's processes cannot each read")
+
+
 # ---- model configs ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("edit,match", [

@@ -323,6 +323,48 @@ def test_a_rank_that_fails_stops_the_others_in_one_line(tmp_path):
                          "was killed)") and "\n" not in lost
 
 
+def _short_of_memory_on_rank_1(rank: int, store: str, out_dir: str) -> None:
+    """Rank 1 alone sees too little free memory for the run's cache (another job on its GPU): what each rank raised,
+    and the tokens of the run each then makes with enough memory."""
+    import longswift.runtime.memory as memory
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=30))
+    e = engine("gqa", tensor_parallel=True)
+    out: dict = {}
+    real = memory.available_bytes
+    if rank == 1:
+        memory.available_bytes = lambda device: 1024
+    try:
+        e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY, generation=GenerationConfig(max_new_tokens=20))
+    except LongswiftError as exc:
+        out["refused"] = f"{type(exc).__name__}: {exc}"
+    memory.available_bytes = real
+    try:
+        out["after"] = e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY,
+                                  generation=GenerationConfig(max_new_tokens=8, ignore_eos=True)).token_ids
+    except LongswiftError as exc:
+        out["after"] = f"{type(exc).__name__}: {exc}"
+    torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_a_run_one_rank_has_no_memory_for_is_refused_on_every_rank(tmp_path):
+    """Each rank checks its own free memory before its cache is made: rank 1 refused while rank 0 went on into the
+    prefill's collectives and waited there until the group's timeout (30 min by default), which broke the group."""
+    ctx = mp.spawn(_short_of_memory_on_rank_1, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD,
+                   join=False)
+    for p in ctx.processes:
+        p.join(timeout=240)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert ranks[0]["refused"] == ranks[1]["refused"], ranks  # one message, which rank 0 alone prints
+    assert re.fullmatch(r"LongswiftError: on rank 1 of this run's processes: not enough memory: this run needs .* but "
+                        r"1\.0 KiB is free; lower max_new_tokens or the prompt length, or use a smaller dtype.*",
+                        ranks[0]["refused"]), ranks[0]
+    assert ranks[0]["after"] == ranks[1]["after"] and len(ranks[0]["after"]) == 8, ranks  # the group still works
+
+
 def _lose_rank_1_in_the_cli(rank: int, store: str, out_dir: str) -> None:
     """As _lose_rank_1, with the CLI's loop writing rank 0's outputs: what rank 0 raised, and the checkpoint's
     tokens."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import stat
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -164,6 +165,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if env_world_size() > 1:  # one process got the text, which one by chance; the others an empty prompt
                 raise LongswiftError("--prompt-file - (standard input) reaches only one of torchrun's processes: "
                                      "write the prompt to a file and give its name")
+        elif args.prompt is None and not _every_process_reads(args.prompt_file):
+            # A FIFO's text went to one process and the others waited for a writer (a hang); torchrun passes no
+            # process substitution <(...) on (its /dev/fd/N was "does not exist")
+            raise LongswiftError(f"--prompt-file '{args.prompt_file}' is a pipe (a process substitution <(...), a FIFO "
+                                 "or a device), which torchrun's processes cannot each read: write the prompt to a "
+                                 "file and give its name")
         prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
         if not prompt.strip():
             raise LongswiftError("the prompt is empty: give some prompt text")
@@ -212,6 +219,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec, system=args.system)
         return write_run(engine, stream, outputs, stop, args.no_progress)
+
+
+def _every_process_reads(path: Path) -> bool:
+    """Whether each of torchrun's processes can read the prompt file for itself (always, for one process): a regular
+    file, or a path read_prompt_file refuses on its own; not a pipe, nor a /dev/fd/N that torchrun did not pass on."""
+    from ..runtime.torchrun_env import env_world_size
+
+    if env_world_size() == 1:
+        return True
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)  # (stat opens nothing: a FIFO does not block it)
+    except FileNotFoundError:
+        return not str(path).startswith(("/dev/fd/", "/proc/self/fd/"))
+    except OSError:  # (read_prompt_file says why it cannot be read)
+        return True
 
 
 def parse_ids(flag: str, text: str) -> list[int]:

@@ -306,6 +306,10 @@ def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int =
             f"this model uses sliding-window attention ({cfg.sliding_window} tokens), which longswift does not "
             f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
         )
-    plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
-                tree_nodes, model.float32_logits, sampled_rows, held_rows).check(weights_loaded=True)
+    plan = plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
+                       tree_nodes, model.float32_logits, sampled_rows, held_rows)
+    if model.tp is None:
+        plan.check(weights_loaded=True)
+    else:  # each rank reads its own free memory: all refuse together, or the others wait in the run's collectives
+        model.tp.refuse_together(lambda: plan.check(weights_loaded=True))
     return FullKVCache(cfg, capacity, model.dtype, model.device)

@@ -245,6 +245,23 @@ class TensorParallel:
             raise LongswiftError(f"the processes of this run were given different {what} (rank {other}'s differ from "
                                  "rank 0's): every rank must make the same calls with the same arguments")
 
+    def refuse_together(self, check: Callable[[], None]) -> None:
+        """`check()` on every rank, which may refuse (LongswiftError) on some of them only (a rank's own free memory):
+        every rank then raises the refusal of the first rank that refused, named (one message on every rank)."""
+        mine = None
+        try:
+            check()
+        except LongswiftError as exc:
+            mine = (str(exc), exc.cli_message)
+        first = self.world - self.max_int(self.world - self.rank if mine is not None else 0)  # world: none refused
+        if first < self.world:
+            said = [mine]  # (on this rank's device: NCCL sends from the GPU)
+            src = dist.get_global_rank(self.group, first) if self.group is not None else first
+            collective(dist.broadcast_object_list, said, src=src, group=self.group, device=self.device)
+            api, cli = said[0]
+            raise LongswiftError(f"on rank {first} of this run's processes: {api}", f"on rank {first} of this run's "
+                                 f"processes: {cli}")
+
     def draw(self, transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
         """`sampling.draw` on rank 0 (its generator alone is consumed), broadcast to every rank."""
         return self.broadcast_int(draw(transformed, cfg, generator) if self.rank == 0 else 0)
