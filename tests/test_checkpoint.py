@@ -180,8 +180,9 @@ def test_refuses_another_model_other_heads_or_settings(base):
         engine(seed=32).resume(ckpt)
     assert str(info.value).endswith(": resume with that model (load(model) with it)")  # (a model object's)
     assert info.value.cli_message.endswith(": resume with that model (--model: where it is saved)")
-    for source, api, cli in (("<embedded>", "(longswift.load() without a model)", "(without --model: the embedded one)"),
-                             ("/m/my model", "(load('/m/my model'))", "(--model '/m/my model')")):
+    for source, api, cli in (
+            ("<embedded>", "(longswift.load() without a model)", "(without --model: the embedded one)"),
+            ("/m/my model", "(load('/m/my model'))", "(--model '/m/my model')")):
         with pytest.raises(LongswiftError) as info:  # ("(--model)" alone: no --model names the embedded one)
             engine(seed=32).resume(dataclasses.replace(ckpt, model_source=source))
         assert str(info.value) == f"the checkpoint was made with another model ({source}): resume with that model {api}"

@@ -588,7 +588,8 @@ def _another_model(source: str, how: str) -> LongswiftError:
     that one (the embedded model is the one no --model names)."""
     said = f"the checkpoint was made with another model ({source}){how}: resume with that model"
     if source == "<embedded>":
-        return LongswiftError(f"{said} (longswift.load() without a model)", f"{said} (without --model: the embedded one)")
+        return LongswiftError(f"{said} (longswift.load() without a model)",
+                              f"{said} (without --model: the embedded one)")
     if source.startswith("<"):  # a model object's class: one the caller holds
         return LongswiftError(f"{said} (load(model) with it)", f"{said} (--model: where it is saved)")
     return LongswiftError(f"{said} (load({source!r}))", f"{said} (--model {shlex.quote(source)})")
