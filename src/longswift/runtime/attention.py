@@ -173,14 +173,15 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.masked_fill_(~allowed, float("-inf"))
 
 
-def masked_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+def masked_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of every row over the keys under an additive mask, with each row's log-sum-exp, in
     one fused kernel where the device has one for the dtype. Every row must see at least one key (a
     tree node sees itself, a padded row too): for a fully masked row the fused kernels do not give
     explicit attention's lse -inf and zero output (the CPU's gives lse 0), which the merge needs.
-    qg: [Hkv, R, D], keys/values: [Hkv, S, D], bias: [R, S] (additive_mask) -> out [Hkv, R, D]
-    (q's dtype, or the accumulation dtype where explicit), lse [Hkv, R] (float32, float64 for float64).
+    qg: [Hkv, R, D], keys/values: [Hkv, S, D], bias: [R, S] (additive_mask; None: every key visible, a decoding
+    token's, which a forced cascade passes) -> out [Hkv, R, D] (q's dtype, or the accumulation dtype where
+    explicit), lse [Hkv, R] (float32, float64 for float64).
     CPU: the flash kernel with attn_mask. CUDA, float16/bfloat16: the memory-efficient kernel with the
     bias broadcast over the KV heads (compute_log_sumexp; one launch where explicit products, the mask,
     the log-sum-exp and the softmax took about fifteen). Elsewhere: explicit products."""
@@ -192,17 +193,18 @@ def masked_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         return out[0], lse[0]
     if cuda_flash_fits(qg.device, qg.dtype, d):
         out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-            qg[None], keys[None], values[None], bias.expand(1, hkv, rows, bias.shape[-1]), True, 0.0, False,
-            scale=scale)[:2]
+            qg[None], keys[None], values[None], None if bias is None else bias.expand(1, hkv, rows, bias.shape[-1]),
+            True, 0.0, False, scale=scale)[:2]
         return out[0], lse[0, :, :rows]  # the kernel pads its lse rows to a multiple of 32
-    return explicit_with_lse(qg, keys, values, scale, bias == 0)
+    return explicit_with_lse(qg, keys, values, scale, None if bias is None else bias == 0)
 
 
-def cascade(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, bias: torch.Tensor,
+def cascade(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, bias: torch.Tensor | None,
             scale: float) -> torch.Tensor:
     """Masked attention split at `start`: slots [0, start) are visible to every row (flash with
     log-sum-exp), slots [start, S) under the additive mask `bias` [R, S - start] (additive_mask;
-    masked_with_lse); merged. qg: [Hkv, R, D], keys/values: [Hkv, S, D] -> [Hkv, R, D] in q's dtype."""
+    masked_with_lse; None: every slot visible); merged. qg: [Hkv, R, D], keys/values: [Hkv, S, D] -> [Hkv, R, D]
+    in q's dtype."""
     out_t, lse_t = masked_with_lse(qg, keys[:, start:], values[:, start:], bias, scale)
     if start == 0:
         return out_t.to(qg.dtype)
