@@ -166,20 +166,24 @@ class Engine:
                                   lambda: shipped_heads(self.fingerprint))
             found, path = None, choice.path
             if choice.kind == "checkpoint":
+                assert self._checkpoint_heads is not None  # (choose_heads asked: in_checkpoint said there are some)
                 found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)
                 found = found.to(device=embed.device, dtype=embed.dtype)
                 origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
                 released = Path(self.source) if Path(self.source).is_dir() else None
             elif choice.kind == "shipped":
+                assert path is not None  # (a "shipped", "released" or "file" choice comes with its path)
                 found, file = load_heads(path, self.cfg, embed, self.fingerprint), path
                 origin = f"shipped with longswift for this model: {path}"
             elif choice.kind == "random":
                 found = new_heads(self.cfg, self.model.state, fingerprint=self.fingerprint).randomize(seed=0)
                 origin = "random (seeded, for testing)"
             elif choice.kind == "released":
+                assert path is not None
                 found, released = load_released_heads(path, self.cfg, embed, self.fingerprint), path
                 origin = f"from the released checkpoint {path} ({HEAD_PREFIX}*, TokenSwift layout)"
             elif choice.kind == "file":
+                assert path is not None
                 found, file = load_heads(path, self.cfg, embed, self.fingerprint), path
                 origin = f"from the heads file {path}"
         if found is not None:
@@ -196,7 +200,7 @@ class Engine:
         record = (training_record(self.heads_file) if self.heads_file is not None
                   else released_training_record(self.heads_dir) if self.heads_dir is not None else None)
         settings = record.get("settings") if isinstance(record, dict) else None
-        if self.heads is None or not isinstance(settings, dict) or "rope_scaling" not in settings:
+        if self.heads is None or record is None or not isinstance(settings, dict) or "rope_scaling" not in settings:
             return None
         if "rope" in record:  # the rope the base ran with, its own scaling included (a config with yarn)
             trained, now = record["rope"], self.cfg.rope_setting
@@ -204,7 +208,7 @@ class Engine:
             trained, now = settings["rope_scaling"], self.runtime.rope_scaling
         if same_rope_scaling(trained, now):
             return None
-        said = {None: "no rope scaling"}
+        said: dict[str | None, str] = {None: "no rope scaling"}
         return (f"these heads were trained with {said.get(trained, f'rope scaling {trained}')} and this run has "
                 f"{said.get(now, f'rope scaling {now}')}: the tokens are the model's either way, but fewer drafts "
                 "may be accepted; run with the heads' rope scaling, or train heads under this one")
@@ -428,7 +432,7 @@ class Engine:
         except LongswiftError:
             raise LongswiftError(f"the checkpoint's settings are damaged (dtype {made!r})") from None
         if made_dtype != this:
-            said = f"auto ({dtype_name(made_dtype)} here)" if made == "auto" else made
+            said = f"auto ({dtype_name(made_dtype)} here)" if made == "auto" and made_dtype is not None else made
             raise LongswiftError(f"the checkpoint was made with dtype {said} and this engine has {dtype_name(this)}: "
                                  "load the model with the checkpoint's dtype")
         for key, default in (("rope_scaling", None), ("float32_logits", False)):
@@ -517,9 +521,10 @@ class Engine:
                                  "heads (heads=..., --heads)")
         relay = PrefillRelay()
         device = self.model.device
-        loop = dict(cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
-                    read_every=self.runtime.token_block(device),
-                    graph_attention=resolve_attention(self.runtime.graph_attention, device), on_prefill=relay)
+        loop: dict[str, Any] = dict(cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
+                                    read_every=self.runtime.token_block(device),
+                                    graph_attention=resolve_attention(self.runtime.graph_attention, device),
+                                    on_prefill=relay)
         # The run is checked and its caches made here, as the steps will use them (inference tensors): a run
         # that cannot be is refused by stream() itself, not at its first token, which would break the stream.
         with torch.inference_mode():
@@ -527,6 +532,7 @@ class Engine:
                 steps = ar_steps(self.model, r.prompt_ids, r.sampling, r.generation, stats, self.eos_ids, r.generator,
                                  generated, **loop)
             else:
+                assert self.heads is not None  # (refused above: a TokenSwift run without heads)
                 steps = tokenswift_steps(self.model, self.heads, r.prompt_ids, r.sampling, r.generation, r.spec, stats,
                                          self.eos_ids, r.generator, generated, **loop)
         return GenerationStream(self, r, _inference(steps), stats, generated, stop, relay)
@@ -554,8 +560,8 @@ def with_fields(given: dict[str, Any], sampling: SamplingConfig | None, generati
                 spec: SpecConfig | None) -> tuple[SamplingConfig, GenerationConfig, SpecConfig]:
     """The three configs with the fields given as keywords to stream/generate (each name belongs to one
     config) replacing theirs; a keyword that is no config field is refused."""
-    configs = {"sampling": sampling or SamplingConfig(), "generation": generation or GenerationConfig(),
-               "spec": spec or SpecConfig()}
+    configs: dict[str, Any] = {"sampling": sampling or SamplingConfig(),
+                               "generation": generation or GenerationConfig(), "spec": spec or SpecConfig()}
     names = {f.name: key for key, config in configs.items() for f in fields(config)}
     unknown = next((name for name in given if name not in names), None)
     if unknown is not None and unknown in {f.name for f in fields(RuntimeConfig)}:
