@@ -37,6 +37,7 @@ def lookup_budget(spec: SpecConfig) -> int:
     """Most nodes a lookup step's trie can have (root included): where the suffix index copies,
     --lookup-nodes, at most --max-nodes; else a full step's (its n-gram paths of the root fit there).
     `spec` must be resolved for the device."""
+    assert spec.ngram_topk is not None, "spec not resolved for the device (for_device)"
     if spec.ngram_topk > 0 and spec.suffix_lookup:
         return min(spec.lookup_nodes, spec.max_nodes) if spec.max_nodes else spec.lookup_nodes
     return step_budget(spec)
@@ -47,6 +48,7 @@ def unpruned_budget(spec: SpecConfig) -> int:
     follows a depth-1 token (the root where no heads draft) with the NGRAM_N - 1 tokens of one of its
     n-grams, which can all be new nodes."""
     levels = draft_levels(spec)
+    assert spec.ngram_topk is not None, "spec not resolved for the device (for_device)"
     nodes, width = 1, 1
     for k in levels:
         width *= k
@@ -75,6 +77,7 @@ def held_logit_rows(spec: SpecConfig, nodes: int | None = None) -> int:
         return 0
     budget = tree_budget(spec) if nodes is None else nodes
     deepest = 1 + max(len(draft_levels(spec)), NGRAM_N)  # a full step's spine: its heads' depths or an n-gram path
+    assert spec.ngram_topk is not None, "spec not resolved for the device (for_device)"
     copies = spec.ngram_topk > 0 and spec.suffix_lookup
     return min(budget, max(BATCHED_LOGITS_NODES, deepest, lookup_budget(spec) if copies else 0))
 

@@ -60,7 +60,7 @@ class DraftHeads(nn.Module):
             raise LongswiftError("draft heads need gamma >= 1")
         self.gamma, self.eps = gamma, eps
         # Made where and in the precision they run (an 8B model's are 200 MB in float32: not made on the host first).
-        like = {"device": device, "dtype": dtype}
+        like: dict[str, Any] = {"device": device, "dtype": dtype}
         self.in_norms = nn.Parameter(torch.ones(gamma, hidden_size, **like))  # RMSNorm_i
         self.weights = nn.Parameter(torch.zeros(gamma, hidden_size, hidden_size, **like))  # W_i, zero: h_i = h_0
         out = (final_norm.detach().to(**like).expand(gamma, -1).clone() if final_norm is not None
@@ -202,8 +202,8 @@ def training_summary(meta: dict) -> str:
     training = meta.get("training")
     if not isinstance(training, dict):
         return ""
-    config = training.get("config") if isinstance(training.get("config"), dict) else {}
-    final = training.get("final") if isinstance(training.get("final"), dict) else {}
+    config = c if isinstance(c := training.get("config"), dict) else {}
+    final = f if isinstance(f := training.get("final"), dict) else {}
     steps = final.get("step", config.get("steps"))
     made = " ".join(p for p in (f"trained {steps} steps" if isinstance(steps, int) else "",
                                 f"on {training['windows']} windows" if isinstance(training.get("windows"), int) else "")

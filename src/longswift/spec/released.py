@@ -230,6 +230,7 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
 
     @functools.cache
     def checkpoint_heads() -> list[str]:
+        assert path is not None  # (choose_heads asks only for heads "auto")
         meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items() if k.startswith(HEAD_PREFIX)}
         return list(take_head_tensors(cfg, meta, str(path)) or ())
 
@@ -242,9 +243,11 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
     if choice.kind == "none":
         return "none: AR (the checkpoint has no heads and none are shipped for this model)", False
     if choice.kind == "checkpoint":
+        assert path is not None  # (only heads "auto" finds them in the checkpoint)
         n = len(checkpoint_heads()) // len(_PARTS)
         where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
         return f"{n} heads inside the model checkpoint {where}{_trained(path)}", True
+    assert choice.path is not None  # ("shipped", "released" and "file" come with their path)
     if choice.kind == "shipped":
         what = describe_heads_file(choice.path, cfg, model_embed)
         return f"heads shipped with longswift for this model: {choice.path} ({what})", True

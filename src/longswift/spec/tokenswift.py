@@ -71,7 +71,7 @@ class Verified:
         return self.cached[i]
 
 
-def spec_for_heads(spec: SpecConfig, device: torch.device, gamma: int) -> tuple[SpecConfig, list[int]]:
+def spec_for_heads(spec: SpecConfig, device: torch.device, gamma: int) -> tuple[SpecConfig, tuple[int, ...]]:
     """`spec` as it runs on `device` with heads of `gamma` heads, and its draft pass's candidates per depth; refused
     where its tree is deeper than the heads draft, or a fused draft mode is left no depth to draft."""
     spec = spec.for_device(device, gamma + 1)
@@ -93,6 +93,7 @@ class TokenSwiftState:
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
                  read_every: int = 1, graph_attention: str = "bucketed") -> None:
         spec, levels = spec_for_heads(spec, model.device, heads.gamma)
+        assert spec.max_nodes is not None and spec.ngram_topk is not None  # (for_device resolved them)
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
         self.stats, self.generator = stats, generator
         self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
@@ -223,6 +224,7 @@ def draft(s: TokenSwiftState) -> Draft:
     """Depth logits from the draft heads, transformed like the target, top-k per depth."""
     model, root = s.model, int(s.history[s.n - 1])
     if s.spec.draft_mode == "fused":  # the heads on the state that predicted the root: no forward
+        assert s.prev_hidden is not None  # (the prefill, then each step, set it)
         depth_logits = draft_logits(model, s.heads, len(s.levels), s.prev_hidden[None], base=False)
     else:
         cache: FullKVCache = s.full
@@ -247,6 +249,7 @@ def draft(s: TokenSwiftState) -> Draft:
             depth_logits = draft_logits(model, s.heads, len(s.levels), h[None])
         cache.truncate(start)
         if queries is not None:
+            assert s.partial is not None  # (queries are taken only to select the partial cache's entries)
             s.partial.select(s.full, queries)
             s.partial_from = s.full.length
     window = s.window()
@@ -269,6 +272,7 @@ def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False, half: bool = 
     cut to the node budget (--max-nodes) by its nodes' scores, or to half of it (`half`: a HALF step);
     `narrow`: the first candidate of each depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
     levels = [level[:1] for level in d.levels] if narrow else d.levels
+    assert s.spec.ngram_topk is not None and s.spec.max_nodes is not None  # (for_device resolved them)
     topk = min(s.spec.ngram_topk, NARROW_NGRAM_TOPK) if narrow else s.spec.ngram_topk
     budget = s.half if half else s.spec.max_nodes
     trie = Trie.with_root(int(s.history[s.n - 1]))
@@ -292,6 +296,7 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
         copy = until_banned(s.suffixes.propose(s.tokens, s.n, s.lookup_budget - 1), s.banned)
         trie.add_path(copy, NGRAM, [0.0] * len(copy))
     if s.ngrams is not None:
+        assert s.spec.ngram_topk is not None  # (for_device resolved it)
         add_ngram_paths(s, trie, root, s.spec.ngram_topk, room=None if s.pruning else s.lookup_budget)
     return trie.pruned(s.lookup_budget) if s.pruning else trie
 
@@ -302,6 +307,7 @@ def add_ngram_paths(s: TokenSwiftState, trie: Trie, token: int, topk: int, lead:
     own: none; a depth-1 token's: that token, whose score from the heads is `base`). Where pruning,
     each node of a continuation scores `base` plus the log share of its prefix among `token`'s n-grams.
     `room` (not pruning): the most nodes the trie may reach; a path that would pass it is left out."""
+    assert s.ngrams is not None  # (called only with n-gram reuse on)
     table = s.ngrams.table
     conts = table.top(token, topk)
     if not s.pruning:
@@ -311,8 +317,8 @@ def add_ngram_paths(s: TokenSwiftState, trie: Trie, token: int, topk: int, lead:
                 trie.add_path(path, NGRAM)
         return
     for (cont, _count), scores in zip(conts, path_scores(conts, table.total_of(token), base)):
-        cont = until_banned(cont, s.banned)
-        trie.add_path((*lead, *cont), NGRAM, [base] * len(lead) + scores[:len(cont)])
+        kept = until_banned(cont, s.banned)
+        trie.add_path((*lead, *kept), NGRAM, [base] * len(lead) + scores[:len(kept)])
 
 
 def until_banned(path: Sequence[int], banned: frozenset[int]) -> Sequence[int]:
@@ -351,6 +357,7 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
 
 def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
     if s.batched:
+        assert v.logits is not None  # (verify computes every row's logits for the batched walk)
         return batched_walk(trie, v.logits, s.history_dev, s.n, s.sampling, s.generator, s.stop_ids,
                             max_tokens=s.gen.max_new_tokens - s.produced)
     return lossless_walk(trie, v.row_logits, s.history, s.n, s.sampling, s.generator, s.stop_ids,
