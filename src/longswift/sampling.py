@@ -197,6 +197,7 @@ def draw_rows(transformed: torch.Tensor, cfg: SamplingConfig, u: torch.Tensor | 
     read: argmax if greedy, else inverse-CDF sampling of row i with the float64 uniform u[i]."""
     if cfg.greedy:
         return torch.argmax(transformed, dim=-1)
+    assert u is not None  # (a uniform per row unless greedy)
     cdf = torch.cumsum(torch.softmax(transformed.double(), dim=-1), dim=-1)  # [N, V]
     # First index whose cdf exceeds u * total: zero-probability tokens can never be chosen.
     target = u.to(cdf.device, non_blocking=True)[:, None] * cdf[:, -1:]  # [N, 1]

@@ -263,7 +263,7 @@ class Transformer:
         t = int(tokens.shape[0])
         start = cache.reserve(t) if cache is not None else 0
         s = start + t
-        max_position = 0
+        max_position: int | None = 0
         if cfg.rope_type == "dynamic":
             max_position = None if decoded or tree_mask is not None else (
                 prompt_last if prompt_last is not None else int(positions.max()))
@@ -313,6 +313,7 @@ class Transformer:
                 qk = qkv[:, : (h + hkv) * d].view(t, h + hkv, d)  # [T, H + Hkv, D]
                 v = qkv[:, (h + hkv) * d :].view(t, hkv, d)  # [T, Hkv, D]
                 if w.q_norm is not None:
+                    assert w.k_norm is not None  # (check_state_dict: a qk_norm model has both, others neither)
                     qk = torch.cat([self.norm(qk[:, :h], w.q_norm), self.norm(qk[:, h:], w.k_norm)], dim=1)
                 qk = apply_rope(qk, cos, sin, self.fused_rope)  # queries and keys rotated together
                 q, k = qk[:, :h], qk[:, h:]  # [T, H, D], [T, Hkv, D]
@@ -353,4 +354,5 @@ class Transformer:
                                           prompt_last=prompt_last)
             if progress is not None:
                 progress(hi, n)
+        assert logits is not None and hidden is not None  # (a prompt of at least one token: one chunk or more)
         return logits[0], hidden[-1]

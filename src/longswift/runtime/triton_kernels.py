@@ -268,7 +268,7 @@ def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, used: 
     hkv, rows, d = qg.shape
     new = 0 if tree is None else tree.shape[0]
     if (keys.shape[0] != hkv or keys.shape[2] != d or values.shape != keys.shape or rows == 0
-            or (new and (rows % new or tree.shape != (new, new)))):
+            or (new and tree is not None and (rows % new or tree.shape != (new, new)))):
         raise ValueError(f"attention: queries {tuple(qg.shape)} do not fit keys {tuple(keys.shape)}"
                          + (f" and a tree of {tuple(tree.shape)}" if tree is not None else ""))
     if keys.dtype != qg.dtype or values.dtype != qg.dtype:

@@ -6,7 +6,7 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -105,7 +105,7 @@ def _number(reader: GGUFHeader, key: str, default: Any, path: Path, whole: bool 
     if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
         raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}: expected a "
                              f"{'whole number' if whole else 'number'}; the file is damaged or hand-edited")
-    return int(value) if whole else float(value)
+    return int(cast(numbers.Integral, value)) if whole else float(value)  # (mypy reads the isinstance as Real)
 
 
 def check_token_ids(reader: GGUFHeader, path: Path) -> None:
@@ -120,7 +120,7 @@ def check_token_ids(reader: GGUFHeader, path: Path) -> None:
     count = len(tokens)
     for key in sorted(k for k in reader.fields if k.startswith("tokenizer.ggml.") and k.endswith("_token_id")):
         value = _field(reader, key)
-        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= value < count:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= int(value) < count:
             raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}, outside its vocabulary of {count} tokens: "
                                  "the file is damaged or hand-edited")
 
@@ -141,7 +141,7 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
             f"unsupported GGUF architecture '{arch}' in '{path}': longswift reads {', '.join(_ARCHITECTURES)} GGUFs"
         )
     parts = _field(reader, "split.count") if "split.count" in reader.fields else None
-    if isinstance(parts, numbers.Integral) and not isinstance(parts, bool) and parts > 1:  # llama.cpp's gguf-split
+    if isinstance(parts, numbers.Integral) and not isinstance(parts, bool) and int(parts) > 1:  # llama.cpp's gguf-split
         number = _field(reader, "split.no") if "split.no" in reader.fields else None
         which = f"part {int(number) + 1} of {parts}" if isinstance(number, numbers.Integral) else f"one of {parts} parts"
         raise LongswiftError(f"GGUF file '{path}' is {which} of a split model: merge them into one file with "

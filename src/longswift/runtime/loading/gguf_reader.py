@@ -17,7 +17,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -95,11 +95,11 @@ class GGUFHeader:
 
         self.path = Path(path)
         self.data = np.memmap(path, mode="r").view(np.ndarray)
-        self._raw = memoryview(self.data)
+        self._raw = memoryview(self.data)  # type: ignore[arg-type]  # (numpy: ndarray.__buffer__ typed from 3.12 on)
         if bytes(self._raw[:4]) != MAGIC:
             raise ValueError("GGUF magic invalid")
         version = struct.unpack_from("<I", self._raw, 4)[0]
-        self.order = "<" if version & 0xFFFF else ">"  # a big-endian file's version reads as n << 16
+        self.order: Literal["<", ">"] = "<" if version & 0xFFFF else ">"  # a big-endian file's version reads as n << 16
         version = struct.unpack_from(self.order + "I", self._raw, 4)[0]
         if version not in SUPPORTED_VERSIONS:
             raise ValueError(f"file appears to be GGUF version {version}, which this reader cannot handle")
