@@ -370,8 +370,8 @@ class SamplingConfig:
         for ok, message in checks:
             if not ok:
                 raise LongswiftError(message)
-        if seed_problem(self.seed) is not None:
-            raise LongswiftError(seed_problem(self.seed))
+        if (problem := seed_problem(self.seed)) is not None:
+            raise LongswiftError(problem)
 
     @property
     def greedy(self) -> bool:

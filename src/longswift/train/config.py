@@ -50,7 +50,7 @@ class TrainConfig:
             raise LongswiftError(f"--weight-decay {self.weight_decay:g} at --lr {self.lr:g} scales the heads by "
                                  f"{1 - self.lr * self.weight_decay:.3g} a step (AdamW's 1 - lr x decay): keep lr x "
                                  "decay below 1 (AdamW's usual decay is 0.01-0.1)")
-        if seed_problem(self.seed) is not None:
-            raise LongswiftError(seed_problem(self.seed))
+        if (problem := seed_problem(self.seed)) is not None:
+            raise LongswiftError(problem)
         if self.seq_len < self.gamma + 2:
             raise LongswiftError(f"--seq-len must be at least gamma + 2 = {self.gamma + 2}, got {self.seq_len}")

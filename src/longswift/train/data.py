@@ -50,7 +50,7 @@ def _one_document(content: str) -> bool:
 
 
 def _jsonl_texts(path: Path, content: str) -> list[str]:
-    texts = []
+    texts: list[str] = []
     # Lines end at "\n" only: splitlines() also cut at U+2028, U+2029 and U+0085, which JSON writers leave
     # unescaped inside strings (json.dumps with ensure_ascii=False), and refused such files as "not JSON".
     for n, line in enumerate(content.split("\n"), 1):

@@ -142,6 +142,7 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     if sampling.seed is None:
         sampling = replace(sampling, seed=0)
     sampling = engine.ban_eos(sampling)  # as long generation with --ignore-eos: no EOS inside the text
+    assert sampling.seed is not None  # (0 where none was given: the batches' seeds count from it)
     cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if prompts is None:
         if engine.tokenizer is None:

@@ -180,6 +180,7 @@ class HeadTrainer:
 
     def run_step(self) -> StepMetrics:
         cfg, t0 = self.cfg, time.perf_counter()
+        assert cfg.bf16_lm_head is not None  # (__init__ resolved it)
         lr = learning_rate(cfg, self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -229,6 +230,7 @@ class HeadTrainer:
             raise OSError(f"cannot write the checkpoint '{path}': {str(exc).splitlines()[0]}") from exc
 
     def load_checkpoint(self, path: Path) -> None:
+        assert self.heads.base_fingerprint is not None  # (new_heads records the model's)
         ck = check_resumable(path, self.cfg, self.heads.base_fingerprint, self.data_hash,
                              settings=self.settings, probe=(self.probe, self.engine.model.dtype))
         try:
@@ -434,14 +436,14 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} {said}", f"--batch-size {cfg.batch_size} {said}")
     per_step = cfg.batch_size * cfg.grad_accum
     if per_step > n:  # (--batch-size 300 --grad-accum 20 on 308 windows: each read ~19 times a step, 7 s a step)
-        def said(accum: str) -> str:
+        def too_many(accum: str) -> str:
             return (f"= {per_step} windows a step exceeds the {n} windows of the training data: a step would read "
                     f"each window {per_step / n:.1f} times on average; give {accum} at most {n // cfg.batch_size}, "
                     "or more data")
 
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} x grad_accum={cfg.grad_accum} "
-                          + said("a grad_accum of"),
-                          f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} " + said("--grad-accum"))
+                          + too_many("a grad_accum of"),
+                          f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} " + too_many("--grad-accum"))
     if claimed:
         return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
     with claimed_out_dir(out_dir, resume) as out:
@@ -504,6 +506,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     meta = {"training": {"config": asdict(trainer.cfg), "settings": trainer.settings, "rope": engine.cfg.rope_setting,
                          "windows": trainer.windows_read,
                          "final": trainer.log[-1] if trainer.log else None} | (extra_meta or {})}
+    assert trainer.heads.base_fingerprint is not None  # (new_heads records the model's)
     save_heads(trainer.heads, engine.cfg, trainer.heads.base_fingerprint, out / HEADS_FILE, meta)
     write_atomic(out / LOG_FILE, json.dumps(trainer.log, indent=1))
     return trainer
