@@ -76,8 +76,8 @@ class BenchConfig:
     lockstep: bool = False  # our methods' runs of a cell and run index run together, a step at a time (bench.lockstep)
 
     def __post_init__(self) -> None:
-        if seed_problem(self.seed) is not None:
-            raise LongswiftError(seed_problem(self.seed))
+        if (problem := seed_problem(self.seed)) is not None:
+            raise LongswiftError(problem)
         if self.methods is not None:
             unknown = [m for m in self.methods if m not in KNOWN_METHODS]
             if not self.methods:
@@ -187,6 +187,7 @@ class Methods:
 
     def variant(self, method: str) -> str:
         if method.startswith("tokenswift"):
+            assert self.cfg.spec is not None  # (run_grid resolves it for the device)
             return spec_label(self.cfg.spec, method, SpecConfig().for_device(self.engine.model.device).walk)
         if method.endswith("-pld"):
             return f"{self.cfg.pld_tokens} lookup tokens"
@@ -225,7 +226,7 @@ class Methods:
         GenerationStats)."""
         streams = {m: self._stream(m, prompt, n, sampling) for m in ours}
         timelines = {m: Timeline(n, start=0.0, progress=progress[m]) for m in ours}
-        alpha: dict[str, Callable[[], float | None]] = {
+        alpha: dict[str, Callable[..., float | None]] = {  # (called bare; `...`: mypy infers no lambda with defaults)
             m: (lambda: None) if m == "ar" else (lambda s=streams[m].stats: s.alpha) for m in ours}
         run_lockstep({m: iter(s) for m, s in streams.items()}, timelines, self.engine.model.device, alpha)
         for m, s in streams.items():  # each clock started with its first step, which prefilled first
@@ -233,6 +234,7 @@ class Methods:
         return {m: (list(s.token_ids), timelines[m], s.stats) for m, s in streams.items()}
 
     def _stream(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig) -> GenerationStream:
+        assert self.cfg.spec is not None  # (run_grid resolves it for the device)
         return self.engine.stream(prompt, sampling=sampling, generation=GenerationConfig(max_new_tokens=n, ignore_eos=True),
                                   method="ar" if method == "ar" else "tokenswift", spec=method_spec(method, self.cfg.spec))
 
@@ -374,7 +376,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                                   and Path(p).expanduser().absolute().parent == Path(out_dir).expanduser().absolute()):
             check_writable(p)
     check_distinct([("--out", out), ("--json", json_path), ("--prompt-file", cfg.prompt_file),
-                    *((f"--out-dir's {name}", out_dir / name) for name in (OUTPUT_FILES if out_dir else ())),
+                    *(((f"--out-dir's {name}", out_dir / name) for name in OUTPUT_FILES) if out_dir else ()),
                     *(("--model", f) for f in model_files(model)),  # (an --out-dir that is the model's: its config.json)
                     ("--heads", named_heads_file(heads))])
     if json_path is not None:  # nor over a file that is not JSON (a heads file named by mistake)
@@ -388,6 +390,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
     if cfg.lengths is None:
         cfg = dataclasses.replace(cfg, lengths=default_lengths(engine, max(len(p.ids) for _, p in pairs), log))
+    assert cfg.lengths is not None
     cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
              for length in sorted(cfg.lengths)]
     longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)

@@ -103,7 +103,7 @@ def project(costs: StepCosts, prefix: int, new_tokens: int, alpha: float, depth:
     step = [d + v + tau * r for d, v, r in zip(costs.draft, costs.verify, costs.walk_row)]
     ts = integrate(xs, step, a, b) / tau
     lo = max(a, draft_budget if draft_budget is not None else b)
-    if lo < b:
+    if draft_budget is not None and lo < b:  # (lo < b only where there is a budget)
         past = [i for i, c in enumerate(xs) if c >= draft_budget]
         if any(costs.reselect[i] is None for i in past):
             raise ValueError("reselect costs are missing at contexts past the draft budget")

@@ -27,7 +27,7 @@ class Prompt:
 
 def read_instructions(path: Path) -> list[tuple[str, str]]:
     """(id, text) pairs of a JSONL prompt set; a clear error names the first bad line."""
-    pairs = []
+    pairs: list[tuple[str, str]] = []
     # Lines end at "\n" alone (a "\r" before it is stripped): str.splitlines also splits at U+2028, U+2029 and
     # U+0085, which JSON writers leave unescaped inside strings, and refused such a record as no JSON object
     for number, line in enumerate(read_prompt_file(path).split("\n"), 1):
@@ -75,7 +75,7 @@ def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: t
     if chat:
         return [(None, Prompt(prompt_file.stem, tuple(engine.encode(text, chat=True)), True))]
     lead, body = _special_lead(engine, text)
-    out = []
+    out: list[tuple[int | None, Prompt]] = []
     for p in prefixes:
         repeated = list(lead) + list(body)
         while len(repeated) < p:

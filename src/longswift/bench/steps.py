@@ -53,8 +53,8 @@ class StepBenchConfig:
     seed: int = SEED
 
     def __post_init__(self) -> None:
-        if seed_problem(self.seed) is not None:
-            raise LongswiftError(seed_problem(self.seed))
+        if (problem := seed_problem(self.seed)) is not None:
+            raise LongswiftError(problem)
         check_shape(self.shape, self.layers)
         if self.contexts is not None and (not self.contexts or min(self.contexts) <= 0):
             raise LongswiftError(f"--contexts must be positive token counts, got {list(self.contexts)}")
@@ -312,7 +312,7 @@ class StepRig:
         b = self.bench
         self.at(context)
 
-        def timed(fn: Callable[[], object]) -> float:
+        def timed(fn: Callable[..., object]) -> float:  # (called bare; `...`: mypy infers no lambda with defaults)
             return median_seconds(fn, b.reps, b.warmup, sync)
 
         ar = ar_eager = timed(self.ar_step)
@@ -367,6 +367,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     if runtime.triton_kernels and (why := triton_unavailable(device)) is not None:  # (before the weights are drawn)
         raise LongswiftError(f"triton_kernels (--triton-kernels): {why}")
     bench = bench.for_device(device)
+    assert bench.new_tokens is not None  # (for_device resolved it)
     cfg = shape_config(bench.shape, bench.layers, runtime.rope_scaling)
     packed = will_pack(runtime)
     gamma = max(3, len(bench.spec.levels) - 1)
@@ -423,6 +424,7 @@ def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float, wa
     rows = nodes if nodes <= BATCHED_LOGITS_NODES else spine
     batched = tokens_per_step >= BATCH_FROM_TOKENS and rows is not None and all(rows in c.logits_rows for c in costs)
     return StepCosts(tuple(c.context for c in costs), tuple(c.ar for c in costs), tuple(c.draft for c in costs),
-                     tuple(c.verify[nodes] + (c.logits_rows[rows] if batched else 0.0) for c in costs),
+                     tuple(c.verify[nodes] + (c.logits_rows[rows] if batched and rows is not None else 0.0)
+                           for c in costs),
                      tuple(c.walk_row_cached if batched else c.walk_row for c in costs),
                      tuple(c.reselect for c in costs))

@@ -180,12 +180,12 @@ class ResultStore(MemoryStore):
         try:
             text = self.path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
-            line = self.path.read_bytes()[:exc.start].count(b"\n") + 1
-            raise LongswiftError(f"{self.path}:{line} is not UTF-8 text: fix or remove the line, or use --fresh") from None
+            at = self.path.read_bytes()[:exc.start].count(b"\n") + 1
+            raise LongswiftError(f"{self.path}:{at} is not UTF-8 text: fix or remove the line, or use --fresh") from None
         lines = text.split("\n")  # (JSON escapes the separators splitlines() also breaks at)
         if lines and not lines[-1]:
             lines.pop()
-        good = []
+        good: list[str] = []
         for i, line in enumerate(lines):
             try:
                 record = json.loads(line)
