@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -198,7 +198,7 @@ def unfinished_run(path: str | os.PathLike) -> tuple[int, int] | None:
     return held, total
 
 
-def _is_id(v: Any) -> bool:
+def _is_id(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 

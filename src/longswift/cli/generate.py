@@ -8,10 +8,11 @@ import os
 import shlex
 import stat
 import sys
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
                       unused_spec_fields)
@@ -306,14 +307,15 @@ def _resume(args: argparse.Namespace) -> int:
     # relative to where they were written: read them from the checkpoint's folder.)
     resumed = args.resume.expanduser().absolute()
     here = resumed.parent
-    saved = {k: here / Path(v).expanduser() if v else None for k, v in ckpt.outputs.items() if k in ("output", "json")}
+    saved: dict[str, Path | None] = {k: here / Path(cast(str, v)).expanduser() if v else None  # (paths, or null)
+                                     for k, v in ckpt.outputs.items() if k in ("output", "json")}
     # A checkpoint resumed from elsewhere than it was saved (its job's directory copied or moved): the outputs that
     # lay in the job's directory follow it (the copy's resume wrote into the original job's files).
-    followed = set()
+    followed: dict[str, Path] = {}  # flag -> where its output follows the checkpoint to
     if (was := _moved_from(ckpt.outputs.get("checkpoint"), resumed)) is not None:
-        moved = _following(was, resumed, {k: p for k, p in saved.items() if ("--" + k) not in given})
-        saved |= moved
-        followed = {"--" + k for k in moved}
+        follow = _following(was, resumed, {k: p for k, p in saved.items() if ("--" + k) not in given})
+        saved |= follow
+        followed = {"--" + k: p for k, p in follow.items()}
     args.output = saved.get("output") if args.output is None else args.output
     args.json = saved.get("json") if args.json is None else args.json
     if "--checkpoint-every" not in given and ckpt.outputs.get("checkpoint_every"):  # saves as often as the first run
@@ -370,7 +372,7 @@ def _resume(args: argparse.Namespace) -> int:
     _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec, resumed=True)
     if followed and env_rank() == 0:  # (once the refusals before loading are past: a refusal is one line)
         print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
-              + ", ".join(f"{flag} follows it to '{shown(saved[flag[2:]])}'" for flag in sorted(followed)),
+              + ", ".join(f"{flag} follows it to '{shown(to)}'" for flag, to in sorted(followed.items())),
               file=sys.stderr)
     heads = args.heads or ckpt.heads_source or "none"
     # torchrun's group is joined before the stop handlers take SIGTERM and SIGINT: a rendezvous that waits for a
@@ -487,7 +489,7 @@ def _spelt_out(flag: str) -> str:
     return flag if flag in whole or len(whole) != 1 else whole[0]
 
 
-def _outputs(args: argparse.Namespace, inputs: list[tuple[str, Path | None]] = (),
+def _outputs(args: argparse.Namespace, inputs: Sequence[tuple[str, Path | None]] = (),
              checkpoint_flag: str = "--checkpoint") -> Outputs:
     """The output paths, made absolute, checked writable and distinct (from each other and from the
     input files): two outputs on one file would leave only the one written last. `checkpoint_flag`: the flag

@@ -16,7 +16,7 @@ from typing import Any
 def _signals() -> list[int]:
     """SIGINT, SIGTERM, and SIGHUP (the terminal closed, an SSH session lost) unless it is ignored: a run
     started under `nohup` goes on as nohup promises."""
-    found = [signal.SIGINT, signal.SIGTERM]
+    found: list[int] = [signal.SIGINT, signal.SIGTERM]
     hup = getattr(signal, "SIGHUP", None)
     if hup is not None and signal.getsignal(hup) is not signal.SIG_IGN:
         found.append(hup)
