@@ -248,17 +248,19 @@ class TensorParallel:
     def refuse_together(self, check: Callable[[], None]) -> None:
         """`check()` on every rank, which may refuse (LongswiftError) on some of them only (a rank's own free memory):
         every rank then raises the refusal of the first rank that refused, named (one message on every rank)."""
-        mine = None
+        mine: tuple[str, str] | None = None
         try:
             check()
         except LongswiftError as exc:
             mine = (str(exc), exc.cli_message)
         first = self.world - self.max_int(self.world - self.rank if mine is not None else 0)  # world: none refused
         if first < self.world:
-            said = [mine]  # (on this rank's device: NCCL sends from the GPU)
+            said: list[tuple[str, str] | None] = [mine]  # (on this rank's device: NCCL sends from the GPU)
             src = dist.get_global_rank(self.group, first) if self.group is not None else first
             collective(dist.broadcast_object_list, said, src=src, group=self.group, device=self.device)
-            api, cli = said[0]
+            refused = said[0]
+            assert refused is not None  # (rank `first` refused: its message)
+            api, cli = refused
             raise LongswiftError(f"on rank {first} of this run's processes: {api}", f"on rank {first} of this run's "
                                  f"processes: {cli}")
 
