@@ -33,12 +33,22 @@ def step_budget(spec: SpecConfig) -> int:
     return min(nodes, spec.max_nodes) if spec.max_nodes else nodes
 
 
+def resolved(spec: SpecConfig) -> tuple[int, int]:
+    """(--ngram-topk, --max-nodes) of a spec resolved for the device (for_device), whose defaults fill them."""
+    assert spec.ngram_topk is not None and spec.max_nodes is not None, "spec not resolved for the device (for_device)"
+    return spec.ngram_topk, spec.max_nodes
+
+
+def suffix_copies(spec: SpecConfig) -> bool:
+    """Whether lookup steps copy from the suffix index: it runs with n-gram reuse on (`spec` resolved)."""
+    return resolved(spec)[0] > 0 and spec.suffix_lookup
+
+
 def lookup_budget(spec: SpecConfig) -> int:
     """Most nodes a lookup step's trie can have (root included): where the suffix index copies,
     --lookup-nodes, at most --max-nodes; else a full step's (its n-gram paths of the root fit there).
     `spec` must be resolved for the device."""
-    assert spec.ngram_topk is not None, "spec not resolved for the device (for_device)"
-    if spec.ngram_topk > 0 and spec.suffix_lookup:
+    if suffix_copies(spec):
         return min(spec.lookup_nodes, spec.max_nodes) if spec.max_nodes else spec.lookup_nodes
     return step_budget(spec)
 
@@ -48,12 +58,11 @@ def unpruned_budget(spec: SpecConfig) -> int:
     follows a depth-1 token (the root where no heads draft) with the NGRAM_N - 1 tokens of one of its
     n-grams, which can all be new nodes."""
     levels = draft_levels(spec)
-    assert spec.ngram_topk is not None, "spec not resolved for the device (for_device)"
     nodes, width = 1, 1
     for k in levels:
         width *= k
         nodes += width
-    return nodes + spec.ngram_topk * (levels[0] if levels else 1) * (NGRAM_N - 1)
+    return nodes + resolved(spec)[0] * (levels[0] if levels else 1) * (NGRAM_N - 1)
 
 
 def walk_rows(spec: SpecConfig, nodes: int | None = None) -> int:
@@ -77,9 +86,7 @@ def held_logit_rows(spec: SpecConfig, nodes: int | None = None) -> int:
         return 0
     budget = tree_budget(spec) if nodes is None else nodes
     deepest = 1 + max(len(draft_levels(spec)), NGRAM_N)  # a full step's spine: its heads' depths or an n-gram path
-    assert spec.ngram_topk is not None, "spec not resolved for the device (for_device)"
-    copies = spec.ngram_topk > 0 and spec.suffix_lookup
-    return min(budget, max(BATCHED_LOGITS_NODES, deepest, lookup_budget(spec) if copies else 0))
+    return min(budget, max(BATCHED_LOGITS_NODES, deepest, lookup_budget(spec) if suffix_copies(spec) else 0))
 
 
 def draft_cache_tokens(spec: SpecConfig, total: int) -> int:

@@ -22,7 +22,7 @@ from ..runtime.model import Transformer
 from ..sampling import draw, penalty_window, token_history, transform
 from ..stats import GenerationStats, StepTokens, finished
 from .budget import (BATCHED_LOGITS_NODES, draft_cache_tokens, draft_levels, held_logit_rows, lookup_budget,
-                     tree_budget, unpruned_budget, walk_rows)
+                     resolved, suffix_copies, tree_budget, unpruned_budget, walk_rows)
 from .heads import DraftHeads
 from .ngram import NGRAM_N, NGramTracker, path_scores
 from .schedule import FULL, HALF, LOOKUP, NARROW, PLAIN, StepSchedule, step_kinds
@@ -93,7 +93,7 @@ class TokenSwiftState:
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
                  read_every: int = 1, graph_attention: str = "bucketed") -> None:
         spec, levels = spec_for_heads(spec, model.device, heads.gamma)
-        assert spec.max_nodes is not None and spec.ngram_topk is not None  # (for_device resolved them)
+        ngram_topk, max_nodes = resolved(spec)
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
         self.stats, self.generator = stats, generator
         self.pick = draw if model.tp is None else model.tp.draw  # tensor parallel: rank 0 draws for all
@@ -105,11 +105,11 @@ class TokenSwiftState:
         # the text (n-gram paths, the suffix index's) end before one, which the walk would reject.
         self.banned = frozenset(sampling.banned_ids)
         # Whether a trie can outgrow the node budget: then its nodes are scored and the likeliest kept.
-        self.pruning = 0 < spec.max_nodes < unpruned_budget(spec)
-        wide = any(k > 1 for k in levels) or spec.ngram_topk > NARROW_NGRAM_TOPK  # then NARROW steps exist
-        kinds = step_kinds(wide, spec.max_nodes if self.pruning else 0)  # (and, on a large budget, HALF steps)
+        self.pruning = 0 < max_nodes < unpruned_budget(spec)
+        wide = any(k > 1 for k in levels) or ngram_topk > NARROW_NGRAM_TOPK  # then NARROW steps exist
+        kinds = step_kinds(wide, max_nodes if self.pruning else 0)  # (and, on a large budget, HALF steps)
         self.schedule = StepSchedule(kinds, spec.adaptive)  # which kind of step runs next
-        self.half = spec.max_nodes // 2 if HALF in kinds else 0  # a HALF step's node budget
+        self.half = max_nodes // 2 if HALF in kinds else 0  # a HALF step's node budget
         self.stop_ids = frozenset() if gen.ignore_eos else eos_ids
         nodes = tree_budget(spec)
         total = len(prompt) + gen.max_new_tokens
@@ -137,9 +137,9 @@ class TokenSwiftState:
         self.history, self.history_dev = token_history(self.tokens, total, model.device)
         self.produced = len(generated)
         exclude = sampling.penalized_window
-        self.ngrams = NGramTracker(NGRAM_N, exclude) if spec.ngram_topk > 0 else None
+        self.ngrams = NGramTracker(NGRAM_N, exclude) if ngram_topk > 0 else None
         # Lookup steps' copy of what followed the text's last tokens before (with n-gram reuse on)
-        self.suffixes = SuffixIndex(exclude) if spec.ngram_topk > 0 and spec.suffix_lookup else None
+        self.suffixes = SuffixIndex(exclude) if suffix_copies(spec) else None
         self.lookup_budget = lookup_budget(spec)  # the most nodes a lookup step's trie may have
         self.catch_up_tables()
         self.prev_hidden: torch.Tensor | None = None  # fused mode: hidden state that predicted the root
@@ -272,9 +272,9 @@ def build_tree(s: TokenSwiftState, d: Draft, narrow: bool = False, half: bool = 
     cut to the node budget (--max-nodes) by its nodes' scores, or to half of it (`half`: a HALF step);
     `narrow`: the first candidate of each depth and NARROW_NGRAM_TOPK n-gram paths (a NARROW step)."""
     levels = [level[:1] for level in d.levels] if narrow else d.levels
-    assert s.spec.ngram_topk is not None and s.spec.max_nodes is not None  # (for_device resolved them)
-    topk = min(s.spec.ngram_topk, NARROW_NGRAM_TOPK) if narrow else s.spec.ngram_topk
-    budget = s.half if half else s.spec.max_nodes
+    ngram_topk, max_nodes = resolved(s.spec)
+    topk = min(ngram_topk, NARROW_NGRAM_TOPK) if narrow else ngram_topk
+    budget = s.half if half else max_nodes
     trie = Trie.with_root(int(s.history[s.n - 1]))
     trie.add_levels(levels, d.logprobs, keep=budget - 1 if s.pruning else None)
     if s.ngrams is not None and levels:
@@ -296,8 +296,7 @@ def lookup_tree(s: TokenSwiftState) -> Trie:
         copy = until_banned(s.suffixes.propose(s.tokens, s.n, s.lookup_budget - 1), s.banned)
         trie.add_path(copy, NGRAM, [0.0] * len(copy))
     if s.ngrams is not None:
-        assert s.spec.ngram_topk is not None  # (for_device resolved it)
-        add_ngram_paths(s, trie, root, s.spec.ngram_topk, room=None if s.pruning else s.lookup_budget)
+        add_ngram_paths(s, trie, root, resolved(s.spec)[0], room=None if s.pruning else s.lookup_budget)
     return trie.pruned(s.lookup_budget) if s.pruning else trie
 
 
