@@ -68,14 +68,12 @@ def sample_block(model: Transformer, cache: FullKVCache, graphs: StepGraphs | No
         start = rng.get_state() if k > 1 else None
         u = uniforms(generator, k).to(model.device, non_blocking=True)  # [k]
     hidden = None
-    in_body = graphs is not None and pick is None and graphs.sample_in_body
-    if in_body:
-        assert graphs is not None  # (in_body: graphs that draw in their body)
-        graphs.bind_sampling(history, sampling)
+    body = graphs if graphs is not None and pick is None and graphs.sample_in_body else None  # graphs that draw
+    if body is not None:
+        body.bind_sampling(history, sampling)
     for j in range(k):
-        if in_body and (j + 1 < k or forward_last):  # the draw, its history write and the forward: one body
-            assert graphs is not None
-            logits, hidden = graphs.sample_decode(logits, None if u is None else u[j : j + 1], length + j)
+        if body is not None and (j + 1 < k or forward_last):  # the draw, its history write and the forward: one body
+            logits, hidden = body.sample_decode(logits, None if u is None else u[j : j + 1], length + j)
             continue
         window = penalty_window(history, length + j, sampling.penalty_window)
         x = transform(logits[None], window[None], sampling)  # [1, V]
