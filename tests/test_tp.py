@@ -358,7 +358,7 @@ def test_a_run_one_rank_has_no_memory_for_is_refused_on_every_rank(tmp_path):
     for p in ctx.processes:
         p.join(timeout=240)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
-    assert ranks[0]["refused"] == ranks[1]["refused"], ranks  # one message, which rank 0 alone prints
+    assert ranks[0]["refused"] == ranks[1]["refused"], ranks  # one message, the same on every rank
     assert re.fullmatch(r"LongswiftError: on rank 1 of this run's processes: not enough memory: this run needs .* but "
                         r"1\.0 KiB is free; lower max_new_tokens or the prompt length, or use a smaller dtype.*",
                         ranks[0]["refused"]), ranks[0]
