@@ -187,6 +187,45 @@ def test_a_torchrun_launch_without_its_rendezvous_is_one_line(capsys, monkeypatc
                                      "MASTER_PORT are not set: launch with torchrun")
 
 
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_an_error_every_rank_meets_is_said_once_per_machine(capsys, monkeypatch, local_rank):
+    """Under torchrun every process printed the same error of their common command line (or of a refusal the ranks
+    agreed on): N lines saying one thing. The first process of each machine says it; each exits with status 2."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", str(2 + local_rank))  # the second machine's processes
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    for argv, message in ((["generate", "--prompt", "hi", "--max-new-tokens", "x"], "argument --max-new-tokens"),
+                          (["generate", "--prompt", "hi", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+                          (["generate", "--prompt", "hi", "--no-such-flag"], "unrecognized arguments: --no-such-flag")):
+        code, out, err = run_cli(capsys, *argv)
+        if local_rank == 0:
+            assert code == 2 and out == "" and err.count("\n") == 1, err
+            assert err.startswith("longswift (rank 2): error: ") and message in err, err
+        else:
+            assert (code, out, err) == (2, "", "")
+
+
+def test_a_refusal_the_ranks_agreed_on_is_said_once_per_machine(capsys, monkeypatch):
+    """A refusal the ranks agreed on (TensorParallel.agree, refuse_together) is said by the machine's first process;
+    an error that a process may meet alone (its own GPU, its own lost contact) by every process that meets it."""
+    from longswift.errors import AgreedError
+
+    def refused(error):
+        def cmd_generate(args):
+            raise error("on rank 1 of this run's processes: not enough memory")
+        return cmd_generate
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for local_rank in (0, 1):
+        monkeypatch.setenv("RANK", str(local_rank))
+        monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+        said = f"longswift{' (rank 1)' if local_rank else ''}: error: on rank 1 of this run's processes: not enough memory\n"
+        for error, saying in ((AgreedError, local_rank == 0), (LongswiftError, True)):
+            monkeypatch.setattr("longswift.cli.generate.cmd_generate", refused(error))
+            code, out, err = run_cli(capsys, "generate", "--prompt", "hi")
+            assert (code, out, err) == (2, "", said if saying else ""), (error, local_rank)
+
+
 @pytest.mark.parametrize("layout", ["file", "directory", "tokenswift directory"])
 def test_generate_never_writes_over_the_heads_it_reads(tmp_path, capsys, layout):
     """`--output H.safetensors --heads H.safetensors` replaced trained heads with the generated text (exit 0), and

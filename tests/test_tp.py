@@ -117,7 +117,7 @@ def run_cases(tensor_parallel: bool) -> dict:
                            generation=GenerationConfig(max_new_tokens=8),
                            method=method if dist.get_rank() == 1 else "tokenswift")
             except LongswiftError as exc:
-                out[f"differ/{name}"] = str(exc)
+                out[f"differ/{name}"] = f"{type(exc).__name__}: {exc}"  # (Agreed: the CLI says it once)
         # rank 1 loaded another model, dtype or rope scaling: refused on both ranks, before any of the model's
         # collectives (another dtype's size aborted gloo; the others wrote other tokens with exit 0)
         other = dist.get_rank() == 1
@@ -128,7 +128,7 @@ def run_cases(tensor_parallel: bool) -> dict:
             try:
                 longswift.load(hf, heads=None, tensor_parallel=True, **{"dtype": "float64", **kwargs})
             except LongswiftError as exc:
-                out[f"load-differ/{name}"] = str(exc)
+                out[f"load-differ/{name}"] = f"{type(exc).__name__}: {exc}"
     for model, method, spec, sampling in GENERATIONS:
         e = engines[model]
         r = e.generate(prompt(3, e.cfg.vocab_size), sampling=GREEDY if sampling == "greedy" else sampled,
@@ -247,8 +247,8 @@ def test_partial_cache_selects_what_one_process_selects(ranks, single):
 def test_ranks_given_different_generations_are_refused_together(ranks, name):
     # Before: other tokens gave every rank the same wrong output, another length aborted gloo, another method hung.
     for r in ranks:  # and the generations after these ran (test_tokens_match_one_process)
-        assert r[f"differ/{name}"] == ("the processes of this run were given different prompts, methods or settings "
-                                       "(rank 1's differ from rank 0's): every rank must make the same calls with the "
+        assert r[f"differ/{name}"] == ("AgreedError: the processes of this run were given different prompts, methods or "
+                                       "settings (rank 1's differ from rank 0's): every rank must make the same calls with the "
                                        "same arguments")
 
 
@@ -256,8 +256,8 @@ def test_ranks_given_different_generations_are_refused_together(ranks, name):
 def test_ranks_that_loaded_different_models_or_settings_are_refused_together(ranks, name):
     # Before: another model or rope scaling wrote other tokens with exit 0; another dtype aborted gloo.
     for r in ranks:
-        assert r[f"load-differ/{name}"] == ("the processes of this run were given different models, dtypes or rope "
-                                            "scalings (rank 1's differ from rank 0's): every rank must make the same "
+        assert r[f"load-differ/{name}"] == ("AgreedError: the processes of this run were given different models, dtypes or "
+                                            "rope scalings (rank 1's differ from rank 0's): every rank must make the same "
                                             "calls with the same arguments")
 
 
@@ -359,7 +359,7 @@ def test_a_run_one_rank_has_no_memory_for_is_refused_on_every_rank(tmp_path):
         p.join(timeout=240)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     assert ranks[0]["refused"] == ranks[1]["refused"], ranks  # one message, the same on every rank
-    assert re.fullmatch(r"LongswiftError: on rank 1 of this run's processes: not enough memory: this run needs .* but "
+    assert re.fullmatch(r"AgreedError: on rank 1 of this run's processes: not enough memory: this run needs .* but "
                         r"1\.0 KiB is free; lower max_new_tokens or the prompt length, or use a smaller dtype.*",
                         ranks[0]["refused"]), ranks[0]
     assert ranks[0]["after"] == ranks[1]["after"] and len(ranks[0]["after"]) == 8, ranks  # the group still works

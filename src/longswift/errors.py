@@ -22,6 +22,11 @@ class LostContact(LongswiftError):
     """A collective of a tensor-parallel run failed: another of its processes exited or stopped answering."""
 
 
+class AgreedError(LongswiftError):
+    """A refusal that every process of a tensor-parallel run raises with the same message (their calls differed, or
+    one of them refused and told the others): the command line prints it once per machine, not once per process."""
+
+
 class ConfigError(LongswiftError, ValueError):
     """A bad config value: the message names the field (`SamplingConfig.top_k`), `cli_message` the flag."""
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from ..errors import LongswiftError
+from ..errors import AgreedError, ConfigError, LongswiftError
 from . import bench, bench_steps, export_heads, generate, heads, info
 from .flags import seed_number, whole_number
 from .stop import StopRequest
@@ -24,6 +24,18 @@ def _prefix() -> str:
     except LongswiftError:  # a RANK that is not a number: the error being printed may be that one
         return "longswift"
     return "longswift" if rank == 0 else f"longswift (rank {rank})"
+
+
+def _says_what_every_rank_meets() -> bool:
+    """Whether this process prints an error that every process of its run meets: the errors of its arguments (torchrun
+    gives every process the same command line) and the refusals its ranks agreed on. Under torchrun the first
+    process of each machine says them, once in that machine's log, where every process printed the same line."""
+    from ..runtime.torchrun_env import env_local_rank, env_world_size
+
+    try:
+        return env_world_size() == 1 or env_local_rank() == 0
+    except LongswiftError:  # (a variable that is not a number: every process says so)
+        return True
 
 
 def _silence_stdout() -> None:
@@ -45,7 +57,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("longswift").strip()
         hint = f" (see `longswift {command + ' ' if command else ''}--help`)"
-        self.exit(2, f"{_prefix()}: error: {message}{hint}\n")
+        self.exit(2, f"{_prefix()}: error: {message}{hint}\n" if _says_what_every_rank_meets() else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +148,8 @@ def _main(argv: list[str]) -> int:
     except LongswiftError as exc:
         if args.debug:
             raise
+        if isinstance(exc, (ConfigError, AgreedError)) and not _says_what_every_rank_meets():
+            return 2  # (said by this machine's first process)
         # Config errors name API fields (SamplingConfig.top_k); on the command line, the flag (--top-k).
         print(f"{_prefix()}: error: {getattr(exc, 'cli_message', None) or exc}", file=sys.stderr)
         return 2

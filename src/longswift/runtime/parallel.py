@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import ModelConfig, RuntimeConfig, SamplingConfig
-from ..errors import LongswiftError, LostContact
+from ..errors import AgreedError, LongswiftError, LostContact
 from ..sampling import draw
 from .linear import LinearFn
 from .torchrun_env import env_local_rank, env_rank, env_world_size
@@ -242,7 +242,7 @@ class TensorParallel:
         collective(dist.all_gather, every, mine, group=self.group)
         other = next((r for r, t in enumerate(every) if not torch.equal(t, every[0])), None)  # the same on every rank
         if other is not None:
-            raise LongswiftError(f"the processes of this run were given different {what} (rank {other}'s differ from "
+            raise AgreedError(f"the processes of this run were given different {what} (rank {other}'s differ from "
                                  "rank 0's): every rank must make the same calls with the same arguments")
 
     def refuse_together(self, check: Callable[[], None]) -> None:
@@ -261,7 +261,7 @@ class TensorParallel:
             refused = said[0]
             assert refused is not None  # (rank `first` refused: its message)
             api, cli = refused
-            raise LongswiftError(f"on rank {first} of this run's processes: {api}", f"on rank {first} of this run's "
+            raise AgreedError(f"on rank {first} of this run's processes: {api}", f"on rank {first} of this run's "
                                  f"processes: {cli}")
 
     def draw(self, transformed: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
