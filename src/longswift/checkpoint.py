@@ -44,11 +44,14 @@ def _version() -> str:
     return __version__
 
 
+EMBEDDED = "<embedded>"  # Checkpoint.model_source of a run of the embedded model (the one no --model names)
+
+
 @dataclass
 class Checkpoint:
     """A generation's state between two steps (see the module docstring)."""
 
-    model_source: str  # the path it was loaded from, or "<embedded>" / "<ClassName>"
+    model_source: str  # the path it was loaded from, or EMBEDDED / "<ClassName>"
     model_fingerprint: str
     runtime: dict[str, Any]  # RuntimeConfig fields (dtype, device, rope scaling: they change the numbers)
     heads_source: str | None  # what set_heads was given ("auto", "default", a path or hub id, "random"); None for AR

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .checkpoint import Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
+from .checkpoint import EMBEDDED, Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
 from .config import (HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name,
                      same_rope_scaling, unused_spec_fields)
 from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
@@ -52,7 +52,7 @@ class Engine:
         self.tokenizer = loaded.tokenizer
         self._longest_token: tuple[Any, int] | None = None  # (the tokenizer, its longest entry's length)
         self.source = loaded.source
-        # How to load this model again (checkpoints): "<embedded>", an absolute path, or "<ClassName>".
+        # How to load this model again (checkpoints): EMBEDDED, an absolute path, or "<ClassName>".
         self.model_source = model_source or (
             loaded.source if loaded.source.startswith("<") else os.path.abspath(loaded.source))
         # The base model's identity (heads files, checkpoints), from its embedding as stored, before the cast.
@@ -593,7 +593,7 @@ def _another_model(source: str, how: str) -> LongswiftError:
     """A checkpoint made with another model (`source`, its Checkpoint.model_source): refused, saying how to load
     that one (the embedded model is the one no --model names)."""
     said = f"the checkpoint was made with another model ({source}){how}: resume with that model"
-    if source == "<embedded>":
+    if source == EMBEDDED:
         return LongswiftError(f"{said} (longswift.load() without a model)",
                               f"{said} (without --model: the embedded one)")
     if source.startswith("<"):  # a model object's class: one the caller holds
@@ -679,7 +679,7 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
         tp.agree("models, dtypes or rope scalings", (dtype_name(runtime.torch_dtype()), runtime.rope_scaling,
                                                      runtime.float32_logits, state_digest(loaded.state)))
     engine = Engine(loaded, pack_weights=pack, runtime=runtime, tp=tp, device=device,
-                    model_source="<embedded>" if model is None else None)
+                    model_source=EMBEDDED if model is None else None)
     engine.set_heads(heads)
     return_freed_memory()  # what the load converted and let go (the weights are resident by now)
     if device.type == "cpu":

@@ -288,7 +288,7 @@ class Ranks:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from ..checkpoint import read_checkpoint
+    from ..checkpoint import EMBEDDED, read_checkpoint
     from ..runtime.torchrun_env import env_rank
     from ..stats import ended
 
@@ -337,7 +337,7 @@ def _resume(args: argparse.Namespace) -> int:
         if not os.access(here, os.W_OK):
             raise LongswiftError(f"cannot update the checkpoint '{args.resume}' in place: its directory is not "
                                  "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
-    model = args.model or (None if ckpt.model_source == "<embedded>" else ckpt.model_source)
+    model = args.model or (None if ckpt.model_source == EMBEDDED else ckpt.model_source)
     _moved_since(args, ckpt)
     outputs = _outputs(args, inputs=[*model_inputs(model), *heads_inputs(args.heads or ckpt.heads_source)],
                        checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume")
@@ -466,7 +466,7 @@ def _keep_unfinished(out: Outputs, resuming: Path | None = None) -> None:
 def _moved_since(args: argparse.Namespace, ckpt: Any) -> None:
     """Refuse, naming the flag that says where they are now, a resume whose checkpoint's model or heads path
     is gone (a job directory moved or copied to another machine)."""
-    source = ckpt.model_source  # "<embedded>", "<ClassName>", a hub id, or a local path recorded absolute
+    source = ckpt.model_source  # EMBEDDED, "<ClassName>", a hub id, or a local path recorded absolute
     if args.model is None and os.path.isabs(source) and not os.path.exists(source):
         raise LongswiftError(f"the checkpoint's model '{source}' no longer exists: give --model PATH with "
                              "--resume (where that model is now)")
