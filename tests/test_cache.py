@@ -310,6 +310,9 @@ def test_memory_plan_covers_the_attention_a_masked_forward_allocates(monkeypatch
 
     if limit is not None:
         monkeypatch.setattr(attention, "EXPLICIT_SCORES_BYTES", limit)
+    cascades = []
+    real_cascade = attention.cascade
+    monkeypatch.setattr(attention, "cascade", lambda *args: cascades.append(1) or real_cascade(*args))
 
     hf = tiny_hf_model("llama", "default", seed=2, max_position_embeddings=4096)
     engine = longswift.load(hf, dtype="float32", pack_weights=True)
@@ -329,6 +332,8 @@ def test_memory_plan_covers_the_attention_a_masked_forward_allocates(monkeypatch
         assert largest >= scores  # the explicit scores are there: the profile saw them
     elif limit is None:
         assert largest < scores / 4
+    else:  # (its key copy for flash, [Hkv, S, D], is as large as the scores here: the path is checked by its calls)
+        assert cascades, "a verify pass past the scores limit took the explicit path"
 
 
 def test_a_cpu_plan_counts_no_scores_past_the_limit_that_sends_a_verify_pass_to_the_cascade():

@@ -50,7 +50,9 @@ def test_trie_invariants(root, levels, paths, base):
     assert n == 1 + len(stored)
     mask, pos = trie.mask(), trie.positions(base)
     for i in range(n):
-        assert len(trie.children[i]) == len(set(trie.children[i]))  # a token at most once per parent
+        # a token at most once per parent: its children are the nodes whose parent it is, one per token
+        assert sorted(trie.children[i].values()) == [j for j in range(1, n) if trie.parents[j] == i]
+        assert all(trie.tokens[child] == token for token, child in trie.children[i].items())
         ancestors = {0, i, *trie.path(i)}
         assert {j for j in range(n) if mask[i, j]} == ancestors
         assert int(pos[i]) == base + trie.depths[i] == base + len(trie.path(i))
