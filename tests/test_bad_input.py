@@ -244,6 +244,54 @@ def test_generate_never_writes_over_the_heads_it_reads(tmp_path, capsys, layout)
     assert target.read_bytes() == b"kept"
 
 
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_an_output_named_as_another_outputs_lock_file_is_refused(tmp_path, capsys, no_loading, command):
+    """`--output o.txt --json o.txt.lock` wrote the JSON over o.txt's lock file, which the run's end then removed
+    (exit 0, the JSON gone); so did bench's --json results.jsonl.lock of its --out-dir's store."""
+    if command == "generate":
+        name, owner = "o.txt", "--output"
+        argv = ["generate", "--prompt", "hi", "--output", str(tmp_path / name)]
+    else:
+        name, owner = "results.jsonl", "--out-dir's results.jsonl"
+        argv = ["bench", "--methods", "ar", "--out-dir", str(tmp_path)]
+    code, _, err = run_cli(capsys, *argv, "--json", str(tmp_path / f"{name}.longswift-lock"))
+    assert_one_line_error(code, err, f"--json '{name}.longswift-lock' is the name of the lock file that {owner} "
+                                     f"'{tmp_path / name}' is written under: give it another name")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["text", "link", "directory"])
+def test_a_file_where_a_lock_would_be_is_never_taken_for_one(tmp_path, kind):
+    """A run's lock file was `FILE.lock`, opened through links and truncated, then removed at the run's end:
+    `--output Cargo` destroyed Cargo.lock (exit 0). Its name is now longswift's own, and a file there that is not
+    a lock (not a regular file, or one holding anything but a pid) is refused and left as it is."""
+    from longswift.atomic import OutputLock
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("my data")
+    (tmp_path / "Cargo.lock").write_text("kept")
+    with OutputLock([("--output", tmp_path / "Cargo")]):
+        assert (tmp_path / "Cargo.longswift-lock").read_text() == str(os.getpid())
+    assert (tmp_path / "Cargo.lock").read_text() == "kept" and not (tmp_path / "Cargo.longswift-lock").exists()
+    lock = tmp_path / "out.txt.longswift-lock"
+    if kind == "text":
+        lock.write_text("my data")
+    elif kind == "link":
+        lock.symlink_to(precious)
+    else:
+        lock.mkdir()
+    with pytest.raises(LongswiftError, match=r"^'.*out\.txt\.longswift-lock', where a run writing 'out\.txt' takes "
+                                             r"its lock, is (a file that is )?not a lock.*: move it away, or give "
+                                             r"another --output$"):
+        OutputLock([("--output", tmp_path / "out.txt")]).__enter__()
+    assert precious.read_text() == "my data" and lock.exists()
+    assert kind != "text" or lock.read_text() == "my data"
+    lock.unlink() if kind != "directory" else lock.rmdir()
+    (tmp_path / "out.txt.longswift-lock").write_text("12345")  # a killed run's lock (its pid): taken over
+    with OutputLock([("--output", tmp_path / "out.txt")]):
+        assert (tmp_path / "out.txt.longswift-lock").read_text() == str(os.getpid())
+
+
 def test_the_shipped_heads_are_never_an_output(capsys, tmp_path, monkeypatch):
     """--heads auto (the default) reads the heads shipped in the package: no output may replace them. (A copy of
     the package's folder stands in for it: where the check failed, the test would destroy the real file.)"""

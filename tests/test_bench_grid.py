@@ -712,7 +712,7 @@ def test_fresh_discards_only_a_bench_directorys_files(tmp_path):
     with pytest.raises(LongswiftError, match="is not a longswift bench config, and --fresh discards only a bench"):
         ResultStore(tmp_path, {"model": "m"}, fresh=True)
     assert (tmp_path / "config.json").read_text() == '{"model_type": "llama"}'
-    assert not (tmp_path / "results.jsonl.lock").exists()  # the refusal released the lock
+    assert not (tmp_path / "results.jsonl.longswift-lock").exists()  # the refusal released the lock
 
 
 def test_bench_outputs_never_replace_the_model_or_heads_it_reads(tmp_path, capsys, no_loading):
@@ -1164,7 +1164,7 @@ def test_a_damaged_results_file_is_a_one_line_error(tmp_path, damage, said):
     (tmp_path / "results.jsonl").write_bytes(json.dumps(good).encode() + b"\n" + damage)
     with pytest.raises(LongswiftError, match=re.escape(f"results.jsonl{said}")):
         ResultStore(tmp_path, {"model": "m"})
-    assert not (tmp_path / "results.jsonl.lock").exists()
+    assert not (tmp_path / "results.jsonl.longswift-lock").exists()
     (tmp_path / "results.jsonl").write_bytes(json.dumps(good).encode() + b"\n")
     store = ResultStore(tmp_path, {"model": "m"})
     assert len(store.records) == 1
@@ -1211,7 +1211,8 @@ def test_a_full_disk_keeps_the_finished_runs_and_releases_the_directory(tmp_path
                                              "the runs finished before are kept"):
         store.append({**first, "key": "b"})
     store.close()
-    assert (tmp_path / "results.jsonl").read_bytes() == kept and not (tmp_path / "results.jsonl.lock").exists()
+    assert (tmp_path / "results.jsonl").read_bytes() == kept
+    assert not (tmp_path / "results.jsonl.longswift-lock").exists()
     again = ResultStore(tmp_path, {"model": "m"})
     assert [r["key"] for r in again.records] == ["a"]
     again.close()

@@ -70,7 +70,7 @@ def test_output_lock_refuses_a_second_holder_and_is_released(tmp_path):
         with pytest.raises(LongswiftError, match=rf"'{out}' is being written by another longswift run \(pid "
                                                  rf"{os.getpid()}\): wait for it to finish, or give another --output"):
             OutputLock([("--output", out)]).__enter__()
-    assert not (tmp_path / "out.txt.lock").exists()
+    assert not (tmp_path / "out.txt.longswift-lock").exists()
     with OutputLock([("--output", out)]):  # free again
         pass
 
@@ -117,7 +117,7 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_is_intact(tmp_
                               "--output", "out.txt", "--json", "first.json"],
                              cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
-    while not (tmp_path / "out.txt.lock").exists() and first.poll() is None and time.time() < deadline:
+    while not (tmp_path / "out.txt.longswift-lock").exists() and first.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert first.poll() is None, first.communicate()
     code, _, err = run_cli(capsys, "generate", "--prompt", "Another.", "--output", str(tmp_path / "out.txt"),

@@ -7,6 +7,7 @@ import errno
 import glob
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -133,16 +134,25 @@ def _text_to_append_to(path: Path, flag: str) -> str:
 
 
 def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
-    """Refuse two of a command's files (named by their flags; None: not given) that are one file:
-    of two outputs only the one written last would be left, and an output would overwrite an input."""
+    """Refuse two of a command's files (named by their flags; None: not given) that are one file, or one that is
+    another's lock file (lock_path): of two outputs only the one written last would be left, an output would
+    overwrite an input, and a file named as another's lock was removed with the lock at the run's end."""
     seen: dict[Path, str] = {}
+    locks: dict[Path, tuple[str, str | os.PathLike]] = {}
     for flag, p in files:
         if p is None:
             continue
-        real = Path(os.path.realpath(Path(p).expanduser()))
+        given = Path(p).expanduser()
+        real = Path(os.path.realpath(given))
         if real in seen:
             raise LongswiftError(f"{seen[real]} and {flag} are the same file ('{p}'): give each its own path")
         seen[real] = flag
+        locks[lock_path(Path(os.path.realpath(given.parent)) / given.name)] = (flag, p)
+    for real, flag in seen.items():
+        if real in locks:
+            owner, p = locks[real]
+            raise LongswiftError(f"{flag} '{real.name}' is the name of the lock file that {owner} '{p}' is written "
+                                 "under: give it another name")
 
 
 def check_dir_writable(path: str | os.PathLike, flag: str) -> Path:
@@ -436,11 +446,20 @@ def remove_stale_files(path: Path, on_stale: Callable[[Path], None] | None = Non
                 on_stale(stale)
 
 
+LOCK_SUFFIX = ".longswift-lock"  # (it was ".lock": an output named `Cargo` truncated and removed Cargo.lock)
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file OutputLock holds beside `path` while a run writes it."""
+    return path.with_name(path.name + LOCK_SUFFIX)
+
+
 class OutputLock:
-    """An advisory lock (flock) on `<name>.lock` next to each output file, held for a whole run, so
-    a second run writing the same file is refused at once instead of interleaving with the first.
+    """An advisory lock (flock) on `<name>.longswift-lock` next to each output file, held for a whole run,
+    so a second run writing the same file is refused at once instead of interleaving with the first.
     The lock file is removed on release; a lock taken on a file that was removed meanwhile is
-    taken again on the new one, so two runs can never both hold a path.
+    taken again on the new one, so two runs can never both hold a path. A file of that name that is not
+    a lock (not a regular file, or one holding anything but a pid) is refused, and left as it is.
 
     Holding a path's lock, no other run is writing it: a `<name>.<random>.partial` beside it was
     left by a run that was killed (kill -9, a power cut) and is removed; `on_stale` hears of each."""
@@ -465,9 +484,19 @@ class OutputLock:
     def _acquire(self, flag: str, path: Path) -> None:
         if fcntl is None:
             return
-        lock = path.with_name(path.name + ".lock")
+        lock = lock_path(path)
         while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            try:  # (not through a link: another file would be truncated and removed as the lock)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+            except OSError:
+                if not lock.is_symlink() and not lock.is_dir():
+                    raise
+                fd = -1
+            if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+                if fd >= 0:
+                    os.close(fd)
+                raise LongswiftError(f"'{lock}', where a run writing '{path.name}' takes its lock, is not a lock "
+                                     f"file (a link, directory or device): move it away, or give another {flag}")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -483,6 +512,11 @@ class OutputLock:
             if same:
                 break
             os.close(fd)  # the holder removed it as we opened it: lock the new one
+        held = os.pread(fd, 64, 0).strip()
+        if held and not held.isdigit():  # someone's file, which release() would remove
+            os.close(fd)
+            raise LongswiftError(f"'{lock}', where a run writing '{path.name}' takes its lock, is a file that is not "
+                                 f"a lock (it holds other data): move it away, or give another {flag}")
         self._held.append((fd, lock))  # held from here on: released (and removed) even if the pid cannot be written
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
