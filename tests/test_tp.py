@@ -94,11 +94,23 @@ def partial_selection(e: longswift.Engine) -> torch.Tensor:
     return partial.positions
 
 
-def run_cases(tensor_parallel: bool) -> dict:
-    """Everything the test compares; the same calls in one process and on every rank."""
+def save_models(saved: Path) -> Path:
+    """MODELS saved in float64 as HF directories of several weights files each; `saved`."""
+    for name in MODELS:
+        args = dict(MODELS[name])
+        hf = tiny_hf_model(args.pop("arch"), args.pop("rope", "default"), dtype=torch.float64, **args)
+        hf.save_pretrained(saved / name, max_shard_size="40KB")
+    return saved
+
+
+def run_cases(tensor_parallel: bool, saved: Path) -> dict:
+    """Everything the test compares; the same calls in one process and on every rank (`saved`: save_models')."""
     out: dict = {}
     for name in MODELS:
         out[f"logits/{name}"] = forward_logits(engine(name, tensor_parallel))
+    for name in MODELS:  # from a directory, in shards (save_models): cut to each rank's part as read
+        e = longswift.load(saved / name, dtype="float64", heads=None, tensor_parallel=tensor_parallel)
+        out[f"logits/dir-{name}"] = forward_logits(e)
     out["logits/packed-float32"] = forward_logits(engine("gqa", tensor_parallel, "float32", pack_weights=True))
     engines = {name: engine(name, tensor_parallel) for name in ("gqa", "mqa")}
     # Rank 0 alone draws: the other ranks get another seed, and must still emit rank 0's tokens.
@@ -155,7 +167,7 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))
     try:
-        out = run_cases(tensor_parallel=True)
+        out = run_cases(tensor_parallel=True, saved=Path(out_dir) / "saved")
         out["stopped"] = _stop_on_rank_0(Path(out_dir))
         out["stopped-rank-1"] = _stop_on(1, Path(out_dir) / "by-rank-1", max_new_tokens=30)
         out["stopped-last-step"] = _stop_on(0, Path(out_dir) / "last-step", max_new_tokens=1)
@@ -199,20 +211,23 @@ def _stop_on(signalled: int, tmp: Path, max_new_tokens: int) -> tuple[int, int |
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("tp")
+    save_models(tmp / "saved")
     mp.spawn(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, join=True)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
 @pytest.fixture(scope="module")
-def single() -> dict:
-    return run_cases(tensor_parallel=False)
+def single(tmp_path_factory) -> dict:
+    return run_cases(tensor_parallel=False, saved=save_models(tmp_path_factory.mktemp("single")))
 
 
-@pytest.mark.parametrize("name", [*MODELS, "packed-float32"])
+@pytest.mark.parametrize("name", [*MODELS, "packed-float32", *(f"dir-{name}" for name in MODELS)])
 def test_logits_match_one_process(ranks, single, name):
     tol = dict(rtol=1e-5, atol=1e-5) if name == "packed-float32" else dict(rtol=1e-10, atol=1e-10)
     for r in ranks:
         torch.testing.assert_close(r[f"logits/{name}"], single[f"logits/{name}"], **tol)
+        if name.startswith("dir-"):  # (the model as saved and read back: the same weights)
+            torch.testing.assert_close(r[f"logits/{name}"], single[f"logits/{name[4:]}"], **tol)
 
 
 @pytest.mark.parametrize("key", [f"gen/{m}/{a}/{s}/{p}" for m, a, s, p in GENERATIONS])
@@ -591,6 +606,59 @@ def test_torchrun_cli_matches_one_process(tmp_path, capsys):
     assert (tp["stats"]["steps"], tp["stats"]["accepted_tokens"]) == (one["stats"]["steps"], one["stats"]["accepted_tokens"])
     assert proc.stdout.split() == [str(t) for t in tp["token_ids"]]  # no tokenizer: ids; rank 1 wrote nothing
     assert "on 2 processes" in proc.stderr and proc.stderr.count("16 tokens in") == 1
+
+
+def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeypatch):
+    """Under tensor parallelism every process read the whole checkpoint into memory before cutting its part (a 70B
+    model's 140 GB in each of 8 processes). An HF directory's tensors are now cut as each file is read, and each
+    process keeps copies of its parts alone; they equal the cut of the whole, and the digest the ranks compare is
+    still the whole model's."""
+    import safetensors.torch
+    from safetensors import safe_open
+
+    from longswift.runtime import loading
+    from longswift.runtime.parallel import ShardedRead, shard_state, shard_tensor, state_digest
+
+    hf = tiny_hf_model("llama", seed=4, dtype=torch.float64, vocab=40)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    files = sorted(tmp_path.glob("*.safetensors"))
+    assert len(files) >= 3, files
+    held = {f.name: set(safe_open(str(f), "pt").keys()) for f in files}
+    cfg = loading.load_config(tmp_path)
+    cpu = torch.device("cpu")
+    whole = loading.load_model(tmp_path, torch.float64, cpu)
+    events: list[tuple[str, str]] = []
+    real = safetensors.torch.load_file
+    monkeypatch.setattr(safetensors.torch, "load_file", lambda f, *a, **k: events.append(("file", Path(f).name))
+                        or real(f, *a, **k))
+
+    class Recorded(ShardedRead):
+        def __call__(self, name, full):
+            events.append(("tensor", name))
+            return super().__call__(name, full)
+
+    for rank in range(2):
+        plan = plan_shards(cfg, rank, 2)
+        events.clear()
+        cut = loading.load_model(tmp_path, torch.float64, cpu, shard=Recorded(plan, cfg.head_dim))
+        # file by file: each file's tensors are cut before the next file is read
+        order = [name for kind, name in events if kind == "file"]
+        assert sorted(order) == sorted(held)
+        for i, f in enumerate(order):
+            start = events.index(("file", f)) + 1
+            end = events.index(("file", order[i + 1])) if i + 1 < len(order) else len(events)
+            assert {name for _, name in events[start:end]} == held[f]
+        weights = {n for n in whole.state if n.startswith("model.layers.") and n.split(".")[-2].endswith("_proj")}
+        assert set(cut.cut) == weights
+        for name in weights:  # a copy of the part: not a view that keeps the whole tensor's memory
+            part = shard_tensor(name, whole.state[name], plan, cfg.head_dim)
+            assert torch.equal(cut.state[name], part)
+            assert cut.state[name].untyped_storage().nbytes() == part.numel() * 8 < whole.state[name].numel() * 8
+        ours = shard_state(cfg, cut.state, plan, cpu, cut=cut.cut)
+        assert ours.keys() == shard_state(cfg, whole.state, plan, cpu).keys()
+        for name, t in shard_state(cfg, whole.state, plan, cpu).items():
+            assert torch.equal(ours[name], t), name
+        assert state_digest(cut.state, cut.cut) == state_digest(whole.state)
 
 
 @pytest.mark.parametrize("rank", range(4))

@@ -22,10 +22,11 @@ from .config import (HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfi
 from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
-from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_model
+from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_config, load_model
 from .runtime.memory import check_context, keep_freed_buffers, return_freed_memory
 from .runtime.model import Transformer
-from .runtime.parallel import TensorParallel, require_process_group, shard_config, shard_state, state_digest
+from .runtime.parallel import (ShardedRead, TensorParallel, require_process_group, shard_config, shard_state,
+                               state_digest)
 from .runtime.probe import model_probe, probe_tolerance, same_model
 from .runtime.triton_kernels import triton_unavailable
 from .spec.heads import DraftHeads, load_heads, model_fingerprint, new_heads, shipped_heads, training_record
@@ -63,7 +64,7 @@ class Engine:
                                      float32_logits=self.runtime.float32_logits,
                                      triton_kernels=self.runtime.triton_kernels)
         else:
-            state = shard_state(loaded.cfg, loaded.state, tp.plan, device or tp.device)
+            state = shard_state(loaded.cfg, loaded.state, tp.plan, device or tp.device, cut=loaded.cut)
             self.model = Transformer(shard_config(loaded.cfg, tp.plan), state, pack=pack_weights, tp=tp,
                                      float32_logits=self.runtime.float32_logits,
                                      triton_kernels=self.runtime.triton_kernels)
@@ -653,12 +654,18 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     device = runtime.torch_device()
     if runtime.triton_kernels and (why := triton_unavailable(device)) is not None:  # (device auto, no CUDA)
         raise LongswiftError(f"triton_kernels: {why}; leave it off", f"--triton-kernels: {why}; leave it off")
+    tp, shard = None, None
     if tensor_parallel:
-        require_process_group()  # (before the checkpoint is read: TensorParallel refuses after)
+        require_process_group()  # (before the checkpoint is read)
+        if model is None or isinstance(model, (str, os.PathLike)):  # split from its config, before any weight is read
+            whole = load_config(model, runtime.rope_scaling)
+            tp = TensorParallel(whole, device)
+            shard = ShardedRead(tp.plan, whole.head_dim)
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
-        # Sharded runs read the checkpoint on the CPU and move only this rank's shard to the device.
+        # Sharded runs read the checkpoint on the CPU (an HF directory's weights cut to this rank's part as each file
+        # is read) and move only this rank's shard to the device.
         loaded = load_model(model, runtime.torch_dtype(), torch.device("cpu") if tensor_parallel else device,
-                            runtime.rope_scaling)
+                            runtime.rope_scaling, shard)
     if tokenizer is not None:
         if not (callable(getattr(tokenizer, "encode", None)) and callable(getattr(tokenizer, "decode", None))
                 and hasattr(tokenizer, "__len__") and hasattr(tokenizer, "eos_token_id")):
@@ -671,13 +678,12 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
     pack = runtime.pack_weights
     if pack is None:  # a model object passed in is used without copies unless asked otherwise
         pack = model is None or isinstance(model, (str, os.PathLike))
-    tp = None
     if tensor_parallel:
-        tp = TensorParallel(loaded.cfg, device)
+        tp = tp or TensorParallel(loaded.cfg, device)
         # What makes the numbers, the same on every rank: ranks loaded with another --dtype, --rope-scaling or
         # model wrote garbage with exit 0 (a dtype of other size crashed gloo), as the run's own settings do not
         tp.agree("models, dtypes or rope scalings", (dtype_name(runtime.torch_dtype()), runtime.rope_scaling,
-                                                     runtime.float32_logits, state_digest(loaded.state)))
+                                                     runtime.float32_logits, state_digest(loaded.state, loaded.cut)))
     engine = Engine(loaded, pack_weights=pack, runtime=runtime, tp=tp, device=device,
                     model_source=EMBEDDED if model is None else None)
     engine.set_heads(heads)

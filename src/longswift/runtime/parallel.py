@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,28 +109,58 @@ def shard_config(cfg: ModelConfig, plan: ShardPlan) -> ModelConfig:
 
 
 def shard_state(cfg: ModelConfig, state: dict[str, torch.Tensor], plan: ShardPlan,
-                device: torch.device) -> dict[str, torch.Tensor]:
+                device: torch.device, cut: Collection[str] = ()) -> dict[str, torch.Tensor]:
     """One rank's state dict, on `device`, matching `shard_config`; an untied LM head becomes this
     rank's vocabulary block padded to `vocab_per_rank` rows. Sliced tensors are copies, so the full
-    checkpoint can be freed."""
-    d = cfg.head_dim
-    q = slice(plan.heads[0] * d, plan.heads[1] * d)  # rows of q_proj, columns of o_proj
-    kv = slice(plan.kv_heads[0] * d, plan.kv_heads[1] * d)
-    mlp = slice(*plan.intermediate)
-    rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": mlp, "up_proj": mlp}
-    cols = {"o_proj": q, "down_proj": mlp}
+    checkpoint can be freed. `cut`: tensors already this rank's part (ShardedRead cut them as they were read)."""
     out: dict[str, torch.Tensor] = {}
     for name, full in state.items():
-        proj, kind = name.split(".")[-2:]  # e.g. model.layers.N.self_attn.q_proj.weight
-        t = full
-        if proj in rows:  # weight [out, in] or bias [out]: this rank's outputs
-            t = full[rows[proj]]
-        elif proj in cols and kind == "weight":  # this rank's inputs; the bias is added once after all_reduce
-            t = full[:, cols[proj]]
-        elif name == "lm_head.weight":
-            t = vocab_block(full, plan)
+        t = full if name in cut else shard_tensor(name, full, plan, cfg.head_dim)
         out[name] = t.to(device=device, memory_format=torch.contiguous_format, copy=t is not full)
     return out
+
+
+# The projections split by rows (weight [out, in] or bias [out]: this rank's outputs), and those split by columns
+# (this rank's inputs; their bias is added once, after the all_reduce).
+ROW_SPLIT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+COLUMN_SPLIT = ("o_proj", "down_proj")
+
+
+def shard_tensor(name: str, full: torch.Tensor, plan: ShardPlan, head_dim: int) -> torch.Tensor:
+    """This rank's part of one tensor of the whole model's state: a view of it (q/k/v/gate/up rows, o/down
+    columns, the LM head's padded vocabulary block), or `full` itself where every rank holds it whole."""
+    proj, kind = name.split(".")[-2:]  # e.g. model.layers.N.self_attn.q_proj.weight
+    d = head_dim
+    if proj in ROW_SPLIT or (proj in COLUMN_SPLIT and kind == "weight"):
+        part = {"q_proj": (plan.heads[0] * d, plan.heads[1] * d), "o_proj": (plan.heads[0] * d, plan.heads[1] * d),
+                "k_proj": (plan.kv_heads[0] * d, plan.kv_heads[1] * d),
+                "v_proj": (plan.kv_heads[0] * d, plan.kv_heads[1] * d)}.get(proj, plan.intermediate)
+        return full[slice(*part)] if proj in ROW_SPLIT else full[:, slice(*part)]
+    if name == "lm_head.weight":
+        return vocab_block(full, plan)
+    return full
+
+
+class ShardedRead:
+    """Cuts each weight of the decoder's layers to this rank's part as the loader reads it (loading.load_model's
+    `shard`), so that a process holds its shard and one weights file at a time, not the whole model (a 70B model's
+    140 GB in each of 8 processes). It keeps what the checks need of each whole tensor: its shape (the load's
+    check_state_dict) and its digest (TensorParallel.agree compares the whole model's across ranks)."""
+
+    def __init__(self, plan: ShardPlan, head_dim: int) -> None:
+        self.plan, self.head_dim = plan, head_dim
+        self.whole: dict[str, tuple[tuple[int, ...], float]] = {}  # name -> (shape, tensor_digest) of each cut tensor
+
+    def __call__(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """`full`'s part (a copy: the whole tensor can be freed), or `full` where it is not cut here (the LM head,
+        which the load compares with the embedding whole, is cut later by shard_state)."""
+        if not name.startswith("model.layers."):
+            return full
+        part = shard_tensor(name, full, self.plan, self.head_dim)
+        if part is full:
+            return full
+        self.whole[name] = (tuple(full.shape), tensor_digest(full))
+        return torch.clone(part, memory_format=torch.contiguous_format)
 
 
 def vocab_block(weight: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
@@ -269,15 +299,23 @@ class TensorParallel:
         return self.broadcast_int(draw(transformed, cfg, generator) if self.rank == 0 else 0)
 
 
-def state_digest(state: dict[str, torch.Tensor], samples: int = 4096) -> list[tuple[str, tuple[int, ...], float]]:
-    """Each tensor's name, shape and the float64 sum of up to `samples` of its values, evenly strided: what ranks
-    compare (TensorParallel.agree) to find another model loaded on one of them, reading a few thousand values a
-    tensor rather than every weight."""
-    out = []
-    for name in sorted(state):
-        t = state[name].detach().reshape(-1)
-        out.append((name, tuple(state[name].shape), float(t[:: max(1, t.numel() // samples)].double().sum())))
-    return out
+def tensor_digest(t: torch.Tensor, samples: int = 4096) -> float:
+    """The float64 sum of up to `samples` of a tensor's values, evenly strided (state_digest)."""
+    flat = t.detach().reshape(-1)
+    return float(flat[:: max(1, flat.numel() // samples)].double().sum())
+
+
+Digest = list[tuple[str, tuple[int, ...], float]]  # state_digest: (name, shape, tensor_digest) a tensor
+
+
+def state_digest(state: dict[str, torch.Tensor], whole: dict[str, tuple[tuple[int, ...], float]] | None = None,
+                 ) -> Digest:
+    """Each tensor's name, shape and tensor_digest: what ranks compare (TensorParallel.agree) to find another model
+    loaded on one of them, reading a few thousand values a tensor rather than every weight. `whole`: those of the
+    tensors cut to this rank's part as they were read (ShardedRead.whole), which are the whole model's."""
+    whole = whole or {}
+    return [(name, *whole[name]) if name in whole else (name, tuple(state[name].shape), tensor_digest(state[name]))
+            for name in sorted(state)]
 
 
 def init_from_env(runtime: RuntimeConfig) -> RuntimeConfig:

@@ -10,9 +10,10 @@ import functools
 import json
 import numbers
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,6 +55,9 @@ class LoadedModel:
     # across a bfloat16 rounding boundary, so the cast table's fingerprint would not be the model's. None
     # where the loader did not see it (the Engine then takes the state's embedding).
     embed_corner: torch.Tensor | None = None
+    # Under tensor parallelism, the tensors cut to this rank's part as they were read (parallel.ShardedRead):
+    # name -> (the whole tensor's shape, its parallel.tensor_digest).
+    cut: dict[str, tuple[tuple[int, ...], float]] = field(default_factory=dict)
 
 
 def default_model_path() -> Path:
@@ -221,19 +225,27 @@ def _path_config(path: Path, rope_scaling: str | None) -> ModelConfig:
 
 
 def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device,
-               rope_scaling: str | None = None) -> LoadedModel:
+               rope_scaling: str | None = None, shard: Any = None) -> LoadedModel:
     """Load from a path (GGUF file or HF directory), a transformers model object, or None (default);
-    `rope_scaling` extends the context (see with_rope_scaling)."""
+    `rope_scaling` extends the context (see with_rope_scaling). `shard` (a parallel.ShardedRead): an HF directory's
+    weights are cut to this rank's part as each file is read (LoadedModel.cut names them); other sources load whole."""
+    cut: dict[str, tuple[tuple[int, ...], float]] = {}
     if source is not None and not isinstance(source, (str, os.PathLike)):
         loaded = _from_transformers(source, dtype, device, rope_scaling)
     else:
         path = resolve_path(source)
-        read = _from_gguf if path.is_file() else _from_hf_dir
-        loaded = read(path, dtype, device, rope_scaling)
+        if path.is_file():
+            loaded = _from_gguf(path, dtype, device, rope_scaling)
+        else:
+            loaded = _from_hf_dir(path, dtype, device, rope_scaling, shard)
+            cut = shard.whole if shard is not None else {}
         if isinstance(source, str) and not Path(source).expanduser().exists():
             loaded.hub_id = source
     loaded.head_tensors = take_head_tensors(loaded.cfg, loaded.state, loaded.source)
-    check_state_dict(loaded.cfg, loaded.state)
+    loaded.cut = {name: cut[name] for name in loaded.state if name in cut}
+    # (a cut tensor checked by its whole shape)
+    check_state_dict(loaded.cfg, {name: torch.empty(cut[name][0], device="meta") if name in cut else t
+                                  for name, t in loaded.state.items()})
     return loaded
 
 
@@ -359,17 +371,20 @@ def _hf_dir_config(path: Path) -> Any:
         raise LongswiftError(f"cannot read the config in '{path}': {reason_of(exc)}") from None
 
 
-def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
+def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None,
+                 shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> LoadedModel:
     cfg = _path_config(path, rope_scaling)
-    stored = {k.removeprefix("_orig_mod."): v for k, v in _read_safetensors(path).items()}
-    # (integers, and float8's one byte, which fp8 checkpoints scale per block: neither ran as a plain weight)
-    whole = next((k for k, v in stored.items() if not v.is_floating_point() or v.dtype.itemsize == 1), None)
-    if whole is not None:  # cast to the model's dtype without a word, they ran as weights
-        raise LongswiftError(f"'{path}' holds {stored[whole].dtype} values in '{whole}', where longswift reads "
-                             "16- to 64-bit floating-point weights: a quantized or damaged checkpoint; use its "
-                             "float16/bfloat16/float32 release, or a GGUF of it")
-    for name, t in stored.items():
+
+    def checked(name: str, t: torch.Tensor) -> torch.Tensor:
+        # (integers, and float8's one byte, which fp8 checkpoints scale per block: neither ran as a plain weight)
+        if not t.is_floating_point() or t.dtype.itemsize == 1:  # cast to the model's dtype without a word, they ran
+            raise LongswiftError(f"'{path}' holds {t.dtype} values in '{name}', where longswift reads "
+                                 "16- to 64-bit floating-point weights: a quantized or damaged checkpoint; use its "
+                                 "float16/bfloat16/float32 release, or a GGUF of it")
         check_finite(name, t, path, dtype)
+        return t if shard is None else shard(name, t)
+
+    stored = _read_safetensors(path, checked)
     cfg = _lm_head(cfg, stored)
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.to(device=device, dtype=dtype) for k, v in stored.items()}
@@ -480,10 +495,12 @@ def _owns(f: Path, name: str, weight_map: dict[str, str] | None) -> bool:
     return weight_map is None or weight_map.get(name, f.name) == f.name
 
 
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the directory's weight files; a tensor that the index maps to one file is taken from that file
-    (a copy in another shard, which a later file used to overwrite it with, is left), and one that two files hold
-    without the index naming either is refused."""
+def _read_safetensors(path: Path, keep: Callable[[str, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every tensor of the directory's weight files (names without torch.compile's `_orig_mod.`), as `keep(name,
+    tensor)` returns it, called file by file as each is read (so a load that cuts them holds one file whole at a
+    time); a tensor that the index maps to one file is taken from that file (a copy in another shard, which a later
+    file used to overwrite it with, is left), and one that two files hold without the index naming either is
+    refused."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -501,7 +518,10 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             if name in found:
                 raise LongswiftError(f"'{name}' is in both '{found[name]}' and '{f}', and no index says which to use; "
                                      "remove the stray copy or re-download the model")
-            state[name], found[name] = t, f
+            found[name] = f
+            name = name.removeprefix("_orig_mod.")
+            state[name] = keep(name, t)
+        del tensors
     return state
 
 
