@@ -640,7 +640,7 @@ def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeyp
     for rank in range(2):
         plan = plan_shards(cfg, rank, 2)
         events.clear()
-        cut = loading.load_model(tmp_path, torch.float64, cpu, shard=Recorded(plan, cfg.head_dim))
+        cut = loading.load_model(tmp_path, torch.float64, cpu, shard=Recorded(plan, cfg.head_dim, torch.float64))
         # file by file: each file's tensors are cut before the next file is read
         order = [name for kind, name in events if kind == "file"]
         assert sorted(order) == sorted(held)

@@ -660,7 +660,7 @@ def load(model: str | Any | None = None, runtime: RuntimeConfig | None = None,
         if model is None or isinstance(model, (str, os.PathLike)):  # split from its config, before any weight is read
             whole = load_config(model, runtime.rope_scaling)
             tp = TensorParallel(whole, device)
-            shard = ShardedRead(tp.plan, whole.head_dim)
+            shard = ShardedRead(tp.plan, whole.head_dim, runtime.torch_dtype())
     with torch.no_grad():  # not inference_mode: weights must stay usable by autograd (head training)
         # Sharded runs read the checkpoint on the CPU (an HF directory's weights cut to this rank's part as each file
         # is read) and move only this rank's shard to the device.

@@ -147,20 +147,20 @@ class ShardedRead:
     140 GB in each of 8 processes). It keeps what the checks need of each whole tensor: its shape (the load's
     check_state_dict) and its digest (TensorParallel.agree compares the whole model's across ranks)."""
 
-    def __init__(self, plan: ShardPlan, head_dim: int) -> None:
-        self.plan, self.head_dim = plan, head_dim
+    def __init__(self, plan: ShardPlan, head_dim: int, dtype: torch.dtype) -> None:
+        self.plan, self.head_dim, self.dtype = plan, head_dim, dtype
         self.whole: dict[str, tuple[tuple[int, ...], float]] = {}  # name -> (shape, tensor_digest) of each cut tensor
 
     def __call__(self, name: str, full: torch.Tensor) -> torch.Tensor:
-        """`full`'s part (a copy: the whole tensor can be freed), or `full` where it is not cut here (the LM head,
-        which the load compares with the embedding whole, is cut later by shard_state)."""
+        """`full`'s part, copied in the run's dtype (one copy: the whole tensor can be freed), or `full` where it is
+        not cut here (the LM head, which the load compares with the embedding as stored, is cut by shard_state)."""
         if not name.startswith("model.layers."):
             return full
         part = shard_tensor(name, full, self.plan, self.head_dim)
         if part is full:
             return full
         self.whole[name] = (tuple(full.shape), tensor_digest(full))
-        return torch.clone(part, memory_format=torch.contiguous_format)
+        return part.to(dtype=self.dtype, memory_format=torch.contiguous_format, copy=True)
 
 
 def vocab_block(weight: torch.Tensor, plan: ShardPlan) -> torch.Tensor:
