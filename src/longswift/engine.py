@@ -517,9 +517,6 @@ class Engine:
             stop = StopStrings(self.tokenizer, r.generation.stop, generated)
         if stats.finish_reason == "stop" and generated:  # a run a stop string ended: resuming it goes no further
             return GenerationStream(self, r, iter(()), stats, generated)
-        if r.method == "tokenswift" and self.heads is None:
-            raise LongswiftError("this generation uses TokenSwift but the engine has no draft heads: load it with "
-                                 "heads (heads=..., --heads)")
         relay = PrefillRelay()
         device = self.model.device
         loop: dict[str, Any] = dict(cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),

@@ -126,8 +126,7 @@ def _file_meta(path: Path) -> dict:
 def may_have_shipped_heads(cfg: ModelConfig) -> bool:
     """Whether some shipped heads file was made for a model of this shape (no weights needed)."""
     for path in sorted(SHIPPED_DIR.glob("*.safetensors")):
-        base = _file_meta(path).get("base", {})
-        if all(base.get(k) == getattr(cfg, k) for k in ("architecture", "hidden_size", "vocab_size", "num_layers")):
+        if _shape_mismatch(_file_meta(path).get("base", {}), cfg) is None:
             return True
     return False
 
@@ -177,16 +176,21 @@ def _read_meta(path: Path, raw: str) -> dict:
 
 # What a heads file's metadata says of its base model (save_heads), every one of which _read_meta requires
 BASE_KEYS = ("architecture", "hidden_size", "vocab_size", "num_layers", "fingerprint")
+SHAPE_KEYS = BASE_KEYS[:-1]  # those a ModelConfig alone answers (no weights read)
+
+
+def _shape_mismatch(base: dict, cfg: ModelConfig) -> str | None:
+    """The first of SHAPE_KEYS where a heads file's base model differs from `cfg` ('hidden_size 4096 vs 576')."""
+    k = next((k for k in SHAPE_KEYS if base.get(k) != getattr(cfg, k)), None)
+    return None if k is None else f"{k} {base.get(k)} vs {getattr(cfg, k)}"
 
 
 def _made_for_another(base: dict, cfg: ModelConfig, fingerprint: Callable[[], str]) -> str | None:
     """How a heads file's base model differs from this one ('hidden_size 4096 vs 576'), None if it is this
     one. The model's fingerprint (`fingerprint()`, which may read its embedding) is taken only when the
     shapes match."""
-    keys = ("architecture", "hidden_size", "vocab_size", "num_layers")
-    mismatch = [k for k in keys if base.get(k) != getattr(cfg, k)]
-    if mismatch:
-        return f"{mismatch[0]} {base.get(mismatch[0])} vs {getattr(cfg, mismatch[0])}"
+    if (mismatch := _shape_mismatch(base, cfg)) is not None:
+        return mismatch
     return None if base.get("fingerprint") == fingerprint() else "embedding weights differ"
 
 

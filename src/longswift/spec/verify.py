@@ -1,4 +1,4 @@
-"""The lossless walk (the TokenSwift step's verify stage, docs/design.md): from the root, draw one
+"""The lossless walk (the TokenSwift step's accept stage, docs/design.md): from the root, draw one
 token per visited node from exactly the distribution AR would use at that position (the penalty
 window includes the path accepted so far); descend while the draw is a child, and emit the first
 draw that is not.
@@ -63,21 +63,33 @@ def lossless_walk(
     `pick` draws a token (default `draw`; tensor parallel: rank 0 draws and broadcasts, so every rank
     walks the same path)."""
     pick = pick or draw
-    nodes: list[int] = []
-    tokens: list[int] = []
-    w = sampling.penalty_window
-    node = 0
-    while True:
-        d = len(tokens)
+    w = sampling.penalized_window  # (0 where the penalty is off: no window cut, as batched_walk)
+
+    def draw_at(node: int, path: list[int]) -> int:
+        d = len(path)
         recent = history[max(0, length + d - w) : length]  # the window: last w of history + path
         if d:
-            path = torch.tensor(tokens[max(0, d - w) :], dtype=torch.long)
-            recent = torch.cat([recent, path]) if w > 0 else recent[:0]
-        logits = row_logits(node)
-        x = transform(logits[None], recent.to(logits.device)[None], sampling)[0]
-        y = pick(x, sampling, generator)
+            tail = torch.tensor(path[max(0, d - w) :], dtype=torch.long)
+            recent = torch.cat([recent, tail]) if w > 0 else recent[:0]
+        logits = row_logits(node)  # [V]
+        x = transform(logits[None], recent.to(logits.device)[None], sampling)[0]  # [V]
+        return pick(x, sampling, generator)
+
+    return _descend(trie, draw_at, stop_ids, max_tokens)
+
+
+def _descend(trie: Trie, draw_at: Callable[[int, list[int]], int], stop_ids: frozenset[int],
+             max_tokens: int | None) -> Walk:
+    """Follow the draws from the root: draw_at(node, accepted tokens so far) is the token drawn at `node`;
+    a draw that is a child is accepted unless it stops the run (a stop id, or the max_tokens-th token);
+    the first draw not accepted is the new root."""
+    nodes: list[int] = []
+    tokens: list[int] = []
+    node = 0
+    while True:
+        y = draw_at(node, tokens)
         child = trie.children[node].get(y)
-        done = y in stop_ids or (max_tokens is not None and d + 1 >= max_tokens)
+        done = y in stop_ids or (max_tokens is not None and len(tokens) + 1 >= max_tokens)
         if child is None or done:
             return Walk.of(trie, nodes, tokens, y)
         nodes.append(child)
@@ -132,19 +144,8 @@ def batched_walk(
         start = gen.get_state()
         u = uniforms(gen, max(trie.depths) + 1)[torch.tensor(trie.depths)]  # [N]: each node its depth's
     draws = draw_rows(x, sampling, u).tolist()  # the step's one device-to-host read
-    nodes: list[int] = []
-    tokens: list[int] = []
-    node = 0
-    while True:
-        y = draws[node]
-        child = trie.children[node].get(y)
-        done = y in stop_ids or (max_tokens is not None and len(tokens) + 1 >= max_tokens)
-        if child is None or done:
-            break
-        nodes.append(child)
-        tokens.append(y)
-        node = child
+    walk = _descend(trie, lambda node, _path: draws[node], stop_ids, max_tokens)
     if u is not None:  # consume exactly one uniform per emitted token, as AR and the row walk do
         gen.set_state(start)
-        uniforms(gen, len(tokens) + 1)
-    return Walk.of(trie, nodes, tokens, y)
+        uniforms(gen, len(walk.tokens) + 1)
+    return walk
