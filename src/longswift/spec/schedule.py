@@ -39,7 +39,7 @@ STALE_STEPS = 64
 # one whose steps are never timed as its own (lookup steps that find no n-gram while another kind leads are timed as
 # plain steps: with --ngram-topk 0 all of them) would otherwise run at every step, no other kind probed again.
 UNTIMED_TRIES = 8
-EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
+TOKENS_PER_STEP_EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
 
 def step_kinds(wide: bool, budget: int) -> tuple[str, ...]:
@@ -186,7 +186,7 @@ class StepSchedule:
         """A step's tokens, and its time unless None (a step that captured a CUDA graph or refilled
         the partial cache: one-off costs that would misjudge its kind for many steps). A lookup step that
         found no n-gram ran as a plain step: `record_empty_lookup`."""
-        self.tokens_per_step = (1 - EMA) * self.tokens_per_step + EMA * tokens
+        self.tokens_per_step = (1 - TOKENS_PER_STEP_EMA) * self.tokens_per_step + TOKENS_PER_STEP_EMA * tokens
         if seconds is None:
             return
         seconds = max(seconds, 1e-9)  # (a coarse or patched clock's 0 s made the kind's rate None, the leader's too)

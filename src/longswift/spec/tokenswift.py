@@ -57,12 +57,12 @@ BATCH_FROM_TOKENS = 1.5
 
 @dataclass
 class Verified:
-    """The verify pass: hidden states of every trie node; logits of a small trie's rows computed
-    together, a large trie's on demand (the walk visits only the rows of one path)."""
+    """The verify pass: hidden states of every trie node; the logits of the rows the walk is likely to visit
+    computed together (held_logits), the others on demand (the walk visits only the rows of one path)."""
 
     model: Transformer
     hidden: torch.Tensor  # [N, hidden]
-    cached: dict[int, torch.Tensor]
+    cached: dict[int, torch.Tensor]  # node -> its logits [V]
     logits: torch.Tensor | None = None  # [N, V], every row's (the batched walk), else None
 
     def row_logits(self, i: int) -> torch.Tensor:
@@ -338,20 +338,27 @@ def verify(s: TokenSwiftState, trie: Trie) -> Verified:
         return Verified(s.model, hidden[None], {0: logits}, logits[None])
     if graphs is not None:  # padded to a node budget; rows past the trie are padding
         out, hidden = graphs.forward(trie.tokens, trie.positions(s.n - 1), trie.mask(), logits=s.batched)
-        return Verified(s.model, hidden[:n], {}, out[:n] if s.batched else None)
+        if s.batched:
+            return Verified(s.model, hidden[:n], {}, out[:n])
+        return Verified(s.model, hidden[:n], held_logits(s, trie, hidden[:n]))
     # the root alone goes without a mask: a decoding step, same kernels as AR
     _, hidden = s.model.forward(trie.token_tensor(dev), trie.positions(s.n - 1, dev), s.full,
                                 tree_mask=trie.mask(dev) if n > 1 else None, logits_rows=slice(0, 0))
     if s.batched:
         return Verified(s.model, hidden, {}, s.model.logits(hidden))
-    cached: dict[int, torch.Tensor] = {}
-    if s.schedule.tokens_per_step >= BATCH_FROM_TOKENS:
-        if n <= BATCHED_LOGITS_NODES:
-            cached = dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
-        else:
-            spine = trie.spine()
-            cached = dict(zip(spine, s.model.logits(hidden[spine])))  # [spine, V] -> a row per node
-    return Verified(s.model, hidden, cached)
+    return Verified(s.model, hidden, held_logits(s, trie, hidden))
+
+
+def held_logits(s: TokenSwiftState, trie: Trie, hidden: torch.Tensor) -> dict[int, torch.Tensor]:
+    """The logits the row walk is likely to need, computed together where steps emit several tokens: every row's
+    of a small trie, the spine's of a large one; none otherwise (each visited row then on demand).
+    hidden: [N, hidden] -> node -> its logits [V]."""
+    if s.schedule.tokens_per_step < BATCH_FROM_TOKENS:
+        return {}
+    if len(trie) <= BATCHED_LOGITS_NODES:
+        return dict(enumerate(s.model.logits(hidden)))  # [N, V] -> a row per node
+    spine = trie.spine()
+    return dict(zip(spine, s.model.logits(hidden[spine])))  # [spine, V] -> a row per node
 
 
 def accept(s: TokenSwiftState, trie: Trie, v: Verified) -> Walk:
