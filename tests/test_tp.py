@@ -608,25 +608,32 @@ def test_torchrun_cli_matches_one_process(tmp_path, capsys):
     assert "on 2 processes" in proc.stderr and proc.stderr.count("16 tokens in") == 1
 
 
-def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeypatch):
-    """Under tensor parallelism every process read the whole checkpoint into memory before cutting its part (a 70B
-    model's 140 GB in each of 8 processes). An HF directory's tensors are now cut as each file is read, and each
-    process keeps copies of its parts alone; they equal the cut of the whole, and the digest the ranks compare is
-    still the whole model's."""
+@pytest.mark.parametrize("layout", ["hf directory", "gguf"])
+def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeypatch, layout):
+    """Under tensor parallelism a process whose run's dtype differed from the checkpoint's converted the whole model
+    before cutting its part (a GGUF's was dequantized whole in any dtype). Each tensor is now cut as it is read (an
+    HF directory's file by file), and each process keeps copies of its parts alone; they equal the cut of the whole,
+    and the digest the ranks compare is still the whole model's."""
     import safetensors.torch
     from safetensors import safe_open
+    from test_loading import write_gguf
 
     from longswift.runtime import loading
     from longswift.runtime.parallel import ShardedRead, shard_state, shard_tensor, state_digest
 
     hf = tiny_hf_model("llama", seed=4, dtype=torch.float64, vocab=40)
-    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    if layout == "gguf":
+        path = tmp_path / "model.gguf"
+        write_gguf(path, hf)
+    else:
+        path = tmp_path
+        hf.save_pretrained(tmp_path, max_shard_size="40KB")
     files = sorted(tmp_path.glob("*.safetensors"))
-    assert len(files) >= 3, files
+    assert len(files) >= 3 or layout == "gguf", files
     held = {f.name: set(safe_open(str(f), "pt").keys()) for f in files}
-    cfg = loading.load_config(tmp_path)
+    cfg = loading.load_config(path)
     cpu = torch.device("cpu")
-    whole = loading.load_model(tmp_path, torch.float64, cpu)
+    whole = loading.load_model(path, torch.float64, cpu)
     events: list[tuple[str, str]] = []
     real = safetensors.torch.load_file
     monkeypatch.setattr(safetensors.torch, "load_file", lambda f, *a, **k: events.append(("file", Path(f).name))
@@ -640,10 +647,10 @@ def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeyp
     for rank in range(2):
         plan = plan_shards(cfg, rank, 2)
         events.clear()
-        cut = loading.load_model(tmp_path, torch.float64, cpu, shard=Recorded(plan, cfg.head_dim, torch.float64))
+        cut = loading.load_model(path, torch.float64, cpu, shard=Recorded(plan, cfg.head_dim, torch.float64))
         # file by file: each file's tensors are cut before the next file is read
         order = [name for kind, name in events if kind == "file"]
-        assert sorted(order) == sorted(held)
+        assert sorted(order) == sorted(held) and (layout == "gguf") == (not order)
         for i, f in enumerate(order):
             start = events.index(("file", f)) + 1
             end = events.index(("file", order[i + 1])) if i + 1 < len(order) else len(events)

@@ -227,18 +227,16 @@ def _path_config(path: Path, rope_scaling: str | None) -> ModelConfig:
 def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device,
                rope_scaling: str | None = None, shard: Any = None) -> LoadedModel:
     """Load from a path (GGUF file or HF directory), a transformers model object, or None (default);
-    `rope_scaling` extends the context (see with_rope_scaling). `shard` (a parallel.ShardedRead): an HF directory's
-    weights are cut to this rank's part as each file is read (LoadedModel.cut names them); other sources load whole."""
+    `rope_scaling` extends the context (see with_rope_scaling). `shard` (a parallel.ShardedRead): a file's weights
+    are cut to this rank's part as they are read (LoadedModel.cut names them); a model object is used whole."""
     cut: dict[str, tuple[tuple[int, ...], float]] = {}
     if source is not None and not isinstance(source, (str, os.PathLike)):
         loaded = _from_transformers(source, dtype, device, rope_scaling)
     else:
         path = resolve_path(source)
-        if path.is_file():
-            loaded = _from_gguf(path, dtype, device, rope_scaling)
-        else:
-            loaded = _from_hf_dir(path, dtype, device, rope_scaling, shard)
-            cut = shard.whole if shard is not None else {}
+        read = _from_gguf if path.is_file() else _from_hf_dir
+        loaded = read(path, dtype, device, rope_scaling, shard)
+        cut = shard.whole if shard is not None else {}
         if isinstance(source, str) and not Path(source).expanduser().exists():
             loaded.hub_id = source
     loaded.head_tensors = take_head_tensors(loaded.cfg, loaded.state, loaded.source)
@@ -317,7 +315,8 @@ def take_head_tensors(cfg: ModelConfig, state: dict[str, torch.Tensor], source: 
     return found
 
 
-def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None) -> LoadedModel:
+def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scaling: str | None,
+               shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> LoadedModel:
     reader, hf_config = gguf_header(path)  # the parse the CLI's memory plan made, if it made one
     cfg = _path_config(path, rope_scaling)
     corner: list[torch.Tensor] = []
@@ -327,7 +326,7 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
         if name == EMBED:
             corner.append(embed_corner(t))
 
-    state = gguf_state_dict(reader, hf_config, dtype, device, before_cast=before_cast)
+    state = gguf_state_dict(reader, hf_config, dtype, device, before_cast=before_cast, shard=shard)
     check_token_ids(reader, path)
     # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
     tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None

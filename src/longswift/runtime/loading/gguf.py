@@ -245,9 +245,11 @@ def _unpermute(w: np.ndarray, n_head: int, name: str, path: Path) -> np.ndarray:
 
 def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, device: torch.device,
                     only: set[str] | None = None,
-                    before_cast: Callable[[str, torch.Tensor], None] | None = None) -> dict[str, torch.Tensor]:
+                    before_cast: Callable[[str, torch.Tensor], None] | None = None,
+                    shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor (or those named in `only`) to `dtype` under its transformers name;
-    `before_cast` sees each (name, float32 values on the CPU) first."""
+    `before_cast` sees each (name, float32 values on the CPU) first; `shard` (parallel.ShardedRead) then cuts it to
+    this rank's part, so that a process holds one tensor whole at a time."""
     llama = hf_config.model_type == "llama"
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
@@ -285,6 +287,8 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
         values = torch.from_numpy(array)
         if before_cast is not None:
             before_cast(name, values)
+        if shard is not None:
+            values = shard(name, values)
         state[name] = values.to(device=device, dtype=dtype)
     return state
 
