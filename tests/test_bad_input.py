@@ -187,27 +187,48 @@ def test_a_torchrun_launch_without_its_rendezvous_is_one_line(capsys, monkeypatc
                                      "MASTER_PORT are not set: launch with torchrun")
 
 
+@pytest.fixture
+def waits(monkeypatch):
+    """The seconds the CLI slept (time.sleep recorded, not slept)."""
+    import longswift.cli
+
+    slept: list[float] = []
+    monkeypatch.setattr(longswift.cli.time, "sleep", slept.append)
+    return slept
+
+
 @pytest.mark.parametrize("local_rank", [0, 1])
-def test_an_error_every_rank_meets_is_said_once_per_machine(capsys, monkeypatch, local_rank):
-    """Under torchrun every process printed the same error of their common command line (or of a refusal the ranks
-    agreed on): N lines saying one thing. The first process of each machine says it; each exits with status 2."""
+def test_an_error_every_rank_meets_is_said_first_by_the_machines_first_process(capsys, monkeypatch, waits,
+                                                                                local_rank):
+    """Under torchrun every process printed the same error of their common command line: N lines saying one thing.
+    The machine's first process (LOCAL_RANK 0) says it at once; the others wait first, and torchrun, which stops a
+    run's processes once one has exited with an error, ends them before they say it again. (They exited at once,
+    silent, before: torchrun then stopped the first process before it printed, and no line said why.)"""
+    from longswift.cli import SAY_AFTER_THE_FIRST_S
+
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", str(2 + local_rank))  # the second machine's processes
     monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
     for argv, message in ((["generate", "--prompt", "hi", "--max-new-tokens", "x"], "argument --max-new-tokens"),
                           (["generate", "--prompt", "hi", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
                           (["generate", "--prompt", "hi", "--no-such-flag"], "unrecognized arguments: --no-such-flag")):
+        waits.clear()
         code, out, err = run_cli(capsys, *argv)
-        if local_rank == 0:
-            assert code == 2 and out == "" and err.count("\n") == 1, err
-            assert err.startswith("longswift (rank 2): error: ") and message in err, err
-        else:
-            assert (code, out, err) == (2, "", "")
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"longswift (rank {2 + local_rank}): error: ") and message in err, err
+        assert waits == ([] if local_rank == 0 else [SAY_AFTER_THE_FIRST_S])
+    monkeypatch.delenv("MASTER_ADDR")  # not torchrun's process (its variables inherited): no wait
+    waits.clear()
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--no-such-flag")
+    assert code == 2 and "unrecognized arguments" in err and waits == []
 
 
-def test_a_refusal_the_ranks_agreed_on_is_said_once_per_machine(capsys, monkeypatch):
-    """A refusal the ranks agreed on (TensorParallel.agree, refuse_together) is said by the machine's first process;
-    an error that a process may meet alone (its own GPU, its own lost contact) by every process that meets it."""
+def test_a_refusal_the_ranks_agreed_on_is_said_first_by_the_machines_first_process(capsys, monkeypatch, waits):
+    """A refusal the ranks agreed on (TensorParallel.agree, refuse_together) is said at once by the machine's first
+    process, by the others after the wait; an error that a process may meet alone (its own GPU, its own lost
+    contact) by every process at once."""
+    from longswift.cli import SAY_AFTER_THE_FIRST_S
     from longswift.errors import AgreedError
 
     def refused(error):
@@ -216,14 +237,17 @@ def test_a_refusal_the_ranks_agreed_on_is_said_once_per_machine(capsys, monkeypa
         return cmd_generate
 
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
     for local_rank in (0, 1):
         monkeypatch.setenv("RANK", str(local_rank))
         monkeypatch.setenv("LOCAL_RANK", str(local_rank))
         said = f"longswift{' (rank 1)' if local_rank else ''}: error: on rank 1 of this run's processes: not enough memory\n"
-        for error, saying in ((AgreedError, local_rank == 0), (LongswiftError, True)):
+        for error, waited in ((AgreedError, local_rank == 1), (LongswiftError, False)):
+            waits.clear()
             monkeypatch.setattr("longswift.cli.generate.cmd_generate", refused(error))
             code, out, err = run_cli(capsys, "generate", "--prompt", "hi")
-            assert (code, out, err) == (2, "", said if saying else ""), (error, local_rank)
+            assert (code, out, err) == (2, "", said), (error, local_rank)
+            assert waits == ([SAY_AFTER_THE_FIRST_S] if waited else []), (error, local_rank)
 
 
 @pytest.mark.parametrize("layout", ["file", "directory", "tokenswift directory"])
@@ -260,7 +284,19 @@ def test_an_output_named_as_another_outputs_lock_file_is_refused(tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("kind", ["text", "link", "directory"])
+def test_only_an_outputs_lock_file_is_reserved(tmp_path):
+    """An input has no lock file: an output named as one's lock name is an ordinary output (it was refused as "the
+    lock file that --prompt-file 'p.txt' is written under")."""
+    from longswift.atomic import check_distinct
+
+    check_distinct([("--output", tmp_path / "p.txt.longswift-lock"), ("--prompt-file", tmp_path / "p.txt")])
+    with pytest.raises(LongswiftError, match="--output and --prompt-file are the same file"):
+        check_distinct([("--output", tmp_path / "p.txt"), ("--prompt-file", tmp_path / "p.txt")])
+    with pytest.raises(LongswiftError, match="--json 'p.txt.longswift-lock' is the name of the lock file that --out"):
+        check_distinct([("--output", tmp_path / "p.txt"), ("--json", tmp_path / "p.txt.longswift-lock")])
+
+
+@pytest.mark.parametrize("kind", ["text", "digits, then text", "link", "directory", "socket"])
 def test_a_file_where_a_lock_would_be_is_never_taken_for_one(tmp_path, kind):
     """A run's lock file was `FILE.lock`, opened through links and truncated, then removed at the run's end:
     `--output Cargo` destroyed Cargo.lock (exit 0). Its name is now longswift's own, and a file there that is not
@@ -276,8 +312,15 @@ def test_a_file_where_a_lock_would_be_is_never_taken_for_one(tmp_path, kind):
     lock = tmp_path / "out.txt.longswift-lock"
     if kind == "text":
         lock.write_text("my data")
+    elif kind == "digits, then text":  # (a pid is at most 7 digits: 64 of them, then more, are someone's data)
+        lock.write_text("1" * 64 + " my data")
     elif kind == "link":
         lock.symlink_to(precious)
+    elif kind == "socket":
+        import socket
+
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(lock))
     else:
         lock.mkdir()
     with pytest.raises(LongswiftError, match=r"^'.*out\.txt\.longswift-lock', where a run writing 'out\.txt' takes "
@@ -285,7 +328,7 @@ def test_a_file_where_a_lock_would_be_is_never_taken_for_one(tmp_path, kind):
                                              r"another --output$"):
         OutputLock([("--output", tmp_path / "out.txt")]).__enter__()
     assert precious.read_text() == "my data" and lock.exists()
-    assert kind != "text" or lock.read_text() == "my data"
+    assert kind not in ("text", "digits, then text") or lock.read_text().endswith("my data")
     lock.unlink() if kind != "directory" else lock.rmdir()
     (tmp_path / "out.txt.longswift-lock").write_text("12345")  # a killed run's lock (its pid): taken over
     with OutputLock([("--output", tmp_path / "out.txt")]):

@@ -608,8 +608,9 @@ def test_torchrun_cli_matches_one_process(tmp_path, capsys):
     assert "on 2 processes" in proc.stderr and proc.stderr.count("16 tokens in") == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # (the checkpoint's: float64; the GGUF's: float32)
 @pytest.mark.parametrize("layout", ["hf directory", "gguf"])
-def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeypatch, layout):
+def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeypatch, layout, dtype):
     """Under tensor parallelism a process whose run's dtype differed from the checkpoint's converted the whole model
     before cutting its part (a GGUF's was dequantized whole in any dtype). Each tensor is now cut as it is read (an
     HF directory's file by file), and each process keeps copies of its parts alone; they equal the cut of the whole,
@@ -633,7 +634,7 @@ def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeyp
     held = {f.name: set(safe_open(str(f), "pt").keys()) for f in files}
     cfg = loading.load_config(path)
     cpu = torch.device("cpu")
-    whole = loading.load_model(path, torch.float64, cpu)
+    whole = loading.load_model(path, dtype, cpu)
     events: list[tuple[str, str]] = []
     real = safetensors.torch.load_file
     monkeypatch.setattr(safetensors.torch, "load_file", lambda f, *a, **k: events.append(("file", Path(f).name))
@@ -647,7 +648,7 @@ def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeyp
     for rank in range(2):
         plan = plan_shards(cfg, rank, 2)
         events.clear()
-        cut = loading.load_model(path, torch.float64, cpu, shard=Recorded(plan, cfg.head_dim, torch.float64))
+        cut = loading.load_model(path, dtype, cpu, shard=Recorded(plan, cfg.head_dim, dtype))
         # file by file: each file's tensors are cut before the next file is read
         order = [name for kind, name in events if kind == "file"]
         assert sorted(order) == sorted(held) and (layout == "gguf") == (not order)
@@ -660,12 +661,13 @@ def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeyp
         for name in weights:  # a copy of the part: not a view that keeps the whole tensor's memory
             part = shard_tensor(name, whole.state[name], plan, cfg.head_dim)
             assert torch.equal(cut.state[name], part)
-            assert cut.state[name].untyped_storage().nbytes() == part.numel() * 8 < whole.state[name].numel() * 8
+            size = dtype.itemsize
+            assert cut.state[name].untyped_storage().nbytes() == part.numel() * size < whole.state[name].numel() * size
         ours = shard_state(cfg, cut.state, plan, cpu, cut=cut.cut)
         assert ours.keys() == shard_state(cfg, whole.state, plan, cpu).keys()
         for name, t in shard_state(cfg, whole.state, plan, cpu).items():
             assert torch.equal(ours[name], t), name
-        assert state_digest(cut.state, cut.cut) == state_digest(whole.state)
+        assert state_digest(cut.state, cut.cut) == state_digest(whole.state)  # (of the tensors in the run's dtype)
 
 
 @pytest.mark.parametrize("rank", range(4))

@@ -133,10 +133,14 @@ def _text_to_append_to(path: Path, flag: str) -> str:
     return text
 
 
+# The flags of files a command reads (check_distinct's files that have no lock file: they are not written).
+INPUT_FLAGS = frozenset({"--prompt-file", "--model", "--heads", "--data"})
+
+
 def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
-    """Refuse two of a command's files (named by their flags; None: not given) that are one file, or one that is
-    another's lock file (lock_path): of two outputs only the one written last would be left, an output would
-    overwrite an input, and a file named as another's lock was removed with the lock at the run's end."""
+    """Refuse two of a command's files (named by their flags; None: not given) that are one file, or a file named
+    as an output's lock file (lock_path): of two outputs only the one written last would be left, an output would
+    overwrite an input, and a file named as an output's lock was removed with the lock at the run's end."""
     seen: dict[Path, str] = {}
     locks: dict[Path, tuple[str, str | os.PathLike]] = {}
     for flag, p in files:
@@ -147,7 +151,8 @@ def check_distinct(files: Iterable[tuple[str, str | os.PathLike | None]]) -> Non
         if real in seen:
             raise LongswiftError(f"{seen[real]} and {flag} are the same file ('{p}'): give each its own path")
         seen[real] = flag
-        locks[lock_path(Path(os.path.realpath(given.parent)) / given.name)] = (flag, p)
+        if flag not in INPUT_FLAGS:
+            locks[lock_path(Path(os.path.realpath(given.parent)) / given.name)] = (flag, p)
     for real, flag in seen.items():
         if real in locks:
             owner, p = locks[real]
@@ -488,15 +493,15 @@ class OutputLock:
         while True:
             try:  # (not through a link: another file would be truncated and removed as the lock)
                 fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
-            except OSError:
-                if not lock.is_symlink() and not lock.is_dir():
+            except OSError:  # (a link; a directory, a socket: not to be opened so)
+                if not (lock.is_symlink() or (lock.exists() and not lock.is_file())):
                     raise
                 fd = -1
             if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
                 if fd >= 0:
                     os.close(fd)
-                raise LongswiftError(f"'{lock}', where a run writing '{path.name}' takes its lock, is not a lock "
-                                     f"file (a link, directory or device): move it away, or give another {flag}")
+                raise LongswiftError(f"'{lock}', where a run writing '{path.name}' takes its lock, is not a lock file "
+                                     f"(a link, directory, device or socket): move it away, or give another {flag}")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -513,7 +518,7 @@ class OutputLock:
                 break
             os.close(fd)  # the holder removed it as we opened it: lock the new one
         held = os.pread(fd, 64, 0).strip()
-        if held and not held.isdigit():  # someone's file, which release() would remove
+        if os.fstat(fd).st_size > 32 or (held and not held.isdigit()):  # someone's file, which release() would remove
             os.close(fd)
             raise LongswiftError(f"'{lock}', where a run writing '{path.name}' takes its lock, is a file that is not "
                                  f"a lock (it holds other data): move it away, or give another {flag}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -26,16 +27,26 @@ def _prefix() -> str:
     return "longswift" if rank == 0 else f"longswift (rank {rank})"
 
 
-def _says_what_every_rank_meets() -> bool:
-    """Whether this process prints an error that every process of its run meets: the errors of its arguments (torchrun
-    gives every process the same command line) and the refusals its ranks agreed on. Under torchrun the first
-    process of each machine says them, once in that machine's log, where every process printed the same line."""
+# How long a process of a torchrun run waits before it prints an error that every process of the run meets (an error
+# of their common command line, a refusal the ranks agreed on), unless it is its machine's first process (LOCAL_RANK
+# 0), which prints at once: torchrun stops every other process of the run once one has exited with an error, so
+# the others' line, the same one, is not printed again (where every process printed it, N lines said one thing).
+# A process still there after the wait prints it too: its first process may have been stopped before printing (the
+# others used to exit at once, and torchrun stopped it: the only line was lost), or this may not be torchrun's run.
+SAY_AFTER_THE_FIRST_S = 5.0
+
+
+def _let_the_first_process_say_it() -> None:
+    """Wait SAY_AFTER_THE_FIRST_S before printing an error every process meets, in a torchrun process other than its
+    machine's first (a process of WORLD_SIZE > 1 and MASTER_ADDR, as torchrun sets them, and LOCAL_RANK above 0)."""
     from ..runtime.torchrun_env import env_local_rank, env_world_size
 
     try:
-        return env_world_size() == 1 or env_local_rank() == 0
-    except LongswiftError:  # (a variable that is not a number: every process says so)
-        return True
+        other = env_world_size() > 1 and bool(os.environ.get("MASTER_ADDR")) and env_local_rank() > 0
+    except LongswiftError:  # (a variable that is not a number: every process says so at once)
+        return
+    if other:
+        time.sleep(SAY_AFTER_THE_FIRST_S)
 
 
 def _silence_stdout() -> None:
@@ -57,7 +68,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("longswift").strip()
         hint = f" (see `longswift {command + ' ' if command else ''}--help`)"
-        self.exit(2, f"{_prefix()}: error: {message}{hint}\n" if _says_what_every_rank_meets() else None)
+        _let_the_first_process_say_it()  # (torchrun gives every process the same command line)
+        self.exit(2, f"{_prefix()}: error: {message}{hint}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,8 +160,8 @@ def _main(argv: list[str]) -> int:
     except LongswiftError as exc:
         if args.debug:
             raise
-        if isinstance(exc, (ConfigError, AgreedError)) and not _says_what_every_rank_meets():
-            return 2  # (said by this machine's first process)
+        if isinstance(exc, (ConfigError, AgreedError)):
+            _let_the_first_process_say_it()
         # Config errors name API fields (SamplingConfig.top_k); on the command line, the flag (--top-k).
         print(f"{_prefix()}: error: {getattr(exc, 'cli_message', None) or exc}", file=sys.stderr)
         return 2

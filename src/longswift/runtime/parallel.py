@@ -159,7 +159,7 @@ class ShardedRead:
         part = shard_tensor(name, full, self.plan, self.head_dim)
         if part is full:
             return full
-        self.whole[name] = (tuple(full.shape), tensor_digest(full))
+        self.whole[name] = (tuple(full.shape), tensor_digest(full, self.dtype))
         return part.to(dtype=self.dtype, memory_format=torch.contiguous_format, copy=True)
 
 
@@ -299,10 +299,12 @@ class TensorParallel:
         return self.broadcast_int(draw(transformed, cfg, generator) if self.rank == 0 else 0)
 
 
-def tensor_digest(t: torch.Tensor, samples: int = 4096) -> float:
-    """The float64 sum of up to `samples` of a tensor's values, evenly strided (state_digest)."""
+def tensor_digest(t: torch.Tensor, dtype: torch.dtype | None = None, samples: int = 4096) -> float:
+    """The float64 sum of up to `samples` of a tensor's values, evenly strided (state_digest), each first rounded
+    to `dtype` (that of the run, for a tensor read in another: the digest of the tensor the run would hold)."""
     flat = t.detach().reshape(-1)
-    return float(flat[:: max(1, flat.numel() // samples)].double().sum())
+    picked = flat[:: max(1, flat.numel() // samples)]
+    return float((picked if dtype is None else picked.to(dtype)).double().sum())
 
 
 Digest = list[tuple[str, tuple[int, ...], float]]  # state_digest: (name, shape, tensor_digest) a tensor
