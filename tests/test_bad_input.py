@@ -218,6 +218,13 @@ def test_an_error_every_rank_meets_is_said_first_by_the_machines_first_process(c
         assert code == 2 and out == "" and err.count("\n") == 1, err
         assert err.startswith(f"longswift (rank {2 + local_rank}): error: ") and message in err, err
         assert waits == ([] if local_rank == 0 else [SAY_AFTER_THE_FIRST_S])
+    if local_rank == 1:  # Ctrl-C during the wait (torchrun relays it to every process): the line, no traceback
+        def interrupted(seconds):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(longswift.cli.time, "sleep", interrupted)
+        code, out, err = run_cli(capsys, "generate", "--prompt", "hi", "--no-such-flag")
+        assert code == 2 and err.count("\n") == 1 and "unrecognized arguments: --no-such-flag" in err, err
     monkeypatch.delenv("MASTER_ADDR")  # not torchrun's process (its variables inherited): no wait
     waits.clear()
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--no-such-flag")

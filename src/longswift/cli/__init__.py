@@ -46,7 +46,10 @@ def _let_the_first_process_say_it() -> None:
     except LongswiftError:  # (a variable that is not a number: every process says so at once)
         return
     if other:
-        time.sleep(SAY_AFTER_THE_FIRST_S)
+        try:
+            time.sleep(SAY_AFTER_THE_FIRST_S)
+        except KeyboardInterrupt:  # (Ctrl-C, which torchrun relays to every process: say it now, not a traceback)
+            pass
 
 
 def _silence_stdout() -> None:
