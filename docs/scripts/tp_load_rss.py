@@ -1,7 +1,8 @@
-"""Peak private host memory (RssAnon) of each process of a 2-process tensor-parallel load (gloo, CPU) of a random
-Llama-shaped model saved as an HF directory in several weights files, against one process loading it whole.
+"""Peak private host memory (RssAnon) of each process of a tensor-parallel load (gloo, CPU) of a random
+Llama-shaped model saved as an HF directory in several weights files (or of --model), against one process loading it.
 
     python docs/scripts/tp_load_rss.py [--layers 8] [--hidden 1024] [--shard-size 200MB] [--dtypes float32,bfloat16]
+    python docs/scripts/tp_load_rss.py --model default --processes 3    # the embedded GGUF (9 heads: 3 processes)
 
 Run from a checkout whose `longswift` is importable (PYTHONPATH=src); it prints one line per process. The model is
 float32 (about 0.8 GB with the defaults), written once to a temporary directory.
@@ -61,7 +62,7 @@ class PeakAnon:
         self.peak = max(self.peak, anon_mb())
 
 
-def _rank(rank: int, world: int, store: str, model: str, dtype: str) -> None:
+def _rank(rank: int, world: int, store: str, model: str | None, dtype: str) -> None:
     import longswift
 
     torch.set_num_threads(1)
@@ -76,7 +77,7 @@ def _rank(rank: int, world: int, store: str, model: str, dtype: str) -> None:
     dist.destroy_process_group()
 
 
-def _single(model: str, dtype: str) -> None:
+def _single(model: str | None, dtype: str) -> None:
     import longswift
 
     torch.set_num_threads(1)
@@ -93,20 +94,25 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--shard-size", default="200MB")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="the runs' dtypes (the model is float32)")
+    parser.add_argument("--model", help="a model to load instead ('default': the embedded one)")
+    parser.add_argument("--processes", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp) / "model"
-        size = save_model(model, args.layers, args.hidden, args.shard_size)
-        files = sorted(model.glob("*.safetensors"))
-        print(f"model: {size / 2**20:.0f} MB float32 in {len(files)} weights files "
-              f"(largest {max(f.stat().st_size for f in files) / 2**20:.0f} MB)", flush=True)
+        model: str | None = None if args.model == "default" else args.model
+        if args.model is None:
+            model = str(Path(tmp) / "model")
+            size = save_model(Path(model), args.layers, args.hidden, args.shard_size)
+            files = sorted(Path(model).glob("*.safetensors"))
+            print(f"model: {size / 2**20:.0f} MB float32 in {len(files)} weights files "
+                  f"(largest {max(f.stat().st_size for f in files) / 2**20:.0f} MB)", flush=True)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         for dtype in args.dtypes.split(","):
             ctx = mp.get_context("spawn")
-            p = ctx.Process(target=_single, args=(str(model), dtype))
+            p = ctx.Process(target=_single, args=(model, dtype))
             p.start()
             p.join()
-            mp.spawn(_rank, args=(2, str(Path(tmp) / f"store-{dtype}"), str(model), dtype), nprocs=2, join=True)
+            mp.spawn(_rank, args=(args.processes, str(Path(tmp) / f"store-{dtype}"), model, dtype),
+                     nprocs=args.processes, join=True)
 
 
 if __name__ == "__main__":
