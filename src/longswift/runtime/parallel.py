@@ -141,6 +141,10 @@ def shard_tensor(name: str, full: torch.Tensor, plan: ShardPlan, head_dim: int) 
     return full
 
 
+# What is kept of a tensor ShardedRead cut as it was read: the whole tensor's shape and its tensor_digest.
+Whole = tuple[tuple[int, ...], float]
+
+
 class ShardedRead:
     """Cuts each weight of the decoder's layers to this rank's part as the loader reads it (loading.load_model's
     `shard`), so that a process holds its shard and one weights file at a time, not the whole model (a 70B model's
@@ -149,7 +153,7 @@ class ShardedRead:
 
     def __init__(self, plan: ShardPlan, head_dim: int, dtype: torch.dtype) -> None:
         self.plan, self.head_dim, self.dtype = plan, head_dim, dtype
-        self.whole: dict[str, tuple[tuple[int, ...], float]] = {}  # name -> (shape, tensor_digest) of each cut tensor
+        self.whole: dict[str, Whole] = {}  # name -> what is kept of each cut tensor
 
     def __call__(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """`full`'s part, copied in the run's dtype (one copy: the whole tensor can be freed), or `full` where it is
@@ -310,8 +314,7 @@ def tensor_digest(t: torch.Tensor, dtype: torch.dtype | None = None, samples: in
 Digest = list[tuple[str, tuple[int, ...], float]]  # state_digest: (name, shape, tensor_digest) a tensor
 
 
-def state_digest(state: dict[str, torch.Tensor], whole: dict[str, tuple[tuple[int, ...], float]] | None = None,
-                 ) -> Digest:
+def state_digest(state: dict[str, torch.Tensor], whole: dict[str, Whole] | None = None) -> Digest:
     """Each tensor's name, shape and tensor_digest: what ranks compare (TensorParallel.agree) to find another model
     loaded on one of them, reading a few thousand values a tensor rather than every weight. `whole`: those of the
     tensors cut to this rank's part as they were read (ShardedRead.whole), which are the whole model's."""

