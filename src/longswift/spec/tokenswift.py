@@ -222,38 +222,53 @@ def draft_logits(model: Transformer, heads: DraftHeads, depths: int, h: torch.Te
 
 def draft(s: TokenSwiftState) -> Draft:
     """Depth logits from the draft heads, transformed like the target, top-k per depth."""
+    return candidates(s, depth_logits(s))
+
+
+def pick_draft_cache(s: TokenSwiftState) -> tuple[FullKVCache, list[torch.Tensor] | None]:
+    """The cache the draft pass reads: the full cache while the context is below the budget; from the
+    budget on, the partial cache, or once per refill the full cache with a list to take the root's
+    queries in (to select the partial cache's entries from). Marks a refill as a one-off step and restarts
+    a static cache's full window."""
+    if s.partial is None or s.full.length < s.spec.draft_kv_budget:
+        return s.full, None
+    if not s.partial.selected or (s.partial.window_full and s.spec.draft_cache == "dynamic"):
+        s.one_off = True  # a refill: not timed for the schedule's rates
+        return s.full, []
+    if s.partial.window_full:  # static: keep the first selection, restart the window
+        s.partial.restart_window()
+    return s.partial, None
+
+
+def depth_logits(s: TokenSwiftState) -> torch.Tensor:
+    """The draft pass: logits [depths, V] (accumulation dtype) for the positions after the root."""
     model, root = s.model, int(s.history[s.n - 1])
     if s.spec.draft_mode == "fused":  # the heads on the state that predicted the root: no forward
         assert s.prev_hidden is not None  # (the prefill, then each step, set it)
-        depth_logits = draft_logits(model, s.heads, len(s.levels), s.prev_hidden[None], base=False)
+        return draft_logits(model, s.heads, len(s.levels), s.prev_hidden[None], base=False)
+    cache, queries = pick_draft_cache(s)
+    start = cache.length
+    graphs = s.graphs.get(id(cache))
+    if graphs is not None and queries is None:
+        logits = graphs.draft(root, s.n - 1)[0]  # forward, heads and LM head in one replay
     else:
-        cache: FullKVCache = s.full
-        queries: list[torch.Tensor] | None = None
-        # Draft on the full cache while the context is below the budget; from the budget on, on the partial cache.
-        if s.partial is not None and s.full.length >= s.spec.draft_kv_budget:
-            if not s.partial.selected or (s.partial.window_full and s.spec.draft_cache == "dynamic"):
-                queries = []  # draft on the full cache once, then select with the root's queries
-                s.one_off = True
-            else:
-                if s.partial.window_full:  # static: keep the first selection, restart the window
-                    s.partial.restart_window()
-                cache = s.partial
-        start = cache.length
-        graphs = s.graphs.get(id(cache))
-        if graphs is not None and queries is None:
-            depth_logits = graphs.draft(root, s.n - 1)[0]  # forward, heads and LM head in one replay
-        else:
-            tokens = torch.tensor([root], device=model.device)
-            pos = torch.tensor([s.n - 1])  # on the host, as runtime.blocks.decode's
-            h = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)[1][-1]
-            depth_logits = draft_logits(model, s.heads, len(s.levels), h[None])
-        cache.truncate(start)
-        if queries is not None:
-            assert s.partial is not None  # (queries are taken only to select the partial cache's entries)
-            s.partial.select(s.full, queries)
-            s.partial_from = s.full.length
+        tokens = torch.tensor([root], device=model.device)
+        pos = torch.tensor([s.n - 1])  # on the host, as runtime.blocks.decode's
+        h = model.forward(tokens, pos, cache, logits_rows=slice(0, 0), queries=queries)[1][-1]
+        logits = draft_logits(model, s.heads, len(s.levels), h[None])
+    cache.truncate(start)
+    if queries is not None:
+        assert s.partial is not None  # (queries are taken only to select the partial cache's entries)
+        s.partial.select(s.full, queries)
+        s.partial_from = s.full.length
+    return logits
+
+
+def candidates(s: TokenSwiftState, logits: torch.Tensor) -> Draft:
+    """Each depth's top candidates (and their log-probabilities where the trie is pruned) after the
+    target's transform under the root's penalty window, read to the host in one copy."""
     window = s.window()
-    x = transform(depth_logits, window.expand(depth_logits.shape[0], -1), s.sampling)  # every depth sees the root's window
+    x = transform(logits, window.expand(logits.shape[0], -1), s.sampling)  # every depth sees the root's window
     top = torch.topk(x, min(max(s.levels), x.shape[-1]), dim=-1)  # [depths, k]: the widest depth's count
     # The candidates' log-probabilities rank the trie's nodes where it is pruned.
     scores = top.values - torch.logsumexp(x, dim=-1, keepdim=True) if s.pruning else top.values  # [depths, k]
