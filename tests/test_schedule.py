@@ -336,3 +336,37 @@ def test_lookups_that_find_no_n_gram_do_not_win_the_lead_on_noise():
     drafted = sum(d for d, _ in runs) / len(runs)
     speed = sum(r for _, r in runs) / len(runs)
     assert drafted < 40 and speed > 0.99, (drafted, speed)
+
+
+def test_one_paused_step_of_the_leader_does_not_hand_the_lead_to_a_slower_kind():
+    """A review: one plain step paused 100x (the OS, the collector) put plain steps' EMA at 10.9x their cost; lookup
+    steps 1.3x slower led, and by the probe budget plain steps were probed again only ~740 steps later. A step's
+    seconds enter its kind's EMA at most OUTLIER times the EMA."""
+    s = StepSchedule()
+    picks = []
+    for i in range(1000):
+        kind = s.choose()
+        picks.append(kind)
+        cost = {FULL: 2.6, LOOKUP: 1.3, PLAIN: 1.0}[kind] * (100.0 if i == 500 else 1.0)
+        s.record(kind, 2 if kind == FULL else 1, cost)
+    assert picks[501:].count(PLAIN) > 480, picks[501:].count(PLAIN)
+
+
+def test_token_blocks_keep_the_probe_schedule_of_single_plain_steps():
+    """Plain steps run as blocks (plain_run, skip) pick what single steps pick, a block ending where a probe falls
+    due (plain_run's `1 + room`): a block one step longer put every probe one step late (a review's mutation)."""
+
+    def cost(kind: str, i: int) -> float:  # constant: a probe's interval floor moves with the leader's noise
+        return {FULL: 0.013, LOOKUP: 0.0104, PLAIN: 0.01}[kind]
+
+    single, blocked = StepSchedule(), StepSchedule()
+    picks: list[list[str]] = [[], []]
+    for s, out, block in ((single, picks[0], 1), (blocked, picks[1], 8)):
+        while len(out) < 3000:
+            kind = s.choose()
+            n = s.plain_run(block, 3000 - len(out)) if kind == PLAIN else 1
+            s.skip(n - 1)
+            for _ in range(n):
+                s.record(kind, 1, cost(kind, len(out)))
+                out.append(kind)
+    assert picks[0] == picks[1] and picks[0].count(PLAIN) > 2500 and picks[0].count(FULL) >= 5

@@ -39,6 +39,10 @@ STALE_STEPS = 64
 # one whose steps are never timed as its own (lookup steps that find no n-gram while another kind leads are timed as
 # plain steps: with --ngram-topk 0 all of them) would otherwise run at every step, no other kind probed again.
 UNTIMED_TRIES = 8
+# A timed step's seconds enter its kind's EMA at most this many times the EMA (a step the OS or the collector paused:
+# one 100x step left plain steps' EMA at 10.9x their cost, so a 1.3x slower kind led and, by the probe budget, plain
+# steps were not probed again for ~740 steps). A real change of load still shows: the EMA may grow 1.2x a step.
+OUTLIER = 3.0
 TOKENS_PER_STEP_EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
 
@@ -212,7 +216,7 @@ class StepSchedule:
         self._tokens(kind, tokens)
         old = self.step_seconds[kind]
         fresh = old <= 0 or self.stale(kind) or kind in self.refresh  # (old seconds: replaced, not averaged in)
-        self.step_seconds[kind] = seconds if fresh else (1 - RATE_EMA) * old + RATE_EMA * seconds
+        self.step_seconds[kind] = seconds if fresh else (1 - RATE_EMA) * old + RATE_EMA * min(seconds, OUTLIER * old)
         self.timed_at[kind] = self.steps
         self.refresh.discard(kind)
 
