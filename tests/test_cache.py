@@ -442,3 +442,21 @@ def test_the_memory_plan_counts_what_a_tokenswift_run_allocates():
         1000 + padded_nodes(nodes)
     assert run_plan(cfg, torch.float32, torch.device("cpu"), 1000, 64, False, False, spec).capacity_tokens == \
         1000 + nodes  # the CPU's steps are not padded
+
+
+def test_a_plans_total_and_refusal_count_the_draft_cache_and_loaded_copies(monkeypatch):
+    """The draft pass's partial cache is part of what a run needs (total, the refusal), and only then is
+    --draft-kv-budget advised; weights and their packed copies already resident are not counted again."""
+    import longswift.runtime.memory as memory
+
+    plan = memory.MemoryPlan(weights=5 * memory.GiB, packed_weights=memory.GiB, kv_cache=memory.GiB, workspace=0,
+                             capacity_tokens=8, device="cpu", draft_cache=memory.GiB, draft_tokens=4)
+    assert plan.total == 8 * memory.GiB and plan.needed(weights_loaded=True) == 2 * memory.GiB
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2 * memory.GiB - 1)  # the KV cache alone fits
+    with pytest.raises(LongswiftError, match="a smaller draft_kv_budget"):
+        plan.check(weights_loaded=True)
+    ar = memory.MemoryPlan(weights=0, packed_weights=0, kv_cache=2 * memory.GiB, workspace=0, capacity_tokens=8,
+                           device="cpu")
+    with pytest.raises(LongswiftError) as refused:
+        ar.check(weights_loaded=True)
+    assert "draft_kv_budget" not in str(refused.value)

@@ -61,7 +61,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"memory plan for {tokens} tokens with {method} in {dtype_name(dtype)}: {plan.describe()}")
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
-              f"holds {size_text(current_rss())} now, already left out of the available figure below")
+              f"holds {size_text(current_rss())} now, already left out of the available figure below; nor what "
+              "loading holds for a moment while it reads, converts and packs the weights (see README)")
     if tokens > cfg.context_limit:
         print(f"note: {tokens} tokens exceed the model's context of {cfg.context_limit}: generation will refuse them "
               "unless the context is extended with --rope-scaling")
