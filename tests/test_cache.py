@@ -164,6 +164,29 @@ def test_either_key_layout_gives_the_same_forwards_compaction_and_draft_selectio
         torch.testing.assert_close(b, a, **tol)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("missed", [0, 2, 4, 7])
+def test_a_static_window_slides_on_to_its_newest_half(transposed, missed):
+    """A full window of a static partial cache keeps its newest half: its own newest entries, then the full-cache
+    slots it missed (all of them, or their newest half-window where they are more); the sinks and retrieved
+    entries stay. Before, the window was emptied and the draft pass lost the text before its root."""
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    full = FullKVCache(cfg, 64, torch.float32, torch.device("cpu"), transposed=transposed)
+    full.k.copy_(torch.arange(64.0)[None, None, :, None].expand_as(full.k))  # each slot's value: its slot number
+    full.v.copy_(-full.k)
+    full.length = 40 + missed
+    part = PartialKVCache(cfg, 30, 4, 8, torch.float32, torch.device("cpu"))  # keys transposed on a CPU
+    part.k.fill_(-1.0)
+    part.k[:, :, :22] = 100.0  # sinks + retrieved: 4 + 18
+    part.window_start = part.length = 22
+    assert part.append(full, 32, 40) == 40 and part.window_full  # the window holds slots 32..39
+    assert part.append(full, 40, full.length) == 40  # no room: what it missed stays to copy
+    assert part.slide_window(full, 40, full.length) == full.length
+    kept = list(range(40 + missed - 4, 40 + missed))  # the newest 4 of slots 32 .. 40 + missed - 1
+    assert part.length == 26 and part.k[:, :, :22].eq(100.0).all()
+    assert part.k[0, 0, 22:26, 0].tolist() == kept and part.v[0, 0, 22:26, 0].tolist() == [-x for x in kept]
+
+
 def test_compact_keeps_exactly_the_chosen_entries():
     cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
     cache = FullKVCache(cfg, 32, torch.float32, torch.device("cpu"))

@@ -107,9 +107,18 @@ class PartialKVCache(FullKVCache):
     def window_full(self) -> bool:
         return self.length - self.window_start >= self.window
 
-    def restart_window(self) -> None:
-        """Empty the recent window, keeping the sinks and retrieved entries (static partial cache)."""
-        self.length = self.window_start
+    def slide_window(self, full: FullKVCache, start: int, stop: int) -> int:
+        """Refill a full recent window with its newest half: the newest of its entries followed by full-cache
+        slots [start, stop) that it missed (static partial cache: the sinks and retrieved entries stay, and the
+        draft pass goes on seeing the text just before its root). Returns the first slot not copied."""
+        keep = self.window // 2
+        held = max(keep - max(stop - start, 0), 0)  # the window's own newest entries kept
+        first = self.length - held
+        # [window_start, +held) <- [first, length): first >= window_start + window - held >= window_start + held
+        self.k[:, :, self.window_start : self.window_start + held] = self.k[:, :, first : self.length]
+        self.v[:, :, self.window_start : self.window_start + held] = self.v[:, :, first : self.length]
+        self.length = self.window_start + held
+        return self.append(full, max(start, stop - keep), stop)
 
     def select(self, full: FullKVCache, queries: list[torch.Tensor]) -> None:
         """Refill from `full[:length]` with sinks + top-`retrieved` slots per layer and KV head.
@@ -137,8 +146,9 @@ class PartialKVCache(FullKVCache):
         self.length = self.window_start = s + r
         self.selected = True
 
-    def append(self, full: FullKVCache, start: int, stop: int) -> None:
-        """Copy full-cache slots [start, stop) into the recent window (as much as fits)."""
+    def append(self, full: FullKVCache, start: int, stop: int) -> int:
+        """Copy full-cache slots [start, stop) into the recent window, as many as fit; returns the first slot
+        not copied (`stop` when all fit)."""
         room = self.budget - self.length
         stop = min(stop, start + room)
         n = stop - start
@@ -146,3 +156,4 @@ class PartialKVCache(FullKVCache):
             self.k[:, :, self.length : self.length + n] = full.k[:, :, start:stop]
             self.v[:, :, self.length : self.length + n] = full.v[:, :, start:stop]
             self.length += n
+        return max(stop, start)

@@ -194,8 +194,9 @@ class TokenSwiftState:
         updating after every step."""
         self.catch_up_tables()
         if self.partial is not None and self.partial.selected:
-            self.partial.append(self.full, self.partial_from, self.full.length)
-        self.partial_from = self.full.length
+            self.partial_from = self.partial.append(self.full, self.partial_from, self.full.length)
+        else:
+            self.partial_from = self.full.length
 
 
 def _stage_done(s: TokenSwiftState, stage: str, t0: float) -> float:
@@ -228,15 +229,15 @@ def draft(s: TokenSwiftState) -> Draft:
 def pick_draft_cache(s: TokenSwiftState) -> tuple[FullKVCache, list[torch.Tensor] | None]:
     """The cache the draft pass reads: the full cache while the context is below the budget; from the
     budget on, the partial cache, or once per refill the full cache with a list to take the root's
-    queries in (to select the partial cache's entries from). Marks a refill as a one-off step and restarts
+    queries in (to select the partial cache's entries from). Marks a refill as a one-off step and slides
     a static cache's full window."""
     if s.partial is None or s.full.length < s.spec.draft_kv_budget:
         return s.full, None
     if not s.partial.selected or (s.partial.window_full and s.spec.draft_cache == "dynamic"):
         s.one_off = True  # a refill: not timed for the schedule's rates
         return s.full, []
-    if s.partial.window_full:  # static: keep the first selection, restart the window
-        s.partial.restart_window()
+    if s.partial.window_full:  # static: keep the first selection, slide the window on to the entries it missed
+        s.partial_from = s.partial.slide_window(s.full, s.partial_from, s.full.length)
     return s.partial, None
 
 
