@@ -335,7 +335,7 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
             raise LongswiftError(f"{m} needs {size_text(need)} more for the {tokens}-token cell "
                                  f"({plan.describe()}), but {size_text(free)} is free; lower --lengths or --prefix, "
                                  "or use a smaller --dtype"
-                                 + (", --draft-kv-budget, --tree, --ngram-topk or --lookup-nodes, or a --max-nodes"
+                                 + (", --draft-kv-budget, --tree, --ngram-topk or --lookup-nodes, or a smaller --max-nodes"
                                     if plan.tree_nodes else ""))
     if not cfg.lockstep or len(ours) < 2:
         return

@@ -161,7 +161,7 @@ class MemoryPlan:
                         f"{size_text(free)} is free; lower {name('max_new_tokens')} or the prompt length, or use a "
                         f"smaller {name('dtype')}"
                         + (f", a smaller {name('draft_kv_budget')}" if self.draft_cache else "")  # (AR has none)
-                        + (f", {name('tree')}, {name('ngram_topk')} or {name('lookup_nodes')}, or a "
+                        + (f", {name('tree')}, {name('ngram_topk')} or {name('lookup_nodes')}, or a smaller "
                            f"{name('max_nodes')} ({verified})" if self.tree_nodes else ""))
 
             raise LongswiftError(advice(lambda field: field), advice(lambda field: "--" + field.replace("_", "-")))
