@@ -178,6 +178,16 @@ def test_debug_anywhere_shows_the_traceback(capsys, where):
         run_cli(capsys, *argv)
 
 
+def test_token_ids_past_the_context_are_refused_before_loading(capsys, no_loading):
+    """--prompt-ids are counted before the weights are read (text needs the tokenizer, which comes with them): a
+    prompt of 100 ids and 8,100 new tokens overflows the embedded model's 8,192 before the load, not after it."""
+    ids = ",".join(["42"] * 100)
+    code, out, err = run_cli(capsys, "generate", "--prompt-ids", ids, "--max-new-tokens", "8100", "--method", "ar")
+    assert_one_line_error(code, err, "prompt (100 tokens) + --max-new-tokens 8100 = 8200 exceeds this model's "
+                                     "context of 8192 tokens")
+    assert out == ""
+
+
 def test_memory_refusal_for_a_huge_tree_names_the_flags_before_loading(capsys, no_loading):
     code, out, err = run_cli(capsys, "generate", "--prompt", "hi", "--heads", "random", "--tree", "64,64,64,64")
     assert_one_line_error(code, err, "not enough memory")

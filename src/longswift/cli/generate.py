@@ -183,7 +183,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _keep_unfinished(outputs)
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
-    cfg = _plan_before_loading(args.model, runtime, generation, None, spec if tokenswift else None)
+    # Token ids are counted as they are; text is tokenized by the model's tokenizer, which comes with the weights.
+    counted = len(prompt) if isinstance(prompt, list) else None
+    cfg = _plan_before_loading(args.model, runtime, generation, counted, spec if tokenswift else None)
     if isinstance(prompt, list) and any(not 0 <= t < cfg.vocab_size for t in prompt):
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     if any(t >= cfg.vocab_size for t in sampling.banned_ids):
@@ -520,8 +522,8 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
                          spec: SpecConfig | None = None, resumed: bool = False) -> Any:
     """Refuse, before reading any weights, a run whose weights + KV cache for its prompt and new tokens
     cannot fit (with TokenSwift's tree and draft cache when `spec` is given; `resumed`: a run that keeps its
-    checkpoint's rope scaling). A new run (`prompt_tokens` None: not tokenized yet) plans for a one-token
-    prompt: the exact plan, with the prompt, is checked again before the cache is allocated. Under torchrun, a model that does not split across the processes is
+    checkpoint's rope scaling). A new run's text prompt (`prompt_tokens` None: not tokenized yet) is planned as one
+    token: the exact plan, with the prompt, is checked again before the cache is allocated. Under torchrun, a model that does not split across the processes is
     refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
     import torch
 
