@@ -238,3 +238,25 @@ def test_added_special_tokens_count_as_special(embedded):
     assert set(tokenizer.all_special_ids) == {0, 1, 2}
     assert set(range(17)) <= special_ids(tokenizer)
     assert decode_text(tokenizer, list(range(3, 17))) == ""
+
+
+@pytest.mark.parametrize("eoses", [MAX_HELD, MAX_HELD + 1, 40])
+@pytest.mark.parametrize("split", [1, 2, 3])
+@pytest.mark.parametrize("cuts", [[1], [3], [16]])
+def test_a_character_whose_bytes_a_long_run_of_eos_splits_streams_whole(eoses, split, cuts):
+    """A character's first bytes, then more than MAX_HELD <eos>, then its last bytes: the held run counted too few
+    tokens of text, fell back to keeping only the last FINAL_AFTER tokens (all <eos>), and streamed the head of
+    the character as "\\ufffd"; from there on the stream decoded its tail alone and lost the character."""
+    emoji, eos = TOKENIZER.encode("🙂"), TOKENIZER.convert_tokens_to_ids("<eos>")
+    ids = emoji[:split] + [eos] * eoses + emoji[split:] + TOKENIZER.encode(" ok")
+    assert decode_text(TOKENIZER, ids) == "🙂 ok"
+    assert "".join(stream_text(TOKENIZER, ids, cuts)) == "🙂 ok"
+
+
+def test_a_sentencepiece_words_space_survives_a_long_run_of_eos_before_it():
+    """"▁", then more than MAX_HELD </s>, then "▁world": the held run moved on with the lone "▁" as the
+    left context it stripped, and the stream lost the space the text holds."""
+    ids = SP.convert_tokens_to_ids(["▁"] + ["</s>"] * 30 + ["▁world"])
+    assert decode_text(SP, ids) == " world"
+    for cuts in ([1], [1, 5], [16]):
+        assert "".join(stream_text(SP, ids, cuts)) == " world", cuts

@@ -57,7 +57,6 @@ class IncrementalDecoder:
         self.read = 0  # text of ids[:read] has been emitted
         self.special = special_ids(tokenizer)  # tokens of no text (skipped)
         self.bytes = byte_fallback_ids(tokenizer)  # a byte-fallback run's text is final only when it ends
-        self.in_run = self.bytes | self.special  # (a special token inside a run joins its parts: it is left out)
 
     def _decode(self, ids: list[int]) -> str:
         return decode_text(self.tokenizer, ids)
@@ -65,24 +64,25 @@ class IncrementalDecoder:
     def _run_start(self, i: int, end: int) -> int:
         """Where a byte-fallback run that position i (between ids[i - 1] and ids[i], i <= end; at `end`, a run
         still open there) falls inside begins, looking no further back than the read offset; i where it falls
-        inside none (a stretch of special tokens alone is no run)."""
-        if not self.bytes or i <= self.read or self.ids[i - 1] not in self.in_run:
+        inside none."""
+        if not self.bytes or i <= self.read or self.ids[i - 1] not in self.bytes:
             return i
-        if i < end and self.ids[i] not in self.in_run:
+        if i < end and self.ids[i] not in self.bytes:
             return i
-        start, stop = i, i
-        while start > self.read and self.ids[start - 1] in self.in_run:
+        start = i
+        while start > self.read and self.ids[start - 1] in self.bytes:
             start -= 1
-        while stop < end and self.ids[stop] in self.in_run:
-            stop += 1
-        return start if any(t in self.bytes for t in self.ids[start:stop]) else i
+        return start
 
     def _settled(self) -> int:
         """How many of the ids have final text: all but a byte-fallback run still open at the end."""
         return self._run_start(len(self.ids), len(self.ids))
 
     def push(self, ids: list[int]) -> str:
-        self.ids.extend(ids)
+        # Special tokens decode to nothing and decoding leaves them out before the decoder joins the rest (a byte
+        # run they split is one run): kept out of `ids`, they can neither be counted as tokens of text held back
+        # nor pad a held run (a lead byte, 16 <eos>, its continuation byte streamed "\ufffd" and lost the rest).
+        self.ids.extend(t for t in ids if t not in self.special)
         end = self._settled()
         if end <= self.read:  # (an open byte run: nothing to decode yet, however long it grows)
             return ""
@@ -100,16 +100,8 @@ class IncrementalDecoder:
         text up to FINAL_AFTER tokens back, whatever it is, is final (a character is at most 4 bytes, a
         token at least 1), so it is emitted and the offsets move there. Without this every push of such
         a run decoded all of it again: a model stuck on a lone byte for 10K tokens took a second a 1K.
-        Special tokens decode to nothing, so they are not counted among those kept back where the run has
-        enough others (two inside a character cut it, and its first bytes went out as "\ufffd"); a run of
-        them alone (a model stuck on EOS) moves on as before."""
-        cut, counted = end, 0
-        while counted < FINAL_AFTER and cut > self.read:
-            cut -= 1
-            counted += self.ids[cut] not in self.special
-        if counted < FINAL_AFTER:  # too few tokens of text: keep back the last few tokens, as before
-            cut = end - FINAL_AFTER
-        cut = self._run_start(cut, end)  # never inside a byte-fallback run: its text is the whole run's
+        (Special tokens never reach `ids`: push leaves them out.)"""
+        cut = self._run_start(end - FINAL_AFTER, end)  # never inside a byte-fallback run: its text is the whole run's
         if cut <= self.read:
             return ""
         text = self._decode(self.ids[self.prefix : cut])
