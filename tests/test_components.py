@@ -444,8 +444,8 @@ def test_a_plain_block_leaves_the_fused_heads_state_where_single_steps_do():
 
 def test_the_partial_caches_window_holds_the_full_caches_entries_since_its_selection(monkeypatch):
     """Plain steps leave the window behind and the next drafting step's catch_up brings it up to date: it
-    then holds the full cache's slots from the selection on, each once, none skipped (drafts, not outputs,
-    depend on it)."""
+    then holds the full cache's slots from the selection on, each once, none skipped, and partial_from is the
+    first slot it does not hold (drafts, not outputs, depend on it)."""
     from longswift.spec import schedule
     from longswift.spec.tokenswift import tokenswift_steps
 
@@ -472,8 +472,8 @@ def test_the_partial_caches_window_holds_the_full_caches_entries_since_its_selec
                 continue
             start, part = selections[-1], s.partial
             filled = part.length - part.window_start
-            assert s.partial_from == s.full.length
             assert filled == min(part.budget - part.window_start, s.full.length - start)
+            assert s.partial_from == start + filled  # (where the window is full, the first slot it has not seen)
             assert torch.equal(part.k[:, :, part.window_start : part.length], s.full.k[:, :, start : start + filled])
             checked += 1
     assert checked >= 3 and len(selections) >= 2

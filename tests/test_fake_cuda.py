@@ -139,10 +139,10 @@ def test_tokenswift_on_fake_cuda_reads_the_device_once_a_block_or_stage(sampling
         stats, sites, blocks = run_loop(fake, "tokenswift", sampling, spec)
     drafted = stats.verify_steps - stats.lookup_steps
     assert stats.verify_steps > 0 and drafted > 0, vars(stats)
-    assert set(sites) <= {"draw", "sample_block", "draft", "batched_walk"}, fake.reads
+    assert set(sites) <= {"draw", "sample_block", "candidates", "batched_walk"}, fake.reads
     assert sites["draw"] == 1  # the first token, after the prefill
     assert sites["batched_walk"] == stats.verify_steps
-    assert sites["draft"] == drafted
+    assert sites["candidates"] == drafted
     assert sum(blocks) == stats.plain_steps and all(1 <= b <= 16 for b in blocks)
 
 
@@ -167,8 +167,8 @@ def test_the_partial_cache_on_fake_cuda(draft_cache, monkeypatch):
     # 40 tokens through a window of 8: the dynamic cache selects again each time the window fills, the static once
     assert len(selections) > 1 if draft_cache == "dynamic" else len(selections) == 1, len(selections)
     assert stats.verify_steps == stats.steps - 1  # every step after the first token drafts (adaptive off)
-    assert set(sites) == {"draw", "draft", "batched_walk"}
-    assert sites["draft"] == sites["batched_walk"] == stats.verify_steps
+    assert set(sites) == {"draw", "candidates", "batched_walk"}
+    assert sites["candidates"] == sites["batched_walk"] == stats.verify_steps
 
 
 @pytest.mark.parametrize("method", ["ar", "tokenswift"])
@@ -187,7 +187,7 @@ def test_a_model_file_loaded_onto_fake_cuda_generates_through_the_engine(method,
     if method == "ar":
         assert sites == {"sample_block": 2}, fake.reads  # 16 tokens, then 4
     else:
-        assert set(sites) <= {"draw", "sample_block", "draft", "batched_walk"} and result.stats.verify_steps > 0
+        assert set(sites) <= {"draw", "sample_block", "candidates", "batched_walk"} and result.stats.verify_steps > 0
 
 
 def test_generate_on_the_command_line_on_fake_cuda(monkeypatch, tmp_path, capsys):
@@ -227,7 +227,7 @@ def test_bench_steps_rig_runs_its_cuda_steps_at_100k_tokens_on_fake_cuda(attenti
     assert costs[0].reselect is None and costs[1].reselect is not None  # past the draft KV budget (4,096) at 100K
     assert all(c.ar_eager is not None and set(c.verify) == {1, 8, 32} and set(c.walk_batched) == {1, 8, 32}
                for c in costs)
-    assert {r.where.split(":")[0] for r in fake.reads} <= {"draw", "draft", "batched_walk", "lossless_walk"}
+    assert {r.where.split(":")[0] for r in fake.reads} <= {"draw", "candidates", "batched_walk", "lossless_walk"}
 
 
 @pytest.mark.parametrize("method", ["ar", "tokenswift"])
