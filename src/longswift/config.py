@@ -38,6 +38,11 @@ def torch_seed(value: int) -> int:
     return value % 2**64
 
 
+def flag_name(field: str) -> str:
+    """A config field as the command line spells it (max_new_tokens -> --max-new-tokens)."""
+    return "--" + field.replace("_", "-")
+
+
 def _help(text: str, **extra: Any) -> dict[str, Any]:
     return {"help": text, **extra}
 
@@ -70,7 +75,7 @@ def check_types(config: Any) -> None:
         expected = " or ".join([_EXPECTED[t][1] for t in options] + (["None"] if optional else []))
         got = f"got {value!r} ({type(value).__name__})"
         raise ConfigTypeError(f"{cls.__name__}.{name} must be {expected}; {got}",
-                              f"--{name.replace('_', '-')} must be {expected}; {got}")
+                              f"{flag_name(name)} must be {expected}; {got}")
 
 
 def _validated(post_init: Any) -> Any:

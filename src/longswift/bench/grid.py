@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import heads_fingerprint
-from ..config import GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name, seed_problem
+from ..config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name, flag_name,
+                      seed_problem)
 from ..engine import Engine, load
 from ..stream import GenerationStream
 from ..errors import LongswiftError
@@ -334,9 +335,7 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
         if need > free:
             raise LongswiftError(f"{m} needs {size_text(need)} more for the {tokens}-token cell "
                                  f"({plan.describe()}), but {size_text(free)} is free; lower --lengths or --prefix, "
-                                 "or use a smaller --dtype"
-                                 + (", --draft-kv-budget, --tree, --ngram-topk or --lookup-nodes, or a smaller --max-nodes"
-                                    if plan.tree_nodes else ""))
+                                 "or use a smaller --dtype" + plan.drafting_advice(flag_name))
     if not cfg.lockstep or len(ours) < 2:
         return
     need = lockstep_bytes(plans, model.device.type == "cuda" and use_graphs(engine.runtime.cuda_graphs, model))

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import HEADS_WORDS, seed_problem
+from ..config import HEADS_WORDS, flag_name, seed_problem
 from ..errors import LongswiftError
 
 # --model of every command but generate (whose help names the embedded model) and export-heads (the base model)
@@ -87,7 +87,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type,
     for f in dataclasses.fields(cls):
         if "help" not in f.metadata or f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_name(f.name)
         kind = hints[f.name]
         default, text = (overrides or {}).get(f.name, (f.default, f.metadata["help"]))
         choices = f.metadata.get("choices")

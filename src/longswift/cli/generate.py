@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
-                      unused_spec_fields)
+                      flag_name, unused_spec_fields)
 from ..errors import ConfigError, LongswiftError
 from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, given_path,
                     heads_inputs, heads_value, model_inputs, output_file, whole_number)
@@ -208,7 +208,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.method == "ar" and args.heads not in (None, "none"):
             drafting = ["heads", *drafting]
         if drafting and ranks.main and (args.method == "ar" or engine.heads is None):
-            flags = ", ".join(f"--{name.replace('_', '-')}" for name in drafting)
+            flags = ", ".join(map(flag_name, drafting))
             why = ("--method ar runs AR" if args.method == "ar" else "--heads none runs AR" if heads == "none"
                    else "this model has no draft heads, so the run is AR")
             print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
@@ -216,7 +216,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         elif drafting and ranks.main:
             unused, _, why = unused_spec_fields(spec, drafting)
             if unused:
-                flags = ", ".join(f"--{name.replace('_', '-')}" for name in unused)
+                flags = ", ".join(map(flag_name, unused))
                 print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}",
                       file=sys.stderr)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,

@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import RuntimeConfig, SamplingConfig, SpecConfig
+from ..config import RuntimeConfig, SamplingConfig, SpecConfig, flag_name
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from .flags import (DECODING_ONLY, HEADS_HELP, MODEL_HELP, add_config_flags, add_switch, check_heads_flag,
                     config_from_args, given_path, heads_value, model_inputs, output_file, progress_lines, seed_number,
@@ -97,7 +97,7 @@ def read_data(args: argparse.Namespace, purpose: str = "training") -> list[str]:
         raise LongswiftError(f"--self-distill must be a number of tokens >= 0, got {args.self_distill}")
     for flag in ("distill_new_tokens", "distill_batch"):
         if getattr(args, flag) <= 0:
-            raise LongswiftError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}")
+            raise LongswiftError(f"{flag_name(flag)} must be positive, got {getattr(args, flag)}")
     return read_texts(args.data) if args.data else []
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import MAX_ROPE_FACTOR, ModelConfig, parse_rope_scaling
+from ..config import MAX_ROPE_FACTOR, ModelConfig, flag_name, parse_rope_scaling
 from ..errors import ConfigError, LongswiftError
 from . import attention
 from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
@@ -152,19 +152,23 @@ class MemoryPlan:
             return
         need = self.needed(weights_loaded)
         if need > free:
-            verified = f"a step verifies {self.tree_nodes} nodes"
-            if torch.device(self.device).type == "cuda" and (rows := padded_nodes(self.tree_nodes)) != self.tree_nodes:
-                verified += f", padded to {rows} rows on CUDA"  # (the step bodies' node budget, counted above)
-
             def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
                 return (f"not enough memory: this run needs {size_text(need)} more ({self.describe()}) but "
                         f"{size_text(free)} is free; lower {name('max_new_tokens')} or the prompt length, or use a "
-                        f"smaller {name('dtype')}"
-                        + (f", a smaller {name('draft_kv_budget')}" if self.draft_cache else "")  # (AR has none)
-                        + (f", {name('tree')}, {name('ngram_topk')} or {name('lookup_nodes')}, or a smaller "
-                           f"{name('max_nodes')} ({verified})" if self.tree_nodes else ""))
+                        f"smaller {name('dtype')}" + self.drafting_advice(name))
 
-            raise LongswiftError(advice(lambda field: field), advice(lambda field: "--" + field.replace("_", "-")))
+            raise LongswiftError(advice(lambda field: field), advice(flag_name))
+
+    def drafting_advice(self, name: Callable[[str], str]) -> str:
+        """What a refusal adds to its advice for TokenSwift's settings (`name`: a setting as the API or the flags
+        spell it): the draft cache's budget where the plan holds one (AR's has none), the tree's where it verifies
+        trees."""
+        verified = f"a step verifies {self.tree_nodes} nodes"
+        if torch.device(self.device).type == "cuda" and (rows := padded_nodes(self.tree_nodes)) != self.tree_nodes:
+            verified += f", padded to {rows} rows on CUDA"  # (the step bodies' node budget, counted above)
+        return ((f", a smaller {name('draft_kv_budget')}" if self.draft_cache else "")
+                + (f", {name('tree')}, {name('ngram_topk')} or {name('lookup_nodes')}, or a smaller "
+                   f"{name('max_nodes')} ({verified})" if self.tree_nodes else ""))
 
 
 def cpu_flash_buffer_bytes(head_dim: int) -> int:

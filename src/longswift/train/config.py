@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..config import _help, seed_problem
+from ..config import _help, flag_name, seed_problem
 from ..errors import LongswiftError
 
 MAX_LR = 10.0  # far above any useful AdamW rate; a finite but huge one overflowed inside the optimizer
@@ -35,7 +35,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "grad_accum", "gamma", "checkpoint_every", "chunk"):
             if getattr(self, name) <= 0:
-                raise LongswiftError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+                raise LongswiftError(f"{flag_name(name)} must be positive, got {getattr(self, name)}")
         if self.warmup < 0:
             raise LongswiftError(f"--warmup must be >= 0, got {self.warmup}")
         if self.warmup >= self.steps:  # the learning rate would never reach --lr, nor decay
