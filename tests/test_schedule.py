@@ -222,7 +222,9 @@ def test_a_kind_timed_long_ago_is_timed_again_before_it_takes_the_lead():
     # now the loaded ones (4.9 tok/s against plain's 5), and plain steps keep the lead; so for LOOKUP.
     assert picks.count(FULL) == 1 and picks.count(LOOKUP) == 1 and s.best == PLAIN, picks
     assert s.step_seconds[FULL] == 0.405 and s.step_seconds[LOOKUP] == 0.24  # replaced, not averaged in
-    s.record(FULL, 2, 0.5)  # a kind timed within STALE_STEPS: averaged in
+    s.record(FULL, 2, 0.5)  # its next timing within STALE_STEPS: the lesser of the two (one may have been paused)
+    assert s.step_seconds[FULL] == 0.405
+    s.record(FULL, 2, 0.5)  # and the next ones averaged in
     assert s.step_seconds[FULL] == pytest.approx(0.9 * 0.405 + 0.1 * 0.5)
 
 
@@ -370,3 +372,21 @@ def test_token_blocks_keep_the_probe_schedule_of_single_plain_steps():
                 s.record(kind, 1, cost(kind, len(out)))
                 out.append(kind)
     assert picks[0] == picks[1] and picks[0].count(PLAIN) > 2500 and picks[0].count(FULL) >= 5
+
+
+@pytest.mark.parametrize("pause", [1.0, 5.0])
+def test_a_fastest_kind_whose_first_timed_step_was_paused_takes_the_lead_soon(pause: float):
+    """A review's simulation: full steps emit 4 tokens at 2.6 plain steps' cost (1.5x plain's rate), but their first
+    timed step was paused 5x. Ranked below plain steps, the probe budget put their next probe 1,024 steps away. A
+    kind's second timing keeps the lesser of its two, and until then it is probed on the doubling interval."""
+    s = StepSchedule()
+    picks, timed = [], 0
+    for _ in range(600):
+        kind = s.choose()
+        picks.append(kind)
+        cost = {FULL: 2.6, LOOKUP: 1.3, PLAIN: 1.0}[kind]
+        if kind == FULL:
+            timed += 1
+            cost *= pause if timed == 1 else 1.0
+        s.record(kind, 4 if kind == FULL else 1, cost)
+    assert s.best == FULL and picks[100:].count(FULL) > 450, (s.best, picks[100:].count(FULL))
