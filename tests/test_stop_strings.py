@@ -322,3 +322,22 @@ def test_a_byte_fallback_tokenizers_stop_strings_across_a_special_token_end_wher
     want = transformers_stop(SP, ids, stop)
     assert want == {"</s> hello": 3, "</s>hello": None, "hello</s>": 2, "</s> hello你": 6}[stop]
     assert StopStrings(SP, (stop,)).cut(ids) == want
+
+
+@pytest.mark.parametrize("text, stop", [
+    ("東東東東東x", "\ufffd東"),  # no U+FFFD in the text: a window begun inside a 東 decoded one
+    ("🙂🙂🙂🙂🙂x", "\ufffd\ufffd🙂"),  # (a window of 16 tokens begins at the 2nd 🙂's second byte)
+    ("東東\ufffd東東x", "\ufffd東"),  # one the model wrote (EF BF BD): found where it is completed
+    ("東東東\ufffd東x", "\ufffd東東x"),
+    ("東\x80東東東x", "\ufffd東"),  # and a stray byte's
+])
+def test_a_stop_string_holding_u_fffd_is_found_where_the_text_holds_it(text, stop):
+    """A review's fuzz: the checker decodes a window of the last tokens, which on a byte-level BPE tokenizer may
+    begin inside a character; that character's cut bytes decoded to U+FFFD, and a stop string holding one was
+    found in text that held none. A U+FFFD of the text itself (a model's stray byte, or the character) still ends
+    the run after the token that completes it, as a decode of every prefix finds."""
+    stray = BYTES.convert_tokens_to_ids("Ģ")  # the byte 0x80 alone (GPT-2's alphabet spells it so)
+    ids = [t for i, part in enumerate(text.split("\x80")) for t in [stray] * (i > 0) + BYTES.encode(part)]
+    want = next((k for k in range(1, len(ids) + 1) if stop in decode_text(BYTES, ids[:k])), None)
+    checker = StopStrings(BYTES, (stop,))
+    assert next((i + 1 for i, t in enumerate(ids) if checker.cut([t]) is not None), None) == want

@@ -31,7 +31,8 @@ class StopStrings:
         self.special = special_ids(tokenizer)
         self.bytes = byte_fallback_ids(tokenizer)
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
-        self.kept = self.window + (RUN_REACH if self.bytes else 0)  # tokens of the tail kept
+        # tokens of the tail kept: a window and a character before it (see _text)
+        self.kept = self.window + BYTES_PER_CHAR + (RUN_REACH if self.bytes else 0)
         # the byte tokens of UTF-8's continuation bytes (0x80-0xBF), which no character begins with
         self.continuation = frozenset(i for token, i in tokenizer.get_vocab().items()
                                       if i in self.bytes and 0x80 <= int(token[3:5], 16) <= 0xBF) if self.bytes else ()
@@ -63,6 +64,17 @@ class StopStrings:
         if start == 0 and len(tail) == self.kept:  # a run longer than the tail: begin at a character
             while start < len(tail) - 1 and tail[start] in self.continuation:
                 start += 1  # (from a continuation byte the whole run decoded to U+FFFD, a stop string unseen)
+        text = self._decode(tail[start:], marked)
+        lead = len(text) - len(text.lstrip("\ufffd"))
+        if start > 0 and lead:  # the window may begin inside a character (byte-level BPE), whose cut bytes decode
+            # to U+FFFD ("\ufffd東" was found in "東東東東東x"); decoded from a character earlier, they are text again,
+            # and the U+FFFDs that stay (a stray byte's, the character's own) are the text's: kept
+            earlier = self._decode(tail[max(0, start - BYTES_PER_CHAR) :], marked)
+            cut = next((k for k in range(lead + 1) if earlier.endswith(text[k:])), lead)
+            text = text[cut:]
+        return text
+
+    def _decode(self, ids: list[int], marked: bool) -> str:
         if marked:
-            return self.tokenizer.decode(tail[start:], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return decode_text(self.tokenizer, tail[start:])
+            return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return decode_text(self.tokenizer, ids)
