@@ -371,3 +371,68 @@ def test_a_bandwidth_buffer_past_free_memory_is_named(capsys):
                            "--bandwidth-mib", str(2**40))
     assert_one_line_error(code, err, f"the read-bandwidth buffer of {2**40} MiB does not fit in the ")
     assert "give a smaller --bandwidth-mib" in err
+
+
+def test_the_floor_counts_the_float32_copy_the_lm_head_reads_off_cuda(tiny, tmp_path, capsys):
+    """--float32-logits on a bfloat16 model off CUDA runs the LM head on a float32 copy of its weight
+    (runtime.linear.float32_head; the memory plan counts that copy): a step reads 4 bytes per head value,
+    not 2, and the floor said the step read less than it does."""
+    cfg = shape_config(TINY)
+    head = cfg.vocab_size * cfg.hidden_size
+    js = tmp_path / "steps.json"
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64", "--dtype", "bfloat16",
+                           "--float32-logits", "--json", str(js))
+    assert code == 0, err
+    assert json.loads(js.read_text())["weight_bytes_per_step"] == (cfg.parameter_count() - 2 * head) * 2 + head * 4
+    assert weight_bytes_read(cfg, torch.bfloat16) == (cfg.parameter_count() - head) * 2  # without it: the weight's
+
+
+def test_a_plan_too_large_in_bfloat16_is_not_told_to_use_bfloat16(tiny, capsys):
+    """The advice to use --dtype bfloat16 was given to runs already in bfloat16 (CUDA's default), where it
+    changes nothing."""
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "1000000000", "--dtype", "bfloat16")
+    assert_one_line_error(code, err, "not enough memory for these step costs")
+    assert "--dtype bfloat16" not in err
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "1000000000")  # float32: it would help
+    assert_one_line_error(code, err, "or use --dtype bfloat16")
+
+
+@pytest.mark.parametrize("flag, value", [("--prefix", "100"), ("--new-tokens", "150")])
+def test_projection_settings_without_alpha_are_refused(tiny, capsys, flag, value):
+    """--prefix and --new-tokens only shape the projection, which --alpha asks for: without it they were
+    taken and changed nothing (no projection, no word of why)."""
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64,256", flag, value)
+    assert_one_line_error(code, err, f"{flag} sets the projection, which --alpha asks for")
+
+
+def test_draft_cache_flags_of_the_fused_mode_are_said_to_set_nothing(tiny, capsys):
+    """--draft-mode fused has no draft pass, so --draft-kv-budget and the like change nothing: generate says
+    so, bench-steps took them silently (and recorded them in its JSON settings as if they had)."""
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64", "--draft-mode", "fused",
+                           "--tree", "1,2,2")
+    assert code == 0, err
+    assert "note: --attention-sinks, --draft-kv-budget, --draft-window set nothing here" in err
+    assert "--draft-mode fused has no draft pass" in err
+
+
+def test_the_verify_costs_are_labelled_by_the_walk_that_ran(tiny, capsys):
+    """With the batched walk (the GPU default) the verify pass computes every row's LM head, and the costs
+    include it; the notes called them the forward with no LM head, which only the row walk's are."""
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64", "--walk", "batched")
+    assert code == 0, err
+    assert "Verify: the tree's forward on the full cache + the LM head of every row (the batched walk's)" in out
+    assert "(no LM head)" not in out
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64")
+    assert code == 0, err
+    assert "Verify: the tree's forward on the full cache (no LM head)" in out
+
+
+def test_the_json_settings_name_the_draft_cache_and_the_node_budget(tiny, tmp_path, capsys):
+    """The projection's verify pass is cut to --max-nodes and its draft pass reads the --draft-cache's cache,
+    but neither was in the JSON's settings (a record from the Python API had no command line to tell)."""
+    js = tmp_path / "steps.json"
+    code, _, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64", "--draft-cache", "static",
+                           "--max-nodes", "5", "--json", str(js))
+    assert code == 0, err
+    settings = json.loads(js.read_text())["settings"]
+    assert settings["draft_cache"] == "static" and settings["max_nodes"] == 5

@@ -64,8 +64,10 @@ class StepCosts:
     contexts: tuple[int, ...]
     ar: tuple[float, ...]  # one AR token: forward + LM head + sampling
     draft: tuple[float, ...]  # the draft pass (partial cache past the budget) + heads + depth logits
-    verify: tuple[float, ...]  # the verify forward of the projected tree (no LM head)
-    walk_row: tuple[float, ...]  # one row the lossless walk visits: LM head + sampling
+    verify: tuple[float, ...]  # the verify pass of the projected tree, with the LM-head rows generation computes in it
+    # one row the lossless walk visits: LM head + sampling, or sampling alone where the verify pass computed its
+    # logits (0 for the batched walk, whose one walk over every row steps.step_costs counts in `verify`)
+    walk_row: tuple[float, ...]
     reselect: tuple[float | None, ...]  # a draft step that refills the partial cache (None below the budget)
 
 

@@ -67,12 +67,15 @@ def shape_config(shape: str | dict[str, Any], layers: int | None = None, rope_sc
     return ModelConfig.from_hf(with_rope_scaling(hf, rope_scaling))
 
 
-def weight_bytes_read(cfg: ModelConfig, dtype: torch.dtype) -> int:
+def weight_bytes_read(cfg: ModelConfig, dtype: torch.dtype, float32_head: bool = False) -> int:
     """Weight bytes one decoding step reads: every weight, except that an untied embedding table is
-    only gathered (one row), while the LM head (the table itself when tied) is read in full."""
+    only gathered (one row), while the LM head (the table itself when tied) is read in full, from its
+    float32 copy where `float32_head` (--float32-logits on a bfloat16/float16 model off CUDA)."""
     elem = dtype.itemsize
     embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    return (cfg.parameter_count() - embed) * elem
+    # runtime.linear.float32_head: off CUDA the head's products read a float32 copy of its weight
+    head = cfg.vocab_size * cfg.hidden_size * (4 - elem) if float32_head else 0
+    return (cfg.parameter_count() - embed) * elem + head
 
 
 def random_state(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:

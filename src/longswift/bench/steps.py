@@ -188,13 +188,18 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * elem
     # The float32 head off CUDA is already counted as a copy whose original stays; otherwise packing
     # the shared head cannot free its original (the embedding holds it).
-    float32_head = float32_logits and dtype in (torch.bfloat16, torch.float16) and device.type != "cuda"
-    head_copy = shared if packed and not float32_head else 0
+    head_copy = shared if packed and not float32_head_copy(float32_logits, dtype, device) else 0
     return dataclasses.replace(plan, weights=plan.weights - shared + heads,
                                packed_weights=plan.packed_weights + head_copy)
 
 
-def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:
+def float32_head_copy(float32_logits: bool, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the LM head runs on a float32 copy of its weight (runtime.linear.float32_head: a bfloat16/float16
+    model's --float32-logits off CUDA), which the memory plan holds and each step reads."""
+    return float32_logits and dtype in (torch.bfloat16, torch.float16) and device.type != "cuda"
+
+
+def check_fits(plan: MemoryPlan, buffer_bytes: int, dtype: torch.dtype) -> None:
     free = available_bytes(torch.device(plan.device))
     if free is None:
         return
@@ -202,9 +207,10 @@ def check_fits(plan: MemoryPlan, buffer_bytes: int) -> None:
         raise LongswiftError(f"the read-bandwidth buffer of {buffer_bytes / 2**20:.0f} MiB does not fit in the "
                              f"{size_text(free)} free: give a smaller --bandwidth-mib")
     if plan.total > free:
+        narrower = ", or use --dtype bfloat16" if dtype.itemsize > 2 else ""  # (not where it is already that narrow)
         raise LongswiftError(f"not enough memory for these step costs: {plan.describe()}, but {size_text(free)} "
-                             "is free; lower --contexts (or --prefix + --new-tokens), --tree-nodes or --layers, "
-                             "or use --dtype bfloat16")
+                             "is free; lower --contexts (or --prefix + --new-tokens), --tree-nodes or --layers"
+                             + narrower)
 
 
 def bandwidth_buffer_bytes(bench: StepBenchConfig, device: torch.device) -> int:
@@ -373,7 +379,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
     gamma = max(3, len(bench.spec.levels) - 1)
     buffer = bandwidth_buffer_bytes(bench, device)
     plan = plan_steps(cfg, bench, dtype, device, packed, gamma, runtime.float32_logits)
-    check_fits(plan, buffer)
+    check_fits(plan, buffer, dtype)
     log(f"memory plan: {plan.describe()}")
     sync = synchronizer(device)
     bandwidth = measure_bandwidth(device, buffer)
@@ -406,7 +412,8 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                            bench.new_tokens, a, bench.depth, bench.refill_budget, bench.spec.draft_window)
                    for a in bench.alphas]
     return StepBenchResult(identity(bench, cfg, dtype, device, linears, gamma, command, runtime), bandwidth, buffer,
-                           weight_bytes_read(cfg, dtype), cfg.kv_bytes_per_token(dtype), costs, projections, bench)
+                           weight_bytes_read(cfg, dtype, float32_head_copy(runtime.float32_logits, dtype, device)),
+                           cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 
 
 def step_costs(costs: list[ContextCosts], nodes: int, tokens_per_step: float, walk: str = "rows",

@@ -38,6 +38,17 @@ def _draft_text(r: StepBenchResult) -> str:
                                    else "."))
 
 
+def _verify_text(r: StepBenchResult) -> str:
+    """What the verify costs time, in the spec's walk: the batched walk's verify pass computes every row's logits."""
+    trie = "random trie of that many nodes (root included)"
+    if r.config.spec.walk == "batched":
+        return f"Verify: the tree's forward on the full cache + the LM head of every row (the batched walk's), {trie}"
+    return (f"Verify: the tree's forward on the full cache (no LM head), {trie}; when its steps emit at least "
+            f"{BATCH_FROM_TOKENS} tokens on average, generation adds the LM head of all rows in one pass for tries "
+            f"of at most {BATCHED_LOGITS_NODES} nodes, of the spine (the heads' first candidates, depth + 1 rows) "
+            "for larger ones (the LM-head table below), and one LM head per walk row elsewhere")
+
+
 def render(r: StepBenchResult) -> str:
     ident, b = r.identity, r.config
     spec = b.spec
@@ -64,11 +75,7 @@ def render(r: StepBenchResult) -> str:
         f"{ident.get('graph_attention', 'bucketed')}; AR eager: the same step without the graph, "
         "where the graph was measured). " + _draft_text(r) + " Walk row: one row the lossless walk visits: "
         "LM head + sampling, or sampling only (cached) where the LM head of all the trie's rows ran in one pass. "
-        "Verify: the tree's forward on the full cache (no LM head), random trie of that many nodes (root "
-        f"included); when its steps emit at least {BATCH_FROM_TOKENS} tokens on average, generation adds the "
-        f"LM head of all rows in one pass for tries of at most {BATCHED_LOGITS_NODES} nodes, of the spine (the "
-        "heads' first candidates, depth + 1 rows) for larger ones (the LM-head table below), and one LM head "
-        "per walk row elsewhere",
+        + _verify_text(r),
         "",
         "| context | AR ms | AR eager ms | floor ms | floor / AR | "
         + ("draft ms (entries)" if spec.draft_mode == "paper" else "draft ms") + " | refill ms | walk row ms "
@@ -142,7 +149,7 @@ def to_json(r: StepBenchResult) -> dict[str, Any]:
         "kv_bytes_per_token": r.kv_bytes_per_token,
         "settings": {"reps": b.reps, "warmup": b.warmup, "draft_mode": b.spec.draft_mode, "tree": b.spec.tree,
                      "ngram_topk": b.spec.ngram_topk,
-                     "walk": b.spec.walk,
+                     "max_nodes": b.spec.max_nodes, "walk": b.spec.walk, "draft_cache": b.spec.draft_cache,
                      "draft_kv_budget": b.spec.draft_kv_budget, "draft_window": b.spec.draft_window,
                      "attention_sinks": b.spec.attention_sinks, "seed": b.seed},
         "contexts": [asdict(c) | {"floor": r.floor(c.context)} for c in r.costs],

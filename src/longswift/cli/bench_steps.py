@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from typing import Any
 
-from ..config import RuntimeConfig, SpecConfig, parse_number_list
+from ..config import RuntimeConfig, SpecConfig, changed_spec_fields, flag_name, parse_number_list, unused_spec_fields
+from ..errors import LongswiftError
 from .flags import add_config_flags, config_from_args, output_file, seed_number, whole_number
 
 
@@ -33,8 +35,8 @@ def add_parser(sub: Any) -> None:
                    "draft positions of the tree's depths) to project TokenSwift's time with; `longswift bench`'s alpha "
                    "also counts its lookup steps' deeper n-gram paths: from its records, (accepted_tokens / "
                    "verify_steps) / depth is the comparable one")
-    p.add_argument("--prefix", type=whole_number, default=PAPER_PREFIX,
-                   help="prefix length of the projection (default %(default)s)")
+    p.add_argument("--prefix", type=whole_number, default=None,  # (None: not given, which --alpha's absence checks)
+                   help=f"prefix length of the projection (default {PAPER_PREFIX})")
     p.add_argument("--new-tokens", type=whole_number, default=None, help="tokens the projection generates (default: "
                    f"{GPU_NEW_TOKENS} on CUDA; on CPU up to the largest context)")
     p.add_argument("--bandwidth-mib", type=whole_number, default=None,
@@ -55,6 +57,7 @@ def _list(text: str | None, flag: str, kind: type) -> tuple | None:
 def cmd_bench_steps(args: argparse.Namespace) -> int:
     from ..atomic import (append_atomic, check_appendable, check_distinct, check_json_output, check_writable,
                           write_atomic)
+    from ..bench.step_defaults import PAPER_PREFIX
     from ..bench.steps import StepBenchConfig, run_bench_steps
     from ..bench.steps_report import render, to_json
 
@@ -62,10 +65,20 @@ def cmd_bench_steps(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {}
     if args.tree_nodes is not None:
         kwargs["tree_nodes"] = _list(args.tree_nodes, "--tree-nodes", int)
+    spec = config_from_args(SpecConfig, args)
     bench = StepBenchConfig(shape=args.shape, layers=args.layers, contexts=_list(args.contexts, "--contexts", int),
                             reps=args.reps, warmup=args.warmup, alphas=_list(args.alpha, "--alpha", float) or (),
-                            prefix=args.prefix, new_tokens=args.new_tokens, spec=config_from_args(SpecConfig, args),
-                            bandwidth_mib=args.bandwidth_mib, seed=args.seed, **kwargs)
+                            prefix=PAPER_PREFIX if args.prefix is None else args.prefix, new_tokens=args.new_tokens,
+                            spec=spec, bandwidth_mib=args.bandwidth_mib, seed=args.seed, **kwargs)
+    # Without --alpha nothing is projected: these would change nothing, and the report would not say why
+    for flag, given in (("--prefix", args.prefix), ("--new-tokens", args.new_tokens)):
+        if given is not None and not bench.alphas:
+            raise LongswiftError(f"{flag} sets the projection, which --alpha asks for: give --alpha (acceptance "
+                                 f"rates to project with), or leave {flag} out")
+    unused, _, why = unused_spec_fields(spec, changed_spec_fields(spec))
+    if unused:  # (as generate says it: taken, but nothing here reads them)
+        flags = ", ".join(map(flag_name, unused))
+        print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}", file=sys.stderr)
     for path in (args.out, args.json):
         if path is not None:
             check_writable(path)
