@@ -445,6 +445,25 @@ def test_the_draw_penalizes_the_first_history_token():
     assert tokens.tolist() == [3] and history[3] == 3
 
 
+def test_a_penalty_window_past_the_history_draws_as_one_of_the_historys_length():
+    """A penalty window longer than the whole history (--penalty-window 10**12, meant as 'all the text') penalizes
+    what a window of the history's length does: the in-body draw gathered a window of its full size (an index of
+    10**12 entries, 8 TB: the allocator refused it at the first token), where the eager draw slices the history."""
+    e = engine64()
+    drawn = []
+    for window in (16, 10**12):
+        g = StepGraphs(e.model, FullKVCache(e.cfg, 16, torch.float64, CPU), capture=False)
+        history = torch.zeros(16, dtype=torch.long)
+        history[:3] = torch.tensor([7, 1, 2])
+        g.bind_sampling(history, SamplingConfig(temperature=0, repetition_penalty=50.0, penalty_window=window))
+        g.drawn_from = torch.zeros(e.cfg.vocab_size, dtype=torch.float64)
+        g.drawn_from[7], g.drawn_from[3] = 10.0, 9.0  # 7, the history's first token, is penalized to 0.2
+        tokens = torch.zeros(1, dtype=torch.long)
+        g._draw(torch.tensor([3]), tokens)
+        drawn.append((tokens.tolist(), history.tolist()))
+    assert drawn[0] == drawn[1] and drawn[1][0] == [3]
+
+
 def test_rebinding_drops_the_sampled_graphs_only():
     """New sampling settings drop the graphs that draw in the body (they hold the old ones), not the others."""
     e = engine64()

@@ -200,6 +200,35 @@ def test_a_row_of_nans_draws_a_token_of_the_vocabulary(sampling, monkeypatch):
     assert 0 <= token < V
 
 
+def test_a_penalty_window_past_the_history_reads_the_history_once(monkeypatch):
+    """A penalty window longer than the whole history (--penalty-window 10**12, meant as 'all the text') draws what a
+    window of the history's length draws, and the prepare kernel loops over no more than the history: given the
+    window as it was, each program ran 10**12 / WINDOW_BLOCK iterations a token (on a GPU, a run that never ends)."""
+    import types
+
+    import longswift.runtime.triton_kernels as tk
+
+    real = tk.kernels()
+    windows = []
+
+    class Prepare:  # the prepare kernel, its `window` (args[9]) checked before the launch, which would not end
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                windows.append(args[9])
+                assert args[9] <= args[1].numel()  # (args[1]: the history)
+                return real.sample_prepare_kernel[grid](*args, **kwargs)
+            return launch
+
+    proxy = types.SimpleNamespace(**{**vars(real), "sample_prepare_kernel": Prepare()})
+    monkeypatch.setattr(tk, "kernels", lambda: proxy)
+    logits, history = case(torch.float32)
+    for temperature, u in ((0, None), (0.7, 0.1), (0.7, 0.5), (0.7, 0.9)):
+        sampling = SamplingConfig(temperature=temperature, min_p=0.02, repetition_penalty=1.4, penalty_window=10**12)
+        whole = dataclasses.replace(sampling, penalty_window=history.numel())
+        assert kernel_draw(logits, history, sampling, u) == kernel_draw(logits, history, whole, u)
+    assert max(windows) == history.numel()
+
+
 def test_only_what_the_kernels_take_is_given_to_them():
     """Top-k, top-p and eta keep the torch transform; float16 logits are refused; a sampled draw needs its
     uniform."""

@@ -406,7 +406,9 @@ def device_draw(logits: torch.Tensor, history: torch.Tensor, positions: torch.Te
         banned = banned_index(sampling.banned_ids, history.device) if sampling.banned_ids else None
         triton_sample(logits, history, positions[:1], sampling, triton_params, banned, u, tokens)
         return
-    w = sampling.penalized_window
+    # A window past the history's capacity reaches nothing more (its entries before slot 0 are padding): cut to it,
+    # as penalty_window's slice is, not an index of the window's size (10**12 entries for 'all the text').
+    w = min(sampling.penalized_window, history.numel())
     at = positions[:1] - w + torch.arange(w, device=history.device)  # [W] the window's history indices
     window = torch.where(at >= 0, history[at.clamp(min=0)], -1)  # [W]
     x = transform(logits[None], window[None], sampling)  # [1, V]

@@ -63,7 +63,9 @@ def sample(logits: torch.Tensor, history: torch.Tensor, position: torch.Tensor, 
     vocab = logits.shape[0]
     parts = -(-vocab // SAMPLE_CHUNK)
     p_block = max(16, 1 << (parts - 1).bit_length())
-    window = sampling.penalized_window
+    # A window past the history's capacity reaches nothing more: cut to it (the prepare kernel loops over the window,
+    # 10**12 / WINDOW_BLOCK iterations a token for --penalty-window 10**12), as penalty_window's slice is.
+    window = min(sampling.penalized_window, history.numel())
     n_banned = 0 if banned is None else banned.numel()
     scale = not sampling.greedy and sampling.temperature != 1.0
     prepared = bool(window or n_banned or scale)
