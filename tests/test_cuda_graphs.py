@@ -362,15 +362,22 @@ def test_binding_sampling_keeps_a_copy_of_the_settings_its_graphs_draw_with():
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, attention, monkeypatch):
     """Route the CPU loops through the CUDA step bodies (eagerly): AR and both TokenSwift modes,
-    on the full and the partial draft cache, with a trie cut to a node budget, emit the plain CPU AR tokens."""
+    on the full and the partial draft cache, with a trie cut to a node budget, emit the plain CPU AR tokens,
+    and draft what the CPU loop drafts (the same accepted tokens, steps and verified nodes). Tokens alone
+    cannot show a draft pass gone wrong: the walk keeps them AR's whatever the drafts (a draft body returning its
+    depths in the wrong order still emitted AR's tokens on the partial-cache spec, accepting 22 drafted tokens
+    where the loop accepts 24)."""
     engine = engine64(seed=9, vocab=32, graph_attention=attention)
     prompt = [5, 9, 17, 3, 5, 9, 17, 4, 5, 9, 17, 3] * 3
     gen = GenerationConfig(max_new_tokens=40, ignore_eos=True)
     want = engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids
+
+    def drafted(spec):
+        stats = engine.generate(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec).stats
+        return stats.accepted_tokens, stats.steps, stats.verified_nodes
+
     import longswift.generate as generate_mod
     import longswift.spec.tokenswift as tokenswift_mod
-    monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
-    monkeypatch.setattr(tokenswift_mod, "step_bodies", lambda model: True)
     specs = [SpecConfig(tree="1,3,3,3", ngram_topk=4, adaptive=False),
              SpecConfig(tree="1,2,2", ngram_topk=2, draft_mode="fused", adaptive=False),
              SpecConfig(tree="2,2,2", ngram_topk=2, draft_kv_budget=30, draft_window=6, attention_sinks=4,
@@ -379,10 +386,14 @@ def test_loops_through_the_step_bodies_still_emit_ar_output(sampling, attention,
              SpecConfig(tree="1,3,3,3", ngram_topk=4, max_nodes=9, adaptive=False)]
     # The GPU's walk: every row's logits from the padded verify body, transformed and drawn at once.
     specs += [dataclasses.replace(spec, walk="batched") for spec in specs]
+    eager = [drafted(spec) for spec in specs]  # the CPU loop's own forwards
+    monkeypatch.setattr(generate_mod, "step_bodies", lambda model: True)
+    monkeypatch.setattr(tokenswift_mod, "step_bodies", lambda model: True)
     assert engine.generate(prompt, method="ar", sampling=sampling, generation=gen).token_ids == want
-    for spec in specs:
+    for spec, drafts in zip(specs, eager):
         got = engine.generate(prompt, method="tokenswift", sampling=sampling, generation=gen, spec=spec)
         assert got.token_ids == want, spec
+        assert (got.stats.accepted_tokens, got.stats.steps, got.stats.verified_nodes) == drafts, spec
 
 
 def test_cuda_graphs_setting_resolves_per_model():
