@@ -116,7 +116,7 @@ def test_the_entry_point_and_python_m_run_the_command_line_and_import_nothing_he
             "+ ['__annotations__', '__builtins__', '__doc__', '__loader__', '__name__', '__package__', '__spec__', "
             "'longswift', 'sys']))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.splitlines() == ["False", "Engine longswift.config", "True"], run
+    assert run.returncode == 0 and run.stdout.splitlines() == ["False", "Engine longswift.config.spec", "True"], run
     run = subprocess.run([sys.executable, "-m", "longswift", "--version"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "longswift 0.1.0", run
     import tomllib

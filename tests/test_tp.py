@@ -496,16 +496,17 @@ def test_torchrun_plans_one_processs_shard_on_cuda(tmp_path, monkeypatch, device
     need several GPUs. On a CPU the processes share the host's memory: the whole model is counted."""
     from longswift.cli.generate import _plan_before_loading
     from longswift.config import RuntimeConfig
+    from longswift.runtime.loading import load_config
     from longswift.runtime.parallel import shard_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr("longswift.runtime.memory.available_bytes", lambda _device: 1)
     monkeypatch.setattr(RuntimeConfig, "torch_device",
                         lambda self: torch.device(device if self.device in ("auto", "cuda") else self.device))
-    monkeypatch.setattr("longswift.config._cuda", lambda: True)
+    monkeypatch.setattr("longswift.config.runtime._cuda", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     model = _config_dir(tmp_path)
-    cfg = longswift.runtime.loading.load_config(model)
+    cfg = load_config(model)
     held = shard_config(cfg, plan_shards(cfg, 0, 2)) if device == "cuda" else cfg
     if device == "cuda":
         assert held.parameter_count() < 0.6 * cfg.parameter_count()  # the two figures differ at 0.01 GiB
@@ -526,8 +527,8 @@ def test_torchrun_plans_each_process_on_its_own_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr("longswift.runtime.memory.available_bytes", lambda device: asked.append(device) or 1)
     monkeypatch.setattr(RuntimeConfig, "torch_device",
                         lambda self: torch.device("cuda" if self.device in ("auto", "cuda") else self.device))
-    monkeypatch.setattr("longswift.config._cuda", lambda: True)
-    monkeypatch.setattr("longswift.config._cuda_count", lambda: 2)
+    monkeypatch.setattr("longswift.config.runtime._cuda", lambda: True)
+    monkeypatch.setattr("longswift.config.runtime._cuda_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(LongswiftError, match="not enough memory"):
         _plan_before_loading(_config_dir(tmp_path), RuntimeConfig(dtype="float32", device="cuda"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..config import _help, flag_name, seed_problem
+from ..config import flag_help, flag_name, seed_problem
 from ..errors import LongswiftError
 
 MAX_LR = 10.0  # far above any useful AdamW rate; a finite but huge one overflowed inside the optimizer
@@ -16,21 +16,23 @@ MAX_LR = 10.0  # far above any useful AdamW rate; a finite but huge one overflow
 class TrainConfig:
     """How the heads train (paper: AdamW, cosine schedule, warmup 50, a few hundred steps)."""
 
-    steps: int = field(default=300, metadata=_help("optimizer steps"))
-    lr: float = field(default=3e-2, metadata=_help("peak learning rate (AdamW); see docs/heads.md for why above the paper's 1e-3"))
-    seq_len: int = field(default=512, metadata=_help("tokens per training window (the base's context)"))
-    batch_size: int = field(default=4, metadata=_help("windows per micro-batch"))
-    grad_accum: int = field(default=1, metadata=_help("micro-batches per optimizer step"))
-    warmup: int = field(default=50, metadata=_help("linear warmup steps before the cosine decay"))
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay"))
-    gamma: int = field(default=3, metadata=_help("number of draft heads"))
-    seed: int = field(default=0, metadata=_help("seed for the data order and for --self-distill's sampling"))
-    bf16_lm_head: bool | None = field(default=None, metadata=_help(
+    steps: int = field(default=300, metadata=flag_help("optimizer steps"))
+    lr: float = field(default=3e-2, metadata=flag_help(
+        "peak learning rate (AdamW); see docs/heads.md for why above the paper's 1e-3"))
+    seq_len: int = field(default=512, metadata=flag_help("tokens per training window (the base's context)"))
+    batch_size: int = field(default=4, metadata=flag_help("windows per micro-batch"))
+    grad_accum: int = field(default=1, metadata=flag_help("micro-batches per optimizer step"))
+    warmup: int = field(default=50, metadata=flag_help("linear warmup steps before the cosine decay"))
+    weight_decay: float = field(default=0.0, metadata=flag_help("AdamW weight decay"))
+    gamma: int = field(default=3, metadata=flag_help("number of draft heads"))
+    seed: int = field(default=0, metadata=flag_help("seed for the data order and for --self-distill's sampling"))
+    bf16_lm_head: bool | None = field(default=None, metadata=flag_help(
         "run the frozen LM head in bfloat16 autocast (default: where the device multiplies bfloat16 in hardware: "
         "on CUDA, and on CPUs with AVX512-BF16 or AMX; not on other CPUs, where a step ran ~3x slower with "
         "AVX-512 and 35x with AVX2 alone)"))
-    checkpoint_every: int = field(default=50, metadata=_help("write a checkpoint every N steps"))
-    chunk: int = field(default=1024, metadata=_help("positions per loss chunk (bounds the [heads, chunk, vocab] logits memory)"))
+    checkpoint_every: int = field(default=50, metadata=flag_help("write a checkpoint every N steps"))
+    chunk: int = field(default=1024, metadata=flag_help(
+        "positions per loss chunk (bounds the [heads, chunk, vocab] logits memory)"))
 
     def __post_init__(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "grad_accum", "gamma", "checkpoint_every", "chunk"):
