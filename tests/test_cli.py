@@ -632,9 +632,9 @@ def test_generate_tokenswift_with_random_heads(tmp_path, capsys):
     (["--prompt", "hi", "--heads", "none", "--method", "tokenswift"], "needs draft heads"),
     (["--prompt", "hi", "--heads", "/nonexistent/heads.safetensors"], "does not exist"),
     (["--max-new-tokens", "5"], "give a prompt: --prompt TEXT, --prompt-file FILE or --prompt-ids IDS"),
-    (["--prompt", "hi", "--max-new-tokens", "100000"],
-     "--max-new-tokens 100000 and a prompt of at least one token exceeds this model's context of 8192 tokens: lower "
-     "--max-new-tokens, or extend the context on purpose with --rope-scaling yarn:13"),  # not tokenized yet: no count
+    (["--prompt", "hi", "--max-new-tokens", "100000"],  # "hi" in the chat template: 31 tokens, counted before loading
+     "prompt (31 tokens) + --max-new-tokens 100000 = 100031 exceeds this model's context of 8192 tokens: lower "
+     "--max-new-tokens, or extend the context on purpose with --rope-scaling yarn:13"),
     (["--prompt", "hi", "--max-new-tokens", "1000000000000"], "exceeds this model's context"),
     (["--prompt", "hi", "--max-new-tokens", "8000000", "--rope-scaling", "yarn:1024"], "not enough memory"),
     (["--prompt", "hi", "--rope-scaling", "ntk:2"], "--rope-scaling must be TYPE:FACTOR"),

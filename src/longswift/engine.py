@@ -4,22 +4,21 @@ the GenerationStream they return) and `set_heads`."""
 from __future__ import annotations
 
 import copy
-import numbers
 import os
 import secrets
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from .checkpoint import EMBEDDED, Checkpoint, decode_rng, heads_fingerprint, read_checkpoint
 from .config import (HEADS_WORDS, GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name,
                      same_rope_scaling, unused_spec_fields)
-from .errors import ConfigError, ConfigTypeError, LongswiftError, reason_of
+from .encoding import Prompt, PromptEncoder, check_encodable
+from .errors import ConfigError, ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
 from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_config, load_model
@@ -37,8 +36,6 @@ from .stop_strings import StopStrings
 from .stream import GenerationStream, PrefillRelay, RunSetup
 
 METHODS = ("ar", "tokenswift")
-# A prompt: text, or one row of token ids (a list or tuple of ints, a 1-D tensor or numpy array).
-Prompt = str | Sequence[int] | torch.Tensor | np.ndarray
 
 
 class Engine:
@@ -51,7 +48,7 @@ class Engine:
         self.runtime = runtime or RuntimeConfig()
         self.cfg = loaded.cfg  # the whole model's config (the model's own is its shard's under tp)
         self.tokenizer = loaded.tokenizer
-        self._longest_token: tuple[Any, int] | None = None  # (the tokenizer, its longest entry's length)
+        self._encoder: PromptEncoder | None = None  # the prompt encoder of self.tokenizer
         self.source = loaded.source
         # How to load this model again (checkpoints): EMBEDDED, an absolute path, or "<ClassName>".
         self.model_source = model_source or (
@@ -97,7 +94,7 @@ class Engine:
             raise ConfigTypeError(f"a token is named by its text (str); got {type(token).__name__}")
         if not token:
             raise ConfigError("an empty token text names no token: give its text, or its id")
-        _check_encodable(token, "the token text")
+        check_encodable(token, "the token text")
         if self.tokenizer is None:
             raise LongswiftError("this model has no tokenizer to look tokens up in: give token ids instead")
         vocab = getattr(self.tokenizer, "get_vocab", None)  # (a caller's tokenizer may lack it: text alone)
@@ -236,106 +233,9 @@ class Engine:
         """Prompt text or ids (a list, or a 1-D tensor or array) -> ids. `chat`: wrap text in the model's
         chat template (True), send it as it is (False), or the template when the model has one (None, the
         CLI's default). `system`: the chat's system message (instead of the template's default one)."""
-        if system is not None and not isinstance(system, str):
-            raise ConfigTypeError(f"system must be text (str) or None; got {type(system).__name__}")
-        if system is not None and not isinstance(prompt, str):
-            raise LongswiftError("a system message (system=, --system) goes into the chat template, which takes prompt "
-                                 "text, not token ids")
-        if system is not None and chat is False:
-            raise LongswiftError("a system message (system=, --system) goes into the chat template: pass chat=True "
-                                 "with it (the API sends text without the template unless asked)")
-        if system is not None and not system.strip():
-            raise ConfigError("the system message is empty: give some text or leave it out")
-        if hasattr(prompt, "tolist") and not isinstance(prompt, str):  # a tensor or numpy array of token ids
-            prompt = prompt.tolist()
-            if not isinstance(prompt, list) or any(isinstance(t, list) for t in prompt):
-                raise ConfigTypeError("prompt token ids must be one row (a 1-D tensor or array, or a list): "
-                                      "a call takes one prompt")
-        several = (str, list, tuple, dict)
-        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, several) for p in prompt):
-            what = "chat messages" if isinstance(prompt[0], dict) else "several prompts"
-            raise ConfigTypeError(f"prompt is a list of {what}: a call takes one prompt, as text or a list of token ids"
-                                  + (" (a chat: its text with chat=True, and system= for the system message)"
-                                     if what == "chat messages" else " (one stream per prompt; streams may be "
-                                                                     "iterated in turn)"))
-        if isinstance(prompt, (list, tuple, range)):
-            for i, t in enumerate(prompt):
-                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                    raise ConfigTypeError(f"prompt token ids must be whole numbers; got {t!r} ({type(t).__name__}) "
-                                          f"at position {i}")
-            ids = [int(t) for t in prompt]
-            if any(not 0 <= t < self.cfg.vocab_size for t in ids):  # (a ValueError too, as README says)
-                raise ConfigError(f"prompt token ids must be in [0, {self.cfg.vocab_size})",
-                                  f"--prompt-ids must be in [0, {self.cfg.vocab_size})")
-            if chat:
-                raise LongswiftError("chat=True wraps prompt text in the chat template, and token ids are sent as they "
-                                     "are: pass the text, or drop chat=True")
-        elif not isinstance(prompt, str):
-            raise ConfigTypeError(f"prompt must be text (str) or a list of token ids (ints); got {type(prompt).__name__}")
-        else:
-            if not prompt.strip():
-                raise ConfigError("the prompt is empty: give some prompt text")
-            if self.tokenizer is None:
-                raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids",
-                                     "this model has no tokenizer: give the prompt as token ids (--prompt-ids)")
-            _check_encodable(prompt, "the prompt")
-            self._check_prompt_length(prompt)
-            if system is not None:
-                _check_encodable(system, "the system message")
-                self._check_prompt_length(system, "the system message")
-            template = bool(getattr(self.tokenizer, "chat_template", None))
-            if chat and not template:
-                raise LongswiftError("this model has no chat template: drop chat=True (--chat)")
-            if system is not None and not template:
-                raise LongswiftError("this model has no chat template to put a system message (--system) in: "
-                                     "write it into the prompt text instead")
-            if chat or (chat is None and template):
-                ids = self._apply_template([*([{"role": "system", "content": system}] if system is not None else []),
-                                            {"role": "user", "content": prompt}])
-            else:
-                ids = self.tokenizer.encode(prompt)
-            past = next((t for t in ids if not 0 <= t < self.cfg.vocab_size), None)
-            if past is not None:  # (the embedding's IndexError in the first forward, and a stream left broken)
-                raise LongswiftError(f"the prompt text encodes to token {past} of the tokenizer, past this model's "
-                                     f"{self.cfg.vocab_size} logits: the tokenizer is not this model's; load the "
-                                     "model with its own tokenizer")
-        if not ids:
-            raise ConfigError("the prompt is empty: give at least one token id" if not isinstance(prompt, str)
-                              else "the prompt is empty: give at least one token of prompt text")
-        return ids
-
-    def _check_prompt_length(self, text: str, what: str = "the prompt text") -> None:
-        """Refuse text that cannot fit the context, before tokenizing it: a token covers at most as many characters
-        as its vocabulary entry has (twice that, for normalizers that merge characters), so text longer than that
-        many per token of context is longer than the context (a 20 MB file took 21 s and 4 GB to be refused)."""
-        if self._longest_token is None or self._longest_token[0] is not self.tokenizer:  # (a tokenizer set since)
-            vocab = getattr(self.tokenizer, "get_vocab", None)  # (a tokenizer of the caller's may lack it: no bound)
-            self._longest_token = (self.tokenizer, max((len(t) for t in vocab()), default=1) if vocab else 0)
-        limit, longest = self.cfg.context_limit, self._longest_token[1]
-        if longest and len(text) > 2 * longest * limit:
-            raise ConfigError(f"{what} ({len(text):,} characters) is far longer than this model's context of "
-                              f"{limit:,} tokens can hold: shorten it")
-
-    def _apply_template(self, messages: list[dict[str, str]]) -> list[int]:
-        from jinja2 import TemplateError, TemplateSyntaxError
-
-        def refused(what: str, remedy: str) -> LongswiftError:  # (the API's spelling, and the command line's)
-            return LongswiftError(f"this model's chat template {what}: {remedy.format('chat=False')}",
-                                  f"this model's chat template {what}: {remedy.format('--raw')}")
-
-        try:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except TemplateSyntaxError as exc:  # a damaged or hand-edited template
-            raise refused(f"is not a valid template ({reason_of(exc)})",
-                          "fix it in the model's tokenizer config, or send the prompt as it is ({})") from None
-        except TemplateError as exc:  # the template's own refusal (jinja's raise_exception), e.g. of a system role
-            if any(m["role"] == "system" for m in messages):
-                raise LongswiftError(f"this model's chat template refuses a system message ({reason_of(exc)}): write "
-                                     "it into the prompt text instead") from None
-            raise refused(f"refuses this prompt ({reason_of(exc)})", "send the prompt as it is ({})") from None
-        except Exception as exc:  # an error inside the template's code (it reads a field the messages lack)
-            raise refused(f"fails ({reason_of(exc)})", "send the prompt as it is ({}), or fix the template") from None
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        if self._encoder is None or self._encoder.tokenizer is not self.tokenizer:  # (a tokenizer set since)
+            self._encoder = PromptEncoder(self.tokenizer, self.cfg)
+        return self._encoder.encode(prompt, chat, system)
 
     def stream(
         self,
@@ -597,16 +497,6 @@ def _another_model(source: str, how: str) -> LongswiftError:
     if source.startswith("<"):  # a model object's class: one the caller holds
         return LongswiftError(f"{said} (load(model) with it)", f"{said} (--model: where it is saved)")
     return LongswiftError(f"{said} (load({source!r}))", f"{said} (--model {shlex.quote(source)})")
-
-
-def _check_encodable(text: str, what: str) -> None:
-    """Refuse text no tokenizer can take: a lone surrogate (a JSON escape such as \\ud800 without its pair) is no
-    Unicode character, and the tokenizer's TypeError (or the chat template's failure) did not say which text."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ConfigError(f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), "
-                          "which is not Unicode text: remove it, or pair it (a JSON escape cut in half)") from None
 
 
 def check_heads_type(heads: Any) -> None:

@@ -14,8 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from ..config import (GenerationConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields, dtype_name,
-                      flag_name, unused_spec_fields)
+from ..config import (GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields,
+                      dtype_name, flag_name, unused_spec_fields)
 from ..errors import ConfigError, LongswiftError
 from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, given_path,
                     heads_inputs, heads_value, model_inputs, output_file, whole_number)
@@ -183,9 +183,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _keep_unfinished(outputs)
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
-    # Token ids are counted as they are; text is tokenized by the model's tokenizer, which comes with the weights.
-    counted = len(prompt) if isinstance(prompt, list) else None
-    cfg = _plan_before_loading(args.model, runtime, generation, counted, spec if tokenswift else None)
+    from ..encoding import PromptEncoder
+    from ..runtime.loading import load_config, model_tokenizer
+
+    cfg = load_config(args.model, runtime.rope_scaling)
+    system = args.system
+    if isinstance(prompt, str):  # encoded before the weights load (their tokenizer and config suffice), so that the
+        # plan counts its tokens: a prompt past the context or the memory is refused without reading a weight
+        prompt = PromptEncoder(model_tokenizer(args.model), cfg).encode(prompt, chat, system)
+        chat, system = False, None  # (in the ids now)
+    _plan_before_loading(cfg, runtime, generation, len(prompt), spec if tokenswift else None)
     if isinstance(prompt, list) and any(not 0 <= t < cfg.vocab_size for t in prompt):
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     if any(t >= cfg.vocab_size for t in sampling.banned_ids):
@@ -220,7 +227,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}",
                       file=sys.stderr)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
-                               spec=spec, system=args.system)
+                               spec=spec, system=system)
         return write_run(engine, stream, outputs, stop, args.no_progress)
 
 
@@ -371,7 +378,10 @@ def _resume(args: argparse.Namespace) -> int:
         spec = SpecConfig(**ckpt.spec) if ckpt.method == "tokenswift" else None
     except (TypeError, LongswiftError) as exc:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
-    _plan_before_loading(model, runtime, gen, len(ckpt.prompt_ids), spec, resumed=True)
+    from ..runtime.loading import load_config
+
+    _plan_before_loading(load_config(model, runtime.rope_scaling), runtime, gen, len(ckpt.prompt_ids), spec,
+                         resumed=True)
     if followed and env_rank() == 0:  # (once the refusals before loading are past: a refusal is one line)
         print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
               + ", ".join(f"{flag} follows it to '{shown(to)}'" for flag, to in sorted(followed.items())),
@@ -518,25 +528,22 @@ def _outputs(args: argparse.Namespace, inputs: Sequence[tuple[str, Path | None]]
     return out
 
 
-def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: GenerationConfig, prompt_tokens: int | None,
-                         spec: SpecConfig | None = None, resumed: bool = False) -> Any:
-    """Refuse, before reading any weights, a run whose weights + KV cache for its prompt and new tokens
-    cannot fit (with TokenSwift's tree and draft cache when `spec` is given; `resumed`: a run that keeps its
-    checkpoint's rope scaling). A new run's text prompt (`prompt_tokens` None: not tokenized yet) is planned as one
-    token: the exact plan, with the prompt, is checked again before the cache is allocated. Under torchrun, a model that does not split across the processes is
-    refused here, and on CUDA the plan is one process's shard. Returns the model's config."""
+def _plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, gen: GenerationConfig, prompt_tokens: int,
+                         spec: SpecConfig | None = None, resumed: bool = False) -> None:
+    """Refuse, before reading any weights, a run (of the model whose config is `cfg`) whose weights + KV cache for its
+    prompt and new tokens cannot fit (with TokenSwift's tree and draft cache when `spec` is given; `resumed`: a run
+    that keeps its checkpoint's rope scaling). Under torchrun, a model that does not split across the processes is
+    refused here, and on CUDA the plan is one process's shard."""
     import torch
 
-    from ..runtime.loading import load_config
     from ..runtime.memory import check_context
     from ..runtime.model import FLOAT32_LOGITS_TP
     from ..runtime.parallel import plan_shards, shard_config
     from ..runtime.torchrun_env import env_local_rank, env_world_size
     from ..spec.budget import plan_before_loading
 
-    cfg = load_config(model, runtime.rope_scaling)
     check_context(cfg, prompt_tokens, gen.max_new_tokens, rescalable=not resumed, applied=runtime.rope_scaling)
-    tokens = (prompt_tokens or 1) + gen.max_new_tokens
+    tokens = prompt_tokens + gen.max_new_tokens
     held = cfg  # what one process holds
     if env_world_size() > 1:
         shard = shard_config(cfg, plan_shards(cfg, 0, env_world_size()))
@@ -550,6 +557,5 @@ def _plan_before_loading(model: str | None, runtime: RuntimeConfig, gen: Generat
         if device.type == "cuda" and device.index is None and local < torch.cuda.device_count():
             runtime = replace(runtime, device=f"cuda:{local}")  # (the current one is cuda:0 for all)
     plan_before_loading(held, runtime, tokens, gen.prefill_chunk, spec).check(weights_loaded=False)
-    return cfg
 
 

@@ -331,10 +331,10 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
 
     state = gguf_state_dict(reader, hf_config, dtype, device, before_cast=before_cast, shard=shard)
     check_token_ids(reader, path)
-    # A GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer).
-    tokenizer = gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
+    tokenizer = model_tokenizer(path)  # (the one the command line encoded its prompt with, if it did)
     # The weights are copies now: let the map go, or the file's pages stay in the process (its size).
     _gguf_header.cache_clear()
+    _tokenizer.cache_clear()
     return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=corner[0] if corner else None)
 
 
@@ -391,7 +391,9 @@ def _from_hf_dir(path: Path, dtype: torch.dtype, device: torch.device, rope_scal
     corner = embed_corner(stored[EMBED]) if EMBED in stored else None
     state = {k: v.to(device=device, dtype=dtype) for k, v in stored.items()}
     del stored
-    return LoadedModel(cfg, state, _hf_tokenizer(path), str(path), embed_corner=corner)
+    tokenizer = model_tokenizer(path)
+    _tokenizer.cache_clear()
+    return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=corner)
 
 
 def _lm_head(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> ModelConfig:
@@ -424,6 +426,26 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 # Those that hold a vocabulary: without one, transformers may build an empty tokenizer (Qwen2's, of one
 # token, whose EOS id 0 would then end runs at a real token of the model) rather than fail.
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tekken.json")
+
+
+def model_tokenizer(source: str | os.PathLike | None) -> Any | None:
+    """A checkpoint's tokenizer (None where it has none: token ids still work), read without its weights and kept for
+    the load of the same files that follows (which lets it go): the command line encodes a text prompt before the
+    weights load, so that its plan counts the prompt's tokens, and the engine gets the same tokenizer object."""
+    path = resolve_path(source)
+    if path.is_file():
+        st = path.stat()
+        return _tokenizer(path, (st.st_mtime_ns, st.st_size, st.st_ino))
+    files = [path / name for name in TOKENIZER_FILES if (path / name).exists()]
+    return _tokenizer(path, tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files))
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer(path: Path, identity: tuple) -> Any | None:
+    if path.is_file():  # a GGUF without vocabulary metadata still runs on token ids (as an HF dir without tokenizer)
+        reader = gguf_header(path)[0]
+        return gguf_tokenizer(path, reader) if "tokenizer.ggml.tokens" in reader.fields else None
+    return _hf_tokenizer(path)
 
 
 def _hf_tokenizer(path: Path) -> Any | None:
