@@ -22,7 +22,11 @@ one of two ways (--graph-attention):
   The span bounds the kernel's split of the keys, which it plans from the span on the host: a
   single span of the whole cache would plan every short-context step as a 100K one.
 
-Graphs are captured the first time they are needed and share one memory pool. Token ids,
+Graphs are captured the first time they are needed and share one memory pool (one per StepGraphs: the full
+cache's and the partial cache's each have theirs). A graph's output may lie in memory another graph of the pool
+writes when it replays, so every output is read (sampled, walked, copied to the host or to a buffer of its own)
+before the next replay of its StepGraphs: a loop that held one graph's output across another's replay would read
+what that replay left there (a review found none that does; keep it so). Token ids,
 positions, the tree mask and the slot are copied into device buffers before a replay, and nothing
 inside a step reads the host. A body returns the last layer's hidden states and one output: every
 row's logits (decoding, a verify pass whose walk draws from all rows), none (a verify pass whose
