@@ -363,53 +363,16 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
               show_progress: bool = True) -> list[dict[str, Any]]:
     """Run the grid; return every run's record (those resumed from `out_dir` included). `show_progress`:
-    log each run's tokens as it goes, not only its start."""
-    from ..atomic import check_appendable, check_dir_writable, check_distinct, check_json_output, check_writable
-
-    if out_dir is not None:
-        out_dir = Path(out_dir).expanduser()  # ('~/runs' made a folder named '~' where the output files expand it)
-        check_dir_writable(out_dir, "--out-dir")
-    for p in (out, json_path):
-        # (a file in an --out-dir not made yet is checked with it: the grid makes it before any run)
-        if p is not None and not (out_dir is not None and not out_dir.exists()
-                                  and Path(p).expanduser().absolute().parent == Path(out_dir).expanduser().absolute()):
-            check_writable(p)
-    check_distinct([("--out", out), ("--json", json_path), ("--prompt-file", cfg.prompt_file),
-                    *(((f"--out-dir's {name}", out_dir / name) for name in OUTPUT_FILES) if out_dir else ()),
-                    *(("--model", f) for f in model_files(model)),  # (an --out-dir that is the model's: its config.json)
-                    ("--heads", named_heads_file(heads))])
-    if json_path is not None:  # nor over a file that is not JSON (a heads file named by mistake)
-        check_json_output(Path(json_path).expanduser(), "--json")
-    if out is not None:
-        check_appendable(Path(out).expanduser(), "--out")
+    log each run's tokens as it goes, not only its start. Stages: the outputs checked, the model loaded, the
+    cells built, the methods that can run chosen, the memory checked, the runs planned, run batch by batch
+    (each batch's records stored as it ends), the report written."""
+    out_dir = check_outputs(model, cfg, heads, out, json_path, out_dir)
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
-    if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
-        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or DEFAULT_LENGTHS[:1]))  # before making them
-    pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
-    if cfg.lengths is None:
-        cfg = dataclasses.replace(cfg, lengths=default_lengths(engine, max(len(p.ids) for _, p in pairs), log))
-    assert cfg.lengths is not None
-    cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
-             for length in sorted(cfg.lengths)]
+    cfg, cells = grid_cells(engine, cfg, log)
     longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
-    check_grid_context(engine, len(longest.prompt.ids), longest.length)  # refuse before any run, not mid-grid
-    n_ctx = max(len(c.prompt.ids) + c.length for c in cells) + 64
-    methods = Methods(engine, model, cfg, n_ctx)
-    requested = cfg.methods or DEFAULT_METHODS
-    skipped: dict[str, str] = {}
-    runnable = []
-    for m in requested:
-        why = methods.skip_reason(m)
-        if why and cfg.methods is not None and m.startswith("tokenswift"):
-            raise LongswiftError(f"{m} needs draft heads: pass --heads PATH (or --heads random)")
-        if why:
-            skipped[m] = why
-            log(f"{m}: skipped ({why})")
-        else:
-            runnable.append(m)
-    if not runnable:
-        raise LongswiftError("none of the methods can run here: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
+    methods = Methods(engine, model, cfg, max(len(c.prompt.ids) + c.length for c in cells) + 64)
+    runnable, skipped = runnable_methods(methods, cfg, log)
     presets = list(dict.fromkeys(c.preset for c in cells))
     refused = {(m, p): methods.skip_reason(m, cfg.sampling(p)) for m in runnable for p in presets}  # (None: runs)
     if all(refused.values()):  # (it measured nothing, wrote an empty report and exited 0)
@@ -431,27 +394,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                          variants=tuple(methods.variant(m) for m in runnable if m.startswith("tokenswift")))
         # which rows were measured side by side (random: two invocations can share a second and a process)
         invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{secrets.token_hex(4)}"
-
-        plan = []  # (cell, run, method, key) still to do, interleaved: each run index visits every method
-        for cell in cells:
-            sampling = cfg.sampling(cell.preset)
-            for m in runnable:
-                why = refused[(m, cell.preset)]
-                if why:
-                    skipped[f"{m} ({cell.preset})"] = why
-                    continue
-                note = sampler_note(m, sampling)
-                if note:
-                    ctx.notes[f"{m}, {cell.preset}"] = note
-            for r in range(cfg.runs):
-                for m in runnable:
-                    if refused[(m, cell.preset)]:
-                        continue
-                    key, earlier = (_key(cell.prompt.name, cell.prompt.ids, cell.length, settings, m,
-                                         methods.variant(m), r)
-                                    for settings in (asdict(sampling), sampling_key(sampling)))
-                    if not (store.has(key) or store.has(earlier)):
-                        plan.append((cell, r, m, key))
+        plan = plan_runs(cells, runnable, refused, cfg, methods, store, ctx)
         log(f"{len(plan)} runs to do over {len(cells)} cells ({', '.join(runnable) or 'no methods'})")
         note = half_precision_note(engine.model.dtype, engine.model.device)
         if note and plan:
@@ -463,44 +406,12 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                 methods.run(m, warm_prompt, 4, cfg.sampling("greedy"), None)
         done = 0
         for batch in batches(plan, cfg.lockstep):
-            cell, r = batch[0][0], batch[0][1]
-            sampling = cfg.sampling(cell.preset)
-            wheres = {m: f"[{done + j}/{len(plan)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
-                         f"run {r + 1} {m}" for j, (_, _, m, _) in enumerate(batch, 1)}
+            made = run_batch(batch, methods, cfg, f"{{}}/{len(plan)}", done, show_progress, log)
             done += len(batch)
-            together = len(batch) > 1
-            for where in wheres.values():
-                log(f"{where}: start{' (in lockstep)' if together else ''}")
-            if cfg.lockstep and not together and batch[0][2] in OURS:  # said here and in its record, and so the report
-                log(f"{next(iter(wheres.values()))}: runs alone (no other method of ours is left to run in this cell and "
-                    "run), so not in lockstep")
-
-            def progress(tokens: int, seconds: float, where: str) -> None:
-                log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s{' of its own' if together else ''}")
-
-            tell: dict[str, Callable[[int, float], None] | None] = {
-                m: functools.partial(progress, where=where) if show_progress else None
-                for m, where in wheres.items()}
-            with PeakMemory(engine.model.device) as mem:  # in lockstep: every method of the batch at once
-                if not together:
-                    m = batch[0][2]
-                    results = {m: methods.run(m, list(cell.prompt.ids), cell.length, sampling, tell[m])}
-                else:
-                    results = methods.run_lockstep(list(wheres), list(cell.prompt.ids), cell.length, sampling, tell)
-            made = []
-            for _, _, m, key in batch:
-                ids, timeline, stats = results[m]
-                record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
+            for record in made:
                 # (versions: a resumed directory's report names what measured each run)
                 record["command"], record["invocation"], record["versions"] = ctx.command, invocation, ctx.versions
-                if cfg.lockstep and m in OURS:  # the methods it ran in lockstep with (none: it ran alone)
-                    record["lockstep_with"] = [other for _, _, other, _ in batch if other != m]
-                made.append(record)
             store.extend(made)  # a batch's records in one write: a Ctrl-C keeps all of them or none
-            for (_, _, m, _), record in zip(batch, made):
-                extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
-                log(f"{wheres[m]}: prefill {record['prefill_seconds']:.2f} s, "
-                    f"{record['decode_tokens_per_second']:.2f} tok/s{extra}")
             write_outputs(store, ctx, out_dir, plots=False)
         records = store.records
         report = write_outputs(store, ctx, out_dir, plots=True)
@@ -517,6 +428,137 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         return records
     finally:
         store.close()
+
+
+def check_outputs(model: str | None, cfg: BenchConfig, heads: str | None, out: Path | None, json_path: Path | None,
+                  out_dir: Path | None) -> Path | None:
+    """Refuse, before the model loads, outputs that cannot be written, that are one file, or that would replace an
+    input (the model's files, the prompt file, the heads); returns --out-dir with its ~ expanded."""
+    from ..atomic import check_appendable, check_dir_writable, check_distinct, check_json_output, check_writable
+
+    if out_dir is not None:
+        out_dir = Path(out_dir).expanduser()  # ('~/runs' made a folder named '~' where the output files expand it)
+        check_dir_writable(out_dir, "--out-dir")
+    for p in (out, json_path):
+        # (a file in an --out-dir not made yet is checked with it: the grid makes it before any run)
+        if p is not None and not (out_dir is not None and not out_dir.exists()
+                                  and Path(p).expanduser().absolute().parent == Path(out_dir).expanduser().absolute()):
+            check_writable(p)
+    check_distinct([("--out", out), ("--json", json_path), ("--prompt-file", cfg.prompt_file),
+                    *(((f"--out-dir's {name}", out_dir / name) for name in OUTPUT_FILES) if out_dir else ()),
+                    *(("--model", f) for f in model_files(model)),  # (an --out-dir that is the model's: its config.json)
+                    ("--heads", named_heads_file(heads))])
+    if json_path is not None:  # nor over a file that is not JSON (a heads file named by mistake)
+        check_json_output(Path(json_path).expanduser(), "--json")
+    if out is not None:
+        check_appendable(Path(out).expanduser(), "--out")
+    return out_dir
+
+
+def grid_cells(engine: Engine, cfg: BenchConfig, log: Callable[[str], None]) -> tuple[BenchConfig, list[Cell]]:
+    """The grid's cells: each prompt (of each --prefix) x preset x length, and the config with its lengths chosen
+    where none were given; refused where the longest cell exceeds the context, before any run."""
+    if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
+        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or DEFAULT_LENGTHS[:1]))  # before making them
+    pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
+    if cfg.lengths is None:
+        cfg = dataclasses.replace(cfg, lengths=default_lengths(engine, max(len(p.ids) for _, p in pairs), log))
+    assert cfg.lengths is not None
+    cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
+             for length in sorted(cfg.lengths)]
+    longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
+    check_grid_context(engine, len(longest.prompt.ids), longest.length)  # refuse before any run, not mid-grid
+    return cfg, cells
+
+
+def runnable_methods(methods: Methods, cfg: BenchConfig,
+                     log: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
+    """The methods asked for (or the default ones) that can run here, and why each other one cannot (logged); a
+    TokenSwift method asked for by name without heads, or no method at all, is refused."""
+    skipped: dict[str, str] = {}
+    runnable = []
+    for m in cfg.methods or DEFAULT_METHODS:
+        why = methods.skip_reason(m)
+        if why and cfg.methods is not None and m.startswith("tokenswift"):
+            raise LongswiftError(f"{m} needs draft heads: pass --heads PATH (or --heads random)")
+        if why:
+            skipped[m] = why
+            log(f"{m}: skipped ({why})")
+        else:
+            runnable.append(m)
+    if not runnable:
+        raise LongswiftError("none of the methods can run here: " + "; ".join(f"{m}: {why}" for m, why in skipped.items()))
+    return runnable, skipped
+
+
+def plan_runs(cells: list[Cell], runnable: list[str], refused: Mapping[tuple[str, str], str | None],
+              cfg: BenchConfig, methods: Methods, store: MemoryStore,
+              ctx: RunContext) -> list[tuple[Cell, int, str, str]]:
+    """(cell, run, method, key) of every run still to do (not in `store`, as keyed now or before), interleaved: each
+    run index visits every method. A method a preset refuses is noted in the report's skipped, a sampler that is
+    not ours in its notes."""
+    plan = []
+    for cell in cells:
+        sampling = cfg.sampling(cell.preset)
+        for m in runnable:
+            why = refused[(m, cell.preset)]
+            if why:
+                ctx.skipped[f"{m} ({cell.preset})"] = why
+                continue
+            note = sampler_note(m, sampling)
+            if note:
+                ctx.notes[f"{m}, {cell.preset}"] = note
+        for r in range(cfg.runs):
+            for m in runnable:
+                if refused[(m, cell.preset)]:
+                    continue
+                key, earlier = (_key(cell.prompt.name, cell.prompt.ids, cell.length, settings, m,
+                                     methods.variant(m), r)
+                                for settings in (asdict(sampling), sampling_key(sampling)))
+                if not (store.has(key) or store.has(earlier)):
+                    plan.append((cell, r, m, key))
+    return plan
+
+
+def run_batch(batch: list[tuple[Cell, int, str, str]], methods: Methods, cfg: BenchConfig, of: str, done: int,
+              show_progress: bool, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Run one batch of the plan (one run, or in lockstep our methods' runs of a cell together) and return its
+    records; `of` places a run in the plan ('{}/N'), after the `done` runs before it."""
+    cell, r = batch[0][0], batch[0][1]
+    sampling = cfg.sampling(cell.preset)
+    wheres = {m: f"[{of.format(done + j)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
+                 f"run {r + 1} {m}" for j, (_, _, m, _) in enumerate(batch, 1)}
+    together = len(batch) > 1
+    for where in wheres.values():
+        log(f"{where}: start{' (in lockstep)' if together else ''}")
+    if cfg.lockstep and not together and batch[0][2] in OURS:  # said here and in its record, and so the report
+        log(f"{next(iter(wheres.values()))}: runs alone (no other method of ours is left to run in this cell and "
+            "run), so not in lockstep")
+
+    def progress(tokens: int, seconds: float, where: str) -> None:
+        log(f"{where}: {tokens}/{cell.length} tokens, {seconds:.1f} s{' of its own' if together else ''}")
+
+    tell: dict[str, Callable[[int, float], None] | None] = {
+        m: functools.partial(progress, where=where) if show_progress else None
+        for m, where in wheres.items()}
+    with PeakMemory(methods.engine.model.device) as mem:  # in lockstep: every method of the batch at once
+        if not together:
+            m = batch[0][2]
+            results = {m: methods.run(m, list(cell.prompt.ids), cell.length, sampling, tell[m])}
+        else:
+            results = methods.run_lockstep(list(wheres), list(cell.prompt.ids), cell.length, sampling, tell)
+    made = []
+    for _, _, m, key in batch:
+        ids, timeline, stats = results[m]
+        record = make_record(key, cell, m, methods.variant(m), r, ids, timeline, stats, mem, sampling)
+        if cfg.lockstep and m in OURS:  # the methods it ran in lockstep with (none: it ran alone)
+            record["lockstep_with"] = [other for _, _, other, _ in batch if other != m]
+        made.append(record)
+    for (_, _, m, _), record in zip(batch, made):
+        extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
+        log(f"{wheres[m]}: prefill {record['prefill_seconds']:.2f} s, "
+            f"{record['decode_tokens_per_second']:.2f} tok/s{extra}")
+    return made
 
 
 def batches(plan: list[tuple[Cell, int, str, str]], lockstep: bool) -> list[list[tuple[Cell, int, str, str]]]:
