@@ -84,14 +84,8 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
     from .display import make_display
 
     tp = engine.tp
-    if tp is not None and tp.rank != 0:  # other ranks: same steps, the same stop decisions and exit status, no output
-        for _ in stream:
-            signum = tp.max_int(stop.signum or 0)  # a signal any rank got (to all of them: the same one), or 0
-            if signum:
-                stop.signum = stop.signum or signum
-                if not stream.complete():  # (one that is ends at the next iteration, as on rank 0: status 0)
-                    return stop.exit_code
-        return 0
+    if tp is not None and tp.rank != 0:
+        return _follow(stream, stop, tp)
     saved = out.saved()
     text_file = AtomicFile(out.output) if out.output else None
     json_file: AtomicFile | None = None
@@ -174,38 +168,63 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
         for f in (text_file, json_file):
             if f:
                 f.discard()
-        if isinstance(exc, StoppedReading):
-            say("longswift: stopped before the first new token: nothing written"
-                + (f"; {_resume_hint(*last_saved)}" if last_saved is not None else ""))
-            return stop.exit_code
-        if _output_lost(exc) and (stop.signum is not None or out.checkpoint):
-            # The terminal or pipe the run wrote to is gone (Ctrl-C also stopped `| tee`; a hangup): the run
-            # itself is fine, between two steps, and its state is saved as an interrupted run's would be.
-            path = _save_quietly(out, stream, saved)
-            if path is not None:
-                where = shown(path)
-                say(f"longswift: output closed at {len(stream.token_ids)} of {stream.max_new_tokens} tokens; state "
-                    f"saved to '{where}'. Continue with: longswift generate --resume {shlex.quote(where)}")
-            if stop.signum is not None:
-                return stop.exit_code
-        if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
-            raise _with_resume_hint(exc, *last_saved) from exc
-        if isinstance(exc, LostContact) and len(stream.token_ids) > (last_saved[1] if last_saved else 0):
-            # Another process of a tensor-parallel run died (an OOM kill, a failed GPU): this one holds the tokens
-            # and the generator's state of the last whole step (stream.checkpoint), saved as an interrupted run's.
-            path = _save_quietly(out, stream, saved)
-            if path is not None:
-                where = shown(path)
-                raise LongswiftError(f"{exc}; state saved at {len(stream.token_ids)} of {stream.max_new_tokens} tokens "
-                                     f"to '{where}': continue with: longswift generate --resume "
-                                     f"{shlex.quote(where)}") from exc
-        if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
-            said = getattr(exc, "cli_message", None) or exc
-            raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc
-        if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
-            raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
-        raise
+        return _failed(exc, out, stream, saved, stop, last_saved)
     say(summary_line(result.stats))  # (best effort from here: after a hangup nobody reads stderr)
+    return _ended(stream, stop, total, interrupted, path, unsaved, last_saved)
+
+
+def _follow(stream: Any, stop: StopRequest, tp: Any) -> int:
+    """A tensor-parallel rank other than 0: the same steps, the same stop decisions and exit status, no output."""
+    for _ in stream:
+        signum = tp.max_int(stop.signum or 0)  # a signal any rank got (to all of them: the same one), or 0
+        if signum:
+            stop.signum = stop.signum or signum
+            if not stream.complete():  # (one that is ends at the next iteration, as on rank 0: status 0)
+                return stop.exit_code
+    return 0
+
+
+def _failed(exc: BaseException, out: Outputs, stream: Any, saved: Any, stop: StopRequest,
+            last_saved: tuple[Path, int] | None) -> int:
+    """What a run that raised `exc` (its outputs discarded) does: its exit status where it ends here (stopped while
+    reading, its output closed under a signal), else `exc` again, with where to resume from where a state is saved."""
+    if isinstance(exc, StoppedReading):
+        say("longswift: stopped before the first new token: nothing written"
+            + (f"; {_resume_hint(*last_saved)}" if last_saved is not None else ""))
+        return stop.exit_code
+    if _output_lost(exc) and (stop.signum is not None or out.checkpoint):
+        # The terminal or pipe the run wrote to is gone (Ctrl-C also stopped `| tee`; a hangup): the run
+        # itself is fine, between two steps, and its state is saved as an interrupted run's would be.
+        path = _save_quietly(out, stream, saved)
+        if path is not None:
+            where = shown(path)
+            say(f"longswift: output closed at {len(stream.token_ids)} of {stream.max_new_tokens} tokens; state "
+                f"saved to '{where}'. Continue with: longswift generate --resume {shlex.quote(where)}")
+        if stop.signum is not None:
+            return stop.exit_code
+    if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
+        raise _with_resume_hint(exc, *last_saved) from exc
+    if isinstance(exc, LostContact) and len(stream.token_ids) > (last_saved[1] if last_saved else 0):
+        # Another process of a tensor-parallel run died (an OOM kill, a failed GPU): this one holds the tokens
+        # and the generator's state of the last whole step (stream.checkpoint), saved as an interrupted run's.
+        path = _save_quietly(out, stream, saved)
+        if path is not None:
+            where = shown(path)
+            raise LongswiftError(f"{exc}; state saved at {len(stream.token_ids)} of {stream.max_new_tokens} tokens "
+                                 f"to '{where}': continue with: longswift generate --resume "
+                                 f"{shlex.quote(where)}") from exc
+    if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
+        said = getattr(exc, "cli_message", None) or exc
+        raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc
+    if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
+        raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
+    raise exc
+
+
+def _ended(stream: Any, stop: StopRequest, total: int, interrupted: bool, path: Path | None,
+           unsaved: Exception | None, last_saved: tuple[Path, int] | None) -> int:
+    """What a run that ended (finished, or interrupted with its state saved to `path` or not, `unsaved` saying why)
+    says on stderr after its summary, and its exit status."""
     if interrupted:
         if path is None and last_saved is not None:
             say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; its state could not be saved "
