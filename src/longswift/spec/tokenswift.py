@@ -435,84 +435,114 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
                         read_every, graph_attention)
 
     def steps() -> Iterator[list[int]]:  # the checks and the caches above are made when the run is asked for
-        schedule = s.schedule
-        t0 = time.perf_counter()
         if generated:
-            _, s.prev_hidden = model.prefill(s.history[: s.n - 1], s.full, gen.prefill_chunk, decoded_from=len(prompt),
-                                             progress=on_prefill)
-            stats.prefill_seconds += time.perf_counter() - t0
+            _reread(s, len(prompt), on_prefill)
             last = generated[-1]
         else:
-            logits, hidden = model.prefill(s.history[: s.n], s.full, gen.prefill_chunk, progress=on_prefill)
-            stats.prefill_seconds += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            window = s.window().to(logits.device)[None]
-            first = s.pick(transform(logits[None], window, sampling)[0], sampling, generator)
-            s.prev_hidden = hidden
-            s.emit([first])
-            stats.decode_seconds += time.perf_counter() - t0
-            stats.new_tokens, stats.steps = 1, 1
-            yield [first]
-            last = first
+            last = _prefill(s, on_prefill)
+            yield [last]
         while s.produced < gen.max_new_tokens and last not in s.stop_ids:
             t0 = time.perf_counter()
             captures, s.one_off = s.captures(), False
-            kind = schedule.hinted(LOOKUP) if s.repeating() else schedule.choose()
-            if model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
-                kind = schedule.kinds[model.tp.broadcast_int(schedule.kinds.index(kind))]
-            trie = None
-            if kind != PLAIN:
-                s.catch_up()
-                if kind == LOOKUP:
-                    trie = lookup_tree(s)
-                    if len(trie) == 1:  # no n-gram continues the root: a plain step, counted as one (timed:
-                        kind = PLAIN  # StepSchedule.record_empty_lookup)
-            if kind == PLAIN:  # AR's step through AR's code: one, or a token block of them where plain steps lead
-                emitted = plain_block(s, 1 if trie is not None else
-                                      schedule.plain_run(s.read_every, gen.max_new_tokens - s.produced))
-                schedule.skip(len(emitted) - 1)
-                t = _stage_done(s, "plain", t0)
-                stats.decode_seconds += t - t0
-                seconds = None if s.captures() != captures else (t - t0) / len(emitted)
-                for _ in emitted:  # timed as that many plain steps of the block's average cost
-                    if trie is None:
-                        schedule.record(PLAIN, 1, seconds)
-                    else:
-                        schedule.record_empty_lookup(seconds)
-                stats.new_tokens += len(emitted)
-                stats.steps += len(emitted)
-                stats.plain_steps += len(emitted)
-                stats.add_captures(s.graphs.values())
-                last = emitted[-1]
-                yield emitted
-                continue
-            t = t0
-            if kind in (FULL, HALF, NARROW):
-                d = draft(s)
-                t = _stage_done(s, "draft", t0)
-                trie = build_tree(s, d, narrow=kind == NARROW, half=kind == HALF)
-            assert trie is not None
-            stats.lookup_steps += kind == LOOKUP
-            stats.half_steps += kind == HALF
-            stats.narrow_steps += kind == NARROW
-            stats.verified_nodes += len(trie)
-            stats.verify_steps += 1
-            t = _stage_done(s, "tree", t)
-            v = verify(s, trie)
-            t = _stage_done(s, "verify", t)
-            walk = accept(s, trie, v)
-            t = _stage_done(s, "accept", t)
-            emitted = commit(s, trie, v, walk)
-            t = _stage_done(s, "commit", t)
-            stats.decode_seconds += t - t0
-            schedule.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
-            if kind == FULL and s.half and schedule.adaptive:  # what the trie's likeliest half would have emitted
-                schedule.would_emit(HALF, trie.held(walk.nodes, s.half) + 1)
+            kind, trie = _choose(s)
+            if kind == PLAIN:
+                emitted = _plain_steps(s, trie, t0, captures)
+            else:
+                emitted = _drafting_step(s, kind, trie, t0, captures)
             stats.new_tokens += len(emitted)
-            stats.steps += 1
             stats.add_captures(s.graphs.values())
             last = emitted[-1]
             yield emitted
         stats.finish_reason = "eos" if last in s.stop_ids else "length"  # (a stop string closes it at a yield)
 
     return steps()
+
+
+def _reread(s: TokenSwiftState, prompt_tokens: int, on_prefill: Callable[[int, int], None] | None) -> None:
+    """A resumed run's prefill: the cache rebuilt from everything before its last token, which is the root."""
+    t0 = time.perf_counter()
+    _, s.prev_hidden = s.model.prefill(s.history[: s.n - 1], s.full, s.gen.prefill_chunk, decoded_from=prompt_tokens,
+                                       progress=on_prefill)
+    s.stats.prefill_seconds += time.perf_counter() - t0
+
+
+def _prefill(s: TokenSwiftState, on_prefill: Callable[[int, int], None] | None) -> int:
+    """A new run's prefill and its first token, drawn from the prompt's last logits as AR draws it."""
+    t0 = time.perf_counter()
+    logits, hidden = s.model.prefill(s.history[: s.n], s.full, s.gen.prefill_chunk, progress=on_prefill)
+    s.stats.prefill_seconds += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    window = s.window().to(logits.device)[None]
+    first = s.pick(transform(logits[None], window, s.sampling)[0], s.sampling, s.generator)
+    s.prev_hidden = hidden
+    s.emit([first])
+    s.stats.decode_seconds += time.perf_counter() - t0
+    s.stats.new_tokens, s.stats.steps = 1, 1
+    return first
+
+
+def _choose(s: TokenSwiftState) -> tuple[str, Trie | None]:
+    """The kind of step to run next (the schedule's, a lookup where the text repeats itself; under tensor
+    parallelism rank 0's), and a lookup step's trie; a lookup whose root continues no n-gram is a plain step."""
+    schedule = s.schedule
+    kind = schedule.hinted(LOOKUP) if s.repeating() else schedule.choose()
+    if s.model.tp is not None and s.spec.adaptive:  # timings differ per rank: all take rank 0's choice
+        kind = schedule.kinds[s.model.tp.broadcast_int(schedule.kinds.index(kind))]
+    trie = None
+    if kind != PLAIN:
+        s.catch_up()
+        if kind == LOOKUP:
+            trie = lookup_tree(s)
+            if len(trie) == 1:  # no n-gram continues the root: a plain step, counted as one (timed:
+                kind = PLAIN  # StepSchedule.record_empty_lookup)
+    return kind, trie
+
+
+def _plain_steps(s: TokenSwiftState, trie: Trie | None, t0: float, captures: int) -> list[int]:
+    """AR's step through AR's code: one (a lookup step that found nothing, `trie`), or a token block of them where
+    plain steps lead; timed as that many plain steps of the block's average cost."""
+    schedule, stats = s.schedule, s.stats
+    emitted = plain_block(s, 1 if trie is not None else
+                          schedule.plain_run(s.read_every, s.gen.max_new_tokens - s.produced))
+    schedule.skip(len(emitted) - 1)
+    t = _stage_done(s, "plain", t0)
+    stats.decode_seconds += t - t0
+    seconds = None if s.captures() != captures else (t - t0) / len(emitted)
+    for _ in emitted:
+        if trie is None:
+            schedule.record(PLAIN, 1, seconds)
+        else:
+            schedule.record_empty_lookup(seconds)
+    stats.steps += len(emitted)
+    stats.plain_steps += len(emitted)
+    return emitted
+
+
+def _drafting_step(s: TokenSwiftState, kind: str, trie: Trie | None, t0: float, captures: int) -> list[int]:
+    """A step that drafts: draft -> tree (FULL, HALF, NARROW; a lookup step's trie is built) -> verify -> accept ->
+    commit, each stage timed; the tokens it commits (AR's)."""
+    schedule, stats = s.schedule, s.stats
+    t = t0
+    if kind in (FULL, HALF, NARROW):
+        d = draft(s)
+        t = _stage_done(s, "draft", t0)
+        trie = build_tree(s, d, narrow=kind == NARROW, half=kind == HALF)
+    assert trie is not None
+    stats.lookup_steps += kind == LOOKUP
+    stats.half_steps += kind == HALF
+    stats.narrow_steps += kind == NARROW
+    stats.verified_nodes += len(trie)
+    stats.verify_steps += 1
+    t = _stage_done(s, "tree", t)
+    v = verify(s, trie)
+    t = _stage_done(s, "verify", t)
+    walk = accept(s, trie, v)
+    t = _stage_done(s, "accept", t)
+    emitted = commit(s, trie, v, walk)
+    t = _stage_done(s, "commit", t)
+    stats.decode_seconds += t - t0
+    schedule.record(kind, len(emitted), None if s.one_off or s.captures() != captures else t - t0)
+    if kind == FULL and s.half and schedule.adaptive:  # what the trie's likeliest half would have emitted
+        schedule.would_emit(HALF, trie.held(walk.nodes, s.half) + 1)
+    stats.steps += 1
+    return emitted
