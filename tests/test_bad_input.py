@@ -1986,3 +1986,123 @@ def test_the_command_line_reads_the_tokenizer_once(capsys, monkeypatch):
     monkeypatch.setattr(loading, "gguf_tokenizer", lambda *a: reads.append(a) or read(*a))
     code, out, _ = run_cli(capsys, "generate", "--prompt", "Say hi.", "--max-new-tokens", "3", "--no-progress")
     assert code == 0 and out.strip() and len(reads) == 1
+
+
+# ---- a review of atomic.py ------------------------------------------------------------------------------------
+
+def test_a_report_appended_to_a_file_named_with_a_tilde_keeps_the_file(tmp_path, monkeypatch):
+    """`--out=~/notes.md` (no shell expands a tilde after '--out='): the append read './~/notes.md', found nothing,
+    and write_atomic, which expands the tilde, replaced ~/notes.md with the one report: the notes were lost."""
+    from longswift.atomic import append_atomic, check_appendable
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.md").write_text("# weeks of notes\n")
+    check_appendable(Path("~/notes.md"), "--out")
+    append_atomic(Path("~/notes.md"), "| report |\n")
+    assert (tmp_path / "notes.md").read_text() == "# weeks of notes\n| report |\n"
+    (tmp_path / "earlier.json").write_text('{"runs": []}\n')  # a --json result named by mistake: refused up front
+    with pytest.raises(LongswiftError, match="exists and holds JSON or binary data"):
+        check_appendable(Path("~/earlier.json"), "--out")
+
+
+def test_a_json_output_named_with_a_tilde_never_replaces_a_file_that_is_not_json(tmp_path, monkeypatch, capsys,
+                                                                                  no_loading):
+    """`--json=~/h.safetensors`: the check read './~/h.safetensors', found nothing, and the run's JSON replaced the
+    heads file at ~/h.safetensors (bench-steps and eval-heads check their --json so)."""
+    from longswift.atomic import check_json_output
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    heads = tmp_path / "h.safetensors"
+    heads.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      weights")
+    with pytest.raises(LongswiftError, match="exists and is not a JSON file"):
+        check_json_output(Path("~/h.safetensors"), "--json")
+    code, _, err = run_cli(capsys, "eval-heads", "--heads", "random", "--json=~/h.safetensors")
+    assert_one_line_error(code, err, "--json '")
+    assert "is not a JSON file" in err and heads.read_bytes().endswith(b"weights")
+
+
+def _fsyncs_of_directories(monkeypatch) -> list[tuple[str, int]]:
+    """Record, in order, each os.replace ('replace', the destination directory's inode) and each fsync of a
+    directory ('fsync', its inode)."""
+    events: list[tuple[str, int]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            events.append(("fsync", st.st_ino))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        real_replace(src, dst)
+        events.append(("replace", os.stat(Path(dst).parent).st_ino))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+def test_an_atomic_write_fsyncs_its_directory_after_the_rename(tmp_path, monkeypatch):
+    """The file was fsynced, but not the rename: after a power cut a checkpoint the run said it saved (or a result,
+    or an exported directory) could be missing or the old one; the rename is durable once its directory is fsynced."""
+    events = _fsyncs_of_directories(monkeypatch)
+    here = tmp_path.stat().st_ino
+    write_atomic(tmp_path / "out.txt", "text")
+    assert events[-2:] == [("replace", here), ("fsync", here)]
+    replace_atomically(tmp_path / "h.bin", lambda tmp: tmp.write_bytes(b"x"))
+    assert events[-2:] == [("replace", here), ("fsync", here)]
+    f = AtomicFile(tmp_path / "out.txt")
+    f.write("more")
+    f.commit()
+    assert events[-2:] == [("replace", here), ("fsync", here)]
+    events.clear()
+    write_dir_atomically(tmp_path / "released", lambda tmp: (tmp / "config.json").write_text("{}"))
+    assert events[-2:] == [("replace", here), ("fsync", here)]
+    assert ("fsync", (tmp_path / "released").stat().st_ino) in events[:-2]  # its entries, before it is renamed
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock")
+def test_a_writers_temporary_directory_is_never_swept_before_its_mark_is_locked(tmp_path, monkeypatch):
+    """The mark was created under its own name, then locked: a sweep by another export into the same directory
+    between the two found it unlocked, took the live writer for a killed one and removed its directory, and
+    the writer's export failed. The mark now gets its name once it is locked."""
+    import fcntl
+
+    import longswift.atomic as atomic
+
+    real_flock, swept = fcntl.flock, []
+
+    def flock(fd, op):
+        if op == fcntl.LOCK_EX and not swept:  # the writer, about to lock its mark: another export's sweep
+            swept.append(atomic.remove_stale_dirs(tmp_path))
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    write_dir_atomically(tmp_path / "released", lambda tmp: (tmp / "config.json").write_text("{}"))
+    assert swept == [[]] and [p.name for p in (tmp_path / "released").iterdir()] == ["config.json"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock")
+def test_a_report_is_appended_where_a_directory_cannot_be_locked(tmp_path, monkeypatch):
+    """NFS emulates flock with a byte-range lock, which an exclusive lock takes only on a file opened for writing
+    (flock(2)): the appenders' turn, a lock on the directory opened read-only, failed with EBADF, and `bench --out`
+    on an NFS home directory ended, after the whole grid, in that error, its --json unwritten. The turn is best
+    effort there, as where there is no flock."""
+    import fcntl
+
+    from longswift.atomic import append_atomic
+
+    real_flock = fcntl.flock
+
+    def nfs_flock(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and op & fcntl.LOCK_EX:
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", nfs_flock)
+    notes = tmp_path / "notes.md"
+    notes.write_text("# notes\n")
+    append_atomic(notes, "| report |\n")
+    assert notes.read_text() == "# notes\n| report |\n" and [p.name for p in tmp_path.iterdir()] == ["notes.md"]

@@ -82,8 +82,8 @@ def check_writable(path: str | os.PathLike, flag: str | None = None) -> Path:
 def check_json_output(path: Path, flag: str) -> None:
     """Refuse a JSON output (--json, --checkpoint) whose path holds a file that is not JSON (a heads file named by
     mistake: replacing it would lose hours of training); an empty file or a JSON one is replaced as usual."""
-    try:
-        with open(path, "rb") as f:
+    try:  # (expanded as the write expands it: '--json=~/h.safetensors' reaches here as typed, and was not checked)
+        with open(Path(path).expanduser(), "rb") as f:
             head = f.read(64).lstrip()
     except (FileNotFoundError, IsADirectoryError):
         return
@@ -98,7 +98,7 @@ def check_appendable(path: Path, flag: str) -> None:
     """Refuse an output that a report is appended to (append_atomic) whose path holds a file that is not UTF-8 text
     (a UTF-16 notes file, a binary): its runs would all go by before the append failed."""
     try:
-        _text_to_append_to(Path(path), flag)
+        _text_to_append_to(output_target(path), flag)  # the file append_atomic reads (a tilde expanded)
     except OSError:  # unreadable, or a directory: check_writable says what it can
         return
 
@@ -240,7 +240,10 @@ def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None],
                 os.chmod(f, 0o666 & ~_umask())  # as open() makes them (safetensors makes its files 0600)
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
+            elif f.is_dir():
+                _fsync_dir(f)
         (tmp / _WRITING).unlink(missing_ok=True)  # still held: a sweep from here on finds no mark and keeps it
+        _fsync_dir(tmp)  # its entries, before it (or they) are renamed into place
         if existing:
             for entry in sorted(tmp.iterdir()):
                 os.replace(entry, p / entry.name)
@@ -248,6 +251,7 @@ def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None],
             tmp.rmdir()
         else:
             os.replace(tmp, p)
+        _fsync_dir(where)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for entry in moved:
@@ -272,8 +276,16 @@ def _hold_dir(tmp: Path) -> int | None:
     done (the lock goes with the process, however it ends). None where there is no flock (Windows)."""
     if fcntl is None:
         return None
-    fd = os.open(tmp / _WRITING, os.O_RDWR | os.O_CREAT, 0o600)
+    # Locked before it has the name a sweep looks for: between the open and the flock, a sweep (another export into
+    # the same directory) found the mark unlocked and removed a live writer's directory. (Killed before the rename,
+    # the directory has no mark and is left, as one killed before the mark was made.)
+    fd = os.open(tmp / (_WRITING + ".new"), os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)  # new and ours alone: taken at once
+    try:
+        os.rename(tmp / (_WRITING + ".new"), tmp / _WRITING)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -307,6 +319,22 @@ def _left_by_killed_writer(d: Path) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames into `directory` durable: an fsynced file renamed into place can still be missing, or the
+    old one, after a power cut until its directory is fsynced. Best effort: the rename is done and cannot be taken
+    back, and some systems open or fsync no directory (Windows; a few network file systems)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:
@@ -370,6 +398,7 @@ class AtomicFile:
     def commit(self) -> None:
         self.stage()
         os.replace(self.tmp, self.path)
+        _fsync_dir(self.path.parent)
 
     def discard(self) -> None:
         """Drop the temporary file, best effort: it runs while another error is on its way out, which an
@@ -400,7 +429,9 @@ def append_atomic(path: str | os.PathLike, text: str) -> None:
     """Append to a text file by rewriting it atomically: readers see the old file or the new one. Appenders
     to one directory take turns (a lock on the directory), so two benches appending to one notes file at
     the same moment keep both reports: each rewrite read the file before the other's landed and lost it."""
-    path = Path(path)  # (its text is checked before a command's work too: check_appendable)
+    # The file write_atomic replaces: '--out=~/notes.md' (no shell expands that tilde) read './~/notes.md', found
+    # nothing, and replaced ~/notes.md with the one report; and through a link, the directory turn is the target's.
+    path = output_target(path)  # (its text is checked before a command's work too: check_appendable)
     with _directory_turn(path.parent):
         write_atomic(path, _text_to_append_to(path, "the output") + text)
 
@@ -408,14 +439,18 @@ def append_atomic(path: str | os.PathLike, text: str) -> None:
 @contextmanager
 def _directory_turn(directory: Path) -> Iterator[None]:
     """Hold an advisory lock (flock) on `directory` itself while the body runs: no file is left behind, and a
-    killed holder's turn ends with it. Without flock, or a directory that cannot be opened, no turn is taken."""
+    killed holder's turn ends with it. Without flock, or a directory that cannot be opened or locked, no turn is
+    taken."""
     try:
         fd = os.open(directory, os.O_RDONLY) if fcntl is not None else None
     except OSError:  # (write_atomic says what is wrong with a directory it cannot write)
         fd = None
     try:
         if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # waits: another report's rewrite takes a moment
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # waits: another report's rewrite takes a moment
+            except OSError:  # NFS locks only a file opened for writing (EBADF here), as flock(2) says: no turn
+                pass
         yield
     finally:
         if fd is not None:
@@ -439,6 +474,7 @@ def replace_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
 
 
 def remove_stale_files(path: Path, on_stale: Callable[[Path], None] | None = None) -> None:
