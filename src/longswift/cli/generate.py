@@ -115,7 +115,8 @@ def _check_utf8_text(args: argparse.Namespace) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Every argument is checked before the model is loaded: a mistake costs no loading time."""
-    from ..prompts import STDIN, read_prompt_file
+    from ..encoding import PromptEncoder
+    from ..prompts import STDIN
 
     if args.checkpoint_every <= 0:
         raise LongswiftError("--checkpoint-every must be a positive number of tokens")
@@ -154,28 +155,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if args.prompt_ids is not None:
             raise LongswiftError("--system goes into the chat template, which --prompt-ids bypasses: give --prompt "
                                  "or --prompt-file")
-    if args.prompt_ids is not None:
-        if args.chat:
-            raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
-        prompt: str | list[int] = parse_ids("--prompt-ids", args.prompt_ids)
-        chat: bool | None = False
-    else:
-        if args.prompt is None and str(args.prompt_file) == STDIN:
-            from ..runtime.torchrun_env import env_world_size
-
-            if env_world_size() > 1:  # one process got the text, which one by chance; the others an empty prompt
-                raise LongswiftError("--prompt-file - (standard input) reaches only one of torchrun's processes: "
-                                     "write the prompt to a file and give its name")
-        elif args.prompt is None and not _every_process_reads(args.prompt_file):
-            # A FIFO's text went to one process and the others waited for a writer (a hang); torchrun passes no
-            # process substitution <(...) on (its /dev/fd/N was "does not exist")
-            raise LongswiftError(f"--prompt-file '{args.prompt_file}' is a pipe (a process substitution <(...), a FIFO "
-                                 "or a device), which torchrun's processes cannot each read: write the prompt to a "
-                                 "file and give its name")
-        prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
-        if not prompt.strip():
-            raise LongswiftError("the prompt is empty: give some prompt text")
-        chat = args.chat  # None: the chat template when the model has one
+    prompt, chat = _prompt(args)
     heads = args.heads or "auto"
     check_heads_flag(heads, args.method)
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
@@ -183,8 +163,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _keep_unfinished(outputs)
     # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
     tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
-    from ..encoding import PromptEncoder
-    from ..runtime.loading import load_config, model_tokenizer
+    from ..runtime.loading import load_config, model_tokenizer  # (torch: once the arguments are checked)
 
     cfg = load_config(args.model, runtime.rope_scaling)
     system = args.system
@@ -193,7 +172,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt = PromptEncoder(model_tokenizer(args.model), cfg).encode(prompt, chat, system)
         chat, system = False, None  # (in the ids now)
     _plan_before_loading(cfg, runtime, generation, len(prompt), spec if tokenswift else None)
-    if isinstance(prompt, list) and any(not 0 <= t < cfg.vocab_size for t in prompt):
+    if args.prompt_ids is not None and any(not 0 <= t < cfg.vocab_size for t in prompt):  # (text's: encode's check)
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     if any(t >= cfg.vocab_size for t in sampling.banned_ids):
         raise LongswiftError(f"--ban-ids must be in [0, {cfg.vocab_size}) for this model")
@@ -211,24 +190,59 @@ def cmd_generate(args: argparse.Namespace) -> int:
             except LongswiftError as exc:
                 raise LongswiftError(f"--ban-token: {exc.cli_message}") from None
             sampling = replace(sampling, banned_ids=(*sampling.banned_ids, *named))
-        drafting = changed_spec_fields(spec)  # (one command line run with each method: not refused, but said)
-        if args.method == "ar" and args.heads not in (None, "none"):
-            drafting = ["heads", *drafting]
-        if drafting and ranks.main and (args.method == "ar" or engine.heads is None):
-            flags = ", ".join(map(flag_name, drafting))
-            why = ("--method ar runs AR" if args.method == "ar" else "--heads none runs AR" if heads == "none"
-                   else "this model has no draft heads, so the run is AR")
-            print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
-                  f"{why}, which does not draft", file=sys.stderr)
-        elif drafting and ranks.main:
-            unused, _, why = unused_spec_fields(spec, drafting)
-            if unused:
-                flags = ", ".join(map(flag_name, unused))
-                print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}",
-                      file=sys.stderr)
+        if ranks.main:
+            _note_unused_drafting(args, spec, heads, engine.heads is None)
         stream = engine.stream(prompt, sampling=sampling, generation=generation, chat=chat, method=args.method,
                                spec=spec, system=system)
         return write_run(engine, stream, outputs, stop, args.no_progress)
+
+
+def _prompt(args: argparse.Namespace) -> tuple[str | list[int], bool | None]:
+    """The prompt a new run was given (--prompt-ids' ids, or the text of --prompt or --prompt-file), and whether to
+    wrap text in the chat template (None: where the model has one)."""
+    from ..prompts import STDIN, read_prompt_file
+
+    if args.prompt_ids is not None:
+        if args.chat:
+            raise LongswiftError("--chat wraps prompt text: use --prompt or --prompt-file with it")
+        return parse_ids("--prompt-ids", args.prompt_ids), False
+    if args.prompt is None and str(args.prompt_file) == STDIN:
+        from ..runtime.torchrun_env import env_world_size
+
+        if env_world_size() > 1:  # one process got the text, which one by chance; the others an empty prompt
+            raise LongswiftError("--prompt-file - (standard input) reaches only one of torchrun's processes: "
+                                 "write the prompt to a file and give its name")
+    elif args.prompt is None and not _every_process_reads(args.prompt_file):
+        # A FIFO's text went to one process and the others waited for a writer (a hang); torchrun passes no
+        # process substitution <(...) on (its /dev/fd/N was "does not exist")
+        raise LongswiftError(f"--prompt-file '{args.prompt_file}' is a pipe (a process substitution <(...), a FIFO "
+                             "or a device), which torchrun's processes cannot each read: write the prompt to a "
+                             "file and give its name")
+    prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
+    if not prompt.strip():
+        raise LongswiftError("the prompt is empty: give some prompt text")
+    return prompt, args.chat
+
+
+def _note_unused_drafting(args: argparse.Namespace, spec: SpecConfig, heads: str, no_heads: bool) -> None:
+    """Say which drafting flags given change nothing in this run (one command line run with each method: not
+    refused, but said): all of them where the run is AR (`no_heads`: the model has none), or those another
+    TokenSwift setting leaves unused."""
+    drafting = changed_spec_fields(spec)
+    if args.method == "ar" and args.heads not in (None, "none"):
+        drafting = ["heads", *drafting]
+    if drafting and (args.method == "ar" or no_heads):
+        flags = ", ".join(map(flag_name, drafting))
+        why = ("--method ar runs AR" if args.method == "ar" else "--heads none runs AR" if heads == "none"
+               else "this model has no draft heads, so the run is AR")
+        print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
+              f"{why}, which does not draft", file=sys.stderr)
+    elif drafting:
+        unused, _, why = unused_spec_fields(spec, drafting)
+        if unused:
+            flags = ", ".join(map(flag_name, unused))
+            print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}",
+                  file=sys.stderr)
 
 
 def _every_process_reads(path: Path) -> bool:
