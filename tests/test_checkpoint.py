@@ -614,3 +614,84 @@ def test_a_rope_scaling_spelt_otherwise_is_the_same_setting():
     assert longswift.load(hf, dtype="float64", rope_scaling="yarn:2.0").resume(ckpt) is not None
     with pytest.raises(LongswiftError, match="made with rope_scaling yarn:2 and this engine has yarn:3"):
         longswift.load(hf, dtype="float64", rope_scaling="yarn:3").resume(ckpt)
+
+
+def every_boundary(e, run, sampling, gen):
+    """The uninterrupted result and a checkpoint at each step boundary of the same run (`run`: method, spec)."""
+    method, spec = run
+    full = e.generate(PROMPT, sampling=sampling, generation=gen, method=method, spec=spec)
+    stream = e.stream(PROMPT, sampling=sampling, generation=gen, method=method, spec=spec)
+    ckpts = [stream.checkpoint() for _ in stream]
+    assert stream.result.token_ids == full.token_ids
+    return full, ckpts
+
+
+def finish(stream):
+    for _ in stream:
+        pass
+    return stream.result
+
+
+@pytest.mark.parametrize("run", ["ar", "tokenswift-adaptive"])
+def test_token_blocks_resume_at_every_boundary_whatever_the_block_size_of_the_resuming_engine(base, run, monkeypatch):
+    """--read-every 4: AR's blocks draw their uniforms four at once, and TokenSwift's plain steps (made to lead here)
+    run as such blocks; no test resumed one. A checkpoint after any block resumes to the uninterrupted run's tokens
+    on an engine of the same block size and on one reading every token (a GPU run, read_every 16, continued on a
+    CPU), and the reverse."""
+    from longswift.spec.schedule import PLAIN, StepSchedule
+
+    monkeypatch.setattr(StepSchedule, "rate", lambda self, kind: 3.0 if kind == PLAIN else 1.0)
+    blocks = longswift.load(hf_model(), dtype="float64", heads="random", read_every=4)
+    gen = replace(GEN, max_new_tokens=30)
+    for first, then in ((blocks, base), (blocks, blocks), (base, blocks)):
+        full, ckpts = every_boundary(first, RUNS[run], SAMPLINGS["sampled"], gen)
+        assert len(ckpts) < gen.max_new_tokens or first is base  # (blocks of several tokens were yielded)
+        for ckpt in ckpts:
+            result = finish(then.resume(ckpt))
+            assert result.token_ids == full.token_ids, len(ckpt.token_ids)
+            assert result.stats.new_tokens == gen.max_new_tokens and result.stats.finish_reason == "length"
+
+
+@pytest.mark.parametrize("run", ["ar", "tokenswift-paper", "tokenswift-fused"])
+def test_a_new_length_given_to_an_unfinished_run_gives_the_run_started_with_it(base, run):
+    """resume(ckpt, max_new_tokens=N) of a run still going (tests above extend finished ones): shorter or longer
+    than the length it was started with, down to the tokens it holds, the tokens are the first N of the longer run."""
+    method, spec = RUNS[run]
+    sampling = SAMPLINGS["sampled"]
+    whole = base.generate(PROMPT, sampling=sampling, generation=replace(GEN, max_new_tokens=50), method=method,
+                          spec=spec).token_ids
+    stream = base.stream(PROMPT, sampling=sampling, generation=replace(GEN, max_new_tokens=30), method=method,
+                         spec=spec)
+    for _ in stream:
+        if len(stream.token_ids) < 12:
+            continue
+        ckpt, held = stream.checkpoint(), len(stream.token_ids)
+        for length in sorted({held, held + 1, 29, 31, 50} - set(range(held))):
+            result = finish(base.resume(ckpt, max_new_tokens=length))
+            assert result.token_ids == whole[:length], (held, length)
+            assert result.stats.finish_reason == "length" and result.stats.new_tokens == length
+        if held >= 20:
+            break
+
+
+SPECS_AT_EVERY_BOUNDARY = {
+    # a static draft cache selected once, past a budget the prompt alone nearly fills
+    "static-cache": SpecConfig(tree="2,2,2", ngram_topk=3, draft_kv_budget=22, draft_window=4, attention_sinks=3,
+                               draft_cache="static", adaptive=False),
+    # tries cut to a node budget (pruned by score), lookup steps, a dynamic cache past a small budget
+    "pruned-adaptive": SpecConfig(tree="2,3,3", ngram_topk=4, max_nodes=6, lookup_nodes=5, draft_kv_budget=24,
+                                  draft_window=5, attention_sinks=2),
+    "batched-walk": SpecConfig(tree="1,2,2", ngram_topk=2, walk="batched", adaptive=False),
+}
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS.values(), ids=SAMPLINGS.keys())
+@pytest.mark.parametrize("spec", SPECS_AT_EVERY_BOUNDARY.values(), ids=SPECS_AT_EVERY_BOUNDARY.keys())
+def test_drafting_settings_of_no_other_test_resume_at_every_step_boundary(base, spec, sampling):
+    """A static draft cache, pruned tries with lookup steps and the batched walk (none of them in RUNS): a checkpoint
+    after any step, the many-token ones included, resumes to the uninterrupted run's tokens."""
+    gen = replace(GEN, max_new_tokens=40)
+    full, ckpts = every_boundary(base, ("tokenswift", spec), sampling, gen)
+    assert len(ckpts) < gen.max_new_tokens  # some steps committed several tokens
+    for ckpt in ckpts:
+        assert finish(base.resume(ckpt)).token_ids == full.token_ids, len(ckpt.token_ids)
