@@ -95,7 +95,9 @@ def test_adaptive_choice_follows_measured_rates():
 
     def set_rate(kind: str, tokens_per_second: float) -> None:
         s.step_tokens[kind], s.step_seconds[kind] = 1.0, 1.0 / tokens_per_second  # one token a step
-        s.timed_at[kind] = s.steps  # timed now (not stale)
+        s.timed_at[kind] = s.steps  # timed now (not stale), and more than once (its next timing goes into the EMA)
+        s.single.discard(kind)
+        s.quick.discard(kind)
 
     assert s.choose() == FULL
     s.record(FULL, 4, 0.0825)  # 48.5 tok/s (a probe costs 2.5 ms more than the leader's time for its 4 tokens)
@@ -222,10 +224,10 @@ def test_a_kind_timed_long_ago_is_timed_again_before_it_takes_the_lead():
     # now the loaded ones (4.9 tok/s against plain's 5), and plain steps keep the lead; so for LOOKUP.
     assert picks.count(FULL) == 1 and picks.count(LOOKUP) == 1 and s.best == PLAIN, picks
     assert s.step_seconds[FULL] == 0.405 and s.step_seconds[LOOKUP] == 0.24  # replaced, not averaged in
-    s.record(FULL, 2, 0.5)  # its next timing within STALE_STEPS: the lesser of the two (one may have been paused)
-    assert s.step_seconds[FULL] == 0.405
-    s.record(FULL, 2, 0.5)  # and the next ones averaged in
-    assert s.step_seconds[FULL] == pytest.approx(0.9 * 0.405 + 0.1 * 0.5)
+    s.record(FULL, 2, 0.5)  # its next timing within STALE_STEPS: the two averaged (neither was paused)
+    assert s.step_seconds[FULL] == pytest.approx((0.405 + 0.5) / 2)
+    s.record(FULL, 2, 0.5)  # and the next ones into the EMA
+    assert s.step_seconds[FULL] == pytest.approx(0.9 * 0.4525 + 0.1 * 0.5)
 
 
 def test_a_kind_whose_steps_go_untimed_does_not_take_every_step():
@@ -378,7 +380,7 @@ def test_token_blocks_keep_the_probe_schedule_of_single_plain_steps():
 def test_a_fastest_kind_whose_first_timed_step_was_paused_takes_the_lead_soon(pause: float):
     """A review's simulation: full steps emit 4 tokens at 2.6 plain steps' cost (1.5x plain's rate), but their first
     timed step was paused 5x. Ranked below plain steps, the probe budget put their next probe 1,024 steps away. A
-    kind's second timing keeps the lesser of its two, and until then it is probed on the doubling interval."""
+    kind's second timing replaces a first more than PAUSED times it, and its next probe keeps the doubling interval."""
     s = StepSchedule()
     picks, timed = [], 0
     for _ in range(600):
@@ -390,3 +392,24 @@ def test_a_fastest_kind_whose_first_timed_step_was_paused_takes_the_lead_soon(pa
             cost *= pause if timed == 1 else 1.0
         s.record(kind, 4 if kind == FULL else 1, cost)
     assert s.best == FULL and picks[100:].count(FULL) > 450, (s.best, picks[100:].count(FULL))
+
+
+def test_a_kind_timed_once_gets_one_quick_probe_and_an_average_of_its_first_two_timings():
+    """Session 65's bench: lookup steps are timed as their own only when they find an n-gram (a few in ten under the
+    paper's sampling), so a rule that probed a kind timed once on the doubling interval until its second timing probed
+    them so for hundreds of steps, and one that kept the lesser of its first two timings ranked a slower kind nearer
+    the leader: the paper cell drafted in 16 steps of 1,020 where 6 did before (0.98x AR). One quick probe, then the
+    probe budget's interval; the first two timings averaged unless the first was paused (PAUSED times the second)."""
+    s = StepSchedule()
+    for _ in range(4):  # each kind once (FULL at 2.6 plain steps for 1 token, LOOKUP 1.3, PLAIN 1.0), then the leader
+        kind = s.choose()
+        s.record(kind, 1, {FULL: 2.6, LOOKUP: 1.3, PLAIN: 1.0}[kind])
+    assert kind == s.best == PLAIN and s.quick == {FULL, LOOKUP}
+    assert s.interval(LOOKUP) == PROBE_EVERY  # quick: the doubling interval, not the budget's
+    budget_floor = math.ceil((1.3 - 1.0) / (PROBE_BUDGET / 2 * 1.0))
+    while (kind := s.choose()) != LOOKUP:
+        s.record(kind, 1, {FULL: 2.6, PLAIN: 1.0}[kind])
+    s.record_empty_lookup(1.0)  # the quick probe found no n-gram: untimed as LOOKUP's
+    assert LOOKUP not in s.quick and s.interval(LOOKUP) == budget_floor
+    s.record(LOOKUP, 1, 1.5)  # its second timing (later): averaged with the first
+    assert s.step_seconds[LOOKUP] == pytest.approx((1.3 + 1.5) / 2)

@@ -43,10 +43,16 @@ UNTIMED_TRIES = 8
 # one 100x step left plain steps' EMA at 10.9x their cost, so a 1.3x slower kind led and, by the probe budget, plain
 # steps were not probed again for ~740 steps). A real change of load still shows: the EMA may grow 1.2x a step.
 OUTLIER = 3.0
-# ... and a kind's first seconds (or those that replaced stale ones) stand alone until its next timed step, which keeps
-# the lesser of the two; until then its probes keep the doubling interval, not the probe budget's: a first full step
-# paused 5x (a page fault, the collector) otherwise ranked the fastest kind below plain steps, the budget put its next
-# probe 1,024 steps away, and the EMA took that probe's ~20 follow-ups to forget the pause (a review's simulation).
+# ... and a kind's first seconds (or those that replaced stale ones) stand alone until its next timed step, which
+# replaces them where they were more than PAUSED times its own (the first step was paused), else is averaged with them;
+# and its next probe keeps the doubling interval, not the probe budget's. A first full step paused 5x (a page fault,
+# the collector) otherwise ranked the fastest kind below plain steps, the budget put its next probe 1,024 steps away,
+# and the EMA took that probe's ~20 follow-ups to forget the pause (a review's simulation: the lead from step 1,026,
+# now 18). One quick probe only, and not the lesser of the two timings: lookup steps, timed as their own only when they
+# find an n-gram (a few in ten under the paper's sampling), kept one step's seconds for hundreds of steps and were
+# probed on the doubling interval all that time, and the lesser of two noisy timings ranked a slower kind closer to the
+# leader, probed more often: the paper cell drafted in 16 steps of 1,020 where 6 did before, 0.98x AR (session 65).
+PAUSED = 2.0
 TOKENS_PER_STEP_EMA = 0.25  # weight of the newest step in the tokens/step estimate (one-pass LM heads)
 
 
@@ -73,7 +79,8 @@ class StepSchedule:
     steps: int = 0  # steps chosen so far (a token block's plain steps counted)
     timed_at: dict[str, int] = field(default_factory=dict)  # `steps` at each kind's last timed step (or re-timing)
     refresh: set[str] = field(default_factory=set)  # kinds being timed again: their next seconds replace the old
-    single: set[str] = field(default_factory=set)  # kinds whose seconds come from one step (see OUTLIER)
+    single: set[str] = field(default_factory=set)  # kinds whose seconds come from one step (see OUTLIER) ...
+    quick: set[str] = field(default_factory=set)  # ... and whose next probe keeps the doubling interval
     tries: dict[str, int] = field(default_factory=dict)  # steps each kind ran while it had no rate
     probe_every: dict[str, int] = field(default_factory=dict)  # each kind's probe interval
     best: str | None = None  # the leading kind
@@ -152,10 +159,11 @@ class StepSchedule:
         time at the leader's rate) stays within its share of PROBE_BUDGET (split evenly among the kinds
         other than the leader) of the leader's time between probes (a full step on a wide trie can cost
         several plain steps for one token: probed every 16 steps, it would cost more than its rare wins
-        gain); at most MAX_PROBE_EVERY. A kind timed once keeps its doubling interval (see OUTLIER)."""
+        gain); at most MAX_PROBE_EVERY. A kind's first probe after its first timing keeps its doubling interval (see
+        OUTLIER)."""
         tokens, best = self.step_tokens[kind], self.best
         leader = self.rate(best) if best is not None else None
-        if tokens is None or not leader or kind in self.single:
+        if tokens is None or not leader or kind in self.quick:
             return self.probe_every[kind]
         extra = self.step_seconds[kind] - tokens / leader  # [s] per probe, beyond the leader's time for its tokens
         share = PROBE_BUDGET / max(len(self.kinds) - 1, 1)
@@ -183,6 +191,7 @@ class StepSchedule:
         for k in self.kinds:
             self.since[k] += 1
         self.since[kind] = 0
+        self.quick.discard(kind)  # (its quick probe, timed or not)
         self.steps += 1
         return kind
 
@@ -224,8 +233,9 @@ class StepSchedule:
         if fresh:
             self.step_seconds[kind] = seconds
             self.single.add(kind)
-        elif kind in self.single:  # its second timing: the lesser of the two (one may be a paused step)
-            self.step_seconds[kind] = min(old, seconds)
+            self.quick.add(kind)
+        elif kind in self.single:  # its second timing: the first replaced if it was paused, else the two averaged
+            self.step_seconds[kind] = seconds if old > PAUSED * seconds else (old + seconds) / 2
             self.single.discard(kind)
         else:
             self.step_seconds[kind] = (1 - RATE_EMA) * old + RATE_EMA * min(seconds, OUTLIER * old)
