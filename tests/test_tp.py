@@ -23,6 +23,7 @@ from conftest import tiny_hf_model
 import longswift
 from longswift import GenerationConfig, LongswiftError, SamplingConfig, SpecConfig
 from longswift.runtime.cache import FullKVCache, PartialKVCache
+from longswift.runtime.loading import load_config
 from longswift.runtime.parallel import plan_shards, working_world_sizes
 
 WORLD = 2
@@ -487,7 +488,8 @@ def test_torchrun_refuses_a_model_that_does_not_split_before_loading(tmp_path, m
     model = _config_dir(tmp_path, hidden_size=384, num_attention_heads=6, num_key_value_heads=3, intermediate_size=1536)
     with pytest.raises(LongswiftError, match="^cannot run this model on 4 processes: its 6 attention heads do not "
                                              "split into 4 equal parts; world sizes that work: 1, 3, 6$"):
-        _plan_before_loading(model, longswift.RuntimeConfig(device="cpu"), GenerationConfig(max_new_tokens=8), 9)
+        _plan_before_loading(load_config(model), longswift.RuntimeConfig(device="cpu"),
+                             GenerationConfig(max_new_tokens=8), 9)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -496,7 +498,6 @@ def test_torchrun_plans_one_processs_shard_on_cuda(tmp_path, monkeypatch, device
     need several GPUs. On a CPU the processes share the host's memory: the whole model is counted."""
     from longswift.cli.generate import _plan_before_loading
     from longswift.config import RuntimeConfig
-    from longswift.runtime.loading import load_config
     from longswift.runtime.parallel import shard_config
 
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -511,7 +512,7 @@ def test_torchrun_plans_one_processs_shard_on_cuda(tmp_path, monkeypatch, device
     if device == "cuda":
         assert held.parameter_count() < 0.6 * cfg.parameter_count()  # the two figures differ at 0.01 GiB
     with pytest.raises(LongswiftError) as info:
-        _plan_before_loading(model, RuntimeConfig(dtype="float32"), GenerationConfig(max_new_tokens=8), 9)
+        _plan_before_loading(cfg, RuntimeConfig(dtype="float32"), GenerationConfig(max_new_tokens=8), 9)
     assert f"(weights {held.parameter_count() * 4 / 1024**3:.2f} GiB + " in str(info.value)
 
 
@@ -531,7 +532,7 @@ def test_torchrun_plans_each_process_on_its_own_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr("longswift.config.runtime._cuda_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(LongswiftError, match="not enough memory"):
-        _plan_before_loading(_config_dir(tmp_path), RuntimeConfig(dtype="float32", device="cuda"),
+        _plan_before_loading(load_config(_config_dir(tmp_path)), RuntimeConfig(dtype="float32", device="cuda"),
                              GenerationConfig(max_new_tokens=8), 9)
     assert asked and all(device == torch.device("cuda:1") for device in asked), asked
 
@@ -544,9 +545,9 @@ def test_torchrun_refuses_float32_logits_before_loading(tmp_path, monkeypatch):
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(LongswiftError, match="^--float32-logits is not supported with tensor parallelism"):
-        _plan_before_loading(_config_dir(tmp_path), RuntimeConfig(dtype="bfloat16", float32_logits=True),
+        _plan_before_loading(load_config(_config_dir(tmp_path)), RuntimeConfig(dtype="bfloat16", float32_logits=True),
                              GenerationConfig(max_new_tokens=8), 9)
-    _plan_before_loading(_config_dir(tmp_path), RuntimeConfig(dtype="float32", float32_logits=True),
+    _plan_before_loading(load_config(_config_dir(tmp_path)), RuntimeConfig(dtype="float32", float32_logits=True),
                          GenerationConfig(max_new_tokens=8), 9)  # (float32 logits of a float32 model: nothing to do)
 
 
