@@ -436,3 +436,14 @@ def test_the_json_settings_name_the_draft_cache_and_the_node_budget(tiny, tmp_pa
     assert code == 0, err
     settings = json.loads(js.read_text())["settings"]
     assert settings["draft_cache"] == "static" and settings["max_nodes"] == 5
+
+
+def test_the_report_says_whether_the_steps_ran_as_graphs(tiny, tmp_path, capsys):
+    """A review: the identity held --cuda-graphs as given ('auto'), which says only that graphs run where they can;
+    whether this run's steps were replayed showed only as an empty AR-eager column. On a CPU they never are."""
+    js = tmp_path / "steps.json"
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64", "--json", str(js))
+    assert code == 0, err
+    ident = json.loads(js.read_text())["identity"]
+    assert ident["cuda_graphs"] == "auto" and ident["graphs_replayed"] is False
+    assert "--cuda-graphs is on: auto, here not replayed (eager)" in out

@@ -350,13 +350,16 @@ class StepRig:
 
 
 def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-             linears: dict[str, bool], gamma: int, command: str | None, runtime: RuntimeConfig) -> dict:
+             linears: dict[str, bool], gamma: int, command: str | None, runtime: RuntimeConfig,
+             graphs_replayed: bool = False) -> dict:
+    """What was measured and how; `graphs_replayed`: whether the steps ran as CUDA graphs (--cuda-graphs auto says
+    only that they would where they can)."""
     full_layers = SHAPES[bench.shape]["num_hidden_layers"]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
             "dtype": dtype_name(dtype), "device": str(device), "device_name": name,
-            **linears, "cuda_graphs": runtime.cuda_graphs,
+            **linears, "cuda_graphs": runtime.cuda_graphs, "graphs_replayed": graphs_replayed,
             "graph_attention": resolve_attention(runtime.graph_attention, device),
             "float32_logits": runtime.float32_logits, **({"triton_kernels": True} if runtime.triton_kernels else {}),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -404,6 +407,7 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
             eager = "" if costs[-1].ar_eager is None else f" (eager {costs[-1].ar_eager * 1e3:.2f} ms)"
             log(f"context {c}: AR {costs[-1].ar * 1e3:.2f} ms{eager}, draft {costs[-1].draft * 1e3:.2f} ms "
                 f"({time.perf_counter() - t0:.1f} s)")
+    replayed = rig.graphs is not None and rig.graphs.capture  # (where --cuda-graphs auto found them supported)
     del rig, model, state, heads
     bandwidth = max(bandwidth, measure_bandwidth(device, buffer))
     projections = [project(step_costs(costs, bench.projection_nodes, tokens_per_step(a, bench.depth), bench.spec.walk,
@@ -411,7 +415,8 @@ def run_bench_steps(bench: StepBenchConfig, runtime: RuntimeConfig, command: str
                            bench.prefix,
                            bench.new_tokens, a, bench.depth, bench.refill_budget, bench.spec.draft_window)
                    for a in bench.alphas]
-    return StepBenchResult(identity(bench, cfg, dtype, device, linears, gamma, command, runtime), bandwidth, buffer,
+    return StepBenchResult(identity(bench, cfg, dtype, device, linears, gamma, command, runtime, replayed), bandwidth,
+                           buffer,
                            weight_bytes_read(cfg, dtype, float32_head_copy(runtime.float32_logits, dtype, device)),
                            cfg.kv_bytes_per_token(dtype), costs, projections, bench)
 

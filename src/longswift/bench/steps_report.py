@@ -71,7 +71,8 @@ def render(r: StepBenchResult) -> str:
         f"- each cost is the median of {b.reps} repetitions after {b.warmup} warm-ups; caches hold random keys and "
         "values (no prefill); sampling is the paper's (min-p 0.1, penalty 1.2 over 1024 tokens)",
         f"- AR: one token's forward + LM head + sampling, as generation runs it (CUDA-graph replay where "
-        f"--cuda-graphs is on: {ident.get('cuda_graphs', 'off')}, --graph-attention "
+        f"--cuda-graphs is on: {ident.get('cuda_graphs', 'off')}, here "
+        f"{'replayed' if ident.get('graphs_replayed') else 'not replayed (eager)'}, --graph-attention "
         f"{ident.get('graph_attention', 'bucketed')}; AR eager: the same step without the graph, "
         "where the graph was measured). " + _draft_text(r) + " Walk row: one row the lossless walk visits: "
         "LM head + sampling, or sampling only (cached) where the LM head of all the trie's rows ran in one pass. "
