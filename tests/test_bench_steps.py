@@ -447,3 +447,14 @@ def test_the_report_says_whether_the_steps_ran_as_graphs(tiny, tmp_path, capsys)
     ident = json.loads(js.read_text())["identity"]
     assert ident["cuda_graphs"] == "auto" and ident["graphs_replayed"] is False
     assert "--cuda-graphs is on: auto, here not replayed (eager)" in out
+
+
+@pytest.mark.parametrize("max_nodes, cut", [(5, True), (7, False), (0, False)])
+def test_the_projection_says_the_trie_was_cut_only_where_it_was(tiny, capsys, max_nodes, cut):
+    """A review: the report said the trie was "cut to its N likeliest nodes" wherever its budget equalled
+    --max-nodes, also where the trie (tree 1,1,1 + 1 n-gram path of 3: 7 nodes) has just that many."""
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "64,96", "--alpha", "0.5", "--prefix",
+                             "64", "--new-tokens", "32", "--tree", "1,1,1", "--ngram-topk", "1", "--max-nodes",
+                             str(max_nodes))
+    assert code == 0, err
+    assert ("likeliest nodes (--max-nodes)" in out) == cut

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..spec.budget import draft_levels
+from ..spec.budget import draft_levels, unpruned_budget
 from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
 from .machine import machine_lines, processor_name, software_versions
 from .steps import StepBenchConfig, StepBenchResult
@@ -117,7 +117,8 @@ def render(r: StepBenchResult) -> str:
                   f"{spec.tree}" + (f" (drafted depths {','.join(map(str, draft_levels(spec)))})"
                                     if spec.draft_mode == "fused" else "")
                   + f" + {spec.ngram_topk} n-gram continuations per depth-1 token"
-                  + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)" if b.projection_nodes == spec.max_nodes else "")
+                  + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)"
+                     if unpruned_budget(spec) > b.projection_nodes else "")  # (not where it has just that many)
                   + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
                   + ("the batched walk" if spec.walk == "batched" else
                      "tau x walk row (its LM head included; in steps of "
