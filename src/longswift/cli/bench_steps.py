@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from typing import Any
 
-from ..config import RuntimeConfig, SpecConfig, changed_spec_fields, flag_name, parse_number_list, unused_spec_fields
+from ..config import RuntimeConfig, SpecConfig, parse_number_list
 from ..errors import LongswiftError
-from .flags import add_config_flags, config_from_args, output_file, seed_number, whole_number
+from .flags import (add_config_flags, config_from_args, note_unused_spec_fields, output_file, seed_number,
+                    whole_number)
 
 
 def add_parser(sub: Any) -> None:
@@ -75,10 +75,7 @@ def cmd_bench_steps(args: argparse.Namespace) -> int:
         if given is not None and not bench.alphas:
             raise LongswiftError(f"{flag} sets the projection, which --alpha asks for: give --alpha (acceptance "
                                  f"rates to project with), or leave {flag} out")
-    unused, _, why = unused_spec_fields(spec, changed_spec_fields(spec))
-    if unused:  # (as generate says it: taken, but nothing here reads them)
-        flags = ", ".join(map(flag_name, unused))
-        print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}", file=sys.stderr)
+    note_unused_spec_fields(spec)  # (as generate says it: taken, but nothing here reads them)
     for path in (args.out, args.json):
         if path is not None:
             check_writable(path)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..config import HEADS_WORDS, flag_name, seed_problem
+from ..config import HEADS_WORDS, SpecConfig, changed_spec_fields, flag_name, seed_problem, unused_spec_fields
 from ..errors import LongswiftError
 
 # --model of every command but generate (whose help names the embedded model) and export-heads (the base model)
@@ -194,3 +194,12 @@ def model_inputs(model: str | None) -> list[tuple[str, Path | None]]:
     if model is not None and str(model).startswith("<"):  # a checkpoint's Python object: refused on resume
         return []
     return [("--model", f) for f in model_files(model)]
+
+
+def note_unused_spec_fields(spec: SpecConfig) -> None:
+    """Say which TokenSwift flags given (those off their defaults) another of them leaves unused (`--draft-mode fused`
+    has no draft cache for --draft-kv-budget to size): taken, not refused, but said on stderr."""
+    unused, _, why = unused_spec_fields(spec, changed_spec_fields(spec))
+    if unused:
+        flags = ", ".join(map(flag_name, unused))
+        print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}", file=sys.stderr)

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..config import (GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields,
-                      dtype_name, flag_name, unused_spec_fields)
+                      dtype_name, flag_name)
 from ..errors import ConfigError, LongswiftError
 from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, given_path,
-                    heads_inputs, heads_value, model_inputs, output_file, whole_number)
+                    heads_inputs, heads_value, model_inputs, note_unused_spec_fields, output_file, whole_number)
 from .outputs import Outputs, shown, write_run
 from .stop import StopRequest
 
@@ -238,11 +238,7 @@ def _note_unused_drafting(args: argparse.Namespace, spec: SpecConfig, heads: str
         print(f"longswift: note: {flags} {'sets' if len(drafting) == 1 else 'set'} how TokenSwift drafts, and "
               f"{why}, which does not draft", file=sys.stderr)
     elif drafting:
-        unused, _, why = unused_spec_fields(spec, drafting)
-        if unused:
-            flags = ", ".join(map(flag_name, unused))
-            print(f"longswift: note: {flags} {'sets' if len(unused) == 1 else 'set'} nothing here: {why}",
-                  file=sys.stderr)
+        note_unused_spec_fields(spec)
 
 
 def _every_process_reads(path: Path) -> bool:
