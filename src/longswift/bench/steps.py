@@ -17,6 +17,7 @@ import torch
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name, seed_problem
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
+from ..runtime.linear import float32_head_copy
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory, size_text
 from ..runtime.model import Transformer, fused_kernels
 from ..runtime.triton_kernels import triton_unavailable
@@ -191,12 +192,6 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     head_copy = shared if packed and not float32_head_copy(float32_logits, dtype, device) else 0
     return dataclasses.replace(plan, weights=plan.weights - shared + heads,
                                packed_weights=plan.packed_weights + head_copy)
-
-
-def float32_head_copy(float32_logits: bool, dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether the LM head runs on a float32 copy of its weight (runtime.linear.float32_head: a bfloat16/float16
-    model's --float32-logits off CUDA), which the memory plan holds and each step reads."""
-    return float32_logits and dtype in (torch.bfloat16, torch.float16) and device.type != "cuda"
 
 
 def check_fits(plan: MemoryPlan, buffer_bytes: int, dtype: torch.dtype) -> None:

@@ -162,6 +162,12 @@ def colocate(state: dict[str, torch.Tensor], names: Sequence[str]) -> None:
         start += part.shape[0]
 
 
+def float32_head_copy(float32_logits: bool, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the LM head runs on a float32 copy of its weight (float32_head: a bfloat16/float16 model's
+    --float32-logits off CUDA), which the memory plan holds and each step reads."""
+    return float32_logits and dtype in (torch.bfloat16, torch.float16) and device.type != "cuda"
+
+
 def float32_head(weight: torch.Tensor, pack: bool) -> LinearFn:
     """An LM head for a reduced-precision (bfloat16/float16) model whose logits are not rounded to
     that dtype: `x @ weight.T` of the model's [T, hidden] inputs with float32 sums and a float32

@@ -17,6 +17,7 @@ from . import attention
 from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
+from .linear import float32_head_copy
 from .model import Transformer
 
 GiB = 1024**3
@@ -228,9 +229,9 @@ def plan_memory(
     # embedding table: a tied LM head's packed copy is the one extra.
     embed = cfg.vocab_size * cfg.hidden_size
     packed_weights = embed * elem if packed and cfg.tie_word_embeddings else 0
-    float32_logits = float32_logits and dtype in (torch.bfloat16, torch.float16)  # a no-op in float32/float64
-    if float32_logits and torch.device(device).type != "cuda":
+    if float32_head_copy(float32_logits, dtype, torch.device(device)):
         packed_weights = embed * 4  # the head's float32 copy, in place of its packed one; the original stays
+    float32_logits = float32_logits and dtype in (torch.bfloat16, torch.float16)  # a no-op in float32/float64
     kv = capacity * cfg.kv_bytes_per_token(dtype)
     # Largest transients: the attention of one masked forward (a prefill chunk or the verify pass
     # of `tree_nodes`) against the whole cache, plus the logits with their transform and draw, and
