@@ -406,7 +406,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
                 methods.run(m, warm_prompt, 4, cfg.sampling("greedy"), None)
         done = 0
         for batch in batches(plan, cfg.lockstep):
-            made = run_batch(batch, methods, cfg, f"{{}}/{len(plan)}", done, show_progress, log)
+            made = run_batch(batch, methods, cfg, done, len(plan), show_progress, log)
             done += len(batch)
             for record in made:
                 # (versions: a resumed directory's report names what measured each run)
@@ -520,13 +520,13 @@ def plan_runs(cells: list[Cell], runnable: list[str], refused: Mapping[tuple[str
     return plan
 
 
-def run_batch(batch: list[tuple[Cell, int, str, str]], methods: Methods, cfg: BenchConfig, of: str, done: int,
+def run_batch(batch: list[tuple[Cell, int, str, str]], methods: Methods, cfg: BenchConfig, done: int, total: int,
               show_progress: bool, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """Run one batch of the plan (one run, or in lockstep our methods' runs of a cell together) and return its
-    records; `of` places a run in the plan ('{}/N'), after the `done` runs before it."""
+    records; its runs are logged as the next of the plan's `total`, after the `done` runs before them."""
     cell, r = batch[0][0], batch[0][1]
     sampling = cfg.sampling(cell.preset)
-    wheres = {m: f"[{of.format(done + j)}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
+    wheres = {m: f"[{done + j}/{total}] {cell.prompt.name} {len(cell.prompt.ids)}+{cell.length} {cell.preset} "
                  f"run {r + 1} {m}" for j, (_, _, m, _) in enumerate(batch, 1)}
     together = len(batch) > 1
     for where in wheres.values():
