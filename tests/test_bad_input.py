@@ -2063,6 +2063,28 @@ def test_an_atomic_write_fsyncs_its_directory_after_the_rename(tmp_path, monkeyp
     assert ("fsync", (tmp_path / "released").stat().st_ino) in events[:-2]  # its entries, before it is renamed
 
 
+def test_directories_made_for_an_output_are_fsynced_into_their_parents(tmp_path, monkeypatch):
+    """An export, a bench --out-dir or a training --out under new directories: the output's rename was fsynced into
+    the new directory, but the new directories' own entries were not, so after a power cut the output could vanish
+    with them. Each directory made is now fsynced into its parent."""
+    from longswift.bench.store import ResultStore
+    from longswift.train.train import claimed_out_dir
+
+    events = _fsyncs_of_directories(monkeypatch)
+    write_dir_atomically(tmp_path / "a" / "b" / "released", lambda tmp: (tmp / "config.json").write_text("{}"))
+    synced = {ino for kind, ino in events if kind == "fsync"}
+    assert {tmp_path.stat().st_ino, (tmp_path / "a").stat().st_ino, (tmp_path / "a" / "b").stat().st_ino} <= synced
+    events.clear()
+    ResultStore(tmp_path / "c" / "d", {"x": 1}).close()
+    synced = {ino for kind, ino in events if kind == "fsync"}
+    assert {tmp_path.stat().st_ino, (tmp_path / "c").stat().st_ino} <= synced
+    events.clear()
+    with claimed_out_dir(tmp_path / "e" / "f", resume=False):
+        pass
+    synced = {ino for kind, ino in events if kind == "fsync"}
+    assert {tmp_path.stat().st_ino, (tmp_path / "e").stat().st_ino} <= synced
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="no flock")
 def test_a_writers_temporary_directory_is_never_swept_before_its_mark_is_locked(tmp_path, monkeypatch):
     """The mark was created under its own name, then locked: a sweep by another export into the same directory

@@ -197,6 +197,17 @@ def absent_dirs(path: Path) -> list[Path]:
     return [d for d in (path, *path.parents) if not d.exists()]
 
 
+def make_dirs(path: Path) -> list[Path]:
+    """mkdir(parents=True, exist_ok=True), durably: each directory made is fsynced into its parent, so an
+    output renamed into it later (and fsynced there) does not vanish with its directory after a power cut.
+    Returns the directories made, nearest first (for remove_made)."""
+    made = absent_dirs(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for d in made:
+        _fsync_dir(d.parent)
+    return made
+
+
 def remove_made(dirs: list[Path]) -> None:
     """Remove directories a run made (absent_dirs, nearest first) as long as each is empty: once the one
     below it is gone, the next holds nothing of anyone else's."""
@@ -221,9 +232,7 @@ def write_dir_atomically(path: str | os.PathLike, write: Callable[[Path], None],
     the next write in the same place, and `on_stale` hears of it."""
     p = check_new_dir(path)
     existing = p.exists()
-    made = absent_dirs(p.parent)  # nearest first
-    if not existing:
-        p.parent.mkdir(parents=True, exist_ok=True)
+    made = make_dirs(p.parent)  # nearest first
     where = p if existing else p.parent
     for stale in remove_stale_dirs(where):
         if on_stale:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..atomic import OutputLock, remove_stale_files, write_atomic
+from ..atomic import OutputLock, make_dirs, remove_stale_files, write_atomic
 from ..errors import LongswiftError
 from ..runtime.probe import same_model
 
@@ -106,7 +106,7 @@ class ResultStore(MemoryStore):
         if out_dir.exists() and not out_dir.is_dir():
             raise LongswiftError(f"--out-dir '{out_dir}' is a file: give a directory")
         try:
-            out_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(out_dir)
         except OSError as exc:
             raise LongswiftError(f"cannot create --out-dir '{out_dir}': {exc.strerror}") from None
         self.path = out_dir / "results.jsonl"

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..atomic import OutputLock, check_dir_writable, replace_atomically, write_atomic
+from ..atomic import OutputLock, check_dir_writable, make_dirs, replace_atomically, write_atomic
 from ..config import dtype_name, torch_seed
 from ..errors import ConfigError, LongswiftError, reason_of, refuse_non_utf8
 from ..runtime.memory import available_bytes, size_text
@@ -407,7 +407,7 @@ def claimed_out_dir(out_dir: str | os.PathLike, resume: bool,
     run left (`checkpoint.pt.<random>.partial`; `on_stale` hears of each). Yields the directory."""
     out = check_out_dir(out_dir, resume)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        make_dirs(out)
     except OSError as exc:
         raise LongswiftError(f"cannot create output directory '{out}': {exc.strerror}") from None
     if not os.access(out, os.W_OK):
