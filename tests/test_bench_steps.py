@@ -458,3 +458,18 @@ def test_the_projection_says_the_trie_was_cut_only_where_it_was(tiny, capsys, ma
                              str(max_nodes))
     assert code == 0, err
     assert ("likeliest nodes (--max-nodes)" in out) == cut
+
+
+def test_a_static_draft_cache_is_timed_with_its_window_three_quarters_full(tiny, tmp_path, capsys):
+    """A review: the draft pass was timed on a recent window half full for both partial caches, the dynamic one's
+    average (it refills from empty). A static cache's window slides from its newest half to full, three quarters
+    full on average. (--draft-kv-budget 128 = 4 sinks + 92 retrieved + a 32-entry window.)"""
+    entries = {}
+    for cache in ("dynamic", "static"):
+        js = tmp_path / f"{cache}.json"
+        code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "160", "--draft-cache", cache,
+                                 "--json", str(js))
+        assert code == 0, err
+        entries[cache] = json.loads(js.read_text())["contexts"][0]["draft_cache"]
+        assert f"its recent window {'three quarters' if cache == 'static' else 'half'} full" in out
+    assert entries == {"dynamic": 4 + 92 + 16, "static": 4 + 92 + 24}

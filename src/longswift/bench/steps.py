@@ -263,6 +263,11 @@ class StepRig:
     def past_budget(self) -> bool:
         return self.s.partial is not None and self.context >= self.bench.spec.draft_kv_budget
 
+    def average_window(self, window: int) -> int:
+        """The recent window's average fill over the draft passes: a dynamic cache's fills from empty to full
+        between refills (half full), a static one's slides from its newest half to full (three quarters)."""
+        return window // 2 if self.bench.spec.draft_cache == "dynamic" else 3 * window // 4
+
     def ar_step(self, replay: bool = False) -> None:
         """What ar_steps does per token: with `replay`, as generation runs it on CUDA, one step body
         (a graph's replay) that draws the token from the last logits (transform, draw) and forwards it
@@ -323,8 +328,7 @@ class StepRig:
         if self.past_budget:
             partial = self.s.partial
             reselect = timed(self.reselect_step)  # leaves the partial cache selected, its window empty
-            # Between refills the window fills up; half full is the average draft pass.
-            partial.length = partial.window_start + partial.window // 2  # type: ignore[union-attr]
+            partial.length = partial.window_start + self.average_window(partial.window)  # type: ignore[union-attr]
             draft_cache = partial.length  # type: ignore[union-attr]
         draft_s = timed(self.draft_step)
         verify_s = {n: timed(lambda t=t: self.verify_step(t)) for n, t in tries.items()}

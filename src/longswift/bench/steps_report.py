@@ -32,8 +32,9 @@ def _draft_text(r: StepBenchResult) -> str:
             "one per drafted depth)")
     if not any(c.reselect is not None for c in r.costs):
         return f"Draft: the paper-mode draft pass on the full cache{rows}. Refill: none (no partial cache in use)."
+    fill = "three quarters" if spec.draft_cache == "static" else "half"
     return (f"Draft: the paper-mode draft pass (on a {spec.draft_kv_budget}-entry partial cache past that context, "
-            f"its recent window half full){rows}. Refill: a draft step that drafts on the full cache and reselects "
+            f"its recent window {fill} full){rows}. Refill: a draft step that drafts on the full cache and reselects "
             "the partial cache" + (" (--draft-cache static: once, at the budget)." if spec.draft_cache == "static"
                                    else "."))
 
