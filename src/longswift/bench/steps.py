@@ -327,9 +327,10 @@ class StepRig:
         reselect, draft_cache = None, context
         if self.past_budget:
             partial = self.s.partial
+            assert partial is not None  # (past_budget)
             reselect = timed(self.reselect_step)  # leaves the partial cache selected, its window empty
-            partial.length = partial.window_start + self.average_window(partial.window)  # type: ignore[union-attr]
-            draft_cache = partial.length  # type: ignore[union-attr]
+            partial.length = partial.window_start + self.average_window(partial.window)
+            draft_cache = partial.length
         draft_s = timed(self.draft_step)
         verify_s = {n: timed(lambda t=t: self.verify_step(t)) for n, t in tries.items()}
         logits = self.model.logits(self.hidden)[0]

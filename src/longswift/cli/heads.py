@@ -21,6 +21,9 @@ from .outputs import note_stale, os_error_with
 if TYPE_CHECKING:
     import torch
 
+    from ..train.config import TrainConfig
+    from ..train.train import HeadTrainer
+
 
 def add_parsers(sub: Any) -> None:
     from ..train.config import TrainConfig
@@ -146,20 +149,15 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
     return windows, info
 
 
-def cmd_train_heads(args: argparse.Namespace) -> int:
-    from ..atomic import absent_dirs, check_distinct, remove_made
-    from ..engine import load
+def _checked_train_inputs(args: argparse.Namespace, cfg: TrainConfig, runtime: RuntimeConfig,
+                          distill: dict[str, Any]) -> tuple[Path, list[str]]:
+    """What train-heads refuses before loading and distilling, which take minutes: an --out it cannot write or
+    resume, data holding --out, outputs over its inputs, a window past the context. Returns --out and the texts."""
+    from ..atomic import check_distinct
     from ..train.data import data_files
-    from ..train.train import (CHECKPOINT, HEADS_FILE, LOG_FILE, TrainConfig, check_checkpoint, check_out_dir,
-                               claimed_out_dir, not_converged, run_settings, train_heads)
-    from .stop import StopRequest, say
+    from ..train.train import CHECKPOINT, HEADS_FILE, LOG_FILE, check_checkpoint, check_out_dir, run_settings
 
-    cfg = config_from_args(TrainConfig, args)
-    runtime = config_from_args(RuntimeConfig, args)
-    out = check_out_dir(args.out, args.resume)  # before loading and distilling, which take minutes
-    distill = {"self_distill": args.self_distill}  # (the windows' other settings: a resume with others is refused)
-    if args.self_distill:
-        distill |= {"distill_new_tokens": args.distill_new_tokens, "distill_batch": args.distill_batch}
+    out = check_out_dir(args.out, args.resume)
     if args.resume:
         # damaged, or other settings: said before loading (and sampling) too
         check_checkpoint(out / CHECKPOINT, cfg, mmap=True,
@@ -175,6 +173,46 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                     *model_inputs(args.model),
                     *((f"--out's {name}", out / name) for name in (CHECKPOINT, HEADS_FILE, LOG_FILE))])
     check_seq_len(args, runtime, cfg.seq_len)
+    return out, texts
+
+
+def _report_trained(args: argparse.Namespace, cfg: TrainConfig, trainer: HeadTrainer, info: dict[str, Any], t0: float,
+                    again: str, interrupted_code: int) -> int:
+    """train-heads' closing lines (an interrupted run's, or the last step's loss and accuracy); its exit code."""
+    from ..train.train import CHECKPOINT, HEADS_FILE, not_converged
+
+    if trainer.interrupted:
+        print(f"longswift: interrupted at step {trainer.step} of {cfg.steps}; checkpoint saved to "
+              f"'{Path(args.out) / CHECKPOINT}'. Continue with: {again}", file=sys.stderr)
+        return interrupted_code
+    last = trainer.log[-1] if trainer.log else None
+    acc = " / ".join(f"{a:.3f}" for a in last["head_acc"]) if last else "n/a"
+    resumed = f" ({cfg.steps - trainer.resumed_at} in this run, resumed at step {trainer.resumed_at})" \
+        if trainer.resumed_at else ""
+    loss = last["loss"] if last else float("nan")
+    steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
+    read = f" (of {info['windows']})" if trainer.windows_read < info["windows"] else ""  # (the steps read no more)
+    print(f"trained {cfg.gamma} heads on {trainer.windows_read}{read} windows x {cfg.seq_len} tokens for {steps}"
+          f"{resumed} in {time.perf_counter() - t0:.0f} s; last step loss {loss:.3f}, top-1 accuracy per head {acc}",
+          file=sys.stderr)
+    print(f"heads: {Path(args.out) / HEADS_FILE} (use with --heads)", file=sys.stderr)
+    if (warning := not_converged(trainer.log, cfg.lr)) is not None:
+        print(f"longswift: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def cmd_train_heads(args: argparse.Namespace) -> int:
+    from ..atomic import absent_dirs, remove_made
+    from ..engine import load
+    from ..train.train import CHECKPOINT, TrainConfig, claimed_out_dir, train_heads
+    from .stop import StopRequest, say
+
+    cfg = config_from_args(TrainConfig, args)
+    runtime = config_from_args(RuntimeConfig, args)
+    distill = {"self_distill": args.self_distill}  # (the windows' other settings: a resume with others is refused)
+    if args.self_distill:
+        distill |= {"distill_new_tokens": args.distill_new_tokens, "distill_batch": args.distill_batch}
+    out, texts = _checked_train_inputs(args, cfg, runtime, distill)
     made = absent_dirs(out)  # directories this run will make: gone again if it stops before saving anything
     # Ctrl-C / SIGTERM / SIGHUP while loading, sampling or computing hidden states: stop at once, nothing to
     # save; during the steps: finish the step, save the checkpoint, say how to resume.
@@ -212,24 +250,7 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
         remove_made(made)
         say("longswift: stopped before a checkpoint was saved: nothing written")
         return stop.exit_code
-    if trainer.interrupted:
-        print(f"longswift: interrupted at step {trainer.step} of {cfg.steps}; checkpoint saved to "
-              f"'{Path(args.out) / CHECKPOINT}'. Continue with: {again}", file=sys.stderr)
-        return stop.exit_code
-    last = trainer.log[-1] if trainer.log else None
-    acc = " / ".join(f"{a:.3f}" for a in last["head_acc"]) if last else "n/a"
-    resumed = f" ({cfg.steps - trainer.resumed_at} in this run, resumed at step {trainer.resumed_at})" \
-        if trainer.resumed_at else ""
-    loss = last["loss"] if last else float("nan")
-    steps = f"{cfg.steps} step{'s' if cfg.steps != 1 else ''}"
-    read = f" (of {info['windows']})" if trainer.windows_read < info["windows"] else ""  # (the steps read no more)
-    print(f"trained {cfg.gamma} heads on {trainer.windows_read}{read} windows x {cfg.seq_len} tokens for {steps}"
-          f"{resumed} in {time.perf_counter() - t0:.0f} s; last step loss {loss:.3f}, top-1 accuracy per head {acc}",
-          file=sys.stderr)
-    print(f"heads: {Path(args.out) / HEADS_FILE} (use with --heads)", file=sys.stderr)
-    if (warning := not_converged(trainer.log, cfg.lr)) is not None:
-        print(f"longswift: warning: {warning}", file=sys.stderr)
-    return 0
+    return _report_trained(args, cfg, trainer, info, t0, again, stop.exit_code)
 
 
 def cmd_eval_heads(args: argparse.Namespace) -> int:
