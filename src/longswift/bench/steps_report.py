@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from ..spec.budget import draft_levels, unpruned_budget
 from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES
 from .machine import machine_lines, processor_name, software_versions
-from .steps import StepBenchConfig, StepBenchResult
+from .steps import ContextCosts, StepBenchConfig, StepBenchResult
 
 
 def _ms(seconds: float | None) -> str:
@@ -51,8 +52,22 @@ def _verify_text(r: StepBenchResult) -> str:
 
 
 def render(r: StepBenchResult) -> str:
+    lines = [*_header_lines(r), "", *_cost_table(r)]
+    lines += _by_rows(r, "Verify ms by tree nodes (x the AR step in parentheses):", "nodes",
+                      lambda c: c.verify, lambda c, ms: f"{_ms(ms)} ({ms / c.ar:.2f}x)")
+    lines += _by_rows(r, "Batched walk (the spec's walk: every row of the trie transformed and drawn at once, one device "
+                      "read; the verify costs above then include the LM head of every row), ms:", "rows",
+                      lambda c: c.walk_batched, lambda c, ms: _ms(ms))
+    lines += _by_rows(r, "LM head of all the trie's rows in one pass, ms:", "rows",
+                      lambda c: c.logits_rows, lambda c, ms: _ms(ms))
+    if r.projections:
+        lines += _projection_lines(r)
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(r: StepBenchResult) -> list[str]:
+    """The report's title, command, machine and what each column times."""
     ident, b = r.identity, r.config
-    spec = b.spec
     lines = [f"## longswift bench-steps: {ident['shape']} shape, random weights", "", f"`{ident['command']}`", "",
              *machine_lines(ident)]
     if ident["device_name"]:
@@ -63,7 +78,7 @@ def render(r: StepBenchResult) -> str:
     if max(c.context for c in r.costs) > ident["context_limit"]:
         lines.append(f"- contexts past the shape's {ident['context_limit']}-token context were measured: the cost "
                      "does not depend on positions, but such a model would not be run there")
-    lines += [
+    return lines + [
         f"- read bandwidth: {r.bandwidth / 1e9:.1f} GB/s (best of 10 `sum()`s over a "
         f"{r.bandwidth_buffer / 2**20:.0f} MiB float32 buffer, before and after the timing); a floor above the "
         "step (marked (!)) means the step read faster than that sum(), e.g. a few layers' weights in the cache",
@@ -78,68 +93,72 @@ def render(r: StepBenchResult) -> str:
         "where the graph was measured). " + _draft_text(r) + " Walk row: one row the lossless walk visits: "
         "LM head + sampling, or sampling only (cached) where the LM head of all the trie's rows ran in one pass. "
         + _verify_text(r),
-        "",
-        "| context | AR ms | AR eager ms | floor ms | floor / AR | "
-        + ("draft ms (entries)" if spec.draft_mode == "paper" else "draft ms") + " | refill ms | walk row ms "
-        "| cached ms |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+
+def _cost_table(r: StepBenchResult) -> list[str]:
+    """The per-step costs at each context."""
+    paper = r.config.spec.draft_mode == "paper"
+    lines = ["| context | AR ms | AR eager ms | floor ms | floor / AR | "
+             + ("draft ms (entries)" if paper else "draft ms") + " | refill ms | walk row ms | cached ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c in r.costs:
         floor = r.floor(c.context)
-        entries = f" ({c.draft_cache})" if spec.draft_mode == "paper" else ""
+        entries = f" ({c.draft_cache})" if paper else ""
         above = " (!)" if floor > c.ar else ""  # the sum() read slower than the step's own products
         lines.append(f"| {c.context} | {_ms(c.ar)} | {_ms(c.ar_eager)} | {_ms(floor)} | {floor / c.ar:.0%}{above} "
                      f"| {_ms(c.draft)}{entries} | {_ms(c.reselect)} | {_ms(c.walk_row)} "
                      f"| {_ms(c.walk_row_cached)} |")
-    nodes = sorted(r.costs[0].verify)
-    lines += ["", "Verify ms by tree nodes (x the AR step in parentheses):", "",
-              "| context | " + " | ".join(f"{n} nodes" for n in nodes) + " |", "|---" * (len(nodes) + 1) + "|"]
+    return lines
+
+
+def _by_rows(r: StepBenchResult, title: str, unit: str, costs: Callable[[ContextCosts], dict[int, float]],
+             cell: Callable[[ContextCosts, float], str]) -> list[str]:
+    """A table of seconds by a count of nodes or rows (`costs` of each context), one line per context; none where
+    nothing was measured."""
+    counts = sorted(costs(r.costs[0]))
+    if not counts:
+        return []
+    lines = ["", title, "", "| context | " + " | ".join(f"{n} {unit}" for n in counts) + " |",
+             "|---" * (len(counts) + 1) + "|"]
     for c in r.costs:
-        lines.append(f"| {c.context} | " + " | ".join(f"{_ms(c.verify[n])} ({c.verify[n] / c.ar:.2f}x)" for n in nodes)
-                     + " |")
-    walked = sorted(r.costs[0].walk_batched)
-    if walked:
-        lines += ["", "Batched walk (the spec's walk: every row of the trie transformed and drawn at once, one device "
-                  "read; the verify costs above then include the LM head of every row), ms:", "",
-                  "| context | " + " | ".join(f"{n} rows" for n in walked) + " |", "|---" * (len(walked) + 1) + "|"]
-        for c in r.costs:
-            lines.append(f"| {c.context} | " + " | ".join(_ms(c.walk_batched[n]) for n in walked) + " |")
-    batched = sorted(r.costs[0].logits_rows)
-    if batched:
-        lines += ["", "LM head of all the trie's rows in one pass, ms:", "",
-                  "| context | " + " | ".join(f"{n} rows" for n in batched) + " |", "|---" * (len(batched) + 1) + "|"]
-        for c in r.costs:
-            lines.append(f"| {c.context} | " + " | ".join(_ms(c.logits_rows[n]) for n in batched) + " |")
-    if r.projections:
-        lines += ["", "### Projection (computed from the costs above, not measured)", "",
-                  f"Decode time of {b.new_tokens} new tokens after a {b.prefix}-token prefix (prefill excluded: both "
-                  "methods share it). AR: each cost interpolated linearly in context between the measured contexts "
-                  f"and summed over every token. TokenSwift ({spec.draft_mode} draft mode): tree "
-                  f"{spec.tree}" + (f" (drafted depths {','.join(map(str, draft_levels(spec)))})"
-                                    if spec.draft_mode == "fused" else "")
-                  + f" + {spec.ngram_topk} n-gram continuations per depth-1 token"
-                  + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)"
-                     if unpruned_budget(spec) > b.projection_nodes else "")  # (not where it has just that many)
-                  + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
-                  + ("the batched walk" if spec.walk == "batched" else
-                     "tau x walk row (its LM head included; in steps of "
-                     f"{BATCH_FROM_TOKENS:g}+ tokens, where generation computes the logits of a trie of at most "
-                     f"{BATCHED_LOGITS_NODES} nodes, or a larger trie's spine, in the verify pass, that pass's LM head "
-                     "plus tau x the walk row without it, as if the walk stayed on the spine)") + " and "
-                  f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
-                  f"{b.depth} draft positions per step; `bench` counts each step's deepest trie position, which short "
-                  "n-gram paths or --max-nodes can make shallower, and its adaptive lookup steps' n-gram paths up to "
-                  "31 deep, so its alpha is not this one: its records' accepted_tokens / verify_steps + 1 are "
-                  "the tokens its drafting steps committed, tau here)" + _refills(b)
-                  + ". Not included: trie building, cache compaction, n-gram "
-                  "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
-                  "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
-                  "|---|---|---|---|---|---|---|"]
-        for p in r.projections:
-            lines.append(f"| {p.alpha:.2f} | {p.tokens_per_step:.2f} | {_duration(p.ar_seconds)} | "
-                         f"{_duration(p.tokenswift_seconds)} | {p.new_tokens / p.ar_seconds:.1f} | "
-                         f"{p.new_tokens / p.tokenswift_seconds:.1f} | {p.speedup:.2f}x |")
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {c.context} | " + " | ".join(cell(c, costs(c)[n]) for n in counts) + " |")
+    return lines
+
+
+def _projection_lines(r: StepBenchResult) -> list[str]:
+    """The projected run's decode times at each alpha, and what the projection counts."""
+    b = r.config
+    spec = b.spec
+    lines = ["", "### Projection (computed from the costs above, not measured)", "",
+             f"Decode time of {b.new_tokens} new tokens after a {b.prefix}-token prefix (prefill excluded: both "
+             "methods share it). AR: each cost interpolated linearly in context between the measured contexts "
+             f"and summed over every token. TokenSwift ({spec.draft_mode} draft mode): tree "
+             f"{spec.tree}" + (f" (drafted depths {','.join(map(str, draft_levels(spec)))})"
+                               if spec.draft_mode == "fused" else "")
+             + f" + {spec.ngram_topk} n-gram continuations per depth-1 token"
+             + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)"
+                if unpruned_budget(spec) > b.projection_nodes else "")  # (not where it has just that many)
+             + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
+             + ("the batched walk" if spec.walk == "batched" else
+                "tau x walk row (its LM head included; in steps of "
+                f"{BATCH_FROM_TOKENS:g}+ tokens, where generation computes the logits of a trie of at most "
+                f"{BATCHED_LOGITS_NODES} nodes, or a larger trie's spine, in the verify pass, that pass's LM head "
+                "plus tau x the walk row without it, as if the walk stayed on the spine)") + " and "
+             f"commits tau = 1 + {b.depth} x alpha tokens (alpha as the paper defines it: accepted draft tokens / "
+             f"{b.depth} draft positions per step; `bench` counts each step's deepest trie position, which short "
+             "n-gram paths or --max-nodes can make shallower, and its adaptive lookup steps' n-gram paths up to "
+             "31 deep, so its alpha is not this one: its records' accepted_tokens / verify_steps + 1 are "
+             "the tokens its drafting steps committed, tau here)" + _refills(b)
+             + ". Not included: trie building, cache compaction, n-gram "
+             "table updates, adaptive lookup steps; alpha is taken as constant over the run.",
+             "", "| alpha | tokens/step | AR | TokenSwift | AR tok/s | TokenSwift tok/s | speedup |",
+             "|---|---|---|---|---|---|---|"]
+    for p in r.projections:
+        lines.append(f"| {p.alpha:.2f} | {p.tokens_per_step:.2f} | {_duration(p.ar_seconds)} | "
+                     f"{_duration(p.tokenswift_seconds)} | {p.new_tokens / p.ar_seconds:.1f} | "
+                     f"{p.new_tokens / p.tokenswift_seconds:.1f} | {p.speedup:.2f}x |")
+    return lines
 
 
 def to_json(r: StepBenchResult) -> dict[str, Any]:
