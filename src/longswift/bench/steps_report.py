@@ -55,8 +55,8 @@ def render(r: StepBenchResult) -> str:
     lines = [*_header_lines(r), "", *_cost_table(r)]
     lines += _by_rows(r, "Verify ms by tree nodes (x the AR step in parentheses):", "nodes",
                       lambda c: c.verify, lambda c, ms: f"{_ms(ms)} ({ms / c.ar:.2f}x)")
-    lines += _by_rows(r, "Batched walk (the spec's walk: every row of the trie transformed and drawn at once, one device "
-                      "read; the verify costs above then include the LM head of every row), ms:", "rows",
+    lines += _by_rows(r, "Batched walk (the spec's walk: every row of the trie transformed and drawn at once, one "
+                      "device read; the verify costs above then include the LM head of every row), ms:", "rows",
                       lambda c: c.walk_batched, lambda c, ms: _ms(ms))
     lines += _by_rows(r, "LM head of all the trie's rows in one pass, ms:", "rows",
                       lambda c: c.logits_rows, lambda c, ms: _ms(ms))
@@ -139,7 +139,8 @@ def _projection_lines(r: StepBenchResult) -> list[str]:
              + f" + {spec.ngram_topk} n-gram continuations per depth-1 token"
              + (f", cut to its {spec.max_nodes} likeliest nodes (--max-nodes)"
                 if unpruned_budget(spec) > b.projection_nodes else "")  # (not where it has just that many)
-             + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + verify + "
+             + f", verified at its budget of {b.projection_nodes} nodes (an upper bound); a step costs draft + "
+             "verify + "
              + ("the batched walk" if spec.walk == "batched" else
                 "tau x walk row (its LM head included; in steps of "
                 f"{BATCH_FROM_TOKENS:g}+ tokens, where generation computes the logits of a trie of at most "
