@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..config import (GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, changed_spec_fields,
                       dtype_name, flag_name)
@@ -21,6 +21,11 @@ from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, 
                     heads_inputs, heads_value, model_inputs, note_unused_spec_fields, output_file, whole_number)
 from .outputs import Outputs, shown, write_run
 from .stop import StopRequest
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
+    from ..engine import Engine
+
 
 RESUME_FLAGS = ("--output", "--json", "--checkpoint", "--checkpoint-every", "--no-progress", "--progress", "--threads",
                 "--model", "--heads", "--device", "--max-new-tokens", "--debug")
@@ -306,25 +311,13 @@ class Ranks:
                 dist.destroy_process_group()
 
 
-def _resume(args: argparse.Namespace) -> int:
-    from ..checkpoint import EMBEDDED, read_checkpoint
-    from ..runtime.torchrun_env import env_rank
-    from ..stats import ended
-
-    given = _given(args)
-    extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
-    if extra:
-        raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
-                             f"{', '.join(RESUME_FLAGS[:-1])} apply)")
-    ckpt = read_checkpoint(args.resume)
-    if "--heads" in given and ckpt.method != "tokenswift":  # (it ran on as AR without a word)
-        raise LongswiftError(f"--heads has no use here: the checkpoint's run is {ckpt.method.upper()}, and a resumed "
-                             "run keeps its method; drop --heads")
-    if "--max-new-tokens" in given:  # a new length: extends a finished run
-        ckpt = ckpt.with_length(args.max_new_tokens)
+def _resumed_outputs(args: argparse.Namespace, ckpt: Checkpoint, given: list[str],
+                     resumed: Path) -> tuple[Path | None, dict[str, Path]]:
+    """Set a resume's --output, --json, --checkpoint-every and --checkpoint to the checkpoint's where not given
+    again, and refuse outputs it cannot write or that were written since. Returns where the checkpoint was saved if
+    it was moved since (else None) and the outputs that follow it there (flag -> path)."""
     # Each output not given again goes where the first run wrote it. (Older checkpoints hold paths
     # relative to where they were written: read them from the checkpoint's folder.)
-    resumed = args.resume.expanduser().absolute()
     here = resumed.parent
     saved: dict[str, Path | None] = {k: here / Path(cast(str, v)).expanduser() if v else None  # (paths, or null)
                                      for k, v in ckpt.outputs.items() if k in ("output", "json")}
@@ -356,11 +349,13 @@ def _resume(args: argparse.Namespace) -> int:
         if not os.access(here, os.W_OK):
             raise LongswiftError(f"cannot update the checkpoint '{args.resume}' in place: its directory is not "
                                  "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
-    model = args.model or (None if ckpt.model_source == EMBEDDED else ckpt.model_source)
-    _moved_since(args, ckpt)
-    outputs = _outputs(args, inputs=[*model_inputs(model), *heads_inputs(args.heads or ckpt.heads_source)],
-                       checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume")
-    _keep_unfinished(outputs, resuming=resumed)
+    return was, followed
+
+
+def _resumed_configs(args: argparse.Namespace, ckpt: Checkpoint, given: list[str],
+                     model: Any) -> tuple[RuntimeConfig, GenerationConfig, SpecConfig | None]:
+    """The checkpoint's runtime (with a --device or --threads given now), generation and TokenSwift settings; a
+    damaged setting, a device this machine lacks, or a model or heads that were Python objects are refused."""
     moved = {"device": args.device} if "--device" in given else {}  # e.g. a GPU run continued on a CPU
     try:
         if moved and RuntimeConfig(device=args.device).torch_device().type != "cuda":
@@ -388,6 +383,47 @@ def _resume(args: argparse.Namespace) -> int:
         spec = SpecConfig(**ckpt.spec) if ckpt.method == "tokenswift" else None
     except (TypeError, LongswiftError) as exc:
         raise LongswiftError(f"checkpoint '{args.resume}' holds damaged settings ({exc})") from None
+    return runtime, gen, spec
+
+
+def _say_resuming(ckpt: Checkpoint, gen: GenerationConfig, engine: Engine, resumed: Path) -> None:
+    """The line a resume starts with: where it resumes, or that the run is complete."""
+    from ..stats import ended
+
+    done = ended(list(ckpt.token_ids), gen, engine.eos_ids, ckpt.stats.get("finish_reason"))  # no re-read then
+    print(f"longswift: the run in '{shown(resumed)}' is complete "
+          f"({len(ckpt.token_ids)} of {gen.max_new_tokens} tokens, stop: {done}): its outputs are written again"
+          if done else
+          f"longswift: resuming at {len(ckpt.token_ids)} of {gen.max_new_tokens} tokens "
+          f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)"
+          + (f"; in {dtype} the re-read cache rounds otherwise than the steps that wrote it: the rest "
+             "follows the model's distribution, not the uninterrupted run's tokens"
+             if (dtype := dtype_name(engine.model.dtype)) in ("bfloat16", "float16") else ""), file=sys.stderr)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from ..checkpoint import EMBEDDED, read_checkpoint
+    from ..runtime.torchrun_env import env_rank
+
+    given = _given(args)
+    extra = [a for a in given if a not in (*RESUME_FLAGS, "--resume")]
+    if extra:
+        raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
+                             f"{', '.join(RESUME_FLAGS[:-1])} apply)")
+    ckpt = read_checkpoint(args.resume)
+    if "--heads" in given and ckpt.method != "tokenswift":  # (it ran on as AR without a word)
+        raise LongswiftError(f"--heads has no use here: the checkpoint's run is {ckpt.method.upper()}, and a resumed "
+                             "run keeps its method; drop --heads")
+    if "--max-new-tokens" in given:  # a new length: extends a finished run
+        ckpt = ckpt.with_length(args.max_new_tokens)
+    resumed = args.resume.expanduser().absolute()
+    was, followed = _resumed_outputs(args, ckpt, given, resumed)
+    model = args.model or (None if ckpt.model_source == EMBEDDED else ckpt.model_source)
+    _moved_since(args, ckpt)
+    outputs = _outputs(args, inputs=[*model_inputs(model), *heads_inputs(args.heads or ckpt.heads_source)],
+                       checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume")
+    _keep_unfinished(outputs, resuming=resumed)
+    runtime, gen, spec = _resumed_configs(args, ckpt, given, model)
     from ..runtime.loading import load_config
 
     _plan_before_loading(load_config(model, runtime.rope_scaling), runtime, gen, len(ckpt.prompt_ids), spec,
@@ -404,15 +440,7 @@ def _resume(args: argparse.Namespace) -> int:
             engine = ranks.load(model, heads, drafts=ckpt.method == "tokenswift")
         stream = engine.resume(ckpt)
         if ranks.main:
-            done = ended(list(ckpt.token_ids), gen, engine.eos_ids, ckpt.stats.get("finish_reason"))  # no re-read then
-            print(f"longswift: the run in '{shown(resumed)}' is complete "
-                  f"({len(ckpt.token_ids)} of {gen.max_new_tokens} tokens, stop: {done}): its outputs are written again"
-                  if done else
-                  f"longswift: resuming at {len(ckpt.token_ids)} of {gen.max_new_tokens} tokens "
-                  f"(re-reading {len(ckpt.prompt_ids) + len(ckpt.token_ids)} tokens of context)"
-                  + (f"; in {dtype} the re-read cache rounds otherwise than the steps that wrote it: the rest "
-                     "follows the model's distribution, not the uninterrupted run's tokens"
-                     if (dtype := dtype_name(engine.model.dtype)) in ("bfloat16", "float16") else ""), file=sys.stderr)
+            _say_resuming(ckpt, gen, engine, resumed)
         return write_run(engine, stream, outputs, stop, args.no_progress,
                          last_saved=(resumed, len(ckpt.token_ids)))
 
