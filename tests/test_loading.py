@@ -177,6 +177,23 @@ def test_a_yarn_gguf_with_its_betas_matches_transformers(tmp_path):
         load_config(tmp_path / "scaled.gguf")
 
 
+@pytest.mark.parametrize("meta", [{"rope.scale_linear": 4.0}, {"rope.scaling.factor": 4.0},
+                                  {"rope.scaling.type": "linear", "rope.scale_linear": 4.0}],
+                         ids=["old-key", "factor-without-type", "type-and-old-key"])
+def test_a_gguf_linear_rope_scaling_is_read_as_llama_cpp_reads_it(tmp_path, meta):
+    """llama.cpp takes a scaling factor without a type as linear, and the factor from the key converters wrote before
+    rope.scaling.factor (rope.scale_linear: GGUFs of linearly scaled Llama 2 fine-tunes): both ran unscaled."""
+    hf = tiny_hf_model("llama", seed=25, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})
+    write_gguf(tmp_path / "linear.gguf", hf, meta=meta)
+    engine = longswift.load(str(tmp_path / "linear.gguf"), dtype="float32", heads=None)
+    ids = torch.arange(96) % 128
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        ours, _ = engine.model.forward(ids, torch.arange(96), None)
+    assert engine.cfg.rope_setting == "linear:4.0"
+    assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
 def test_a_llama_gguf_with_biases_everywhere_matches_transformers(tmp_path):
     """llama.cpp's llama takes optional attention and MLP biases (transformers' attention_bias,
     mlp_bias); the MLP's were skipped, the model run without them."""
@@ -414,6 +431,21 @@ def test_gguf_sizes_that_are_not_positive_are_one_line(tmp_path, key, value):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     named = "attention.head_count" if key == "head_count" else key
     check_error(tmp_path / "g.gguf", f"has llama.{named} = 0: expected a positive whole number")
+
+
+def test_a_gguf_layer_count_its_tensors_do_not_hold_is_one_line(tmp_path):
+    """One byte flipped in block_count (2 -> 16,711,682): `info` planned for that many layers, and the load listed
+    every one's tensor names until memory ran out, instead of refusing the file as an HF directory's is refused."""
+    write_gguf(tmp_path / "g.gguf", tiny_hf_model("llama", seed=27))
+    raw = bytearray((tmp_path / "g.gguf").read_bytes())
+    at = raw.index(b"llama.block_count") + len("llama.block_count") + 4  # past the key and its value type
+    assert struct.unpack_from("<I", raw, at) == (2,)
+    raw[at + 2] ^= 0xFF
+    (tmp_path / "g.gguf").write_bytes(bytes(raw))
+    match = "has llama.block_count = 16,711,682, but its tensors hold 2 layers: the file is damaged"
+    with pytest.raises(LongswiftError, match=match):
+        load_config(tmp_path / "g.gguf")
+    check_error(tmp_path / "g.gguf", match)
 
 
 def test_generation_stops_at_the_eos_ids_of_the_generation_config(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -157,6 +158,13 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
             raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}: expected a positive whole number")
     heads = int(_field(reader, f"{a}.attention.head_count"))
     hidden = int(_field(reader, f"{a}.embedding_length"))
+    # A damaged layer count is refused from the tensor names, as a model directory's (_check_layer_count): a bit
+    # flipped there (2 -> 16,711,682) had the plan and the load list the names of every layer's tensors, out of memory.
+    blocks = int(_field(reader, f"{a}.block_count"))
+    held = {int(t.name.split(".")[1]) for t in reader.tensors if re.fullmatch(r"blk\.[0-9]+\..+", t.name)}
+    if held and len(held) != blocks:
+        raise LongswiftError(f"GGUF file '{path}' has {a}.block_count = {blocks:,}, but its tensors hold {len(held):,} "
+                             "layers: the file is damaged or hand-edited")
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise LongswiftError(f"GGUF file '{path}' has no token_embd.weight tensor: it is not a complete model")
@@ -166,8 +174,15 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
     vocab = _number(reader, f"{a}.vocab_size", None, path, whole=True) or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
     rope: dict[str, Any] = {"rope_theta": _number(reader, f"{a}.rope.freq_base", 10000.0, path), "rope_type": "default"}
     scaling = _field(reader, f"{a}.rope.scaling.type")
+    # As llama.cpp reads them: the factor from rope.scaling.factor, else from the key converters wrote before it
+    # (rope.scale_linear, in GGUFs of linearly scaled Llama 2 fine-tunes), 0 meaning none; no type means linear.
+    factor = _number(reader, f"{a}.rope.scaling.factor", None, path)
+    if factor is None:
+        factor = _number(reader, f"{a}.rope.scale_linear", None, path)
+    if scaling is None and factor not in (None, 0.0, 1.0):
+        scaling = "linear"
     if scaling and scaling != "none":
-        rope |= {"rope_type": scaling, "factor": _number(reader, f"{a}.rope.scaling.factor", 1.0, path)}
+        rope |= {"rope_type": scaling, "factor": factor or 1.0}
         orig = _number(reader, f"{a}.rope.scaling.original_context_length", None, path, whole=True)
         if orig:
             rope["original_max_position_embeddings"] = int(orig)
