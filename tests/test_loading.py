@@ -448,6 +448,16 @@ def test_a_gguf_layer_count_its_tensors_do_not_hold_is_one_line(tmp_path):
     check_error(tmp_path / "g.gguf", match)
 
 
+def test_a_gguf_with_a_key_twice_says_so_without_stray_quotes(tmp_path):
+    """A review: the reader raised a KeyError, whose str() quotes its message: "... ('duplicate metadata key x')"."""
+    write_gguf(tmp_path / "g.gguf", tiny_hf_model("llama", seed=27), meta={"tokenizer.aa": 1, "tokenizer.ab": 2})
+    raw = (tmp_path / "g.gguf").read_bytes()
+    (tmp_path / "g.gguf").write_bytes(raw.replace(b"tokenizer.ab", b"tokenizer.aa"))
+    with pytest.raises(LongswiftError, match="duplicate metadata key tokenizer.aa") as info:
+        load_config(tmp_path / "g.gguf")
+    assert "'duplicate" not in str(info.value)
+
+
 def test_generation_stops_at_the_eos_ids_of_the_generation_config(tmp_path):
     """transformers' generate() stops at generation_config's eos_token_id, which can name more than
     config.json (Llama 3 Instruct: <|eot_id|> ends a chat turn, config.json names <|end_of_text|>):

@@ -112,7 +112,7 @@ class GGUFHeader:
         for _ in range(kv_count):
             key = self._string()
             if key in self.fields:
-                raise KeyError(f"duplicate metadata key {key}")
+                raise ValueError(f"duplicate metadata key {key}")  # (not KeyError: its str() quotes the message)
             kind = self._unpack("I")
             self.fields[key] = self._value(kind, key)
         table = [self._tensor_info() for _ in range(tensor_count)]
