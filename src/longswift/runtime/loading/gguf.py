@@ -141,13 +141,63 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
         raise LongswiftError(
             f"unsupported GGUF architecture '{arch}' in '{path}': longswift reads {', '.join(_ARCHITECTURES)} GGUFs"
         )
+    a = arch
+    _check_whole_model(reader, a, path)
+    heads = int(_field(reader, f"{a}.attention.head_count"))
+    hidden = int(_field(reader, f"{a}.embedding_length"))
+    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embed is None:
+        raise LongswiftError(f"GGUF file '{path}' has no token_embd.weight tensor: it is not a complete model")
+    if len(embed.shape) != 2:
+        raise LongswiftError(f"GGUF file '{path}' has a token_embd.weight of shape {list(embed.shape)}: a model's is "
+                             "[hidden, vocabulary] (ggml's order); the file is damaged or not a model")
+    vocab = _number(reader, f"{a}.vocab_size", None, path, whole=True) or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
+    rope = _rope_parameters(reader, a, path)
+    names = {t.name for t in reader.tensors}
+    head_dim = _number(reader, f"{a}.attention.key_length", hidden // heads, path, whole=True)
+    rotated = _number(reader, f"{a}.rope.dimension_count", head_dim, path, whole=True)
+    if rotated != head_dim:  # llama.cpp rotates only the first `rotated` dimensions of each head
+        raise LongswiftError(f"GGUF file '{path}' rotates {rotated} of each head's {head_dim} dimensions "
+                             f"({a}.rope.dimension_count): partial rotary embeddings are not supported")
+    factors = _rope_freq_factors(reader, head_dim, path)
+    kwargs = dict(
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(_field(reader, f"{a}.feed_forward_length")),
+        num_hidden_layers=int(_field(reader, f"{a}.block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=_number(reader, f"{a}.attention.head_count_kv", heads, path, whole=True),
+        head_dim=head_dim,
+        rms_norm_eps=_number(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6, path),
+        max_position_embeddings=_number(reader, f"{a}.context_length", 4096, path, whole=True),
+        tie_word_embeddings="output.weight" not in names,
+        rope_parameters=rope,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+    if arch == "llama":
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
+        kwargs["mlp_bias"] = "blk.0.ffn_gate.bias" in names
+    try:
+        with quiet_transformers():
+            config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
+    except Exception as exc:  # transformers' validation: e.g. a hidden size that is not a multiple of the heads
+        raise LongswiftError(f"GGUF file '{path}' describes no valid {arch} model: {reason_of(exc.__cause__ or exc)}"
+                             ) from None
+    if factors is not None:
+        config.rope_freq_factors = factors  # read by ModelConfig.from_hf
+    return config
+
+
+def _check_whole_model(reader: GGUFHeader, a: str, path: Path) -> None:
+    """Refuse a part of a split model, sizes that are missing or not positive whole numbers, and a layer count the
+    file's tensors do not hold (architecture `a`)."""
     parts = _field(reader, "split.count") if "split.count" in reader.fields else None
     if isinstance(parts, numbers.Integral) and not isinstance(parts, bool) and int(parts) > 1:  # llama.cpp's gguf-split
         number = _field(reader, "split.no") if "split.no" in reader.fields else None
         which = f"part {int(number) + 1} of {parts}" if isinstance(number, numbers.Integral) else f"one of {parts} parts"
         raise LongswiftError(f"GGUF file '{path}' is {which} of a split model: merge them into one file with "
                              "llama.cpp's `llama-gguf-split --merge FIRST-PART MERGED.gguf` and pass that")
-    a = arch
     required = [f"{a}.{k}" for k in ("attention.head_count", "embedding_length", "feed_forward_length", "block_count")]
     missing = [k for k in required if k not in reader.fields]
     if missing:
@@ -156,8 +206,6 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
         value = _field(reader, key)
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
             raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}: expected a positive whole number")
-    heads = int(_field(reader, f"{a}.attention.head_count"))
-    hidden = int(_field(reader, f"{a}.embedding_length"))
     # A damaged layer count is refused from the tensor names, as a model directory's (_check_layer_count): a bit
     # flipped there (2 -> 16,711,682) had the plan and the load list the names of every layer's tensors, out of memory.
     blocks = int(_field(reader, f"{a}.block_count"))
@@ -165,13 +213,11 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
     if held and len(held) != blocks:
         raise LongswiftError(f"GGUF file '{path}' has {a}.block_count = {blocks:,}, but its tensors hold {len(held):,} "
                              "layers: the file is damaged or hand-edited")
-    embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embed is None:
-        raise LongswiftError(f"GGUF file '{path}' has no token_embd.weight tensor: it is not a complete model")
-    if len(embed.shape) != 2:
-        raise LongswiftError(f"GGUF file '{path}' has a token_embd.weight of shape {list(embed.shape)}: a model's is "
-                             "[hidden, vocabulary] (ggml's order); the file is damaged or not a model")
-    vocab = _number(reader, f"{a}.vocab_size", None, path, whole=True) or int(embed.shape[1])  # GGUF shapes are [ne0=hidden, ne1=vocab]
+
+
+def _rope_parameters(reader: GGUFHeader, a: str, path: Path) -> dict[str, Any]:
+    """transformers' rope parameters from the metadata (architecture `a`), as llama.cpp reads the scaling; a file
+    that sets an attention scale longswift does not implement is refused."""
     rope: dict[str, Any] = {"rope_theta": _number(reader, f"{a}.rope.freq_base", 10000.0, path), "rope_type": "default"}
     scaling = _field(reader, f"{a}.rope.scaling.type")
     # As llama.cpp reads them: the factor from rope.scaling.factor, else from the key converters wrote before it
@@ -201,51 +247,24 @@ def gguf_hf_config(reader: GGUFHeader, path: Path) -> Any:
         if value is not None and key not in yarn and value not in neutral:
             raise LongswiftError(f"GGUF file '{path}' sets {a}.rope.scaling.{key} = {value}, which longswift does not "
                                  "implement: load the model from its Hugging Face checkpoint instead")
-    names = {t.name for t in reader.tensors}
-    head_dim = _number(reader, f"{a}.attention.key_length", hidden // heads, path, whole=True)
-    rotated = _number(reader, f"{a}.rope.dimension_count", head_dim, path, whole=True)
-    if rotated != head_dim:  # llama.cpp rotates only the first `rotated` dimensions of each head
-        raise LongswiftError(f"GGUF file '{path}' rotates {rotated} of each head's {head_dim} dimensions "
-                             f"({a}.rope.dimension_count): partial rotary embeddings are not supported")
+    return rope
+
+
+def _rope_freq_factors(reader: GGUFHeader, head_dim: int, path: Path) -> list[float] | None:
+    """The per-frequency divisors of a `rope_freqs` tensor; None where there is none."""
     # Llama 3.1/3.2's llama3 rope scaling: llama.cpp's converter writes no scaling type but the factor that
     # divides each frequency, as the tensor rope_freqs (the rope of 3.1 at every position, not only past 8K).
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    factors = None
-    if freqs is not None:
-        factors = [float(x) for x in np.asarray(gguf_dequantize(freqs), dtype=np.float32).reshape(-1)]
-        if len(factors) != head_dim // 2:
-            raise LongswiftError(f"GGUF file '{path}' has {len(factors)} rope_freqs for a head size of {head_dim} "
-                                 f"({head_dim // 2} frequencies)")
-        if not all(math.isfinite(f) and f > 0 for f in factors):  # (NaN or 0 ran: every logit NaN)
-            raise LongswiftError(f"GGUF file '{path}' has rope_freqs that are not all positive finite numbers: the "
-                                 "file is damaged; re-download or re-convert the model")
-    kwargs = dict(
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, f"{a}.feed_forward_length")),
-        num_hidden_layers=int(_field(reader, f"{a}.block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=_number(reader, f"{a}.attention.head_count_kv", heads, path, whole=True),
-        head_dim=head_dim,
-        rms_norm_eps=_number(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6, path),
-        max_position_embeddings=_number(reader, f"{a}.context_length", 4096, path, whole=True),
-        tie_word_embeddings="output.weight" not in names,
-        rope_parameters=rope,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-    )
-    if arch == "llama":
-        kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
-        kwargs["mlp_bias"] = "blk.0.ffn_gate.bias" in names
-    try:
-        with quiet_transformers():
-            config = AutoConfig.for_model(_ARCHITECTURES[arch], **kwargs)
-    except Exception as exc:  # transformers' validation: e.g. a hidden size that is not a multiple of the heads
-        raise LongswiftError(f"GGUF file '{path}' describes no valid {arch} model: {reason_of(exc.__cause__ or exc)}"
-                             ) from None
-    if factors is not None:
-        config.rope_freq_factors = factors  # read by ModelConfig.from_hf
-    return config
+    if freqs is None:
+        return None
+    factors = [float(x) for x in np.asarray(gguf_dequantize(freqs), dtype=np.float32).reshape(-1)]
+    if len(factors) != head_dim // 2:
+        raise LongswiftError(f"GGUF file '{path}' has {len(factors)} rope_freqs for a head size of {head_dim} "
+                             f"({head_dim // 2} frequencies)")
+    if not all(math.isfinite(f) and f > 0 for f in factors):  # (NaN or 0 ran: every logit NaN)
+        raise LongswiftError(f"GGUF file '{path}' has rope_freqs that are not all positive finite numbers: the "
+                             "file is damaged; re-download or re-convert the model")
+    return factors
 
 
 def _unpermute(w: np.ndarray, n_head: int, name: str, path: Path) -> np.ndarray:
