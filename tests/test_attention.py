@@ -78,6 +78,9 @@ CASES = [  # (new tokens, cached entries, tree mask)
     (1, 0, False), (1, 1, False), (1, 7, False), (1, ONEDNN_FROM_ENTRIES - 1, False), (1, ONEDNN_FROM_ENTRIES, False),
     (8, 0, True), (8, 1, True), (8, 40, True), (31, ONEDNN_FROM_ENTRIES + 3, True),
     (FUSED_FROM_TOKENS - 1, 20, False), (FUSED_FROM_TOKENS, 20, False), (FUSED_FROM_TOKENS + 1, 0, False),
+    (1, 0, True), (1, 7, True),  # a trie of its root alone: masked rows, one new slot
+    # a trie picked for the cascade, longer than the cache
+    (FUSED_FROM_TOKENS + 1, 3, True), (FUSED_FROM_TOKENS, 0, True),
 ]
 
 

@@ -212,6 +212,20 @@ def test_compact_keeps_exactly_the_chosen_entries():
         cache.compact(10, [15])  # beyond length
 
 
+def test_compacting_to_nothing_past_the_length_is_refused():
+    """compact(start, []) sets the length to start: past the entries held it would read stale slots as context
+    (as truncate refuses), below 0 make the length negative; the length stays."""
+    cfg = longswift.load(tiny_hf_model(), dtype="float32").cfg
+    cache = FullKVCache(cfg, 32, torch.float32, torch.device("cpu"))
+    cache.length = 20
+    for bad in (21, -1):
+        with pytest.raises(ValueError, match="compact: start"):
+            cache.compact(bad, [])
+        assert cache.length == 20
+    cache.compact(20, [])  # nothing after the length to keep: a no-op
+    assert cache.length == 20
+
+
 def test_compact_reads_nothing_back_from_the_device():
     """After each full step the cache keeps the accepted path: a copy on the device, checked on the
     host (on a GPU, reading the slots' min, max and order back cost three waits a step)."""

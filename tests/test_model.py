@@ -298,6 +298,23 @@ def test_a_residual_added_in_the_product_keeps_the_logits_in_fewer_calls(arch, d
         assert rel_err(logits["base"].double(), exact) < 0.05
 
 
+@pytest.mark.parametrize("rope", ["default", "linear", "dynamic", "llama3", "yarn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_tables_are_transformers_far_past_the_trained_context(rope, dtype):
+    """cos and sin at positions far past the trained context (32) are transformers' own, bit for bit: the
+    forwards above reach position 80 only, where a table computed in another order or dtype still rounds alike."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    hf = tiny_hf_model("llama", rope, max_position_embeddings=CTX)
+    model = longswift.load(hf, dtype="float32").model
+    for positions in (torch.tensor([0, 31, 32, 33]), torch.tensor([99_999, 131_071, 131_072, 1_000_003])):
+        cos, sin = LlamaRotaryEmbedding(hf.config)(torch.zeros(1, 1, dtype=dtype), positions[None])  # [1, T, D], fresh
+        ours_cos, ours_sin = model.rope.cos_sin(positions, int(positions.max()), dtype)  # [T, 1, D], first half of
+        half = ours_sin.shape[-1] // 2  # the sine negated
+        assert torch.equal(ours_cos[:, 0], cos[0]), positions
+        assert torch.equal(torch.cat([-ours_sin[:, 0, :half], ours_sin[:, 0, half:]], -1), sin[0]), positions
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
 def test_rope_with_its_second_product_in_the_sum_keeps_the_logits_in_fewer_calls(dtype):
     """fused_rope (the default on CUDA in a reduced dtype): rope's x * cos + roll(x) * sin as a product

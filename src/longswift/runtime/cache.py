@@ -64,6 +64,8 @@ class FullKVCache:
         checked on the host, so that committing a step reads nothing back from a GPU."""
         keep = list(keep)
         n = len(keep)
+        if not 0 <= start <= self.length:  # (with nothing kept, the length would pass the entries held, or go below 0)
+            raise ValueError(f"compact: start {start} must lie in [0, {self.length}]")
         if n and (keep[0] < start or keep[-1] >= self.length or any(b <= a for a, b in zip(keep, keep[1:]))):
             raise ValueError(f"compact: keep must be increasing slots in [{start}, {self.length})")
         if keep != list(range(start, start + n)):  # else already in place (a root alone, a first-child chain)
