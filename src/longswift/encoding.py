@@ -19,6 +19,22 @@ if TYPE_CHECKING:
 Prompt = Union[str, Sequence[int], "torch.Tensor", "np.ndarray"]  # (names: torch loads with the model)
 
 
+def _check_system(prompt: Prompt, chat: bool | None, system: str | None) -> None:
+    """Refuse a system message that is not text, is empty, or goes with token ids or without the chat template."""
+    if system is None:
+        return
+    if not isinstance(system, str):
+        raise ConfigTypeError(f"system must be text (str) or None; got {type(system).__name__}")
+    if not isinstance(prompt, str):
+        raise LongswiftError("a system message (system=, --system) goes into the chat template, which takes prompt "
+                             "text, not token ids")
+    if chat is False:
+        raise LongswiftError("a system message (system=, --system) goes into the chat template: pass chat=True "
+                             "with it (the API sends text without the template unless asked)")
+    if not system.strip():
+        raise ConfigError("the system message is empty: give some text or leave it out")
+
+
 class PromptEncoder:
     """A model's tokenizer (None: it has none, token ids only) and config, encoding prompts as Engine.encode does."""
 
@@ -30,16 +46,7 @@ class PromptEncoder:
         """Prompt text or ids (a list, or a 1-D tensor or array) -> ids. `chat`: wrap text in the model's
         chat template (True), send it as it is (False), or the template when the model has one (None, the
         CLI's default). `system`: the chat's system message (instead of the template's default one)."""
-        if system is not None and not isinstance(system, str):
-            raise ConfigTypeError(f"system must be text (str) or None; got {type(system).__name__}")
-        if system is not None and not isinstance(prompt, str):
-            raise LongswiftError("a system message (system=, --system) goes into the chat template, which takes prompt "
-                                 "text, not token ids")
-        if system is not None and chat is False:
-            raise LongswiftError("a system message (system=, --system) goes into the chat template: pass chat=True "
-                                 "with it (the API sends text without the template unless asked)")
-        if system is not None and not system.strip():
-            raise ConfigError("the system message is empty: give some text or leave it out")
+        _check_system(prompt, chat, system)
         if hasattr(prompt, "tolist") and not isinstance(prompt, str):  # a tensor or numpy array of token ids
             prompt = prompt.tolist()
             if not isinstance(prompt, list) or any(isinstance(t, list) for t in prompt):
@@ -53,49 +60,60 @@ class PromptEncoder:
                                      if what == "chat messages" else " (one stream per prompt; streams may be "
                                                                      "iterated in turn)"))
         if isinstance(prompt, (list, tuple, range)):
-            for i, t in enumerate(prompt):
-                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-                    raise ConfigTypeError(f"prompt token ids must be whole numbers; got {t!r} ({type(t).__name__}) "
-                                          f"at position {i}")
-            ids = [int(t) for t in prompt]
-            if any(not 0 <= t < self.cfg.vocab_size for t in ids):  # (a ValueError too, as README says)
-                raise ConfigError(f"prompt token ids must be in [0, {self.cfg.vocab_size})",
-                                  f"--prompt-ids must be in [0, {self.cfg.vocab_size})")
-            if chat:
-                raise LongswiftError("chat=True wraps prompt text in the chat template, and token ids are sent as they "
-                                     "are: pass the text, or drop chat=True")
+            ids = self._given_ids(prompt, chat)
         elif not isinstance(prompt, str):
             raise ConfigTypeError(f"prompt must be text (str) or a list of token ids (ints); got {type(prompt).__name__}")
         else:
-            if not prompt.strip():
-                raise ConfigError("the prompt is empty: give some prompt text")
-            if self.tokenizer is None:
-                raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids",
-                                     "this model has no tokenizer: give the prompt as token ids (--prompt-ids)")
-            check_encodable(prompt, "the prompt")
-            self._check_prompt_length(prompt)
-            if system is not None:
-                check_encodable(system, "the system message")
-                self._check_prompt_length(system, "the system message")
-            template = bool(getattr(self.tokenizer, "chat_template", None))
-            if chat and not template:
-                raise LongswiftError("this model has no chat template: drop chat=True (--chat)")
-            if system is not None and not template:
-                raise LongswiftError("this model has no chat template to put a system message (--system) in: "
-                                     "write it into the prompt text instead")
-            if chat or (chat is None and template):
-                ids = self._apply_template([*([{"role": "system", "content": system}] if system is not None else []),
-                                            {"role": "user", "content": prompt}])
-            else:
-                ids = self.tokenizer.encode(prompt)
-            past = next((t for t in ids if not 0 <= t < self.cfg.vocab_size), None)
-            if past is not None:  # (the embedding's IndexError in the first forward, and a stream left broken)
-                raise LongswiftError(f"the prompt text encodes to token {past} of the tokenizer, past this model's "
-                                     f"{self.cfg.vocab_size} logits: the tokenizer is not this model's; load the "
-                                     "model with its own tokenizer")
+            ids = self._text_ids(prompt, chat, system)
         if not ids:
             raise ConfigError("the prompt is empty: give at least one token id" if not isinstance(prompt, str)
                               else "the prompt is empty: give at least one token of prompt text")
+        return ids
+
+    def _given_ids(self, prompt: list | tuple | range, chat: bool | None) -> list[int]:
+        """Token ids given as a prompt, checked: whole numbers inside the vocabulary, and no chat template asked for."""
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise ConfigTypeError(f"prompt token ids must be whole numbers; got {t!r} ({type(t).__name__}) "
+                                      f"at position {i}")
+        ids = [int(t) for t in prompt]
+        if any(not 0 <= t < self.cfg.vocab_size for t in ids):  # (a ValueError too, as README says)
+            raise ConfigError(f"prompt token ids must be in [0, {self.cfg.vocab_size})",
+                              f"--prompt-ids must be in [0, {self.cfg.vocab_size})")
+        if chat:
+            raise LongswiftError("chat=True wraps prompt text in the chat template, and token ids are sent as they "
+                                 "are: pass the text, or drop chat=True")
+        return ids
+
+    def _text_ids(self, prompt: str, chat: bool | None, system: str | None) -> list[int]:
+        """Prompt text encoded, in the chat template where asked for (or by default, `chat` None, where the model
+        has one); text that cannot fit the context, and ids past the model's vocabulary, are refused."""
+        if not prompt.strip():
+            raise ConfigError("the prompt is empty: give some prompt text")
+        if self.tokenizer is None:
+            raise LongswiftError("this model has no tokenizer: pass the prompt as a list of token ids",
+                                 "this model has no tokenizer: give the prompt as token ids (--prompt-ids)")
+        check_encodable(prompt, "the prompt")
+        self._check_prompt_length(prompt)
+        if system is not None:
+            check_encodable(system, "the system message")
+            self._check_prompt_length(system, "the system message")
+        template = bool(getattr(self.tokenizer, "chat_template", None))
+        if chat and not template:
+            raise LongswiftError("this model has no chat template: drop chat=True (--chat)")
+        if system is not None and not template:
+            raise LongswiftError("this model has no chat template to put a system message (--system) in: "
+                                 "write it into the prompt text instead")
+        if chat or (chat is None and template):
+            ids = self._apply_template([*([{"role": "system", "content": system}] if system is not None else []),
+                                        {"role": "user", "content": prompt}])
+        else:
+            ids = self.tokenizer.encode(prompt)
+        past = next((t for t in ids if not 0 <= t < self.cfg.vocab_size), None)
+        if past is not None:  # (the embedding's IndexError in the first forward, and a stream left broken)
+            raise LongswiftError(f"the prompt text encodes to token {past} of the tokenizer, past this model's "
+                                 f"{self.cfg.vocab_size} logits: the tokenizer is not this model's; load the "
+                                 "model with its own tokenizer")
         return ids
 
     def _check_prompt_length(self, text: str, what: str = "the prompt text") -> None:
