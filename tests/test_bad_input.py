@@ -2128,3 +2128,22 @@ def test_a_report_is_appended_where_a_directory_cannot_be_locked(tmp_path, monke
     notes.write_text("# notes\n")
     append_atomic(notes, "| report |\n")
     assert notes.read_text() == "# notes\n| report |\n" and [p.name for p in tmp_path.iterdir()] == ["notes.md"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="no /proc")
+def test_the_umask_is_read_without_setting_it(tmp_path, monkeypatch):
+    """Written files get the mode open() gives them, which takes the umask: reading it by setting it (os.umask
+    has no read) left a moment in which another thread of an embedding program created files with a umask of 0.
+    Where the system shows it (/proc/self/status), it is read there."""
+    import longswift.atomic as atomic
+
+    old = os.umask(0o027)
+    try:
+        calls = []
+        real = os.umask
+        monkeypatch.setattr(os, "umask", lambda mask: calls.append(mask) or real(mask))
+        write_atomic(tmp_path / "out.txt", "text")
+        assert atomic._umask() == 0o027 and calls == []
+        assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)

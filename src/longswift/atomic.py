@@ -347,6 +347,15 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _umask() -> int:
+    """The process's umask, read where the system shows it (Linux 4.7+): setting it to read it, as os.umask alone
+    can, leaves a moment in which another thread of an embedding program creates files with a umask of 0."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     umask = os.umask(0)
     os.umask(umask)
     return umask
