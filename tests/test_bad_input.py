@@ -2147,3 +2147,17 @@ def test_the_umask_is_read_without_setting_it(tmp_path, monkeypatch):
         assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(old)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
+def test_a_read_only_output_is_refused_not_replaced(tmp_path, capsys):
+    """A review of atomic.py: an output the user made read-only (chmod a-w, to keep it) was replaced all the same,
+    since a new file renamed over it needs only the directory's permission. Refused before the run, as a shell's
+    redirection refuses it."""
+    kept = tmp_path / "kept.txt"
+    kept.write_text("keep me")
+    kept.chmod(0o444)
+    code, _, err = run_cli(capsys, "generate", "--model", "random", "--prompt-ids", "1,2", "--max-new-tokens", "2",
+                           "--output", str(kept))
+    assert_one_line_error(code, err, "is read-only: make it writable")
+    assert kept.read_text() == "keep me"

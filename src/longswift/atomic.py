@@ -76,6 +76,9 @@ def check_writable(path: str | os.PathLike, flag: str | None = None) -> Path:
         raise LongswiftError(f"cannot write '{p}': cannot create a file in '{parent}' ({exc.strerror})") from None
     os.close(fd)
     os.unlink(probe)
+    # Written by renaming a new file over it, a read-only file would be replaced regardless (root: no write bit at all)
+    if p.is_file() and (not os.access(p, os.W_OK) or not p.stat().st_mode & 0o222):
+        raise LongswiftError(f"output file '{p}' is read-only: make it writable (chmod u+w) or give another file name")
     return p
 
 
