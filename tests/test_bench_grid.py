@@ -1316,3 +1316,41 @@ def test_a_report_of_uncommitted_code_says_so(tmp_path):
     (package / "a.py").write_text("x = 2\n")
     assert _git_commit(package) == f"{commit}-dirty"
     assert _git_commit(tmp_path.parent / "nowhere") is None
+
+
+def test_a_run_that_drafted_nothing_has_no_alpha_and_the_median_leaves_it_out():
+    """A review: a TokenSwift run whose steps were all plain (a short sampled run) drafted nothing, and its
+    acceptance rate is undefined (null in generate's --json, "nothing drafted" in its summary line); its record said
+    0.0, which the report's median counted as a rate of 0 (0.50 for runs of 0.5 and 0.7 beside it)."""
+    from types import SimpleNamespace
+
+    from longswift.bench.grid import Cell, make_record
+    from longswift.bench.metrics import Timeline
+    from longswift.bench.prompts import Prompt
+    from longswift.bench.report import _cell_section, group
+    from longswift.config import SamplingConfig
+    from longswift.stats import GenerationStats
+
+    timeline = Timeline(4, start=0.0)
+    for n in range(1, 5):
+        timeline.record(n, when=float(n))
+    plain = GenerationStats("tokenswift", 3, new_tokens=4, steps=4, plain_steps=3)
+    cell = Cell(Prompt("p", (1, 2, 3), False), 3, "paper", 4)
+    record = make_record("k", cell, "tokenswift", "", 0, [5, 6, 7, 8], timeline, plain,
+                         SimpleNamespace(peak_bytes=2**30, start_bytes=2**29), SamplingConfig())
+    assert record["alpha"] is None and record["ngram_alpha"] is None and record["tokens_per_step"] == 1.0
+
+    ids = list(range(16))
+    checkpoints = [(n, 1.0 + 0.1 * (n - 1)) for n in checkpoint_targets(16)]
+    drafted = [{**_record("tokenswift", k, ids, checkpoints, 1.0), "alpha": a, "ngram_alpha": a / 2,
+                "tokens_per_step": 1.5, "draft_positions": 8, "accepted_tokens": int(8 * a)}
+               for k, a in ((1, 0.5), (2, 0.7))]
+    undrafted = {**_record("tokenswift", 0, ids, checkpoints, 1.0), "alpha": 0.0, "ngram_alpha": 0.0,
+                 "tokens_per_step": 1.0, "draft_positions": 0, "accepted_tokens": 0}  # as recorded before
+    for first in (undrafted, {**undrafted, "alpha": None, "ngram_alpha": None}):
+        records = [_record("ar", 0, ids, checkpoints, 1.0), first, *drafted]
+        row = next(line for line in _cell_section(*next(iter(group(records).items()))) if line.startswith("| tokenswift"))
+        assert "| 0.60 | 0.30 | 1.50 |" in row  # alpha, n-gram alpha: the medians of the two runs that drafted
+    alone = [_record("ar", 0, ids, checkpoints, 1.0), {**undrafted, "alpha": None, "ngram_alpha": None}]
+    row = next(line for line in _cell_section(*next(iter(group(alone).items()))) if line.startswith("| tokenswift"))
+    assert "| - | - | 1.00 |" in row

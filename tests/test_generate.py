@@ -97,6 +97,21 @@ def test_stream_yields_tokens_and_result_has_stats():
     assert one.stats.tokens_per_second == 0.0  # summary says), and the attribute agrees (it said thousands of tok/s)
 
 
+def test_tokens_per_second_counts_the_tokens_after_the_prefills_draw():
+    """A review: the first token is the prefill's draw (one token: no rate), so a rate counts the tokens after it,
+    as bench's decode tok/s does; tokens_per_second counted it too, over decode time that holds the other tokens'
+    work alone (AR: n-1 forwards for n tokens), so a run of 2 tokens said twice its rate, one of 200 0.5% high."""
+    from longswift.stats import GenerationStats
+
+    two = GenerationStats("ar", 4, new_tokens=2, steps=2, decode_seconds=0.5)  # one forward, for the second token
+    assert two.tokens_per_second == 2.0 and two.to_dict()["tokens_per_second"] == 2.0  # not 4.0
+    engine = longswift.load(tiny_hf_model("llama", seed=3), dtype="float32", heads="random")
+    for method in ("ar", "tokenswift"):
+        r = engine.generate(PROMPT, sampling=SamplingConfig(seed=1), method=method,
+                            generation=GenerationConfig(max_new_tokens=5, ignore_eos=True))
+        assert r.stats.tokens_per_second == pytest.approx(4 / r.stats.decode_seconds)
+
+
 @pytest.mark.parametrize("method", ["ar", "tokenswift"])
 def test_on_prefill_follows_the_reading_of_the_context_and_of_a_resumes_context(method):
     engine = longswift.load(tiny_hf_model("llama", seed=3), dtype="float32", heads="random")

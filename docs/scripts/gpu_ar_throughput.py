@@ -74,7 +74,7 @@ def main() -> None:
               f"colocated={engine.model.colocated} fused_norm={engine.model.fused_norm} "
               f"fused_residual={engine.model.fused_residual} fused_rope={engine.model.fused_rope} "
               f"triton_kernels={engine.model.triton_kernels}: "
-              f"decode {s.tokens_per_second:.1f} tok/s ({1e3 * s.decode_seconds / s.new_tokens:.2f} ms/token), "
+              f"decode {s.tokens_per_second:.1f} tok/s ({1e3 * s.decode_seconds / (s.new_tokens - 1):.2f} ms/token), "
               f"prefill {s.prefill_seconds:.2f} s, {s.graph_captures} graphs captured in "
               f"{s.graph_capture_seconds:.2f} s", flush=True)
         tokens.setdefault((graphs, every, attention, colocated, fused, triton), result.token_ids)

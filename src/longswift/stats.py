@@ -45,9 +45,11 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float:
-        """New tokens per decode second; 0.0 where there is no rate (has_rate: a run of one token is the
-        prefill's draw alone; to_dict says null there)."""
-        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 and self.has_rate else 0.0
+        """Decoded tokens per decode second: the tokens after the first, which is the prefill's draw (decode time
+        holds the work of the others alone: AR's n-1 forwards for n tokens), as bench's decode tok/s counts them;
+        0.0 where there is no rate (has_rate: a run of one token is the prefill's draw alone; to_dict says null
+        there)."""
+        return (self.new_tokens - 1) / self.decode_seconds if self.decode_seconds > 0 and self.has_rate else 0.0
 
     @property
     def has_rate(self) -> bool:

@@ -555,7 +555,8 @@ def run_batch(batch: list[tuple[Cell, int, str, str]], methods: Methods, cfg: Be
             record["lockstep_with"] = [other for _, _, other, _ in batch if other != m]
         made.append(record)
     for (_, _, m, _), record in zip(batch, made):
-        extra = f", alpha {record['alpha']:.2f}" if record["alpha"] is not None else ""
+        extra = (f", alpha {record['alpha']:.2f}" if record["alpha"] is not None
+                 else ", nothing drafted: every step plain" if record["draft_positions"] == 0 else "")
         log(f"{wheres[m]}: prefill {record['prefill_seconds']:.2f} s, "
             f"{record['decode_tokens_per_second']:.2f} tok/s{extra}")
     return made
@@ -591,12 +592,13 @@ def make_record(key: str, cell: Cell, method: str, variant: str, run: int, ids: 
         "prefill_seconds": timeline.prefill_seconds, "decode_seconds": timeline.decode_seconds,
         "decode_tokens_per_second": timeline.decode_rate(len(ids)), "first_tokens": timeline.first_tokens,
         "checkpoints": timeline.checkpoints, "checkpoint_alpha": timeline.checkpoint_alpha if spec else None,
-        "alpha": stats.alpha if spec else None,
+        # null where nothing was drafted (every step plain): undefined, not 0 (as generate's --json says)
+        "alpha": stats.alpha if spec and stats.draft_positions else None,
         # alpha's parts: the deepest drafted position of each drafting step's trie, summed, can be below the
         # tree's depth times verify_steps (short n-gram paths, --max-nodes), which bench-steps' projection assumes
         "accepted_tokens": stats.accepted_tokens if spec else None,
         "draft_positions": stats.draft_positions if spec else None,
-        "ngram_alpha": (stats.ngram_accepted / stats.draft_positions if stats.draft_positions else 0.0) if spec else None,
+        "ngram_alpha": stats.ngram_accepted / stats.draft_positions if spec and stats.draft_positions else None,
         "tokens_per_step": stats.tokens_per_step if spec else None,
         "lookup_steps": stats.lookup_steps if spec else None,
         "narrow_steps": stats.narrow_steps if spec else None,

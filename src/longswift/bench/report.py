@@ -214,6 +214,15 @@ def render(records: list[dict[str, Any]], ctx: RunContext, images: list[str], pl
     return "\n".join(lines) + "\n"
 
 
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    """The median of a row's runs' `key` over the runs where it is defined, or None where none is (AR's alpha). A
+    run that drafted nothing has no alpha (nor n-gram alpha): its record says null, or, made before it did, 0.0
+    beside draft_positions 0; counted as 0, a median of 0.5, 0.7 and it said 0.5."""
+    undefined = ("alpha", "ngram_alpha")
+    values = [r[key] for r in runs if r[key] is not None and not (key in undefined and r.get("draft_positions") == 0)]
+    return statistics.median(values) if values else None
+
+
 def _memory(runs: list[dict[str, Any]]) -> str:
     peak = statistics.median(r["peak_memory_bytes"] for r in runs) / 2**20
     if runs[0].get("memory_at_start_bytes") is None:  # records written before the start was kept
@@ -287,7 +296,7 @@ def _cell_section(cid: tuple, rows: dict[tuple[str, str], list[dict[str, Any]]],
               "tokens/step | distinct-1/2/3/4 | peak MiB (+ added by the run) |", "|" + "---|" * 13]
     for (m, variant), runs in rows.items():
         rate = median_rate(runs)
-        med = lambda k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None  # noqa: E731
+        med = lambda k: _median(runs, k)  # noqa: E731
         ratios = [vs(runs, b) for b in (ar, hf)]
         cols = [f"{x:.2f}x" if x is not None else "-" for x in ratios]
         distinct = "/".join(f"{med(f'distinct_{n}'):.2f}" for n in (1, 2, 3, 4))
