@@ -498,6 +498,55 @@ def test_heads_of_a_newer_format_are_refused(tmp_path):
         load_heads(path, engine.cfg, engine.model.embed)
 
 
+def test_a_newer_heads_format_laid_out_otherwise_is_refused_as_newer(tmp_path):
+    """A version-2 file without version 1's gamma was called damaged ("re-export or retrain the heads"), not newer."""
+    from safetensors.torch import save_file
+
+    path = tmp_path / "heads.safetensors"
+    meta = {"format": FORMAT, "version": 2, "heads": {"count": 3}}
+    save_file({"w": torch.zeros(2)}, str(path), metadata={FORMAT: json.dumps(meta)})
+    with pytest.raises(LongswiftError, match="was written by a newer longswift \\(heads format version 2"):
+        load_heads(path, None, None)
+
+
+def test_a_models_weights_or_another_models_heads_are_refused_before_their_values_are_read(tmp_path, monkeypatch):
+    """--heads model.safetensors read every tensor of the file (a model's gigabytes) before refusing it as no heads
+    file; heads made for another model were read whole too. The header says both."""
+    import safetensors
+
+    hf = tiny_hf_model("llama", seed=7)
+    hf.save_pretrained(tmp_path / "m")
+    engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads=None)
+    other = longswift.load(tiny_hf_model("llama", seed=8), dtype="float32", heads="random")
+    save_heads(other.heads, other.cfg, other.fingerprint, tmp_path / "other.safetensors")
+    read, real = [], safetensors.safe_open
+
+    class Counting:  # safe_open, counting the tensors whose values are read
+        def __init__(self, *args, **kwargs):
+            self.f = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def get_tensor(self, name):
+            read.append(name)
+            return self.f.get_tensor(name)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Counting)
+    for path, match in ((tmp_path / "m" / "model.safetensors", "is not a longswift heads file"),
+                        (tmp_path / "other.safetensors", "were made for another model")):
+        with pytest.raises(LongswiftError, match=match):
+            engine.set_heads(str(path))
+        assert read == [], (path, read)
+
+
 def test_heads_trained_under_another_rope_scaling_get_a_note(tmp_path, capsys):
     """Heads trained with --rope-scaling and used without it (or the other way) ran without a word: the tokens
     are the same, but the heads learnt other positions' hidden states and fewer of their drafts are accepted."""

@@ -215,6 +215,55 @@ def test_released_heads_inside_a_gguf(tmp_path):
     assert torch.equal(engine.heads.weights[2], tensors[f"{PREFIX}2.linear.weight"])
 
 
+def test_heads_inside_a_gguf_export_as_stored_from_a_bfloat16_run(tmp_path, capsys):
+    """export-heads --dtype bfloat16 (auto's on CUDA) of a GGUF's own heads wrote the run's bfloat16 rounding of
+    them, where a released directory's and a heads file's are read again as stored."""
+    from safetensors.torch import load_file
+    from test_loading import write_gguf
+
+    tensors = released_tensors(64, torch.float32, seed=2)
+    write_gguf(tmp_path / "m.gguf", tiny_hf_model("llama", "default", seed=8), "llama", extra=tensors)
+    code, _, err = run_cli(capsys, "export-heads", "--model", str(tmp_path / "m.gguf"), "--dtype", "bfloat16",
+                           "--out", str(tmp_path / "h.safetensors"))
+    assert code == 0, err
+    got = load_file(str(tmp_path / "h.safetensors"))
+    for i in range(GAMMA):
+        assert torch.equal(got["weights"][i], tensors[f"{PREFIX}{i}.linear.weight"]), i
+        assert torch.equal(got["in_norms"][i], tensors[f"{PREFIX}{i}.input_layernorm.weight"]), i
+        assert torch.equal(got["out_norms"][i], tensors[f"{PREFIX}{i}.post_layernorm.weight"]), i
+
+
+@pytest.mark.parametrize("bad", ["nan", "int32"])
+def test_a_released_directorys_nan_or_integer_heads_are_refused_in_one_line(tmp_path, capsys, bad):
+    """--heads DIR (a released checkpoint beside the model) read its heads unchecked, where the model's own are:
+    NaN heads loaded and drafted nothing, and integer tensors were cast to the heads' dtype without a word."""
+    hf = tiny_hf_model("llama", "default")
+    hf.save_pretrained(tmp_path / "base")
+    weight = torch.zeros(64, 64, dtype=torch.int32) if bad == "int32" else torch.zeros(64, 64)
+    weight[3, 5] = 7 if bad == "int32" else float("nan")
+    save_released(hf, tmp_path / "rel", change={f"{PREFIX}1.linear.weight": weight})
+    capsys.readouterr()  # transformers' save progress bar
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "base"), "--heads", str(tmp_path / "rel"),
+                           "--prompt-ids", "1,2,3", "--max-new-tokens", "2")
+    said = ("holds torch.int32 values in 'model.medusa_layers.1.linear.weight'" if bad == "int32"
+            else "hold NaN or infinite values in 'model.medusa_layers.1.linear.weight'")
+    assert_one_line_error(code, err, said)
+
+
+def test_released_heads_of_mixed_dtypes_keep_every_value(tmp_path):
+    """The heads took their first tensor's dtype: a bfloat16 norm stored first rounded every float32 weight
+    after it to bfloat16 (safetensors keeps names sorted: input_layernorm comes first)."""
+    hf = tiny_hf_model("llama", "default", seed=3)
+    hf.save_pretrained(tmp_path / "base")
+    first = f"{PREFIX}0.input_layernorm.weight"
+    norm = released_tensors(64, torch.float32, seed=5)[first].to(torch.bfloat16)
+    tensors = save_released(hf, tmp_path / "rel", change={first: norm})
+    engine = longswift.load(str(tmp_path / "base"), dtype="float32", heads=str(tmp_path / "rel"))
+    assert torch.equal(engine.heads.in_norms[0], norm.float())
+    for i in range(GAMMA):
+        assert torch.equal(engine.heads.weights[i], tensors[f"{PREFIX}{i}.linear.weight"]), i
+
+
 BROKEN = {
     "missing": (dict(drop=f"{PREFIX}1.post_layernorm.weight"), f"'{PREFIX}1.post_layernorm.weight' is missing"),
     "shape": (dict(change={f"{PREFIX}0.linear.weight": torch.zeros(64, 32)}), f"'{PREFIX}0.linear.weight' has shape (64, 32)"),

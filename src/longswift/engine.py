@@ -73,7 +73,7 @@ class Engine:
         self.heads_source: str | None = None  # what set_heads was given (recorded in checkpoints)
         self.heads_origin = "none"  # which heads set_heads found and where (for `longswift info`)
         self.heads_file: Path | None = None  # the heads file set_heads read them from (export-heads)
-        self.heads_dir: Path | None = None  # ... or the TokenSwift-layout directory (export-heads)
+        self.heads_dir: Path | None = None  # ... or the TokenSwift-layout directory or GGUF (export-heads)
         self.hub_id = loaded.hub_id
         self._checkpoint_heads = loaded.head_tensors  # TokenSwift layout, inside the model checkpoint
         eos = set(loaded.cfg.eos_token_ids)
@@ -168,7 +168,8 @@ class Engine:
                 found = heads_from_tensors(self._checkpoint_heads, self.cfg, self.fingerprint)
                 found = found.to(device=embed.device, dtype=embed.dtype)
                 origin = f"inside the model checkpoint ({HEAD_PREFIX}*, TokenSwift layout) {self.source}"
-                released = Path(self.source) if Path(self.source).is_dir() else None
+                # (a GGUF too: export-heads reads the heads there as stored, not as this run's dtype rounds them)
+                released = Path(self.source) if Path(self.source).exists() else None
             elif choice.kind == "shipped":
                 assert path is not None  # (a "shipped", "released" or "file" choice comes with its path)
                 found, file = load_heads(path, self.cfg, embed, self.fingerprint), path

@@ -153,6 +153,11 @@ def _read_meta(path: Path, raw: str) -> dict:
         raise damaged(f"not JSON: {exc}") from None
     if not isinstance(meta, dict):
         raise damaged("not a JSON object")
+    kind, version = meta.get("format"), meta.get("version")
+    if kind == FORMAT and isinstance(version, int) and not isinstance(version, bool) and version > VERSION:
+        # first: a newer format may keep gamma or its base elsewhere (it was called damaged: "re-export or retrain")
+        raise LongswiftError(f"heads file '{path}' was written by a newer longswift (heads format version {version}; "
+                             f"this one reads version {VERSION}): upgrade longswift to read it")
     gamma, eps, base = meta.get("gamma"), meta.get("eps", 1e-5), meta.get("base", {})
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma <= 0:
         raise damaged(f"gamma must be a positive whole number, got {gamma!r}")
@@ -163,14 +168,10 @@ def _read_meta(path: Path, raw: str) -> dict:
     lacking = [k for k in BASE_KEYS if k not in base]
     if lacking:  # (it was refused as "made for another model (architecture None vs llama)")
         raise damaged(f"its base model lacks {', '.join(lacking)}")
-    kind, version = meta.get("format"), meta.get("version")
     if kind != FORMAT:
         raise damaged(f"format must be '{FORMAT}', got {kind!r}")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise damaged(f"version must be a positive whole number, got {version!r}")
-    if version > VERSION:  # (it was read with version 1's meaning)
-        raise LongswiftError(f"heads file '{path}' was written by a newer longswift (heads format version {version}; "
-                             f"this one reads version {VERSION}): upgrade longswift to read it")
     return {**meta, "base": base}
 
 
@@ -286,6 +287,18 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
     return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
 
 
+def _unreadable_heads(path: Path, exc: BaseException) -> LongswiftError:
+    """Why load_heads could not read `path` as safetensors, in one line (a training checkpoint or another
+    torch.save file is named as such)."""
+    if zipfile.is_zipfile(path):  # torch.save's format, not safetensors
+        if path.name == TRAIN_CHECKPOINT:
+            return LongswiftError(f"'{path}' is a train-heads training checkpoint, not heads: pass the run's "
+                                  f"{HEADS_FILE} (or its directory), which the run writes when it finishes")
+        return LongswiftError(f"'{path}' is a torch.save file (a renamed train-heads {TRAIN_CHECKPOINT}?), not a "
+                              f"safetensors heads file: pass the {HEADS_FILE} that train-heads or export-heads wrote")
+    return unreadable(path, "heads file ", exc, "it is truncated or not a heads file")
+
+
 def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, fingerprint: str | None = None) -> DraftHeads:
     """Load heads for this base model (its embedding `embed`, whose device and dtype they take), refusing
     files made for another model. `fingerprint`: the model's (Engine.fingerprint; default: embed's)."""
@@ -301,17 +314,8 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
         with safe_open(str(path), framework="pt") as f:
             raw = (f.metadata() or {}).get(FORMAT)
             layout = _header_layout(f)
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
-        if zipfile.is_zipfile(path):  # torch.save's format, not safetensors
-            if path.name == TRAIN_CHECKPOINT:
-                raise LongswiftError(f"'{path}' is a train-heads training checkpoint, not heads: pass the run's "
-                                     f"{HEADS_FILE} (or its directory), which the run writes when it "
-                                     "finishes") from None
-            raise LongswiftError(f"'{path}' is a torch.save file (a renamed train-heads {TRAIN_CHECKPOINT}?), not a "
-                                 f"safetensors heads file: pass the {HEADS_FILE} that train-heads or export-heads "
-                                 "wrote") from None
-        raise unreadable(path, "heads file ", exc, "it is truncated or not a heads file") from None
+        raise _unreadable_heads(path, exc) from None
     if raw is None:
         raise LongswiftError(f"'{path}' is not a longswift heads file (no '{FORMAT}' metadata)")
     meta = _read_meta(path, raw)
@@ -322,6 +326,13 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     problem = _layout_problem(path, meta["gamma"], cfg, layout)
     if problem:
         raise LongswiftError(problem)
+    # The values only now, past every check of the header: a model's weights file given as --heads was read
+    # whole (gigabytes) before it was refused as no heads file.
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise _unreadable_heads(path, exc) from None
     bad = next((k for k, t in tensors.items() if not torch.isfinite(t).all()), None)
     if bad is not None:  # they would draft nothing useful (output stays lossless, but every step wasted)
         raise LongswiftError(f"heads file '{path}' holds NaN or infinite values in '{bad}' (a training run that "

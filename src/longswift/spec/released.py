@@ -22,6 +22,7 @@ from ..runtime.loading.hub import parse_hub_id, resolve_hub_id
 from ..runtime.loading import (
     EMBED,
     HEAD_PREFIX,
+    check_finite,
     load_config,
     read_tensors,
     resolve_path,
@@ -47,8 +48,9 @@ def heads_from_tensors(tensors: dict[str, torch.Tensor], cfg: ModelConfig, finge
     """DraftHeads holding exactly these (checked, see loading.take_head_tensors) released-layout tensors."""
     gamma = len(tensors) // len(_PARTS)
     heads = DraftHeads(cfg.hidden_size, gamma, cfg.rms_norm_eps, base_fingerprint=fingerprint)
-    dtype = next(iter(tensors.values())).dtype
-    heads.to(dtype)  # no rounding on the way in: the parameters take the tensors' dtype
+    # No rounding on the way in: the parameters take the widest of the tensors' dtypes (the first tensor's
+    # dtype rounded a checkpoint's float32 tensors to bfloat16 where a bfloat16 one came first).
+    heads.to(functools.reduce(torch.promote_types, (t.dtype for t in tensors.values())))
     heads.load_state_dict({p: torch.stack([tensors[f"{HEAD_PREFIX}{i}.{part}"] for i in range(gamma)])
                            for p, part in _PARTS.items()})
     return heads
@@ -130,19 +132,25 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor, finge
 
 
 def released_heads_as_stored(path: Path, cfg: ModelConfig, fingerprint: str) -> DraftHeads:
-    """The heads of a released checkpoint directory at the precision it stores them, for a base model already
-    checked against it (load_released_heads): an engine holds them in the model's dtype, so export-heads with
-    --dtype bfloat16 (auto's on CUDA) wrote float32 tensors holding bfloat16-rounded values."""
+    """The heads of a released checkpoint directory (or a GGUF holding them) at the precision it stores them, for a
+    base model already checked against it (load_released_heads or the model's load): an engine holds them in the
+    model's dtype, so export-heads with --dtype bfloat16 (auto's on CUDA) wrote float32 tensors holding
+    bfloat16-rounded values."""
     state = read_tensors(path, {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)})
     return heads_from_tensors(_head_tensors(path, load_config(str(path)), state), cfg, fingerprint)
 
 
 def _head_tensors(path: Path, their_cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The draft heads' tensors of a released directory's tensors `state` (taken out of it, checked complete),
-    or a one-line refusal where it has none."""
+    """The draft heads' tensors of a released directory's tensors `state` (taken out of it, checked complete,
+    floating-point and finite), or a one-line refusal where it has none or they are not."""
     tensors = take_head_tensors(their_cfg, state, str(path))
     if tensors is None:
         raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
+    for name, t in tensors.items():  # (a model load checks its own so; these were read alone, unchecked)
+        if not t.is_floating_point() or t.dtype.itemsize == 1:  # integers were cast without a word
+            raise LongswiftError(f"'{path}' holds {t.dtype} values in '{name}', where draft heads are 16- to 64-bit "
+                                 "floating-point weights: a quantized or damaged checkpoint")
+        check_finite(name, t, path)  # NaN heads drafted nothing, every step wasted
     return tensors
 
 
