@@ -1152,6 +1152,8 @@ def test_runs_of_one_prompt_name_tokenized_otherwise_are_another_cell(tmp_path, 
                                                                      "is None, not a list)"),
     (json.dumps(run_record("b", checkpoints=[[1]])).encode() + b"\n",
      ":2 is a damaged bench record (its 'checkpoints' are not all [tokens, seconds] pairs)"),
+    # a review: a file merged by hand with a run twice was read as two runs (a row of 3 runs, the median moved)
+    (json.dumps(run_record("a")).encode() + b"\n", ":2 repeats the run of an earlier line (key a): remove one"),
 ])
 def test_a_damaged_results_file_is_a_one_line_error(tmp_path, damage, said):
     """A byte that is not UTF-8 was a UnicodeDecodeError; a line of JSON that is not a run (42) a TypeError; a

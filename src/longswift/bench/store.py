@@ -201,6 +201,9 @@ class ResultStore(MemoryStore):
             if wrong:  # (what the report reads: a field missing or of another type was its traceback)
                 raise LongswiftError(f"{self.path}:{i + 1} is a damaged bench record ({wrong}): fix or remove the "
                                      "line, or use --fresh")
+            if self.has(record["key"]):  # (bench writes each run once: a file merged by hand counted it twice)
+                raise LongswiftError(f"{self.path}:{i + 1} repeats the run of an earlier line (key {record['key']}): "
+                                     "remove one of them, or use --fresh")
             good.append(line)
             super().append(record)
         if text and not text.endswith("\n"):  # a whole last record without its newline: the next would join it
