@@ -4,6 +4,7 @@ Hugging Face model ids from the standard cache, and `export-heads` round trips."
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -15,6 +16,7 @@ from test_lossless import repetitive_prompt
 
 import longswift
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
+from longswift.errors import LongswiftError
 from longswift.spec.heads import new_heads, save_heads, training_record
 
 GAMMA = 3
@@ -643,3 +645,20 @@ def test_a_hub_download_takes_the_files_a_load_reads_and_not_mistrals_consolidat
                     "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
                     "model.safetensors.index.json", "params.json", "special_tokens_map.json", "tokenizer.json",
                     "tokenizer.model", "tokenizer.model.v3", "tokenizer_config.json"}
+
+
+def test_heads_past_float16s_range_are_refused_in_a_float16_run():
+    """A review: every heads source checks its values as read, but a float32 weight past float16's range (65,504)
+    became infinite in a float16 run, whose drafts were then worthless (the output stays the model's)."""
+    from longswift.spec.heads import DraftHeads
+
+    hf = tiny_hf_model("llama", "default", seed=3)
+    heads = longswift.load(hf, dtype="float32", heads="random").heads
+    big = copy.deepcopy(heads)
+    with torch.no_grad():
+        big.weights[1, 2, 3] = 1e5
+    assert isinstance(big, DraftHeads)
+    with pytest.raises(LongswiftError, match="the draft heads' 'weights' holds values that are not finite in float16"):
+        longswift.load(hf, dtype="float16", heads=big)
+    assert longswift.load(hf, dtype="float16", heads=heads).heads is not None  # within range: taken
+    assert longswift.load(hf, dtype="bfloat16", heads=big).heads is not None  # bfloat16 holds 1e5
