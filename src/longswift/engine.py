@@ -38,14 +38,16 @@ from .stream import GenerationStream, PrefillRelay, RunSetup
 METHODS = ("ar", "tokenswift")
 
 
-def _check_heads_finite(heads: DraftHeads, dtype: torch.dtype) -> None:
-    """Refuse heads holding a value that is not finite in the run's dtype: every source checks its values as read, but a
-    float32 weight past float16's range (65,504) becomes infinite in a float16 run, and drafts nothing useful."""
+def _check_heads_fit(heads: DraftHeads, dtype: torch.dtype) -> None:
+    """Refuse heads holding a value past float16's range (65,504) in a float16 run: every source checks its values as
+    read, but a float32 weight that large became infinite once cast, and drafted nothing useful. (Only float16: the
+    other dtypes hold float32's range, and a check reads the device.)"""
+    if dtype != torch.float16:
+        return
     for name, p in heads.named_parameters():  # (one read of a few small tensors, once, when heads are set)
         if not torch.isfinite(p).all():
-            raise LongswiftError(f"the draft heads' '{name}' holds values that are not finite in {dtype_name(dtype)} "
-                                 "(NaN or infinite, or past its range once cast): use other heads, or run in a wider "
-                                 "dtype (bfloat16, float32)")
+            raise LongswiftError(f"the draft heads' '{name}' holds values past float16's range: use other heads, or "
+                                 "run in bfloat16 or float32")
 
 
 class Engine:
@@ -198,7 +200,7 @@ class Engine:
         if found is not None:
             origin = f"{found.gamma} heads {origin}"
             found.requires_grad_(False)
-            _check_heads_finite(found, self.model.dtype)
+            _check_heads_fit(found, self.model.dtype)
         self.heads, self.heads_source, self.heads_origin = found, source, origin
         self.heads_file = file if found is not None else None
         self.heads_dir = released if found is not None else None
