@@ -647,9 +647,10 @@ def test_a_hub_download_takes_the_files_a_load_reads_and_not_mistrals_consolidat
                     "tokenizer.model", "tokenizer.model.v3", "tokenizer_config.json"}
 
 
-def test_heads_past_float16s_range_are_refused_in_a_float16_run():
+def test_heads_past_float16s_range_are_refused_in_a_float16_run(tmp_path):
     """A review: every heads source checks its values as read, but a float32 weight past float16's range (65,504)
-    became infinite in a float16 run, whose drafts were then worthless (the output stays the model's)."""
+    became infinite in a float16 run, whose drafts were then worthless (the output stays the model's). Each source
+    (an object, a heads file, a released directory) is now checked before the cast, as a model's weights are."""
     from longswift.spec.heads import DraftHeads
 
     hf = tiny_hf_model("llama", "default", seed=3)
@@ -658,7 +659,18 @@ def test_heads_past_float16s_range_are_refused_in_a_float16_run():
     with torch.no_grad():
         big.weights[1, 2, 3] = 1e5
     assert isinstance(big, DraftHeads)
-    with pytest.raises(LongswiftError, match="the draft heads' 'weights' holds values past float16's range"):
+    past = r"hold values up to 1e\+05 in '{}', past float16's range"
+    with pytest.raises(LongswiftError, match=past.format("weights")):
         longswift.load(hf, dtype="float16", heads=big)
+    save_heads(big, longswift.load(hf, dtype="float32", heads=None).cfg, big.base_fingerprint,
+               tmp_path / "big.safetensors")
+    with pytest.raises(LongswiftError, match=past.format("weights")):
+        longswift.load(hf, dtype="float16", heads=str(tmp_path / "big.safetensors"))
+    hf.save_pretrained(tmp_path / "base")
+    weight = released_tensors(64, torch.float32, seed=5)[f"{PREFIX}1.linear.weight"]
+    weight[2, 3] = 1e5
+    save_released(hf, tmp_path / "rel", change={f"{PREFIX}1.linear.weight": weight})
+    with pytest.raises(LongswiftError, match=past.format(f"{PREFIX}1.linear.weight")):
+        longswift.load(str(tmp_path / "base"), dtype="float16", heads=str(tmp_path / "rel"))
     assert longswift.load(hf, dtype="float16", heads=heads).heads is not None  # within range: taken
     assert longswift.load(hf, dtype="bfloat16", heads=big).heads is not None  # bfloat16 holds 1e5

@@ -21,7 +21,7 @@ from .encoding import Prompt, PromptEncoder, check_encodable
 from .errors import ConfigError, ConfigTypeError, LongswiftError
 from .generate import ar_steps
 from .runtime.cuda_graphs import resolve_attention, use_graphs
-from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, load_config, load_model
+from .runtime.loading import EMBED, HEAD_PREFIX, LoadedModel, check_finite, load_config, load_model
 from .runtime.memory import check_context, keep_freed_buffers, return_freed_memory
 from .runtime.model import Transformer
 from .runtime.parallel import (ShardedRead, TensorParallel, require_process_group, shard_config, shard_state,
@@ -36,18 +36,6 @@ from .stop_strings import StopStrings
 from .stream import GenerationStream, PrefillRelay, RunSetup
 
 METHODS = ("ar", "tokenswift")
-
-
-def _check_heads_fit(heads: DraftHeads, dtype: torch.dtype) -> None:
-    """Refuse heads holding a value past float16's range (65,504) in a float16 run: every source checks its values as
-    read, but a float32 weight that large became infinite once cast, and drafted nothing useful. (Only float16: the
-    other dtypes hold float32's range, and a check reads the device.)"""
-    if dtype != torch.float16:
-        return
-    for name, p in heads.named_parameters():  # (one read of a few small tensors, once, when heads are set)
-        if not torch.isfinite(p).all():
-            raise LongswiftError(f"the draft heads' '{name}' holds values past float16's range: use other heads, or "
-                                 "run in bfloat16 or float32")
 
 
 class Engine:
@@ -168,7 +156,10 @@ class Engine:
                 self._check_given_heads(found)
                 if (found.weights.dtype, found.weights.device) != (embed.dtype, embed.device):
                     # (another engine's heads, of another dtype: the first draft pass failed in a product) a copy
-                    # in this model's dtype and device; the object given stays as it was
+                    # in this model's dtype and device; the object given stays as it was. Checked before the cast,
+                    # as every heads source is: a float32 value past float16's range would run as an infinity
+                    for name, p in found.named_parameters():
+                        check_finite(name, p.detach(), str(source), embed.dtype)  # ("<DraftHeads>")
                     found = copy.deepcopy(found).to(device=embed.device, dtype=embed.dtype)
                     origin = f"given as a DraftHeads object (a copy in {str(embed.dtype).removeprefix('torch.')})"
         else:
@@ -200,7 +191,6 @@ class Engine:
         if found is not None:
             origin = f"{found.gamma} heads {origin}"
             found.requires_grad_(False)
-            _check_heads_fit(found, self.model.dtype)
         self.heads, self.heads_source, self.heads_origin = found, source, origin
         self.heads_file = file if found is not None else None
         self.heads_dir = released if found is not None else None

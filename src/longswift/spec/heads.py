@@ -20,7 +20,7 @@ from torch import nn
 from ..atomic import replace_atomically
 from ..config import ModelConfig
 from ..errors import LongswiftError, unreadable
-from ..runtime.loading import EMBED_CORNER
+from ..runtime.loading import EMBED_CORNER, check_finite
 from ..runtime.model import fused_norm_default, rms_norm
 
 FORMAT = "longswift-heads"
@@ -337,6 +337,9 @@ def load_heads(path: str | os.PathLike, cfg: ModelConfig, embed: torch.Tensor, f
     if bad is not None:  # they would draft nothing useful (output stays lossless, but every step wasted)
         raise LongswiftError(f"heads file '{path}' holds NaN or infinite values in '{bad}' (a training run that "
                              "diverged, or a damaged file): retrain the heads, with a lower --lr if it diverged")
+    if embed.dtype == torch.float16:  # (a float32 value past float16's range would run as an infinity)
+        for k, t in tensors.items():
+            check_finite(k, t, path, embed.dtype)
     heads = DraftHeads(cfg.hidden_size, meta["gamma"], float(meta.get("eps", cfg.rms_norm_eps)),
                        base_fingerprint=fingerprint)
     try:

@@ -122,7 +122,7 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor, finge
     state = read_tensors(path, {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {EMBED})
     if EMBED not in state:
         raise LongswiftError(f"'{path}' has no model.embed_tokens.weight: not a complete model directory")
-    tensors = _head_tensors(path, their_cfg, state)
+    tensors = _head_tensors(path, their_cfg, state, embed.dtype)
     fingerprint = fingerprint or model_fingerprint(cfg, embed)
     if model_fingerprint(their_cfg, state[EMBED]) != fingerprint:
         raise LongswiftError(f"heads in '{path}' were made for another model (its base model is not this one): "
@@ -140,9 +140,11 @@ def released_heads_as_stored(path: Path, cfg: ModelConfig, fingerprint: str) -> 
     return heads_from_tensors(_head_tensors(path, load_config(str(path)), state), cfg, fingerprint)
 
 
-def _head_tensors(path: Path, their_cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _head_tensors(path: Path, their_cfg: ModelConfig, state: dict[str, torch.Tensor],
+                  dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The draft heads' tensors of a released directory's tensors `state` (taken out of it, checked complete,
-    floating-point and finite), or a one-line refusal where it has none or they are not."""
+    floating-point and finite, in `dtype` too where they are cast to it), or a one-line refusal where it has none
+    or they are not."""
     tensors = take_head_tensors(their_cfg, state, str(path))
     if tensors is None:
         raise LongswiftError(f"'{path}' has no draft heads: no {HEAD_PREFIX}* tensors and no heads.safetensors")
@@ -150,7 +152,7 @@ def _head_tensors(path: Path, their_cfg: ModelConfig, state: dict[str, torch.Ten
         if not t.is_floating_point() or t.dtype.itemsize == 1:  # integers were cast without a word
             raise LongswiftError(f"'{path}' holds {t.dtype} values in '{name}', where draft heads are 16- to 64-bit "
                                  "floating-point weights: a quantized or damaged checkpoint")
-        check_finite(name, t, path)  # NaN heads drafted nothing, every step wasted
+        check_finite(name, t, path, dtype)  # NaN heads drafted nothing, every step wasted
     return tensors
 
 
