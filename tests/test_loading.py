@@ -333,6 +333,7 @@ def test_gguf_metadata_transformers_refuses(tmp_path):
                        (w.add_head_count, 3)]:
         add(value)
     w.add_tensor("token_embd.weight", np.zeros((4, 64), dtype=np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     check_error(tmp_path / "g.gguf", "describes no valid llama model: .*not a multiple")
 
@@ -448,6 +449,16 @@ def test_a_gguf_layer_count_its_tensors_do_not_hold_is_one_line(tmp_path):
     check_error(tmp_path / "g.gguf", match)
 
 
+def test_a_gguf_of_no_layer_tensors_is_refused_whatever_its_layer_count(tmp_path):
+    """With no blk.N tensors at all the layer count went unchecked: a damaged count of millions was planned for
+    and its tensors' names listed until memory ran out."""
+    write_small_gguf(tmp_path / "g.gguf", {}, tensors={"blk.0.attn_norm.weight": None}, blocks=16_711_682)
+    match = "has llama.block_count = 16,711,682, but its tensors hold 0 layers: the file is damaged"
+    with pytest.raises(LongswiftError, match=match):
+        load_config(tmp_path / "g.gguf")
+    check_error(tmp_path / "g.gguf", match)
+
+
 def test_a_gguf_with_a_key_twice_says_so_without_stray_quotes(tmp_path):
     """A review: the reader raised a KeyError, whose str() quotes its message: "... ('duplicate metadata key x')"."""
     write_gguf(tmp_path / "g.gguf", tiny_hf_model("llama", seed=27), meta={"tokenizer.aa": 1, "tokenizer.ab": 2})
@@ -497,14 +508,15 @@ def test_a_gguf_stops_where_llama_cpp_does_at_the_end_of_a_turn(tmp_path):
     assert load_model(path, torch.float32, CPU).cfg.eos_token_ids == (2,)
 
 
-def write_small_gguf(path, meta: dict, tokens: int = 0, tensors: dict | None = None) -> None:
-    """A llama GGUF of valid sizes (one layer, hidden 64 over 4 heads) with `meta` added or replacing the
+def write_small_gguf(path, meta: dict, tokens: int = 0, tensors: dict | None = None, blocks: int = 1) -> None:
+    """A llama GGUF of valid sizes (`blocks` layers, hidden 64 over 4 heads) with `meta` added or replacing the
     rope base, and a vocabulary of `tokens` tokens (none: no tokenizer metadata); its tensors: `tensors` (name ->
-    float32 array) after the token embeddings, which are zeros unless `tensors` gives them."""
+    float32 array, or None to leave a default out) after the token embeddings, which are zeros unless `tensors`
+    gives them, and layer 0's attention norm, which names the layer."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
-    for name, size in {"block_count": 1, "embedding_length": 64, "feed_forward_length": 96, "head_count": 4}.items():
+    for name, size in {"block_count": blocks, "embedding_length": 64, "feed_forward_length": 96, "head_count": 4}.items():
         getattr(w, f"add_{name}")(size)
     for key, value in meta.items():
         add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
@@ -513,9 +525,11 @@ def write_small_gguf(path, meta: dict, tokens: int = 0, tensors: dict | None = N
         w.add_tokenizer_model("gpt2")
         w.add_token_list([f"t{i}" for i in range(tokens)])
         w.add_token_merges([])
-    tensors = {"token_embd.weight": np.zeros((max(tokens, 4), 64), dtype=np.float32), **(tensors or {})}
+    tensors = {"token_embd.weight": np.zeros((max(tokens, 4), 64), dtype=np.float32),
+               "blk.0.attn_norm.weight": np.ones(64, dtype=np.float32), **(tensors or {})}  # its one layer, named
     for name, values in tensors.items():
-        w.add_tensor(name, values)
+        if values is not None:  # (None: that default tensor left out)
+            w.add_tensor(name, values)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
 
@@ -663,6 +677,7 @@ def test_a_big_endian_gguf_of_block_types_is_refused_in_one_line(tmp_path):
         getattr(w, f"add_{name}")(size)
     w.add_tensor("token_embd.weight", np.zeros((4, 2 * 34), dtype=np.uint8), raw_shape=(4, 68),
                  raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, dtype=np.float32))
     for write in (w.write_header_to_file, w.write_kv_data_to_file, w.write_tensors_to_file, w.close):
         write()
     check_error(tmp_path / "g.gguf", "is big-endian and its tensor 'token_embd.weight' is Q8_0: longswift reads a "

@@ -207,10 +207,11 @@ def _check_whole_model(reader: GGUFHeader, a: str, path: Path) -> None:
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
             raise LongswiftError(f"GGUF file '{path}' has {key} = {value!r}: expected a positive whole number")
     # A damaged layer count is refused from the tensor names, as a model directory's (_check_layer_count): a bit
-    # flipped there (2 -> 16,711,682) had the plan and the load list the names of every layer's tensors, out of memory.
+    # flipped there (2 -> 16,711,682) had the plan and the load list the names of every layer's tensors, out of memory;
+    # a file of no layer tensors at all is refused so too (it was let through, whatever its count).
     blocks = int(_field(reader, f"{a}.block_count"))
     held = {int(t.name.split(".")[1]) for t in reader.tensors if re.fullmatch(r"blk\.[0-9]+\..+", t.name)}
-    if held and len(held) != blocks:
+    if len(held) != blocks:
         raise LongswiftError(f"GGUF file '{path}' has {a}.block_count = {blocks:,}, but its tensors hold {len(held):,} "
                              "layers: the file is damaged or hand-edited")
 
