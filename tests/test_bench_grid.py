@@ -97,6 +97,68 @@ def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
     assert read_instructions(bad) == [("a", "one\u2028two"), ("b", "three\x85four\u2029")]
 
 
+@pytest.mark.parametrize("line, match", [
+    ('{"id": "a", "prompt": "ok",}', r"p.jsonl:1: invalid JSON \(Expecting property name enclosed in double quotes "
+                                     r"at column 28\)"),  # (its prompt field was said to be missing)
+    ('{"id": ' + "9" * 5000 + ', "prompt": "ok"}', "p.jsonl:1: JSON that Python cannot read"),  # (a ValueError)
+    ('{"prompt": "ok", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "p.jsonl:1: JSON that Python cannot read"),
+    ('["prompt"]', 'p.jsonl:1: expected a JSON object with a "prompt" field'),
+    ('{"id": "", "prompt": "ok"}', 'p.jsonl:1: "id" must be a non-empty name on one line .*; got ""'),
+    ('{"id": "a\\n## b", "prompt": "ok"}', '"id" must be a non-empty name on one line'),  # (broke the report)
+    ('{"id": null, "prompt": "ok"}', '"id" must be .*; got null'),  # (was the cell "None")
+    ('{"id": true, "prompt": "ok"}', '"id" must be .*; got true'),
+    ('{"id": ["a"], "prompt": "ok"}', '"id" must be'),
+])
+def test_a_prompt_set_line_that_cannot_be_a_cell_says_why(tmp_path, line, match):
+    """Valid JSON that Python cannot read was a traceback, a syntax error was called a missing field, and an id of
+    a newline, of nothing or of null named a cell of the report."""
+    from longswift.errors import LongswiftError
+
+    bad = tmp_path / "p.jsonl"
+    bad.write_text(line + "\n")
+    with pytest.raises(LongswiftError, match=match) as info:
+        read_instructions(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_a_prompt_sets_ids_may_be_numbers_and_its_suffix_any_case(tmp_path):
+    from pathlib import Path
+
+    from longswift.bench.prompts import holds_instructions
+
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"id": 7, "prompt": "one"}\n{"id": "b|c", "prompt": "two"}\n{"prompt": "three"}\n')
+    assert read_instructions(good) == [("7", "one"), ("b|c", "two"), ("line3", "three")]
+    assert [holds_instructions(Path(n)) for n in ("a.JSONL", "a.ndjson", "a.txt", "a.json")] == [True, True, False,
+                                                                                                 False]
+
+
+def test_a_prompt_file_bench_cannot_use_is_refused_before_loading(tmp_path, capsys):
+    """A missing, empty or bad prompt file was found after the model loaded (20 s); a pipe was read twice, its
+    second read empty, and the results named by the digest of nothing. (No model exists here: a refusal that came
+    after loading would name the model.)"""
+    import os
+
+    from conftest import assert_one_line_error, run_cli
+
+    base = ["bench", "--model", str(tmp_path / "no-model"), "--prompt-file"]
+    code, _, err = run_cli(capsys, *base, str(tmp_path / "nope.txt"))
+    assert_one_line_error(code, err, f"prompt file '{tmp_path / 'nope.txt'}' does not exist")
+    (tmp_path / "empty.txt").write_text(" \n")
+    code, _, err = run_cli(capsys, *base, str(tmp_path / "empty.txt"))
+    assert_one_line_error(code, err, f"prompt file '{tmp_path / 'empty.txt'}' is empty: give a file of prose text")
+    (tmp_path / "bad.ndjson").write_text('{"id": "a"}\n')
+    code, _, err = run_cli(capsys, *base, str(tmp_path / "bad.ndjson"))
+    assert_one_line_error(code, err, 'bad.ndjson:1: expected a JSON object with a "prompt" field')
+    os.mkfifo(tmp_path / "fifo")
+    code, _, err = run_cli(capsys, *base, str(tmp_path / "fifo"))
+    assert_one_line_error(code, err, f"--prompt-file '{tmp_path / 'fifo'}' is a pipe")
+    assert "which bench reads more than once" in err
+    (tmp_path / "set.ndjson").write_text('{"id": "a", "prompt": "one"}\n')  # a prompt set: sent whole
+    code, _, err = run_cli(capsys, *base, str(tmp_path / "set.ndjson"), "--prefix", "12")
+    assert_one_line_error(code, err, "--prefix sets prompt lengths, but a .ndjson file's prompts are sent whole")
+
+
 def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):
     from types import SimpleNamespace
 
@@ -280,6 +342,26 @@ def test_hf_peer_bans_eos_like_our_ignore_eos():
     ours = engine.generate(prompt, sampling=greedy, generation=gen).token_ids
     peer = HFRunner(hf_twin(engine), eos_ids=(eos,)).run(prompt, 30, greedy).token_ids
     assert eos not in peer and peer == ours and ours != free
+
+
+@pytest.mark.slow
+def test_llamacpp_peer_bans_eos_like_our_ignore_eos():
+    """llama.cpp's generate() emitted EOS and went on (the embedded model's greedy answer to a greeting, at its 33rd
+    token), where ours and hf's ban it. (llama-cpp-python is an optional extra: skipped where it is not installed.)"""
+    pytest.importorskip("llama_cpp")
+    import longswift
+    from longswift import SamplingConfig
+    from longswift.bench.peers import LlamaCppRunner
+    from longswift.runtime.loading import resolve_path
+
+    engine = longswift.load(None, dtype="float32", heads=None, threads=1)
+    prompt = engine.encode("Say hi.", chat=True)
+    greedy = SamplingConfig(temperature=0, repetition_penalty=1.0)
+    eos = tuple(sorted(engine.eos_ids))
+    free = LlamaCppRunner(resolve_path(None), 512, 1, 0).run(prompt, 60, greedy).token_ids
+    banned = LlamaCppRunner(resolve_path(None), 512, 1, 0, eos_ids=eos).run(prompt, 60, greedy).token_ids
+    first = min(free.index(e) for e in eos if e in free)  # (the test's premise: the free run emits one)
+    assert len(banned) == 60 and not set(eos) & set(banned) and banned[:first] == free[:first]
 
 
 def test_missing_peers_are_skipped_not_failed(tmp_path, tiny_dir, capsys, monkeypatch):

@@ -87,8 +87,8 @@ def test_two_signals_while_a_finished_run_writes_its_outputs_lose_nothing(tmp_pa
 
 
 def test_ctrl_c_while_the_command_line_imports_is_one_line_not_a_traceback(monkeypatch, capsys):
-    """The entry point imports torch and transformers (2-3 s) inside its Ctrl-C handler: an interrupt
-    there ends as one during a run does."""
+    """The entry point imports the command line inside its Ctrl-C handler: an interrupt there ends as one during
+    a run does."""
     import importlib.abc
 
     import longswift.console
@@ -745,6 +745,9 @@ def test_a_prompt_file_of_dash_is_standard_input(tmp_path, capsys, monkeypatch, 
     assert_one_line_error(code, err, "the prompt is empty")
     code, _, err = run_cli(capsys, "bench", "--prompt-file", "-")
     assert_one_line_error(code, err, "bench --prompt-file needs a file")
+    monkeypatch.setattr(sys, "stdin", None)  # (started with it closed, `<&-`: an AttributeError traceback)
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", "-")
+    assert_one_line_error(code, err, "standard input is closed: write the prompt to a file and give its name")
 
 
 @pytest.mark.slow
@@ -780,6 +783,9 @@ def test_a_prompt_file_is_read_without_its_byte_order_mark(tmp_path, capsys):
     utf16.write_bytes("Say hi.".encode("utf-16"))
     code, _, err = run_cli(capsys, "generate", "--prompt-file", str(utf16))
     assert_one_line_error(code, err, "is UTF-16 text: save it as UTF-8")
+    utf16.write_bytes("Say hi.".encode("utf-16-le"))  # no mark: it decoded as UTF-8, a NUL after each letter
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", str(utf16))
+    assert_one_line_error(code, err, "holds NUL characters: it is not text, or is UTF-16 without a byte-order mark")
     utf32 = tmp_path / "u32.txt"  # (its little-endian mark begins with UTF-16's: it was called UTF-16)
     for encoding in ("utf-32-le", "utf-32-be"):
         utf32.write_bytes("\ufeffSay hi.".encode(encoding))
@@ -792,6 +798,19 @@ def test_console_script_exit_code():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "longswift: error: --top-k must be >= 0"
+
+
+def test_an_interrupt_while_the_parser_is_built_is_one_line(monkeypatch, capsys):
+    """Ctrl-C in the 40 ms the parser takes to build (its imports) came before the command line's handler: a
+    traceback, not the one line and status 130 of an interrupt anywhere else."""
+    from longswift import console
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("longswift.cli.build_parser", interrupted)
+    assert console.main(["info"]) == 130
+    assert capsys.readouterr().err == "longswift: interrupted\n"
 
 
 def test_a_closed_stdout_stops_quietly():

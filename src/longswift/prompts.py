@@ -21,6 +21,8 @@ def read_prompt_file(path: Path) -> str:
     JSONL set's first line)."""
     stdin = str(path) == STDIN
     what = "the prompt on standard input" if stdin else f"prompt file '{path}'"
+    if stdin and sys.stdin is None:  # (started with standard input closed: `<&-`)
+        raise LongswiftError("standard input is closed: write the prompt to a file and give its name")
     try:
         data = sys.stdin.buffer.read() if stdin else path.read_bytes()
     except FileNotFoundError:
@@ -36,4 +38,7 @@ def read_prompt_file(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise LongswiftError(f"{what} is not UTF-8 text (bad byte at offset {exc.start}): convert it to UTF-8 (e.g. "
                              "`iconv -f latin1 -t utf-8`)") from None
+    if "\x00" in text:  # UTF-16 without a byte-order mark decodes as UTF-8, a NUL between each ASCII letter
+        raise LongswiftError(f"{what} holds NUL characters: it is not text, or is UTF-16 without a byte-order mark; "
+                             "save it as UTF-8")
     return text.removeprefix("\ufeff")

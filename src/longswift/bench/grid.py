@@ -35,7 +35,7 @@ from .lockstep import run_lockstep
 from .machine import processor_name
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing, sampler_note
-from .prompts import Prompt, build_prompts, file_digest
+from .prompts import Prompt, build_prompts, check_prompt_file, file_digest, holds_instructions
 from .report import RunContext, write_outputs
 from .store import OUTPUT_FILES, MemoryStore, ResultStore, absolute
 
@@ -216,7 +216,8 @@ class Methods:
             else:
                 import torch
 
-                self._runners[method] = LlamaCppRunner(self.gguf, self.n_ctx, torch.get_num_threads(), self.cfg.seed, pld)
+                self._runners[method] = LlamaCppRunner(self.gguf, self.n_ctx, torch.get_num_threads(), self.cfg.seed,
+                                                       pld, tuple(sorted(self.engine.eos_ids)))
         return self._runners[method]
 
     def run_lockstep(self, ours: list[str], prompt: list[int], n: int, sampling: SamplingConfig,
@@ -366,6 +367,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     log each run's tokens as it goes, not only its start. Stages: the outputs checked, the model loaded, the
     cells built, the methods that can run chosen, the memory checked, the runs planned, run batch by batch
     (each batch's records stored as it ends), the report written."""
+    check_prompt_file(cfg.prompt_file)  # (it was read after the model loaded: a missing file took 20 s to say so)
     out_dir = check_outputs(model, cfg, heads, out, json_path, out_dir)
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
@@ -458,7 +460,7 @@ def check_outputs(model: str | None, cfg: BenchConfig, heads: str | None, out: P
 def grid_cells(engine: Engine, cfg: BenchConfig, log: Callable[[str], None]) -> tuple[BenchConfig, list[Cell]]:
     """The grid's cells: each prompt (of each --prefix) x preset x length, and the config with its lengths chosen
     where none were given; refused where the longest cell exceeds the context, before any run."""
-    if not cfg.chat and (cfg.prompt_file is None or cfg.prompt_file.suffix != ".jsonl"):  # prompts of --prefix tokens
+    if not cfg.chat and (cfg.prompt_file is None or not holds_instructions(cfg.prompt_file)):  # --prefix tokens long
         check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or DEFAULT_LENGTHS[:1]))  # before making them
     pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
     if cfg.lengths is None:

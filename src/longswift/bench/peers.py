@@ -123,13 +123,23 @@ class LlamaCppRunner:
     """llama-cpp-python on the same GGUF file: llama.cpp's own kernels on the file's (possibly
     quantized) weights; with `pld`, its prompt-lookup draft model (which needs logits_all=True)."""
 
-    def __init__(self, gguf: Path, n_ctx: int, threads: int, seed: int, pld: int | None = None) -> None:
-        from llama_cpp import Llama
+    def __init__(self, gguf: Path, n_ctx: int, threads: int, seed: int, pld: int | None = None,
+                 eos_ids: tuple[int, ...] = ()) -> None:
+        from llama_cpp import Llama, LogitsProcessorList
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self.pld = pld
         self.n_ctx = n_ctx
         self.seed = seed
+        # EOS banned, as under our --ignore-eos and transformers' min_new_tokens: llama.cpp's generate() emitted it
+        # and went on (the embedded model's greedy chat answer at its 33rd token), where ours had other tokens
+        ban = list(eos_ids)
+
+        def no_eos(_ids: Any, scores: Any) -> Any:
+            scores[ban] = float("-inf")
+            return scores
+
+        self.no_eos = LogitsProcessorList([no_eos]) if ban else None
         draft = LlamaPromptLookupDecoding(num_pred_tokens=pld) if pld else None
         try:
             self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads,
@@ -160,7 +170,8 @@ class LlamaCppRunner:
         tokens: list[int] = []
         timeline.start = time.perf_counter()
         stream = self.llm.generate(prompt, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, typical_p=1.0,
-                                   temp=s.temperature, repeat_penalty=s.repetition_penalty, reset=True)
+                                   temp=s.temperature, repeat_penalty=s.repetition_penalty, reset=True,
+                                   logits_processor=self.no_eos)
         for token in stream:
             tokens.append(int(token))
             timeline.record(len(tokens))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
-from ..prompts import read_prompt_file
+from ..prompts import STDIN, read_prompt_file
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,24 @@ def read_instructions(path: Path) -> list[tuple[str, str]]:
             continue
         try:
             row = json.loads(line)
-            text = row["prompt"]
-            name = str(row.get("id", f"line{number}"))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise LongswiftError(f"{path}:{number}: expected a JSON object with a \"prompt\" field") from None
+        except json.JSONDecodeError as exc:
+            raise LongswiftError(f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno}): expected one JSON "
+                                 "object with a \"prompt\" field a line") from None
+        except (ValueError, RecursionError):  # (an integer of over 4,300 digits; arrays nested 100,000 deep)
+            raise LongswiftError(f"{path}:{number}: JSON that Python cannot read (a number too long or nesting too "
+                                 "deep): expected one JSON object with a \"prompt\" field a line") from None
+        if not isinstance(row, dict) or "prompt" not in row:
+            raise LongswiftError(f"{path}:{number}: expected a JSON object with a \"prompt\" field")
+        text, name = row["prompt"], row.get("id", f"line{number}")
         if not isinstance(text, str) or not text.strip():
             raise LongswiftError(f"{path}:{number}: \"prompt\" must be non-empty text")
+        # The id names the report's cells, in headings and progress lines: a newline in it broke the report's
+        # markdown, an empty one left the heading nameless, and null was "None"
+        if (isinstance(name, bool) or not isinstance(name, (str, int, float)) or not str(name).strip()
+                or any(unicodedata.category(c) == "Cc" for c in str(name))):
+            raise LongswiftError(f"{path}:{number}: \"id\" must be a non-empty name on one line (text or a number); "
+                                 f"got {json.dumps(name)[:40]}")
+        name = str(name)
         if name in (n for n, _ in pairs):  # the report's cells are named by id: two prompts would share one
             raise LongswiftError(f"{path}:{number}: id \"{name}\" is used by an earlier line: give each prompt "
                                  "its own id")
@@ -52,9 +67,32 @@ def read_instructions(path: Path) -> list[tuple[str, str]]:
 
 
 def holds_instructions(prompt_file: Path) -> bool:
-    """Whether a --prompt-file is a JSONL file of instructions, each prompt a cell sent whole (its suffix, in any
-    case), rather than prose cut to each prefix length."""
-    return prompt_file.suffix.lower() == ".jsonl"
+    """Whether a --prompt-file is a JSONL file of instructions, each prompt a cell sent whole (its suffix, .jsonl or
+    .ndjson in any case, as head training's data), rather than prose cut to each prefix length."""
+    return prompt_file.suffix.lower() in (".jsonl", ".ndjson")
+
+
+def check_prompt_file(path: Path | None) -> None:
+    """Refuse, before the model loads, a prompt file bench cannot use: standard input or a pipe (the file's content
+    names the results, and a resumed grid reads it again: a pipe's second read was empty, and its digest that of
+    nothing), a file that cannot be read, or one that holds no prompt."""
+    if path is None:
+        return
+    if str(path) == STDIN:
+        raise LongswiftError("bench --prompt-file needs a file: its content identifies the results, and a resumed grid "
+                             "reads it again ('-', standard input, is generate's)")
+    try:
+        mode: int | None = os.stat(path).st_mode  # (stat opens nothing: a FIFO does not block it)
+    except OSError:
+        mode = None  # (read_prompt_file says why it cannot be read)
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise LongswiftError(f"--prompt-file '{path}' is a pipe (a process substitution <(...) or a FIFO) or a device, "
+                             "which bench reads more than once: write the prompts to a file and give its name")
+    if holds_instructions(path):
+        read_instructions(path)
+    elif not read_prompt_file(path).strip():
+        raise LongswiftError(f"prompt file '{path}' is empty: give a file of prose text, or leave out --prompt-file "
+                             "(random token ids)")
 
 
 def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: tuple[int, ...],
@@ -72,6 +110,8 @@ def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: t
         return [(None, Prompt(name, tuple(engine.encode(text, chat=chat)), True))
                 for name, text in read_instructions(prompt_file)]
     text = read_prompt_file(prompt_file)
+    if not text.strip():
+        raise LongswiftError(f"prompt file '{prompt_file}' is empty: give a file of prose text")
     if chat:
         return [(None, Prompt(prompt_file.stem, tuple(engine.encode(text, chat=True)), True))]
     lead, body = _special_lead(engine, text)

@@ -39,8 +39,8 @@ def add_parser(sub: Any) -> None:
                        help="timed runs per method and cell (interleaved); medians reported (default %(default)s)")
     bench.add_argument("--prompt-file", type=given_path,
                        help="prompt text: a .txt file is repeated to each prefix length (or, with --chat, sent as a "
-                            "chat message); a .jsonl file holds one {\"id\", \"prompt\"} a line, each a grid cell "
-                            "(docs/prompts/ has a public set). Default: seeded random token ids")
+                            "chat message); a .jsonl (or .ndjson) file holds one {\"id\", \"prompt\"} a line, each a "
+                            "grid cell (docs/prompts/ has a public set). Default: seeded random token ids")
     add_switch(bench, "--chat", "--no-chat", "send the prompt(s) through the model's chat template")
     bench.add_argument("--seed", type=seed_number, default=0,
                        help="seed of the sampled presets and of random prompts (default %(default)s)")
@@ -72,19 +72,15 @@ def _names(text: str | None) -> tuple[str, ...] | None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.grid import BenchConfig, run_bench
     from ..bench.prompts import holds_instructions
-    from ..prompts import STDIN
 
     runtime = config_from_args(RuntimeConfig, args)
     # Flags that would be dropped without a word (found by review): refused, as other conflicts are.
     prefix_flag = "--prefix" if args.prefix is not None else "--prompt-tokens" if args.prompt_tokens is not None else None
     jsonl = args.prompt_file is not None and holds_instructions(args.prompt_file)
     if prefix_flag and args.prompt_file is not None and (args.chat or jsonl):
-        what = "a .jsonl file's prompts" if jsonl else "a chat message"
+        what = f"a {args.prompt_file.suffix} file's prompts" if jsonl else "a chat message"
         raise LongswiftError(f"{prefix_flag} sets prompt lengths, but {what} are sent whole: drop {prefix_flag}")
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading, in flags
-    if args.prompt_file is not None and str(args.prompt_file) == STDIN:
-        raise LongswiftError("bench --prompt-file needs a file: its content identifies the results, and a resumed grid "
-                             "reads it again ('-', standard input, is generate's)")
     if args.chat and args.prompt_file is None:
         raise LongswiftError("--chat sends a prompt file through the chat template: give --prompt-file (the default "
                              "prompts are random token ids)")
