@@ -373,6 +373,37 @@ def test_memory_plan_covers_the_attention_a_masked_forward_allocates(monkeypatch
         assert cascades, "a verify pass past the scores limit took the explicit path"
 
 
+def _live_peak(fn):
+    """(the most bytes live at once on the CPU while `fn` runs, its result), from the profiler's allocations and
+    frees in time order."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    live = top = 0
+    for e in sorted((e for e in prof.events() if not e.cpu_children and e.cpu_memory_usage),
+                    key=lambda e: e.time_range.start):
+        live += e.cpu_memory_usage
+        top = max(top, live)
+    return top, out
+
+
+@pytest.mark.parametrize("t, group", [(2000, 3), (777, 4)])
+def test_a_forwards_mask_holds_no_more_than_the_plan_counts(t, group):
+    """A prefill chunk's mask was built through a repeated [G*T, T] bool mask and its inverse, both live with the
+    additive mask: a 10,000-token chunk held 1.5 times what the plan counted, and a 45,000-token one the plan
+    let run was killed for memory."""
+    from longswift.runtime.attention import Attention
+    from longswift.runtime.memory import mask_bytes
+
+    att = Attention(torch.device("cpu"), torch.float32, 1.0, False)
+    peak, masks = _live_peak(lambda: att.masks(t, 5, group, None))
+    causal = torch.ones(t, t, dtype=torch.bool).tril_()
+    want = torch.zeros(group * t, t).masked_fill_(~causal.repeat(group, 1), float("-inf"))
+    assert torch.equal(masks.rows, want) and torch.equal(masks.new, causal)
+    assert group * t * t * 4 <= peak <= mask_bytes(group, t, 4), (peak, mask_bytes(group, t, 4))
+
+
 def test_a_cpu_plan_counts_no_scores_past_the_limit_that_sends_a_verify_pass_to_the_cascade():
     """On the CPU a verify pass whose [Hkv, G*T, S] float32 scores would pass attention.EXPLICIT_SCORES_BYTES
     takes the cascade (Attention._kernel), so a long run's plan counts the explicit scores only up to that
@@ -387,7 +418,7 @@ def test_a_cpu_plan_counts_no_scores_past_the_limit_that_sends_a_verify_pass_to_
     assert long < 2 * cfg.num_heads * 32 * 100_000 * 4 / 10
     # below the limit the scores and their softmax over every entry, as before
     short = masked_attention_bytes(cfg, 32, 4_000, 2)
-    assert short == 32 * 32 * 2 * cfg.group_size + 2 * cfg.num_heads * 32 * 4_000 * 4
+    assert short == 32 * 32 * 2 * cfg.group_size + 2 * 32 * 32 + 2 * cfg.num_heads * 32 * 4_000 * 4
 
 
 def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():
@@ -401,8 +432,8 @@ def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():
     cfg = shape_config("llama-3.1-8b")
     plan = plan_memory(cfg, torch.bfloat16, torch.device("cuda"), 104_096, 1, False, 0, 121)
     tail = masked_attention_bytes(cfg, 128, 104_096, 2, True, BUCKET)
-    # the [G*T, T] mask, scores + probs, the merged parts
-    assert tail == 4 * 128 * 128 * 2 + 2 * 32 * 128 * (128 + 1024) * 4 + 4 * 32 * 128 * 128 * 4
+    # the [G*T, T] mask and the [T, T] bools beside it, scores + probs, the merged parts
+    assert tail == 4 * 128 * 128 * 2 + 2 * 128 * 128 + 2 * 32 * 128 * (128 + 1024) * 4 + 4 * 32 * 128 * 128 * 4
     activations = 128 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * 2
     assert plan.workspace == tail + sampling_bytes(cfg.vocab_size, 4, 2) + activations
     # float32 on CUDA has no flash kernel: the cascade's cached part is explicit over every entry
@@ -428,6 +459,24 @@ def test_memory_plan_loaded_weights_are_not_counted_again(monkeypatch):
     plan.check(weights_loaded=True)
     with pytest.raises(LongswiftError, match="not enough memory"):
         plan.check(weights_loaded=False)
+
+
+def test_a_refusal_whose_workspace_is_a_large_prefill_chunks_names_the_chunk(monkeypatch):
+    """A 60,000-token prefill chunk's mask was 27 GiB of a refused plan, and the advice named only the new tokens
+    (1 already), the prompt and the dtype; a default chunk, or one the verify pass outweighs, is not named."""
+    import longswift.runtime.memory as memory
+
+    from longswift.config import ModelConfig
+
+    cfg = ModelConfig.from_hf(tiny_hf_model("llama", "default", seed=2).config)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: memory.GiB)
+    big = memory.plan_memory(cfg, torch.float32, torch.device("cpu"), 60_001, 60_000, False)
+    with pytest.raises(LongswiftError) as info:
+        big.check(weights_loaded=True)
+    assert str(info.value).endswith("or use a smaller dtype, or a smaller prefill_chunk (now 60,000)")
+    assert info.value.cli_message.endswith("or a smaller --prefill-chunk (now 60,000)")
+    assert memory.plan_memory(cfg, torch.float32, torch.device("cpu"), 60_001, 256, False).prefill_chunk == 0
+    assert memory.plan_memory(cfg, torch.float32, torch.device("cpu"), 60_001, 300, False, 0, 4000).prefill_chunk == 0
 
 
 def test_a_tiny_plan_reads_in_mib_not_as_nothing():

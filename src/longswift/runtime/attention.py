@@ -163,14 +163,17 @@ def merge(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: 
 MASK_ALIGN = 16
 
 
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool [R, S] (True: visible) -> the additive mask [R, S] in `dtype`: 0 where visible, -inf
-    elsewhere, in storage whose rows are padded to a multiple of MASK_ALIGN elements. Built once per
-    forward, not per layer."""
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype, group: int = 1) -> torch.Tensor:
+    """bool [T, S] (True: visible) -> the additive mask [G*T, S] in `dtype`, the rows repeated for each of the
+    `group` query heads of a key head (row g*T + t): 0 where visible, -inf elsewhere, in storage whose rows are
+    padded to a multiple of MASK_ALIGN elements. Built once per forward, not per layer, and without [G*T, S]
+    temporaries (a repeated bool mask and its inverse, two of them at once, held a 10,000-token prefill chunk's
+    mask 1.5 times what the memory plan counts)."""
     rows, width = allowed.shape
     padded = -(-width // MASK_ALIGN) * MASK_ALIGN
-    bias = torch.zeros(rows, padded, dtype=dtype, device=allowed.device)[:, :width]
-    return bias.masked_fill_(~allowed, float("-inf"))
+    bias = torch.zeros(group * rows, padded, dtype=dtype, device=allowed.device)[:, :width]
+    bias.view(group, rows, width).masked_fill_(~allowed, float("-inf"))  # [T, S] broadcast over the group
+    return bias
 
 
 def masked_with_lse(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
@@ -400,7 +403,7 @@ class Attention:
             if tree_mask.shape != (t, t):
                 raise ValueError(f"tree_mask must be [{t}, {t}], got {list(tree_mask.shape)}")
             new = tree_mask.to(device=self.device, dtype=torch.bool)
-        return Masks(t, start, new, additive_mask(new.repeat(group, 1), self.dtype))  # once per forward
+        return Masks(t, start, new, additive_mask(new, self.dtype, group))  # once per forward
 
     def attend(self, qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, m: Masks) -> torch.Tensor:
         """qg: [Hkv, R, D] with R = G*T; keys/values: the cache rows [Hkv, C, D] with the T new entries

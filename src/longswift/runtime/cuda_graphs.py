@@ -211,7 +211,7 @@ class StepGraphs:
                 return prefix_attention(qg, keys[:, :first], values[:, :first], ks, m.scale)
         elif self.attention == "length":
             ks = key_span(self.slot, first)  # the cached slots before the step's, counted on the device
-            allowed = additive_mask(mask.repeat(g, 1), m.dtype)  # [G*N, N], rows g*N + t
+            allowed = additive_mask(mask, m.dtype, g)  # [G*N, N], rows g*N + t
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor) -> torch.Tensor:
@@ -222,7 +222,7 @@ class StepGraphs:
             rel = torch.arange(first, end, device=m.device) - self.slot  # [tail]: slot offset from the step's first
             new = (rel >= 0) & (rel < n)
             visible = (rel < 0) | (new & mask[:, rel.clamp(0, n - 1)])  # [N, tail]
-            visible = additive_mask(visible.repeat(g, 1), m.dtype)  # [G*N, tail], rows g*N + t
+            visible = additive_mask(visible, m.dtype, g)  # [G*N, tail], rows g*N + t
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor) -> torch.Tensor:

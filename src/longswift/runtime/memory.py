@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import MAX_ROPE_FACTOR, ModelConfig, flag_name, parse_rope_scaling
+from ..config import MAX_ROPE_FACTOR, GenerationConfig, ModelConfig, flag_name, parse_rope_scaling
 from ..errors import ConfigError, LongswiftError
 from . import attention
 from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
@@ -127,6 +127,7 @@ class MemoryPlan:
     draft_cache: int = 0  # TokenSwift: the draft pass's partial KV cache
     draft_tokens: int = 0
     tree_nodes: int = 0  # TokenSwift: the largest verify pass
+    prefill_chunk: int = 0  # a prefill chunk past the default whose forward the workspace is planned for (0: none)
 
     @property
     def total(self) -> int:
@@ -156,7 +157,9 @@ class MemoryPlan:
             def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
                 return (f"not enough memory: this run needs {size_text(need)} more ({self.describe()}) but "
                         f"{size_text(free)} is free; lower {name('max_new_tokens')} or the prompt length, or use a "
-                        f"smaller {name('dtype')}" + self.drafting_advice(name))
+                        f"smaller {name('dtype')}" + self.drafting_advice(name)
+                        + (f", or a smaller {name('prefill_chunk')} (now {self.prefill_chunk:,})"
+                           if self.prefill_chunk else ""))
 
             raise LongswiftError(advice(lambda field: field), advice(flag_name))
 
@@ -179,6 +182,14 @@ def cpu_flash_buffer_bytes(head_dim: int) -> int:
     return torch.get_num_threads() * (256 * 512 + 256 * (2 + head_dim)) * 4 * 2
 
 
+def mask_bytes(group: int, t: int, elem: int) -> int:
+    """Bytes of a forward's mask of `t` new entries (Attention.masks): the additive [G*T, T] mask in the model's
+    dtype, its rows padded (attention.additive_mask), and the [T, T] bool mask the forward keeps, with its inverse
+    while the additive one is filled."""
+    padded = -(-t // attention.MASK_ALIGN) * attention.MASK_ALIGN
+    return group * t * padded * elem + 2 * t * t
+
+
 def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False,
                            tail: int = 0, flash: bool = True) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
@@ -192,7 +203,7 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     bodies' masked part), which its fused kernels do not all hold, so this bounds them from above. Without
     a flash kernel for the dtype (CUDA in float32, float64) its cached part is explicit too: scores, their
     masked copy and softmax over every cached entry."""
-    mask = cfg.group_size * t * t * elem
+    mask = mask_bytes(cfg.group_size, t, elem)
     merged = 4 * cfg.num_heads * t * cfg.head_dim * max(elem, 4)  # each part's output and log-sum-exp, the merge
     if cascade:
         if not flash:
@@ -243,15 +254,18 @@ def plan_memory(
     chunk = min(chunk, capacity)  # no prefill reads more than the cache holds (a prefill_chunk of 10**6)
     rows = max(chunk, verify_rows)
     flash = cuda_flash_fits(torch.device(device), dtype, cfg.head_dim)  # the planned GPU's own (cuda:1's, not the current one's)
-    scores = max(masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash),
-                 masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
+    prefill = masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash)
+    scores = max(prefill, masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
+    # a chunk past the default that the workspace is sized by is advised on: its [G*T, T] mask grows as its square
+    # (a 60,000-token chunk's was 27 GiB, and the refusal named only the prompt and the new tokens)
+    big_chunk = chunk if chunk > GenerationConfig.prefill_chunk and prefill == scores and chunk >= verify_rows else 0
     logit_elem = 4 if float32_logits else elem
     logits = sampling_bytes(cfg.vocab_size, max(4, sampled_rows), logit_elem) + held_rows * cfg.vocab_size * logit_elem
     activations = rows * (cfg.hidden_size * 4 + cfg.intermediate_size * 3) * elem
     # PartialKVCache holds the budget and one slot more: the root its draft pass feeds
     draft = (draft_tokens + 1) * cfg.kv_bytes_per_token(dtype) if draft_tokens else 0
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
-                      draft_tokens, tree_nodes)
+                      draft_tokens, tree_nodes, big_chunk)
 
 
 def rope_extension(cfg: ModelConfig, total: int, applied: str | None = None) -> str | None:
