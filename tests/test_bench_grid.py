@@ -568,6 +568,18 @@ def test_a_grid_past_the_context_is_told_to_extend_it_only_where_it_can(flags, a
     assert (advice in err) if advice else ("--rope-scaling" not in err), err
 
 
+def test_a_grid_past_a_sliding_window_is_refused_before_any_run(tmp_path, capsys):
+    """A sliding-window model's window was found by the first run's cache, mid-grid, in the API's words."""
+    tiny_hf_model("mistral", "default", seed=31, sliding_window=16).save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # (transformers' progress bar as it saves)
+    code = main(["bench", "--model", str(tmp_path / "m"), "--heads", "random", "--threads", "1", "--methods", "ar",
+                 "--prefix", "12", "--lengths", "8", "--no-warmup"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert ("the grid's longest cell (prefix 12 + 8 new = 20 tokens) exceeds this model's sliding window of 16, "
+            "which longswift does not implement: lower --lengths/--prefix") in err
+
+
 def test_default_lengths_are_those_that_fit_the_context(tmp_path, tiny_dir, capsys, monkeypatch):
     """`longswift bench` without --lengths runs the default lengths that fit the model's context after the
     prompt (the embedded model's 8,192 tokens hold 2048 + 4096, not 2048 + 8192), and says which it left out;

@@ -479,6 +479,19 @@ def test_a_refusal_whose_workspace_is_a_large_prefill_chunks_names_the_chunk(mon
     assert memory.plan_memory(cfg, torch.float32, torch.device("cpu"), 60_001, 300, False, 0, 4000).prefill_chunk == 0
 
 
+def test_a_tokenswift_plan_counts_the_draft_heads_weights():
+    """The plan before loading left out the draft heads (an 8B model's three in bfloat16: 100 MB)."""
+    from longswift.config import SpecConfig
+    from longswift.spec.budget import run_plan
+
+    engine = longswift.load(tiny_hf_model(seed=5), dtype="float32", heads="random")
+    cpu = torch.device("cpu")
+    spec = SpecConfig().for_device(cpu, engine.heads.gamma + 1)
+    with_heads = run_plan(engine.cfg, torch.float32, cpu, 100, 256, False, False, spec)
+    ar = run_plan(engine.cfg, torch.float32, cpu, 100, 256, False, False, None)
+    assert with_heads.weights - ar.weights == sum(p.nbytes for p in engine.heads.parameters()) > 0
+
+
 def test_a_tiny_plan_reads_in_mib_not_as_nothing():
     """A tiny model's plan read 'weights 0.00 GiB + ... = 0.00 GiB' (`info` on a test model, a refusal on a machine
     with a few MiB free): below 0.005 GiB sizes are MiB (KiB), and only nothing is 0.00 GiB."""

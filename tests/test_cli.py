@@ -546,11 +546,32 @@ def test_info_prints_config_and_memory_plan(capsys):
     assert "num_kv_heads: 3" in out
     assert "memory plan for 100000 tokens with TokenSwift (tree 1,1,1 + 1 n-grams: 7 nodes, lookup steps 32) in float32" in out
     assert "KV cache 4.29 GiB (100032 tokens) + draft KV cache 0.18 GiB (4096 tokens)" in out
-    assert "exceed the model's context of 8192" in out
+    # with the --rope-scaling that extends it so far, as generate advises (it said "--rope-scaling", no factor)
+    assert ("100,000 tokens exceed the model's context of 8,192: generation will refuse them unless the context is "
+            "extended with --rope-scaling yarn:13") in out
     assert "in memory, past the model's context" in out  # (info's verdict: not a plain "fits")
+    code, out, err = run_cli(capsys, "info", "--tokens", "100000000")
+    assert "generation will refuse them (no --rope-scaling extends this model's that far)" in out
     code, out, err = run_cli(capsys, "info", "--tokens", "100000", "--rope-scaling", "yarn:16")
     assert code == 0 and "context: 131072 tokens (yarn rope scaling)" in out and "exceed" not in out
     assert "past the model's context" not in out
+
+
+def test_info_and_generate_say_a_sliding_windows_limit_before_loading(tmp_path, capsys, no_loading):
+    """A run past a sliding-window model's window was refused only after the weights loaded (in the API's words),
+    and info said it fit; a model's own rope scaling cannot be extended, and info advised --rope-scaling for it."""
+    tiny_hf_model("mistral", "default", seed=31, sliding_window=16).save_pretrained(tmp_path / "m")
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--tokens", "100")
+    assert code == 0, err
+    assert "note: 100 tokens exceed this model's sliding window of 16, which longswift does not implement" in out
+    assert "past the model's context (the note above)" in out
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5",
+                           "--max-new-tokens", "100", "--heads", "none")
+    assert_one_line_error(code, err, "sliding-window attention (16 tokens), which longswift does not implement; keep "
+                                     "prompt + --max-new-tokens <= 16")
+    tiny_hf_model("llama", "yarn", seed=2).save_pretrained(tmp_path / "y")
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "y"), "--tokens", "100000")
+    assert "generation will refuse them (no --rope-scaling extends this model's that far)" in out
 
 
 def test_info_plans_for_the_prefill_chunk_given(capsys):

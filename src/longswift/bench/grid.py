@@ -302,6 +302,11 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
     """Refuse a grid whose longest cell exceeds the model's context; suggest a rope scaling only where
     one can help (none is in use yet, and a factor that reaches that far exists)."""
     total, limit = prompt_tokens + length, engine.cfg.context_limit
+    window = engine.cfg.sliding_window
+    if window is not None and total > window:  # (refused by the first run's cache otherwise, mid-grid)
+        raise LongswiftError(f"the grid's longest cell (prefix {prompt_tokens} + {length} new = {total} tokens) "
+                             f"exceeds this model's sliding window of {window}, which longswift does not implement: "
+                             "lower --lengths/--prefix")
     if total <= limit:
         return
     setting = rope_extension(engine.cfg, total, engine.runtime.rope_scaling)

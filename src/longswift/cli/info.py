@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from ..config import GenerationConfig, RuntimeConfig, SpecConfig, dtype_name
+from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SpecConfig, dtype_name
 from ..errors import LongswiftError
 from .flags import MODEL_HELP, add_config_flags, config_from_args, heads_value, whole_number
 
@@ -63,13 +63,30 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
               f"holds {size_text(current_rss())} now, already left out of the available figure below; nor what "
               "loading holds for a moment while it reads, converts and packs the weights (see README)")
-    if tokens > cfg.context_limit:
-        print(f"note: {tokens} tokens exceed the model's context of {cfg.context_limit}: generation will refuse them "
-              "unless the context is extended with --rope-scaling")
+    past = _context_note(cfg, tokens, runtime.rope_scaling)
+    if past:
+        print(f"note: {past}")
     free = available_bytes(device)
     if free is not None:
         verdict = "fits" if plan.total <= free else "does NOT fit"
-        if tokens > cfg.context_limit:
+        if past:
             verdict += " in memory, past the model's context (the note above)"
         print(f"available on {device}: {size_text(free)} -> {verdict}")
     return 0
+
+
+def _context_note(cfg: ModelConfig, tokens: int, applied: str | None) -> str | None:
+    """What generation would say of `tokens` tokens past this model's context (None: they fit), with the
+    --rope-scaling that extends it where one does (runtime.memory.check_context's advice): a model's own scaling
+    cannot be replaced, and a sliding window cannot be extended at all."""
+    from ..runtime.memory import rope_extension
+
+    if cfg.sliding_window is not None and tokens > cfg.sliding_window:
+        return (f"{tokens:,} tokens exceed this model's sliding window of {cfg.sliding_window:,}, which longswift does "
+                "not implement: generation will refuse them")
+    if tokens <= cfg.context_limit:
+        return None
+    setting = rope_extension(cfg, tokens, applied)
+    how = (f"unless the context is extended with --rope-scaling {setting}" if setting is not None
+           else "(no --rope-scaling extends this model's that far)")
+    return f"{tokens:,} tokens exceed the model's context of {cfg.context_limit:,}: generation will refuse them {how}"

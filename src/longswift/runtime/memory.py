@@ -283,6 +283,13 @@ def rope_extension(cfg: ModelConfig, total: int, applied: str | None = None) -> 
     return f"{kind}:{factor}" if factor <= MAX_ROPE_FACTOR else None
 
 
+def sliding_window_refusal(window: int, new_tokens: str) -> str:
+    """A run longer than a sliding-window model's window refused (`new_tokens`: the setting as the API or the flags
+    name it)."""
+    return (f"this model uses sliding-window attention ({window:,} tokens), which longswift does not implement; keep "
+            f"prompt + {new_tokens} <= {window:,}")
+
+
 def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: int, rescalable: bool = True,
                   applied: str | None = None) -> None:
     """Refuse a generation longer than the model's context (trained, or extended by rope scaling), in the
@@ -292,6 +299,9 @@ def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: i
     factor is advised (rope_extension)."""
     counted = 1 if prompt_tokens is None else prompt_tokens
     total, limit = counted + max_new_tokens, cfg.context_limit
+    if cfg.sliding_window is not None and total > cfg.sliding_window:  # (said before loading, as the context is)
+        raise ConfigError(sliding_window_refusal(cfg.sliding_window, "max_new_tokens"),
+                          sliding_window_refusal(cfg.sliding_window, "--max-new-tokens"))
     if total <= limit:
         return
     full = counted >= limit  # the prompt alone: fewer new tokens would not help
@@ -321,10 +331,8 @@ def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int =
     capacity is larger (a tree's rows past the run's end are verified, never read by the walk)."""
     cfg = model.cfg
     if cfg.sliding_window is not None and (capacity if context is None else context) > cfg.sliding_window:
-        raise LongswiftError(
-            f"this model uses sliding-window attention ({cfg.sliding_window} tokens), which longswift does not "
-            f"implement; keep prompt + max_new_tokens <= {cfg.sliding_window}"
-        )
+        raise LongswiftError(sliding_window_refusal(cfg.sliding_window, "max_new_tokens"),
+                             sliding_window_refusal(cfg.sliding_window, "--max-new-tokens"))
     plan = plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
                        tree_nodes, model.float32_logits, sampled_rows, held_rows)
     if model.tp is None:

@@ -5,6 +5,8 @@ their buffers from these."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..config import ModelConfig, RuntimeConfig, SpecConfig
@@ -111,7 +113,14 @@ def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens:
     bodies = graphs_blocker(device, cfg, tensor_parallel=False) is None
     slots = padded_nodes(nodes) if bodies and nodes else nodes
     held = held_logit_rows(spec) if spec is not None else 0
-    return plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows, held)
+    plan = plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows, held)
+    if spec is None:
+        return plan
+    # The draft heads' weights, with the model's (an 8B model's three in bfloat16: 100 MB): enough for the tree's
+    # depths (gamma heads draw gamma + 1), and the three that checkpoints hold at least (as bench-steps plans them)
+    gamma = max(3, len(spec.levels) - 1)
+    heads = gamma * cfg.hidden_size * (cfg.hidden_size + 2) * torch.empty((), dtype=dtype).element_size()
+    return dataclasses.replace(plan, weights=plan.weights + heads)
 
 
 def will_pack(runtime: RuntimeConfig) -> bool:
