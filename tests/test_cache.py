@@ -492,6 +492,17 @@ def test_a_tokenswift_plan_counts_the_draft_heads_weights():
     assert with_heads.weights - ar.weights == sum(p.nbytes for p in engine.heads.parameters()) > 0
 
 
+def test_cuda_memory_torch_holds_freed_counts_as_free(monkeypatch):
+    """The driver counts what torch's caching allocator keeps after a run as used: a bench grid's next cell on the
+    same engine was refused memory the process already held."""
+    from longswift.runtime.memory import available_bytes
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (3 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: 10 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 4 << 30)
+    assert available_bytes(torch.device("cuda")) == (3 + 6) << 30
+
+
 def test_a_tiny_plan_reads_in_mib_not_as_nothing():
     """A tiny model's plan read 'weights 0.00 GiB + ... = 0.00 GiB' (`info` on a test model, a refusal on a machine
     with a few MiB free): below 0.005 GiB sizes are MiB (KiB), and only nothing is 0.00 GiB."""

@@ -47,7 +47,10 @@ def available_bytes(device: torch.device) -> int | None:
     """Memory free for new allocations on `device`, or None if it cannot be read."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
+        # torch's caching allocator keeps what a finished run freed reserved, which the driver counts as used: a
+        # second run on the same engine (a bench grid's next cell) was refused memory this process already holds
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free) + max(0, int(cached))
     try:
         with open("/proc/meminfo") as f:
             for line in f:
