@@ -503,6 +503,39 @@ def test_cuda_memory_torch_holds_freed_counts_as_free(monkeypatch):
     assert available_bytes(torch.device("cuda")) == (3 + 6) << 30
 
 
+def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path):
+    """MemAvailable is the machine's: in a container limited to less (docker --memory, a Kubernetes pod) the plan
+    let a run start that the limit then killed. cgroup v2 and v1, the limit of the process's cgroup or one above
+    it, page cache that can be dropped not counted as used."""
+    from longswift.runtime.memory import cgroup_free
+
+    def cgroup(directory, files):
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (directory / name).write_text(text)
+
+    v2 = tmp_path / "v2"
+    cgroup(v2 / "pod" / "job", {"memory.max": "max", "memory.current": "100", "memory.stat": "anon 1\n"})
+    cgroup(v2 / "pod", {"memory.max": str(8 << 30), "memory.current": str(5 << 30),
+                        "memory.stat": f"anon 5\ninactive_file {1 << 30}\n"})
+    (tmp_path / "self").write_text("0::/pod/job\n")
+    assert cgroup_free(v2, tmp_path / "self") == (8 - 5 + 1) << 30
+    (tmp_path / "self").write_text("0::/\n")  # a container's namespace: its own cgroup is the mount's
+    cgroup(v2, {"memory.max": str(2 << 30), "memory.current": str(1 << 30), "memory.stat": ""})
+    assert cgroup_free(v2, tmp_path / "self") == 1 << 30
+    v1 = tmp_path / "v1"
+    cgroup(v1 / "memory" / "docker" / "abc", {"memory.limit_in_bytes": str(4 << 30),
+                                              "memory.usage_in_bytes": str(3 << 30),
+                                              "memory.stat": f"cache 9\ntotal_inactive_file {1 << 29}\n"})
+    cgroup(v1 / "memory", {"memory.limit_in_bytes": "9223372036854771712", "memory.usage_in_bytes": "5",
+                           "memory.stat": ""})  # (v1's "no limit")
+    (tmp_path / "self").write_text("12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n")
+    assert cgroup_free(v1, tmp_path / "self") == (1 << 30) + (1 << 29)
+    (tmp_path / "self").write_text("4:memory:/elsewhere\n")  # (no limit where it is, nor at the mount)
+    assert cgroup_free(v1, tmp_path / "self") is None
+    assert cgroup_free(v1, tmp_path / "missing") is None
+
+
 def test_a_tiny_plan_reads_in_mib_not_as_nothing():
     """A tiny model's plan read 'weights 0.00 GiB + ... = 0.00 GiB' (`info` on a test model, a refusal on a machine
     with a few MiB free): below 0.005 GiB sizes are MiB (KiB), and only nothing is 0.00 GiB."""

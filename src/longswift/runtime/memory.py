@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -51,14 +52,58 @@ def available_bytes(device: torch.device) -> int | None:
         # second run on the same engine (a bench grid's next cell) was refused memory this process already holds
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free) + max(0, int(cached))
+    free: int | None = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    break
     except OSError:
         pass
-    return None
+    limited = cgroup_free()  # (a container's memory limit: the machine's free memory is not this process's)
+    return limited if free is None else free if limited is None else min(free, limited)
+
+
+NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as the largest page-aligned 63-bit number
+
+
+def cgroup_free(root: Path = Path("/sys/fs/cgroup"), cgroups: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Bytes this process's memory cgroup, and each one above it, still lets it allocate: the limit less the usage,
+    page cache the kernel can drop (inactive files) not counted as used; None where no limit is set or none can be
+    read. cgroup v2 (memory.max) and v1 (memory.limit_in_bytes); a container's own cgroup is where it is mounted,
+    at `root`, whatever /proc/self/cgroup names. A run that fit the machine's free memory but not a container's
+    limit (docker --memory, a Kubernetes pod's) was killed for memory, the plan having let it start."""
+    try:
+        lines = cgroups.read_text().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2: one hierarchy
+            base, files = root, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        where = base / path.lstrip("/")
+        for directory in dict.fromkeys([where, *where.parents, base]):  # (the process's cgroup up to the mount's)
+            if directory.is_relative_to(base) and (room := _cgroup_room(directory, *files)) is not None:
+                found.append(room)
+    return min(found) if found else None
+
+
+def _cgroup_room(directory: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    try:
+        limit_text = (directory / limit_file).read_text().strip()
+        if limit_text == "max" or int(limit_text) >= NO_LIMIT:
+            return None
+        used = int((directory / usage_file).read_text())
+        stat = dict(line.split() for line in (directory / "memory.stat").read_text().splitlines() if " " in line)
+    except (OSError, ValueError):
+        return None
+    return max(0, int(limit_text) - used + int(stat.get(inactive_key, 0)))
 
 
 def current_rss() -> int:
