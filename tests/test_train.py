@@ -439,6 +439,24 @@ def test_bad_jsonl_and_paths(tmp_path):
         cut_windows([[1, 2, 3]], 8)
 
 
+def test_jsonl_text_with_an_unpaired_surrogate_is_refused_before_loading(tmp_path, capsys):
+    """JSON's "\\ud800" escape reads as a lone surrogate, which no tokenizer encodes: a TypeError traceback from
+    tokenize once the model had loaded. Now refused as the data is read, naming the file and line."""
+    from conftest import assert_one_line_error, run_cli
+
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "fine"}\n{"text": "hello \\ud800 world"}\n')
+    with pytest.raises(LongswiftError, match=r"d.jsonl' line 2 holds an unpaired surrogate escape \(\\ud800\) in its "
+                                             r"'text'"):
+        read_texts([f])
+    code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "no-model"), "--data", str(f),
+                           "--out", str(tmp_path / "o"))  # (no model to load: the data is refused first)
+    assert_one_line_error(code, err, "line 2 holds an unpaired surrogate escape")
+    assert not (tmp_path / "o").exists()
+    f.write_text('{"text": "a pair \\ud83d\\ude00 is one character"}\n')  # (a pair is one character: read)
+    assert read_texts([f]) == ["a pair \U0001f600 is one character"]
+
+
 def test_train_config_errors():
     with pytest.raises(LongswiftError, match="--steps must be positive"):
         TrainConfig(steps=0)

@@ -65,8 +65,20 @@ def _jsonl_texts(path: Path, content: str) -> list[str]:
             raise LongswiftError(f"'{path}' line {n} is not JSON ({exc.msg}): JSONL needs one object per line") from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise LongswiftError(f"'{path}' line {n} has no string field 'text': JSONL records need {{\"text\": ...}}")
+        _check_no_surrogate(path, n, record["text"])
         texts.append(record["text"])
     return texts
+
+
+def _check_no_surrogate(path: Path, n: int, text: str) -> None:
+    """Refuse a text holding a lone surrogate: JSON's "\\ud800" escape reads as one, which is no character and which
+    no tokenizer encodes (a TypeError traceback from tokenize, after the model had loaded)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise LongswiftError(f"'{path}' line {n} holds an unpaired surrogate escape (\\u{ord(text[exc.start]):04x}) in "
+                             "its 'text', which is no character: remove it, or write the character itself (one past "
+                             "U+FFFF escapes as a pair, \\ud83d\\ude00)") from None
 
 
 def data_files(sources: list[str | os.PathLike]) -> list[Path]:
