@@ -47,11 +47,11 @@ def sampling_bytes(vocab: int, rows: int, logit_elem: int) -> int:
 def available_bytes(device: torch.device) -> int | None:
     """Memory free for new allocations on `device`, or None if it cannot be read."""
     if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
+        driver_free, _total = torch.cuda.mem_get_info(device)
         # torch's caching allocator keeps what a finished run freed reserved, which the driver counts as used: a
         # second run on the same engine (a bench grid's next cell) was refused memory this process already holds
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(free) + max(0, int(cached))
+        return int(driver_free) + max(0, int(cached))
     free: int | None = None
     try:
         with open("/proc/meminfo") as f:
