@@ -344,6 +344,23 @@ def test_hf_peer_bans_eos_like_our_ignore_eos():
     assert eos not in peer and peer == ours and ours != free
 
 
+def test_the_peers_sampler_notes_say_where_their_penalty_window_differs():
+    """llama.cpp's penalty sampler is given only the tokens it draws, so its window never holds the prompt, where
+    ours holds the last W tokens of prompt and output alike; transformers' holds the whole sequence."""
+    from dataclasses import replace
+
+    from longswift.bench.grid import PRESETS
+    from longswift.bench.peers import sampler_note
+
+    paper = PRESETS["paper"]
+    assert paper.repetition_penalty != 1.0
+    assert sampler_note("llamacpp", paper).endswith(f"the repetition penalty's window holds the last "
+                                                    f"{paper.penalty_window} generated tokens, never the prompt's")
+    assert sampler_note("llamacpp", PRESETS["greedy"]) is None
+    assert sampler_note("llamacpp", replace(PRESETS["greedy"], repetition_penalty=1.2)).startswith("the repetition")
+    assert "prompt included" in sampler_note("hf", paper) and sampler_note("tokenswift", paper) is None
+
+
 @pytest.mark.slow
 def test_llamacpp_peer_bans_eos_like_our_ignore_eos():
     """llama.cpp's generate() emitted EOS and went on (the embedded model's greedy answer to a greeting, at its 33rd

@@ -149,9 +149,12 @@ class LlamaCppRunner:
 
     @staticmethod
     def sampler_note(s: SamplingConfig) -> str | None:
+        # (its penalty sampler is given only the tokens generate() draws: the prompt is never in its window)
+        window = (f"; the repetition penalty's window holds the last {s.penalty_window} generated tokens, never the "
+                  "prompt's" if s.repetition_penalty != 1.0 else "")
         if s.greedy:
-            return None
-        return "llama.cpp sampler chain (penalty, top-k, top-p, min-p, temperature) and its own RNG"
+            return window.removeprefix("; ") or None
+        return "llama.cpp sampler chain (penalty, top-k, top-p, min-p, temperature) and its own RNG" + window
 
     @staticmethod
     def unsupported(s: SamplingConfig) -> str | None:
