@@ -457,6 +457,22 @@ def test_jsonl_text_with_an_unpaired_surrogate_is_refused_before_loading(tmp_pat
     assert read_texts([f]) == ["a pair \U0001f600 is one character"]
 
 
+@pytest.mark.parametrize("line, message", [
+    ("[" * 100000 + "]" * 100000, "line 2 nests arrays or objects too deeply to be read"),
+    ('{"text": "ok", "id": ' + "7" * 5000 + "}", "line 2 holds an integer of more than 4300 digits"),
+])
+def test_jsonl_lines_python_cannot_read_are_refused_in_a_line(tmp_path, line, message):
+    """json.loads raises RecursionError on deep nesting and ValueError on an integer past Python's digit limit, and
+    only JSONDecodeError was caught: a traceback. Also where the whole file is tried as one document."""
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(LongswiftError, match=f"d.jsonl' {message}"):
+        read_texts([f])
+    f.write_text("[\n" * 100000 + "]\n" * 100000)  # line 1 is not JSON, and the file as one document nests too deeply
+    with pytest.raises(LongswiftError, match="d.jsonl' line 1 is not JSON"):
+        read_texts([f])
+
+
 def test_train_config_errors():
     with pytest.raises(LongswiftError, match="--steps must be positive"):
         TrainConfig(steps=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,21 @@ def _read_text(path: Path) -> str:
 def _one_document(content: str) -> bool:
     try:
         json.loads(content)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError; the others: _unreadable_line)
         return False
     return True
+
+
+def _unreadable_line(path: Path, n: int, exc: ValueError | RecursionError) -> LongswiftError:
+    """The refusal of line `n`, which json.loads could not read: not JSON, or JSON Python does not read (nesting past
+    its recursion limit, an integer past its digit limit), which were tracebacks."""
+    if isinstance(exc, json.JSONDecodeError):
+        return LongswiftError(f"'{path}' line {n} is not JSON ({exc.msg}): JSONL needs one object per line")
+    if isinstance(exc, RecursionError):
+        return LongswiftError(f"'{path}' line {n} nests arrays or objects too deeply to be read: JSONL needs one "
+                              "{\"text\": ...} object per line")
+    return LongswiftError(f"'{path}' line {n} holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+                          "which Python does not read: remove it (JSONL records need only {\"text\": ...})")
 
 
 def _jsonl_texts(path: Path, content: str) -> list[str]:
@@ -58,11 +71,11 @@ def _jsonl_texts(path: Path, content: str) -> list[str]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:
             if not texts and _one_document(content):  # a pretty-printed .json (a log, a config) in a --data folder
                 raise LongswiftError(f"'{path}' is one JSON document, not JSON Lines (one {{\"text\": ...}} object "
                                      "per line): convert it, or move it out of the --data directory") from None
-            raise LongswiftError(f"'{path}' line {n} is not JSON ({exc.msg}): JSONL needs one object per line") from None
+            raise _unreadable_line(path, n, exc) from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise LongswiftError(f"'{path}' line {n} has no string field 'text': JSONL records need {{\"text\": ...}}")
         _check_no_surrogate(path, n, record["text"])
