@@ -234,7 +234,9 @@ def _rope_parameters(reader: GGUFHeader, a: str, path: Path) -> dict[str, Any]:
         if orig:
             rope["original_max_position_embeddings"] = int(orig)
     yarn = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
-            # llama.cpp's converter writes a transformers config's YaRN attention_factor here
+            # llama.cpp's converter writes a transformers config's YaRN attention_factor here, and only where the
+            # config has one (convert_hf_to_gguf.py): read back, the run is transformers' (llama.cpp's own llama
+            # graph does not read the key, and applies YaRN's default magnitude instead)
             "yarn_attn_factor": "attention_factor"} if scaling == "yarn" else {}
     for key, name in yarn.items():
         value = _number(reader, f"{a}.rope.scaling.{key}", None, path)
