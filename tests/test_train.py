@@ -804,3 +804,43 @@ def test_a_batch_larger_than_the_data_is_refused(tiny, tmp_path, capsys, monkeyp
     assert_one_line_error(code, err, "--batch-size 50 exceeds the 3 windows of the training data: a batch would hold "
                                      "each window 16.7 times on average; give at most 3, or more data")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("CUDA out of memory"), KeyboardInterrupt()])
+def test_train_heads_failing_before_a_checkpoint_leaves_no_out_behind(tmp_path, capsys, monkeypatch, failure):
+    """The --out train-heads made was removed after a LongswiftError only: an allocation's RuntimeError, or a
+    KeyboardInterrupt that came from no signal of its StopRequest, left it behind, empty. Once a checkpoint is
+    saved, --out stays (it resumes)."""
+    from conftest import run_cli, tiny_hf_model
+
+    import longswift.cli.heads as heads_cli
+    import longswift.train.train as train_module
+
+    tiny_hf_model("llama", seed=3, vocab=96).save_pretrained(tmp_path / "m")
+    (tmp_path / "d.txt").write_text("text")
+    capsys.readouterr()
+
+    def fail(*args, **kwargs):
+        raise failure
+
+    def train_heads(out):  # (main says a KeyboardInterrupt in a line, exit 130; a RuntimeError is a traceback)
+        try:
+            code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data",
+                                   str(tmp_path / "d.txt"), "--out", str(out), "--seq-len", "24", "--steps", "2",
+                                   "--warmup", "1", "--no-progress", "--threads", "1")
+            assert code == 130 and isinstance(failure, KeyboardInterrupt), err
+        except RuntimeError as exc:
+            assert exc is failure
+
+    monkeypatch.setattr(heads_cli, "prepare_windows", fail)
+    train_heads(tmp_path / "o" / "deeper")
+    assert not (tmp_path / "o").exists()
+
+    def saved_then_fail(engine, windows, cfg, out, **kwargs):
+        (out / "checkpoint.pt").write_bytes(b"a step's")
+        raise failure
+
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (torch.zeros(3, 24, dtype=torch.long), {}))
+    monkeypatch.setattr(train_module, "train_heads", saved_then_fail)
+    train_heads(tmp_path / "o")
+    assert (tmp_path / "o" / "checkpoint.pt").read_bytes() == b"a step's"

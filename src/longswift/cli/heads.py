@@ -220,36 +220,40 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     argv = list(getattr(args, "argv", None) or ["train-heads", "--out", str(args.out)])
     again = shlex.join(["longswift", *argv, *([] if "--resume" in argv else ["--resume"])])
     try:
-        # --out is held from here on, so that a second run into it is refused now, not after minutes of loading
-        with stop, claimed_out_dir(out, args.resume, note_stale):
-            with stop.at_once():
-                engine = load(args.model, runtime, heads=None)
-                t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)
-                windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
-            trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
-                                  extra_meta={"data": info}, stop=stop, claimed=True, log=progress_lines(args),
-                                  data_settings=distill)
-    except LongswiftError:  # (a model that cannot load, data too short, ...): nothing was saved
-        remove_made(made)
-        raise
-    except OSError as exc:  # a disk that fills, a directory made read-only: the last checkpoint saved still resumes
-        if isinstance(exc, BrokenPipeError) or not (out / CHECKPOINT).exists():
-            raise
-        raise os_error_with(exc, _kept(out / CHECKPOINT, again)) from exc
-    except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
-        if type(exc) is not KeyboardInterrupt:
-            raise
-        if (out / CHECKPOINT).exists():
-            kept = _kept(out / CHECKPOINT, again)
+        try:
+            # --out is held from here on, so that a second run into it is refused now, not after minutes of loading
+            with stop, claimed_out_dir(out, args.resume, note_stale):
+                with stop.at_once():
+                    engine = load(args.model, runtime, heads=None)
+                    t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)
+                    windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
+                trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
+                                      extra_meta={"data": info}, stop=stop, claimed=True, log=progress_lines(args),
+                                      data_settings=distill)
+        except OSError as exc:  # a disk that fills, a directory made read-only: the last checkpoint saved still resumes
+            if isinstance(exc, BrokenPipeError) or not (out / CHECKPOINT).exists():
+                raise
+            raise os_error_with(exc, _kept(out / CHECKPOINT, again)) from exc
+        except KeyboardInterrupt as exc:  # a second signal, or one before the steps: the last checkpoint still resumes
+            if type(exc) is not KeyboardInterrupt:
+                raise
+            if (out / CHECKPOINT).exists():
+                kept = _kept(out / CHECKPOINT, again)
+                if stop.signum is None:
+                    raise KeyboardInterrupt(kept) from exc
+                say(f"longswift: interrupted; {kept}")
+                return stop.exit_code  # (the signal's: 143 for SIGTERM)
             if stop.signum is None:
-                raise KeyboardInterrupt(kept) from exc
-            say(f"longswift: interrupted; {kept}")
-            return stop.exit_code  # (the signal's: 143 for SIGTERM)
-        if stop.signum is None:
-            raise
-        remove_made(made)
-        say("longswift: stopped before a checkpoint was saved: nothing written")
-        return stop.exit_code
+                raise
+            remove_made(made)
+            say("longswift: stopped before a checkpoint was saved: nothing written")
+            return stop.exit_code
+    except BaseException:  # whatever stopped it (a model that cannot load, an allocation's RuntimeError, a
+        # KeyboardInterrupt of no signal): before a checkpoint, nothing was saved and the --out it made goes (as
+        # docs/heads.md says); after one, --out holds it, to resume from (remove_made removes only empty ones too)
+        if not (out / CHECKPOINT).exists():
+            remove_made(made)
+        raise
     return _report_trained(args, cfg, trainer, info, t0, again, stop.exit_code)
 
 
