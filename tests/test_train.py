@@ -161,6 +161,28 @@ def test_hidden_states_that_do_not_fit_in_memory_are_refused_in_a_line(tiny, mon
         base_hidden(tiny.model, windows)
 
 
+def test_loss_logits_that_do_not_fit_in_memory_are_refused_before_the_hidden_states(tiny, tmp_path, monkeypatch):
+    """A step's [gamma, chunk, vocab] logits and their autograd copies were never checked: --gamma 400 --seq-len
+    1024 --batch-size 2 --chunk 4096 died at the first step, after the hidden states' minutes, in an allocation's
+    traceback. Now refused before the hidden states, with the --chunk that fits beside them."""
+    import longswift.train.train as train_module
+    from longswift.errors import ConfigError
+
+    windows = _windows(tiny, n=3)  # hidden states 3 x 24 x 64 float32: 18 KiB
+    cfg = TrainConfig(steps=2, seq_len=24, batch_size=2, warmup=1, chunk=64, bf16_lm_head=False)
+    # a chunk of 64 holds a batch's 48 positions: 3 x 48 x 96 float32 logits, 3 times over (162 KiB, 0.2 MiB)
+    monkeypatch.setattr(train_module, "available_bytes", lambda device: 100 * 1024)
+    monkeypatch.setattr(train_module, "base_hidden", lambda *a, **k: pytest.fail("hidden states before refusing"))
+    said = ("makes each loss chunk's logits 3 heads x 48 positions x 96 tokens of vocabulary, which need 0.2 MiB "
+            "with their autograd copies, and 0.1 MiB is free besides the base's hidden states (18.0 KiB)")
+    with pytest.raises(ConfigError, match=re.escape(f"TrainConfig.chunk=64 {said}: lower it to at most 24")) as refused:
+        train_heads(tiny, windows, cfg, tmp_path / "a", progress=False)
+    assert refused.value.cli_message == f"--chunk 64 {said}: lower --chunk to at most 24"
+    monkeypatch.setattr(train_module, "base_hidden", base_hidden)
+    trainer = train_heads(tiny, windows, dataclasses.replace(cfg, chunk=24), tmp_path / "b", progress=False)
+    assert trainer.step == 2  # (the chunk it named fits)
+
+
 def test_resume_equals_uninterrupted(tiny, tmp_path):
     windows = _windows(tiny, n=5, seed=1)
     cfg = TrainConfig(steps=6, lr=5e-3, seq_len=24, batch_size=2, grad_accum=2, warmup=2, checkpoint_every=3)

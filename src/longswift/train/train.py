@@ -47,7 +47,7 @@ def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> to
     one line where they do not fit in memory (the allocation's traceback, and a run that began regardless)."""
     n, length = windows.shape
     check_window_length(model.cfg, length)
-    need = n * length * model.cfg.hidden_size * model.dtype.itemsize
+    need = hidden_bytes(model, n, length)
     free = available_bytes(model.device)
     out = None
     if free is None or need <= free:
@@ -64,6 +64,11 @@ def base_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> to
     for i, hidden in enumerate(window_hidden(model, windows, progress)):
         out[i] = hidden
     return out
+
+
+def hidden_bytes(model: Any, n: int, length: int) -> int:
+    """Bytes of base_hidden's hidden states of `n` windows of `length` tokens."""
+    return n * length * model.cfg.hidden_size * model.dtype.itemsize
 
 
 def check_window_length(cfg: Any, length: int) -> None:
@@ -119,6 +124,45 @@ def bf16_lm_head_default(device: torch.device) -> bool:
     return device.type != "cpu" or (onednn_computes(torch.bfloat16) and bfloat16_products_native())
 
 
+def heads_dtype(model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the heads train in: the model's, at least float32."""
+    return torch.promote_types(model_dtype, torch.float32)
+
+
+# A loss chunk's logits [gamma, chunk, vocab] are held about this many times over at a step's peak: the logits, the
+# log-softmax cross_entropy keeps for backward, and the gradient backward makes of them (measured 3.03-3.06x on a
+# CPU, float32 and bfloat16 logits, chunks of 512 to 4,096 positions, session 67).
+LOSS_LOGITS_COPIES = 3
+
+
+def check_loss_memory(engine: Any, cfg: TrainConfig, held: int) -> None:
+    """Refuse a cfg.chunk whose loss logits (head_losses, LOSS_LOGITS_COPIES times over) do not fit in the free
+    memory beside `held` bytes the steps hold too (the base's hidden states), before those are computed: the first
+    step's allocation was a traceback, minutes in. Where `held` alone does not fit, base_hidden says so."""
+    device = engine.model.device
+    free = available_bytes(device)
+    if free is None or held > free:
+        return
+    bf16 = cfg.bf16_lm_head if cfg.bf16_lm_head is not None else bf16_lm_head_default(device)
+    dtype = heads_dtype(engine.model.dtype)
+    elem = 2 if bf16 and dtype in (torch.float32, torch.bfloat16) else dtype.itemsize  # (head_losses' autocast)
+    per_position = LOSS_LOGITS_COPIES * cfg.gamma * engine.cfg.vocab_size * elem
+    positions = min(cfg.chunk, cfg.batch_size * cfg.seq_len)  # (a chunk holds at most a micro-batch's)
+    need = positions * per_position
+    if held + need <= free:
+        return
+    fit = (free - held) // per_position
+    said = (f"makes each loss chunk's logits {cfg.gamma} heads x {positions:,} positions x {engine.cfg.vocab_size:,} "
+            f"tokens of vocabulary, which need {size_text(need)} with their autograd copies, and "
+            f"{size_text(free - held)} is free besides the base's hidden states ({size_text(held)})")
+    if fit < 1:
+        raise ConfigError(f"TrainConfig.chunk={cfg.chunk} {said}: even a chunk of 1 does not fit; train fewer heads "
+                          "(gamma) or free memory", f"--chunk {cfg.chunk} {said}: even --chunk 1 does not fit; "
+                          "give a lower --gamma or free memory")
+    raise ConfigError(f"TrainConfig.chunk={cfg.chunk} {said}: lower it to at most {fit:,}",
+                      f"--chunk {cfg.chunk} {said}: lower --chunk to at most {fit:,}")
+
+
 def head_losses(heads: DraftHeads, lm_head: torch.Tensor, h0: torch.Tensor, targets: torch.Tensor,
                 bf16: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h0 [P, hidden], targets [gamma, P] -> (summed CE per head [gamma], correct top-1 [gamma],
@@ -156,7 +200,7 @@ class HeadTrainer:
         model = engine.model
         self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
         heads = new_heads(engine.cfg, model.state, cfg.gamma, fingerprint=engine.fingerprint)
-        dtype = torch.promote_types(engine.model.dtype, torch.float32)  # the heads train in float32 or better
+        dtype = heads_dtype(engine.model.dtype)
         self.heads = heads.to(dtype).requires_grad_(True)
         if not cfg.bf16_lm_head and self.lm_head.dtype != dtype:  # a bfloat16/float16 model's head, without
             self.lm_head = self.lm_head.to(dtype)  # autocast: a copy in the heads' precision (the products agree)
@@ -474,6 +518,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                     f" (of {windows.shape[0]:,}: the ones {cfg.steps} step{'s' if cfg.steps != 1 else ''} of "
                     f"{cfg.batch_size * cfg.grad_accum} read)"
                     if read.shape[0] < windows.shape[0] else ""))
+            check_loss_memory(engine, cfg, held=hidden_bytes(engine.model, read.shape[0], windows.shape[1]))
             hidden = base_hidden(engine.model, windows[read.to(windows.device)], progress)
         trainer = HeadTrainer(engine, windows, hidden, cfg, data_settings)
         if resume:
