@@ -674,3 +674,44 @@ def test_heads_past_float16s_range_are_refused_in_a_float16_run(tmp_path):
         longswift.load(str(tmp_path / "base"), dtype="float16", heads=str(tmp_path / "rel"))
     assert longswift.load(hf, dtype="float16", heads=heads).heads is not None  # within range: taken
     assert longswift.load(hf, dtype="bfloat16", heads=big).heads is not None  # bfloat16 holds 1e5
+
+
+def test_a_checkpoints_fingerprint_reads_the_embeddings_corner_alone(tmp_path, monkeypatch):
+    """The fingerprint hashes a 512 x 64 corner of the embedding: the whole table (an 8B model's, 2 GB as float32)
+    was read for it, by `info` and as a released checkpoint's heads loaded."""
+    import safetensors
+
+    from conftest import tiny_hf_model
+
+    from longswift.runtime.loading import EMBED, embed_corner, read_embed_corner
+
+    hf = tiny_hf_model("llama", seed=4, vocab=600)
+    hf.save_pretrained(tmp_path)
+    whole = []
+    real = safetensors.safe_open
+
+    class Spy:
+        def __init__(self, *args, **kwargs):
+            self.inner = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.st = self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def keys(self):
+            return self.st.keys()
+
+        def get_slice(self, name):
+            return self.st.get_slice(name)
+
+        def get_tensor(self, name):
+            whole.append(name)
+            return self.st.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Spy)
+    corner = read_embed_corner(tmp_path)
+    assert torch.equal(corner, embed_corner(hf.state_dict()[EMBED])) and corner.shape == (512, 64)
+    assert whole == []

@@ -24,6 +24,7 @@ from ..runtime.loading import (
     HEAD_PREFIX,
     check_finite,
     load_config,
+    read_embed_corner,
     read_tensors,
     resolve_path,
     take_head_tensors,
@@ -119,12 +120,13 @@ def load_released_heads(path: Path, cfg: ModelConfig, embed: torch.Tensor, finge
     device and dtype they take), refused if that checkpoint's base model is another one (same identity
     check as a heads file's). `fingerprint`: the model's (Engine.fingerprint; default: embed's)."""
     their_cfg = load_config(str(path))
-    state = read_tensors(path, {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)} | {EMBED})
-    if EMBED not in state:
-        raise LongswiftError(f"'{path}' has no model.embed_tokens.weight: not a complete model directory")
+    their_corner = read_embed_corner(path)
+    if their_corner is None:
+        raise LongswiftError(f"'{path}' has no {EMBED}: not a complete model directory")
+    state = read_tensors(path, {k for k in tensor_shapes(path) if k.startswith(HEAD_PREFIX)})
     tensors = _head_tensors(path, their_cfg, state, embed.dtype)
     fingerprint = fingerprint or model_fingerprint(cfg, embed)
-    if model_fingerprint(their_cfg, state[EMBED]) != fingerprint:
+    if model_fingerprint(their_cfg, their_corner) != fingerprint:
         raise LongswiftError(f"heads in '{path}' were made for another model (its base model is not this one): "
                              "pass that checkpoint with --model, or train heads for this model")
     heads = heads_from_tensors(tensors, cfg, fingerprint)
@@ -236,7 +238,10 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
 
     @functools.cache  # each read once, if at all
     def model_embed() -> torch.Tensor:
-        return read_tensors(resolve_path(model), {EMBED}, torch.float32)[EMBED]
+        corner = read_embed_corner(resolve_path(model))
+        if corner is None:
+            raise LongswiftError(f"'{resolve_path(model)}' has no {EMBED}: not a complete model")
+        return corner
 
     @functools.cache
     def checkpoint_heads() -> list[str]:

@@ -599,6 +599,27 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def read_embed_corner(path: Path) -> torch.Tensor | None:
+    """embed_corner of a checkpoint's token embedding as stored (None: it holds none). From safetensors only the
+    corner's rows and columns are read: the whole table (an 8B model's: 1 GB, 2 GB as float32) was read to hash
+    32,768 of its values, by `info` and by a released checkpoint's heads as they load. A GGUF's is dequantized
+    whole."""
+    from safetensors import SafetensorError, safe_open
+
+    if path.is_file():
+        table = read_tensors(path, {EMBED}).get(EMBED)
+        return None if table is None else embed_corner(table)
+    files, weight_map = _weight_files(path)
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                if EMBED in st.keys() and _owns(f, EMBED, weight_map):
+                    return embed_corner(st.get_slice(EMBED)[: EMBED_CORNER[0], : EMBED_CORNER[1]])
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise weights_unreadable(f, exc) from None
+    return None
+
+
 def read_tensors(path: Path, names: set[str], dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """Only the named tensors of a GGUF file or HF directory (for identities and heads, not a whole
     load), in `dtype` (None: as stored; float32 for GGUF)."""
