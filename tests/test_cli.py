@@ -744,10 +744,14 @@ def test_text_arguments_that_are_not_utf8_are_refused_before_loading(capsys, no_
 
 
 class _Stdin:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, tty: bool = False) -> None:
         import io
 
         self.buffer = io.BytesIO(data)
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
 
 
 def test_a_prompt_file_of_dash_is_standard_input(tmp_path, capsys, monkeypatch, no_loading):
@@ -766,6 +770,10 @@ def test_a_prompt_file_of_dash_is_standard_input(tmp_path, capsys, monkeypatch, 
     assert_one_line_error(code, err, "the prompt is empty")
     code, _, err = run_cli(capsys, "bench", "--prompt-file", "-")
     assert_one_line_error(code, err, "bench --prompt-file needs a file")
+    monkeypatch.setattr(sys, "stdin", _Stdin(b"", tty=True))  # at a terminal: it waited without a word
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", "-")
+    assert err.startswith("longswift: reading the prompt from the terminal: type it, then press Ctrl-D")
+    assert err.splitlines()[-1] == "longswift: error: the prompt is empty: give some prompt text"
     monkeypatch.setattr(sys, "stdin", None)  # (started with it closed, `<&-`: an AttributeError traceback)
     code, _, err = run_cli(capsys, "generate", "--prompt-file", "-")
     assert_one_line_error(code, err, "standard input is closed: write the prompt to a file and give its name")

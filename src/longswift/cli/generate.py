@@ -217,6 +217,9 @@ def _prompt(args: argparse.Namespace) -> tuple[str | list[int], bool | None]:
         if env_world_size() > 1:  # one process got the text, which one by chance; the others an empty prompt
             raise LongswiftError("--prompt-file - (standard input) reaches only one of torchrun's processes: "
                                  "write the prompt to a file and give its name")
+        if sys.stdin is not None and sys.stdin.isatty():  # (it waited without a word for text typed at a terminal)
+            print("longswift: reading the prompt from the terminal: type it, then press Ctrl-D on a line of its own",
+                  file=sys.stderr)
     elif args.prompt is None and not _every_process_reads(args.prompt_file):
         # A FIFO's text went to one process and the others waited for a writer (a hang); torchrun passes no
         # process substitution <(...) on (its /dev/fd/N was "does not exist")
