@@ -866,3 +866,43 @@ def test_train_heads_failing_before_a_checkpoint_leaves_no_out_behind(tmp_path, 
     monkeypatch.setattr(train_module, "train_heads", saved_then_fail)
     train_heads(tmp_path / "o")
     assert (tmp_path / "o" / "checkpoint.pt").read_bytes() == b"a step's"
+
+
+def test_a_batch_larger_than_the_self_distilled_windows_is_refused_before_sampling(tiny, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """--batch-size past the windows was refused after self-distill had sampled (minutes): every self-distilled
+    document is its prompt + --distill-new-tokens (EOS is banned: no row ends early), so the windows are counted
+    before sampling, exactly: the count equals the windows the sampled documents give."""
+    from argparse import Namespace
+
+    from conftest import assert_one_line_error, run_cli, tiny_hf_model
+
+    import longswift.engine
+    import longswift.train.distill as distill
+    from longswift.cli.heads import prepare_windows
+
+    class Tokenizer:  # the tiny model has none; prompts of 6 to 19 tokens, as the first words of each request
+        chat_template = None
+
+        def encode(self, text, add_special_tokens=True):
+            return [3 + ord(c) % 90 for c in text[: 6 + len(text) % 14]]
+
+    monkeypatch.setattr(tiny, "tokenizer", Tokenizer())
+    (tmp_path / "d.txt").write_text("a document of a window and a half")
+    args = Namespace(data=[str(tmp_path / "d.txt")], self_distill=72, distill_new_tokens=6, distill_batch=4,
+                     no_progress=True)
+    counted: list[int] = []
+    windows, info = prepare_windows(tiny, args, read_texts(args.data), 12, seed=1, check=counted.append)
+    assert counted == [info["windows"]] == [windows.shape[0]] and 12 < windows.shape[0] < 2 * 12 + 1
+
+    tiny_hf_model("llama", seed=3, vocab=96).save_pretrained(tmp_path / "m")
+    monkeypatch.setattr(longswift.engine, "load", lambda *a, **k: tiny)  # (with the tokenizer above)
+    monkeypatch.setattr(distill, "_sampler", lambda engine: pytest.fail("sampled before refusing"))
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path / "cache"))  # (not the documents sampled above)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),
+                           "--self-distill", "72", "--distill-new-tokens", "6", "--distill-batch", "4", "--seed", "1",
+                           "--out", str(tmp_path / "o"), "--seq-len", "12", "--batch-size", "40", "--steps", "2",
+                           "--warmup", "1", "--no-progress", "--threads", "1")
+    assert_one_line_error(code, err, f"--batch-size 40 exceeds the {windows.shape[0]} windows of the training data")
+    assert not (tmp_path / "o").exists()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,11 +120,13 @@ def check_seq_len(args: argparse.Namespace, runtime: RuntimeConfig, seq_len: int
     check_window_length(cfg, seq_len)
 
 
-def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq_len: int,
-                    seed: int) -> tuple[torch.Tensor, dict]:
-    """Token windows [N, seq_len] from the --data `texts` and/or --self-distill, and a description of them."""
+def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq_len: int, seed: int,
+                    check: Callable[[int], None] | None = None) -> tuple[torch.Tensor, dict]:
+    """Token windows [N, seq_len] from the --data `texts` and/or --self-distill, and a description of them.
+    `check`: called with the number of windows there will be before self-distill samples (minutes), where that is
+    any (none: self_distill and cut_windows say why)."""
     from ..train.data import cut_windows, tokenize
-    from ..train.distill import self_distill
+    from ..train.distill import distill_prompts, distilled_lengths, self_distill
 
     if engine.tokenizer is None:  # --data is text and --self-distill writes from text prompts: both need one
         raise LongswiftError("this model has no tokenizer, and both --data (text) and --self-distill (text prompts) "
@@ -133,12 +137,16 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
         documents += tokenize(engine.tokenizer, texts)
         info["data"] = [str(d) for d in args.data]
     if args.self_distill:
+        prompts = distill_prompts(engine)
+        lengths = [len(d) for d in documents] + distilled_lengths(prompts, args.self_distill, args.distill_new_tokens)
+        if check is not None and (count := sum(n // seq_len for n in lengths)):  # (cut_windows' count)
+            check(count)
         t0 = time.perf_counter()
         if (log := progress_lines(args)) is not None:
             purpose = "text to evaluate on" if getattr(args, "command", None) == "eval-heads" else "training text"
             log(f"self-distill: the model writes {args.self_distill:,} tokens of {purpose}")
         docs = self_distill(engine, args.self_distill, args.distill_new_tokens, args.distill_batch,
-                            SamplingConfig(seed=seed), progress=show_progress(args), window=seq_len)
+                            SamplingConfig(seed=seed), progress=show_progress(args), prompts=prompts, window=seq_len)
         documents += docs
         info["self_distill"] = {"tokens": args.self_distill, "new_tokens_per_document": args.distill_new_tokens,
                                 "documents": len(docs), "sampling": asdict(SamplingConfig(seed=seed)),
@@ -204,7 +212,7 @@ def _report_trained(args: argparse.Namespace, cfg: TrainConfig, trainer: HeadTra
 def cmd_train_heads(args: argparse.Namespace) -> int:
     from ..atomic import absent_dirs, remove_made
     from ..engine import load
-    from ..train.train import CHECKPOINT, TrainConfig, claimed_out_dir, train_heads
+    from ..train.train import CHECKPOINT, TrainConfig, check_batch, claimed_out_dir, train_heads
     from .stop import StopRequest, say
 
     cfg = config_from_args(TrainConfig, args)
@@ -226,7 +234,8 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                 with stop.at_once():
                     engine = load(args.model, runtime, heads=None)
                     t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)
-                    windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed)
+                    windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed,
+                                                    check=functools.partial(check_batch, cfg))  # (before sampling)
                 trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
                                       extra_meta={"data": info}, stop=stop, claimed=True, log=progress_lines(args),
                                       data_settings=distill)

@@ -93,6 +93,17 @@ def _cache_key(engine: Any, n_tokens: int, new_tokens: int, batch: int, sampling
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def distill_prompts(engine: Any) -> list[list[int]]:
+    """The built-in writing requests as token ids, in the model's chat template where it has one (a tokenizer's)."""
+    return [engine.encode(p, chat=None) for p in PROMPTS]
+
+
+def distilled_lengths(prompts: list[list[int]], n_tokens: int, new_tokens: int) -> list[int]:
+    """The lengths of the documents self_distill writes from `prompts`, known before it samples: each is its prompt
+    + `new_tokens` (EOS is banned and no other token stops a row), the prompts taken in turn."""
+    return [len(prompts[i % len(prompts)]) + new_tokens for i in range(-(-n_tokens // new_tokens))]
+
+
 def check_documents_fill(prompts: list[list[int]], new_tokens: int, window: int | None) -> None:
     """Refuse self-distilling documents (prompt + `new_tokens`) of which none reaches `window` tokens:
     cut into windows, all of them would be dropped, after minutes of sampling."""
@@ -148,7 +159,7 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
         if engine.tokenizer is None:
             raise LongswiftError("this model has no tokenizer, so it cannot self-distill from text prompts: "
                                  f"{ADD_TOKENIZER_FILES}, or pass prompts as token ids")
-        prompts = [engine.encode(p, chat=None) for p in PROMPTS]  # the chat template where the model has one
+        prompts = distill_prompts(engine)
     longest, limit = max((len(p) for p in prompts), default=0), engine.cfg.context_limit
     if longest + new_tokens > limit:
         raise LongswiftError(f"--distill-new-tokens {new_tokens} + the longest prompt's {longest} tokens exceed this "

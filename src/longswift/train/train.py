@@ -473,7 +473,16 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     holds `claimed_out_dir(out_dir)` already (train-heads takes it before loading the model). `log`: where to
     say, in plain lines, what it starts and each checkpoint's step, loss and accuracy (a log file's progress,
     where no bar is drawn). `data_settings`: see run_settings."""
-    n = windows.shape[0]
+    check_batch(cfg, windows.shape[0])
+    if claimed:
+        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
+    with claimed_out_dir(out_dir, resume) as out:
+        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop, log, data_settings)
+
+
+def check_batch(cfg: TrainConfig, n: int) -> None:
+    """Refuse a step that would read a window more than once on average: cfg.batch_size, or it x cfg.grad_accum,
+    above the `n` windows of the data (train-heads checks the count before self-distill samples)."""
     if cfg.batch_size > n:  # (accepted: 1,000 on 12 windows read each ~83 times a step, for minutes a step)
         said = (f"exceeds the {n} windows of the training data: a batch would hold each window "
                 f"{cfg.batch_size / n:.1f} times on average; give at most {n}, or more data")
@@ -488,10 +497,6 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
         raise ConfigError(f"TrainConfig.batch_size={cfg.batch_size} x grad_accum={cfg.grad_accum} "
                           + too_many("a grad_accum of"),
                           f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} " + too_many("--grad-accum"))
-    if claimed:
-        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
-    with claimed_out_dir(out_dir, resume) as out:
-        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop, log, data_settings)
 
 
 def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resume: bool, progress: bool,
