@@ -82,11 +82,11 @@ def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
     bad.write_text('{"id": "a", "prompt": "ok"}\n{"id": "b"}\n')
     from longswift.errors import LongswiftError
 
-    with pytest.raises(LongswiftError, match="p.jsonl:2"):
+    with pytest.raises(LongswiftError, match="p.jsonl' line 2 has no \"prompt\" field"):
         read_instructions(bad)
     # two prompts of one id (of the same length) were one cell of the report, their runs counted together
     bad.write_text('{"id": "a", "prompt": "one"}\n{"prompt": "two"}\n{"id": "a", "prompt": "three"}\n')
-    with pytest.raises(LongswiftError, match='p.jsonl:3: id "a" is used by an earlier line'):
+    with pytest.raises(LongswiftError, match='p.jsonl\' line 3: id "a" is used by an earlier line'):
         read_instructions(bad)
     # JSON writers leave U+2028, U+2029 and U+0085 unescaped in strings, where str.splitlines split the record
     # (refused as no JSON object); CRLF line ends stay line ends
@@ -98,12 +98,14 @@ def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("line, match", [
-    ('{"id": "a", "prompt": "ok",}', r"p.jsonl:1: invalid JSON \(Expecting property name enclosed in double quotes "
-                                     r"at column 28\)"),  # (its prompt field was said to be missing)
-    ('{"id": ' + "9" * 5000 + ', "prompt": "ok"}', "p.jsonl:1: JSON that Python cannot read"),  # (a ValueError)
-    ('{"prompt": "ok", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "p.jsonl:1: JSON that Python cannot read"),
-    ('["prompt"]', 'p.jsonl:1: expected a JSON object with a "prompt" field'),
-    ('{"id": "", "prompt": "ok"}', 'p.jsonl:1: "id" must be a non-empty name on one line .*; got ""'),
+    ('{"id": "a", "prompt": "ok",}', r"p.jsonl' line 1 is not JSON \(Expecting property name enclosed in double "
+                                     r"quotes at column 28\)"),  # (its prompt field was said to be missing)
+    ('{"id": ' + "9" * 5000 + ', "prompt": "ok"}', "p.jsonl' line 1 holds an integer of more than"),  # (a ValueError)
+    ('{"prompt": "ok", "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "p.jsonl' line 1 nests arrays or objects too "
+                                                                     "deeply"),
+    ('["prompt"]', 'p.jsonl\' line 1 has no "prompt" field: a prompt set holds one {"id": ..., "prompt": ...} '),
+    ('{"id": "", "prompt": "ok"}', 'p.jsonl\' line 1: "id" must be a non-empty name on one line .*; got ""'),
+    ('{"id": "a", "prompt": "ok \\ud800"}', r"line 1 holds an unpaired surrogate escape \(\\ud800\) in its 'prompt'"),
     ('{"id": "a\\n## b", "prompt": "ok"}', '"id" must be a non-empty name on one line'),  # (broke the report)
     ('{"id": null, "prompt": "ok"}', '"id" must be .*; got null'),  # (was the cell "None")
     ('{"id": true, "prompt": "ok"}', '"id" must be .*; got true'),
@@ -149,7 +151,7 @@ def test_a_prompt_file_bench_cannot_use_is_refused_before_loading(tmp_path, caps
     assert_one_line_error(code, err, f"prompt file '{tmp_path / 'empty.txt'}' is empty: give a file of prose text")
     (tmp_path / "bad.ndjson").write_text('{"id": "a"}\n')
     code, _, err = run_cli(capsys, *base, str(tmp_path / "bad.ndjson"))
-    assert_one_line_error(code, err, 'bad.ndjson:1: expected a JSON object with a "prompt" field')
+    assert_one_line_error(code, err, 'bad.ndjson\' line 1 has no "prompt" field')
     os.mkfifo(tmp_path / "fifo")
     code, _, err = run_cli(capsys, *base, str(tmp_path / "fifo"))
     assert_one_line_error(code, err, f"--prompt-file '{tmp_path / 'fifo'}' is a pipe")

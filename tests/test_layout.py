@@ -13,7 +13,7 @@ PKG = Path(longswift.__file__).parent
 
 # What each floor may import besides itself. The top-level modules are split in two: the base
 # (configs, errors, sampling, stats, files) that every floor uses, and the Python API.
-BASE = {"config", "errors", "atomic", "sampling", "stats", "prompts", "detok", "stop_strings"}
+BASE = {"config", "errors", "atomic", "sampling", "stats", "prompts", "jsonl", "detok", "stop_strings"}
 API = {"engine", "encoding", "stream", "generate", "checkpoint", "__init__"}
 ALLOWED = {
     "base": {"base"},

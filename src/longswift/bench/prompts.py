@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
+from ..jsonl import check_encodable, json_lines, parse_line
 from ..prompts import STDIN, read_prompt_file
 
 
@@ -31,35 +32,25 @@ class Prompt:
 def read_instructions(path: Path) -> list[tuple[str, str]]:
     """(id, text) pairs of a JSONL prompt set; a clear error names the first bad line."""
     pairs: list[tuple[str, str]] = []
-    # Lines end at "\n" alone (a "\r" before it is stripped): str.splitlines also splits at U+2028, U+2029 and
-    # U+0085, which JSON writers leave unescaped inside strings, and refused such a record as no JSON object
-    for number, line in enumerate(read_prompt_file(path).split("\n"), 1):
-        line = line.removesuffix("\r")
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise LongswiftError(f"{path}:{number}: invalid JSON ({exc.msg} at column {exc.colno}): expected one JSON "
-                                 "object with a \"prompt\" field a line") from None
-        except (ValueError, RecursionError):  # (an integer of over 4,300 digits; arrays nested 100,000 deep)
-            raise LongswiftError(f"{path}:{number}: JSON that Python cannot read (a number too long or nesting too "
-                                 "deep): expected one JSON object with a \"prompt\" field a line") from None
+    wanted = 'a prompt set holds one {"id": ..., "prompt": ...} object a line'
+    for number, line in json_lines(read_prompt_file(path)):
+        row = parse_line(path, number, line, wanted)
         if not isinstance(row, dict) or "prompt" not in row:
-            raise LongswiftError(f"{path}:{number}: expected a JSON object with a \"prompt\" field")
+            raise LongswiftError(f"'{path}' line {number} has no \"prompt\" field: {wanted}")
         text, name = row["prompt"], row.get("id", f"line{number}")
         if not isinstance(text, str) or not text.strip():
-            raise LongswiftError(f"{path}:{number}: \"prompt\" must be non-empty text")
+            raise LongswiftError(f"'{path}' line {number}: \"prompt\" must be non-empty text")
+        check_encodable(path, number, "prompt", text)
         # The id names the report's cells, in headings and progress lines: a newline in it broke the report's
         # markdown, an empty one left the heading nameless, and null was "None"
         if (isinstance(name, bool) or not isinstance(name, (str, int, float)) or not str(name).strip()
                 or any(unicodedata.category(c) == "Cc" for c in str(name))):
-            raise LongswiftError(f"{path}:{number}: \"id\" must be a non-empty name on one line (text or a number); "
-                                 f"got {json.dumps(name)[:40]}")
+            raise LongswiftError(f"'{path}' line {number}: \"id\" must be a non-empty name on one line (text or a "
+                                 f"number); got {json.dumps(name)[:40]}")
         name = str(name)
         if name in (n for n, _ in pairs):  # the report's cells are named by id: two prompts would share one
-            raise LongswiftError(f"{path}:{number}: id \"{name}\" is used by an earlier line: give each prompt "
-                                 "its own id")
+            raise LongswiftError(f"'{path}' line {number}: id \"{name}\" is used by an earlier line: give each "
+                                 "prompt its own id")
         pairs.append((name, text))
     if not pairs:
         raise LongswiftError(f"prompt file '{path}' holds no prompts")
