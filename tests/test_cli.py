@@ -1428,7 +1428,7 @@ def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tm
         torch.save({"step": 7, "config": {"steps": 20}}, Path(out) / "checkpoint.pt")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (None, {}))  # (the tiny model has no tokenizer)
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (None, None, {}))  # (tiny has no tokenizer)
     monkeypatch.setattr(train_module, "train_heads", cut)
     out = tmp_path / "h"
     code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),
@@ -1603,7 +1603,7 @@ def test_a_disk_error_in_train_heads_names_the_checkpoint_to_continue_from(tmp_p
         (Path(out) / "checkpoint.pt").write_bytes(b"saved")
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(out) / "heads.safetensors.x1.partial"))
 
-    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (None, {}))  # (the tiny model has no tokenizer)
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (None, None, {}))  # (tiny has no tokenizer)
     monkeypatch.setattr(train_module, "train_heads", full)
     out = tmp_path / "h"
     code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),

@@ -818,7 +818,7 @@ def test_a_batch_larger_than_the_data_is_refused(tiny, tmp_path, capsys, monkeyp
     assert not (tmp_path / "a").exists()
     tiny_hf_model("llama", seed=3, vocab=96).save_pretrained(tmp_path / "m")
     (tmp_path / "d.txt").write_text("text")
-    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (windows, {}))  # (no tokenizer: ids given)
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (windows, None, {}))  # (no tokenizer: ids given)
     capsys.readouterr()
     code, _, err = run_cli(capsys, "train-heads", "--model", str(tmp_path / "m"), "--data", str(tmp_path / "d.txt"),
                            "--out", str(tmp_path / "o"), "--seq-len", "24", "--batch-size", "50", "--steps", "2",
@@ -862,7 +862,7 @@ def test_train_heads_failing_before_a_checkpoint_leaves_no_out_behind(tmp_path, 
         (out / "checkpoint.pt").write_bytes(b"a step's")
         raise failure
 
-    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (torch.zeros(3, 24, dtype=torch.long), {}))
+    monkeypatch.setattr(heads_cli, "prepare_windows", lambda *a, **k: (torch.zeros(3, 24, dtype=torch.long), None, {}))
     monkeypatch.setattr(train_module, "train_heads", saved_then_fail)
     train_heads(tmp_path / "o")
     assert (tmp_path / "o" / "checkpoint.pt").read_bytes() == b"a step's"
@@ -892,8 +892,8 @@ def test_a_batch_larger_than_the_self_distilled_windows_is_refused_before_sampli
     args = Namespace(data=[str(tmp_path / "d.txt")], self_distill=72, distill_new_tokens=6, distill_batch=4,
                      no_progress=True)
     counted: list[int] = []
-    windows, info = prepare_windows(tiny, args, read_texts(args.data), 12, seed=1, check=counted.append)
-    assert counted == [info["windows"]] == [windows.shape[0]] and 12 < windows.shape[0] < 2 * 12 + 1
+    windows, _, info = prepare_windows(tiny, args, read_texts(args.data), 12, seed=1, check=counted.append)
+    assert counted == [info["windows"]] == [windows.shape[0]] > [0] and info["prompt_only_windows"] > 0
 
     tiny_hf_model("llama", seed=3, vocab=96).save_pretrained(tmp_path / "m")
     monkeypatch.setattr(longswift.engine, "load", lambda *a, **k: tiny)  # (with the tokenizer above)
@@ -906,3 +906,87 @@ def test_a_batch_larger_than_the_self_distilled_windows_is_refused_before_sampli
                            "--warmup", "1", "--no-progress", "--threads", "1")
     assert_one_line_error(code, err, f"--batch-size 40 exceeds the {windows.shape[0]} windows of the training data")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_self_distilled_prompt_is_context_not_a_target(tiny):
+    """A self-distilled document is its chat prompt + the model's tokens: windows took the prompt's tokens as
+    targets (34 of 50 windows held only prompt at --distill-new-tokens 16 --seq-len 16), teaching the heads 32
+    fixed requests. Now a window counts targets from its first token past the prompt, and one of prompt alone
+    is dropped; plain documents (prompt 0) keep every target."""
+    from longswift.train.data import counted_starts, cut_counted_windows
+
+    doc = list(range(10, 22))  # 12 tokens, the first 8 a prompt: windows of 5 at 0 (all prompt) and 5
+    assert counted_starts(12, 8, 5) == [(5, 3)]
+    windows, first = cut_counted_windows([doc, doc], [8, 0], 5)
+    assert windows.tolist() == [doc[5:10], doc[0:5], doc[5:10]] and first.tolist() == [3, 0, 0]
+    targets = head_targets(windows, 3, first)
+    assert targets[:, 0].tolist() == [[-100, 18, 19, -100, -100], [18, 19, -100, -100, -100],
+                                      [19, -100, -100, -100, -100]]  # (17, the prompt's last token: no target)
+    assert torch.equal(targets[:, 1:], head_targets(windows[1:], 3))
+    with pytest.raises(LongswiftError, match="every window of --seq-len 5 tokens holds only prompt tokens"):
+        cut_counted_windows([doc[:9]], [8], 5)
+    with pytest.raises(LongswiftError, match=r"every --seq-len 5 window of the self-distilled documents \(a prompt of "
+                                             r"at most 8 tokens \+ --distill-new-tokens 1\) holds only prompt tokens, "
+                                             r"which are not trained on: raise --distill-new-tokens to at least 2$"):
+        self_distill(tiny, 1, new_tokens=1, prompts=[doc[:8]], window=5, cache_dir=None)  # (before sampling)
+
+
+def test_prompt_targets_add_nothing_to_the_loss_nor_the_accuracy(tiny):
+    """With the same hidden states (the prompt as context), changing the prompt's tokens as targets changes
+    neither a training step (its loss, the heads it makes) nor eval-heads' accuracy: they are not counted."""
+    from longswift.train.data import cut_counted_windows
+
+    docs = _windows(tiny, n=4, length=24, seed=7).tolist()
+    windows, first = cut_counted_windows(docs, [9, 14, 0, 20], 12)  # (the 2nd's and 4th's first: all prompt)
+    assert first.tolist() == [9, 0, 2, 0, 0, 8] and windows.shape[0] == 6
+    other = windows.clone()
+    for k, f in enumerate(first.tolist()):
+        other[k, 2:f] = (other[k, 2:f] + 1) % 96  # (tokens 0, 1 are no target of any head)
+    hidden = base_hidden(tiny.model, windows)
+    cfg = TrainConfig(steps=2, lr=1e-2, seq_len=12, batch_size=6, warmup=0, bf16_lm_head=False)
+    a, b = (HeadTrainer(tiny, w, hidden, cfg, first=first) for w in (windows, other))
+    for _ in range(2):
+        ma, mb = a.run_step(), b.run_step()
+        assert ma.head_loss == mb.head_loss and ma.head_acc == mb.head_acc
+    assert torch.equal(a.heads.weights, b.heads.weights)
+    plain = HeadTrainer(tiny, other, hidden, cfg)  # (without `first`: the prompt's targets count, and differ)
+    assert plain.run_step().head_loss != HeadTrainer(tiny, windows, hidden, cfg).run_step().head_loss
+    acc = head_accuracy(tiny, a.heads, windows, first=first)  # (eval-heads: the same targets counted)
+    with torch.no_grad():
+        best = tiny.model.lm_head(a.heads(hidden.flatten(0, 1))).argmax(-1)  # [gamma, N*L]
+    targets = head_targets(windows, 3, first).flatten(1, 2)
+    assert acc.positions == int((targets[0] != -100).sum()) == 6 * 10 - (9 - 2) - (8 - 2)
+    assert acc.top1 == ((best == targets).sum(1) / (targets != -100).sum(1).double()).tolist()
+
+
+def test_self_distilled_windows_drop_prompt_only_ones_and_are_counted_before_sampling(tiny, tmp_path, monkeypatch):
+    """prepare_windows counts, before sampling, the windows cutting gives: the self-distilled documents' windows
+    of prompt alone left out; and a cache entry whose documents are not its prompts + new tokens is sampled
+    again (its prompt lengths would mask the wrong tokens)."""
+    from argparse import Namespace
+
+    from longswift.cli.heads import prepare_windows
+    from longswift.train.distill import PROMPTS
+
+    class Tokenizer:  # prompts of 6 to 19 tokens
+        chat_template = None
+
+        def encode(self, text, add_special_tokens=True):
+            return [3 + ord(c) % 90 for c in text[: 6 + len(text) % 14]]
+
+    monkeypatch.setattr(tiny, "tokenizer", Tokenizer())
+    monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path))
+    args = Namespace(data=[], self_distill=64, distill_new_tokens=8, distill_batch=8, no_progress=True)
+    counted: list[int] = []
+    windows, first, info = prepare_windows(tiny, args, [], 8, seed=1, check=counted.append)
+    prompts = [len(Tokenizer().encode(p)) for p in PROMPTS[:8]]  # each document: its prompt + 8 tokens
+    # windows of 8: each document's last one alone holds a token past the prompt, from index prompt % 8 on
+    assert counted == [windows.shape[0]] == [info["windows"]] == [8]
+    assert first.tolist() == [p % 8 for p in prompts]
+    assert info["prompt_only_windows"] == sum(p // 8 for p in prompts) > 0
+    (entry,) = [p for p in (tmp_path / "distill").glob("*.json")]
+    stored = json.loads(entry.read_text())
+    stored["documents"][0][0] += 1  # not its prompt: sampled again, to the same documents
+    entry.write_text(json.dumps(stored))
+    again, first_again, _ = prepare_windows(tiny, args, [], 8, seed=1)
+    assert torch.equal(again, windows) and torch.equal(first_again, first)

@@ -121,25 +121,31 @@ def check_seq_len(args: argparse.Namespace, runtime: RuntimeConfig, seq_len: int
 
 
 def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq_len: int, seed: int,
-                    check: Callable[[int], None] | None = None) -> tuple[torch.Tensor, dict]:
-    """Token windows [N, seq_len] from the --data `texts` and/or --self-distill, and a description of them.
-    `check`: called with the number of windows there will be before self-distill samples (minutes), where that is
-    any (none: self_distill and cut_windows say why)."""
-    from ..train.data import cut_windows, tokenize
-    from ..train.distill import distill_prompts, distilled_lengths, self_distill
+                    check: Callable[[int], None] | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    """Token windows [N, seq_len] from the --data `texts` and/or --self-distill, each window's first target index
+    [N] (None where every token is a target: no self-distill), and a description of them. A self-distilled
+    document's prompt is context, not a target; its windows of prompt alone are dropped (info's
+    "prompt_only_windows"). `check`: called with the number of windows there will be before self-distill samples
+    (minutes), where that is any (none: self_distill and cut_counted_windows say why)."""
+    from ..train.data import counted_starts, cut_counted_windows, tokenize
+    from ..train.distill import distill_prompts, distilled_lengths, distilled_prompt_lengths, self_distill
 
     if engine.tokenizer is None:  # --data is text and --self-distill writes from text prompts: both need one
         raise LongswiftError("this model has no tokenizer, and both --data (text) and --self-distill (text prompts) "
                              f"need one: {ADD_TOKENIZER_FILES}")
     documents: list[list[int]] = []
+    prompt_lengths: list[int] = []  # (of each document: its tokens that are context but not targets)
     info: dict = {}
     if texts:
         documents += tokenize(engine.tokenizer, texts)
+        prompt_lengths += [0] * len(documents)
         info["data"] = [str(d) for d in args.data]
     if args.self_distill:
         prompts = distill_prompts(engine)
         lengths = [len(d) for d in documents] + distilled_lengths(prompts, args.self_distill, args.distill_new_tokens)
-        if check is not None and (count := sum(n // seq_len for n in lengths)):  # (cut_windows' count)
+        prompt_lengths += distilled_prompt_lengths(prompts, args.self_distill, args.distill_new_tokens)
+        count = sum(len(counted_starts(n, p, seq_len)) for n, p in zip(lengths, prompt_lengths))  # (cut's count)
+        if check is not None and count:
             check(count)
         t0 = time.perf_counter()
         if (log := progress_lines(args)) is not None:
@@ -151,10 +157,15 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
         info["self_distill"] = {"tokens": args.self_distill, "new_tokens_per_document": args.distill_new_tokens,
                                 "documents": len(docs), "sampling": asdict(SamplingConfig(seed=seed)),
                                 "seconds": round(time.perf_counter() - t0, 1)}
-    windows = cut_windows(documents, seq_len)
+    windows, first = cut_counted_windows(documents, prompt_lengths, seq_len)
     info["windows"] = int(windows.shape[0])
     info["tokens"] = int(windows.numel())
-    return windows, info
+    if args.self_distill:
+        info["prompt_only_windows"] = sum(len(d) // seq_len for d in documents) - info["windows"]  # (dropped)
+        if (log := progress_lines(args)) is not None:
+            log(f"{info['windows']:,} windows of {seq_len} tokens; {info['prompt_only_windows']:,} more held only a "
+                "self-distilled document's prompt and are dropped (a prompt is context, never a target)")
+    return windows, first if args.self_distill else None, info
 
 
 def _checked_train_inputs(args: argparse.Namespace, cfg: TrainConfig, runtime: RuntimeConfig,
@@ -234,11 +245,12 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
                 with stop.at_once():
                     engine = load(args.model, runtime, heads=None)
                     t0 = time.perf_counter()  # (the time reported: windows, hidden states and steps)
-                    windows, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed,
-                                                    check=functools.partial(check_batch, cfg))  # (before sampling)
+                    # (check_batch: before sampling)
+                    windows, first, info = prepare_windows(engine, args, texts, cfg.seq_len, cfg.seed,
+                                                           check=functools.partial(check_batch, cfg))
                 trainer = train_heads(engine, windows, cfg, out, resume=args.resume, progress=show_progress(args),
                                       extra_meta={"data": info}, stop=stop, claimed=True, log=progress_lines(args),
-                                      data_settings=distill)
+                                      data_settings=distill, first=first)
         except OSError as exc:  # a disk that fills, a directory made read-only: the last checkpoint saved still resumes
             if isinstance(exc, BrokenPipeError) or not (out / CHECKPOINT).exists():
                 raise
@@ -299,12 +311,14 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     check_window(args.seq_len, engine.heads.gamma)  # before the windows, which may distill for minutes
     if args.alpha_tokens:
         check_alpha_fits(engine, args.alpha_tokens, spec=spec)  # before the windows, which may distill for minutes
-    windows, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
+    windows, first, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
     log = progress_lines(args)  # (a log's plain line as each phase starts, as --no-progress's help says)
     if log is not None:
         log(f"the heads' accuracy on {info['windows']:,} windows x {args.seq_len} tokens")
-    acc = head_accuracy(engine, engine.heads, windows, progress=show_progress(args))
-    print(f"accuracy on {info['windows']} windows x {args.seq_len} tokens: {acc.describe()}")
+    acc = head_accuracy(engine, engine.heads, windows, progress=show_progress(args), first=first)
+    left_out = info.get("prompt_only_windows")  # (self-distilled windows of prompt alone: nothing to score)
+    dropped = f" ({left_out} of only prompt tokens left out)" if left_out else ""
+    print(f"accuracy on {info['windows']} windows x {args.seq_len} tokens{dropped}: {acc.describe()}")
     result: dict = {"heads": args.heads, "data": info, "accuracy": asdict(acc)}
     if args.alpha_tokens:
         if log is not None:

@@ -118,16 +118,36 @@ def read_texts(sources: list[str | os.PathLike]) -> list[str]:
 def cut_windows(documents: list[list[int]], seq_len: int) -> torch.Tensor:
     """Token-id documents -> windows [N, seq_len]; each document is cut into consecutive
     windows and its remainder shorter than a window is dropped."""
+    return cut_counted_windows(documents, [0] * len(documents), seq_len)[0]
+
+
+def counted_starts(length: int, prompt: int, seq_len: int) -> list[tuple[int, int]]:
+    """(offset, first) of each window cut from a document of `length` tokens whose first `prompt` are a prompt
+    (a self-distilled document's chat request): `first` is the window's first token that is a training target.
+    The prompt is context for the hidden states but never a target: the heads learn the model's output, not 32
+    fixed requests to memorize. A window whose tokens are all prompt has no target and is left out."""
+    starts = [(i, max(0, prompt - i)) for i in range(0, length - seq_len + 1, seq_len)]
+    return [(i, first) for i, first in starts if first < seq_len]
+
+
+def cut_counted_windows(documents: list[list[int]], prompts: list[int],
+                        seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id documents, each with its prompt's length (0: all of it is text to learn) -> windows [N, seq_len] and
+    each window's first target index [N] (counted_starts; head_targets masks the targets before it)."""
     if seq_len < 2:
         raise LongswiftError(f"--seq-len must be at least 2, got {seq_len}")
-    windows = [doc[i : i + seq_len] for doc in documents for i in range(0, len(doc) - seq_len + 1, seq_len)]
-    if not windows:
+    cut = [(doc, i, first) for doc, p in zip(documents, prompts) for i, first in counted_starts(len(doc), p, seq_len)]
+    if not cut:
         longest = max((len(d) for d in documents), default=0)
+        if any(len(d) >= seq_len for d in documents):  # (self_distill refuses such settings before sampling)
+            raise LongswiftError(f"every window of --seq-len {seq_len} tokens holds only prompt tokens, which are not "
+                                 "trained on: give longer documents (--distill-new-tokens) or a smaller --seq-len")
         raise LongswiftError(
             f"no document reaches --seq-len {seq_len} tokens (the longest has {longest}): "
             "give longer documents or a smaller --seq-len"
         )
-    return torch.tensor(windows, dtype=torch.long)
+    windows = torch.tensor([doc[i : i + seq_len] for doc, i, _ in cut], dtype=torch.long)
+    return windows, torch.tensor([first for _, _, first in cut], dtype=torch.long)
 
 
 def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -23,6 +23,7 @@ from ..runtime.loading.tokenizer_cache import cache_root
 from ..runtime.twin import hf_twin
 from ..sampling import transform
 from ..runtime.probe import model_probe, same_model
+from .data import counted_starts
 
 # Varied long-writing requests (stories, essays, explanations, letters, dialogue, technical prose).
 PROMPTS = (
@@ -104,14 +105,26 @@ def distilled_lengths(prompts: list[list[int]], n_tokens: int, new_tokens: int) 
     return [len(prompts[i % len(prompts)]) + new_tokens for i in range(-(-n_tokens // new_tokens))]
 
 
+def distilled_prompt_lengths(prompts: list[list[int]], n_tokens: int, new_tokens: int) -> list[int]:
+    """The prompt length of each document self_distill writes from `prompts` (taken in turn), in its order: the
+    tokens of each document that are context but not training targets (data.cut_counted_windows)."""
+    return [len(prompts[i % len(prompts)]) for i in range(-(-n_tokens // new_tokens))]
+
+
 def check_documents_fill(prompts: list[list[int]], new_tokens: int, window: int | None) -> None:
-    """Refuse self-distilling documents (prompt + `new_tokens`) of which none reaches `window` tokens:
-    cut into windows, all of them would be dropped, after minutes of sampling."""
+    """Refuse self-distilling documents (prompt + `new_tokens`) of which none reaches `window` tokens, or whose
+    windows all hold only prompt tokens (no target): cut into windows, all of them would be dropped, after minutes
+    of sampling."""
     longest = max((len(p) for p in prompts), default=0)
     if window is not None and longest + new_tokens < window:
         raise LongswiftError(f"self-distilled documents (a prompt of at most {longest} tokens + --distill-new-tokens "
                              f"{new_tokens}) are shorter than --seq-len {window}, so none would make a window: raise "
                              f"--distill-new-tokens to {window - longest} or lower --seq-len to {longest + new_tokens}")
+    if window is not None and prompts and not any(counted_starts(len(p) + new_tokens, len(p), window) for p in prompts):
+        need = min((len(p) // window + 1) * window - len(p) for p in prompts)
+        raise LongswiftError(f"every --seq-len {window} window of the self-distilled documents (a prompt of at most "
+                             f"{longest} tokens + --distill-new-tokens {new_tokens}) holds only prompt tokens, which "
+                             f"are not trained on: raise --distill-new-tokens to at least {need}")
 
 
 def default_cache_dir() -> Path | None:
@@ -169,14 +182,14 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     path = None if cache_dir is None else cache_dir / f"{key}.json"
     probe, dtype = model_probe(engine.model), engine.model.dtype
     cached = _entry(path, probe, dtype)
-    if cached is not None:
+    n_docs = -(-n_tokens // new_tokens)
+    prompts = [prompts[i % len(prompts)] for i in range(n_docs)]
+    if cached is not None and len(cached) == n_docs and _written_from(cached, prompts, new_tokens):
         return cached
     from tqdm import tqdm
     from transformers import GenerationConfig as HFGenerationConfig
 
     twin = _sampler(engine)
-    n_docs = -(-n_tokens // new_tokens)
-    prompts = [prompts[i % len(prompts)] for i in range(n_docs)]
     pad = 0
     hf_cfg = HFGenerationConfig(do_sample=not sampling.greedy, temperature=None, top_k=None, top_p=None,
                                 max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=pad)
@@ -184,6 +197,8 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     # from the batches it finished (kept beside the cache entry as they finish) to the same documents.
     partial = None if path is None else path.with_name(f"{key}.partial.json")
     documents = _finished_batches(partial, batch_size, probe, dtype)
+    if len(documents) > n_docs or not _written_from(documents, prompts, new_tokens):
+        documents = []
     bar = tqdm(total=n_docs * new_tokens, initial=len(documents) * new_tokens, desc="self-distill", unit="tok",
                disable=not progress)
     for lo in range(len(documents), n_docs, batch_size):
@@ -205,6 +220,14 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
     if path is not None and _write_quietly(path, documents, probe) and partial is not None:
         partial.unlink(missing_ok=True)
     return documents
+
+
+def _written_from(documents: list[list[int]], prompts: list[list[int]], new_tokens: int) -> bool:
+    """Whether cached `documents` are each its prompt (in turn) + `new_tokens`: what the training windows take each
+    document's prompt length from (an entry that is not, hand-edited or of another layout, is sampled again rather
+    than have its prompt tokens counted as targets, or the model's tokens masked)."""
+    return all(isinstance(d, list) and len(d) == len(p) + new_tokens and d[: len(p)] == p
+               for d, p in zip(documents, prompts))
 
 
 def _entry(path: Path | None, probe: list[float], dtype: torch.dtype) -> list[list[int]] | None:

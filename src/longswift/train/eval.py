@@ -35,13 +35,15 @@ def check_window(seq_len: int, gamma: int) -> None:
 
 
 def head_accuracy(engine: Any, heads: DraftHeads, windows: torch.Tensor, chunk: int = 1024,
-                  progress: bool = False) -> HeadAccuracy:
-    """Top-1/top-3 accuracy of each head (head i at t predicting the token at t+1+i) on windows [N, L]. The base's
-    hidden states are taken a window at a time (all of them at once did not fit in memory for large data)."""
+                  progress: bool = False, first: torch.Tensor | None = None) -> HeadAccuracy:
+    """Top-1/top-3 accuracy of each head (head i at t predicting the token at t+1+i) on windows [N, L], counting
+    the targets from each window's `first` index [N] on (a self-distilled document's prompt is not counted, as
+    training does not learn it). The base's hidden states are taken a window at a time (all of them at once did
+    not fit in memory for large data)."""
     check_window(int(windows.shape[1]), heads.gamma)
     model = engine.model
     windows = windows.to(model.device)
-    targets = head_targets(windows, heads.gamma)  # [gamma, N, L]
+    targets = head_targets(windows, heads.gamma, first)  # [gamma, N, L]
     top1 = torch.zeros(heads.gamma, dtype=torch.long)
     top3 = torch.zeros(heads.gamma, dtype=torch.long)
     count = torch.zeros(heads.gamma, dtype=torch.long)

@@ -94,13 +94,17 @@ def window_hidden(model: Any, windows: torch.Tensor, progress: bool = False) -> 
         yield hidden
 
 
-def head_targets(windows: torch.Tensor, gamma: int) -> torch.Tensor:
+def head_targets(windows: torch.Tensor, gamma: int, first: torch.Tensor | None = None) -> torch.Tensor:
     """windows [N, L] -> targets [gamma, N, L]: head i (0-based) at t predicts windows[t + 2 + i];
-    -100 (ignored) where that falls outside the window."""
+    -100 (ignored) where that falls outside the window, or before the window's `first` [N] target index
+    (a self-distilled document's prompt: cut_counted_windows)."""
     n, length = windows.shape
     targets = torch.full((gamma, n, length), -100, dtype=torch.long, device=windows.device)
     for i in range(gamma):
         targets[i, :, : max(0, length - 2 - i)] = windows[:, 2 + i :]
+    if first is not None:
+        reach = torch.arange(length, device=windows.device) + 2 + torch.arange(gamma, device=windows.device)[:, None]
+        targets[reach[:, None, :] < first.to(windows.device)[None, :, None]] = -100  # [gamma, 1, L] < [1, N, 1]
     return targets
 
 
@@ -184,7 +188,7 @@ class HeadTrainer:
     """Explicit training state: heads, AdamW, step, data order; `run_step()` does one optimizer step."""
 
     def __init__(self, engine: Any, windows: torch.Tensor, hidden: torch.Tensor, cfg: TrainConfig,
-                 data_settings: dict | None = None) -> None:
+                 data_settings: dict | None = None, first: torch.Tensor | None = None) -> None:
         if cfg.bf16_lm_head is None:  # (the checkpoint and the heads file record what ran)
             cfg = replace(cfg, bf16_lm_head=bf16_lm_head_default(engine.model.device))
         self.engine, self.cfg = engine, cfg
@@ -196,7 +200,7 @@ class HeadTrainer:
                              "reads")
         self.row = torch.full((n,), -1, dtype=torch.long)  # window index -> its row of `hidden` (-1: never read)
         self.row[read] = torch.arange(read.shape[0])
-        self.targets = head_targets(windows, cfg.gamma)  # [gamma, N, L]
+        self.targets = head_targets(windows, cfg.gamma, first)  # [gamma, N, L]
         model = engine.model
         self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
         heads = new_heads(engine.cfg, model.state, cfg.gamma, fingerprint=engine.fingerprint)
@@ -209,7 +213,7 @@ class HeadTrainer:
         self.log: list[dict] = []
         self.interrupted = False  # stopped by a signal before the last step (train_heads' `stop`)
         self.resumed_at = 0  # the checkpoint's step when load_checkpoint continued one
-        self.data_hash = window_hash(windows)
+        self.data_hash = window_hash(windows, first)
         self.settings = run_settings(model.dtype, engine.runtime.rope_scaling, data_settings)
         self.probe = model_probe(model)  # (a fine-tune with the base's embeddings has the base's fingerprint)
 
@@ -380,9 +384,13 @@ def windows_read(cfg: TrainConfig, n: int) -> torch.Tensor:
     return _epoch_order(cfg.seed, 0, n)[:reads].sort().values
 
 
-def window_hash(windows: torch.Tensor) -> str:
-    """Identity of the training windows [N, L], kept in the checkpoint so a resume runs on the same data."""
-    return hashlib.sha256(windows.cpu().numpy().tobytes()).hexdigest()[:20]
+def window_hash(windows: torch.Tensor, first: torch.Tensor | None = None) -> str:
+    """Identity of the training windows [N, L] and of their first target indices [N] where any is past 0 (the
+    targets differ), kept in the checkpoint so a resume runs on the same data (plain text's hash is the windows')."""
+    data = windows.cpu().numpy().tobytes()
+    if first is not None and bool((first > 0).any()):
+        data += b"first" + first.cpu().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:20]
 
 
 def check_resumable(path: Path, cfg: TrainConfig, fingerprint: str, data_hash: str, mmap: bool = False,
@@ -464,7 +472,8 @@ def claimed_out_dir(out_dir: str | os.PathLike, resume: bool,
 def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: str | os.PathLike,
                 resume: bool = False, progress: bool = True, extra_meta: dict | None = None,
                 log: Callable[[str], None] | None = None,
-                stop: Any = None, claimed: bool = False, data_settings: dict | None = None) -> HeadTrainer:
+                stop: Any = None, claimed: bool = False, data_settings: dict | None = None,
+                first: torch.Tensor | None = None) -> HeadTrainer:
     """Train heads on token windows [N, seq_len]; write checkpoints and `heads.safetensors` in out_dir.
     `stop`: a context manager (cli.stop.StopRequest) entered from the hidden states on, which a signal
     interrupts at once (its `at_once()`: nothing to save yet); during the optimizer steps, once its
@@ -472,12 +481,14 @@ def train_heads(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out_dir: s
     trainer with `interrupted` set (no heads file: `resume=True` finishes the run). `claimed`: the caller
     holds `claimed_out_dir(out_dir)` already (train-heads takes it before loading the model). `log`: where to
     say, in plain lines, what it starts and each checkpoint's step, loss and accuracy (a log file's progress,
-    where no bar is drawn). `data_settings`: see run_settings."""
+    where no bar is drawn). `data_settings`: see run_settings. `first`: each window's first target index [N]
+    (cut_counted_windows: a self-distilled document's prompt is context, not a target); None: every token is one."""
     check_batch(cfg, windows.shape[0])
     if claimed:
-        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings)
+        return _train(engine, windows, cfg, Path(out_dir), resume, progress, extra_meta, stop, log, data_settings,
+                      first)
     with claimed_out_dir(out_dir, resume) as out:
-        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop, log, data_settings)
+        return _train(engine, windows, cfg, out, resume, progress, extra_meta, stop, log, data_settings, first)
 
 
 def check_batch(cfg: TrainConfig, n: int) -> None:
@@ -501,7 +512,7 @@ def check_batch(cfg: TrainConfig, n: int) -> None:
 
 def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resume: bool, progress: bool,
            extra_meta: dict | None, stop: Any, log: Callable[[str], None] | None = None,
-           data_settings: dict | None = None) -> HeadTrainer:
+           data_settings: dict | None = None, first: torch.Tensor | None = None) -> HeadTrainer:
     from contextlib import nullcontext
 
     from tqdm import tqdm
@@ -509,7 +520,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
     checkpoint = out / CHECKPOINT
     windows = windows.to(engine.model.device)
     if resume:  # another base model or other data: said before the hidden states, which take minutes
-        ck = check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows), mmap=True,
+        ck = check_resumable(checkpoint, cfg, engine.fingerprint, window_hash(windows, first), mmap=True,
                              settings=run_settings(engine.model.dtype, engine.runtime.rope_scaling, data_settings),
                              probe=(model_probe(engine.model), engine.model.dtype))
         if cfg.bf16_lm_head is None:  # a resumed run goes on as it started, on whatever machine
@@ -525,7 +536,7 @@ def _train(engine: Any, windows: torch.Tensor, cfg: TrainConfig, out: Path, resu
                     if read.shape[0] < windows.shape[0] else ""))
             check_loss_memory(engine, cfg, held=hidden_bytes(engine.model, read.shape[0], windows.shape[1]))
             hidden = base_hidden(engine.model, windows[read.to(windows.device)], progress)
-        trainer = HeadTrainer(engine, windows, hidden, cfg, data_settings)
+        trainer = HeadTrainer(engine, windows, hidden, cfg, data_settings, first)
         if resume:
             trainer.load_checkpoint(checkpoint)
         if log:
