@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
+from ..jsonl import check_encodable, json_lines, parse_line
 
 TEXT_SUFFIXES = (".txt", ".md", ".text")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")  # (.ndjson: the same JSON Lines)
@@ -45,53 +45,27 @@ def _read_text(path: Path) -> str:
 def _one_document(content: str) -> bool:
     try:
         json.loads(content)
-    except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError; the others: _unreadable_line)
+    except (ValueError, RecursionError):  # (JSONDecodeError is a ValueError; the others: jsonl.parse_line)
         return False
     return True
 
 
-def _unreadable_line(path: Path, n: int, exc: ValueError | RecursionError) -> LongswiftError:
-    """The refusal of line `n`, which json.loads could not read: not JSON, or JSON Python does not read (nesting past
-    its recursion limit, an integer past its digit limit), which were tracebacks."""
-    if isinstance(exc, json.JSONDecodeError):
-        return LongswiftError(f"'{path}' line {n} is not JSON ({exc.msg}): JSONL needs one object per line")
-    if isinstance(exc, RecursionError):
-        return LongswiftError(f"'{path}' line {n} nests arrays or objects too deeply to be read: JSONL needs one "
-                              "{\"text\": ...} object per line")
-    return LongswiftError(f"'{path}' line {n} holds an integer of more than {sys.get_int_max_str_digits()} digits, "
-                          "which Python does not read: remove it (JSONL records need only {\"text\": ...})")
-
-
 def _jsonl_texts(path: Path, content: str) -> list[str]:
     texts: list[str] = []
-    # Lines end at "\n" only: splitlines() also cut at U+2028, U+2029 and U+0085, which JSON writers leave
-    # unescaped inside strings (json.dumps with ensure_ascii=False), and refused such files as "not JSON".
-    for n, line in enumerate(content.split("\n"), 1):
-        if not line.strip():
-            continue
+    wanted = 'JSONL data holds one {"text": ...} object a line'
+    for n, line in json_lines(content):
         try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:
+            record = parse_line(path, n, line, wanted)
+        except LongswiftError:
             if not texts and _one_document(content):  # a pretty-printed .json (a log, a config) in a --data folder
                 raise LongswiftError(f"'{path}' is one JSON document, not JSON Lines (one {{\"text\": ...}} object "
                                      "per line): convert it, or move it out of the --data directory") from None
-            raise _unreadable_line(path, n, exc) from None
+            raise
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise LongswiftError(f"'{path}' line {n} has no string field 'text': JSONL records need {{\"text\": ...}}")
-        _check_no_surrogate(path, n, record["text"])
+        check_encodable(path, n, "text", record["text"])
         texts.append(record["text"])
     return texts
-
-
-def _check_no_surrogate(path: Path, n: int, text: str) -> None:
-    """Refuse a text holding a lone surrogate: JSON's "\\ud800" escape reads as one, which is no character and which
-    no tokenizer encodes (a TypeError traceback from tokenize, after the model had loaded)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise LongswiftError(f"'{path}' line {n} holds an unpaired surrogate escape (\\u{ord(text[exc.start]):04x}) in "
-                             "its 'text', which is no character: remove it, or write the character itself (one past "
-                             "U+FFFF escapes as a pair, \\ud83d\\ude00)") from None
 
 
 def data_files(sources: list[str | os.PathLike]) -> list[Path]:
