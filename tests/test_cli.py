@@ -1363,6 +1363,37 @@ def test_eval_heads_without_data_says_evaluation_data_and_an_alpha_of_no_drafts_
     assert "alpha n/a (nothing drafted) (0 of 0 steps after the first token drafted)" in out
 
 
+@pytest.mark.parametrize("seed, new, batch, refused", [
+    (0, 512, 8, True),  # training's own seed: its documents
+    (32, 512, 8, True),  # training's batch at 32 again (32 prompts in turn, seed + 32)
+    (1, 512, 8, False), (16, 512, 8, False),  # (16: another prompt at each document)
+    (32, 512, 64, False),  # (64 a batch: its batch at 0 holds training's 0 to 63, seeded 32, not 0)
+    (0, 256, 8, False), (0, 512, 4, False),  # other documents, other batches
+    (192, 512, 8, False),  # past training's 192 documents
+])
+def test_eval_heads_refuses_self_distilling_its_heads_training_documents(seed, new, batch, refused):
+    """eval-heads --seed 1 (its default) scored heads trained with --seed 1 on their own training documents, read back
+    from the self-distill cache, without a word."""
+    import argparse
+
+    from longswift.cli.heads import _check_not_training_documents
+    from longswift.errors import LongswiftError
+
+    record = {"settings": {"distill_batch": 8}, "data": {"self_distill": {
+        "documents": 192, "new_tokens_per_document": 512, "sampling": {"seed": 0}}}}
+    args = argparse.Namespace(self_distill=98_304, seed=seed, distill_new_tokens=new, distill_batch=batch)
+    if not refused:
+        _check_not_training_documents(record, args)
+        return
+    with pytest.raises(LongswiftError) as info:
+        _check_not_training_documents(record, args)
+    assert str(info.value) == (f"eval-heads --seed {seed} would self-distill documents these heads were trained on "
+                               "(train-heads --seed 0, --distill-new-tokens 512, --distill-batch 8): give a --seed "
+                               "that differs from 0 by other than a multiple of 32, such as --seed 1")
+    _check_not_training_documents(None, args)  # (heads without a record: nothing to compare)
+    _check_not_training_documents(record, argparse.Namespace(**{**vars(args), "self_distill": 0}))  # (--data only)
+
+
 def test_eval_heads_refuses_a_tree_deeper_than_its_heads_before_the_accuracy(tmp_path, capsys, monkeypatch):
     """The alpha run refused --tree 1,3,3,3 for heads drafting 2 depths only after the accuracy's work (minutes with
     --self-distill), with no --json written: refused once the heads are known."""

@@ -195,12 +195,18 @@ class Engine:
         self.heads_file = file if found is not None else None
         self.heads_dir = released if found is not None else None
 
+    def heads_training_record(self) -> dict | None:
+        """What train-heads recorded of how these heads were made (spec.heads.training_record), where they came from
+        a heads file or a released checkpoint that keeps it; None otherwise."""
+        if self.heads_file is not None:
+            return training_record(self.heads_file)
+        return released_training_record(self.heads_dir) if self.heads_dir is not None else None
+
     def heads_note(self) -> str | None:
         """What to tell someone whose heads were trained under another rope scaling than this run's (None
         otherwise, and for heads without train-heads' record): the tokens are the same, since the model decides
         them, but the heads learnt hidden states of other positions, so fewer of their drafts are accepted."""
-        record = (training_record(self.heads_file) if self.heads_file is not None
-                  else released_training_record(self.heads_dir) if self.heads_dir is not None else None)
+        record = self.heads_training_record()
         settings = record.get("settings") if isinstance(record, dict) else None
         if self.heads is None or record is None or not isinstance(settings, dict) or "rope_scaling" not in settings:
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import shlex
 import sys
 import time
@@ -278,6 +279,37 @@ def cmd_train_heads(args: argparse.Namespace) -> int:
     return _report_trained(args, cfg, trainer, info, t0, again, stop.exit_code)
 
 
+def _check_not_training_documents(record: dict | None, args: argparse.Namespace) -> None:
+    """Refuse an eval-heads --self-distill that would write documents its heads were trained on (`record`: their
+    train-heads record): it scored them on their own training data without a word. Self-distill's batch at document
+    `lo` takes the built-in requests from `lo` on, in turn, seeded with --seed + lo: with the same --distill-new-tokens
+    and --distill-batch, a seed that differs from training's by a multiple of both the requests' count and the
+    batch writes training's batches again, wherever the two runs' documents overlap."""
+    from ..train.distill import PROMPTS
+
+    data = record.get("data") if isinstance(record, dict) else None
+    distilled = data.get("self_distill") if isinstance(data, dict) else None
+    settings = record.get("settings") if isinstance(record, dict) else None
+    if not args.self_distill or not isinstance(distilled, dict) or not isinstance(settings, dict):
+        return
+    sampling = distilled.get("sampling")
+    seed = sampling.get("seed") if isinstance(sampling, dict) else None
+    docs, new = distilled.get("documents"), distilled.get("new_tokens_per_document")
+    batch = settings.get("distill_batch")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seed, docs, new, batch)):
+        return
+    assert isinstance(seed, int) and isinstance(docs, int) and isinstance(batch, int)
+    if new != args.distill_new_tokens or batch != args.distill_batch or batch <= 0:
+        return
+    shift, period = args.seed - seed, math.lcm(len(PROMPTS), batch)
+    evaluated = -(-args.self_distill // new)  # the documents this run writes; its batch at lo is training's at lo+shift
+    if shift % period == 0 and -evaluated < shift < docs:
+        raise LongswiftError(f"eval-heads --seed {args.seed} would self-distill documents these heads were trained on "
+                             f"(train-heads --seed {seed}, --distill-new-tokens {new}, --distill-batch {batch}): give "
+                             f"a --seed that differs from {seed} by other than a multiple of {period}, such as "
+                             f"--seed {seed + 1}")
+
+
 def cmd_eval_heads(args: argparse.Namespace) -> int:
     from ..atomic import check_distinct, check_json_output, check_writable, write_atomic
     from ..engine import load
@@ -311,6 +343,7 @@ def cmd_eval_heads(args: argparse.Namespace) -> int:
     check_window(args.seq_len, engine.heads.gamma)  # before the windows, which may distill for minutes
     if args.alpha_tokens:
         check_alpha_fits(engine, args.alpha_tokens, spec=spec)  # before the windows, which may distill for minutes
+    _check_not_training_documents(engine.heads_training_record(), args)
     windows, first, info = prepare_windows(engine, args, texts, args.seq_len, args.seed)
     log = progress_lines(args)  # (a log's plain line as each phase starts, as --no-progress's help says)
     if log is not None:
