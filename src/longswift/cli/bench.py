@@ -78,7 +78,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prefix_flag = "--prefix" if args.prefix is not None else "--prompt-tokens" if args.prompt_tokens is not None else None
     jsonl = args.prompt_file is not None and holds_instructions(args.prompt_file)
     if prefix_flag and args.prompt_file is not None and (args.chat or jsonl):
-        what = f"a {args.prompt_file.suffix} file's prompts" if jsonl else "a chat message"
+        what = f"a {args.prompt_file.suffix.lower()} file's prompts" if jsonl else "a chat message"
         raise LongswiftError(f"{prefix_flag} sets prompt lengths, but {what} are sent whole: drop {prefix_flag}")
     check_heads_flag(args.heads, None)  # a heads file that is not there: said before loading, in flags
     if args.chat and args.prompt_file is None:
