@@ -129,7 +129,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
     "prompt_only_windows"). `check`: called with the number of windows there will be before self-distill samples
     (minutes), where that is any (none: self_distill and cut_counted_windows say why)."""
     from ..train.data import counted_starts, cut_counted_windows, tokenize
-    from ..train.distill import distill_prompts, distilled_lengths, distilled_prompt_lengths, self_distill
+    from ..train.distill import distill_prompts, distilled_prompt_lengths, self_distill
 
     if engine.tokenizer is None:  # --data is text and --self-distill writes from text prompts: both need one
         raise LongswiftError("this model has no tokenizer, and both --data (text) and --self-distill (text prompts) "
@@ -143,8 +143,9 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
         info["data"] = [str(d) for d in args.data]
     if args.self_distill:
         prompts = distill_prompts(engine)
-        lengths = [len(d) for d in documents] + distilled_lengths(prompts, args.self_distill, args.distill_new_tokens)
-        prompt_lengths += distilled_prompt_lengths(prompts, args.self_distill, args.distill_new_tokens)
+        distilled = distilled_prompt_lengths(prompts, args.self_distill, args.distill_new_tokens)
+        lengths = [len(d) for d in documents] + [p + args.distill_new_tokens for p in distilled]
+        prompt_lengths += distilled
         count = sum(len(counted_starts(n, p, seq_len)) for n, p in zip(lengths, prompt_lengths))  # (cut's count)
         if check is not None and count:
             check(count)

@@ -99,15 +99,11 @@ def distill_prompts(engine: Any) -> list[list[int]]:
     return [engine.encode(p, chat=None) for p in PROMPTS]
 
 
-def distilled_lengths(prompts: list[list[int]], n_tokens: int, new_tokens: int) -> list[int]:
-    """The lengths of the documents self_distill writes from `prompts`, known before it samples: each is its prompt
-    + `new_tokens` (EOS is banned and no other token stops a row), the prompts taken in turn."""
-    return [len(prompts[i % len(prompts)]) + new_tokens for i in range(-(-n_tokens // new_tokens))]
-
-
 def distilled_prompt_lengths(prompts: list[list[int]], n_tokens: int, new_tokens: int) -> list[int]:
-    """The prompt length of each document self_distill writes from `prompts` (taken in turn), in its order: the
-    tokens of each document that are context but not training targets (data.cut_counted_windows)."""
+    """The prompt length of each document self_distill writes from `prompts` (taken in turn), in its order, known
+    before it samples: the tokens of each document that are context but not training targets
+    (data.cut_counted_windows). Each document is its prompt + `new_tokens` (EOS is banned and no other token stops
+    a row)."""
     return [len(prompts[i % len(prompts)]) for i in range(-(-n_tokens // new_tokens))]
 
 
