@@ -164,7 +164,7 @@ def test_a_prompt_file_bench_cannot_use_is_refused_before_loading(tmp_path, caps
 def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):
     from types import SimpleNamespace
 
-    from longswift.bench.prompts import build_prompts
+    from longswift.bench.prompts import build_prompts, read_bench_prompt_file
 
     def encode(text, chat=False):  # one id per character; chat adds a 2-id wrapper
         return ([900, 901] if chat else []) + [ord(c) for c in text]
@@ -173,11 +173,11 @@ def test_prompts_prose_to_each_prefix_and_instructions_as_they_are(tmp_path):
                              tokenizer=SimpleNamespace(encode=lambda text, add_special_tokens: encode(text)))
     prose = tmp_path / "p.txt"
     prose.write_text("abc")
-    cells = build_prompts(engine, prose, False, (4, 7), seed=0)
+    cells = build_prompts(engine, read_bench_prompt_file(prose), False, (4, 7), seed=0)
     assert [(n, p.ids, p.fixed) for n, p in cells] == [(4, (97, 98, 99, 97), False), (7, (97, 98, 99) * 2 + (97,), False)]
     jsonl = tmp_path / "i.jsonl"
     jsonl.write_text('{"id": "one", "prompt": "hi"}\n\n{"id": "two", "prompt": "yo"}\n')
-    cells = build_prompts(engine, jsonl, True, (4, 7), seed=0)  # prefix lengths do not apply
+    cells = build_prompts(engine, read_bench_prompt_file(jsonl), True, (4, 7), seed=0)  # prefix lengths do not apply
     assert [(n, p.name, p.ids) for n, p in cells] == [(None, "one", (900, 901, 104, 105)), (None, "two", (900, 901, 121, 111))]
     rand = build_prompts(engine, None, False, (3, 5), seed=1)
     assert rand[0][1].ids == rand[1][1].ids[:3] and all(0 <= t < 50 for t in rand[1][1].ids)  # nested prefixes
@@ -408,6 +408,53 @@ def test_a_peer_that_fails_as_it_loads_is_skipped_with_why(tmp_path, tiny_dir, c
     report, err = bench(capsys, tiny_dir, tmp_path / "bench", "--methods", "ar,llamacpp", "--lengths", "4",
                         "--presets", "greedy")
     assert "llamacpp: skipped (installed but fails to import" in report
+
+
+def test_a_peer_that_cannot_load_stops_the_grid_before_its_first_run(tmp_path, tiny_dir, capsys, monkeypatch):
+    """A peer's model is loaded as it is first run: a GGUF llama.cpp refused stopped the grid after the runs of the
+    methods before it (with --no-warmup, which loaded it no earlier), minutes in at real lengths."""
+    import longswift.bench.grid as grid
+
+    class Refusing(grid.HFRunner):
+        def __init__(self, *args, **kwargs):
+            raise LongswiftError("transformers cannot load this model: leave hf out of --methods")
+
+    monkeypatch.setattr(grid, "HFRunner", Refusing)
+    out_dir = tmp_path / "bench"
+    code = main(["bench", "--model", str(tiny_dir), "--threads", "1", "--no-warmup", "--methods", "ar,hf",
+                 "--prefix", "12", "--lengths", "4", "--presets", "greedy", "--out-dir", str(out_dir)])
+    err = capsys.readouterr().err
+    assert code != 0 and "transformers cannot load this model" in err, err
+    assert "ar: 4 tokens" not in err and not (out_dir / "results.jsonl").read_text().strip(), err
+
+
+def test_a_prompt_file_is_read_once(tmp_path, capsys, monkeypatch):
+    """bench read its --prompt-file three times (its check before loading, the prompts, the digest that names the
+    results): a file rewritten in between named one text's results with another's digest."""
+    from conftest import byte_tokenizer
+
+    import longswift.bench.prompts as prompts_mod
+
+    model = tmp_path / "m"
+    tiny_hf_model("llama", seed=5, vocab=300).save_pretrained(model)
+    byte_tokenizer().save_pretrained(model)
+
+    reads = []
+    read = prompts_mod.read_prompt_bytes
+    monkeypatch.setattr(prompts_mod, "read_prompt_bytes", lambda path: reads.append(path) or read(path))
+    prose = tmp_path / "p.txt"
+    prose.write_text("The keeper climbed the stairs.")
+    code = main(["bench", "--model", str(model), "--threads", "1", "--no-warmup", "--methods", "ar", "--prefix",
+                 "12", "--lengths", "4", "--presets", "greedy", "--prompt-file", str(prose), "--out-dir",
+                 str(tmp_path / "bench")])
+    err = capsys.readouterr().err
+    assert code == 0 and reads == [prose], (reads, err)
+    [record] = lines(tmp_path / "bench" / "results.jsonl")
+    config = json.loads((tmp_path / "bench" / "config.json").read_text())
+    import hashlib
+
+    assert config["identity"]["prompt_digest"] == hashlib.sha256(prose.read_bytes()).hexdigest()[:16], config
+    assert record["prefix"] == 12
 
 
 def test_a_grid_that_would_measure_nothing_is_refused_before_any_file(tmp_path, tiny_dir, capsys, monkeypatch):
@@ -1172,10 +1219,10 @@ class _TextEngine:
 
 def test_a_prose_prompt_repeated_to_its_prefix_has_one_bos(tmp_path):
     """Repeating the whole encoding put the tokenizer's BOS at the start of every repeat."""
-    from longswift.bench.prompts import build_prompts
+    from longswift.bench.prompts import build_prompts, read_bench_prompt_file
 
     (tmp_path / "p.txt").write_text("abc")
-    [(prefix, prompt)] = build_prompts(_TextEngine(), tmp_path / "p.txt", False, (8,), 0)
+    [(prefix, prompt)] = build_prompts(_TextEngine(), read_bench_prompt_file(tmp_path / "p.txt"), False, (8,), 0)
     assert prefix == 8 and list(prompt.ids) == [1, 97, 98, 99, 97, 98, 99, 97]
 
 

@@ -19,7 +19,7 @@ import torch
 
 import longswift
 from longswift import SamplingConfig
-from longswift.bench.prompts import build_prompts
+from longswift.bench.prompts import build_prompts, read_bench_prompt_file
 from longswift.sampling import transform, uniforms
 
 
@@ -43,8 +43,9 @@ def main() -> None:
     for dtype in ("float32", "float64"):
         engine = longswift.load(identity.get("model"), dtype=dtype)
         cfg = engine.ban_eos(recorded)  # bench runs ignore EOS, which bans it (not in the recorded settings)
-        prompt = dict(build_prompts(engine, Path(identity["prompt_file"]) if identity.get("prompt_file") else None,
-                                    identity.get("chat", False), (ar["prefix"],), identity.get("seed", 0)))
+        prompt_file = read_bench_prompt_file(Path(identity["prompt_file"]) if identity.get("prompt_file") else None)
+        prompt = dict(build_prompts(engine, prompt_file, identity.get("chat", False), (ar["prefix"],),
+                                    identity.get("seed", 0)))
         seq = list(prompt.get(ar["prefix"], next(iter(prompt.values()))).ids) + ar["token_ids"][:i]
         with torch.inference_mode():
             logits, _ = engine.model.forward(torch.tensor(seq), torch.arange(len(seq)), None,

@@ -23,7 +23,7 @@ import torch
 import longswift
 from longswift import GenerationConfig, SamplingConfig
 from longswift.bench.grid import PRESETS
-from longswift.bench.prompts import build_prompts
+from longswift.bench.prompts import build_prompts, read_bench_prompt_file
 from longswift.spec.ngram import NGRAM_N, NGramTracker
 from longswift.spec.suffix import SuffixIndex
 from longswift.spec.tree import NGRAM, Trie
@@ -34,7 +34,8 @@ PROMPTS = Path(__file__).resolve().parents[1] / "prompts"
 def ar_run(kind: str, new: int, sampling: SamplingConfig) -> tuple[list[int], int]:
     engine = longswift.load()
     if kind == "clockmaker":
-        prompt = list(build_prompts(engine, PROMPTS / "clockmaker.txt", False, (2048,), 0)[0][1].ids)
+        clockmaker = read_bench_prompt_file(PROMPTS / "clockmaker.txt")
+        prompt = list(build_prompts(engine, clockmaker, False, (2048,), 0)[0][1].ids)
     else:
         prompt = engine.encode((PROMPTS / "lighthouse.txt").read_text(), chat=True)
     out = engine.generate(prompt, method="ar", sampling=sampling,

@@ -19,16 +19,30 @@ def read_prompt_file(path: Path) -> str:
     """The file's text ('-': standard input's, read to its end). A UTF-8 byte-order mark (what Windows
     editors put first) is not part of it: left in, it was tokenized as three bytes of prompt (and broke a
     JSONL set's first line)."""
+    return decode_prompt(read_prompt_bytes(path), path)
+
+
+def _what(path: Path) -> str:
+    return "the prompt on standard input" if str(path) == STDIN else f"prompt file '{path}'"
+
+
+def read_prompt_bytes(path: Path) -> bytes:
+    """The file's bytes ('-': standard input's), refused in one line where they cannot be read."""
     stdin = str(path) == STDIN
-    what = "the prompt on standard input" if stdin else f"prompt file '{path}'"
     if stdin and sys.stdin is None:  # (started with standard input closed: `<&-`)
         raise LongswiftError("standard input is closed: write the prompt to a file and give its name")
     try:
-        data = sys.stdin.buffer.read() if stdin else path.read_bytes()
+        return sys.stdin.buffer.read() if stdin else path.read_bytes()
     except FileNotFoundError:
-        raise LongswiftError(f"{what} does not exist") from None
+        raise LongswiftError(f"{_what(path)} does not exist") from None
     except OSError as exc:
-        raise LongswiftError(f"cannot read {what}: {exc.strerror}") from None
+        raise LongswiftError(f"cannot read {_what(path)}: {exc.strerror}") from None
+
+
+def decode_prompt(data: bytes, path: Path) -> str:
+    """The text of `path`'s bytes `data`: UTF-8, without a leading byte-order mark; other encodings and binary
+    content refused, saying what to convert."""
+    what = _what(path)
     if data.startswith(UTF32_BOMS):  # (before UTF-16's: UTF-32-LE's mark begins with UTF-16-LE's)
         raise LongswiftError(f"{what} is UTF-32 text: save it as UTF-8")
     if data.startswith(UTF16_BOMS):

@@ -35,7 +35,7 @@ from .lockstep import run_lockstep
 from .machine import processor_name
 from .metrics import PeakMemory, Timeline, distinct_n
 from .peers import PEERS, HFRunner, LlamaCppRunner, missing, sampler_note
-from .prompts import Prompt, build_prompts, check_prompt_file, file_digest, holds_instructions
+from .prompts import Prompt, PromptFile, build_prompts, read_bench_prompt_file
 from .report import RunContext, write_outputs
 from .store import OUTPUT_FILES, MemoryStore, ResultStore, absolute
 
@@ -194,6 +194,11 @@ class Methods:
             return f"{self.cfg.pld_tokens} lookup tokens"
         return ""
 
+    def prepare(self, method: str) -> None:
+        """Load a peer's model (llama.cpp's own load of the GGUF, transformers' twin), so that one that cannot load
+        stops the grid before its first run rather than after the runs of the methods before it."""
+        if method in PEERS:
+            self._runner(method)
 
     def run(self, method: str, prompt: list[int], n: int, sampling: SamplingConfig,
             progress: Callable[[int, float], None] | None) -> tuple[list[int], Timeline, Any]:
@@ -259,7 +264,7 @@ def method_spec(method: str, spec: SpecConfig) -> SpecConfig | None:
     return dataclasses.replace(spec, draft_mode="fused") if method == "tokenswift-fused" else spec
 
 
-def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, Any]:
+def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any, prompt_digest: str | None) -> dict[str, Any]:
     """What makes results comparable: a results directory holds runs of one identity only (the grid
     axes, the methods and the TokenSwift options may grow between reruns; they are in each run's key)."""
     import torch
@@ -284,7 +289,7 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any) -> dict[str, An
             **({"heads_digest": heads_fingerprint(engine.heads)}
                if engine.heads is not None and heads not in (None, "auto", "default", "random") else {}),
             "prompt_file": None if cfg.prompt_file is None else absolute(str(cfg.prompt_file)),
-            "prompt_digest": file_digest(cfg.prompt_file), "chat": cfg.chat, "seed": cfg.seed,
+            "prompt_digest": prompt_digest, "chat": cfg.chat, "seed": cfg.seed,
             # only when on, so result directories made before the option existed still match
             **({"float32_logits": True} if engine.model.float32_logits else {}),
             **({"triton_kernels": True} if engine.model.triton_kernels else {}),
@@ -372,11 +377,12 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
     log each run's tokens as it goes, not only its start. Stages: the outputs checked, the model loaded, the
     cells built, the methods that can run chosen, the memory checked, the runs planned, run batch by batch
     (each batch's records stored as it ends), the report written."""
-    check_prompt_file(cfg.prompt_file)  # (it was read after the model loaded: a missing file took 20 s to say so)
+    # read once, before loading (a missing file took 20 s to say so), and for the digest that names the results
+    prompt_file = read_bench_prompt_file(cfg.prompt_file)
     out_dir = check_outputs(model, cfg, heads, out, json_path, out_dir)
     engine = load(model, runtime, heads=heads)
     cfg = dataclasses.replace(cfg, spec=(cfg.spec or SpecConfig()).for_device(engine.model.device))
-    cfg, cells = grid_cells(engine, cfg, log)
+    cfg, cells = grid_cells(engine, cfg, prompt_file, log)
     longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
     methods = Methods(engine, model, cfg, max(len(c.prompt.ids) + c.length for c in cells) + 64)
     runnable, skipped = runnable_methods(methods, cfg, log)
@@ -387,7 +393,7 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
             f"{m} ({p}): {why}" for (m, p), why in refused.items()) + ": choose other --methods or --presets")
     # before any run (and any file), not when the longest cell's cache (or its second cache, in lockstep) is allocated
     check_grid_memory(engine, cfg, longest, [m for m in runnable if m in OURS])
-    identity = suite_identity(engine, cfg, heads)
+    identity = suite_identity(engine, cfg, heads, None if prompt_file is None else prompt_file.digest)
     store = (ResultStore(out_dir, identity, fresh, engine.fingerprint,
                          lambda p: log(f"removed '{p}', left by a run that was killed while writing it"),
                          (model_probe(engine.model), engine.model.dtype))
@@ -406,6 +412,8 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         note = half_precision_note(engine.model.dtype, engine.model.device)
         if note and plan:
             log(f"note: {note}")
+        for m in dict.fromkeys(m for _, _, m, _ in plan):
+            methods.prepare(m)
         if plan and cfg.warmup:
             warm_prompt = list(plan[0][0].prompt.ids[:64])
             for m in dict.fromkeys(m for _, _, m, _ in plan):  # allocator, packed kernels, first-call paths
@@ -462,12 +470,13 @@ def check_outputs(model: str | None, cfg: BenchConfig, heads: str | None, out: P
     return out_dir
 
 
-def grid_cells(engine: Engine, cfg: BenchConfig, log: Callable[[str], None]) -> tuple[BenchConfig, list[Cell]]:
+def grid_cells(engine: Engine, cfg: BenchConfig, prompt_file: PromptFile | None,
+               log: Callable[[str], None]) -> tuple[BenchConfig, list[Cell]]:
     """The grid's cells: each prompt (of each --prefix) x preset x length, and the config with its lengths chosen
     where none were given; refused where the longest cell exceeds the context, before any run."""
-    if not cfg.chat and (cfg.prompt_file is None or not holds_instructions(cfg.prompt_file)):  # --prefix tokens long
+    if not cfg.chat and (prompt_file is None or prompt_file.instructions is None):  # --prefix tokens long
         check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or DEFAULT_LENGTHS[:1]))  # before making them
-    pairs = build_prompts(engine, cfg.prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
+    pairs = build_prompts(engine, prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
     if cfg.lengths is None:
         cfg = dataclasses.replace(cfg, lengths=default_lengths(engine, max(len(p.ids) for _, p in pairs), log))
     assert cfg.lengths is not None

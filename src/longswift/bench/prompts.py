@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..jsonl import check_encodable, json_lines, parse_line
-from ..prompts import STDIN, read_prompt_file
+from ..prompts import STDIN, decode_prompt, read_prompt_bytes, read_prompt_file
 
 
 @dataclass(frozen=True)
@@ -29,11 +29,27 @@ class Prompt:
     fixed: bool
 
 
+@dataclass(frozen=True)
+class PromptFile:
+    """A bench --prompt-file, read once before the model loads: its text, the digest of its bytes (which, with its
+    path, identifies a results directory's runs) and, for a JSONL set, its (id, prompt) pairs."""
+
+    path: Path
+    text: str
+    digest: str
+    instructions: tuple[tuple[str, str], ...] | None
+
+
 def read_instructions(path: Path) -> list[tuple[str, str]]:
     """(id, text) pairs of a JSONL prompt set; a clear error names the first bad line."""
+    return parse_instructions(path, read_prompt_file(path))
+
+
+def parse_instructions(path: Path, content: str) -> list[tuple[str, str]]:
+    """(id, text) pairs of the JSONL prompt set `content` read from `path`; a clear error names the first bad line."""
     pairs: list[tuple[str, str]] = []
     wanted = 'a prompt set holds one {"id": ..., "prompt": ...} object a line'
-    for number, line in json_lines(read_prompt_file(path)):
+    for number, line in json_lines(content):
         row = parse_line(path, number, line, wanted)
         if not isinstance(row, dict) or "prompt" not in row:
             raise LongswiftError(f"'{path}' line {number} has no \"prompt\" field: {wanted}")
@@ -63,30 +79,32 @@ def holds_instructions(prompt_file: Path) -> bool:
     return prompt_file.suffix.lower() in (".jsonl", ".ndjson")
 
 
-def check_prompt_file(path: Path | None) -> None:
-    """Refuse, before the model loads, a prompt file bench cannot use: standard input or a pipe (the file's content
-    names the results, and a resumed grid reads it again: a pipe's second read was empty, and its digest that of
-    nothing), a file that cannot be read, or one that holds no prompt."""
+def read_bench_prompt_file(path: Path | None) -> PromptFile | None:
+    """Read a --prompt-file once, before the model loads, refusing one bench cannot use: standard input or a pipe
+    (the file's content names the results, and a resumed grid reads it again: a pipe's second read was empty, and
+    its digest that of nothing), a file that cannot be read, or one that holds no prompt."""
     if path is None:
-        return
+        return None
     if str(path) == STDIN:
         raise LongswiftError("bench --prompt-file needs a file: its content identifies the results, and a resumed grid "
                              "reads it again ('-', standard input, is generate's)")
     try:
         mode: int | None = os.stat(path).st_mode  # (stat opens nothing: a FIFO does not block it)
     except OSError:
-        mode = None  # (read_prompt_file says why it cannot be read)
+        mode = None  # (read_prompt_bytes says why it cannot be read)
     if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
         raise LongswiftError(f"--prompt-file '{path}' is a pipe (a process substitution <(...) or a FIFO) or a device, "
                              "which bench reads more than once: write the prompts to a file and give its name")
-    if holds_instructions(path):
-        read_instructions(path)
-    elif not read_prompt_file(path).strip():
+    data = read_prompt_bytes(path)
+    text = decode_prompt(data, path)
+    instructions = tuple(parse_instructions(path, text)) if holds_instructions(path) else None
+    if instructions is None and not text.strip():
         raise LongswiftError(f"prompt file '{path}' is empty: give a file of prose text, or leave out --prompt-file "
                              "(random token ids)")
+    return PromptFile(path, text, hashlib.sha256(data).hexdigest()[:16], instructions)
 
 
-def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: tuple[int, ...],
+def build_prompts(engine: Any, prompt_file: PromptFile | None, chat: bool, prefixes: tuple[int, ...],
                   seed: int) -> list[tuple[int | None, Prompt]]:
     """(prefix, prompt) pairs to run: random ids or a prose file for each prefix length; a chat
     message or each JSONL instruction once (prefix None: the prompt is used as it is)."""
@@ -95,23 +113,21 @@ def build_prompts(engine: Any, prompt_file: Path | None, chat: bool, prefixes: t
         pool = torch.randint(0, engine.cfg.vocab_size, (max(prefixes),), generator=g).tolist()
         return [(p, Prompt(f"random-ids-seed{seed}", tuple(pool[:p]), False)) for p in prefixes]
     if engine.tokenizer is None:  # (encode's advice, to give token ids, is not one bench can take)
-        raise LongswiftError(f"--prompt-file '{prompt_file}' is text, and this model has no tokenizer: "
+        raise LongswiftError(f"--prompt-file '{prompt_file.path}' is text, and this model has no tokenizer: "
                              f"{ADD_TOKENIZER_FILES}, or leave out --prompt-file (random token ids)")
-    if holds_instructions(prompt_file):
+    if prompt_file.instructions is not None:
         return [(None, Prompt(name, tuple(engine.encode(text, chat=chat)), True))
-                for name, text in read_instructions(prompt_file)]
-    text = read_prompt_file(prompt_file)
-    if not text.strip():
-        raise LongswiftError(f"prompt file '{prompt_file}' is empty: give a file of prose text")
+                for name, text in prompt_file.instructions]
+    text, stem = prompt_file.text, prompt_file.path.stem
     if chat:
-        return [(None, Prompt(prompt_file.stem, tuple(engine.encode(text, chat=True)), True))]
+        return [(None, Prompt(stem, tuple(engine.encode(text, chat=True)), True))]
     lead, body = _special_lead(engine, text)
     out: list[tuple[int | None, Prompt]] = []
     for p in prefixes:
         repeated = list(lead) + list(body)
         while len(repeated) < p:
             repeated += body
-        out.append((p, Prompt(prompt_file.stem, tuple(repeated[:p]), False)))
+        out.append((p, Prompt(stem, tuple(repeated[:p]), False)))
     return out
 
 
@@ -124,13 +140,3 @@ def _special_lead(engine: Any, text: str) -> tuple[list[int], list[int]]:
         if body and ids[start: start + len(body)] == body:
             return ids[:start], body  # (a special token after the text, such as an EOS, is not repeated either)
     return [], ids  # a tokenizer whose text ids are not a run of its whole encoding: repeated whole, as before
-
-
-def file_digest(path: Path | None) -> str | None:
-    """A short content hash, so that results of an edited prompt file are not mixed with old ones."""
-    if path is None:
-        return None
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        raise LongswiftError(f"cannot read prompt file '{path}'") from None
