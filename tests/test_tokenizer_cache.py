@@ -82,12 +82,23 @@ def test_second_load_reads_the_cache_and_behaves_the_same(tmp_path, monkeypatch,
     assert load_model(None, torch.float32, torch.device("cpu")).tokenizer.name_or_path == str(entry)  # the loader uses it
 
 
+@pytest.fixture(scope="module")
+def written_entry(tmp_path_factory, reader, converted):
+    """A cache entry as a first load writes it (written once: each damage below starts from a copy)."""
+    entry = tmp_path_factory.mktemp("cache") / "tokenizers" / metadata_key(reader)
+    tokenizer_cache._write(converted, entry, replace=False)
+    return entry
+
+
 @pytest.mark.parametrize("damage", ["truncated json", "no marker", "a file missing", "marker of another vocabulary",
                                     "marker of another format", "two ids swapped", "template edited"])
-def test_damaged_entry_is_rebuilt(tmp_path, monkeypatch, path, reader, converted, damage):
+def test_damaged_entry_is_rebuilt(tmp_path, monkeypatch, path, reader, converted, written_entry, damage):
+    """(The rebuild's conversion is the module's one, `converted`: the second load's test above checks that a
+    conversion written and read back behaves as transformers' own; each conversion took ~8 s here.)"""
     monkeypatch.setenv("LONGSWIFT_CACHE_DIR", str(tmp_path))
-    gguf_tokenizer(path, reader)
     entry = tmp_path / "tokenizers" / metadata_key(reader)
+    shutil.copytree(written_entry, entry)
+    assert tokenizer_cache._read(entry) is not None  # whole before the damage
     marker = json.loads((entry / MARKER).read_text())
     assert set(marker["files"]) >= {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}
     if damage == "truncated json":
@@ -115,9 +126,8 @@ def test_damaged_entry_is_rebuilt(tmp_path, monkeypatch, path, reader, converted
         (entry / MARKER).write_text(json.dumps(marker | {"format": tokenizer_cache.FORMAT + 1}))
     assert tokenizer_cache._read(entry) is None
     calls = []
-    real = tokenizer_cache._convert
-    monkeypatch.setattr(tokenizer_cache, "_convert", lambda p: calls.append(p) or real(p))
-    assert_same_tokenizer(gguf_tokenizer(path, reader), converted)
+    monkeypatch.setattr(tokenizer_cache, "_convert", lambda p: calls.append(p) or converted)
+    assert gguf_tokenizer(path, reader) is converted  # converted again, not served from the damaged entry
     assert calls == [path]
     assert_same_tokenizer(tokenizer_cache._read(entry), converted)  # rewritten whole
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # the damaged one is gone, no leftovers
