@@ -260,3 +260,23 @@ def test_a_sentencepiece_words_space_survives_a_long_run_of_eos_before_it():
     assert decode_text(SP, ids) == " world"
     for cuts in ([1], [1, 5], [16]):
         assert "".join(stream_text(SP, ids, cuts)) == " world", cuts
+
+
+class Counting(frozenset):
+    checks = 0
+
+    def __contains__(self, x):
+        Counting.checks += 1
+        return frozenset.__contains__(self, x)
+
+
+def test_an_open_byte_run_costs_each_push_a_bounded_amount():
+    """A byte-fallback model writing a long run of byte tokens (text outside the vocabulary): each push walked
+    the whole open run back to its start, so 40K byte tokens took 18 s (quadratic)."""
+    ids = [SP_BYTES[b] for b in ("東京" * 2000).encode()]  # 12,000 byte tokens, one run
+    decoder = IncrementalDecoder(SP)
+    decoder.bytes = Counting(decoder.bytes)
+    Counting.checks = 0
+    assert all(decoder.push(ids[i:i + 4]) == "" for i in range(0, len(ids), 4))
+    assert Counting.checks <= 4 * len(ids)
+    assert decoder.push(SP.convert_tokens_to_ids(["▁end"])) + decoder.flush() == "東京" * 2000 + " end"

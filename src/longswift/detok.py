@@ -57,6 +57,7 @@ class IncrementalDecoder:
         self.read = 0  # text of ids[:read] has been emitted
         self.special = special_ids(tokenizer)  # tokens of no text (skipped)
         self.bytes = byte_fallback_ids(tokenizer)  # a byte-fallback run's text is final only when it ends
+        self.open_run: int | None = None  # where the byte run still open at the end of ids began
 
     def _decode(self, ids: list[int]) -> str:
         return decode_text(self.tokenizer, ids)
@@ -74,16 +75,21 @@ class IncrementalDecoder:
             start -= 1
         return start
 
-    def _settled(self) -> int:
-        """How many of the ids have final text: all but a byte-fallback run still open at the end."""
-        return self._run_start(len(self.ids), len(self.ids))
-
     def push(self, ids: list[int]) -> str:
         # Special tokens decode to nothing and decoding leaves them out before the decoder joins the rest (a byte
         # run they split is one run): kept out of `ids`, they can neither be counted as tokens of text held back
         # nor pad a held run (a lead byte, 16 <eos>, its continuation byte streamed "\ufffd" and lost the rest).
-        self.ids.extend(t for t in ids if t not in self.special)
-        end = self._settled()
+        for t in ids:
+            if t in self.special:
+                continue
+            if t not in self.bytes:
+                self.open_run = None
+            elif self.open_run is None:
+                self.open_run = len(self.ids)
+            self.ids.append(t)
+        # the ids with final text: all but a byte-fallback run still open at the end (tracked as ids come: walking
+        # back to its start at each push cost a long run quadratic time, 18 s for 40K byte tokens)
+        end = len(self.ids) if self.open_run is None else max(self.open_run, self.read)
         if end <= self.read:  # (an open byte run: nothing to decode yet, however long it grows)
             return ""
         before = self._decode(self.ids[self.prefix : self.read])
