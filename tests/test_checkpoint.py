@@ -363,7 +363,11 @@ def test_damaged_and_foreign_checkpoint_files(base, tmp_path):
         "zeros.json": (b"\0" * 3000, "truncated or corrupt"),  # (damage, not another file)
         "latin1.json": (b"caf\xe9", "truncated or corrupt"),
         "flipped.json": (data.replace(b'"token_ids":[', b'"token_ids":[1,', 1), "checksum mismatch"),
-        "foreign.json": (b'{"hello": 1}', "not a longswift generation checkpoint"),
+        "foreign.json": (b'{"hello": 1}', "not a longswift generation checkpoint: pass the file written by "
+                                          "--checkpoint"),  # (it said what was wrong, not what to do)
+        # --json's result, the file most likely mixed up with the checkpoint
+        "result.json": (b'{"token_ids": [1], "text": "a", "stats": {}}', r"not a longswift generation checkpoint "
+                        r"\(it is a --json result\): pass the file written by --checkpoint"),
         # past the parser's recursion
         "deep.json": (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "truncated or corrupt"),
         "huge-int.json": (b'{"format": ' + b"7" * 5000 + b"}", "truncated or corrupt"),  # past int's digit limit

@@ -1190,6 +1190,19 @@ def test_a_bfloat16_run_resumed_says_its_tokens_follow_the_distribution(tmp_path
         assert ("in bfloat16 the re-read cache rounds otherwise" in err) == (dtype == "bfloat16"), err
 
 
+def test_a_checkpoint_an_editor_saved_with_a_byte_order_mark_resumes(tmp_path, capsys, monkeypatch):
+    """read_checkpoint takes a UTF-8 byte order mark as no damage, but --resume's check of the file it rewrites
+    called such a file 'not a JSON file' and asked for another name, which --resume cannot take."""
+    tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--model", "m", "--prompt-ids", "3,4,5", "--method", "ar",
+                           "--ignore-eos", "--no-progress", "--max-new-tokens", "6", "--checkpoint", "c.json")
+    assert code == 0, err
+    Path("c.json").write_bytes(b"\xef\xbb\xbf" + Path("c.json").read_bytes())
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "9", "--no-progress")
+    assert code == 0 and "resuming at 6 of 9 tokens" in err, err
+
+
 def sigterm_then_resume(tmp_path, method_args, signum):
     """Run the CLI in a subprocess, stop it with `signum` once its first checkpoint is written,
     check what the interrupted run left, then resume it to the end; return the final JSON."""

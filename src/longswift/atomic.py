@@ -87,7 +87,7 @@ def check_json_output(path: Path, flag: str) -> None:
     mistake: replacing it would lose hours of training); an empty file or a JSON one is replaced as usual."""
     try:  # (expanded as the write expands it: '--json=~/h.safetensors' reaches here as typed, and was not checked)
         with open(Path(path).expanduser(), "rb") as f:
-            head = f.read(64).lstrip()
+            head = f.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()  # (an editor's byte order mark: still JSON)
     except (FileNotFoundError, IsADirectoryError):
         return
     except OSError:  # unreadable: check_writable says what it can
