@@ -141,8 +141,9 @@ def read_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise LongswiftError(f"{damaged} (not valid JSON): resume from an earlier copy or start again") from None
     if not isinstance(outer, dict) or outer.get("format") != FORMAT:
         result = isinstance(outer, dict) and "token_ids" in outer and "stats" in outer  # (--json's file, mixed up)
-        raise LongswiftError(f"'{p}' is not a longswift generation checkpoint{' (it is a --json result)' if result else ''}"
-                             ": pass the file written by --checkpoint")
+        what = " (it is a --json result)" if result else ""
+        raise LongswiftError(f"'{p}' is not a longswift generation checkpoint{what}: pass the file written by "
+                             "--checkpoint")
     found = outer.get("format_version")
     if "format_version" not in outer or type(found) is not int:  # (bool is an int: true == 1)
         # ('"1"' read "has format version 1; this longswift reads version 1")
