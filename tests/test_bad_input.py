@@ -679,8 +679,9 @@ def test_an_output_on_a_device_or_pipe_is_refused_not_replaced(tmp_path, capsys,
 @pytest.mark.slow
 @pytest.mark.parametrize("failing", ["out.json", "ck.json"])
 def test_a_full_disk_at_the_end_leaves_none_of_the_run_outputs(tmp_path, capsys, monkeypatch, failing):
-    """--output, --json and the final checkpoint are all written before the first is renamed into
-    place: a disk that fills while writing the last leaves no --output without its --json."""
+    """--output and --json are both written before the first is renamed into place: a disk that fills while
+    writing the last leaves no --output without its --json. A final checkpoint that cannot be saved leaves both
+    outputs (they were discarded with it, and with no periodic checkpoint nothing of the run was left)."""
     real = AtomicFile.write
 
     def full(self, text):
@@ -694,7 +695,13 @@ def test_a_full_disk_at_the_end_leaves_none_of_the_run_outputs(tmp_path, capsys,
                            "--no-progress", "--method", "ar", "--output", "out.txt", "--json", "out.json",
                            "--checkpoint", "ck.json", "--checkpoint-every", "100")
     assert code == 1 and "No space left on device" in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no .partial files, no lock files either
+    # no .partial files, no lock files either
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if failing == "out.json" else ["out.json", "out.txt"])
+    if failing == "ck.json":
+        assert "; the run finished and its outputs were written, but its checkpoint could not be saved" in err, err
+        assert len(json.loads((tmp_path / "out.json").read_text())["token_ids"]) == 4
+        for name in ("out.json", "out.txt"):
+            (tmp_path / name).unlink()
     monkeypatch.setattr(AtomicFile, "write", real)
     (tmp_path / "out.txt.a1b2c3d4.partial").write_text("from a run killed by SIGKILL")
     code, _, err = run_cli(capsys, "generate", "--prompt", "Hi.", "--greedy", "--max-new-tokens", "4", "--ignore-eos",

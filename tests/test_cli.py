@@ -1453,6 +1453,81 @@ def test_eval_heads_alpha_drafts_at_every_step(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_an_interrupted_run_whose_outputs_cannot_be_written_still_saves_its_state(tmp_path, capsys, monkeypatch):
+    """Ctrl-C, then the --json output failed to stage (its directory removed during the run, a full disk under the
+    outputs): the state was not saved either, though the checkpoint's place was fine, and ~1,200 tokens were lost
+    (found by review). Now the state is saved, neither output written, and the run resumes to the same tokens."""
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.checkpoint import read_checkpoint
+    from longswift.cli.outputs import Outputs, write_run
+    from longswift.cli.stop import StopRequest
+
+    engine = longswift.load(tiny_hf_model(), heads="random")
+
+    def stream():
+        return engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar",
+                             generation=GenerationConfig(max_new_tokens=20, ignore_eos=True))
+
+    whole = list(engine.generate([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar",
+                                 generation=GenerationConfig(max_new_tokens=20, ignore_eos=True)).token_ids)
+    stop = StopRequest()
+
+    class Signalled:  # a SIGINT after 7 steps (the handler's part: the signal number set)
+        def __init__(self, inner) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def __iter__(self):
+            for i, ids in enumerate(self._inner):
+                if i == 6:
+                    stop.signum = 2
+                yield ids
+
+    out = Outputs(tmp_path / "out.txt", tmp_path / "gone" / "r.json", tmp_path / "c.json", 100)
+    code = write_run(engine, Signalled(stream()), out, stop, no_progress=True)
+    err = capsys.readouterr().err
+    assert code == stop.exit_code == 130, err
+    assert "the outputs could not be written (cannot write" in err and "state saved to" in err, err
+    assert not (tmp_path / "out.txt").exists() and not list(tmp_path.glob("*.partial"))
+    saved = read_checkpoint(tmp_path / "c.json").token_ids
+    assert len(saved) == 7 and saved == whole[:7], saved
+    resumed = list(engine.resume(tmp_path / "c.json"))  # (steps' ids, after the 7 it holds)
+    resumed = saved + [t for ids in resumed for t in ids]
+    assert resumed == whole
+
+
+def test_a_finished_run_whose_checkpoint_cannot_be_saved_keeps_its_outputs(tmp_path, capsys, monkeypatch):
+    """A finished run's final checkpoint failed (a file-size limit, a full disk under it alone): its staged text and
+    JSON, complete, were discarded with it, and with no periodic checkpoint before nothing of the run was left
+    (found by review). Now the outputs are written and the error says the checkpoint alone is missing."""
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.checkpoint import Checkpoint
+    from longswift.cli.outputs import Outputs, write_run
+    from longswift.cli.stop import StopRequest
+
+    def full(self, path):
+        raise OSError(27, "File too large", str(path))
+
+    monkeypatch.setattr(Checkpoint, "save", full)
+    engine = longswift.load(tiny_hf_model(), heads="random")
+    stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar",
+                           generation=GenerationConfig(max_new_tokens=12, ignore_eos=True))
+    out = Outputs(tmp_path / "out.txt", tmp_path / "r.json", tmp_path / "c.json", 100)
+    with pytest.raises(OSError, match=r"^\[Errno 27\] File too large: '.*c.json'; the run finished and its outputs "
+                                      r"were written, but its checkpoint could not be saved to '.*c.json'$"):
+        write_run(engine, stream, out, StopRequest(), no_progress=True)
+    assert len(json.loads((tmp_path / "r.json").read_text())["token_ids"]) == 12
+    assert (tmp_path / "out.txt").is_file() and not (tmp_path / "c.json").exists()
+
+
 def test_a_second_ctrl_c_in_train_heads_names_the_checkpoint_to_continue_from(tmp_path, capsys, monkeypatch):
     """The second signal stops at once, without saving: the checkpoint.pt of the last saved step still
     resumes (bit for bit), and the interruption says so and how, not only 'interrupted'."""

@@ -341,3 +341,23 @@ def test_a_stop_string_holding_u_fffd_is_found_where_the_text_holds_it(text, sto
     want = next((k for k in range(1, len(ids) + 1) if stop in decode_text(BYTES, ids[:k])), None)
     checker = StopStrings(BYTES, (stop,))
     assert next((i + 1 for i, t in enumerate(ids) if checker.cut([t]) is not None), None) == want
+
+
+def test_stop_escapes_on_the_command_line_are_read(tmp_path, capsys):
+    """A shell passes `--stop "\\n"` as a backslash and an n, which never matched the newline meant, and nothing
+    said so (found by review): the command line reads \\n, \\t, \\r and \\\\; other backslashes stay."""
+    from conftest import tiny_hf_model
+
+    from longswift.checkpoint import read_checkpoint
+    from longswift.cli.generate import stop_text
+
+    assert stop_text("\\n") == "\n" and stop_text("a\\tb\\r") == "a\tb\r"
+    assert stop_text("\\\\n") == "\\n" and stop_text("\\x\\") == "\\x\\" and stop_text("END") == "END"
+    model = tmp_path / "m"
+    tiny_hf_model("llama", seed=5, vocab=300).save_pretrained(model)
+    byte_tokenizer().save_pretrained(model)
+    code, _, err = run_cli(capsys, "generate", "--model", str(model), "--prompt-ids", "3,4,5", "--method", "ar",
+                           "--max-new-tokens", "4", "--no-progress", "--stop", "\\n", "--stop", "a\\\\b",
+                           "--checkpoint", str(tmp_path / "c.json"), "--output", str(tmp_path / "o.txt"))
+    assert code == 0, err
+    assert read_checkpoint(tmp_path / "c.json").generation["stop"] == ["\n", "a\\b"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import stat
 import sys
@@ -89,7 +90,8 @@ def add_parser(sub: Any) -> None:
         "(the paper's default); --greedy --repetition-penalty 1 is transformers' plain greedy"))
     gen.add_argument("--stop", action="append", metavar="TEXT", help=(
         "end after the generated token that completes TEXT, which stays in the output (repeatable: the first "
-        "of them to appear ends the run)"))
+        "of them to appear ends the run); \\n, \\t and \\r in TEXT are a newline, tab and carriage return, "
+        "\\\\ a backslash"))
     ban = gen.add_argument_group("banned tokens (never drawn nor drafted: logit -inf, before the penalty)")
     ban.add_argument("--ban-ids", action="append", metavar="IDS", help=(
         "token ids to ban, e.g. 128006,128007 (the reference scripts ban Llama-3.1's assistant header this way); "
@@ -116,6 +118,15 @@ def _check_utf8_text(args: argparse.Namespace) -> None:
                 where = f"byte 0x{byte:02x}" if byte is not None else f"U+{ord(value[exc.start]):04X}"
                 raise LongswiftError(f"{flag} is not UTF-8 text ({where} at character {exc.start}): give it in UTF-8 "
                                      "(a UTF-8 locale), or put the prompt in a UTF-8 file (--prompt-file)") from None
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def stop_text(value: str) -> str:
+    """A --stop TEXT with its escapes read (\\n, \\t, \\r, \\\\): a shell passes `--stop "\\n"` as a backslash and
+    an n, which never matched the newline meant, and nothing said so (found by review); other backslashes stay."""
+    return re.sub(r"\\([ntr\\])", lambda m: _ESCAPES[m.group(1)], value)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -149,7 +160,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sampling = replace(sampling, banned_ids=banned)
     if any(not t for t in args.ban_token or ()):
         raise LongswiftError("--ban-token needs a token's text (it was empty): give its vocabulary entry or text")
-    generation = replace(config_from_args(GenerationConfig, args), stop=tuple(args.stop or ()))
+    generation = replace(config_from_args(GenerationConfig, args), stop=tuple(map(stop_text, args.stop or ())))
     spec = config_from_args(SpecConfig, args)
     runtime = config_from_args(RuntimeConfig, args)
     if args.system is not None:  # the message says which of its conditions failed

@@ -141,12 +141,24 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                 stop.doing = WRITING
             # All that can fail on a full disk comes before the first rename: the outputs appear together or not
             # at all.
-            if text_file:
-                text_file.stage()
-            if out.json:
-                json_file = AtomicFile(out.json)
-                json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
-                json_file.stage()
+            try:
+                if text_file:
+                    text_file.stage()
+                if out.json:
+                    json_file = AtomicFile(out.json)
+                    json_file.write(json.dumps(result.to_dict(), ensure_ascii=False) + "\n")
+                    json_file.stage()
+            except (OSError, LongswiftError) as exc:
+                if not interrupted:
+                    raise
+                # an interrupted run's state is still saved (it was lost with them: the --json's directory removed
+                # during the run, a full disk under the outputs but not the checkpoint); neither output is written
+                for f in (text_file, json_file):
+                    if f:
+                        f.discard()
+                text_file = json_file = None
+                say(f"longswift: the outputs could not be written ({getattr(exc, 'cli_message', None) or exc}); "
+                    "the saved state holds every token, and resuming it writes them")
             if interrupted:
                 try:
                     path = out.save_interrupted(stream.checkpoint(saved))
@@ -159,7 +171,19 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                                 f.discard()
                         text_file = json_file = None
             elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
-                stream.checkpoint(saved).save(out.checkpoint)
+                try:
+                    stream.checkpoint(saved).save(out.checkpoint)
+                except (OSError, LongswiftError) as exc:
+                    if last_saved is not None:  # outputs newer than that checkpoint would stop its resume
+                        raise
+                    for f in (text_file, json_file):  # nothing else holds the run: its outputs are kept
+                        if f:
+                            f.commit()
+                    said = ("the run finished and its outputs were written, but its checkpoint could not be saved "
+                            f"to '{shown(out.checkpoint)}'")
+                    if isinstance(exc, OSError):  # (a system error: status 1, as the others)
+                        raise os_error_with(exc, said) from exc
+                    raise LongswiftError(f"{said} ({getattr(exc, 'cli_message', None) or exc})") from exc
                 last_saved = (out.checkpoint, len(stream.token_ids))
             for f in (text_file, json_file):
                 if f:
