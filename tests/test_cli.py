@@ -1192,13 +1192,22 @@ def test_a_bfloat16_run_resumed_says_its_tokens_follow_the_distribution(tmp_path
 
 def test_a_checkpoint_an_editor_saved_with_a_byte_order_mark_resumes(tmp_path, capsys, monkeypatch):
     """read_checkpoint takes a UTF-8 byte order mark as no damage, but --resume's check of the file it rewrites
-    called such a file 'not a JSON file' and asked for another name, which --resume cannot take."""
+    called such a file 'not a JSON file' and asked for another name, which --resume cannot take; a read-only one
+    was refused as an output file, advice that named no --checkpoint."""
     tiny_hf_model("llama", seed=9, vocab=64).save_pretrained(tmp_path / "m")
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(capsys, "generate", "--model", "m", "--prompt-ids", "3,4,5", "--method", "ar",
                            "--ignore-eos", "--no-progress", "--max-new-tokens", "6", "--checkpoint", "c.json")
     assert code == 0, err
     Path("c.json").write_bytes(b"\xef\xbb\xbf" + Path("c.json").read_bytes())
+    Path("c.json").chmod(0o444)  # an archived checkpoint: its refusal named no way on that --resume can take
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "9", "--no-progress")
+    assert_one_line_error(code, err, "cannot update the checkpoint 'c.json' in place: it is read-only; make it "
+                                     "writable (chmod u+w), or give --checkpoint FILE with --resume")
+    code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "9", "--no-progress",
+                           "--checkpoint", "d.json")
+    assert code == 0 and "resuming at 6 of 9 tokens" in err, err
+    Path("c.json").chmod(0o644)
     code, _, err = run_cli(capsys, "generate", "--resume", "c.json", "--max-new-tokens", "9", "--no-progress")
     assert code == 0 and "resuming at 6 of 9 tokens" in err, err
 
