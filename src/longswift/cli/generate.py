@@ -365,8 +365,8 @@ def _resumed_outputs(args: argparse.Namespace, ckpt: Checkpoint, given: list[str
                                  "writable; give --checkpoint FILE with --resume to save the resumed run elsewhere")
         if not os.access(resumed, os.W_OK) or not resumed.stat().st_mode & 0o222:  # (an archived one; root: no bit)
             raise LongswiftError(f"cannot update the checkpoint '{args.resume}' in place: it is read-only; make it "
-                                 "writable (chmod u+w), or give --checkpoint FILE with --resume to save the resumed run "
-                                 "elsewhere")
+                                 "writable (chmod u+w), or give --checkpoint FILE with --resume to save the resumed "
+                                 "run elsewhere")
     return was, followed
 
 
