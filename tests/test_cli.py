@@ -1510,6 +1510,40 @@ def test_an_interrupted_run_whose_outputs_cannot_be_written_still_saves_its_stat
     assert resumed == whole
 
 
+def test_an_error_inside_a_step_saves_the_state_before_it_and_says_so_in_one_line(tmp_path, capsys):
+    """An error inside a step (out of GPU memory on a shared device) was a traceback, and the state the stream kept
+    from before that step was not saved (found by review): now it is, and one line says where and how to go on."""
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.checkpoint import read_checkpoint
+    from longswift.cli.outputs import Outputs, write_run
+    from longswift.cli.stop import StopRequest
+
+    engine = longswift.load(tiny_hf_model(), heads="random")
+    gen = GenerationConfig(max_new_tokens=20, ignore_eos=True)
+    whole = engine.generate([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar", generation=gen).token_ids
+    stream = engine.stream([3, 4, 5], sampling=SamplingConfig(seed=1), method="ar", generation=gen)
+
+    def failing(steps):
+        for i, ids in enumerate(steps):
+            if i == 7:  # (the step's draws made: the state before it is what a resume must start from)
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore of the allocator's words")
+            yield ids
+
+    stream._steps = failing(stream._steps)
+    with pytest.raises(longswift.LongswiftError) as failed:
+        write_run(engine, stream, Outputs(None, None, tmp_path / "c.json", 100), StopRequest(), no_progress=True)
+    said = str(failed.value)
+    assert said.startswith("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (--debug shows where); state "
+                           "before that step saved at 7 of 20 tokens to "), said
+    assert "\n" not in said and "c.json': continue with: longswift generate --resume " in said, said
+    saved = read_checkpoint(tmp_path / "c.json").token_ids
+    assert saved == whole[:7]
+    assert saved + [t for ids in engine.resume(tmp_path / "c.json") for t in ids] == whole
+
+
 def test_a_finished_run_whose_checkpoint_cannot_be_saved_keeps_its_outputs(tmp_path, capsys, monkeypatch):
     """A finished run's final checkpoint failed (a file-size limit, a full disk under it alone): its staged text and
     JSON, complete, were discarded with it, and with no periodic checkpoint before nothing of the run was left

@@ -152,6 +152,11 @@ class GenerationStream:
         text = None if self._engine.tokenizer is None else decode_text(self._engine.tokenizer, self.token_ids)
         return GenerationResult(list(self.token_ids), text, stats)
 
+    @property
+    def failed_in_step(self) -> bool:
+        """Whether iteration stopped at an exception inside a step (checkpoint() is then the state before it)."""
+        return self._interrupted is not None
+
     def checkpoint(self, outputs: dict[str, str | int | None] | None = None) -> Checkpoint:
         """The run's state now; call between steps (not from another thread). After a step raised
         (a KeyboardInterrupt inside a step), the state before that step: resuming it gives the
