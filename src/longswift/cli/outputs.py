@@ -233,22 +233,16 @@ def _failed(exc: BaseException, out: Outputs, stream: Any, saved: Any, stop: Sto
         # and the generator's state of the last whole step (stream.checkpoint), saved as an interrupted run's.
         path = _save_quietly(out, stream, saved)
         if path is not None:
-            where = shown(path)
-            raise LongswiftError(f"{exc}; state saved at {len(stream.token_ids)} of {stream.max_new_tokens} tokens "
-                                 f"to '{where}': continue with: longswift generate --resume "
-                                 f"{shlex.quote(where)}") from exc
+            raise LongswiftError(f"{exc}; {_state_saved(stream, path)}") from exc
     if (isinstance(exc, Exception) and not isinstance(exc, (LongswiftError, OSError))
             and getattr(stream, "failed_in_step", False) and stream.token_ids):
         # An error inside a step (out of GPU memory on a shared device, a kernel's failure): the stream holds the
         # tokens and generator state from before that step, saved as an interrupted run's; a traceback lost them
         path = _save_quietly(out, stream, saved)
         if path is not None:
-            where = shown(path)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise LongswiftError(f"{type(exc).__name__}{': ' + first if first else ''} (--debug shows where); state "
-                                 f"before that step saved at {len(stream.token_ids)} of {stream.max_new_tokens} "
-                                 f"tokens to '{where}': continue with: longswift generate --resume "
-                                 f"{shlex.quote(where)}") from exc
+            raise LongswiftError(f"{type(exc).__name__}{': ' + first if first else ''} (--debug shows where); "
+                                 f"{_state_saved(stream, path, ' before that step')}") from exc
     if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
         said = getattr(exc, "cli_message", None) or exc
         raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc
@@ -325,6 +319,14 @@ def _save_quietly(out: Outputs, stream: Any, saved: dict[str, Any]) -> Path | No
         return out.save_interrupted(stream.checkpoint(saved))
     except (OSError, LongswiftError):
         return None
+
+
+def _state_saved(stream: Any, path: Path, when: str = "") -> str:
+    """What a run that failed says of the state it saved to `path` as it failed: its tokens and the command that
+    continues from it."""
+    where = shown(path)
+    return (f"state{when} saved at {len(stream.token_ids)} of {stream.max_new_tokens} tokens to '{where}': continue "
+            f"with: longswift generate --resume {shlex.quote(where)}")
 
 
 def _resume_hint(path: Path, tokens: int) -> str:
