@@ -280,3 +280,16 @@ def test_an_open_byte_run_costs_each_push_a_bounded_amount():
     assert all(decoder.push(ids[i:i + 4]) == "" for i in range(0, len(ids), 4))
     assert Counting.checks <= 4 * len(ids)
     assert decoder.push(SP.convert_tokens_to_ids(["▁end"])) + decoder.flush() == "東京" * 2000 + " end"
+
+
+def test_a_named_special_token_that_decoding_keeps_is_streamed():
+    """A tokenizer object whose pad token was set to an ordinary entry (`tok.pad_token = "a"`, not registered as
+    special) names it among all_special_ids, and decoding keeps its text: the stream dropped it ("bnn" for
+    "banana"; found by review)."""
+    tokenizer = byte_tokenizer()
+    tokenizer.pad_token = "a"
+    ids = tokenizer.encode("banana")
+    assert tokenizer.convert_tokens_to_ids("a") in tokenizer.all_special_ids  # (the premise)
+    assert decode_text(tokenizer, ids) == "banana"
+    for cuts in ([1], [2], [6]):
+        assert "".join(stream_text(tokenizer, ids, cuts)) == "banana", cuts
