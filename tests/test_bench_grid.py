@@ -16,7 +16,7 @@ from conftest import tiny_hf_model
 from longswift.bench.metrics import Timeline, checkpoint_targets, curve_speedup, distinct_n, speedup
 from longswift.bench.peers import missing
 from longswift.bench.machine import software_versions, versions_lines
-from longswift.bench.prompts import read_instructions
+from longswift.bench.prompts import read_bench_prompt_file
 from longswift.cli import main
 from longswift.config import GenerationConfig, SpecConfig
 from longswift.errors import LongswiftError
@@ -71,6 +71,11 @@ def test_decode_rate_leaves_out_a_first_block():
     one.record(4, when=1.0)  # every token in one block: nothing to time
     assert one.decode_rate(4) == 0.0
     assert curve_speedup([(4, 1.0), (8, 2.0)], [(2, 1.5), (8, 2.0)], 1.0, 1.0) == [(8, 1.0)]  # none inside the block
+
+
+def read_instructions(path):
+    """A JSONL prompt set's (id, prompt) pairs as bench reads them."""
+    return list(read_bench_prompt_file(path).instructions)
 
 
 def test_prompt_set_parses_and_bad_lines_are_named(tmp_path):

@@ -793,7 +793,7 @@ def test_a_prompt_on_standard_input_generates_what_the_same_prompt_given_as_text
 def test_a_prompt_file_is_read_without_its_byte_order_mark(tmp_path, capsys):
     """Windows editors start UTF-8 files with a byte-order mark: it is no part of the prompt (it
     was tokenized as three bytes before the text, and broke the first line of a JSONL set)."""
-    from longswift.bench.prompts import read_instructions
+    from longswift.bench.prompts import read_bench_prompt_file
     from longswift.prompts import read_prompt_file
 
     bom = tmp_path / "bom.txt"
@@ -803,7 +803,7 @@ def test_a_prompt_file_is_read_without_its_byte_order_mark(tmp_path, capsys):
     assert read_prompt_file(bom) == "\ufeffinner"
     jsonl = tmp_path / "set.jsonl"
     jsonl.write_bytes(b'\xef\xbb\xbf{"id": "a", "prompt": "one"}\n')
-    assert read_instructions(jsonl) == [("a", "one")]
+    assert read_bench_prompt_file(jsonl).instructions == (("a", "one"),)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xef\xbb\xbfab\xff")
     code, _, err = run_cli(capsys, "generate", "--prompt-file", str(bad))

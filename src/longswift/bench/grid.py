@@ -412,11 +412,12 @@ def run_bench(model: str | None, runtime: RuntimeConfig, cfg: BenchConfig, heads
         note = half_precision_note(engine.model.dtype, engine.model.device)
         if note and plan:
             log(f"note: {note}")
-        for m in dict.fromkeys(m for _, _, m, _ in plan):
+        planned = list(dict.fromkeys(m for _, _, m, _ in plan))
+        for m in planned:
             methods.prepare(m)
         if plan and cfg.warmup:
             warm_prompt = list(plan[0][0].prompt.ids[:64])
-            for m in dict.fromkeys(m for _, _, m, _ in plan):  # allocator, packed kernels, first-call paths
+            for m in planned:  # allocator, packed kernels, first-call paths
                 log(f"warm-up {m}")
                 methods.run(m, warm_prompt, 4, cfg.sampling("greedy"), None)
         done = 0

@@ -16,7 +16,7 @@ import torch
 
 from ..errors import ADD_TOKENIZER_FILES, LongswiftError
 from ..jsonl import check_encodable, json_lines, parse_line
-from ..prompts import STDIN, decode_prompt, read_prompt_bytes, read_prompt_file
+from ..prompts import STDIN, decode_prompt, read_prompt_bytes
 
 
 @dataclass(frozen=True)
@@ -38,11 +38,6 @@ class PromptFile:
     text: str
     digest: str
     instructions: tuple[tuple[str, str], ...] | None
-
-
-def read_instructions(path: Path) -> list[tuple[str, str]]:
-    """(id, text) pairs of a JSONL prompt set; a clear error names the first bad line."""
-    return parse_instructions(path, read_prompt_file(path))
 
 
 def parse_instructions(path: Path, content: str) -> list[tuple[str, str]]:
