@@ -35,6 +35,11 @@ class ConfigTypeError(ConfigError, TypeError):
     """A value of the wrong type (a LongswiftError and a TypeError): says what was expected."""
 
 
+def cli_text(exc: BaseException) -> str:
+    """An error as the command line says it: in the flags' words where it has them (ConfigError's cli_message)."""
+    return str(getattr(exc, "cli_message", None) or exc)
+
+
 def reason_of(exc: BaseException, limit: int = 300) -> str:
     """Another library's error as the one-line reason of ours: its last line (transformers' validators put the
     reason there, under a line naming the validator), without the exception's type, cut at `limit` characters."""

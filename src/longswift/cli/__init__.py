@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-from ..errors import AgreedError, ConfigError, LongswiftError
+from ..errors import AgreedError, ConfigError, LongswiftError, cli_text
 from . import bench, bench_steps, export_heads, generate, heads, info
 from .flags import seed_number, whole_number
 from .stop import StopRequest
@@ -166,7 +166,7 @@ def _main(argv: list[str]) -> int:
         if isinstance(exc, (ConfigError, AgreedError)):
             _let_the_first_process_say_it()
         # Config errors name API fields (SamplingConfig.top_k); on the command line, the flag (--top-k).
-        print(f"{_prefix()}: error: {getattr(exc, 'cli_message', None) or exc}", file=sys.stderr)
+        print(f"{_prefix()}: error: {cli_text(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # not a system error: main's quiet stop
         raise

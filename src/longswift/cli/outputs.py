@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import LongswiftError, LostContact
+from ..errors import LongswiftError, LostContact, cli_text
 from .display import summary_line
 from .stop import READING, SAVING, WRITING, StopRequest, say
 
@@ -153,11 +153,9 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                     raise
                 # an interrupted run's state is still saved (it was lost with them: the --json's directory removed
                 # during the run, a full disk under the outputs but not the checkpoint); neither output is written
-                for f in (text_file, json_file):
-                    if f:
-                        f.discard()
+                _discard(text_file, json_file)
                 text_file = json_file = None
-                say(f"longswift: the outputs could not be written ({getattr(exc, 'cli_message', None) or exc}); "
+                say(f"longswift: the outputs could not be written ({cli_text(exc)}); "
                     "the saved state holds every token, and resuming it writes them")
             if interrupted:
                 try:
@@ -166,9 +164,7 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                 except (OSError, LongswiftError) as exc:  # (warned at the start where foreseen): the text still lands,
                     path, unsaved = None, exc  # unless a checkpoint saved earlier is intact: outputs newer than it
                     if last_saved is not None:  # would stop its resume (which replaces no file written after it)
-                        for f in (text_file, json_file):
-                            if f:
-                                f.discard()
+                        _discard(text_file, json_file)
                         text_file = json_file = None
             elif out.checkpoint:  # the final state: resuming it reproduces the finished outputs
                 try:
@@ -176,25 +172,33 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                 except (OSError, LongswiftError) as exc:
                     if last_saved is not None:  # outputs newer than that checkpoint would stop its resume
                         raise
-                    for f in (text_file, json_file):  # nothing else holds the run: its outputs are kept
-                        if f:
-                            f.commit()
+                    _commit(text_file, json_file)  # nothing else holds the run: its outputs are kept
                     said = ("the run finished and its outputs were written, but its checkpoint could not be saved "
                             f"to '{shown(out.checkpoint)}'")
                     if isinstance(exc, OSError):  # (a system error: status 1, as the others)
                         raise os_error_with(exc, said) from exc
-                    raise LongswiftError(f"{said} ({getattr(exc, 'cli_message', None) or exc})") from exc
+                    raise LongswiftError(f"{said} ({cli_text(exc)})") from exc
                 last_saved = (out.checkpoint, len(stream.token_ids))
-            for f in (text_file, json_file):
-                if f:
-                    f.commit()
+            _commit(text_file, json_file)
     except BaseException as exc:
-        for f in (text_file, json_file):
-            if f:
-                f.discard()
+        _discard(text_file, json_file)
         return _failed(exc, out, stream, saved, stop, last_saved)
     say(summary_line(result.stats))  # (best effort from here: after a hangup nobody reads stderr)
     return _ended(stream, stop, total, interrupted, path, unsaved, last_saved)
+
+
+def _commit(*files: Any) -> None:
+    """Rename each staged output (an AtomicFile, or None where there is none) into place."""
+    for f in files:
+        if f:
+            f.commit()
+
+
+def _discard(*files: Any) -> None:
+    """Drop each output's temporary file (an AtomicFile, or None), best effort."""
+    for f in files:
+        if f:
+            f.discard()
 
 
 def _follow(stream: Any, stop: StopRequest, tp: Any) -> int:
@@ -244,8 +248,7 @@ def _failed(exc: BaseException, out: Outputs, stream: Any, saved: Any, stop: Sto
             raise LongswiftError(f"{type(exc).__name__}{': ' + first if first else ''} (--debug shows where); "
                                  f"{_state_saved(stream, path, ' before that step')}") from exc
     if isinstance(exc, LongswiftError) and last_saved is not None:  # e.g. another process of the run failed
-        said = getattr(exc, "cli_message", None) or exc
-        raise LongswiftError(f"{said}; {_resume_hint(*last_saved)}") from exc
+        raise LongswiftError(f"{cli_text(exc)}; {_resume_hint(*last_saved)}") from exc
     if type(exc) is KeyboardInterrupt and last_saved is not None:  # a second Ctrl-C: stopped at once
         raise KeyboardInterrupt(_resume_hint(*last_saved)) from exc
     raise exc
