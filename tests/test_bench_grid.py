@@ -626,7 +626,7 @@ def test_a_rerun_with_another_rope_scaling_or_token_block_is_refused(flags, fiel
                                            (["--prefix", "300000", "--lengths", "8"], None),  # past yarn's 1024
                                            # past the run's own yarn:2: a factor that reaches (608 / 256)
                                            (["--prefix", "600", "--lengths", "8", "--rope-scaling", "yarn:2"],
-                                            "lower --lengths/--prefix, or extend the context with --rope-scaling yarn:3"),
+                                            "lower --lengths or --prefix, or extend the context with --rope-scaling yarn:3"),
                                            (["--prefix", "100000000000", "--lengths", "8"], None)])  # 800 GB of ids
 def test_a_grid_past_the_context_is_told_to_extend_it_only_where_it_can(flags, advice, tiny_dir, capsys):
     """The advice was always --rope-scaling yarn:F: also for F past the 1024 that --rope-scaling takes,
@@ -639,6 +639,27 @@ def test_a_grid_past_the_context_is_told_to_extend_it_only_where_it_can(flags, a
     assert (advice in err) if advice else ("--rope-scaling" not in err), err
 
 
+def test_a_grid_past_the_context_names_the_length_flags_as_given(tmp_path, tiny_dir, capsys):
+    """The refusal said "lower --lengths/--prefix" also to a user who gave the aliases --new-tokens and
+    --prompt-tokens, and also where the prompts are sent whole (a .jsonl file's), which have no prefix to lower."""
+    from conftest import byte_tokenizer
+
+    code = main(["bench", "--model", str(tiny_dir), "--heads", "random", "--threads", "1", "--methods", "ar",
+                 "--prompt-tokens", "250", "--new-tokens", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "context of 256: lower --new-tokens or --prompt-tokens" in err, err
+
+    model = tmp_path / "m"
+    tiny_hf_model("llama", seed=5, vocab=300, max_position_embeddings=64).save_pretrained(model)
+    byte_tokenizer().save_pretrained(model)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "' + "x" * 60 + '"}\n')
+    code = main(["bench", "--model", str(model), "--heads", "random", "--threads", "1", "--methods", "ar",
+                 "--lengths", "8", "--prompt-file", str(prompts)])
+    err = capsys.readouterr().err
+    assert code == 2 and "context of 64: lower --lengths or shorten the prompts" in err, err
+
+
 def test_a_grid_past_a_sliding_window_is_refused_before_any_run(tmp_path, capsys):
     """A sliding-window model's window was found by the first run's cache, mid-grid, in the API's words."""
     tiny_hf_model("mistral", "default", seed=31, sliding_window=16).save_pretrained(tmp_path / "m")
@@ -648,7 +669,7 @@ def test_a_grid_past_a_sliding_window_is_refused_before_any_run(tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert ("the grid's longest cell (prefix 12 + 8 new = 20 tokens) exceeds this model's sliding window of 16, "
-            "which longswift does not implement: lower --lengths/--prefix") in err
+            "which longswift does not implement: lower --lengths or --prefix") in err
 
 
 def test_default_lengths_are_those_that_fit_the_context(tmp_path, tiny_dir, capsys, monkeypatch):

@@ -615,7 +615,7 @@ def test_bench_refuses_bad_combinations(capsys):
     assert_one_line_error(code, err, "unknown bench method")
     code, _, err = run_cli(capsys, "bench", "--methods", "ar", "--prefix", "2048", "--lengths", "8192")
     assert_one_line_error(code, err, "the grid's longest cell (prefix 2048 + 8192 new = 10240 tokens) exceeds this "
-                                     "model's context of 8192: lower --lengths/--prefix, or extend the context with "
+                                     "model's context of 8192: lower --lengths or --prefix, or extend the context with "
                                      "--rope-scaling yarn:2")
 
 

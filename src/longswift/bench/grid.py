@@ -75,6 +75,9 @@ class BenchConfig:
     pld_tokens: int = 10  # tokens proposed per prompt-lookup step (hf-pld, llamacpp-pld)
     warmup: bool = True
     lockstep: bool = False  # our methods' runs of a cell and run index run together, a step at a time (bench.lockstep)
+    # The flags that set lengths, as given: refusals name them (--new-tokens and --prompt-tokens are aliases)
+    length_flag: str = "--lengths"
+    prefix_flag: str = "--prefix"
 
     def __post_init__(self) -> None:
         if (problem := seed_problem(self.seed)) is not None:
@@ -303,7 +306,13 @@ def suite_identity(engine: Engine, cfg: BenchConfig, heads: Any, prompt_digest: 
                                                                                    engine.model) else {})}
 
 
-def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
+def shrink_advice(cfg: BenchConfig, cell: Cell) -> str:
+    """How to make the grid's longest cell shorter, in the flags given: a prompt sent whole (a chat message, a
+    .jsonl file's instruction: prefix None) has no prefix length to lower."""
+    return f"lower {cfg.length_flag} or " + ("shorten the prompts" if cell.prefix is None else cfg.prefix_flag)
+
+
+def check_grid_context(engine: Engine, prompt_tokens: int, length: int, advice: str) -> None:
     """Refuse a grid whose longest cell exceeds the model's context; suggest a rope scaling only where
     one can help (none is in use yet, and a factor that reaches that far exists)."""
     total, limit = prompt_tokens + length, engine.cfg.context_limit
@@ -311,13 +320,13 @@ def check_grid_context(engine: Engine, prompt_tokens: int, length: int) -> None:
     if window is not None and total > window:  # (refused by the first run's cache otherwise, mid-grid)
         raise LongswiftError(f"the grid's longest cell (prefix {prompt_tokens} + {length} new = {total} tokens) "
                              f"exceeds this model's sliding window of {window}, which longswift does not implement: "
-                             "lower --lengths/--prefix")
+                             f"{advice}")
     if total <= limit:
         return
     setting = rope_extension(engine.cfg, total, engine.runtime.rope_scaling)
     extend = f", or extend the context with --rope-scaling {setting}" if setting is not None else ""
     raise LongswiftError(f"the grid's longest cell (prefix {prompt_tokens} + {length} new = {total} tokens) exceeds "
-                         f"this model's context of {limit}: lower --lengths/--prefix{extend}")
+                         f"this model's context of {limit}: {advice}{extend}")
 
 
 def lockstep_bytes(plans: list[MemoryPlan], graph_pools: bool) -> int:
@@ -345,15 +354,15 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
         need = plan.needed(weights_loaded=True)
         if need > free:
             raise LongswiftError(f"{m} needs {size_text(need)} more for the {tokens}-token cell "
-                                 f"({plan.describe()}), but {size_text(free)} is free; lower --lengths or --prefix, "
+                                 f"({plan.describe()}), but {size_text(free)} is free; {shrink_advice(cfg, cell)}, "
                                  "or use a smaller --dtype" + plan.drafting_advice(flag_name))
     if not cfg.lockstep or len(ours) < 2:
         return
     need = lockstep_bytes(plans, model.device.type == "cuda" and use_graphs(engine.runtime.cuda_graphs, model))
     if need > free:
         raise LongswiftError(f"--lockstep holds the KV caches of {', '.join(ours)} at once: {size_text(need)} for "
-                             f"the {tokens}-token cell, but {size_text(free)} is free; drop --lockstep, or lower "
-                             "--lengths or --prefix")
+                             f"the {tokens}-token cell, but {size_text(free)} is free; drop --lockstep, or "
+                             f"{shrink_advice(cfg, cell)}")
 
 
 def default_lengths(engine: Engine, prompt_tokens: int, log: Callable[[str], None]) -> tuple[int, ...]:
@@ -476,7 +485,8 @@ def grid_cells(engine: Engine, cfg: BenchConfig, prompt_file: PromptFile | None,
     """The grid's cells: each prompt (of each --prefix) x preset x length, and the config with its lengths chosen
     where none were given; refused where the longest cell exceeds the context, before any run."""
     if not cfg.chat and (prompt_file is None or prompt_file.instructions is None):  # --prefix tokens long
-        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or DEFAULT_LENGTHS[:1]))  # before making them
+        check_grid_context(engine, max(cfg.prefixes), max(cfg.lengths or DEFAULT_LENGTHS[:1]),  # before making them
+                           f"lower {cfg.length_flag} or {cfg.prefix_flag}")
     pairs = build_prompts(engine, prompt_file, cfg.chat, cfg.prefixes, cfg.seed)
     if cfg.lengths is None:
         cfg = dataclasses.replace(cfg, lengths=default_lengths(engine, max(len(p.ids) for _, p in pairs), log))
@@ -484,7 +494,8 @@ def grid_cells(engine: Engine, cfg: BenchConfig, prompt_file: PromptFile | None,
     cells = [Cell(prompt, prefix, preset, length) for prefix, prompt in pairs for preset in cfg.presets
              for length in sorted(cfg.lengths)]
     longest = max(cells, key=lambda c: len(c.prompt.ids) + c.length)
-    check_grid_context(engine, len(longest.prompt.ids), longest.length)  # refuse before any run, not mid-grid
+    # refused before any run, not mid-grid
+    check_grid_context(engine, len(longest.prompt.ids), longest.length, shrink_advice(cfg, longest))
     return cfg, cells
 
 

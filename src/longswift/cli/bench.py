@@ -98,7 +98,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         kwargs["presets"] = presets
     cfg = BenchConfig(methods=_names(args.methods), runs=args.runs, prompt_file=args.prompt_file, chat=args.chat,
                       seed=args.seed, pld_tokens=args.pld_tokens, warmup=not args.no_warmup, lockstep=args.lockstep,
-                      spec=config_from_args(SpecConfig, args), **kwargs)
+                      spec=config_from_args(SpecConfig, args), prefix_flag=prefix_flag or "--prefix",
+                      length_flag="--new-tokens" if args.new_tokens is not None else "--lengths", **kwargs)
     run_bench(args.model, runtime, cfg, heads=args.heads, out=args.out, json_path=args.json, out_dir=args.out_dir,
               fresh=args.fresh, command="longswift " + shlex.join(args.argv), show_progress=not args.no_progress)
     return 0
