@@ -264,19 +264,61 @@ def test_a_byte_fallback_tokenizers_stop_strings_end_at_the_completing_token(sto
 
 @pytest.mark.parametrize("after", [0, 50])
 def test_a_stop_string_in_a_byte_run_longer_than_the_kept_tail_is_found_where_it_ends(after):
-    """A run of byte tokens longer than the tail kept (RUN_REACH) widened the window back to the tail's start, in
-    the middle of a character: the whole run decoded to U+FFFD, and the stop string was found only once the run
-    ended (or one token late), with text past it in the output."""
+    """A run of byte tokens longer than the tail kept (then 1,024 tokens) widened the window back to the tail's
+    start, in the middle of a character: the whole run decoded to U+FFFD, and the stop string was found only once
+    the run ended (or one token late), with text past it in the output."""
     from test_detok import SP, SP_BYTES
 
-    from longswift.stop_strings import RUN_REACH
-
-    run = "東" * (RUN_REACH // 3 + 60) + "京京" + "東" * after  # (3 bytes a character)
+    run = "東" * 400 + "京京" + "東" * after  # (3 bytes a character)
     ids = [*SP.convert_tokens_to_ids(["▁hello"]), *(SP_BYTES[b] for b in run.encode()),
            *SP.convert_tokens_to_ids(["▁x"])]
     want = first_stop(SP, ids, "京京")
     checker = StopStrings(SP, ("京京",))
     assert next(i for i, t in enumerate(ids) if checker.cut([t])) + 1 == want
+
+
+def test_a_long_byte_run_is_checked_in_a_window_of_its_last_tokens(monkeypatch):
+    """Inside a run of byte tokens each check decoded the run back to its start, up to 1,024 tokens a token
+    (0.65 ms a token in a model's long byte runs): now the window's tokens, and a character before them."""
+    from test_detok import SP, SP_BYTES
+
+    decoded = []
+    checker = StopStrings(SP, ("京京",))
+    monkeypatch.setattr(checker, "_decode", lambda ids, marked: decoded.append(len(ids)) or decode_text(SP, ids))
+    ids = [SP_BYTES[b] for b in ("東" * 700).encode()]
+    assert checker.cut(ids) is None
+    assert max(decoded) <= checker.window + 3, max(decoded)
+    checker.cut([SP_BYTES[0xE4]])  # a character begun: the run is no UTF-8 until it ends, one U+FFFD a byte
+    assert max(decoded) <= checker.window + 3, max(decoded)
+
+
+def first_stop_either(tokenizer, ids, stop):
+    """The number of tokens up to the first whose text, read without or with the special tokens' text, holds
+    `stop`; None where none does."""
+    return next((k for k in range(1, len(ids) + 1) if stop in decode_text(tokenizer, ids[:k])
+                 or stop in tokenizer.decode(ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)),
+                None)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.data())
+def test_a_byte_fallback_tokenizers_stop_strings_end_where_a_decode_of_every_prefix_finds_them(data):
+    """Byte runs long and short, UTF-8 or not (stray bytes: one U+FFFD a byte, the whole run's), unfinished,
+    split by </s> (one run in the text, two in the text read with it), and a resumed run whose byte run began
+    before its tail: the checker ends after the token a decode of every prefix finds."""
+    from test_detok import SP, SP_PIECES
+
+    ids = [t for piece in data.draw(st.lists(SP_PIECES, min_size=1, max_size=30)) for t in piece]
+    text = decode_text(SP, ids)
+    if not text:
+        return
+    start = data.draw(st.integers(0, len(text) - 1))
+    stop = text[start:start + data.draw(st.integers(1, 6))]
+    want = first_stop_either(SP, ids, stop)
+    resumed = data.draw(st.integers(0, want - 1))  # tokens generated before a resume
+    checker = StopStrings(SP, (stop,), previous=ids[:resumed])
+    got = next((resumed + i + 1 for i, t in enumerate(ids[resumed:]) if checker.cut([t]) is not None), None)
+    assert got == want, (stop, resumed)
 
 
 def test_a_stop_string_split_by_added_special_tokens_is_found(embedded):

@@ -5,14 +5,58 @@ the same token as AR: the tokens past it in that step are dropped."""
 
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
 from .detok import byte_fallback_ids, decode_text, special_ids
 
 BYTES_PER_CHAR = 4  # a character spans at most 4 tokens (UTF-8 byte tokens), and any token at least 1 byte
-# Byte-fallback tokenizers decode a run of byte tokens as a whole (detok.byte_fallback_ids), so a window is
-# widened back to where the run it begins in starts, by at most this many tokens (a model stuck on bytes)
-RUN_REACH = 1024
+
+
+class ByteRuns:
+    """Whether each run of byte-fallback tokens (detok.byte_fallback_ids) in a sequence pushed a token at a time
+    is UTF-8: the decoder gives a valid run's characters and an invalid (or unfinished) one one U+FFFD a byte, so
+    a window's text inside a run depends on the bytes before it. Kept as the tokens come, this lets a window
+    begin inside a run however long: it was widened back to the run's start (up to 1,024 tokens decoded a token,
+    0.65 ms in a model's long byte runs)."""
+
+    def __init__(self, values: dict[int, int], reach: int) -> None:
+        self.values, self.reach = values, reach  # byte token id -> its byte; how far back runs are asked about
+        self.count = 0  # tokens pushed
+        self.closed: list[tuple[int, int, bool]] = []  # ended runs within reach: start, end, whether UTF-8
+        self.open: int | None = None  # where the run still open at the end began
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.ok = True  # the open run's bytes so far are UTF-8, or the start of some
+
+    def push(self, token: int) -> None:
+        byte = self.values.get(token)
+        if byte is None:
+            if self.open is not None:
+                self.closed.append((self.open, self.count, self._valid()))
+                self.open = None
+        else:
+            if self.open is None:
+                self.open, self.ok = self.count, True
+                self.utf8.reset()
+            if self.ok:
+                try:
+                    self.utf8.decode(bytes((byte,)))
+                except UnicodeDecodeError:  # (no byte after can make the run UTF-8 again)
+                    self.ok = False
+        self.count += 1
+        while self.closed and self.closed[0][1] <= self.count - self.reach:
+            self.closed.pop(0)
+
+    def _valid(self) -> bool:
+        return self.ok and not self.utf8.getstate()[0]  # (bytes held: a character not finished)
+
+    def inside(self, position: int) -> bool | None:
+        """For the token `position` back from the end (1: the last), where a run began before it (a window
+        beginning there begins inside the run): whether that run decodes to its characters; None elsewhere."""
+        at = self.count - position
+        if self.open is not None and at > self.open:
+            return self._valid()
+        return next((valid for start, end, valid in self.closed if start < at < end), None)
 
 
 class StopStrings:
@@ -32,38 +76,52 @@ class StopStrings:
         self.bytes = byte_fallback_ids(tokenizer)
         self.window = BYTES_PER_CHAR * max(len(s) for s in strings) + BYTES_PER_CHAR
         # tokens of the tail kept: a window and a character before it (see _text)
-        self.kept = self.window + BYTES_PER_CHAR + (RUN_REACH if self.bytes else 0)
-        # the byte tokens of UTF-8's continuation bytes (0x80-0xBF), which no character begins with
-        self.continuation = frozenset(i for token, i in tokenizer.get_vocab().items()
-                                      if i in self.bytes and 0x80 <= int(token[3:5], 16) <= 0xBF) if self.bytes else ()
-        self.tail: list[int] = [t for t in previous or [] if t not in self.special][-self.kept :]  # generated ids
-        self.marked: list[int] = list(previous or [])[-self.kept :]  # the same with the special tokens
+        self.kept = self.window + BYTES_PER_CHAR
+        values = {i: int(token[3:5], 16) for token, i in tokenizer.get_vocab().items() if i in self.bytes}
+        # the byte tokens of UTF-8's continuation bytes (0x80-0xBF), which no character begins with; one of them
+        # leads a window that begins inside a run that is no UTF-8, to decode its bytes as the whole run's are
+        self.continuation = frozenset(i for i, byte in values.items() if 0x80 <= byte <= 0xBF)
+        self.stray = min(self.continuation, default=None)
+        # the byte runs of both sequences (special tokens end a run in the text read with them, not in the other)
+        self.runs, self.marked_runs = ByteRuns(values, self.kept), ByteRuns(values, self.kept)
+        generated = list(previous or [])
+        for t in generated:  # (a resumed run's byte run may have begun long before the tail)
+            self.marked_runs.push(t)
+            if t not in self.special:
+                self.runs.push(t)
+        self.tail: list[int] = [t for t in generated if t not in self.special][-self.kept :]  # generated ids
+        self.marked: list[int] = generated[-self.kept :]  # the same with the special tokens
 
     def cut(self, ids: list[int]) -> int | None:
         """How many of `ids` (the next generated tokens) to keep: up to and including the one that
         completes a stop string; None where none does."""
         for i, t in enumerate(ids):
             self.marked = [*self.marked[1 - self.kept :], t]
+            self.marked_runs.push(t)
             if t not in self.special:
                 self.tail = [*self.tail[1 - self.kept :], t]
-                if any(s in self._text(self.tail) for s in self.strings):
+                self.runs.push(t)
+                if any(s in self._text(self.tail, self.runs) for s in self.strings):
                     return i + 1
             if any(x in self.special for x in self.marked[-self.window :]):  # (else the texts are one)
-                if any(s in self._text(self.marked, marked=True) for s in self.strings):
+                if any(s in self._text(self.marked, self.marked_runs, marked=True) for s in self.strings):
                     return i + 1
         return None
 
-    def _text(self, tail: list[int], marked: bool = False) -> str:
+    def _text(self, tail: list[int], runs: ByteRuns, marked: bool = False) -> str:
         """The text of `tail`'s last tokens, as many as a stop string's characters can span (a special token
         spans one token and more characters than any); `marked`: with the special tokens' own text."""
         if not tail:
             return ""
         start = max(0, len(tail) - self.window)
-        while start > 0 and tail[start] in self.bytes and tail[start - 1] in self.bytes:
-            start -= 1  # (a byte-fallback window that began inside a run decoded to U+FFFD: "。" was missed)
-        if start == 0 and len(tail) == self.kept:  # a run longer than the tail: begin at a character
-            while start < len(tail) - 1 and tail[start] in self.continuation:
-                start += 1  # (from a continuation byte the whole run decoded to U+FFFD, a stop string unseen)
+        if self.bytes:  # byte-fallback: a window begins inside a character only inside a run of byte tokens
+            valid = runs.inside(len(tail) - start)
+            if valid:  # begin at the character the window begins in
+                while tail[start] in self.continuation:
+                    start -= 1  # (the run is UTF-8 from its start: a character's lead byte is at most 3 back)
+            elif valid is not None and self.stray is not None:  # a run that is no UTF-8: one U+FFFD a byte, as whole
+                return self._decode([self.stray, *tail[start:]], marked)[1:]
+            return self._decode(tail[start:], marked)
         text = self._decode(tail[start:], marked)
         lead = len(text) - len(text.lstrip("\ufffd"))
         if start > 0 and lead:  # the window may begin inside a character (byte-level BPE), whose cut bytes decode
