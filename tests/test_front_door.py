@@ -110,6 +110,26 @@ def test_the_lock_holder_removes_temp_files_that_killed_runs_left(tmp_path):
     assert sorted(tmp_path.iterdir()) == sorted(kept)
 
 
+@pytest.mark.parametrize("flag", ["--output", "--json"])
+def test_the_checkpoint_an_interrupt_saves_beside_the_outputs_is_locked_too(tmp_path, capsys, flag):
+    """A run with --output (or --json) and no --checkpoint saves an interrupt's state to <output>.checkpoint.json,
+    which it did not lock: another run given that file as its --checkpoint had its state replaced. Refused before
+    loading, and told to give a --checkpoint of its own."""
+    tiny_hf_model("llama", seed=3, vocab=40).save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # (transformers' progress bar as it saves)
+    out = tmp_path / "out.txt"
+    held = tmp_path / "out.txt.checkpoint.json"
+    with OutputLock([("--checkpoint", held)]):
+        code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "1,2",
+                               "--heads", "none", "--max-new-tokens", "4", flag, str(out))
+    assert_one_line_error(code, err, f"'{held}' is being written by another longswift run (pid {os.getpid()}): "
+                                     "wait for it to finish, or give another --checkpoint")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "1,2", "--heads",
+                           "none", "--max-new-tokens", "4", "--ignore-eos", flag, str(out))
+    assert code == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["m", "out.txt"], err  # (its lock removed)
+
+
 @pytest.mark.slow
 def test_a_second_run_on_the_same_output_is_refused_and_the_first_is_intact(tmp_path, capsys):
     first = subprocess.Popen([sys.executable, "-m", "longswift", "generate", "--prompt", "Tell a story.", "--raw",

@@ -69,10 +69,15 @@ class Outputs:
                 "checkpoint_every": self.every, "checkpoint": str(at) if at else None}
 
     def locked(self) -> Any:
+        """The lock on every file this run may write, the checkpoint an interrupt saves next to --output/--json
+        too: unlocked, another run given it as its --checkpoint had its state replaced by this one's. (Giving
+        this run a --checkpoint of its own is the way past that lock: so it is named.)"""
         from ..atomic import OutputLock
 
+        fallback = self.fallback_checkpoint() if self.checkpoint is None and (self.output or self.json) else None
         return OutputLock([(flag, p) for flag, p in (("--output", self.output), ("--json", self.json),
-                                                     ("--checkpoint", self.checkpoint)) if p is not None], note_stale)
+                                                     ("--checkpoint", self.checkpoint or fallback)) if p is not None],
+                          note_stale)
 
 
 def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_progress: bool,
