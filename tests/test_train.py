@@ -479,6 +479,26 @@ def test_jsonl_text_with_an_unpaired_surrogate_is_refused_before_loading(tmp_pat
     assert read_texts([f]) == ["a pair \U0001f600 is one character"]
 
 
+@pytest.mark.parametrize("command", ["train-heads", "eval-heads"])
+def test_data_the_tokenizer_encodes_past_the_models_logits_is_refused_in_a_line(tmp_path, capsys, command):
+    """A model directory holding another model's tokenizer (260 tokens for 128 logits): the --data ids reached the
+    embedding, an IndexError traceback after the hidden states had begun (on CUDA, a device-side assert)."""
+    from conftest import assert_one_line_error, byte_tokenizer, run_cli
+
+    tiny_hf_model("llama", seed=3, vocab=128).save_pretrained(tmp_path / "m")
+    byte_tokenizer().save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # (transformers' progress bar as it saves)
+    data = tmp_path / "d.txt"
+    data.write_text("The keeper climbed the stairs. " * 40)
+    flags = (["--out", str(tmp_path / "o"), "--steps", "4", "--warmup", "1"] if command == "train-heads"
+             else ["--heads", "random", "--alpha-tokens", "0"])
+    code, _, err = run_cli(capsys, command, "--model", str(tmp_path / "m"), "--data", str(data), "--seq-len", "64",
+                           "--threads", "1", "--no-progress", *flags)
+    assert_one_line_error(code, err, "the --data text encodes to token 2")
+    assert "past this model's 128 logits: the tokenizer is not this model's" in err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("line, message", [
     ("[" * 100000 + "]" * 100000, "line 2 nests arrays or objects too deeply to be read"),
     ('{"text": "ok", "id": ' + "7" * 5000 + "}", "line 2 holds an integer of more than 4300 digits"),

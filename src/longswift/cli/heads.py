@@ -138,7 +138,7 @@ def prepare_windows(engine: Any, args: argparse.Namespace, texts: list[str], seq
     prompt_lengths: list[int] = []  # (of each document: its tokens that are context but not targets)
     info: dict = {}
     if texts:
-        documents += tokenize(engine.tokenizer, texts)
+        documents += tokenize(engine.tokenizer, texts, engine.cfg.vocab_size)
         prompt_lengths += [0] * len(documents)
         info["data"] = [str(d) for d in args.data]
     if args.self_distill:

@@ -124,7 +124,15 @@ def cut_counted_windows(documents: list[list[int]], prompts: list[int],
     return windows, torch.tensor([first for _, _, first in cut], dtype=torch.long)
 
 
-def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+def tokenize(tokenizer: Any, texts: list[str], vocab_size: int) -> list[list[int]]:
+    """The --data texts' token ids; refused where the tokenizer gives an id past the model's `vocab_size` logits
+    (the tokenizer is not the model's: the embedding's IndexError came after minutes of hidden states)."""
     if tokenizer is None:
         raise LongswiftError(f"this model has no tokenizer, so it cannot read text data: {ADD_TOKENIZER_FILES}")
-    return [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    documents = [list(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    past = max((max(d) for d in documents if d), default=-1)
+    if past >= vocab_size:
+        raise LongswiftError(f"the --data text encodes to token {past} of the tokenizer, past this model's "
+                             f"{vocab_size} logits: the tokenizer is not this model's; load the model with its own "
+                             "tokenizer")
+    return documents
