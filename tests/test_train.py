@@ -726,6 +726,25 @@ def test_self_distill_sampled_rows_follow_the_transform(tiny, tmp_path):
             assert kept[t - 1, doc[t]], (t, doc[t])
 
 
+def test_self_distill_draws_from_every_token_the_transform_keeps(tmp_path):
+    """transformers' generate() filled the unset top_k with its default of 50: under plain temperature-1 sampling
+    no drawn token ranked past the 50th of the model's logits, where this tiny model of 264 tokens draws about a
+    third of its tokens (its probability there, summed over these 80 draws, is about 35)."""
+    engine = longswift.load(tiny_hf_model("llama", seed=3, vocab=264), pack_weights=False)
+    sampling = SamplingConfig(temperature=1.0, min_p=0.0, repetition_penalty=1.0, seed=4)
+    prompts = [[5, 9, 11, 4], [17, 3]]
+    docs = self_distill(engine, 2 * 40, new_tokens=40, batch_size=2, sampling=sampling, cache_dir=tmp_path,
+                        progress=False, prompts=prompts)
+    ranks, expected = [], 0.0
+    for prompt, doc in zip(prompts, docs):
+        logits, _ = engine.model.forward(torch.tensor(doc), torch.arange(len(doc)), None)  # [T, V]
+        for t in range(len(prompt), len(doc)):
+            ranks.append(int((logits[t - 1] > logits[t - 1, doc[t]]).sum()))
+            expected += float(logits[t - 1].double().softmax(-1).sort(descending=True).values[50:].sum())
+    beyond = sum(r >= 50 for r in ranks)
+    assert beyond >= 10, (beyond, expected, sorted(ranks))
+
+
 def test_held_out_alpha_shows_its_progress_and_equals_a_plain_generation(capsys):
     """eval-heads' alpha generation (a minute at its default length on a CPU) shows a bar unless
     --no-progress, and its stats are those of the same generation run without one."""

@@ -90,7 +90,7 @@ def _cache_key(engine: Any, n_tokens: int, new_tokens: int, batch: int, sampling
                prompts: list[list[int]]) -> str:
     what = {"model": engine.fingerprint, "dtype": str(engine.model.dtype), "rope_scaling": engine.runtime.rope_scaling,
             "tokens": n_tokens, "new": new_tokens, "batch": batch, "sampling": asdict(sampling),
-            "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16], "version": 2}
+            "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest()[:16], "version": 3}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -187,7 +187,9 @@ def self_distill(engine: Any, n_tokens: int, new_tokens: int = 512, batch_size: 
 
     twin = _sampler(engine)
     pad = 0
-    hf_cfg = HFGenerationConfig(do_sample=not sampling.greedy, temperature=None, top_k=None, top_p=None,
+    # Our transform does the temperature and the filters: transformers' own are set to do nothing (left unset,
+    # generate() filled them in from its defaults, and cut every draw to the top 50 tokens besides; found by review)
+    hf_cfg = HFGenerationConfig(do_sample=not sampling.greedy, temperature=1.0, top_k=0, top_p=1.0,
                                 max_new_tokens=new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=pad)
     # Each batch is seeded on its own (seed + its first document), so a run stopped between batches goes on
     # from the batches it finished (kept beside the cache entry as they finish) to the same documents.
