@@ -1416,6 +1416,30 @@ def test_eval_heads_refuses_self_distilling_its_heads_training_documents(seed, n
     _check_not_training_documents(record, argparse.Namespace(**{**vars(args), "self_distill": 0}))  # (--data only)
 
 
+@pytest.mark.parametrize("seed, batch, refused", [(0, 32, True), (32, 64, True), (1, 32, False), (16, 8, False)])
+def test_eval_heads_refuses_the_shipped_heads_own_documents(embedded, seed, batch, refused):
+    """The shipped heads' record has no settings (they were trained before settings were kept), and the check
+    returned at once: `eval-heads --heads default --self-distill 16384 --seed 0` scored them on their own training
+    text. Without the batch, any seed that differs by a multiple of the 32 requests is refused."""
+    import argparse
+
+    from longswift.cli.heads import _check_not_training_documents
+    from longswift.errors import LongswiftError
+
+    record = embedded.heads_training_record()
+    assert "settings" not in record and record["data"]["self_distill"]["sampling"]["seed"] == 0
+    args = argparse.Namespace(self_distill=16_384, seed=seed, distill_new_tokens=512, distill_batch=batch)
+    if not refused:
+        _check_not_training_documents(record, args)
+        return
+    with pytest.raises(LongswiftError) as info:
+        _check_not_training_documents(record, args)
+    assert str(info.value) == (
+        f"eval-heads --seed {seed} would self-distill documents these heads were trained on (train-heads --seed "
+        "0, --distill-new-tokens 512, a --distill-batch not recorded): give a --seed that differs from 0 by other "
+        "than a multiple of 32, such as --seed 1")
+
+
 def test_eval_heads_refuses_a_tree_deeper_than_its_heads_before_the_accuracy(tmp_path, capsys, monkeypatch):
     """The alpha run refused --tree 1,3,3,3 for heads drafting 2 depths only after the accuracy's work (minutes with
     --self-distill), with no --json written: refused once the heads are known."""

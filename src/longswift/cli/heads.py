@@ -291,24 +291,26 @@ def _check_not_training_documents(record: dict | None, args: argparse.Namespace)
     data = record.get("data") if isinstance(record, dict) else None
     distilled = data.get("self_distill") if isinstance(data, dict) else None
     settings = record.get("settings") if isinstance(record, dict) else None
-    if not args.self_distill or not isinstance(distilled, dict) or not isinstance(settings, dict):
+    if not args.self_distill or not isinstance(distilled, dict):
         return
     sampling = distilled.get("sampling")
     seed = sampling.get("seed") if isinstance(sampling, dict) else None
     docs, new = distilled.get("documents"), distilled.get("new_tokens_per_document")
-    batch = settings.get("distill_batch")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seed, docs, new, batch)):
+    # A record without the batch (the shipped heads', written before settings were kept) is checked as if every
+    # batch could be training's: a seed that differs by a multiple of the requests' count alone is refused
+    batch = settings.get("distill_batch") if isinstance(settings, dict) else None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (seed, docs, new, batch or 1)):
         return
-    assert isinstance(seed, int) and isinstance(docs, int) and isinstance(batch, int)
-    if new != args.distill_new_tokens or batch != args.distill_batch or batch <= 0:
+    assert isinstance(seed, int) and isinstance(docs, int)
+    if new != args.distill_new_tokens or (batch is not None and (batch != args.distill_batch or batch <= 0)):
         return
-    shift, period = args.seed - seed, math.lcm(len(PROMPTS), batch)
+    shift, period = args.seed - seed, math.lcm(len(PROMPTS), batch or 1)
     evaluated = -(-args.self_distill // new)  # the documents this run writes; its batch at lo is training's at lo+shift
     if shift % period == 0 and -evaluated < shift < docs:
+        trained = f"--distill-batch {batch}" if batch is not None else "a --distill-batch not recorded"
         raise LongswiftError(f"eval-heads --seed {args.seed} would self-distill documents these heads were trained on "
-                             f"(train-heads --seed {seed}, --distill-new-tokens {new}, --distill-batch {batch}): give "
-                             f"a --seed that differs from {seed} by other than a multiple of {period}, such as "
-                             f"--seed {seed + 1}")
+                             f"(train-heads --seed {seed}, --distill-new-tokens {new}, {trained}): give a --seed that "
+                             f"differs from {seed} by other than a multiple of {period}, such as --seed {seed + 1}")
 
 
 def cmd_eval_heads(args: argparse.Namespace) -> int:
