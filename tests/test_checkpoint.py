@@ -210,18 +210,24 @@ def test_a_model_with_the_same_embeddings_but_other_weights_is_refused(base):
     weights is refused (it resumed and wrote other tokens); a checkpoint made before the probe still resumes."""
     stream = base.stream(PROMPT, sampling=SAMPLINGS["sampled"], generation=GEN, method="ar")
     ckpt = stop_after(stream, 10)
-    assert ckpt.model_probe["dtype"] == "float64" and len(ckpt.model_probe["values"]) == base.cfg.hidden_size
-    tuned = hf_model()
-    with torch.no_grad():
-        tuned.model.layers[1].mlp.down_proj.weight.mul_(1.05)  # (5%: a fine-tune's size of change)
-    other = longswift.load(tuned, dtype="float64", heads="random")
-    assert other.fingerprint == base.fingerprint
-    with pytest.raises(LongswiftError, match=r"made with another model \(<LlamaForCausalLM>\), whose embeddings "
-                                             r"this one shares but whose other weights differ"):
-        other.resume(ckpt)
+    from longswift.runtime.probe import PROBE_LOGITS
+
+    values = ckpt.model_probe["values"]
+    assert ckpt.model_probe["dtype"] == "float64" and len(values) == base.cfg.hidden_size + PROBE_LOGITS
+    for part in ("layer", "lm_head"):  # (an untied LM head tuned alone left the hidden states as they were)
+        tuned = hf_model()
+        with torch.no_grad():  # (5%: a fine-tune's size of change)
+            (tuned.model.layers[1].mlp.down_proj if part == "layer" else tuned.lm_head).weight.mul_(1.05)
+        other = longswift.load(tuned, dtype="float64", heads="random")
+        assert other.fingerprint == base.fingerprint
+        with pytest.raises(LongswiftError, match=r"made with another model \(<LlamaForCausalLM>\), whose embeddings "
+                                                 r"this one shares but whose other weights differ"):
+            other.resume(ckpt)
     assert list(engine().resume(ckpt)) is not None  # the same weights, loaded again
     older = dataclasses.replace(ckpt, model_probe=None)
     assert other.resume(older) is not None  # (no probe to compare: as before)
+    hidden_only = dataclasses.replace(ckpt, model_probe={"dtype": "float64", "values": values[:-PROBE_LOGITS]})
+    assert list(engine().resume(hidden_only)) is not None  # (a probe kept before the logits: its hidden state)
 
 
 def test_a_tokenswift_checkpoint_of_a_bfloat16_run_resumes_in_float32_with_the_same_heads(tmp_path):
