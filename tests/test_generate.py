@@ -134,6 +134,36 @@ def test_on_prefill_follows_the_reading_of_the_context_and_of_a_resumes_context(
     assert again[-1] == (context, context) and len(again) >= 3 and again == sorted(again)
 
 
+@pytest.mark.parametrize("method", ["ar", "tokenswift"])
+def test_a_resume_that_does_not_fit_is_told_to_lower_its_length_alone(method, tmp_path, capsys):
+    """A resume refused for memory was advised a smaller dtype, draft budget, tree, prefill chunk or prompt: a
+    resume keeps its checkpoint's (--resume refuses those flags). Its length alone can change; the API and the
+    command line (before loading, and after) say so."""
+    from conftest import run_cli
+
+    model = tiny_hf_model(seed=16, max_position_embeddings=10**12)
+    engine = longswift.load(model, dtype="float32", heads="random")
+    stream = engine.stream(PROMPT, max_new_tokens=8, temperature=0, method=method)
+    next(iter(stream))
+    checkpoint = stream.checkpoint()
+    with pytest.raises(LongswiftError) as info:
+        engine.resume(checkpoint, max_new_tokens=10**11)
+    assert "not enough memory" in str(info.value) and str(info.value).endswith(
+        "lower max_new_tokens (a resumed run keeps its checkpoint's prompt and settings), or free some memory")
+    assert info.value.cli_message.endswith("lower --max-new-tokens (a resumed run keeps its checkpoint's prompt and "
+                                           "settings), or free some memory")
+    model.save_pretrained(tmp_path / "m")
+    capsys.readouterr()  # (transformers' progress bar as it saves)
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "1,2,3", "--heads",
+                           "random" if method == "tokenswift" else "none", "--max-new-tokens", "8", "--checkpoint",
+                           str(tmp_path / "c.json"), "--output", str(tmp_path / "o.txt"), "--no-progress")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "c.json"), "--max-new-tokens",
+                           str(10**11))
+    assert code == 2 and err.strip().endswith("lower --max-new-tokens (a resumed run keeps its checkpoint's prompt "
+                                              "and settings), or free some memory"), err
+
+
 def test_bad_requests_are_refused():
     engine = longswift.load(tiny_hf_model(seed=16), dtype="float32")
     with pytest.raises(LongswiftError, match=r"= 260 exceeds this model's context of 256 tokens.*rope_scaling='yarn:2'"):

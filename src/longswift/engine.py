@@ -432,7 +432,7 @@ class Engine:
         loop: dict[str, Any] = dict(cuda_graphs=use_graphs(self.runtime.cuda_graphs, self.model),
                                     read_every=self.runtime.token_block(device),
                                     graph_attention=resolve_attention(self.runtime.graph_attention, device),
-                                    on_prefill=relay)
+                                    on_prefill=relay, resumed=resumed)
         # The run is checked and its caches made here, as the steps will use them (inference tensors): a run
         # that cannot be is refused by stream() itself, not at its first token, which would break the stream.
         with torch.inference_mode():

@@ -30,11 +30,12 @@ def ar_steps(
     read_every: int = 1,
     graph_attention: str = "bucketed",
     on_prefill: Callable[[int, int], None] | None = None,
+    resumed: bool = False,
 ) -> Iterator[list[int]]:
     """Plain autoregressive decoding: one forward and one draw per token. The call plans the run's memory
     and allocates its cache (a run that cannot be is refused here, not at the first token); the iterator
     it returns prefills and decodes. `generated`: tokens an
-    earlier run already produced (resume); the cache is rebuilt by a prefill of prompt + them.
+    earlier run already produced (resume, `resumed`); the cache is rebuilt by a prefill of prompt + them.
     `cuda_graphs`: on CUDA, replay each decode forward as a CUDA graph (else its body runs eagerly);
     `graph_attention`: how those bodies attend (runtime.cuda_graphs). `on_prefill(read, total)`: the
     prefill's progress (Transformer.prefill).
@@ -52,7 +53,7 @@ def ar_steps(
     if model.tp is not None:  # rank 0 draws and broadcasts each token: one at a time
         read_every = 1
     capacity = len(prompt) + gen.max_new_tokens
-    cache = new_cache(model, capacity, gen.prefill_chunk)
+    cache = new_cache(model, capacity, gen.prefill_chunk, resumed=resumed)
     history, history_dev = token_history(prompt + generated, capacity, model.device)  # host; model's device
 
     def steps() -> Iterator[list[int]]:  # the checks and the cache above are made when the run is asked for

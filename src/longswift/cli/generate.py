@@ -612,6 +612,6 @@ def _plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, gen: Generati
         local = env_local_rank()  # this process's GPU, as init_from_env chooses it (which refuses one not there)
         if device.type == "cuda" and device.index is None and local < torch.cuda.device_count():
             runtime = replace(runtime, device=f"cuda:{local}")  # (the current one is cuda:0 for all)
-    plan_before_loading(held, runtime, tokens, gen.prefill_chunk, spec).check(weights_loaded=False)
+    plan_before_loading(held, runtime, tokens, gen.prefill_chunk, spec).check(weights_loaded=False, resumed=resumed)
 
 

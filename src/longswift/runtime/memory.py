@@ -195,17 +195,20 @@ class MemoryPlan:
         """The bytes the run still has to allocate: weights already resident are not counted again."""
         return self.total - (self.weights + self.packed_weights if weights_loaded else 0)
 
-    def check(self, weights_loaded: bool) -> None:
-        """Refuse a plan that cannot fit (needed)."""
+    def check(self, weights_loaded: bool, resumed: bool = False) -> None:
+        """Refuse a plan that cannot fit (needed). `resumed`: a checkpoint's run, whose length alone can change
+        (its prompt and settings are the checkpoint's: the other advice named flags --resume refuses)."""
         free = available_bytes(torch.device(self.device))
         if free is None:
             return
         need = self.needed(weights_loaded)
         if need > free:
             def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
-                return (f"not enough memory: this run needs {size_text(need)} more ({self.describe()}) but "
-                        f"{size_text(free)} is free; lower {name('max_new_tokens')} or the prompt length, or use a "
-                        f"smaller {name('dtype')}" + self.drafting_advice(name)
+                said = f"not enough memory: this run needs {size_text(need)} more ({self.describe()}) but " \
+                       f"{size_text(free)} is free; lower {name('max_new_tokens')}"
+                if resumed:
+                    return said + " (a resumed run keeps its checkpoint's prompt and settings), or free some memory"
+                return (said + f" or the prompt length, or use a smaller {name('dtype')}" + self.drafting_advice(name)
                         + (f", or a smaller {name('prefill_chunk')} (now {self.prefill_chunk:,})"
                            if self.prefill_chunk else ""))
 
@@ -373,10 +376,12 @@ def check_context(cfg: ModelConfig, prompt_tokens: int | None, max_new_tokens: i
 
 
 def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int = 0, tree_nodes: int = 0,
-              sampled_rows: int = 1, context: int | None = None, held_rows: int = 0) -> FullKVCache:
+              sampled_rows: int = 1, context: int | None = None, held_rows: int = 0,
+              resumed: bool = False) -> FullKVCache:
     """Plan the memory of a run (with TokenSwift's draft cache and tree, if any), refuse what
     cannot fit, then allocate its full KV cache. `context`: the run's prompt + new tokens where the
-    capacity is larger (a tree's rows past the run's end are verified, never read by the walk)."""
+    capacity is larger (a tree's rows past the run's end are verified, never read by the walk);
+    `resumed`: a checkpoint's run (MemoryPlan.check)."""
     cfg = model.cfg
     if cfg.sliding_window is not None and (capacity if context is None else context) > cfg.sliding_window:
         raise LongswiftError(sliding_window_refusal(cfg.sliding_window, "max_new_tokens"),
@@ -384,7 +389,7 @@ def new_cache(model: Transformer, capacity: int, chunk: int, draft_tokens: int =
     plan = plan_memory(cfg, model.dtype, model.device, capacity, chunk, model.packed, draft_tokens,
                        tree_nodes, model.float32_logits, sampled_rows, held_rows)
     if model.tp is None:
-        plan.check(weights_loaded=True)
+        plan.check(weights_loaded=True, resumed=resumed)
     else:  # each rank reads its own free memory: all refuse together, or the others wait in the run's collectives
-        model.tp.refuse_together(lambda: plan.check(weights_loaded=True))
+        model.tp.refuse_together(lambda: plan.check(weights_loaded=True, resumed=resumed))
     return FullKVCache(cfg, capacity, model.dtype, model.device)

@@ -91,7 +91,7 @@ class TokenSwiftState:
     def __init__(self, model: Transformer, heads: DraftHeads, prompt: list[int], generated: list[int],
                  sampling: SamplingConfig, gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats,
                  eos_ids: frozenset[int], generator: torch.Generator | None, cuda_graphs: bool = False,
-                 read_every: int = 1, graph_attention: str = "bucketed") -> None:
+                 read_every: int = 1, graph_attention: str = "bucketed", resumed: bool = False) -> None:
         spec, levels = spec_for_heads(spec, model.device, heads.gamma)
         ngram_topk, max_nodes = resolved(spec)
         self.model, self.heads, self.sampling, self.gen, self.spec = model, heads, sampling, gen, spec
@@ -117,7 +117,7 @@ class TokenSwiftState:
         bodies = step_bodies(model)  # CUDA: fixed-shape steps (runtime.cuda_graphs), verify padded to a budget
         self.full = new_cache(model, total + (padded_nodes(nodes) if bodies else nodes), gen.prefill_chunk,
                               draft_tokens, nodes, walk_rows(spec) if self.batched else 1, context=total,
-                              held_rows=held_logit_rows(spec))
+                              held_rows=held_logit_rows(spec), resumed=resumed)
         self.partial = None
         if draft_tokens:
             self.partial = PartialKVCache(model.cfg, spec.draft_kv_budget, spec.attention_sinks, spec.draft_window,
@@ -419,12 +419,13 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
                      gen: GenerationConfig, spec: SpecConfig, stats: GenerationStats, eos_ids: frozenset[int],
                      generator: torch.Generator | None, generated: list[int] | None = None,
                      cuda_graphs: bool = False, read_every: int = 1, graph_attention: str = "bucketed",
-                     on_prefill: Callable[[int, int], None] | None = None) -> Iterator[list[int]]:
+                     on_prefill: Callable[[int, int], None] | None = None,
+                     resumed: bool = False) -> Iterator[list[int]]:
     """Self-speculative decoding; yields the tokens each step commits (its output is AR's). The call checks
     the tree against the heads, plans the run's memory and allocates its caches (a run that cannot be is
     refused here, not at the first token); the iterator it returns prefills and decodes. `generated`:
     tokens an earlier run already produced (resume): the cache is rebuilt by a prefill of everything
-    before the last of them, which becomes the root. `read_every`: plain steps run as token blocks of up
+    before the last of them, which becomes the root (`resumed`: a checkpoint's run). `read_every`: plain steps run as token blocks of up
     to this many (see StepSchedule.plain_run), as AR's do. `graph_attention`: how the CUDA step bodies
     attend (runtime.cuda_graphs). `on_prefill(read, total)`: the prefill's progress (Transformer.prefill)."""
     generated = generated or []
@@ -432,7 +433,7 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
         stats.finish_reason = reason
         return iter(())
     s = TokenSwiftState(model, heads, prompt, generated, sampling, gen, spec, stats, eos_ids, generator, cuda_graphs,
-                        read_every, graph_attention)
+                        read_every, graph_attention, resumed)
 
     def steps() -> Iterator[list[int]]:  # the checks and the caches above are made when the run is asked for
         if generated:
