@@ -493,6 +493,30 @@ def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_p
     assert code == 2 and planned[0][0] == 3 and isinstance(planned[0][1], SpecConfig) and planned[0][2], err
 
 
+@pytest.mark.parametrize("heads, drafts", [("auto", False), ("none", False), ("random", True)])
+def test_a_model_without_heads_is_planned_as_the_ar_run_it_is(tmp_path, capsys, monkeypatch, heads, drafts):
+    """generate planned any run without --method as TokenSwift unless --heads none: a model with no heads (its
+    own or shipped), which runs AR, was planned with a draft cache, a tree and heads, and refused runs that fit
+    (info, which reads the heads first, planned it as AR)."""
+    from conftest import tiny_hf_model
+
+    import longswift.cli.generate as generate_cli
+    from longswift import SpecConfig
+
+    tiny_hf_model("llama", seed=5).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    planned = []
+
+    def plan(model, runtime, gen, prompt_tokens, spec=None, resumed=False):
+        planned.append(spec)
+        raise generate_cli.LongswiftError("planned")
+
+    monkeypatch.setattr(generate_cli, "_plan_before_loading", plan)
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5",
+                           "--heads", heads, "--no-progress")
+    assert code == 2 and len(planned) == 1 and isinstance(planned[0], SpecConfig) == drafts, err
+
+
 @pytest.mark.parametrize("rank,said", [("0", "longswift: interrupted\n"), ("1", "longswift (rank 1): interrupted\n")])
 def test_a_process_stopped_at_once_under_torchrun_says_which_it_is(capsys, monkeypatch, rank, said):
     """Ctrl-C while the model loads stops every process at once: each said "longswift: interrupted", with no rank

@@ -177,11 +177,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
                                      *model_inputs(args.model), *heads_inputs(heads)])
     _keep_unfinished(outputs)
-    # Plan for TokenSwift's buffers whenever heads may be found (--heads auto: the checkpoint's own or shipped ones).
-    tokenswift = args.method == "tokenswift" or (args.method is None and heads != "none")
     from ..runtime.loading import load_config, model_tokenizer  # (torch: once the arguments are checked)
+    from ..spec.released import describe_heads
 
     cfg = load_config(args.model, runtime.rope_scaling)
+    # Plan for TokenSwift's buffers where it will run: --method tokenswift, or heads that --heads finds (read from
+    # file headers, as info does: a model with none, planned as TokenSwift, was refused runs that fit as AR)
+    tokenswift = args.method == "tokenswift" or (args.method is None and describe_heads(args.model, heads, cfg)[1])
     system = args.system
     if isinstance(prompt, str):  # encoded before the weights load (their tokenizer and config suffice), so that the
         # plan counts its tokens: a prompt past the context or the memory is refused without reading a weight
