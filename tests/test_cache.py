@@ -388,6 +388,36 @@ def _live_peak(fn):
     return top, out
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("t, cached", [(8, 3000), (32, 1500)])
+def test_the_explicit_attention_of_every_dtype_holds_no_more_than_the_plan_counts(dtype, t, cached):
+    """The CPU's explicit scores are in the model's dtype and their softmax in the accumulating one: float64's were
+    planned at float32's width, and a verify pass held 1.6 times what the plan counted (found by review)."""
+    from types import SimpleNamespace
+
+    from test_attention import D, G, HKV, grouped, random_case
+
+    from longswift.runtime.attention import Attention
+    from longswift.runtime.memory import masked_attention_bytes
+
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import Action
+
+    q, keys, values, new = random_case(t, cached, True, dtype, seed=5)
+    att = Attention(torch.device("cpu"), dtype, D**-0.5, False, kernel="explicit")
+    qg = grouped(q)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        att.attend(qg, keys, values, att.masks(t, cached, G, new))
+    live = peak = 0  # (the memory timeline sees the buffers inside ops, which _live_peak's leaf events do not)
+    for _, action, _, size in prof._memory_profile().timeline:
+        live += size if action == Action.CREATE else -size if action == Action.DESTROY else 0
+        peak = max(peak, live)
+    cfg = SimpleNamespace(num_heads=HKV * G, num_kv_heads=HKV, group_size=G, head_dim=D)
+    elem = torch.finfo(dtype).bits // 8
+    scores = HKV * G * t * (cached + t)
+    assert scores * 2 * elem <= peak <= masked_attention_bytes(cfg, t, cached + t, elem), (peak, peak / scores)
+
+
 @pytest.mark.parametrize("t, group", [(2000, 3), (777, 4)])
 def test_a_forwards_mask_holds_no_more_than_the_plan_counts(t, group):
     """A prefill chunk's mask was built through a repeated [G*T, T] bool mask and its inverse, both live with the
@@ -407,18 +437,20 @@ def test_a_forwards_mask_holds_no_more_than_the_plan_counts(t, group):
 def test_a_cpu_plan_counts_no_scores_past_the_limit_that_sends_a_verify_pass_to_the_cascade():
     """On the CPU a verify pass whose [Hkv, G*T, S] float32 scores would pass attention.EXPLICIT_SCORES_BYTES
     takes the cascade (Attention._kernel), so a long run's plan counts the explicit scores only up to that
-    size: 32 rows of the 8B shape over 100K entries plan ~64 MiB of attention, not 2 x 410 MB."""
+    size: 32 rows of the 8B shape over 100K entries plan ~112 MiB of attention in bfloat16 (14 bytes a score:
+    memory.explicit_score_bytes), not 14 x 102M."""
     from longswift.bench.shapes import shape_config
     from longswift.runtime.attention import EXPLICIT_SCORES_BYTES
     from longswift.runtime.memory import masked_attention_bytes
 
     cfg = shape_config("llama-3.1-8b")
     long = masked_attention_bytes(cfg, 32, 100_000, 2)
-    assert 2 * EXPLICIT_SCORES_BYTES <= long < 2 * EXPLICIT_SCORES_BYTES + (8 << 20)
-    assert long < 2 * cfg.num_heads * 32 * 100_000 * 4 / 10
-    # below the limit the scores and their softmax over every entry, as before
+    assert EXPLICIT_SCORES_BYTES // 4 * 14 <= long < EXPLICIT_SCORES_BYTES // 4 * 14 + (8 << 20)
+    assert long < 14 * cfg.num_heads * 32 * 100_000 / 10
+    # below the limit the scores, their softmax and its float32 copies over every entry, and the product's output
     short = masked_attention_bytes(cfg, 32, 4_000, 2)
-    assert short == 32 * 32 * 2 * cfg.group_size + 2 * 32 * 32 + 2 * cfg.num_heads * 32 * 4_000 * 4
+    assert short == (32 * 32 * 2 * cfg.group_size + 2 * 32 * 32 + 14 * cfg.num_heads * 32 * 4_000
+                     + cfg.num_heads * 32 * cfg.head_dim * 2)
 
 
 def test_a_cuda_plan_counts_the_padded_verify_pass_and_its_bucket_tail():

@@ -241,13 +241,21 @@ def mask_bytes(group: int, t: int, elem: int) -> int:
     return group * t * padded * elem + 2 * t * t
 
 
+def explicit_score_bytes(elem: int) -> int:
+    """Bytes live at once per score of the CPU's explicit attention (Attention._query_first), measured with the
+    profiler's memory timeline: in float32 and float64 the scores and their softmax (8 and 16); in bfloat16 and
+    float16 the scores, the softmax's float32 copy of them and its float32 output, and the probabilities rounded
+    back (14). (Planned at 8 for every dtype, float64's and bfloat16's verify passes held 1.6-1.75 times that.)"""
+    return 2 * elem if elem >= 4 else elem + 3 * 4
+
+
 def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False,
                            tail: int = 0, flash: bool = True) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
     `capacity` cached entries. Every path holds the additive [G*T, T] mask of the new entries (model
     dtype), and the cascade's parts merged (float32 or better). The CPU's explicit products (below
     FUSED_FROM_TOKENS, while the scores fit attention.EXPLICIT_SCORES_BYTES): the scores and their softmax
-    over every entry (float32, all heads); from it, or past that size, the CPU's cascade runs flash kernels,
+    over every entry (all heads; explicit_score_bytes); from it, or past that size, the CPU's cascade runs flash kernels,
     which work on blocks, over a copy of a layer's keys taken by slot (the CPU's caches store them by
     dimension: cache.transposed_keys). The CUDA cascade
     (`cascade`): scores and softmax over the T new entries (and `tail` cached ones: the bucketed step
@@ -268,9 +276,10 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
         return blocks
     # Explicit scores and their softmax while they fit (Attention._kernel), the cascade past it: a run's forwards
     # take the first, up to attention.EXPLICIT_SCORES_BYTES, while its cache is short, the second once it is long.
+    per_score = explicit_score_bytes(elem)
     if attention.explicit_scores_fit(cfg.num_heads * t, capacity):
-        return mask + 2 * cfg.num_heads * t * capacity * 4
-    return max(mask + 2 * attention.EXPLICIT_SCORES_BYTES, blocks)
+        return mask + cfg.num_heads * t * (capacity * per_score + cfg.head_dim * elem)  # (and the product's output)
+    return max(mask + attention.EXPLICIT_SCORES_BYTES // 4 * per_score, blocks)
 
 
 def plan_memory(
