@@ -611,6 +611,28 @@ def test_info_plans_for_the_prefill_chunk_given(capsys):
     assert workspace("--prefill-chunk", "4096") > 8 * workspace()
 
 
+def test_info_and_generate_plan_for_the_threads_given(capsys, monkeypatch):
+    """The CPU's flash kernels hold a buffer a thread: generate's plan before loading counted torch's threads (the
+    machine's), not --threads, which the load sets only later, and info had no --threads (found by review)."""
+    import re
+
+    from longswift import RuntimeConfig
+    from longswift.runtime.loading import load_config
+    from longswift.runtime.memory import cpu_flash_buffer_bytes
+    from longswift.spec.budget import plan_before_loading
+
+    cfg = load_config(None, None)
+    plans = {n: plan_before_loading(cfg, RuntimeConfig(device="cpu", threads=n), 8192, 256, None) for n in (2, 64)}
+    assert plans[64].workspace - plans[2].workspace == 62 * cpu_flash_buffer_bytes(cfg.head_dim, 1)
+
+    def workspace(*flags):
+        code, out, err = run_cli(capsys, "info", "--tokens", "8192", *flags)
+        assert code == 0, err
+        return float(re.search(r"workspace ([0-9.]+) GiB", out).group(1))
+
+    assert workspace("--threads", "256") > workspace("--threads", "1") + 0.2
+
+
 @pytest.mark.slow
 def test_bench_smoke(tmp_path, capsys):
     md, js = tmp_path / "b.md", tmp_path / "b.json"

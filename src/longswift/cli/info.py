@@ -21,9 +21,9 @@ def add_parser(sub: Any) -> None:
     # the prompt's chunk sizes the largest masked forward: the one generation setting the plan depends on
     add_config_flags(info, GenerationConfig,
                      skip=tuple(f.name for f in dataclasses.fields(GenerationConfig) if f.name != "prefill_chunk"))
-    # (float32 logits change the memory plan; CUDA graphs, token blocks and threads do not)
-    add_config_flags(info, RuntimeConfig, skip=("cuda_graphs", "read_every", "graph_attention", "triton_kernels",
-                                                "threads"))
+    # (float32 logits and threads, each with its flash buffers on a CPU, change the memory plan; CUDA graphs and
+    # token blocks do not)
+    add_config_flags(info, RuntimeConfig, skip=("cuda_graphs", "read_every", "graph_attention", "triton_kernels"))
 
 
 def cmd_info(args: argparse.Namespace) -> int:

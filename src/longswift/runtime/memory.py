@@ -226,11 +226,11 @@ class MemoryPlan:
                    f"{name('max_nodes')} ({verified})" if self.tree_nodes else ""))
 
 
-def cpu_flash_buffer_bytes(head_dim: int) -> int:
-    """What the CPU's flash kernel allocates for its blocks: per thread at most a 256-query x 512-key block
-    of scores with its row maxima, sums and output rows (float32), and as much again for a reduced-precision
-    copy (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)."""
-    return torch.get_num_threads() * (256 * 512 + 256 * (2 + head_dim)) * 4 * 2
+def cpu_flash_buffer_bytes(head_dim: int, threads: int | None = None) -> int:
+    """What the CPU's flash kernel allocates for its blocks: per thread (`threads` the run will have; None: torch's
+    now) at most a 256-query x 512-key block of scores with its row maxima, sums and output rows (float32), and as
+    much again for a reduced-precision copy (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp)."""
+    return (threads or torch.get_num_threads()) * (256 * 512 + 256 * (2 + head_dim)) * 4 * 2
 
 
 def mask_bytes(group: int, t: int, elem: int) -> int:
@@ -250,7 +250,7 @@ def explicit_score_bytes(elem: int) -> int:
 
 
 def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, cascade: bool = False,
-                           tail: int = 0, flash: bool = True) -> int:
+                           tail: int = 0, flash: bool = True, threads: int | None = None) -> int:
     """Transient bytes of attention in one forward of `t` new tokens under a mask, against up to
     `capacity` cached entries. Every path holds the additive [G*T, T] mask of the new entries (model
     dtype), and the cascade's parts merged (float32 or better). The CPU's explicit products (below
@@ -271,7 +271,7 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     # the CPU's flash kernels work on blocks: no scores over the cache exist, but they take the keys slot by
     # slot where the cache stores them by dimension (by_slot), a span at a time
     keys = min(cfg.num_kv_heads * capacity * cfg.head_dim * elem, BY_SLOT_SPAN_BYTES)
-    blocks = mask + merged + cpu_flash_buffer_bytes(cfg.head_dim) + keys
+    blocks = mask + merged + cpu_flash_buffer_bytes(cfg.head_dim, threads) + keys
     if t >= FUSED_FROM_TOKENS:
         return blocks
     # Explicit scores and their softmax while they fit (Attention._kernel), the cascade past it: a run's forwards
@@ -285,7 +285,7 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
 def plan_memory(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
     draft_tokens: int = 0, tree_nodes: int = 0, float32_logits: bool = False, sampled_rows: int = 1,
-    held_rows: int = 0,
+    held_rows: int = 0, threads: int | None = None,
 ) -> MemoryPlan:
     """`capacity`: tokens of the full KV cache (prompt + new tokens + TokenSwift's tree nodes);
     `draft_tokens`: size of the partial KV cache of the draft pass (0: none); `tree_nodes`: the
@@ -293,7 +293,8 @@ def plan_memory(
     a bf16/fp16 model's LM head runs on a float32 copy of its weight off CUDA (linear.float32_head);
     `sampled_rows`: rows of logits transformed and drawn at once (the batched walk: the whole padded
     trie; otherwise one row, and the draft stage's depth rows, counted as at least 4); `held_rows`: rows of
-    logits held besides those (the rows walk's, computed in one pass: spec.budget.held_logit_rows)."""
+    logits held besides those (the rows walk's, computed in one pass: spec.budget.held_logit_rows); `threads`: the
+    CPU threads the run will have (None: torch's now), whose flash buffers are each its own."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
     # Packing replaces each weight by its packed copy (the model lets the original go), but for the
@@ -314,8 +315,9 @@ def plan_memory(
     chunk = min(chunk, capacity)  # no prefill reads more than the cache holds (a prefill_chunk of 10**6)
     rows = max(chunk, verify_rows)
     flash = cuda_flash_fits(torch.device(device), dtype, cfg.head_dim)  # the planned GPU's own (cuda:1's, not the current one's)
-    prefill = masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash)
-    scores = max(prefill, masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash))
+    prefill = masked_attention_bytes(cfg, chunk, capacity, elem, cuda, flash=flash, threads=threads)
+    scores = max(prefill, masked_attention_bytes(cfg, verify_rows, capacity, elem, cuda, BUCKET if cuda else 0, flash,
+                                                 threads))
     # a chunk past the default that the workspace is sized by is advised on: its [G*T, T] mask grows as its square
     # (a 60,000-token chunk's was 27 GiB, and the refusal named only the prompt and the new tokens)
     big_chunk = chunk if chunk > GenerationConfig.prefill_chunk and prefill == scores and chunk >= verify_rows else 0

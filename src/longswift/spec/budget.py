@@ -101,10 +101,10 @@ def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
 
 
 def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens: int, chunk: int, packed: bool,
-             float32_logits: bool, spec: SpecConfig | None) -> MemoryPlan:
+             float32_logits: bool, spec: SpecConfig | None, threads: int | None = None) -> MemoryPlan:
     """The memory plan of a run of `tokens` (prompt + new tokens) prefilled in chunks of `chunk`: AR's
     where `spec` is None, else TokenSwift's with its largest trie, walk rows and draft cache (`spec`
-    resolved for the device)."""
+    resolved for the device), on `threads` CPU threads (None: torch's now)."""
     nodes = tree_budget(spec) if spec is not None else 0
     draft = draft_cache_tokens(spec, tokens) if spec is not None else 0
     rows = walk_rows(spec) if spec is not None else 1
@@ -113,7 +113,8 @@ def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens:
     bodies = graphs_blocker(device, cfg, tensor_parallel=False) is None
     slots = padded_nodes(nodes) if bodies and nodes else nodes
     held = held_logit_rows(spec) if spec is not None else 0
-    plan = plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows, held)
+    plan = plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows, held,
+                       threads)
     if spec is None:
         return plan
     # The draft heads' weights, with the model's (an 8B model's three in bfloat16: 100 MB): enough for the tree's
@@ -134,4 +135,4 @@ def plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, tokens: int, c
     TokenSwift's `spec` (None: AR) resolved for that device."""
     device = runtime.torch_device()
     return run_plan(cfg, runtime.torch_dtype(), device, tokens, chunk, will_pack(runtime), runtime.float32_logits,
-                    None if spec is None else spec.for_device(device))
+                    None if spec is None else spec.for_device(device), runtime.threads)
