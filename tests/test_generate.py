@@ -164,6 +164,26 @@ def test_a_resume_that_does_not_fit_is_told_to_lower_its_length_alone(method, tm
                                               "and settings), or free some memory"), err
 
 
+@pytest.mark.parametrize("method", ["ar", "tokenswift"])
+def test_a_runs_prefill_is_planned_no_longer_than_what_it_reads(method, monkeypatch):
+    """The plan sized the prefill's forward by prefill_chunk capped at the whole run: a 10-token prompt with a chunk of
+    8K and 8,000 new tokens planned 1.1 GiB of mask and activations on the embedded model (found by review). A new
+    run's prefill reads its prompt, a resumed one's the tokens it holds too."""
+    import longswift.runtime.memory as memory
+
+    chunks = []
+    plan = memory.plan_memory
+    monkeypatch.setattr(memory, "plan_memory", lambda cfg, dtype, device, capacity, chunk, *a, **k:
+                        chunks.append(chunk) or plan(cfg, dtype, device, capacity, chunk, *a, **k))
+    engine = longswift.load(tiny_hf_model(seed=16, max_position_embeddings=4096), dtype="float32", heads="random")
+    stream = engine.stream(PROMPT, max_new_tokens=3000, prefill_chunk=4096, temperature=0, method=method)
+    assert chunks == [len(PROMPT)]
+    next(iter(stream))
+    checkpoint = stream.checkpoint()
+    engine.resume(checkpoint)
+    assert chunks[1] == len(PROMPT) + len(checkpoint.token_ids)
+
+
 def test_bad_requests_are_refused():
     engine = longswift.load(tiny_hf_model(seed=16), dtype="float32")
     with pytest.raises(LongswiftError, match=r"= 260 exceeds this model's context of 256 tokens.*rope_scaling='yarn:2'"):

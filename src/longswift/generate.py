@@ -53,7 +53,8 @@ def ar_steps(
     if model.tp is not None:  # rank 0 draws and broadcasts each token: one at a time
         read_every = 1
     capacity = len(prompt) + gen.max_new_tokens
-    cache = new_cache(model, capacity, gen.prefill_chunk, resumed=resumed)
+    # (its prefill reads the prompt and the tokens a resumed run holds: no chunk of it is longer)
+    cache = new_cache(model, capacity, min(gen.prefill_chunk, len(prompt) + len(generated)), resumed=resumed)
     history, history_dev = token_history(prompt + generated, capacity, model.device)  # host; model's device
 
     def steps() -> Iterator[list[int]]:  # the checks and the cache above are made when the run is asked for

@@ -614,6 +614,8 @@ def _plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, gen: Generati
         local = env_local_rank()  # this process's GPU, as init_from_env chooses it (which refuses one not there)
         if device.type == "cuda" and device.index is None and local < torch.cuda.device_count():
             runtime = replace(runtime, device=f"cuda:{local}")  # (the current one is cuda:0 for all)
-    plan_before_loading(held, runtime, tokens, gen.prefill_chunk, spec).check(weights_loaded=False, resumed=resumed)
+    # The prefill reads the prompt (a resume's, the tokens it holds too): no chunk is longer
+    chunk = min(gen.prefill_chunk, tokens if resumed else prompt_tokens)
+    plan_before_loading(held, runtime, tokens, chunk, spec).check(weights_loaded=False, resumed=resumed)
 
 

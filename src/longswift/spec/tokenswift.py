@@ -115,7 +115,8 @@ class TokenSwiftState:
         total = len(prompt) + gen.max_new_tokens
         draft_tokens = draft_cache_tokens(spec, total)
         bodies = step_bodies(model)  # CUDA: fixed-shape steps (runtime.cuda_graphs), verify padded to a budget
-        self.full = new_cache(model, total + (padded_nodes(nodes) if bodies else nodes), gen.prefill_chunk,
+        chunk = min(gen.prefill_chunk, len(prompt) + len(generated))  # (no prefill chunk is longer than what it reads)
+        self.full = new_cache(model, total + (padded_nodes(nodes) if bodies else nodes), chunk,
                               draft_tokens, nodes, walk_rows(spec) if self.batched else 1, context=total,
                               held_rows=held_logit_rows(spec), resumed=resumed)
         self.partial = None
