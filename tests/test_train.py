@@ -825,6 +825,7 @@ def test_the_hidden_state_pass_runs_on_the_windows_the_steps_read(tiny, tmp_path
 
     # the heads' record (and `info`) count the windows trained on, not the data's (it said 12)
     assert trainer.windows_read == 6 and training_record(tmp_path / "a" / "heads.safetensors")["windows"] == 6
+    assert trainer.targets.shape == (cfg.gamma, 6, 24)  # (the targets too: those of all 12 were held, a review found)
     everything = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
     for _ in range(3):
         everything.run_step()

@@ -200,7 +200,9 @@ class HeadTrainer:
                              "reads")
         self.row = torch.full((n,), -1, dtype=torch.long)  # window index -> its row of `hidden` (-1: never read)
         self.row[read] = torch.arange(read.shape[0])
-        self.targets = head_targets(windows, cfg.gamma, first)  # [gamma, N, L]
+        # [gamma, M, L], rows as `hidden`'s: the windows read alone (all N of them held 24 bytes a token of --data,
+        # planned nowhere, where a short run reads a few)
+        self.targets = head_targets(windows[read], cfg.gamma, None if first is None else first[read])
         model = engine.model
         self.lm_head = model.embed if engine.cfg.tie_word_embeddings else model.state_tensor("lm_head.weight")
         heads = new_heads(engine.cfg, model.state, cfg.gamma, fingerprint=engine.fingerprint)
@@ -234,13 +236,13 @@ class HeadTrainer:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = [self.batch_windows(self.step, m) for m in range(cfg.grad_accum)]
-        total = sum(int((self.targets[:, idx] != -100).sum(dim=(1, 2))[0]) for idx in micro_batches)
+        total = sum(int((self.targets[:, self.row[idx]] != -100).sum(dim=(1, 2))[0]) for idx in micro_batches)
         ce_sum = torch.zeros(cfg.gamma, dtype=torch.float64)
         correct = torch.zeros(cfg.gamma, dtype=torch.long)
         counted = torch.zeros(cfg.gamma, dtype=torch.long)
         for idx in micro_batches:
             h0 = self.hidden[self.row[idx]].flatten(0, 1).to(self.heads.weights.dtype)  # [B*L, hidden]
-            targets = self.targets[:, idx].flatten(1, 2)  # [gamma, B*L]
+            targets = self.targets[:, self.row[idx]].flatten(1, 2)  # [gamma, B*L]
             for lo in range(0, h0.shape[0], cfg.chunk):
                 ce, c, v = head_losses(self.heads, self.lm_head, h0[lo : lo + cfg.chunk],
                                        targets[:, lo : lo + cfg.chunk], cfg.bf16_lm_head)
