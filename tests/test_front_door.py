@@ -164,7 +164,7 @@ def test_a_second_run_on_the_same_output_is_refused_and_the_first_is_intact(tmp_
     (["generate", "--prompt", "hi", "--no-such-flag"],
      "unrecognized arguments: --no-such-flag (see `longswift generate --help`)"),
     # flags of the decoding loop only where a command decodes: elsewhere they would be accepted and do nothing
-    (["info", "--threads", "2"], "unrecognized arguments: --threads 2 (see `longswift info --help`)"),
+    (["info", "--read-every", "2"], "unrecognized arguments: --read-every 2 (see `longswift info --help`)"),
     (["export-heads", "--out", "x.safetensors", "--cuda-graphs", "on"], "unrecognized arguments: --cuda-graphs on"),
     (["train-heads", "--out", "d", "--read-every", "4"], "unrecognized arguments: --read-every 4"),
     (["generate", "--prompt", "hi", "--method", "beam"], "argument --method: invalid choice: 'beam'"),
@@ -212,6 +212,18 @@ def test_memory_refusal_for_a_huge_tree_names_the_flags_before_loading(capsys, n
     code, out, err = run_cli(capsys, "generate", "--prompt", "hi", "--heads", "random", "--tree", "64,64,64,64")
     assert_one_line_error(code, err, "not enough memory")
     assert "--tree, --ngram-topk or --lookup-nodes, or a smaller --max-nodes" in err and "%|" not in err and out == ""
+
+
+@pytest.mark.parametrize("command", ["generate", "info"])
+@pytest.mark.parametrize("heads, tree, depths", [("auto", "1,1,1,1,1", 4), ("random", "1,3,3,3,3,3", 4)])
+def test_a_tree_deeper_than_the_heads_draft_is_refused_before_loading(capsys, no_loading, command, heads, tree,
+                                                                      depths):
+    """generate refused --tree 1,1,1,1,1 for the shipped heads (3: 4 depths) only once the model had loaded, and
+    info planned it as if it could run (found by review). The heads' count is read from their file's header."""
+    argv = ["--prompt", "hi"] if command == "generate" else []
+    code, out, err = run_cli(capsys, command, *argv, "--heads", heads, "--tree", tree)
+    assert_one_line_error(code, err, f"--tree {tree} has {len(tree.split(','))} depths but the heads draft only "
+                                     f"{depths}: give at most that many")
 
 
 @pytest.mark.parametrize("flags,match", [

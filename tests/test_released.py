@@ -335,6 +335,9 @@ def test_hub_id_resolves_from_the_cache_offline(offline_cache, tmp_path, capsys)
     assert float((ours - ref).abs().max() / ref.abs().max()) < 1e-4
     code, out, _ = run_cli(capsys, "info", "--model", "tiny-org/tiny-released")
     assert code == 0 and f"model: {snapshot}" in out and "3 heads inside the model checkpoint" in out
+    from longswift.spec.released import describe_heads  # (their count, for the checks before loading)
+
+    assert describe_heads("tiny-org/tiny-released", "auto", engine.cfg).gamma == 3
 
 
 def test_hub_id_for_heads_checks_the_base_model(offline_cache, tmp_path, capsys):
@@ -348,6 +351,9 @@ def test_hub_id_for_heads_checks_the_base_model(offline_cache, tmp_path, capsys)
     engine.set_heads("tiny-org/released")
     assert torch.equal(engine.heads.out_norms[1], tensors[f"{PREFIX}1.post_layernorm.weight"])
     assert "from the released checkpoint" in engine.heads_origin
+    from longswift.spec.released import describe_heads  # (their count, for the checks before loading)
+
+    assert describe_heads(str(base), "tiny-org/released", engine.cfg).gamma == 3
     other = tmp_path / "other"
     tiny_hf_model("llama", "default", seed=14).save_pretrained(other)
     capsys.readouterr()

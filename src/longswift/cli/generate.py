@@ -179,17 +179,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _keep_unfinished(outputs)
     from ..runtime.loading import load_config, model_tokenizer  # (torch: once the arguments are checked)
     from ..spec.released import describe_heads
+    from ..spec.tokenswift import spec_for_heads
 
     cfg = load_config(args.model, runtime.rope_scaling)
     # Plan for TokenSwift's buffers where it will run: --method tokenswift, or heads that --heads finds (read from
     # file headers, as info does: a model with none, planned as TokenSwift, was refused runs that fit as AR)
-    tokenswift = args.method == "tokenswift" or (args.method is None and describe_heads(args.model, heads, cfg)[1])
+    found = describe_heads(args.model, heads, cfg) if args.method != "ar" else None
+    tokenswift = args.method == "tokenswift" or (found is not None and found.drafts)
+    planned = spec
+    if tokenswift and found is not None and found.gamma is not None:  # a tree deeper than the heads draft: refused
+        planned = spec_for_heads(spec, runtime.torch_device(), found.gamma)[0]  # before loading, not after
     system = args.system
     if isinstance(prompt, str):  # encoded before the weights load (their tokenizer and config suffice), so that the
         # plan counts its tokens: a prompt past the context or the memory is refused without reading a weight
         prompt = PromptEncoder(model_tokenizer(args.model), cfg).encode(prompt, chat, system)
         chat, system = False, None  # (in the ids now)
-    _plan_before_loading(cfg, runtime, generation, len(prompt), spec if tokenswift else None)
+    _plan_before_loading(cfg, runtime, generation, len(prompt), planned if tokenswift else None)
     if args.prompt_ids is not None and any(not 0 <= t < cfg.vocab_size for t in prompt):  # (text's: encode's check)
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     if any(t >= cfg.vocab_size for t in sampling.banned_ids):

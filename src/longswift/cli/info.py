@@ -31,6 +31,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..runtime.memory import available_bytes, current_rss, size_text
     from ..spec.budget import lookup_budget, plan_before_loading, step_budget
     from ..spec.released import describe_heads
+    from ..spec.tokenswift import spec_for_heads
 
     runtime = config_from_args(RuntimeConfig, args)
     spec = config_from_args(SpecConfig, args)
@@ -40,7 +41,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     tokens = cfg.context_limit if args.tokens is None else args.tokens
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
     spec = spec.for_device(device)
-    heads, tokenswift = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
+    found = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
+    heads, tokenswift = found.text, found.drafts
+    if tokenswift and found.gamma is not None:  # the tree as these heads run it: one deeper than they draft, refused
+        spec = spec_for_heads(spec, device, found.gamma)[0]
     chunk = config_from_args(GenerationConfig, args).prefill_chunk
     plan = plan_before_loading(cfg, runtime, tokens, chunk, spec if tokenswift else None)
     print(f"model: {resolve_path(args.model)}")

@@ -90,7 +90,10 @@ class DraftHeads(nn.Module):
         return self
 
 
-def new_heads(cfg: ModelConfig, state: dict[str, torch.Tensor], gamma: int = 3,
+NEW_HEADS = 3  # heads new_heads makes unless told (the paper's gamma): random heads and train-heads' default
+
+
+def new_heads(cfg: ModelConfig, state: dict[str, torch.Tensor], gamma: int = NEW_HEADS,
               fingerprint: str | None = None) -> DraftHeads:
     """Untrained heads for a base model, in its dtype and on its device; `fingerprint`: the model's
     (Engine.fingerprint; default: its embedding's in `state`)."""
@@ -285,6 +288,18 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
     fit = f"made for another model ({other}): generate refuses them" if other else "made for this model"
     training = training_summary(meta)
     return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
+
+
+def heads_file_gamma(path: Path) -> int | None:
+    """How many heads a heads file's metadata says it holds; None where it cannot be read (the load refuses it)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = (f.metadata() or {}).get(FORMAT)
+        return None if raw is None else int(_read_meta(path, raw)["gamma"])
+    except (SafetensorError, OSError, ValueError, LongswiftError):
+        return None
 
 
 def _unreadable_heads(path: Path, exc: BaseException) -> LongswiftError:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -32,9 +32,11 @@ from ..runtime.loading import (
 )
 from .heads import (
     HEADS_FILE,
+    NEW_HEADS,
     TRAIN_CHECKPOINT,
     DraftHeads,
     describe_heads_file,
+    heads_file_gamma,
     may_have_shipped_heads,
     model_fingerprint,
     shipped_heads,
@@ -228,12 +230,20 @@ def export_tokenswift(out: str | os.PathLike, cfg: ModelConfig, state: dict[str,
     return write_dir_atomically(out, write, on_stale)
 
 
-def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str, bool]:
+class FoundHeads(NamedTuple):
+    """What `--heads` gives a model, read from file headers (describe_heads)."""
+
+    text: str  # which heads and where they come from, for `longswift info`
+    drafts: bool  # whether there are any (else generation runs AR)
+    gamma: int | None  # how many heads, where a header says (a tree may be one depth deeper: spec_for_heads)
+
+
+def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> FoundHeads:
     """Which heads `--heads` gives this model and where they come from, read from file headers
-    (plus the embedding table when shipped heads might match), for `longswift info`; and whether
-    there are any (else generation runs AR)."""
+    (plus the embedding table when shipped heads might match), for `longswift info` and generate's checks before
+    loading; whether there are any (else generation runs AR), and how many."""
     if heads == "none":
-        return "none (AR)", False
+        return FoundHeads("none (AR)", False, None)
     path = resolve_path(model) if heads in ("auto", "default") else None
 
     @functools.cache  # each read once, if at all
@@ -243,36 +253,45 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> tuple[str
             raise LongswiftError(f"'{resolve_path(model)}' has no {EMBED}: not a complete model")
         return corner
 
+    def head_tensors(where: Path, their_cfg: ModelConfig) -> list[str]:
+        meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(where).items() if k.startswith(HEAD_PREFIX)}
+        return list(take_head_tensors(their_cfg, meta, str(where)) or ())
+
     @functools.cache
     def checkpoint_heads() -> list[str]:
         assert path is not None  # (choose_heads asks only for heads "auto")
-        meta = {k: torch.empty(v, device="meta") for k, v in tensor_shapes(path).items() if k.startswith(HEAD_PREFIX)}
-        return list(take_head_tensors(cfg, meta, str(path)) or ())
+        return head_tensors(path, cfg)
 
     def shipped() -> Path | None:
         return shipped_heads(model_fingerprint(cfg, model_embed())) if may_have_shipped_heads(cfg) else None
 
     choice = choose_heads(heads, lambda: bool(checkpoint_heads()), shipped)
     if choice.kind == "random":
-        return "random heads (testing only)", True
+        return FoundHeads("random heads (testing only)", True, NEW_HEADS)
     if choice.kind == "none":
-        return "none: AR (the checkpoint has no heads and none are shipped for this model)", False
+        return FoundHeads("none: AR (the checkpoint has no heads and none are shipped for this model)", False, None)
     if choice.kind == "checkpoint":
         assert path is not None  # (only heads "auto" finds them in the checkpoint)
         n = len(checkpoint_heads()) // len(_PARTS)
         where = f"({HEAD_PREFIX}0..{n - 1}, TokenSwift layout) {path}"
-        return f"{n} heads inside the model checkpoint {where}{_trained(path)}", True
+        return FoundHeads(f"{n} heads inside the model checkpoint {where}{_trained(path)}", True, n)
     assert choice.path is not None  # ("shipped", "released" and "file" come with their path)
     if choice.kind == "shipped":
         what = describe_heads_file(choice.path, cfg, model_embed)
-        return f"heads shipped with longswift for this model: {choice.path} ({what})", True
+        return FoundHeads(f"heads shipped with longswift for this model: {choice.path} ({what})", True,
+                          heads_file_gamma(choice.path))
     if choice.kind == "released":
         if not any(name.startswith(HEAD_PREFIX) for name in tensor_shapes(choice.path)):  # (a plain model folder)
-            return (f"'{choice.path}' has no draft heads (no {HEAD_PREFIX}* tensors and no heads.safetensors): "
-                    "generate refuses it"), True
-        return (f"from the released checkpoint {choice.path} (TokenSwift layout; checked against the model when "
-                f"loaded){_trained(choice.path)}"), True
+            return FoundHeads(f"'{choice.path}' has no draft heads (no {HEAD_PREFIX}* tensors and no heads.safetensors): "
+                              "generate refuses it", True, None)
+        try:  # (their checks are the load's: the count alone here)
+            gamma: int | None = len(head_tensors(choice.path, load_config(str(choice.path)))) // len(_PARTS) or None
+        except LongswiftError:
+            gamma = None
+        return FoundHeads(f"from the released checkpoint {choice.path} (TokenSwift layout; checked against the model "
+                          f"when loaded){_trained(choice.path)}", True, gamma)
     if not choice.path.exists():
         raise LongswiftError(f"heads '{choice.path}' do not exist: pass a heads file, a directory holding one, or a "
                              "released checkpoint")
-    return f"from the heads file {choice.path}: {describe_heads_file(choice.path, cfg, model_embed)}", True
+    return FoundHeads(f"from the heads file {choice.path}: {describe_heads_file(choice.path, cfg, model_embed)}", True,
+                      heads_file_gamma(choice.path))
