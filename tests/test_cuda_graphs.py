@@ -165,8 +165,29 @@ def test_a_trie_is_padded_by_less_than_twice_its_nodes():
     """Padded rows cost compute at long contexts, so budgets double (the GPU tries: 41 heads-only,
     121 with n-grams, up to 280 in fused mode)."""
     assert [padded_nodes(n) for n in (1, 6, 41, 121, 146, 280)] == [1, 8, 64, 128, 256, 512]
-    assert all(padded_nodes(n) < 2 * n for n in range(9, 513))
-    assert padded_nodes(600) == 600  # past the last budget: unpadded, its own graph
+    assert all(padded_nodes(n) < 2 * n for n in range(9, 5000))
+    # past the last budget they go on doubling: left unpadded, each trie size had a graph of its own
+    assert [padded_nodes(n) for n in (513, 600, 1024, 1025, 4096)] == [1024, 1024, 1024, 2048, 4096]
+
+
+def test_tries_past_the_last_budget_share_a_graph(monkeypatch):
+    """Tries of 513 to 600 nodes (--lookup-nodes or --max-nodes past 512) each had a graph, a warm-up and buffers
+    of their own, within one span (on the fake device: no GPU here)."""
+    from fake_cuda import fake_cuda, fake_state
+
+    from longswift.bench.shapes import shape_config
+    from longswift.runtime.model import Transformer
+
+    with fake_cuda(monkeypatch):
+        cfg = shape_config("smollm2-135m", 1)
+        model = Transformer(cfg, fake_state(cfg.state_shapes(), torch.bfloat16), pack=True)
+        cache = FullKVCache(cfg, 4096, torch.bfloat16, model.device)
+        graphs = StepGraphs(model, cache, capture=True, attention="bucketed")
+        for n in (40, 60, 513, 540, 600):  # one slot and bucket: only the trie's size changes
+            cache.length = 3000
+            graphs.forward(list(range(n)), torch.arange(3000, 3000 + n), torch.ones(n, n, dtype=torch.bool).tril(),
+                           logits=True)
+        assert graphs.captures == 2 and len(graphs.graphs) == 2 and len(graphs.buffers) == 2
 
 
 def test_stats_count_each_capture_once_and_keep_a_resumed_runs_earlier_counts():

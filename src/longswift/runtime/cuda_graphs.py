@@ -76,8 +76,10 @@ LOGITS, HIDDEN, DRAFT, SAMPLED = "logits", "hidden", "draft", "sampled"
 
 
 def padded_nodes(nodes: int) -> int:
-    """The node budget a trie of `nodes` nodes is padded to."""
-    return next((b for b in NODE_BUDGETS if b >= nodes), nodes)
+    """The node budget a trie of `nodes` nodes is padded to: past the last of NODE_BUDGETS the budgets go on
+    doubling (left unpadded, every trie size past it had a graph, a warm-up and static outputs of its own: a few
+    hundred MB each for an 8B model's logits, kept until the span moved on; found by review)."""
+    return next((b for b in NODE_BUDGETS if b >= nodes), 1 << (nodes - 1).bit_length())
 
 
 def span_for(slot: int, bucket: int, capacity: int) -> int:
