@@ -226,6 +226,19 @@ def test_a_tree_deeper_than_the_heads_draft_is_refused_before_loading(capsys, no
                                      f"{depths}: give at most that many")
 
 
+def test_info_plans_the_default_tree_cut_to_heads_of_fewer_depths(tmp_path, capsys):
+    """info resolved the default tree before cutting it to the heads' depths, and refused one head (2 depths)
+    with a --tree never given, where generate runs them (found by review)."""
+    from longswift.spec.heads import new_heads, save_heads
+
+    tiny_hf_model("llama", seed=3, vocab=40).save_pretrained(tmp_path / "m")
+    engine = longswift.load(str(tmp_path / "m"), dtype="float32", heads=None)
+    save_heads(new_heads(engine.cfg, engine.model.state, gamma=1), engine.cfg, engine.fingerprint, tmp_path / "h1")
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "info", "--model", str(tmp_path / "m"), "--heads", str(tmp_path / "h1"))
+    assert code == 0 and "with TokenSwift (tree 1,1 + " in out, err
+
+
 @pytest.mark.parametrize("flags,match", [
     (["--lookup-nodes", "1000000"], "--lookup-nodes must be 2 (the root and one copied token) to 4096; got 1000000"),
     (["--ngram-topk", "100000000000"], "--ngram-topk must be 0 to 1024; got 100000000000"),

@@ -40,11 +40,10 @@ def cmd_info(args: argparse.Namespace) -> int:
     cfg = load_config(args.model, runtime.rope_scaling)
     tokens = cfg.context_limit if args.tokens is None else args.tokens
     dtype, device = runtime.torch_dtype(), runtime.torch_device()
-    spec = spec.for_device(device)
     found = describe_heads(args.model, args.heads, cfg)  # (refuses heads that do not exist)
     heads, tokenswift = found.text, found.drafts
-    if tokenswift and found.gamma is not None:  # the tree as these heads run it: one deeper than they draft, refused
-        spec = spec_for_heads(spec, device, found.gamma)[0]
+    # The tree as these heads run it ("auto" cut to their depths; one given deeper than they draft, refused)
+    spec = spec_for_heads(spec, device, found.gamma)[0] if tokenswift and found.gamma else spec.for_device(device)
     chunk = config_from_args(GenerationConfig, args).prefill_chunk
     plan = plan_before_loading(cfg, runtime, tokens, chunk, spec if tokenswift else None)
     print(f"model: {resolve_path(args.model)}")
