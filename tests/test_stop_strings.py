@@ -11,6 +11,7 @@ import torch
 from conftest import assert_one_line_error, byte_tokenizer, run_cli
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from test_detok import SP, SP_BYTES, SP_PIECES  # (imported inside a @given test, its own @given tests nested)
 
 from longswift import GenerationConfig, SamplingConfig, SpecConfig
 from longswift.detok import decode_text
@@ -248,8 +249,6 @@ def test_a_stop_string_inside_a_token_block_leaves_the_steps_that_ran(method, mo
 def test_a_byte_fallback_tokenizers_stop_strings_end_at_the_completing_token(stop, block):
     """Byte-fallback tokenizers decode a run of byte tokens as a whole: a window of tokens that began inside
     the run decoded to U+FFFD, and "。" at the end of a long Chinese run was missed."""
-    from test_detok import SP, SP_BYTES
-
     ids = SP.convert_tokens_to_ids(["▁hello"]) + [SP_BYTES[b] for b in "你好世界，这是一个测试。你好".encode()]
     want = first_stop(SP, ids, stop)
     checker, pushed = StopStrings(SP, (stop,)), 0
@@ -267,8 +266,6 @@ def test_a_stop_string_in_a_byte_run_longer_than_the_kept_tail_is_found_where_it
     """A run of byte tokens longer than the tail kept (then 1,024 tokens) widened the window back to the tail's
     start, in the middle of a character: the whole run decoded to U+FFFD, and the stop string was found only once
     the run ended (or one token late), with text past it in the output."""
-    from test_detok import SP, SP_BYTES
-
     run = "東" * 400 + "京京" + "東" * after  # (3 bytes a character)
     ids = [*SP.convert_tokens_to_ids(["▁hello"]), *(SP_BYTES[b] for b in run.encode()),
            *SP.convert_tokens_to_ids(["▁x"])]
@@ -280,8 +277,6 @@ def test_a_stop_string_in_a_byte_run_longer_than_the_kept_tail_is_found_where_it
 def test_a_long_byte_run_is_checked_in_a_window_of_its_last_tokens(monkeypatch):
     """Inside a run of byte tokens each check decoded the run back to its start, up to 1,024 tokens a token
     (0.65 ms a token in a model's long byte runs): now the window's tokens, and a character before them."""
-    from test_detok import SP, SP_BYTES
-
     decoded = []
     checker = StopStrings(SP, ("京京",))
     monkeypatch.setattr(checker, "_decode", lambda ids, marked: decoded.append(len(ids)) or decode_text(SP, ids))
@@ -292,6 +287,17 @@ def test_a_long_byte_run_is_checked_in_a_window_of_its_last_tokens(monkeypatch):
     assert max(decoded) <= checker.window + 3, max(decoded)
 
 
+def test_a_stop_string_in_the_text_read_with_a_special_token_that_split_a_byte_run_long_before_is_found():
+    """A stray byte, </s>, then a run longer than the window: without the special tokens the two are one run, no
+    UTF-8, all U+FFFD; read with them, the second run is its characters and holds "aaaa". That text was checked only
+    while a special token was within the window, and the run went on past the stop string (found by review)."""
+    ids = [SP_BYTES[0xA4], SP.convert_tokens_to_ids("</s>"), *(SP_BYTES[b] for b in ("京" * 10 + "aaaa").encode()),
+           SP.convert_tokens_to_ids("▁end")]
+    checker = StopStrings(SP, ("aaaa",))
+    assert next((i + 1 for i, t in enumerate(ids) if checker.cut([t]) is not None), None) == 36 == \
+        first_stop_either(SP, ids, "aaaa")
+
+
 def first_stop_either(tokenizer, ids, stop):
     """The number of tokens up to the first whose text, read without or with the special tokens' text, holds
     `stop`; None where none does."""
@@ -300,16 +306,19 @@ def first_stop_either(tokenizer, ids, stop):
                 None)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_a_byte_fallback_tokenizers_stop_strings_end_where_a_decode_of_every_prefix_finds_them(data):
     """Byte runs long and short, UTF-8 or not (stray bytes: one U+FFFD a byte, the whole run's), unfinished,
-    split by </s> (one run in the text, two in the text read with it), and a resumed run whose byte run began
-    before its tail: the checker ends after the token a decode of every prefix finds."""
-    from test_detok import SP, SP_PIECES
-
-    ids = [t for piece in data.draw(st.lists(SP_PIECES, min_size=1, max_size=30)) for t in piece]
-    text = decode_text(SP, ids)
+    split by </s> (one run in the text, two in the text read with it: a stray byte before it turns the text's run
+    to U+FFFDs, and runs longer than the window after it were checked in the text alone), and a resumed run whose
+    byte run began before its tail: the checker ends after the token a decode of every prefix finds."""
+    long_run = st.sampled_from(["京" * 10 + "aaaa", "🙂" * 8]).map(lambda s: [SP_BYTES[b] for b in s.encode()])
+    pieces = st.one_of(SP_PIECES, long_run)
+    ids = [t for piece in data.draw(st.lists(pieces, min_size=1, max_size=30)) for t in piece]
+    # a stop string of the text, or of the text read with the special tokens (which a split run can make differ)
+    text = SP.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) if data.draw(st.booleans()) \
+        else decode_text(SP, ids)
     if not text:
         return
     start = data.draw(st.integers(0, len(text) - 1))
@@ -357,8 +366,6 @@ def test_a_stop_string_ending_with_a_special_tokens_text_ends_after_that_token(e
 def test_a_byte_fallback_tokenizers_stop_strings_across_a_special_token_end_where_transformers_ends(stop):
     """With a SentencePiece byte-fallback tokenizer, whose decoder puts the space of '▁hello' after a special token
     ('</s> hello', not '</s>hello'), and a stop string ending in a run of byte tokens: where StopStringCriteria ends."""
-    from test_detok import SP, SP_BYTES
-
     hello, eos = SP.convert_tokens_to_ids("▁hello"), SP.convert_tokens_to_ids("</s>")
     ids = [hello, eos, hello, *(SP_BYTES[b] for b in "你好".encode())]
     want = transformers_stop(SP, ids, stop)

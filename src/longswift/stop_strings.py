@@ -23,20 +23,22 @@ class ByteRuns:
     def __init__(self, values: dict[int, int], reach: int) -> None:
         self.values, self.reach = values, reach  # byte token id -> its byte; how far back runs are asked about
         self.count = 0  # tokens pushed
-        self.closed: list[tuple[int, int, bool]] = []  # ended runs within reach: start, end, whether UTF-8
+        # ended runs within reach: start, end, whether UTF-8, whether a special token left out split it (dropped)
+        self.closed: list[tuple[int, int, bool, bool]] = []
         self.open: int | None = None  # where the run still open at the end began
         self.utf8 = codecs.getincrementaldecoder("utf-8")()
         self.ok = True  # the open run's bytes so far are UTF-8, or the start of some
+        self.split = False  # a special token was left out inside the open run
 
     def push(self, token: int) -> None:
         byte = self.values.get(token)
         if byte is None:
             if self.open is not None:
-                self.closed.append((self.open, self.count, self._valid()))
+                self.closed.append((self.open, self.count, self._valid(), self.split))
                 self.open = None
         else:
             if self.open is None:
-                self.open, self.ok = self.count, True
+                self.open, self.ok, self.split = self.count, True, False
                 self.utf8.reset()
             if self.ok:
                 try:
@@ -47,16 +49,31 @@ class ByteRuns:
         while self.closed and self.closed[0][1] <= self.count - self.reach:
             self.closed.pop(0)
 
+    def dropped(self) -> None:
+        """A special token was left out here (the text without them): a run it falls in is one run in this text
+        and two in the text read with it, whose bytes may decode otherwise (one stray byte before it: U+FFFDs)."""
+        self.split = self.split or self.open is not None
+
     def _valid(self) -> bool:
         return self.ok and not self.utf8.getstate()[0]  # (bytes held: a character not finished)
+
+    def _run(self, position: int) -> tuple[bool, bool] | None:
+        at = self.count - position
+        if self.open is not None and at > self.open:
+            return self._valid(), self.split
+        return next(((valid, split) for start, end, valid, split in self.closed if start < at < end), None)
 
     def inside(self, position: int) -> bool | None:
         """For the token `position` back from the end (1: the last), where a run began before it (a window
         beginning there begins inside the run): whether that run decodes to its characters; None elsewhere."""
-        at = self.count - position
-        if self.open is not None and at > self.open:
-            return self._valid()
-        return next((valid for start, end, valid in self.closed if start < at < end), None)
+        run = self._run(position)
+        return None if run is None else run[0]
+
+    def split_inside(self, position: int) -> bool:
+        """Whether a window beginning `position` back from the end begins inside a run a left-out special token
+        split (dropped): there the text and the text read with the special tokens differ."""
+        run = self._run(position)
+        return run is not None and run[1]
 
 
 class StopStrings:
@@ -89,6 +106,8 @@ class StopStrings:
             self.marked_runs.push(t)
             if t not in self.special:
                 self.runs.push(t)
+            else:
+                self.runs.dropped()
         self.tail: list[int] = [t for t in generated if t not in self.special][-self.kept :]  # generated ids
         self.marked: list[int] = generated[-self.kept :]  # the same with the special tokens
 
@@ -103,7 +122,11 @@ class StopStrings:
                 self.runs.push(t)
                 if any(s in self._text(self.tail, self.runs) for s in self.strings):
                     return i + 1
-            if any(x in self.special for x in self.marked[-self.window :]):  # (else the texts are one)
+            else:
+                self.runs.dropped()
+            # (else the texts are one: no special token in the window, nor in a byte run it begins inside)
+            if any(x in self.special for x in self.marked[-self.window :]) or \
+                    self.runs.split_inside(min(len(self.tail), self.window)):
                 if any(s in self._text(self.marked, self.marked_runs, marked=True) for s in self.strings):
                     return i + 1
         return None
