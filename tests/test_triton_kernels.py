@@ -190,6 +190,8 @@ def test_the_attention_parts_fill_the_gpu_and_fit_one_merge(monkeypatch):
     assert tk.attention_parts(gpu, 3, 3, 131072) == tk.attention_parts(gpu, 1, 4, 131072) == tk.MERGE_BLOCK_P - 1
     assert tk.attention_parts(gpu, 8, 4, 100) == 1 and tk.attention_parts(CPU, 8, 4, 131072) == 1
     assert tk.attention_parts(CPU, 1, 4, 131072) == 2
+    # float32's tiles take 64 rows a program at most: 128 rows a KV head are two blocks, so half the parts each
+    assert tk.attention_parts(gpu, 8, 128, 131072, tk.FLOAT32_TILES.max_block_m) == 17
     assert tk.attention_fits(CPU, torch.bfloat16, 128) and not tk.attention_fits(CPU, torch.bfloat16, 256)
 
 

@@ -54,7 +54,7 @@ from .attention import additive_mask, bucketed, by_length, key_span, length_unsu
 from .cache import FullKVCache
 from .model import Transformer
 from .triton_kernels import attention as triton_attention
-from .triton_kernels import attention_fits, attention_parts, rope_store
+from .triton_kernels import attention_fits, attention_parts, default_tiles, rope_store
 from .triton_sampling import sample as triton_sample
 from .triton_sampling import sample_params, sampling_fits
 
@@ -200,7 +200,7 @@ class StepGraphs:
         if self.attention == "length" and self.triton_attention:  # the slots in use and the new ones, two kernels
             used = self.slot + 1 if n == 1 else self.slot  # (a single token's key is among the used slots)
             tree = None if n == 1 else mask.to(torch.int8)  # (once, not a layer)
-            parts = attention_parts(m.device, m.cfg.num_kv_heads, g * n, first)
+            parts = attention_parts(m.device, m.cfg.num_kv_heads, g * n, first, default_tiles(m.dtype).max_block_m)
 
             def attention(qg: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, k: torch.Tensor,
                           v: torch.Tensor) -> torch.Tensor:

@@ -207,12 +207,14 @@ def _processors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def attention_parts(device: torch.device, kv_heads: int, rows: int, span: int) -> int:
+def attention_parts(device: torch.device, kv_heads: int, rows: int, span: int,
+                    max_block_m: int = ATTENTION_MAX_BLOCK_M) -> int:
     """How many parts `attention` splits a span of cached keys into: enough programs for PROGRAMS_PER_SM on each
     of the device's multiprocessors (a CPU under the interpreter: 2 parts), each reading at least PART_MIN_KEYS
     keys, at most MERGE_BLOCK_P - 1. Fixed for a span, so a CUDA graph keeps its grid; the keys in use are
-    divided among the parts on the device."""
-    blocks = -(-rows // _block_m(rows))
+    divided among the parts on the device. `max_block_m`: the rows a program takes at most, as the launch's tiles
+    say (float32's 64: counted at 128, its blocks were twice the programs planned; found by review)."""
+    blocks = -(-rows // _block_m(rows, max_block_m))
     programs = PROGRAMS_PER_SM * _processors(device.index or 0) if device.type == "cuda" else 2
     return max(1, min(-(-programs // (kv_heads * blocks)), -(-span // PART_MIN_KEYS), MERGE_BLOCK_P - 1))
 
