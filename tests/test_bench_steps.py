@@ -285,6 +285,20 @@ def test_layers_override_is_reported(tiny, capsys, tmp_path):
     assert "1 of the shape's 2 layers (--layers)" in out and "Projection" not in out  # no --alpha: nothing projected
 
 
+def test_the_report_names_the_rope_scaling_and_the_processor_that_ran_the_steps(tiny, capsys, tmp_path):
+    """--rope-scaling was applied but said nowhere (it can keep CUDA graphs off), and the machine line named the host
+    CPU as the processor on CUDA too (found by review): the identity keeps both, as bench's does."""
+    from longswift.bench.machine import processor_name
+
+    js = tmp_path / "s.json"
+    code, out, err = run_cli(capsys, "bench-steps", *TINY_RUN, "--contexts", "32", "--rope-scaling", "yarn:2",
+                             "--json", str(js))
+    assert code == 0, err
+    identity = json.loads(js.read_text())["identity"]
+    assert identity["rope_scaling"] == "yarn:2" and identity["processor"] == processor_name(torch.device("cpu"))
+    assert ", rope scaling yarn:2" in out
+
+
 @pytest.mark.parametrize("argv, match", [
     (("--contexts", "0,64"), "--contexts must be positive"),
     (("--contexts", "64,x"), "--contexts takes comma-separated whole numbers"),

@@ -30,6 +30,7 @@ from ..spec.tokenswift import BATCH_FROM_TOKENS, BATCHED_LOGITS_NODES, TokenSwif
 from ..spec.tree import Trie
 from ..spec.verify import batched_walk, lossless_walk
 from ..stats import GenerationStats
+from .machine import processor_name
 from .projection import Projection, StepCosts, check_alpha, floor_seconds, project, tokens_per_step
 from .shapes import SHAPES, check_shape, random_state, shape_config, weight_bytes_read
 from .step_defaults import CPU_CONTEXTS, GPU_CONTEXTS, GPU_NEW_TOKENS, PAPER_PREFIX, REPS, SEED, TREE_NODES, WARMUP
@@ -359,6 +360,10 @@ def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, devic
     return {"shape": bench.shape, "layers": cfg.num_layers, "full_layers": full_layers,
             "model": f"random weights of the {bench.shape} shape ({cfg.num_layers} of {full_layers} layers)",
             "dtype": dtype_name(dtype), "device": str(device), "device_name": name,
+            # (the report's machine line names the processor that ran the steps, a GPU's name on CUDA, as bench's
+            # does; and a rope scaling, which can keep CUDA graphs off: neither was said; found by review)
+            "processor": processor_name(device),
+            **({"rope_scaling": runtime.rope_scaling} if runtime.rope_scaling else {}),
             **linears, "cuda_graphs": runtime.cuda_graphs, "graphs_replayed": graphs_replayed,
             "graph_attention": resolve_attention(runtime.graph_attention, device),
             "float32_logits": runtime.float32_logits, **({"triton_kernels": True} if runtime.triton_kernels else {}),
