@@ -441,6 +441,24 @@ def test_the_verify_costs_are_labelled_by_the_walk_that_ran(tiny, capsys):
     assert "Verify: the tree's forward on the full cache (no LM head)" in out
 
 
+def test_a_one_node_verify_on_cuda_is_labelled_with_its_lm_head(tiny):
+    """Where the step bodies run (CUDA), a root alone is AR's decode body, which computes its logits: the row walk's
+    label said no LM head for every size (found by review)."""
+    import dataclasses
+
+    from longswift import RuntimeConfig, SpecConfig
+    from longswift.bench.steps import StepBenchConfig, run_bench_steps
+    from longswift.bench.steps_report import render
+
+    spec = SpecConfig(draft_kv_budget=128, draft_window=32, attention_sinks=4)
+    result = run_bench_steps(StepBenchConfig(shape="tiny", contexts=(64,), tree_nodes=(1, 4), reps=1, warmup=0,
+                                             spec=spec, bandwidth_mib=8), RuntimeConfig(device="cpu", threads=1),
+                             log=lambda s: None)
+    assert "(no LM head)" in render(result)
+    on_cuda = dataclasses.replace(result, identity={**result.identity, "device": "cuda:0"})
+    assert "(no LM head; on CUDA a 1-node pass is the decode step, its LM head included)" in render(on_cuda)
+
+
 def test_the_json_settings_name_the_draft_cache_and_the_node_budget(tiny, tmp_path, capsys):
     """The projection's verify pass is cut to --max-nodes and its draft pass reads the --draft-cache's cache,
     but neither was in the JSON's settings (a record from the Python API had no command line to tell)."""

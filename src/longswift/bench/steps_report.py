@@ -45,7 +45,10 @@ def _verify_text(r: StepBenchResult) -> str:
     trie = "random trie of that many nodes (root included)"
     if r.config.spec.walk == "batched":
         return f"Verify: the tree's forward on the full cache + the LM head of every row (the batched walk's), {trie}"
-    return (f"Verify: the tree's forward on the full cache (no LM head), {trie}; when its steps emit at least "
+    # (where the step bodies run, a root alone is AR's decode body, which computes its logits: found by review)
+    one = ("; on CUDA a 1-node pass is the decode step, its LM head included"
+           if str(r.identity["device"]).startswith("cuda") and 1 in r.config.tree_nodes else "")
+    return (f"Verify: the tree's forward on the full cache (no LM head{one}), {trie}; when its steps emit at least "
             f"{BATCH_FROM_TOKENS} tokens on average, generation adds the LM head of all rows in one pass for tries "
             f"of at most {BATCHED_LOGITS_NODES} nodes, of the spine (the heads' first candidates, depth + 1 rows) "
             "for larger ones (the LM-head table below), and one LM head per walk row elsewhere")
