@@ -459,6 +459,35 @@ def test_a_one_node_verify_on_cuda_is_labelled_with_its_lm_head(tiny):
     assert "(no LM head; on CUDA a 1-node pass is the decode step, its LM head included)" in render(on_cuda)
 
 
+def test_a_cost_whose_repetitions_spread_widely_makes_the_report_say_the_machine_was_busy(tiny, monkeypatch):
+    """A reviewer's run on a busy machine measured a walk row at 79.98 ms at one context and 0.74 ms at the next,
+    and the report, medians alone, said nothing. Each context keeps its costs' widest spread (slowest repetition
+    over the median), and the report names the noisy contexts."""
+    import dataclasses
+
+    import longswift.bench.timing as timing
+    from longswift import RuntimeConfig, SpecConfig
+    from longswift.bench.steps import StepBenchConfig, run_bench_steps
+    from longswift.bench.steps_report import render
+
+    clock = iter([0.0, 1.0, 1.0, 2.0, 2.0, 12.0])  # three repetitions of 1, 1 and 10 s
+    spreads: list[float] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(timing.time, "perf_counter", lambda: next(clock))
+        assert timing.median_seconds(lambda: None, 3, 0, lambda: None, spreads) == 1.0 and spreads == [10.0]
+
+    spec = SpecConfig(draft_kv_budget=128, draft_window=32, attention_sinks=4)
+    result = run_bench_steps(StepBenchConfig(shape="tiny", contexts=(64, 128), tree_nodes=(1, 4), reps=3, warmup=0,
+                                             spec=spec, bandwidth_mib=8), RuntimeConfig(device="cpu", threads=1),
+                             log=lambda s: None)
+    assert all(c.spread >= 1.0 for c in result.costs)
+    quiet = dataclasses.replace(result, costs=[dataclasses.replace(c, spread=1.1) for c in result.costs])
+    assert "noisy" not in render(quiet)
+    busy = dataclasses.replace(quiet, costs=[quiet.costs[0], dataclasses.replace(quiet.costs[1], spread=108.1)])
+    assert ("- **noisy**: at 1 of 2 contexts a cost's slowest repetition took over 1.5x its median (at most 108.1x, "
+            "at 128): the machine was busy") in render(busy)
+
+
 def test_the_json_settings_name_the_draft_cache_and_the_node_budget(tiny, tmp_path, capsys):
     """The projection's verify pass is cut to --max-nodes and its draft pass reads the --draft-cache's cache,
     but neither was in the JSON's settings (a record from the Python API had no command line to tell)."""

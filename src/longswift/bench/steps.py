@@ -155,6 +155,7 @@ class ContextCosts:
     # tree nodes -> the batched walk (every row transformed and drawn, one device read), where the
     # spec walks batched (the GPU default); empty for the row walk
     walk_batched: dict[int, float] = field(default_factory=dict)
+    spread: float = 1.0  # the largest of the costs' slowest repetition over its median (timing.median_seconds)
 
 
 @dataclass
@@ -318,9 +319,10 @@ class StepRig:
     def measure(self, context: int, tries: dict[int, Trie], sync: Callable[[], None]) -> ContextCosts:
         b = self.bench
         self.at(context)
+        spreads: list[float] = []
 
         def timed(fn: Callable[..., object]) -> float:  # (called bare; `...`: mypy infers no lambda with defaults)
-            return median_seconds(fn, b.reps, b.warmup, sync)
+            return median_seconds(fn, b.reps, b.warmup, sync, spreads)
 
         ar = ar_eager = timed(self.ar_step)
         if self.graphs is not None:
@@ -345,9 +347,9 @@ class StepRig:
         if self.s.batched:
             every = self.model.logits(rows)  # [N, V]
             walk_batched = {n: timed(lambda n=n, t=t: self.walk_all(t, every[:n])) for n, t in tries.items()}
-        return ContextCosts(context, ar, draft_s, draft_cache, reselect, timed(self.walk_row),
-                            timed(lambda: self.walk_row(logits)), verify_s, logits_rows,
-                            ar_eager if self.graphs is not None else None, walk_batched)
+        walk_row, walk_row_cached = timed(self.walk_row), timed(lambda: self.walk_row(logits))
+        return ContextCosts(context, ar, draft_s, draft_cache, reselect, walk_row, walk_row_cached, verify_s,
+                            logits_rows, ar_eager if self.graphs is not None else None, walk_batched, max(spreads))
 
 
 def identity(bench: StepBenchConfig, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,

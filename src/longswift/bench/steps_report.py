@@ -68,6 +68,9 @@ def render(r: StepBenchResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+NOISY_SPREAD = 1.5  # a cost whose slowest repetition takes this many times its median makes the report say so
+
+
 def _header_lines(r: StepBenchResult) -> list[str]:
     """The report's title, command, machine and what each column times."""
     ident, b = r.identity, r.config
@@ -78,6 +81,11 @@ def _header_lines(r: StepBenchResult) -> list[str]:
     if ident["layers"] != ident["full_layers"]:
         lines.append(f"- depth: {ident['layers']} of the shape's {ident['full_layers']} layers (--layers): every number "
                      f"below is for the {ident['layers']}-layer model, not scaled to the full depth")
+    if (noisy := [c for c in r.costs if c.spread > NOISY_SPREAD]) and b.reps > 1:
+        worst = max(noisy, key=lambda c: c.spread)
+        lines.append(f"- **noisy**: at {len(noisy)} of {len(r.costs)} contexts a cost's slowest repetition took over "
+                     f"{NOISY_SPREAD}x its median (at most {worst.spread:.1f}x, at {worst.context:,}): the machine was "
+                     "busy; the medians hold only if most repetitions were not (more --reps, or a quieter machine)")
     if max(c.context for c in r.costs) > ident["context_limit"]:
         lines.append(f"- contexts past the shape's {ident['context_limit']}-token context were measured: the cost "
                      "does not depend on positions, but such a model would not be run there")

@@ -26,7 +26,10 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
-def median_seconds(fn: Callable[[], object], reps: int, warmup: int, sync: Callable[[], None]) -> float:
+def median_seconds(fn: Callable[[], object], reps: int, warmup: int, sync: Callable[[], None],
+                   spreads: list[float] | None = None) -> float:
+    """The median of `reps` timed calls after `warmup` untimed ones; `spreads` hears each call's slowest over its
+    median (a busy machine's sign: a median alone hid repetitions 100 times slower)."""
     for _ in range(warmup):
         fn()
     sync()
@@ -36,7 +39,10 @@ def median_seconds(fn: Callable[[], object], reps: int, warmup: int, sync: Calla
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    median = statistics.median(times)
+    if spreads is not None and median > 0:
+        spreads.append(max(times) / median)
+    return median
 
 
 def measure_bandwidth(device: torch.device, nbytes: int, reps: int = 10) -> float:
