@@ -348,8 +348,9 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
         return
     model, tokens = engine.model, len(cell.prompt.ids) + cell.length
     spec = (cfg.spec or SpecConfig()).for_device(model.device)
-    plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, GenerationConfig().prefill_chunk, model.packed,
-                      model.float32_logits, method_spec(m, spec)) for m in ours]
+    chunk = min(GenerationConfig().prefill_chunk, len(cell.prompt.ids))  # (as the runs plan it: no longer than the prompt)
+    plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, chunk, model.packed, model.float32_logits,
+                      method_spec(m, spec)) for m in ours]
     for m, plan in zip(ours, plans):
         need = plan.needed(weights_loaded=True)
         if need > free:
