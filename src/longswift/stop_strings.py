@@ -57,23 +57,15 @@ class ByteRuns:
     def _valid(self) -> bool:
         return self.ok and not self.utf8.getstate()[0]  # (bytes held: a character not finished)
 
-    def _run(self, position: int) -> tuple[bool, bool] | None:
+    def inside(self, position: int) -> tuple[bool, bool] | None:
+        """For the token `position` back from the end (1: the last), where a run began before it (a window
+        beginning there begins inside the run): whether that run decodes to its characters, and whether a left-out
+        special token split it (dropped: there the text and the text read with the special tokens differ); None
+        elsewhere."""
         at = self.count - position
         if self.open is not None and at > self.open:
             return self._valid(), self.split
         return next(((valid, split) for start, end, valid, split in self.closed if start < at < end), None)
-
-    def inside(self, position: int) -> bool | None:
-        """For the token `position` back from the end (1: the last), where a run began before it (a window
-        beginning there begins inside the run): whether that run decodes to its characters; None elsewhere."""
-        run = self._run(position)
-        return None if run is None else run[0]
-
-    def split_inside(self, position: int) -> bool:
-        """Whether a window beginning `position` back from the end begins inside a run a left-out special token
-        split (dropped): there the text and the text read with the special tokens differ."""
-        run = self._run(position)
-        return run is not None and run[1]
 
 
 class StopStrings:
@@ -101,32 +93,31 @@ class StopStrings:
         self.stray = min(self.continuation, default=None)
         # the byte runs of both sequences (special tokens end a run in the text read with them, not in the other)
         self.runs, self.marked_runs = ByteRuns(values, self.kept), ByteRuns(values, self.kept)
-        generated = list(previous or [])
-        for t in generated:  # (a resumed run's byte run may have begun long before the tail)
-            self.marked_runs.push(t)
-            if t not in self.special:
-                self.runs.push(t)
-            else:
-                self.runs.dropped()
-        self.tail: list[int] = [t for t in generated if t not in self.special][-self.kept :]  # generated ids
-        self.marked: list[int] = generated[-self.kept :]  # the same with the special tokens
+        self.tail: list[int] = []  # the generated ids' last ones
+        self.marked: list[int] = []  # the same with the special tokens
+        for t in previous or []:  # (a resumed run's byte run may have begun long before the tail)
+            self._push(t)
+
+    def _push(self, t: int) -> bool:
+        """Take the next generated token into both texts' tails and runs; whether it is text (not special)."""
+        self.marked = [*self.marked[1 - self.kept :], t]
+        self.marked_runs.push(t)
+        if t in self.special:
+            self.runs.dropped()
+            return False
+        self.tail = [*self.tail[1 - self.kept :], t]
+        self.runs.push(t)
+        return True
 
     def cut(self, ids: list[int]) -> int | None:
         """How many of `ids` (the next generated tokens) to keep: up to and including the one that
         completes a stop string; None where none does."""
         for i, t in enumerate(ids):
-            self.marked = [*self.marked[1 - self.kept :], t]
-            self.marked_runs.push(t)
-            if t not in self.special:
-                self.tail = [*self.tail[1 - self.kept :], t]
-                self.runs.push(t)
-                if any(s in self._text(self.tail, self.runs) for s in self.strings):
-                    return i + 1
-            else:
-                self.runs.dropped()
+            if self._push(t) and any(s in self._text(self.tail, self.runs) for s in self.strings):
+                return i + 1
             # (else the texts are one: no special token in the window, nor in a byte run it begins inside)
-            if any(x in self.special for x in self.marked[-self.window :]) or \
-                    self.runs.split_inside(min(len(self.tail), self.window)):
+            run = self.runs.inside(min(len(self.tail), self.window))
+            if any(x in self.special for x in self.marked[-self.window :]) or (run is not None and run[1]):
                 if any(s in self._text(self.marked, self.marked_runs, marked=True) for s in self.strings):
                     return i + 1
         return None
@@ -138,11 +129,11 @@ class StopStrings:
             return ""
         start = max(0, len(tail) - self.window)
         if self.bytes:  # byte-fallback: a window begins inside a character only inside a run of byte tokens
-            valid = runs.inside(len(tail) - start)
-            if valid:  # begin at the character the window begins in
+            run = runs.inside(len(tail) - start)
+            if run is not None and run[0]:  # begin at the character the window begins in
                 while tail[start] in self.continuation:
                     start -= 1  # (the run is UTF-8 from its start: a character's lead byte is at most 3 back)
-            elif valid is not None and self.stray is not None:  # a run that is no UTF-8: one U+FFFD a byte, as whole
+            elif run is not None and self.stray is not None:  # a run that is no UTF-8: one U+FFFD a byte, as whole
                 return self._decode([self.stray, *tail[start:]], marked)[1:]
             return self._decode(tail[start:], marked)
         text = self._decode(tail[start:], marked)
