@@ -796,7 +796,7 @@ def test_lockstep_refuses_before_any_run_when_the_caches_together_do_not_fit(tmp
     cfg = BenchConfig(lockstep=True)
     spec = SpecConfig().for_device(engine.model.device)
     one = memory.plan_memory(engine.cfg, engine.model.dtype, engine.model.device, 212 + tree_budget(spec),
-                             12, engine.model.packed, draft_cache_tokens(spec, 212),  # (a prefill of the 12-token prompt)
+                             12, engine.model.packed, draft_cache_tokens(spec, 212),  # (the 12-token prompt's prefill)
                              tree_budget(spec), sampled_rows=walk_rows(spec), held_rows=held_logit_rows(spec))
     free = one.kv_cache + one.draft_cache + one.workspace + 1  # TokenSwift's run alone fits
     monkeypatch.setattr(memory, "available_bytes", lambda device: free)

@@ -348,7 +348,7 @@ def check_grid_memory(engine: Engine, cfg: BenchConfig, cell: Cell, ours: list[s
         return
     model, tokens = engine.model, len(cell.prompt.ids) + cell.length
     spec = (cfg.spec or SpecConfig()).for_device(model.device)
-    chunk = min(GenerationConfig().prefill_chunk, len(cell.prompt.ids))  # (as the runs plan it: no longer than the prompt)
+    chunk = min(GenerationConfig().prefill_chunk, len(cell.prompt.ids))  # (as runs plan it: no longer than the prompt)
     plans = [run_plan(engine.cfg, model.dtype, model.device, tokens, chunk, model.packed, model.float32_logits,
                       method_spec(m, spec)) for m in ours]
     for m, plan in zip(ours, plans):

@@ -255,8 +255,8 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
     `capacity` cached entries. Every path holds the additive [G*T, T] mask of the new entries (model
     dtype), and the cascade's parts merged (float32 or better). The CPU's explicit products (below
     FUSED_FROM_TOKENS, while the scores fit attention.EXPLICIT_SCORES_BYTES): the scores and their softmax
-    over every entry (all heads; explicit_score_bytes); from it, or past that size, the CPU's cascade runs flash kernels,
-    which work on blocks, over a copy of a layer's keys taken by slot (the CPU's caches store them by
+    over every entry (all heads; explicit_score_bytes); from it, or past that size, the CPU's cascade runs flash
+    kernels, which work on blocks, over a copy of a layer's keys taken by slot (the CPU's caches store them by
     dimension: cache.transposed_keys). The CUDA cascade
     (`cascade`): scores and softmax over the T new entries (and `tail` cached ones: the bucketed step
     bodies' masked part), which its fused kernels do not all hold, so this bounds them from above. Without

@@ -282,8 +282,8 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> FoundHead
                           heads_file_gamma(choice.path))
     if choice.kind == "released":
         if not any(name.startswith(HEAD_PREFIX) for name in tensor_shapes(choice.path)):  # (a plain model folder)
-            return FoundHeads(f"'{choice.path}' has no draft heads (no {HEAD_PREFIX}* tensors and no heads.safetensors): "
-                              "generate refuses it", True, None)
+            return FoundHeads(f"'{choice.path}' has no draft heads (no {HEAD_PREFIX}* tensors and no "
+                              "heads.safetensors): generate refuses it", True, None)
         try:  # (their checks are the load's: the count alone here)
             gamma: int | None = len(head_tensors(choice.path, load_config(str(choice.path)))) // len(_PARTS) or None
         except LongswiftError:
