@@ -626,7 +626,8 @@ def test_a_rerun_with_another_rope_scaling_or_token_block_is_refused(flags, fiel
                                            (["--prefix", "300000", "--lengths", "8"], None),  # past yarn's 1024
                                            # past the run's own yarn:2: a factor that reaches (608 / 256)
                                            (["--prefix", "600", "--lengths", "8", "--rope-scaling", "yarn:2"],
-                                            "lower --lengths or --prefix, or extend the context with --rope-scaling yarn:3"),
+                                            "lower --lengths or --prefix, or extend the context with --rope-scaling "
+                                            "yarn:3"),
                                            (["--prefix", "100000000000", "--lengths", "8"], None)])  # 800 GB of ids
 def test_a_grid_past_the_context_is_told_to_extend_it_only_where_it_can(flags, advice, tiny_dir, capsys):
     """The advice was always --rope-scaling yarn:F: also for F past the 1024 that --rope-scaling takes,
