@@ -428,7 +428,8 @@ def tokenswift_steps(model: Transformer, heads: DraftHeads, prompt: list[int], s
     tokens an earlier run already produced (resume): the cache is rebuilt by a prefill of everything
     before the last of them, which becomes the root (`resumed`: a checkpoint's run). `read_every`: plain
     steps run as token blocks of up to this many (see StepSchedule.plain_run), as AR's do. `graph_attention`:
-    how the CUDA step bodies attend (runtime.cuda_graphs). `on_prefill(read, total)`: the prefill's progress (Transformer.prefill)."""
+    how the CUDA step bodies attend (runtime.cuda_graphs). `on_prefill(read, total)`: the prefill's progress
+    (Transformer.prefill)."""
     generated = generated or []
     if (reason := finished(generated, gen, eos_ids)) is not None:
         stats.finish_reason = reason
