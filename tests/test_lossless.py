@@ -534,6 +534,39 @@ def test_what_a_full_step_says_a_half_step_would_have_emitted_is_what_its_walk_e
     assert any(h < f for h, f in zip(walked, emitted)) and any(h > 2 for h in walked)  # cut paths, long ones
 
 
+@pytest.mark.parametrize("sampling", [SAMPLINGS["greedy-penalty"], SAMPLINGS["sampled-filters"]],
+                         ids=["greedy-penalty", "sampled-filters"])
+def test_a_large_tries_spine_walked_deep_gives_ar_tokens(tiny64, sampling, monkeypatch):
+    """A trie past BATCHED_LOGITS_NODES has its spine's logits computed in one pass (held_logits) once steps emit
+    several tokens. The other tests put AR's tokens in a depth's last candidate, so the walk rarely went down the
+    spine (the first ones) past depth 2, and spine logits taken from the wrong rows passed every test (a review's
+    mutation). Here AR's next tokens are the first candidates: the walk goes down the spine, deep."""
+    from longswift.spec import tokenswift
+    from longswift.spec.tree import Trie
+
+    prompt, gen = repetitive_prompt(3, 24), GenerationConfig(max_new_tokens=60, ignore_eos=True)
+    ar = tiny64.generate(prompt, sampling=sampling, generation=gen, method="ar").token_ids
+    real_draft, rng = tokenswift.draft, random.Random(7)
+
+    def draft(s):
+        d = real_draft(s)
+        for j, level in enumerate(d.levels):
+            if s.produced + j < len(ar) and level and rng.random() < 0.9:
+                level[0] = ar[s.produced + j]
+        return d
+
+    spines, real_spine = [], Trie.spine
+    monkeypatch.setattr(Trie, "spine", lambda self: spines.append(len(self)) or real_spine(self))
+    monkeypatch.setattr(tokenswift, "draft", draft)
+    monkeypatch.setattr(StepSchedule, "choose", lambda self: self._run(FULL))
+    monkeypatch.setattr(TokenSwiftState, "repeating", lambda self: False)  # (no lookup steps where text repeats)
+    spec = SpecConfig(tree="1,3,3,3", ngram_topk=0, max_nodes=40, walk="rows")
+    ts = tiny64.generate(prompt, sampling=sampling, generation=gen, method="tokenswift", spec=spec)
+    assert ts.token_ids == ar
+    assert spines and min(spines) > 16  # the spine's logits were held, for tries past 16 nodes
+    assert ts.stats.accepted_tokens >= 2 * (ts.stats.steps - ts.stats.plain_steps)  # paths accepted deep
+
+
 def token_path(trie, node: int) -> tuple[int, ...]:
     return tuple(trie.tokens[n] for n in trie.path(node))
 
