@@ -137,10 +137,11 @@ def test_transform_keeps_the_penalised_argmax_and_a_distribution(logits, window,
         assert math.isfinite(float(out[draw(out, cfg, g)]))  # never a filtered token
 
 
-def walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost):
-    """Walk a trie under a toy model and check it emits what AR would with the same seed; the walk.
-    The toy model's logits are a function of the sequence so far: seeded noise, plus `boost` on the
-    tokens of the trie's children where the sequence follows a trie path (so that walks go deep)."""
+def walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost, stop_ids=frozenset()):
+    """Walk a trie under a toy model and check it emits what AR would with the same seed, up to and including
+    the first of `stop_ids` (an EOS: AR stops after it); the walk. The toy model's logits are a function of the
+    sequence so far: seeded noise, plus `boost` on the tokens of the trie's children where the sequence follows
+    a trie path (so that walks go deep)."""
     trie = build(root, levels, paths)
     gen_w = torch.Generator().manual_seed(seed)
     ctx = history + [root]
@@ -166,7 +167,7 @@ def walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost):
     def row_logits(node: int) -> torch.Tensor:
         return model(ctx + [trie.tokens[i] for i in trie.path(node)])
 
-    walk = lossless_walk(trie, row_logits, hist, len(ctx), cfg, gen_w if not cfg.greedy else None,
+    walk = lossless_walk(trie, row_logits, hist, len(ctx), cfg, gen_w if not cfg.greedy else None, stop_ids,
                          max_tokens=max_tokens)
     # AR with the same generator state.
     gen_a = torch.Generator().manual_seed(seed)
@@ -183,7 +184,8 @@ def walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost):
     assert [trie.tokens[n] for n in walk.nodes] == walk.tokens
     assert all(trie.parents[b] == a for a, b in zip([0] + walk.nodes, walk.nodes))
     assert len(walk.tokens) + 1 <= max_tokens
-    if len(walk.tokens) + 1 < max_tokens:
+    assert not stop_ids & set(walk.tokens)  # (AR stops after the first: it is the last emitted)
+    if len(walk.tokens) + 1 < max_tokens and walk.next_root not in stop_ids:
         last = walk.nodes[-1] if walk.nodes else 0
         assert walk.next_root not in trie.children[last]
     return walk
@@ -191,12 +193,14 @@ def walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost):
 
 @FAST
 @given(st.integers(0, V - 1), levels_st, paths_st, st.integers(0, 2**31), sampling_st,
-       st.lists(st.integers(0, V - 1), min_size=1, max_size=10), st.integers(1, 6), st.sampled_from([0.0, 12.0]))
-def test_walk_emits_exactly_the_ar_chain(root, levels, paths, seed, cfg, history, max_tokens, boost):
+       st.lists(st.integers(0, V - 1), min_size=1, max_size=10), st.integers(1, 6), st.sampled_from([0.0, 12.0]),
+       st.frozensets(st.integers(0, V - 1), max_size=3))
+def test_walk_emits_exactly_the_ar_chain(root, levels, paths, seed, cfg, history, max_tokens, boost, stop_ids):
     """With logits a function of the sequence so far, the walk over any trie emits what AR
     would with the same seed: each token one draw from AR's transform, descending only into
-    children, stopping at the first draw that is not one (or at max_tokens)."""
-    walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost)
+    children, stopping at the first draw that is not one, at the first stop id (an EOS, which a review found
+    the walk could ignore and still pass here), or at max_tokens."""
+    walk_against_ar(root, levels, paths, seed, cfg, history, max_tokens, boost, stop_ids)
 
 
 def test_deep_walks_see_the_penalty_window_ar_sees():
