@@ -213,6 +213,24 @@ def test_a_draw_never_returns_a_token_of_zero_probability_at_the_uniforms_ends()
     assert sampling.draw_rows(row, cfg, top).item() == 8
 
 
+def test_a_draw_reads_its_cdf_in_float64():
+    """The draw promises float64 probabilities: a uniform that falls between a token's float64 cdf and its float32
+    rounding draws the token float64 says (a draw through a float32 softmax passed every test: a review's
+    mutation)."""
+    cfg = SamplingConfig(seed=0)
+    for seed in range(100):  # float32 logits whose first cdf step (over the total) float32 rounds up
+        row = torch.randn(1, 8, generator=torch.Generator().manual_seed(seed)) * 3
+        wide = torch.softmax(row.double(), -1)[0].tolist()
+        narrow = torch.softmax(row, -1)[0].double().tolist()
+        low, high = wide[0] / sum(wide), narrow[0] / sum(narrow)
+        if high - low > 1e-9:
+            break
+    else:
+        pytest.fail("no row whose float32 probability rounds up")
+    u = torch.tensor([(low + high) / 2], dtype=torch.float64)  # past float64's cdf, short of float32's
+    assert sampling.draw_rows(row, cfg, u).item() == 1
+
+
 def test_full_chain_matches_transformers_processors_in_order():
     x = logits_batch(99)
     g = torch.Generator().manual_seed(3)
