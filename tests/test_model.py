@@ -114,8 +114,9 @@ def test_float64_runner_matches_transformers_closely(arch, rope, tie):
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
         ours, _ = engine.model.forward(ids, torch.arange(SEQ), None)
-    # Rope tables are float32 in both implementations; the rest is float64.
-    assert rel_err(ours, ref.float()) < 1e-6
+    # Rope tables are float32 in both implementations; the rest is float64. (Measured 2.4-3.9e-7 over these cases, and
+    # 6-9e-7 in float32: the bound was 1e-6 against the reference rounded to float32, which a float32 run passed.)
+    assert ours.dtype == torch.float64 and rel_err(ours, ref) < 5e-7
 
 
 def test_transformers_model_weights_are_used_in_place():
