@@ -206,7 +206,10 @@ def ar_sequence_probability(engine, prefix: list[int], tokens: list[int], sampli
 
 
 ENUMERATED = {"top-p": SamplingConfig(seed=0, top_p=0.9, min_p=0.05, repetition_penalty=1.3, penalty_window=5),
-              "min-p": SamplingConfig(seed=0, min_p=0.2, repetition_penalty=1.3, penalty_window=5)}
+              "min-p": SamplingConfig(seed=0, min_p=0.2, repetition_penalty=1.3, penalty_window=5),
+              # temperature, top-k, eta, a penalty below 1 and banned ids (each left out of the two above: a review)
+              "top-k-eta-banned": SamplingConfig(seed=0, temperature=0.7, top_k=6, top_p=1.0, min_p=0.0, eta=0.02,
+                                                 repetition_penalty=0.8, penalty_window=3, banned_ids=(1, 4))}
 
 
 @pytest.mark.parametrize("sampling", ENUMERATED.values(), ids=ENUMERATED.keys())
@@ -214,7 +217,7 @@ ENUMERATED = {"top-p": SamplingConfig(seed=0, top_p=0.9, min_p=0.05, repetition_
 def test_one_step_emits_each_sequence_with_its_ar_probability(mode, sampling, monkeypatch):
     """Enumerate every possible run of one verification walk: each emitted sequence has exactly
     the probability AR gives it (to 1e-9), and the probabilities sum to 1. Under top-p (which cuts what
-    min-p 0.05 would) and under min-p alone."""
+    min-p 0.05 would), under min-p alone, and under temperature, top-k, eta, a penalty below 1 and banned ids."""
     vocab = 12
     hf = tiny_hf_model("qwen2", "default", seed=41, dtype=torch.float64, vocab=vocab)
     engine = longswift.load(hf, dtype="float64", heads="random")
