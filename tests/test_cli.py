@@ -406,13 +406,7 @@ def test_a_second_ctrl_c_names_the_last_periodic_checkpoint(tmp_path, capsys, mo
     from longswift.cli.outputs import Outputs, write_run
     from longswift.cli.stop import StopRequest
 
-    class StoppedAtOnce:  # the stream, cut by a KeyboardInterrupt after 7 steps
-        def __init__(self, stream) -> None:
-            self._stream = stream
-
-        def __getattr__(self, name):
-            return getattr(self._stream, name)
-
+    class StoppedAtOnce(Proxy):  # the stream, cut by a KeyboardInterrupt after 7 steps
         def __iter__(self):
             for i, ids in enumerate(self._stream):
                 if i == 7:
@@ -1554,15 +1548,9 @@ def test_an_interrupted_run_whose_outputs_cannot_be_written_still_saves_its_stat
                                  generation=GenerationConfig(max_new_tokens=20, ignore_eos=True)).token_ids)
     stop = StopRequest()
 
-    class Signalled:  # a SIGINT after 7 steps (the handler's part: the signal number set)
-        def __init__(self, inner) -> None:
-            self._inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self._inner, name)
-
+    class Signalled(Proxy):  # a SIGINT after 7 steps (the handler's part: the signal number set)
         def __iter__(self):
-            for i, ids in enumerate(self._inner):
+            for i, ids in enumerate(self._stream):
                 if i == 6:
                     stop.signum = 2
                 yield ids
