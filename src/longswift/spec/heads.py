@@ -263,10 +263,11 @@ def _layout_problem(path: Path, gamma: int, cfg: ModelConfig, layout: dict[str, 
     return None
 
 
-def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.Tensor]) -> str:
+def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.Tensor]) -> tuple[str, int | None]:
     """A heads file's metadata in one line for `longswift info`: how many heads, how they were trained,
     and whether they were made for this model (what load_heads would check; `embed` is called only when
-    the shapes match). Never raises for a bad file: it says what generate would refuse."""
+    the shapes match); and how many heads its metadata says (None where it cannot be read). Never raises for a
+    bad file: it says what generate would refuse."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -274,32 +275,20 @@ def describe_heads_file(path: Path, cfg: ModelConfig, embed: Callable[[], torch.
             raw = (f.metadata() or {}).get(FORMAT)
             layout = _header_layout(f)
     except (SafetensorError, OSError, ValueError) as exc:
-        return f"unreadable ({exc}): generate refuses it"
+        return f"unreadable ({exc}): generate refuses it", None
     if raw is None:
-        return f"not a longswift heads file (no '{FORMAT}' metadata): generate refuses it"
+        return f"not a longswift heads file (no '{FORMAT}' metadata): generate refuses it", None
     try:
         meta = _read_meta(path, raw)
     except LongswiftError as exc:
-        return f"{exc}"
+        return f"{exc}", None
     other = _made_for_another(meta["base"], cfg, lambda: model_fingerprint(cfg, embed()))
     problem = None if other else _layout_problem(path, meta["gamma"], cfg, layout)
     if problem:  # (values, NaN included, are read by generate alone: info reads headers)
-        return f"{problem}: generate refuses it"
+        return f"{problem}: generate refuses it", meta["gamma"]
     fit = f"made for another model ({other}): generate refuses them" if other else "made for this model"
     training = training_summary(meta)
-    return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else "")
-
-
-def heads_file_gamma(path: Path) -> int | None:
-    """How many heads a heads file's metadata says it holds; None where it cannot be read (the load refuses it)."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            raw = (f.metadata() or {}).get(FORMAT)
-        return None if raw is None else int(_read_meta(path, raw)["gamma"])
-    except (SafetensorError, OSError, ValueError, LongswiftError):
-        return None
+    return f"{meta['gamma']} heads, {fit}" + (f"; {training}" if training else ""), meta["gamma"]
 
 
 def _unreadable_heads(path: Path, exc: BaseException) -> LongswiftError:

@@ -36,7 +36,6 @@ from .heads import (
     TRAIN_CHECKPOINT,
     DraftHeads,
     describe_heads_file,
-    heads_file_gamma,
     may_have_shipped_heads,
     model_fingerprint,
     shipped_heads,
@@ -277,15 +276,14 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> FoundHead
         return FoundHeads(f"{n} heads inside the model checkpoint {where}{_trained(path)}", True, n)
     assert choice.path is not None  # ("shipped", "released" and "file" come with their path)
     if choice.kind == "shipped":
-        what = describe_heads_file(choice.path, cfg, model_embed)
-        return FoundHeads(f"heads shipped with longswift for this model: {choice.path} ({what})", True,
-                          heads_file_gamma(choice.path))
+        what, gamma = describe_heads_file(choice.path, cfg, model_embed)
+        return FoundHeads(f"heads shipped with longswift for this model: {choice.path} ({what})", True, gamma)
     if choice.kind == "released":
         if not any(name.startswith(HEAD_PREFIX) for name in tensor_shapes(choice.path)):  # (a plain model folder)
             return FoundHeads(f"'{choice.path}' has no draft heads (no {HEAD_PREFIX}* tensors and no "
                               "heads.safetensors): generate refuses it", True, None)
         try:  # (their checks are the load's: the count alone here)
-            gamma: int | None = len(head_tensors(choice.path, load_config(str(choice.path)))) // len(_PARTS) or None
+            gamma = len(head_tensors(choice.path, load_config(str(choice.path)))) // len(_PARTS) or None
         except LongswiftError:
             gamma = None
         return FoundHeads(f"from the released checkpoint {choice.path} (TokenSwift layout; checked against the model "
@@ -293,5 +291,5 @@ def describe_heads(model: str | None, heads: str, cfg: ModelConfig) -> FoundHead
     if not choice.path.exists():
         raise LongswiftError(f"heads '{choice.path}' do not exist: pass a heads file, a directory holding one, or a "
                              "released checkpoint")
-    return FoundHeads(f"from the heads file {choice.path}: {describe_heads_file(choice.path, cfg, model_embed)}", True,
-                      heads_file_gamma(choice.path))
+    what, gamma = describe_heads_file(choice.path, cfg, model_embed)
+    return FoundHeads(f"from the heads file {choice.path}: {what}", True, gamma)
