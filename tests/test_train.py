@@ -203,6 +203,44 @@ def test_resume_equals_uninterrupted(tiny, tmp_path):
     assert [m["loss"] for m in whole.log] == [m["loss"] for m in resumed.log]
 
 
+def test_weight_decay_leaves_the_norm_gains_alone(tiny):
+    """--weight-decay decayed the heads' RMSNorm gains with their matrices (one AdamW group), pulling them towards
+    0 and not towards the base model's final norm. After one step from the same start (the matrices start at 0,
+    so a decay leaves them as they are there) the gains must be what a run without decay makes."""
+    windows = _windows(tiny, n=3, seed=2)
+    runs = {}
+    for decay in (0.0, 5.0):
+        cfg = TrainConfig(steps=3, lr=3e-2, seq_len=24, batch_size=1, warmup=1, weight_decay=decay)
+        trainer = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
+        trainer.run_step()
+        runs[decay] = {k: v.detach().clone() for k, v in trainer.heads.state_dict().items()}
+        trainer.run_step()  # (the matrices are no longer 0: the decay shrinks them)
+        runs[decay, 2] = trainer.heads.weights.detach().clone()
+    for name in ("in_norms", "out_norms", "weights"):
+        assert torch.equal(runs[0.0][name], runs[5.0][name]), name
+    assert not torch.allclose(runs[0.0, 2], runs[5.0, 2])  # (the decay does reach the matrices)
+
+
+def test_a_checkpoint_with_one_optimizer_group_resumes_as_the_uninterrupted_run(tiny, tmp_path):
+    """Checkpoints before session 70 hold AdamW's state in one group of all the heads' parameters; they resume
+    into the group a parameter that training uses now, to the heads an uninterrupted run makes."""
+    windows = _windows(tiny, n=5, seed=1)
+    cfg = TrainConfig(steps=4, lr=5e-3, seq_len=24, batch_size=2, warmup=1, checkpoint_every=2)
+    whole = train_heads(tiny, windows, cfg, tmp_path / "a", progress=False)
+    part = HeadTrainer(tiny, windows, base_hidden(tiny.model, windows), cfg)
+    for _ in range(2):
+        part.run_step()
+    ck = part.checkpoint_state()
+    groups = ck["optimizer"]["param_groups"]
+    assert [g["params"] for g in groups] == [[0], [1], [2]]
+    ck["optimizer"]["param_groups"] = [{**groups[0], "params": [0, 1, 2]}]  # the old layout
+    (tmp_path / "b").mkdir()
+    torch.save(ck, tmp_path / "b" / "checkpoint.pt")
+    resumed = train_heads(tiny, windows, cfg, tmp_path / "b", resume=True, progress=False)
+    for k, v in whole.heads.state_dict().items():
+        assert torch.equal(v, resumed.heads.state_dict()[k]), k
+
+
 def test_bf16_lm_head_follows_the_device_and_a_resume_goes_on_as_its_checkpoint_did(tiny, tmp_path, monkeypatch):
     """Not given, --bf16-lm-head is on where the device multiplies bfloat16 in hardware (bf16_lm_head_default: on
     an AVX2-only CPU autocast made a train-heads step 35x slower, ~3x on AVX-512 without BF16) and the checkpoint

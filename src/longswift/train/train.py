@@ -184,6 +184,30 @@ def head_losses(heads: DraftHeads, lm_head: torch.Tensor, h0: torch.Tensor, targ
     return ce, correct, valid.sum(dim=1)
 
 
+def param_groups(heads: DraftHeads, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW's groups: the weight decay on the heads' matrices alone. Decaying the RMSNorm gains (as one group did
+    before session 70) pulls them towards 0, not towards the base model's final norm they start from. One group
+    a parameter, in the order of `heads.parameters()`, so that a checkpoint's state keeps its indices."""
+    return [{"params": [p], "weight_decay": weight_decay if name == "weights" else 0.0}
+            for name, p in heads.named_parameters()]
+
+
+def regrouped(state: dict, heads: DraftHeads, weight_decay: float) -> dict:
+    """An optimizer state dict from a checkpoint, in `param_groups`' layout: a checkpoint before session 70 holds
+    one group of all the parameters (its state, indexed by parameter, is the same)."""
+    groups = state.get("param_groups")
+    if not (isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict)
+            and isinstance(groups[0].get("params"), list) and len(groups[0]["params"]) > 1):
+        return state  # (the current layout, or damaged: load_state_dict says which)
+    one = groups[0]
+    names = [name for name, _ in heads.named_parameters()]
+    if len(one["params"]) != len(names):
+        return state
+    split = [{**one, "params": [i], "weight_decay": weight_decay if name == "weights" else 0.0}
+             for i, name in zip(one["params"], names)]
+    return {**state, "param_groups": split}
+
+
 class HeadTrainer:
     """Explicit training state: heads, AdamW, step, data order; `run_step()` does one optimizer step."""
 
@@ -210,7 +234,7 @@ class HeadTrainer:
         self.heads = heads.to(dtype).requires_grad_(True)
         if not cfg.bf16_lm_head and self.lm_head.dtype != dtype:  # a bfloat16/float16 model's head, without
             self.lm_head = self.lm_head.to(dtype)  # autocast: a copy in the heads' precision (the products agree)
-        self.optimizer = torch.optim.AdamW(self.heads.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.optimizer = torch.optim.AdamW(param_groups(self.heads, cfg.weight_decay), lr=cfg.lr)
         self.step = 0
         self.log: list[dict] = []
         self.interrupted = False  # stopped by a signal before the last step (train_heads' `stop`)
@@ -286,7 +310,7 @@ class HeadTrainer:
         try:
             with torch.no_grad():
                 self.heads.load_state_dict(ck["heads"])
-            self.optimizer.load_state_dict(ck["optimizer"])
+            self.optimizer.load_state_dict(regrouped(ck["optimizer"], self.heads, self.cfg.weight_decay))
         except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # heads of another shape, an optimizer's
             raise LongswiftError(f"checkpoint '{path}' is damaged ({reason_of(exc)}): delete it to start over"
                                  ) from None
