@@ -23,7 +23,8 @@ class TrainConfig:
     batch_size: int = field(default=4, metadata=flag_help("windows per micro-batch"))
     grad_accum: int = field(default=1, metadata=flag_help("micro-batches per optimizer step"))
     warmup: int = field(default=50, metadata=flag_help("linear warmup steps before the cosine decay"))
-    weight_decay: float = field(default=0.0, metadata=flag_help("AdamW weight decay, on the heads' matrices (not their norm gains)"))
+    weight_decay: float = field(default=0.0,
+                                metadata=flag_help("AdamW weight decay, on the heads' matrices (not their norm gains)"))
     gamma: int = field(default=3, metadata=flag_help("number of draft heads"))
     seed: int = field(default=0, metadata=flag_help("seed for the data order and for --self-distill's sampling"))
     bf16_lm_head: bool | None = field(default=None, metadata=flag_help(
