@@ -216,7 +216,8 @@ ENUMERATED = {"top-p": SamplingConfig(seed=0, top_p=0.9, min_p=0.05, repetition_
 @pytest.mark.parametrize("mode", ["paper", "fused"])
 def test_one_step_emits_each_sequence_with_its_ar_probability(mode, sampling, monkeypatch):
     """Enumerate every possible run of one verification walk: each emitted sequence has exactly
-    the probability AR gives it (to 1e-9), and the probabilities sum to 1. Under top-p (which cuts what
+    the probability AR gives it (to 1e-9), and the probabilities sum to 1; the batched walk, scripted to the same
+    draws, emits it with the same probability. Under top-p (which cuts what
     min-p 0.05 would), under min-p alone, and under temperature, top-k, eta, a penalty below 1 and banned ids."""
     vocab = 12
     hf = tiny_hf_model("qwen2", "default", seed=41, dtype=torch.float64, vocab=vocab)
@@ -243,6 +244,23 @@ def test_one_step_emits_each_sequence_with_its_ar_probability(mode, sampling, mo
             return script[len(seen) - 1]
 
         monkeypatch.setattr(verify_mod, "draw", scripted_draw)
+        # The batched walk (every row transformed and drawn at once, on the GPU's path) under the same script: a
+        # node at depth d draws script[d]; the distributions are its rows' along the path it took.
+        every_row = torch.stack([v.row_logits(i) for i in range(len(trie))])  # [N, V]
+        batched_rows: list[torch.Tensor] = []
+
+        def scripted_rows(x, cfg, u):
+            batched_rows[:] = [x]
+            return torch.tensor([script[min(d, len(script) - 1)] for d in trie.depths])
+
+        monkeypatch.setattr(verify_mod, "draw_rows", scripted_rows)
+
+        def batched_probability() -> tuple[verify_mod.Walk, float]:
+            walk = verify_mod.batched_walk(trie, every_row, s.history, s.n, sampling, None)
+            path = [0] + walk.nodes
+            x = batched_rows[0]
+            return walk, math.prod(float(probabilities(x[n][None])[0, t]) for n, t in zip(path, script))
+
         total, sequences, deep = 0.0, 0, 0
         pending = [[]]
         while pending:
@@ -266,6 +284,9 @@ def test_one_step_emits_each_sequence_with_its_ar_probability(mode, sampling, mo
                 p_walk = math.prod(float(seen[i][t]) for i, t in enumerate(prefix + [y]))
                 p_ar = ar_sequence_probability(engine, s.tokens, prefix + [y], sampling)
                 assert abs(p_walk - p_ar) < 1e-9, (prefix, y, p_walk, p_ar)
+                batch, p_batch = batched_probability()
+                assert (batch.tokens, batch.next_root) == (prefix, y)
+                assert abs(p_batch - p_ar) < 1e-9, (prefix, y, p_batch, p_ar)
                 total += p_walk
                 sequences += 1
                 deep += len(prefix) > 0
