@@ -478,7 +478,7 @@ def test_a_tokenswift_resume_plans_its_draft_cache_and_tree_before_loading(tmp_p
     assert code == 0, err
     planned = []
 
-    def plan(model, runtime, gen, prompt_tokens, spec=None, resumed=False):
+    def plan(model, runtime, gen, prompt_tokens, spec=None, resumed=False, copies=True):
         planned.append((prompt_tokens, spec, resumed))
         raise generate_cli.LongswiftError("planned")
 
@@ -501,7 +501,7 @@ def test_a_model_without_heads_is_planned_as_the_ar_run_it_is(tmp_path, capsys, 
     capsys.readouterr()
     planned = []
 
-    def plan(model, runtime, gen, prompt_tokens, spec=None, resumed=False):
+    def plan(model, runtime, gen, prompt_tokens, spec=None, resumed=False, copies=True):
         planned.append(spec)
         raise generate_cli.LongswiftError("planned")
 

@@ -1015,6 +1015,17 @@ def test_the_finite_check_reads_a_tensor_in_blocks_and_finds_what_any_block_hold
         check_finite("empty", empty, "f.safetensors", torch.float16)
 
 
+def test_weights_are_copies_where_a_load_casts_or_dequantizes_them(tmp_path):
+    """weights_copied (which the plan's loading term reads): a GGUF's weights are dequantized copies; safetensors are
+    the file's pages in their stored dtype, copies in any other."""
+    from longswift.runtime.loading import weights_copied
+
+    tiny_hf_model("llama", seed=3, dtype=torch.bfloat16).save_pretrained(tmp_path / "m")
+    assert not weights_copied(tmp_path / "m", torch.bfloat16)
+    assert weights_copied(str(tmp_path / "m"), torch.float32)
+    assert weights_copied(None, torch.float32) and weights_copied(None, torch.bfloat16)  # the embedded GGUF
+
+
 def test_a_base_model_or_one_without_weights_is_refused_saying_what_to_pass():
     """A LlamaModel (no LM head) was refused as a 'checkpoint' missing 'model.embed_tokens.weight'; a model built on
     the meta device (accelerate's init_empty_weights) raised NotImplementedError from a tensor copy."""

@@ -18,7 +18,7 @@ from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfi
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
 from ..runtime.linear import float32_head_copy
-from ..runtime.memory import GiB, MemoryPlan, available_bytes, plan_memory, size_text
+from ..runtime.memory import GiB, MemoryPlan, available_bytes, loading_bytes, plan_memory, size_text
 from ..runtime.model import Transformer, fused_kernels
 from ..runtime.triton_kernels import triton_unavailable
 from ..sampling import draw, penalty_window, transform, uniforms
@@ -193,7 +193,9 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     # the shared head cannot free its original (the embedding holds it).
     head_copy = shared if packed and not float32_head_copy(float32_logits, dtype, device) else 0
     return dataclasses.replace(plan, weights=plan.weights - shared + heads,
-                               packed_weights=plan.packed_weights + head_copy)
+                               packed_weights=plan.packed_weights + head_copy,  # (and no untied head to pack:)
+                               loading=loading_bytes(dataclasses.replace(cfg, tie_word_embeddings=True), elem, packed,
+                                                     True))
 
 
 def check_fits(plan: MemoryPlan, buffer_bytes: int, dtype: torch.dtype) -> None:
@@ -203,7 +205,7 @@ def check_fits(plan: MemoryPlan, buffer_bytes: int, dtype: torch.dtype) -> None:
     if buffer_bytes > free:  # the bandwidth buffer is freed before the model is made
         raise LongswiftError(f"the read-bandwidth buffer of {buffer_bytes / 2**20:.0f} MiB does not fit in the "
                              f"{size_text(free)} free: give a smaller --bandwidth-mib")
-    if plan.total > free:
+    if plan.needed(weights_loaded=False) > free:
         narrower = ", or use --dtype bfloat16" if dtype.itemsize > 2 else ""  # (not where it is already that narrow)
         raise LongswiftError(f"not enough memory for these step costs: {plan.describe()}, but {size_text(free)} "
                              "is free; lower --contexts (or --prefix + --new-tokens), --tree-nodes or --layers"

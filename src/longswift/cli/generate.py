@@ -177,7 +177,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     outputs = _outputs(args, inputs=[("--prompt-file", None if str(args.prompt_file) == STDIN else args.prompt_file),
                                      *model_inputs(args.model), *heads_inputs(heads)])
     _keep_unfinished(outputs)
-    from ..runtime.loading import load_config, model_tokenizer  # (torch: once the arguments are checked)
+    # (torch: once the arguments are checked)
+    from ..runtime.loading import load_config, model_tokenizer, weights_copied
     from ..spec.released import describe_heads
     from ..spec.tokenswift import spec_for_heads
 
@@ -194,7 +195,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         # plan counts its tokens: a prompt past the context or the memory is refused without reading a weight
         prompt = PromptEncoder(model_tokenizer(args.model), cfg).encode(prompt, chat, system)
         chat, system = False, None  # (in the ids now)
-    _plan_before_loading(cfg, runtime, generation, len(prompt), planned if tokenswift else None)
+    _plan_before_loading(cfg, runtime, generation, len(prompt), planned if tokenswift else None,
+                         copies=weights_copied(args.model, runtime.torch_dtype()))
     if args.prompt_ids is not None and any(not 0 <= t < cfg.vocab_size for t in prompt):  # (text's: encode's check)
         raise LongswiftError(f"--prompt-ids must be in [0, {cfg.vocab_size}) for this model")
     if any(t >= cfg.vocab_size for t in sampling.banned_ids):
@@ -449,10 +451,10 @@ def _resume(args: argparse.Namespace) -> int:
                        checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume")
     _keep_unfinished(outputs, resuming=resumed)
     runtime, gen, spec = _resumed_configs(args, ckpt, given, model)
-    from ..runtime.loading import load_config
+    from ..runtime.loading import load_config, weights_copied
 
     _plan_before_loading(load_config(model, runtime.rope_scaling), runtime, gen, len(ckpt.prompt_ids), spec,
-                         resumed=True)
+                         resumed=True, copies=weights_copied(model, runtime.torch_dtype()))
     if followed and env_rank() == 0:  # (once the refusals before loading are past: a refusal is one line)
         print(f"longswift: the checkpoint was saved as '{was}' (copied or moved since): "
               + ", ".join(f"{flag} follows it to '{shown(to)}'" for flag, to in sorted(followed.items())),
@@ -592,11 +594,12 @@ def _outputs(args: argparse.Namespace, inputs: Sequence[tuple[str, Path | None]]
 
 
 def _plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, gen: GenerationConfig, prompt_tokens: int,
-                         spec: SpecConfig | None = None, resumed: bool = False) -> None:
+                         spec: SpecConfig | None = None, resumed: bool = False, copies: bool = True) -> None:
     """Refuse, before reading any weights, a run (of the model whose config is `cfg`) whose weights + KV cache for its
     prompt and new tokens cannot fit (with TokenSwift's tree and draft cache when `spec` is given; `resumed`: a run
-    that keeps its checkpoint's rope scaling). Under torchrun, a model that does not split across the processes is
-    refused here, and on CUDA the plan is one process's shard."""
+    that keeps its checkpoint's rope scaling; `copies`: whether the load holds the weights as copies,
+    runtime.loading.weights_copied). Under torchrun, a model that does not split across the processes is refused here,
+    and on CUDA the plan is one process's shard."""
     import torch
 
     from ..runtime.memory import check_context
@@ -621,6 +624,6 @@ def _plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, gen: Generati
             runtime = replace(runtime, device=f"cuda:{local}")  # (the current one is cuda:0 for all)
     # The prefill reads the prompt (a resume's, the tokens it holds too): no chunk is longer
     chunk = min(gen.prefill_chunk, tokens if resumed else prompt_tokens)
-    plan_before_loading(held, runtime, tokens, chunk, spec).check(weights_loaded=False, resumed=resumed)
+    plan_before_loading(held, runtime, tokens, chunk, spec, copies).check(weights_loaded=False, resumed=resumed)
 
 

@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..runtime.loading import load_config, resolve_path
+    from ..runtime.loading import load_config, resolve_path, weights_copied
     from ..runtime.memory import available_bytes, current_rss, size_text
     from ..spec.budget import lookup_budget, plan_before_loading, step_budget
     from ..spec.released import describe_heads
@@ -45,7 +45,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     # The tree as these heads run it ("auto" cut to their depths; one given deeper than they draft, refused)
     spec = spec_for_heads(spec, device, found.gamma)[0] if tokenswift and found.gamma else spec.for_device(device)
     chunk = config_from_args(GenerationConfig, args).prefill_chunk
-    plan = plan_before_loading(cfg, runtime, tokens, chunk, spec if tokenswift else None)
+    plan = plan_before_loading(cfg, runtime, tokens, chunk, spec if tokenswift else None,
+                               weights_copied(args.model, dtype))
     print(f"model: {resolve_path(args.model)}")
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
@@ -65,13 +66,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
               f"holds {size_text(current_rss())} now, already left out of the available figure below; nor what "
-              "loading holds for a moment while it reads, converts and packs the weights (see README)")
+              "reading a GGUF holds for a moment, a tensor's float32 values as it is dequantized (see README)")
     past = _context_note(cfg, tokens, runtime.rope_scaling)
     if past:
         print(f"note: {past}")
     free = available_bytes(device)
     if free is not None:
-        verdict = "fits" if plan.total <= free else "does NOT fit"
+        verdict = "fits" if plan.needed(weights_loaded=False) <= free else "does NOT fit"
         if past:
             verdict += " in memory, past the model's context (the note above)"
         print(f"available on {device}: {size_text(free)} -> {verdict}")

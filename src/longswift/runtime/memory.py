@@ -176,10 +176,19 @@ class MemoryPlan:
     draft_tokens: int = 0
     tree_nodes: int = 0  # TokenSwift: the largest verify pass
     prefill_chunk: int = 0  # a prefill chunk past the default whose forward the workspace is planned for (0: none)
+    # What building the model holds beside its weights at the peak, before the caches exist: a packed copy made while
+    # its original lives (an untied LM head's; q/k/v's and gate/up's concatenation with its copy), measured by
+    # loading_bytes' test
+    loading: int = 0
 
     @property
     def total(self) -> int:
         return self.weights + self.packed_weights + self.kv_cache + self.draft_cache + self.workspace
+
+    @property
+    def after_weights(self) -> int:
+        """The caches and the workspace: what a run allocates once its model is built."""
+        return self.kv_cache + self.draft_cache + self.workspace
 
     def describe(self) -> str:
         draft = (f" + draft KV cache {size_text(self.draft_cache)} ({self.draft_tokens} tokens)"
@@ -189,11 +198,16 @@ class MemoryPlan:
             f"+ KV cache {size_text(self.kv_cache)} "
             f"({self.capacity_tokens} tokens){draft} + workspace {size_text(self.workspace)} "
             f"= {size_text(self.total)} on {self.device}"
+            + (f", and building the model holds {size_text(self.loading)} beside its weights"
+               if self.loading > self.after_weights else "")
         )
 
     def needed(self, weights_loaded: bool) -> int:
-        """The bytes the run still has to allocate: weights already resident are not counted again."""
-        return self.total - (self.weights + self.packed_weights if weights_loaded else 0)
+        """The bytes the run still has to allocate: weights already resident are not counted again; before they
+        are, what building the model holds beside them where that exceeds the caches and workspace."""
+        if weights_loaded:
+            return self.after_weights
+        return self.weights + self.packed_weights + max(self.loading, self.after_weights)
 
     def check(self, weights_loaded: bool, resumed: bool = False) -> None:
         """Refuse a plan that cannot fit (needed). `resumed`: a checkpoint's run, whose length alone can change
@@ -285,7 +299,7 @@ def masked_attention_bytes(cfg: ModelConfig, t: int, capacity: int, elem: int, c
 def plan_memory(
     cfg: ModelConfig, dtype: torch.dtype, device: torch.device, capacity: int, chunk: int, packed: bool,
     draft_tokens: int = 0, tree_nodes: int = 0, float32_logits: bool = False, sampled_rows: int = 1,
-    held_rows: int = 0, threads: int | None = None,
+    held_rows: int = 0, threads: int | None = None, copies: bool = True,
 ) -> MemoryPlan:
     """`capacity`: tokens of the full KV cache (prompt + new tokens + TokenSwift's tree nodes);
     `draft_tokens`: size of the partial KV cache of the draft pass (0: none); `tree_nodes`: the
@@ -294,7 +308,8 @@ def plan_memory(
     `sampled_rows`: rows of logits transformed and drawn at once (the batched walk: the whole padded
     trie; otherwise one row, and the draft stage's depth rows, counted as at least 4); `held_rows`: rows of
     logits held besides those (the rows walk's, computed in one pass: spec.budget.held_logit_rows); `threads`: the
-    CPU threads the run will have (None: torch's now), whose flash buffers are each its own."""
+    CPU threads the run will have (None: torch's now), whose flash buffers are each its own; `copies`: whether the
+    load holds its weights as copies in memory (loading.weights_copied), for `loading_bytes`."""
     elem = torch.empty((), dtype=dtype).element_size()
     weights = cfg.parameter_count() * elem
     # Packing replaces each weight by its packed copy (the model lets the original go), but for the
@@ -327,7 +342,21 @@ def plan_memory(
     # PartialKVCache holds the budget and one slot more: the root its draft pass feeds
     draft = (draft_tokens + 1) * cfg.kv_bytes_per_token(dtype) if draft_tokens else 0
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
-                      draft_tokens, tree_nodes, big_chunk)
+                      draft_tokens, tree_nodes, big_chunk, loading_bytes(cfg, elem, packed, copies))
+
+
+def loading_bytes(cfg: ModelConfig, elem: int, packed: bool, copies: bool) -> int:
+    """What building the model (runtime.model.Transformer) holds beside its weights at the peak, before any cache:
+    q/k/v's or gate/up's concatenation while their parts live (colocated or packed: a layer's largest group), and,
+    packed from weights held as copies (`copies`), the packed copy beside it too, and an untied LM head's packed copy
+    beside its original (a 1B model's in float32 from a bfloat16 file: 1,002 MiB more at the peak, measured). Copies
+    that replace pages of the files' cache (a checkpoint in the run's dtype) are not counted beside them."""
+    qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim * cfg.hidden_size
+    group = max(qkv, 2 * cfg.intermediate_size * cfg.hidden_size)
+    if not (packed and copies):
+        return group * elem
+    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    return max(2 * group, head) * elem
 
 
 def rope_extension(cfg: ModelConfig, total: int, applied: str | None = None) -> str | None:

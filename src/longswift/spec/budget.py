@@ -101,10 +101,11 @@ def draft_cache_tokens(spec: SpecConfig, total: int) -> int:
 
 
 def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens: int, chunk: int, packed: bool,
-             float32_logits: bool, spec: SpecConfig | None, threads: int | None = None) -> MemoryPlan:
+             float32_logits: bool, spec: SpecConfig | None, threads: int | None = None,
+             copies: bool = True) -> MemoryPlan:
     """The memory plan of a run of `tokens` (prompt + new tokens) prefilled in chunks of `chunk`: AR's
     where `spec` is None, else TokenSwift's with its largest trie, walk rows and draft cache (`spec`
-    resolved for the device), on `threads` CPU threads (None: torch's now)."""
+    resolved for the device), on `threads` CPU threads (None: torch's now); `copies`: plan_memory's."""
     nodes = tree_budget(spec) if spec is not None else 0
     draft = draft_cache_tokens(spec, tokens) if spec is not None else 0
     rows = walk_rows(spec) if spec is not None else 1
@@ -114,7 +115,7 @@ def run_plan(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, tokens:
     slots = padded_nodes(nodes) if bodies and nodes else nodes
     held = held_logit_rows(spec) if spec is not None else 0
     plan = plan_memory(cfg, dtype, device, tokens + slots, chunk, packed, draft, nodes, float32_logits, rows, held,
-                       threads)
+                       threads, copies)
     if spec is None:
         return plan
     # The draft heads' weights, with the model's (an 8B model's three in bfloat16: 100 MB): enough for the tree's
@@ -130,9 +131,10 @@ def will_pack(runtime: RuntimeConfig) -> bool:
 
 
 def plan_before_loading(cfg: ModelConfig, runtime: RuntimeConfig, tokens: int, chunk: int,
-                        spec: SpecConfig | None) -> MemoryPlan:
+                        spec: SpecConfig | None, copies: bool = True) -> MemoryPlan:
     """run_plan for a model not loaded yet: its dtype, device and packing as `runtime` will give them,
-    TokenSwift's `spec` (None: AR) resolved for that device."""
+    TokenSwift's `spec` (None: AR) resolved for that device; `copies`: whether the load holds its weights as copies
+    (runtime.loading.weights_copied)."""
     device = runtime.torch_device()
     return run_plan(cfg, runtime.torch_dtype(), device, tokens, chunk, will_pack(runtime), runtime.float32_logits,
-                    None if spec is None else spec.for_device(device), runtime.threads)
+                    None if spec is None else spec.for_device(device), runtime.threads, copies)

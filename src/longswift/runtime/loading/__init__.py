@@ -250,7 +250,7 @@ def load_model(source: str | os.PathLike | Any | None, dtype: torch.dtype, devic
     return loaded
 
 
-FINITE_BLOCK = 1 << 22  # values check_finite sums at once (16 MiB in float32)
+FINITE_BLOCK = 1 << 20  # values check_finite sums at once (4 MiB in float32)
 
 
 def check_finite(name: str, t: torch.Tensor, source: str | os.PathLike, dtype: torch.dtype | None = None,
@@ -603,6 +603,31 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         except (SafetensorError, OSError, ValueError) as exc:
             raise weights_unreadable(f, exc) from None
     return shapes
+
+
+def weights_copied(source: str | os.PathLike | None, dtype: torch.dtype) -> bool:
+    """Whether a load of `source` in `dtype` holds its weights as copies in memory rather than as views of the files'
+    pages: a GGUF's (dequantized), or safetensors whose stored dtype is not `dtype` (cast). What building the model
+    holds beside such weights is more (runtime.memory.loading_bytes): a packed copy is made while its original,
+    then, lives in the process's memory and not in the files' cache."""
+    from safetensors import SafetensorError, safe_open
+
+    path = resolve_path(source)
+    if path.is_file():
+        return True
+    files, weight_map = _weight_files(path)
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                if any(st.get_slice(k).get_dtype() != _SAFETENSORS_DTYPES.get(dtype) for k in st.keys()
+                       if _owns(f, k, weight_map)):
+                    return True
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise weights_unreadable(f, exc) from None
+    return False
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64"}
 
 
 def read_embed_corner(path: Path) -> torch.Tensor | None:
