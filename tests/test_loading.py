@@ -217,6 +217,58 @@ def test_embedded_gguf_matches_transformers_loader(embedded_hf):
     assert ours.tokenizer.chat_template and ours.tokenizer.eos_token == "<|im_end|>"
 
 
+def test_a_gguf_read_in_blocks_of_rows_holds_the_values_read_at_once(tmp_path, monkeypatch):
+    """A large GGUF matrix is dequantized a block of rows at a time into the model's dtype (its float32 values whole,
+    a Llama-3 8B's LM head: 2 GiB, were held beside every weight read before): the same tensors bit for bit, F32 and
+    block types (the embedded model's Q8_0 and Q4_1), in float32 and bfloat16, the same embedding corner, and a NaN
+    in the last block refused."""
+    import longswift.runtime.loading.gguf as gguf_module
+
+    hf = tiny_hf_model("llama", "default", tie=False, seed=22, num_attention_heads=8, num_key_value_heads=2,
+                       head_dim=8)
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, hf)
+    for source, dtype in ((path, torch.float32), (None, torch.bfloat16), (None, torch.float32)):
+        monkeypatch.setattr(gguf_module, "DEQUANTIZE_BLOCK", 10**12)
+        whole = load_model(source, dtype, CPU)
+        small = 64 if source is not None else 1 << 16  # (the embedded model's layers' matrices in blocks too)
+        monkeypatch.setattr(gguf_module, "DEQUANTIZE_BLOCK", small)
+        read: list[tuple[str, int]] = []
+        real = gguf_module._dequantize_by_rows
+
+        def counted(t, name, *args):
+            read.append((name, int(t.shape[1])))
+            return real(t, name, *args)
+
+        monkeypatch.setattr(gguf_module, "_dequantize_by_rows", counted)
+        blocks = load_model(source, dtype, CPU)
+        assert read and EMBED in dict(read), read
+        assert whole.state.keys() == blocks.state.keys()
+        for k, v in whole.state.items():
+            assert v.dtype == dtype and torch.equal(v, blocks.state[k]), (source, dtype, k)
+        assert torch.equal(whole.embed_corner, blocks.embed_corner)
+        monkeypatch.setattr(gguf_module, "_dequantize_by_rows", real)
+    with torch.no_grad():
+        hf.lm_head.weight[-1, -1] = float("nan")
+    write_gguf(tmp_path / "nan.gguf", hf)
+    check_error(tmp_path / "nan.gguf", "hold NaN or infinite values in 'lm_head.weight'")
+
+
+def test_a_gguf_fingerprints_corner_dequantizes_its_first_rows_alone(monkeypatch):
+    """read_embed_corner of a GGUF dequantized the whole embedding table to keep 512 x 64 of it (seconds for an 8B
+    model's, each time `info` or generate checked heads): the first 512 rows are read now, the same corner."""
+    import longswift.runtime.loading.gguf as gguf_module
+    from longswift.runtime.loading import embed_corner, read_embed_corner, resolve_path
+
+    whole = load_model(None, torch.float32, CPU)
+    read: list[int] = []
+    real = gguf_module.gguf_dequantize
+    monkeypatch.setattr(gguf_module, "gguf_dequantize", lambda t: read.append(t.n_elements) or real(t))
+    corner = read_embed_corner(resolve_path(None))
+    assert torch.equal(corner, embed_corner(whole.state[EMBED])) and corner.shape == (512, 64)
+    assert read == [512 * whole.cfg.hidden_size]
+
+
 # ---- bad checkpoints -------------------------------------------------------------------------
 
 def check_error(source, match):

@@ -66,7 +66,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
               f"holds {size_text(current_rss())} now, already left out of the available figure below; nor what "
-              "reading a GGUF holds for a moment, a tensor's float32 values as it is dequantized (see README)")
+              "the heap that reading and packing the weights leave for a moment (see README)")
     past = _context_note(cfg, tokens, runtime.rope_scaling)
     if past:
         print(f"note: {past}")

@@ -20,7 +20,7 @@ import torch
 
 from ...config import SUPPORTED_ARCHITECTURES, ModelConfig, parse_rope_scaling
 from ...errors import LongswiftError, reason_of, unreadable
-from .gguf import check_token_ids, gguf_end_ids, gguf_hf_config, gguf_state_dict, open_gguf
+from .gguf import check_token_ids, gguf_end_ids, gguf_first_rows, gguf_hf_config, gguf_state_dict, open_gguf
 from .gguf_reader import MAGIC
 from .hub import check_model_snapshot, parse_hub_id, quiet_transformers, resolve_hub_id
 from ..model import check_state_dict
@@ -330,10 +330,10 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
     cfg = _path_config(path, rope_scaling)
     corner: list[torch.Tensor] = []
 
-    def before_cast(name: str, t: torch.Tensor) -> None:
+    def before_cast(name: str, t: torch.Tensor, first_row: int) -> None:
         check_finite(name, t, path, dtype)
-        if name == EMBED:
-            corner.append(embed_corner(t))
+        if name == EMBED and first_row < EMBED_CORNER[0]:  # (the corner's rows, from the blocks that hold them)
+            corner.append(embed_corner(t)[: EMBED_CORNER[0] - first_row])
 
     state = gguf_state_dict(reader, hf_config, dtype, device, before_cast=before_cast, shard=shard)
     check_token_ids(reader, path)
@@ -341,7 +341,7 @@ def _from_gguf(path: Path, dtype: torch.dtype, device: torch.device, rope_scalin
     # The weights are copies now: let the map go, or the file's pages stay in the process (its size).
     _gguf_header.cache_clear()
     _tokenizer.cache_clear()
-    return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=corner[0] if corner else None)
+    return LoadedModel(cfg, state, tokenizer, str(path), embed_corner=torch.cat(corner) if corner else None)
 
 
 def _hf_dir_config(path: Path) -> Any:
@@ -633,13 +633,13 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float
 def read_embed_corner(path: Path) -> torch.Tensor | None:
     """embed_corner of a checkpoint's token embedding as stored (None: it holds none). From safetensors only the
     corner's rows and columns are read: the whole table (an 8B model's: 1 GB, 2 GB as float32) was read to hash
-    32,768 of its values, by `info` and by a released checkpoint's heads as they load. A GGUF's is dequantized
-    whole."""
+    32,768 of its values, by `info` and by a released checkpoint's heads as they load. Of a GGUF's, the first rows
+    alone are dequantized (the whole table was)."""
     from safetensors import SafetensorError, safe_open
 
     if path.is_file():
-        table = read_tensors(path, {EMBED}).get(EMBED)
-        return None if table is None else embed_corner(table)
+        rows = gguf_first_rows(gguf_header(path)[0], "token_embd.weight", EMBED_CORNER[0])
+        return None if rows is None else embed_corner(rows)
     files, weight_map = _weight_files(path)
     for f in files:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import re
@@ -280,12 +281,18 @@ def _unpermute(w: np.ndarray, n_head: int, name: str, path: Path) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# A tensor of more values is dequantized in blocks of rows of about this many, each cast into the tensor of the
+# model's dtype: its float32 values whole (a Llama-3 8B's LM head: 2 GiB) were held beside the weights read before.
+DEQUANTIZE_BLOCK = 1 << 22
+
+
 def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, device: torch.device,
                     only: set[str] | None = None,
-                    before_cast: Callable[[str, torch.Tensor], None] | None = None,
+                    before_cast: Callable[[str, torch.Tensor, int], None] | None = None,
                     shard: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Dequantize every tensor (or those named in `only`) to `dtype` under its transformers name;
-    `before_cast` sees each (name, float32 values on the CPU) first; `shard` (parallel.ShardedRead) then cuts it to
+    `before_cast` sees each (name, float32 values on the CPU, the index of their first row) first, a large matrix
+    block by block (DEQUANTIZE_BLOCK) and anything else whole; `shard` (parallel.ShardedRead) then cuts a whole one to
     this rank's part, so that a process holds one tensor whole at a time."""
     llama = hf_config.model_type == "llama"
     state: dict[str, torch.Tensor] = {}
@@ -311,6 +318,10 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
             raise LongswiftError(f"GGUF file '{reader.path}' is big-endian and its tensor '{t.name}' is "
                                  f"{t.tensor_type.name}: longswift reads a big-endian file's F32, F16 and F64 tensors "
                                  "only; use a little-endian GGUF (llama.cpp's default)")
+        permuted = llama and (rest_is(t.name, "attn_q") or rest_is(t.name, "attn_k"))
+        if shard is None and not permuted and len(t.shape) == 2 and t.n_elements > DEQUANTIZE_BLOCK:
+            state[name] = _dequantize_by_rows(t, name, dtype, device, before_cast)
+            continue
         array = gguf_dequantize(t)
         array = np.asarray(array, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
         if llama and rest_is(t.name, "attn_q"):
@@ -323,11 +334,48 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
             array = np.array(array, copy=True, order="C")
         values = torch.from_numpy(array)
         if before_cast is not None:
-            before_cast(name, values)
+            before_cast(name, values, 0)
         if shard is not None:
             values = shard(name, values)
         state[name] = values.to(device=device, dtype=dtype)
     return state
+
+
+def _dequantize_by_rows(t: Any, name: str, dtype: torch.dtype, device: torch.device,
+                        before_cast: Callable[[str, torch.Tensor, int], None] | None) -> torch.Tensor:
+    """A [rows, cols] tensor (ggml's shape (cols, rows)) dequantized a block of whole rows at a time (whole rows are
+    whole quantization blocks) into a tensor of `dtype`: the same values as at once."""
+    cols, rows = int(t.shape[0]), int(t.shape[1])
+    out = torch.empty(rows, cols, dtype=dtype, device=device)
+    step = max(1, DEQUANTIZE_BLOCK // cols)
+    for first in range(0, rows, step):
+        last = min(rows, first + step)
+        values = _rows(t, first, last)
+        if before_cast is not None:
+            before_cast(name, values, first)
+        out[first:last] = values  # (a copy: never a view of the file's read-only map)
+    return out
+
+
+def _rows(t: Any, first: int, last: int) -> torch.Tensor:
+    """Rows [first, last) of a 2-D GGUF tensor, dequantized -> [last - first, cols] float32 (it may view the file's
+    read-only map: the caller copies it)."""
+    cols, rows = int(t.shape[0]), int(t.shape[1])
+    flat = t.data.reshape(-1)  # bytes of blocks, or the values of a float type
+    per_row = flat.shape[0] // rows
+    part = dataclasses.replace(t, data=flat[first * per_row : last * per_row], shape=(cols, last - first),
+                               n_elements=cols * (last - first), n_bytes=(last - first) * per_row * flat.itemsize)
+    return torch.from_numpy(np.asarray(gguf_dequantize(part), dtype=np.float32).reshape(last - first, cols))
+
+
+def gguf_first_rows(reader: GGUFHeader, gguf_name: str, rows: int) -> torch.Tensor | None:
+    """The first `rows` rows of the 2-D tensor `gguf_name` as float32 (a copy), dequantized alone; None if the file
+    has no such tensor (a fingerprint's corner of the embedding table, which was dequantized whole: seconds for an
+    8B model's)."""
+    t = next((t for t in reader.tensors if t.name == gguf_name and len(t.shape) == 2), None)
+    if t is None:
+        return None
+    return _rows(t, 0, min(rows, int(t.shape[1]))).clone()
 
 
 def _unused(tensor_name: str) -> LongswiftError:
