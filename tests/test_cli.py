@@ -270,6 +270,46 @@ def test_a_signal_before_the_first_new_token_stops_the_reading_and_writes_nothin
     assert said in err
 
 
+def test_a_resume_stopped_while_reading_ends_the_text_it_showed_with_its_newline(tmp_path, capsys):
+    """A resumed run on stdout shows the checkpoint's text again, then re-reads its context: Ctrl-C during that
+    reading left the text without stdout's closing newline and said "nothing written" under it (a review)."""
+    import signal
+
+    from conftest import tiny_hf_model
+
+    import longswift
+    from longswift import GenerationConfig, SamplingConfig
+    from longswift.cli.outputs import Outputs, write_run
+    from longswift.cli.stop import StopRequest
+
+    engine = longswift.load(tiny_hf_model(), heads="random")
+    first = engine.stream(list(range(3, 43)), sampling=SamplingConfig(seed=1),
+                          generation=GenerationConfig(max_new_tokens=20, ignore_eos=True, prefill_chunk=8))
+    for _ in first:
+        if len(first.token_ids) >= 5:
+            break
+    first.checkpoint({}).save(tmp_path / "c.json")
+    stop = StopRequest()
+
+    class SignalledWhileReading(Proxy):
+        def __setattr__(self, name, value):
+            if name == "on_prefill" and value is not None:
+                def reading(read, total, show=value):
+                    stop.signum = stop.signum or signal.SIGINT
+                    show(read, total)
+                value = reading
+            setattr(self._stream, name, value)
+
+    resumed = engine.resume(tmp_path / "c.json")
+    capsys.readouterr()
+    code = write_run(engine, SignalledWhileReading(resumed), Outputs(None, None, None, 4), stop, no_progress=True,
+                     last_saved=(tmp_path / "c.json", len(resumed.token_ids)))
+    out, err = capsys.readouterr()
+    assert code == 130 and out.endswith("\n") and out.strip() == " ".join(map(str, resumed.token_ids)), (out, err)
+    assert "stopped before the first new token: no file written (the text shown is the checkpoint's); the " \
+           "checkpoint saved at" in err, err
+
+
 def test_a_signal_while_loading_stops_at_once():
     """Loading has nothing to save: the first signal interrupts it, and is kept for after it too (a
     KeyboardInterrupt raised while Python runs a __del__ is printed and lost)."""
@@ -792,6 +832,23 @@ class _Stdin:
 
     def isatty(self) -> bool:
         return self.tty
+
+
+def test_a_prompt_files_final_newline_is_not_part_of_the_prompt(tmp_path, capsys):
+    """A file saved by an editor (or `echo`) ends in a newline, which was kept inside the prompt: its run differed
+    from the same --prompt text (a review). One final newline, "\\n" or "\\r\\n", is the file's end, as llama.cpp's
+    -f reads a file; a second one is the prompt's."""
+    def prompt_tokens(*source: str) -> int:
+        out = tmp_path / "r.json"
+        code, _, err = run_cli(capsys, "generate", *source, "--max-new-tokens", "1", "--greedy", "--raw",
+                               "--no-progress", "--json", str(out))
+        assert code == 0, err
+        return json.loads(out.read_text())["stats"]["prompt_tokens"]
+
+    given = prompt_tokens("--prompt", "Say hello.")
+    for content, extra in ((b"Say hello.\n", 0), (b"Say hello.\r\n", 0), (b"Say hello.", 0), (b"Say hello.\n\n", 1)):
+        (tmp_path / "p.txt").write_bytes(content)
+        assert prompt_tokens("--prompt-file", str(tmp_path / "p.txt")) == given + extra, content
 
 
 def test_a_prompt_file_of_dash_is_standard_input(tmp_path, capsys, monkeypatch, no_loading):

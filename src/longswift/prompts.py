@@ -22,6 +22,13 @@ def read_prompt_file(path: Path) -> str:
     return decode_prompt(read_prompt_bytes(path), path)
 
 
+def without_final_newline(text: str) -> str:
+    """A prompt file's text as generate takes it: one final newline ("\\n" or "\\r\\n", which editors and `echo` end a
+    file with) is the file's end and not part of the prompt, as llama.cpp's -f reads a prompt file; kept, a
+    file's prompt differed from the same --prompt text (a review)."""
+    return text.removesuffix("\r\n") if text.endswith("\r\n") else text.removesuffix("\n")
+
+
 def _what(path: Path) -> str:
     return "the prompt on standard input" if str(path) == STDIN else f"prompt file '{path}'"
 

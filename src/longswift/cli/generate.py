@@ -225,7 +225,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _prompt(args: argparse.Namespace) -> tuple[str | list[int], bool | None]:
     """The prompt a new run was given (--prompt-ids' ids, or the text of --prompt or --prompt-file), and whether to
     wrap text in the chat template (None: where the model has one)."""
-    from ..prompts import STDIN, read_prompt_file
+    from ..prompts import STDIN, read_prompt_file, without_final_newline
 
     if args.prompt_ids is not None:
         if args.chat:
@@ -246,7 +246,7 @@ def _prompt(args: argparse.Namespace) -> tuple[str | list[int], bool | None]:
         raise LongswiftError(f"--prompt-file '{args.prompt_file}' is a pipe (a process substitution <(...), a FIFO "
                              "or a device), which torchrun's processes cannot each read: write the prompt to a "
                              "file and give its name")
-    prompt = args.prompt if args.prompt is not None else read_prompt_file(args.prompt_file)
+    prompt = args.prompt if args.prompt is not None else without_final_newline(read_prompt_file(args.prompt_file))
     if not prompt.strip():
         raise LongswiftError("the prompt is empty: give some prompt text")
     return prompt, args.chat

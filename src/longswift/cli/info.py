@@ -62,7 +62,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     lookups = f", lookup steps {lookup}" if lookup != nodes else ""
     method = (f"TokenSwift (tree {spec.tree} + {spec.ngram_topk} n-grams: {nodes} nodes{lookups})" if tokenswift
               else "AR")
-    print(f"memory plan for {tokens} tokens with {method} in {dtype_name(dtype)}: {plan.describe()}")
+    counted = f"{tokens} token{'' if tokens == 1 else 's'}"
+    print(f"memory plan for {counted} with {method} in {dtype_name(dtype)}: {plan.describe()}")
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
               f"holds {size_text(current_rss())} now, already left out of the available figure below; nor what "

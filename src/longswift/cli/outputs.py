@@ -96,6 +96,7 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
     json_file: AtomicFile | None = None
     path: Path | None = None  # where an interrupted run's state went; None with `unsaved`, why it could not
     unsaved: Exception | None = None
+    echoed = False  # a resumed run's earlier text is on stdout
     try:
         decoder = IncrementalDecoder(engine.tokenizer) if engine.tokenizer is not None else None
         push = decoder.push if decoder else _ids_as_text()  # no tokenizer: the ids
@@ -113,6 +114,7 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
         next_save = len(stream.token_ids) + out.every
         with display:
             display.text(earlier)  # a resumed run's file holds the whole text
+            echoed = bool(earlier) and not text_file
             for ids in stream:
                 stop.doing = SAVING
                 display.text(push(ids))
@@ -187,7 +189,7 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
             _commit(text_file, json_file)
     except BaseException as exc:
         _discard(text_file, json_file)
-        return _failed(exc, out, stream, saved, stop, last_saved)
+        return _failed(exc, out, stream, saved, stop, last_saved, echoed)
     say(summary_line(result.stats))  # (best effort from here: after a hangup nobody reads stderr)
     return _ended(stream, stop, total, interrupted, path, unsaved, last_saved)
 
@@ -218,11 +220,19 @@ def _follow(stream: Any, stop: StopRequest, tp: Any) -> int:
 
 
 def _failed(exc: BaseException, out: Outputs, stream: Any, saved: Any, stop: StopRequest,
-            last_saved: tuple[Path, int] | None) -> int:
+            last_saved: tuple[Path, int] | None, echoed: bool = False) -> int:
     """What a run that raised `exc` (its outputs discarded) does: its exit status where it ends here (stopped while
-    reading, its output closed under a signal), else `exc` again, with where to resume from where a state is saved."""
+    reading, its output closed under a signal), else `exc` again, with where to resume from where a state is saved.
+    `echoed`: a resumed run's earlier text went to stdout (stopped while reading, it gets its closing newline)."""
     if isinstance(exc, StoppedReading):
-        say("longswift: stopped before the first new token: nothing written"
+        if echoed:
+            try:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+            except OSError:
+                pass
+        nothing = "no file written (the text shown is the checkpoint's)" if echoed else "nothing written"
+        say(f"longswift: stopped before the first new token: {nothing}"
             + (f"; {_resume_hint(*last_saved)}" if last_saved is not None else ""))
         return stop.exit_code
     if _output_lost(exc) and (stop.signum is not None or out.checkpoint):

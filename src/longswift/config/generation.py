@@ -34,7 +34,8 @@ class SamplingConfig:
         "the penalty looks at this many most recent tokens (0: none, as a penalty of 1)"))
     seed: int | None = field(default=None, metadata=flag_help(
         "RNG seed; the same seed gives the same output (default: a random one, which --json and checkpoints record; "
-        "-1 is a seed like any other, not a random one)"))
+        "-1 is a seed like any other, not a random one; torch takes seeds modulo 2^64, so a negative seed is the "
+        "same as itself + 2^64: -1 as 18446744073709551615)"))
     # Token ids whose logits are -inf before anything else (never drawn, never drafted). Not a flag of its own
     # (generate's --ban-ids / --ban-token set it): Engine.stream adds the model's EOS ids under --ignore-eos, and a
     # checkpoint records the result,
