@@ -1217,8 +1217,18 @@ def test_a_new_run_does_not_replace_an_unfinished_checkpoint_of_another_version(
                           "would replace: checkpoint ")
     assert "resume it with longswift 0.0.1" in err and err.rstrip().endswith("or delete the file to start over")
     assert (tmp_path / "c.json").read_bytes() == before
-    outer["sha256"] = "0" * 64  # damaged: nothing to keep, as before
-    (tmp_path / "c.json").write_text(json.dumps(outer))
+
+    def rewritten(held_all: bool, sha: str | None = None) -> None:  # the file as that version left it
+        body["generation"]["max_new_tokens"] = len(body["token_ids"]) if held_all else 500
+        body["stats"]["finish_reason"] = "length" if held_all else None
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        outer["sha256"] = sha or digest
+        (tmp_path / "c.json").write_text(json.dumps(outer))
+
+    rewritten(held_all=True)  # that version's run reached its length: ended, nothing to keep (a mutation audit)
+    code, _, err = run_cli(capsys, *run, "--max-new-tokens", "4", "--checkpoint", "c.json")
+    assert code == 0, err
+    rewritten(held_all=False, sha="0" * 64)  # damaged: nothing to keep, as before
     code, _, err = run_cli(capsys, *run, "--max-new-tokens", "4", "--checkpoint", "c.json")
     assert code == 0, err
 

@@ -51,6 +51,22 @@ def test_trie_matches_brute_force(seed):
         assert bool(trie.sources[i] & NGRAM) == (paths[i] in gram_paths)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_missing_counts_the_nodes_a_path_adds(seed):
+    """Trie.missing(path) is how much add_path(path) grows the trie: a lookup step without pruning leaves out an
+    n-gram path that would pass --lookup-nodes by it, so one off let that trie grow a node past the budget the
+    buffers and the cache slack are sized by (a mutation audit: no test failed)."""
+    r = random.Random(seed)
+    trie = Trie.with_root(9)
+    for _ in range(12):
+        path = [r.randrange(4) for _ in range(r.randrange(0, 5))]
+        before = len(trie)
+        expected = trie.missing(path)
+        trie.add_path(path, NGRAM)
+        assert len(trie) - before == expected, (path, expected)
+        assert trie.missing(path) == 0
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_a_pruned_trie_keeps_its_highest_scoring_nodes(seed):
     """Scored like the loop scores (heads: summed log-probabilities; n-grams: log shares of
