@@ -129,6 +129,10 @@ def test_a_resume_after_its_job_directory_moved_says_which_output_to_give(tmp_pa
     code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--output",
                            str(tmp_path / "Z/t.ckpt"))
     assert_one_line_error(code, err, "--output and --resume are the same file")
+    # a path the checkpoint recorded is named as its own: this command gave no --json (a review)
+    code, _, err = run_cli(capsys, "generate", "--resume", str(tmp_path / "Z/t.ckpt"), "--output",
+                           str(tmp_path / "Z/t.txt"), "--checkpoint", str(tmp_path / "Z/t.json"))
+    assert_one_line_error(code, err, "the checkpoint's --json and --checkpoint are the same file")
     # a checkpoint in a directory that cannot be written (root writes anywhere: the check is faked for it)
     import os
 

@@ -448,7 +448,8 @@ def _resume(args: argparse.Namespace) -> int:
     model = args.model or (None if ckpt.model_source == EMBEDDED else ckpt.model_source)
     _moved_since(args, ckpt)
     outputs = _outputs(args, inputs=[*model_inputs(model), *heads_inputs(args.heads or ckpt.heads_source)],
-                       checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume")
+                       checkpoint_flag="--checkpoint" if "--checkpoint" in given else "--resume",
+                       recorded=[f for f in ("--output", "--json") if f not in given])
     _keep_unfinished(outputs, resuming=resumed)
     runtime, gen, spec = _resumed_configs(args, ckpt, given, model)
     from ..runtime.loading import load_config, weights_copied
@@ -567,10 +568,11 @@ def _spelt_out(flag: str) -> str:
 
 
 def _outputs(args: argparse.Namespace, inputs: Sequence[tuple[str, Path | None]] = (),
-             checkpoint_flag: str = "--checkpoint") -> Outputs:
+             checkpoint_flag: str = "--checkpoint", recorded: Sequence[str] = ()) -> Outputs:
     """The output paths, made absolute, checked writable and distinct (from each other and from the
     input files): two outputs on one file would leave only the one written last. `checkpoint_flag`: the flag
-    that named the checkpoint (a resume updates the file --resume names)."""
+    that named the checkpoint (a resume updates the file --resume names); `recorded`: the flags whose path a
+    resume took from its checkpoint (named so: the user gave no such flag)."""
     from ..atomic import check_distinct, check_json_output, check_writable
 
     named = {flag: check_writable(p, flag).absolute() for flag, p in (("--output", args.output), ("--json", args.json),
@@ -586,7 +588,8 @@ def _outputs(args: argparse.Namespace, inputs: Sequence[tuple[str, Path | None]]
             if env_rank() == 0:  # (under torchrun every process checks; rank 0 alone says so, as it writes)
                 print(f"longswift: warning: {exc}, where an interrupted run saves its state: give --checkpoint FILE "
                       "to make this run resumable", file=sys.stderr)
-    check_distinct([*named.items(), *inputs])
+    check_distinct([(f"the checkpoint's {flag}" if flag in recorded else flag, p) for flag, p in named.items()]
+                   + list(inputs))
     for flag in ("--json", checkpoint_flag):  # nor over a file that is not JSON (a heads file named by mistake)
         if flag in named:
             check_json_output(named[flag], flag)
