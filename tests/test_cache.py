@@ -580,6 +580,7 @@ def test_a_plan_counts_building_the_model_where_it_holds_more_than_the_caches(mo
     group = max((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, 2 * cfg.intermediate_size) * cfg.hidden_size
     assert memory.loading_bytes(untied, 4, packed=False, copies=True) == group * 4  # colocated: the group's matrix
     assert memory.loading_bytes(untied, 4, packed=True, copies=False) == group * 4  # the file's pages: the cat alone
+    assert memory.loading_bytes(untied, 4, packed=False, copies=False) == 0  # the matrix replaces the file's pages
     assert memory.loading_bytes(cfg, 4, packed=True, copies=True) == 2 * group * 4  # the cat and its packed copy
     head = cfg.vocab_size * cfg.hidden_size
     assert memory.loading_bytes(untied, 2, packed=True, copies=True) == max(2 * group, head) * 2

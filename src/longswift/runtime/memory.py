@@ -346,14 +346,18 @@ def plan_memory(
 
 
 def loading_bytes(cfg: ModelConfig, elem: int, packed: bool, copies: bool) -> int:
-    """What building the model (runtime.model.Transformer) holds beside its weights at the peak, before any cache:
-    q/k/v's or gate/up's concatenation while their parts live (colocated or packed: a layer's largest group), and,
-    packed from weights held as copies (`copies`), the packed copy beside it too, and an untied LM head's packed copy
-    beside its original (a 1B model's in float32 from a bfloat16 file: 1,002 MiB more at the peak, measured). Copies
-    that replace pages of the files' cache (a checkpoint in the run's dtype) are not counted beside them."""
+    """What building the model (runtime.model.Transformer) holds beside its weights at the peak, before any cache,
+    `group` a layer's largest concatenation (q/k/v's or gate/up's). From weights held as copies (`copies`): packed,
+    a group's concatenation and its packed copy while the parts live, and an untied LM head's packed copy beside its
+    original (a 1B model's, in float32 from a bfloat16 file: 1,002 MiB more at the peak, measured); colocated, the
+    concatenation while the parts live. From the files' pages (a checkpoint in the run's dtype), what replaces them
+    is not counted beside them: packed, the concatenation the packed copy is made from; colocated, nothing
+    (measured: the same 1B model in bfloat16, 7 MiB over its settled size)."""
     qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim * cfg.hidden_size
     group = max(qkv, 2 * cfg.intermediate_size * cfg.hidden_size)
-    if not (packed and copies):
+    if not copies:
+        return group * elem if packed else 0
+    if not packed:
         return group * elem
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
     return max(2 * group, head) * elem
