@@ -176,9 +176,8 @@ class MemoryPlan:
     draft_tokens: int = 0
     tree_nodes: int = 0  # TokenSwift: the largest verify pass
     prefill_chunk: int = 0  # a prefill chunk past the default whose forward the workspace is planned for (0: none)
-    # What building the model holds beside its weights at the peak, before the caches exist: a packed copy made while
-    # its original lives (an untied LM head's; q/k/v's and gate/up's concatenation with its copy), measured by
-    # loading_bytes' test
+    # What building the model holds beside its weights at the peak, before the caches exist (loading_bytes): a
+    # packed copy made while its original lives, a concatenation while its parts do
     loading: int = 0
 
     @property

@@ -188,8 +188,12 @@ def param_groups(heads: DraftHeads, weight_decay: float) -> list[dict[str, Any]]
     """AdamW's groups: the weight decay on the heads' matrices alone. Decaying the RMSNorm gains (as one group did
     before session 70) pulls them towards 0, not towards the base model's final norm they start from. One group
     a parameter, in the order of `heads.parameters()`, so that a checkpoint's state keeps its indices."""
-    return [{"params": [p], "weight_decay": weight_decay if name == "weights" else 0.0}
-            for name, p in heads.named_parameters()]
+    return [{"params": [p], "weight_decay": _decay(name, weight_decay)} for name, p in heads.named_parameters()]
+
+
+def _decay(name: str, weight_decay: float) -> float:
+    """The weight decay of the heads' parameter `name`: the matrices' alone."""
+    return weight_decay if name == "weights" else 0.0
 
 
 def regrouped(state: dict, heads: DraftHeads, weight_decay: float) -> dict:
@@ -203,7 +207,7 @@ def regrouped(state: dict, heads: DraftHeads, weight_decay: float) -> dict:
     names = [name for name, _ in heads.named_parameters()]
     if len(one["params"]) != len(names):
         return state
-    split = [{**one, "params": [i], "weight_decay": weight_decay if name == "weights" else 0.0}
+    split = [{**one, "params": [i], "weight_decay": _decay(name, weight_decay)}
              for i, name in zip(one["params"], names)]
     return {**state, "param_groups": split}
 
