@@ -270,7 +270,7 @@ def test_a_signal_before_the_first_new_token_stops_the_reading_and_writes_nothin
     assert said in err
 
 
-def test_a_resume_stopped_while_reading_ends_the_text_it_showed_with_its_newline(tmp_path, capsys):
+def test_a_resume_stopped_while_reading_ends_the_text_it_showed_with_its_newline(tmp_path, capsys, monkeypatch):
     """A resumed run on stdout shows the checkpoint's text again, then re-reads its context: Ctrl-C during that
     reading left the text without stdout's closing newline and said "nothing written" under it (a review)."""
     import signal
@@ -308,6 +308,23 @@ def test_a_resume_stopped_while_reading_ends_the_text_it_showed_with_its_newline
     assert code == 130 and out.endswith("\n") and out.strip() == " ".join(map(str, resumed.token_ids)), (out, err)
     assert "stopped before the first new token: no file written (the text shown is the checkpoint's); the " \
            "checkpoint saved at" in err, err
+    # A terminal's display ends its last line itself: no second newline under it (a review)
+    import io
+
+    from rich.console import Console
+
+    import longswift.cli.display as display_module
+
+    screen = io.StringIO()
+
+    monkeypatch.setattr(display_module, "Console", lambda **kw: Console(file=screen, force_terminal=True, **kw))
+    monkeypatch.setattr(display_module, "make_display",
+                        lambda text_file, total, initial, progress: display_module.TerminalDisplay(total, initial))
+    stop = StopRequest()
+    code = write_run(engine, SignalledWhileReading(engine.resume(tmp_path / "c.json")), Outputs(None, None, None, 4),
+                     stop, no_progress=False)
+    out, err = capsys.readouterr()
+    assert code == 130 and out == "" and " ".join(map(str, resumed.token_ids)) in screen.getvalue(), (out, err)
 
 
 def test_a_signal_while_loading_stops_at_once():

@@ -734,6 +734,10 @@ def test_a_big_endian_gguf_of_block_types_is_refused_in_one_line(tmp_path):
         write()
     check_error(tmp_path / "g.gguf", "is big-endian and its tensor 'token_embd.weight' is Q8_0: longswift reads a "
                                      "big-endian file's F32, F16 and F64 tensors only")
+    from longswift.runtime.loading import read_embed_corner  # (a fingerprint's corner too: it read it, a review)
+
+    with pytest.raises(LongswiftError, match="is big-endian and its tensor 'token_embd.weight' is Q8_0"):
+        read_embed_corner(tmp_path / "g.gguf")
 
 
 def test_weights_this_user_may_not_read_are_said_to_be_so(tmp_path, monkeypatch):
@@ -1075,6 +1079,13 @@ def test_weights_are_copies_where_a_load_casts_or_dequantizes_them(tmp_path):
     tiny_hf_model("llama", seed=3, dtype=torch.bfloat16).save_pretrained(tmp_path / "m")
     assert not weights_copied(tmp_path / "m", torch.bfloat16)
     assert weights_copied(str(tmp_path / "m"), torch.float32)
+    # matrices decide: norms kept in float32 in a bfloat16 checkpoint are a few KiB of copies (a review: the plan
+    # counted a whole untied head's packed copy beside its original for them)
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(tmp_path / "m" / "model.safetensors")
+    save_file({k: v.float() if v.dim() == 1 else v for k, v in state.items()}, tmp_path / "m" / "model.safetensors")
+    assert not weights_copied(tmp_path / "m", torch.bfloat16)
     assert weights_copied(None, torch.float32) and weights_copied(None, torch.bfloat16)  # the embedded GGUF
 
 

@@ -66,8 +66,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"memory plan for {counted} with {method} in {dtype_name(dtype)}: {plan.describe()}")
     if device.type == "cpu":  # (on a GPU the plan is device memory; this process holds host memory)
         print(f"  not in the plan: the process itself (Python, torch, the tokenizer), a few hundred MiB: this one "
-              f"holds {size_text(current_rss())} now, already left out of the available figure below; nor what "
-              "the heap that reading and packing the weights leave for a moment (see README)")
+              f"holds {size_text(current_rss())} now, already left out of the available figure below; nor the "
+              "heap that reading and packing the weights leave behind for a moment (see README)")
     past = _context_note(cfg, tokens, runtime.rope_scaling)
     if past:
         print(f"note: {past}")

@@ -86,7 +86,7 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
     the checkpoint a resumed run started from, and its tokens (named if the run fails)."""
     from ..atomic import AtomicFile
     from ..detok import IncrementalDecoder
-    from .display import make_display
+    from .display import PlainDisplay, make_display
 
     tp = engine.tp
     if tp is not None and tp.rank != 0:
@@ -114,7 +114,8 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
         next_save = len(stream.token_ids) + out.every
         with display:
             display.text(earlier)  # a resumed run's file holds the whole text
-            echoed = bool(earlier) and not text_file
+            echoed = bool(earlier) and isinstance(display, PlainDisplay) and not text_file  # (a terminal's
+            # display ends its last line itself)
             for ids in stream:
                 stop.doing = SAVING
                 display.text(push(ids))

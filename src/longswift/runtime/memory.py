@@ -18,7 +18,7 @@ from . import attention
 from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
-from .linear import float32_head_copy
+from .linear import float32_head_copy, packing_supported
 from .model import Transformer
 
 GiB = 1024**3
@@ -162,6 +162,11 @@ def keep_freed_buffers() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_FROM_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_FROM_BYTES))
 
 
+def _api_name(field: str) -> str:
+    """A setting as the Python API spells it (MemoryPlan.check's advice; flag_name spells it as the flags do)."""
+    return field
+
+
 @dataclass
 class MemoryPlan:
     """Bytes a run needs: weights, the full KV cache, and the largest transient buffers."""
@@ -218,14 +223,19 @@ class MemoryPlan:
         if need > free:
             def advice(name: Callable[[str], str]) -> str:  # `name`: a setting as the API or the flags spell it
                 said = f"not enough memory: this run needs {size_text(need)} more ({self.describe()}) but " \
-                       f"{size_text(free)} is free; lower {name('max_new_tokens')}"
+                       f"{size_text(free)} is free; "
+                if not weights_loaded and self.loading > self.after_weights:  # (fewer tokens would change nothing)
+                    unpacked = "pack_weights=False" if name is _api_name else "--no-pack-weights"
+                    return (said + f"use a smaller {name('dtype')}, or {unpacked} (a packed copy is made while its "
+                            f"original lives), or drop {name('float32_logits')} if given, or free some memory")
+                said += f"lower {name('max_new_tokens')}"
                 if resumed:
                     return said + " (a resumed run keeps its checkpoint's prompt and settings), or free some memory"
                 return (said + f" or the prompt length, or use a smaller {name('dtype')}" + self.drafting_advice(name)
                         + (f", or a smaller {name('prefill_chunk')} (now {self.prefill_chunk:,})"
                            if self.prefill_chunk else ""))
 
-            raise LongswiftError(advice(lambda field: field), advice(flag_name))
+            raise LongswiftError(advice(_api_name), advice(flag_name))
 
     def drafting_advice(self, name: Callable[[str], str]) -> str:
         """What a refusal adds to its advice for TokenSwift's settings (`name`: a setting as the API or the flags
@@ -315,7 +325,8 @@ def plan_memory(
     # embedding table: a tied LM head's packed copy is the one extra.
     embed = cfg.vocab_size * cfg.hidden_size
     packed_weights = embed * elem if packed and cfg.tie_word_embeddings else 0
-    if float32_head_copy(float32_logits, dtype, torch.device(device)):
+    head32 = float32_head_copy(float32_logits, dtype, torch.device(device))
+    if head32:
         packed_weights = embed * 4  # the head's float32 copy, in place of its packed one; the original stays
     float32_logits = float32_logits and dtype in (torch.bfloat16, torch.float16)  # a no-op in float32/float64
     kv = capacity * cfg.kv_bytes_per_token(dtype)
@@ -341,25 +352,30 @@ def plan_memory(
     # PartialKVCache holds the budget and one slot more: the root its draft pass feeds
     draft = (draft_tokens + 1) * cfg.kv_bytes_per_token(dtype) if draft_tokens else 0
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
-                      draft_tokens, tree_nodes, big_chunk, loading_bytes(cfg, elem, packed, copies))
+                      draft_tokens, tree_nodes, big_chunk,
+                      loading_bytes(cfg, elem, packed, copies, head32 and packing_supported(torch.float32, device)))
 
 
-def loading_bytes(cfg: ModelConfig, elem: int, packed: bool, copies: bool) -> int:
+def loading_bytes(cfg: ModelConfig, elem: int, packed: bool, copies: bool, head32_packed: bool = False) -> int:
     """What building the model (runtime.model.Transformer) holds beside its weights at the peak, before any cache,
     `group` a layer's largest concatenation (q/k/v's or gate/up's). From weights held as copies (`copies`): packed,
     a group's concatenation and its packed copy while the parts live, and an untied LM head's packed copy beside its
     original (a 1B model's, in float32 from a bfloat16 file: 1,002 MiB more at the peak, measured); colocated, the
     concatenation while the parts live. From the files' pages (a checkpoint in the run's dtype), what replaces them
     is not counted beside them: packed, the concatenation the packed copy is made from; colocated, nothing
-    (measured: the same 1B model in bfloat16, 7 MiB over its settled size)."""
+    (measured: the same 1B model in bfloat16, 7 MiB over its settled size). `head32_packed`: the LM head runs on a
+    float32 copy (--float32-logits off CUDA) that is packed, made from a float32 copy of the weight, which lives
+    while it is (V x hidden x 4 bytes, tied or untied; a review measured it: with --no-pack-weights none is made,
+    which this counts as if one were)."""
     qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim * cfg.hidden_size
     group = max(qkv, 2 * cfg.intermediate_size * cfg.hidden_size)
+    head32 = cfg.vocab_size * cfg.hidden_size * 4 if head32_packed else 0
     if not copies:
-        return group * elem if packed else 0
+        return max(group * elem if packed else 0, head32)
     if not packed:
-        return group * elem
+        return max(group * elem, head32)
     head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    return max(2 * group, head) * elem
+    return max(max(2 * group, head) * elem, head32)
 
 
 def rope_extension(cfg: ModelConfig, total: int, applied: str | None = None) -> str | None:

@@ -607,9 +607,9 @@ def tensor_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
 def weights_copied(source: str | os.PathLike | None, dtype: torch.dtype) -> bool:
     """Whether a load of `source` in `dtype` holds its weights as copies in memory rather than as views of the files'
-    pages: a GGUF's (dequantized), or safetensors whose stored dtype is not `dtype` (cast). What building the model
-    holds beside such weights is more (runtime.memory.loading_bytes): a packed copy is made while its original,
-    then, lives in the process's memory and not in the files' cache."""
+    pages: a GGUF's (dequantized), or safetensors whose matrices' stored dtype is not `dtype` (cast). What building
+    the model holds beside such weights is more (runtime.memory.loading_bytes): a packed copy is made while its
+    original, then, lives in the process's memory and not in the files' cache."""
     from safetensors import SafetensorError, safe_open
 
     path = resolve_path(source)
@@ -619,8 +619,9 @@ def weights_copied(source: str | os.PathLike | None, dtype: torch.dtype) -> bool
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
-                if any(st.get_slice(k).get_dtype() != _SAFETENSORS_DTYPES.get(dtype) for k in st.keys()
-                       if _owns(f, k, weight_map)):
+                # (matrices alone: a norm or bias of another dtype is a few KiB of copies)
+                if any(len(part.get_shape()) >= 2 and part.get_dtype() != _SAFETENSORS_DTYPES.get(dtype)
+                       for part in (st.get_slice(k) for k in st.keys() if _owns(f, k, weight_map))):
                     return True
         except (SafetensorError, OSError, ValueError) as exc:
             raise weights_unreadable(f, exc) from None

@@ -314,10 +314,7 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
             raise _unused(t.name)
         if only is not None and name not in only:
             continue
-        if reader.order == ">" and t.data.dtype.kind != "f":
-            raise LongswiftError(f"GGUF file '{reader.path}' is big-endian and its tensor '{t.name}' is "
-                                 f"{t.tensor_type.name}: longswift reads a big-endian file's F32, F16 and F64 tensors "
-                                 "only; use a little-endian GGUF (llama.cpp's default)")
+        _check_byte_order(reader, t)
         permuted = llama and (rest_is(t.name, "attn_q") or rest_is(t.name, "attn_k"))
         if shard is None and not permuted and len(t.shape) == 2 and t.n_elements > DEQUANTIZE_BLOCK:
             state[name] = _dequantize_by_rows(t, name, dtype, device, before_cast)
@@ -339,6 +336,14 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
             values = shard(name, values)
         state[name] = values.to(device=device, dtype=dtype)
     return state
+
+
+def _check_byte_order(reader: GGUFHeader, t: Any) -> None:
+    """Refuse a block type's tensor in a big-endian file (its block scales would be read byte-swapped)."""
+    if reader.order == ">" and t.data.dtype.kind != "f":
+        raise LongswiftError(f"GGUF file '{reader.path}' is big-endian and its tensor '{t.name}' is "
+                             f"{t.tensor_type.name}: longswift reads a big-endian file's F32, F16 and F64 tensors "
+                             "only; use a little-endian GGUF (llama.cpp's default)")
 
 
 def _dequantize_by_rows(t: Any, name: str, dtype: torch.dtype, device: torch.device,
@@ -375,6 +380,7 @@ def gguf_first_rows(reader: GGUFHeader, gguf_name: str, rows: int) -> torch.Tens
     t = next((t for t in reader.tensors if t.name == gguf_name and len(t.shape) == 2), None)
     if t is None:
         return None
+    _check_byte_order(reader, t)
     return _rows(t, 0, min(rows, int(t.shape[1]))).clone()
 
 
