@@ -698,8 +698,10 @@ def test_building_the_model_holds_what_the_plan_counts_beside_its_weights(tmp_pa
     model = LlamaForCausalLM(config)
     model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     model.to(torch.float32).save_pretrained(tmp_path / "f32")
-    slack = 8 * 2**20  # rope tables, the finite check's block, the heap; and an eighth of the plan's term beside it
-    # (the float32 head's case measured 123-141 MiB against 128 planned, the suite's other worker loading too)
+    # Rope tables, the finite check's block and the heap (in the suite, beside its other worker: 17 MiB measured
+    # where nothing is planned), and an eighth of the plan's term (the float32 head's: 123-141 MiB against 128); the
+    # unplanned head copies these cases hold would pass it (128 MiB)
+    slack = 24 * 2**20
     cases = [("bf16", "float32"), ("f32", "float32"), ("bf16", "bfloat16"), ("f32", "bfloat16"),
              ("bf16", "bfloat16", "--float32-logits")]
     for stored, dtype, *head32 in cases:
