@@ -17,7 +17,7 @@ import torch
 from ..config import GenerationConfig, ModelConfig, RuntimeConfig, SamplingConfig, SpecConfig, dtype_name, seed_problem
 from ..errors import LongswiftError
 from ..runtime.cuda_graphs import resolve_attention, use_graphs
-from ..runtime.linear import float32_head_copy, packing_supported
+from ..runtime.linear import float32_head_copy, float32_head_packed
 from ..runtime.memory import GiB, MemoryPlan, available_bytes, loading_bytes, plan_memory, size_text
 from ..runtime.model import Transformer, fused_kernels
 from ..runtime.triton_kernels import triton_unavailable
@@ -193,8 +193,8 @@ def plan_steps(cfg: ModelConfig, bench: StepBenchConfig, dtype: torch.dtype, dev
     # the shared head cannot free its original (the embedding holds it).
     head_copy = shared if packed and not float32_head_copy(float32_logits, dtype, device) else 0
     # (and what building holds beside the weights, with no untied head to pack)
-    head32 = float32_head_copy(float32_logits, dtype, device) and packing_supported(torch.float32, device)
-    loading = loading_bytes(dataclasses.replace(cfg, tie_word_embeddings=True), elem, packed, True, head32)
+    loading = loading_bytes(dataclasses.replace(cfg, tie_word_embeddings=True), elem, packed, True,
+                            float32_head_packed(float32_logits, dtype, device))
     return dataclasses.replace(plan, weights=plan.weights - shared + heads,
                                packed_weights=plan.packed_weights + head_copy, loading=loading)
 

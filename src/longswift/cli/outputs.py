@@ -114,8 +114,8 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
         next_save = len(stream.token_ids) + out.every
         with display:
             display.text(earlier)  # a resumed run's file holds the whole text
-            echoed = bool(earlier) and isinstance(display, PlainDisplay) and not text_file  # (a terminal's
-            # display ends its last line itself)
+            # (a terminal's display ends its last line itself)
+            echoed = bool(earlier) and isinstance(display, PlainDisplay) and not text_file
             for ids in stream:
                 stop.doing = SAVING
                 display.text(push(ids))

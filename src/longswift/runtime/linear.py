@@ -168,6 +168,12 @@ def float32_head_copy(float32_logits: bool, dtype: torch.dtype, device: torch.de
     return float32_logits and dtype in (torch.bfloat16, torch.float16) and device.type != "cuda"
 
 
+def float32_head_packed(float32_logits: bool, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether that float32 copy is also packed (float32_head, where packing float32 exists): made from a float32
+    copy of the weight, which lives while it is (the memory plan's loading_bytes)."""
+    return float32_head_copy(float32_logits, dtype, device) and packing_supported(torch.float32, device)
+
+
 def float32_head(weight: torch.Tensor, pack: bool) -> LinearFn:
     """An LM head for a reduced-precision (bfloat16/float16) model whose logits are not rounded to
     that dtype: `x @ weight.T` of the model's [T, hidden] inputs with float32 sums and a float32

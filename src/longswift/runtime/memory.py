@@ -18,7 +18,7 @@ from . import attention
 from .attention import BY_SLOT_SPAN_BYTES, FUSED_FROM_TOKENS, cuda_flash_fits
 from .cache import FullKVCache
 from .cuda_graphs import BUCKET, padded_nodes
-from .linear import float32_head_copy, packing_supported
+from .linear import float32_head_copy, float32_head_packed
 from .model import Transformer
 
 GiB = 1024**3
@@ -325,8 +325,7 @@ def plan_memory(
     # embedding table: a tied LM head's packed copy is the one extra.
     embed = cfg.vocab_size * cfg.hidden_size
     packed_weights = embed * elem if packed and cfg.tie_word_embeddings else 0
-    head32 = float32_head_copy(float32_logits, dtype, torch.device(device))
-    if head32:
+    if float32_head_copy(float32_logits, dtype, torch.device(device)):
         packed_weights = embed * 4  # the head's float32 copy, in place of its packed one; the original stays
     float32_logits = float32_logits and dtype in (torch.bfloat16, torch.float16)  # a no-op in float32/float64
     kv = capacity * cfg.kv_bytes_per_token(dtype)
@@ -353,7 +352,8 @@ def plan_memory(
     draft = (draft_tokens + 1) * cfg.kv_bytes_per_token(dtype) if draft_tokens else 0
     return MemoryPlan(weights, packed_weights, kv, scores + logits + activations, capacity, str(device), draft,
                       draft_tokens, tree_nodes, big_chunk,
-                      loading_bytes(cfg, elem, packed, copies, head32 and packing_supported(torch.float32, device)))
+                      loading_bytes(cfg, elem, packed, copies,
+                                    float32_head_packed(float32_logits, dtype, torch.device(device))))
 
 
 def loading_bytes(cfg: ModelConfig, elem: int, packed: bool, copies: bool, head32_packed: bool = False) -> int:
@@ -369,13 +369,13 @@ def loading_bytes(cfg: ModelConfig, elem: int, packed: bool, copies: bool, head3
     which this counts as if one were)."""
     qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim * cfg.hidden_size
     group = max(qkv, 2 * cfg.intermediate_size * cfg.hidden_size)
-    head32 = cfg.vocab_size * cfg.hidden_size * 4 if head32_packed else 0
     if not copies:
-        return max(group * elem if packed else 0, head32)
-    if not packed:
-        return max(group * elem, head32)
-    head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    return max(max(2 * group, head) * elem, head32)
+        held = group if packed else 0
+    elif not packed:
+        held = group
+    else:
+        held = max(2 * group, 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    return max(held * elem, cfg.vocab_size * cfg.hidden_size * 4 if head32_packed else 0)
 
 
 def rope_extension(cfg: ModelConfig, total: int, applied: str | None = None) -> str | None:
