@@ -219,7 +219,8 @@ def test_embedded_gguf_matches_transformers_loader(embedded_hf):
 
 def test_a_gguf_read_in_blocks_of_rows_holds_the_values_read_at_once(tmp_path, monkeypatch):
     """A large GGUF matrix is dequantized a block of rows at a time into the model's dtype (its float32 values whole,
-    a Llama-3 8B's LM head: 2 GiB, were held beside every weight read before): the same tensors bit for bit, F32 and
+    a Llama-3 8B's LM head: 2 GiB, were held beside every weight read before), a llama's permuted q and k included:
+    the same tensors bit for bit, F32 and
     block types (the embedded model's Q8_0 and Q4_1), in float32 and bfloat16, the same embedding corner, and a NaN
     in the last block refused."""
     import longswift.runtime.loading.gguf as gguf_module
@@ -243,6 +244,8 @@ def test_a_gguf_read_in_blocks_of_rows_holds_the_values_read_at_once(tmp_path, m
         monkeypatch.setattr(gguf_module, "_dequantize_by_rows", counted)
         blocks = load_model(source, dtype, CPU)
         assert read and EMBED in dict(read), read
+        # (a llama's q and k too, whose rows llama.cpp permuted by head: unpermuted a block of whole heads at a time)
+        assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"} <= dict(read).keys()
         assert whole.state.keys() == blocks.state.keys()
         for k, v in whole.state.items():
             assert v.dtype == dtype and torch.equal(v, blocks.state[k]), (source, dtype, k)
@@ -975,8 +978,13 @@ def test_gguf_tensor_offsets_that_overlap_or_are_misaligned_are_refused(tmp_path
     ({}, {"token_embd.weight": np.zeros(256, np.float32)}, r"has a token_embd.weight of shape \[256\]: a model's is "),
     ({}, {"blk.0": np.zeros(4, np.float32)}, "GGUF tensor 'blk.0' is not part of the model longswift runs"),
 ])
-def test_gguf_tensors_of_impossible_shapes_or_names_are_one_line(tmp_path, meta, tensors, match):
+@pytest.mark.parametrize("block", [None, 16])  # (16: every matrix read a block of rows at a time)
+def test_gguf_tensors_of_impossible_shapes_or_names_are_one_line(tmp_path, monkeypatch, meta, tensors, match, block):
     """Each was a traceback (a reshape, a division by zero, an index, an unpacking)."""
+    import longswift.runtime.loading.gguf as gguf_module
+
+    if block is not None:
+        monkeypatch.setattr(gguf_module, "DEQUANTIZE_BLOCK", block)
     write_small_gguf(tmp_path / "g.gguf", meta, tensors=tensors)
     check_error(tmp_path / "g.gguf", match)
 

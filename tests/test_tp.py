@@ -611,7 +611,7 @@ def test_torchrun_cli_matches_one_process(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # (the checkpoint's: float64; the GGUF's: float32)
-@pytest.mark.parametrize("layout", ["hf directory", "gguf"])
+@pytest.mark.parametrize("layout", ["hf directory", "gguf", "gguf in blocks of rows"])
 def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeypatch, layout, dtype):
     """Under tensor parallelism a process whose run's dtype differed from the checkpoint's converted the whole model
     before cutting its part (a GGUF's was dequantized whole in any dtype). Each tensor is now cut as it is read (an
@@ -625,6 +625,15 @@ def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeyp
     from longswift.runtime.parallel import ShardedRead, shard_state, shard_tensor, state_digest
 
     hf = tiny_hf_model("llama", seed=4, dtype=torch.float64, vocab=40)
+    blocks, dequantized = layout == "gguf in blocks of rows", []
+    if blocks:  # (a large matrix is read a block of rows at a time: cut as a whole)
+        import longswift.runtime.loading.gguf as gguf_module
+
+        monkeypatch.setattr(gguf_module, "DEQUANTIZE_BLOCK", 64)
+        real_dequantize = gguf_module.gguf_dequantize
+        monkeypatch.setattr(gguf_module, "gguf_dequantize",
+                            lambda t: dequantized.append(t.n_elements) or real_dequantize(t))
+        layout = "gguf"
     if layout == "gguf":
         path = tmp_path / "model.gguf"
         write_gguf(path, hf)
@@ -670,6 +679,8 @@ def test_a_sharded_read_holds_one_weights_file_whole_at_a_time(tmp_path, monkeyp
         for name, t in shard_state(cfg, whole.state, plan, cpu).items():
             assert torch.equal(ours[name], t), name
         assert state_digest(cut.state, cut.cut) == state_digest(whole.state)  # (of the tensors in the run's dtype)
+    if blocks:  # no matrix dequantized whole (q's 4,096 values), a head's rows at most
+        assert dequantized and max(dequantized) == 16 * 64, sorted(set(dequantized))
 
 
 @pytest.mark.parametrize("rank", range(4))

@@ -273,12 +273,17 @@ def _rope_freq_factors(reader: GGUFHeader, head_dim: int, path: Path) -> list[fl
 
 def _unpermute(w: np.ndarray, n_head: int, name: str, path: Path) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (interleaved rope pairs -> HF's half-split pairs)."""
-    rows = w.shape[0]
-    if w.ndim > 2 or n_head <= 0 or rows % (2 * n_head):  # (a reshape or division error, a traceback, before)
+    _check_heads(tuple(w.shape), n_head, name, path)
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _check_heads(shape: tuple[int, ...], n_head: int, name: str, path: Path) -> None:
+    """Refuse a q/k tensor whose rows do not split into `n_head` heads of rope pairs (_unpermute's reshape)."""
+    rows = shape[0]
+    if len(shape) > 2 or n_head <= 0 or rows % (2 * n_head):  # (a reshape or division error, a traceback, before)
         raise LongswiftError(f"GGUF file '{path}' has a tensor {name} of {rows} rows (shape "
-                             f"{list(reversed(w.shape))} in ggml's order), which does not split into {n_head} heads of "
+                             f"{list(reversed(shape))} in ggml's order), which does not split into {n_head} heads of "
                              "rope pairs: the file is damaged or its head counts are wrong")
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 # A tensor of more values is dequantized in blocks of rows of about this many, each cast into the tensor of the
@@ -315,16 +320,21 @@ def gguf_state_dict(reader: GGUFHeader, hf_config: Any, dtype: torch.dtype, devi
         if only is not None and name not in only:
             continue
         _check_byte_order(reader, t)
-        permuted = llama and (rest_is(t.name, "attn_q") or rest_is(t.name, "attn_k"))
-        if shard is None and not permuted and len(t.shape) == 2 and t.n_elements > DEQUANTIZE_BLOCK:
-            state[name] = _dequantize_by_rows(t, name, dtype, device, before_cast)
+        heads = None  # llama.cpp permuted the rows of a llama's q and k by head
+        if llama and rest_is(t.name, "attn_q"):
+            heads = hf_config.num_attention_heads
+        elif llama and rest_is(t.name, "attn_k"):
+            heads = hf_config.num_key_value_heads
+        if len(t.shape) == 2 and t.n_elements > DEQUANTIZE_BLOCK:
+            # (read whole on the CPU where a rank cuts its part of it: that whole is in the run's dtype, not float32)
+            values = _dequantize_by_rows(t, name, dtype, device if shard is None else torch.device("cpu"),
+                                         before_cast, heads, reader.path)
+            state[name] = values if shard is None else shard(name, values).to(device=device, dtype=dtype)
             continue
         array = gguf_dequantize(t)
         array = np.asarray(array, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)] if len(t.shape) > 1 else -1)
-        if llama and rest_is(t.name, "attn_q"):
-            array = _unpermute(array, hf_config.num_attention_heads, t.name, reader.path)
-        elif llama and rest_is(t.name, "attn_k"):
-            array = _unpermute(array, hf_config.num_key_value_heads, t.name, reader.path)
+        if heads is not None:
+            array = _unpermute(array, heads, t.name, reader.path)
         if np.may_share_memory(array, reader.data) or not array.flags.c_contiguous:
             # A dequantizer may hand back a view of the read-only map (gguf-py's does for F32); the weights get
             # a buffer of their own.
@@ -347,15 +357,23 @@ def _check_byte_order(reader: GGUFHeader, t: Any) -> None:
 
 
 def _dequantize_by_rows(t: Any, name: str, dtype: torch.dtype, device: torch.device,
-                        before_cast: Callable[[str, torch.Tensor, int], None] | None) -> torch.Tensor:
+                        before_cast: Callable[[str, torch.Tensor, int], None] | None,
+                        heads: int | None, path: Path) -> torch.Tensor:
     """A [rows, cols] tensor (ggml's shape (cols, rows)) dequantized a block of whole rows at a time (whole rows are
-    whole quantization blocks) into a tensor of `dtype`: the same values as at once."""
+    whole quantization blocks) into a tensor of `dtype`: the same values as at once. `heads`: the rows are llama.cpp's
+    permuted q or k rows of that many heads, unpermuted a block of whole heads at a time (of file `path`)."""
     cols, rows = int(t.shape[0]), int(t.shape[1])
-    out = torch.empty(rows, cols, dtype=dtype, device=device)
     step = max(1, DEQUANTIZE_BLOCK // cols)
+    if heads is not None:
+        _check_heads((rows, cols), heads, t.name, path)
+        per_head = rows // heads
+        step = max(per_head, step // per_head * per_head)
+    out = torch.empty(rows, cols, dtype=dtype, device=device)
     for first in range(0, rows, step):
         last = min(rows, first + step)
         values = _rows(t, first, last)
+        if heads is not None:
+            values = values.reshape(-1, per_head // 2, 2, cols).transpose(1, 2).reshape(last - first, cols)
         if before_cast is not None:
             before_cast(name, values, first)
         out[first:last] = values  # (a copy: never a view of the file's read-only map)
