@@ -2221,3 +2221,41 @@ def test_a_read_only_output_is_refused_not_replaced(tmp_path, capsys):
                            "--output", str(kept))
     assert_one_line_error(code, err, "is read-only: make it writable")
     assert kept.read_text() == "keep me"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX owners")
+def test_another_users_file_is_refused_where_the_rename_would_fail_at_the_end(tmp_path, monkeypatch):
+    """A review of atomic.py: in a sticky directory (/tmp, a shared scratch) another user's writable file passed
+    every check, and the rename at the run's end failed (EPERM) after the whole run: its output lost. Refused first
+    now, as is another user's read-only file (which was told to chmod u+w, which its owner alone can)."""
+    sticky = tmp_path / "scratch"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    theirs = sticky / "shared.txt"
+    theirs.write_text("theirs")
+    theirs.chmod(0o666)
+    check_writable(theirs)  # (this process owns both: replaceable)
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)  # another user, no root: the owner test alone changes
+    with pytest.raises(LongswiftError, match="is another user's, in a directory where only a file's owner may "
+                                             r"replace it \(sticky, as /tmp is\): give another file name"):
+        check_writable(theirs)
+    sticky.chmod(0o777)  # not sticky: any user who may write the directory may replace it
+    assert check_writable(theirs) == theirs
+    theirs.chmod(0o444)
+    with pytest.raises(LongswiftError, match="is another user's and read-only to this one: give another file name"):
+        check_writable(theirs)
+    assert theirs.read_text() == "theirs"
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX links")
+def test_a_loop_of_links_and_a_name_too_long_are_refused_in_one_line(tmp_path):
+    """A review of atomic.py: a loop of links was replaced by a file (realpath gives a loop's own name), where open()
+    says ELOOP; a name past the file system's limit was a raw ENAMETOOLONG (exit 1) from the link check, where a
+    slightly shorter one was refused in one line."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(LongswiftError, match="'.*a' is a loop of symbolic links"):
+        check_writable(tmp_path / "a")
+    assert (tmp_path / "a").is_symlink()
+    with pytest.raises(LongswiftError, match="its name is too long for this file system"):
+        check_writable(tmp_path / ("x" * 300))

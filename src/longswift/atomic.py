@@ -39,6 +39,8 @@ def output_target(path: str | os.PathLike) -> Path:
     while q.is_symlink() and len(hops) < 42:  # each link on the way (/dev/stdout -> /proc/self/fd/1 -> a file)
         q = Path(os.path.normpath(q.parent / os.readlink(q)))
         hops.append(q)
+    if q.is_symlink():  # (realpath gives a loop's own name, and the rename replaced the link: open() says ELOOP)
+        raise LongswiftError(f"output path '{p}' is a loop of symbolic links (or a chain of over 40): give a file name")
     if any(str(q).startswith(_STREAMS) for q in hops):
         raise LongswiftError(f"output path '{p}' leads to a stream or device ('{real}'): longswift writes each "
                              "file whole and renames it into place, so give a file name")
@@ -56,7 +58,12 @@ def check_writable(path: str | os.PathLike, flag: str | None = None) -> Path:
     """Fail early (before a long run) if `path` cannot be created; returns the path to write (a link's
     target, see output_target). `flag`: the option that named it, for the refusals that can say so."""
     _refuse_dash(path, "a file", flag)
-    p = output_target(path)
+    try:
+        p = output_target(path)
+    except OSError as exc:  # (the link check's lstat: a name too long for the file system)
+        if exc.errno == errno.ENAMETOOLONG:
+            raise _too_long(Path(path)) from None
+        raise
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise LongswiftError(f"output path '{p}' is a directory: give a file name")
@@ -71,15 +78,30 @@ def check_writable(path: str | os.PathLike, flag: str | None = None) -> Path:
         fd, probe = tempfile.mkstemp(prefix=p.name + ".", suffix=".probe", dir=parent)
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
-            raise LongswiftError(f"cannot write '{p}': its name is too long for this file system once a temporary "
-                                 "suffix is added ('.<random>.partial' while writing): choose a shorter name") from None
+            raise _too_long(p) from None
         raise LongswiftError(f"cannot write '{p}': cannot create a file in '{parent}' ({exc.strerror})") from None
     os.close(fd)
     os.unlink(probe)
-    # Written by renaming a new file over it, a read-only file would be replaced regardless (root: no write bit at all)
-    if p.is_file() and (not os.access(p, os.W_OK) or not p.stat().st_mode & 0o222):
-        raise LongswiftError(f"output file '{p}' is read-only: make it writable (chmod u+w) or give another file name")
+    if p.is_file():
+        mine, owner = os.geteuid(), p.stat().st_uid
+        # Written by renaming a new file over it, a read-only file would be replaced regardless (root: no write bit)
+        if not os.access(p, os.W_OK) or not p.stat().st_mode & 0o222:
+            if owner != mine:
+                raise LongswiftError(f"output file '{p}' is another user's and read-only to this one: give another "
+                                     "file name")
+            raise LongswiftError(f"output file '{p}' is read-only: make it writable (chmod u+w) or give another file "
+                                 "name")
+        # In a sticky directory (/tmp, a shared scratch) only a file's owner, the directory's or root may replace
+        # it: the rename at the run's end failed there, after the whole run, and its output was lost.
+        if parent.stat().st_mode & stat.S_ISVTX and mine not in (0, owner, parent.stat().st_uid):
+            raise LongswiftError(f"output file '{p}' is another user's, in a directory where only a file's owner may "
+                                 "replace it (sticky, as /tmp is): give another file name")
     return p
+
+
+def _too_long(p: Path) -> LongswiftError:
+    return LongswiftError(f"cannot write '{p}': its name is too long for this file system once a temporary suffix is "
+                          "added ('.<random>.partial' while writing): choose a shorter name")
 
 
 def check_json_output(path: Path, flag: str) -> None:
