@@ -1517,6 +1517,107 @@ def test_a_disk_that_fills_mid_run_says_which_checkpoint_is_intact(tmp_path, cap
     assert json.loads((tmp_path / "out.json").read_text())["token_ids"] == whole
 
 
+def test_a_checkpoint_directory_made_read_only_mid_run_is_a_system_error(tmp_path, capsys, monkeypatch):
+    """A review of atomic.py: a periodic checkpoint refused by the checks the run's start had passed (its directory
+    made read-only since) exited with status 2, a bad input's, where README says status 1 (a full disk's)."""
+    import longswift.atomic as atomic
+
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    real, saves = atomic.check_writable, []
+
+    def read_only_from_the_third_save(path, flag=None):
+        if Path(path).name == "ck.json":
+            saves.append(path)
+            if len(saves) >= 4:  # (the first: the start's check)
+                raise LongswiftError(f"cannot write '{path}': directory '{tmp_path}' is not writable")
+        return real(path, flag)
+
+    monkeypatch.setattr(atomic, "check_writable", read_only_from_the_third_save)
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5",
+                           "--max-new-tokens", "40", "--greedy", "--ignore-eos", "--no-progress", "--heads", "none",
+                           "--checkpoint", "ck.json", "--checkpoint-every", "5")
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert lines[0] == (f"longswift: error: cannot write '{tmp_path / 'ck.json'}': directory '{tmp_path}' is not "
+                        "writable; the checkpoint saved at 10 tokens is intact: continue with: longswift generate "
+                        "--resume ck.json (--debug shows where)")
+
+
+
+def test_a_checkpoint_saved_between_a_resumes_read_and_its_lock_is_not_resumed_stale(tmp_path, capsys, monkeypatch):
+    """A review of atomic.py: --resume read the checkpoint before it took the checkpoint's lock, so a run holding
+    the lock that saved and ended in between was overwritten by this one continuing from the older state."""
+    import longswift.atomic as atomic
+
+    tiny_hf_model("llama", seed=9).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "generate", "--model", str(tmp_path / "m"), "--prompt-ids", "3,4,5",
+                           "--max-new-tokens", "10", "--greedy", "--ignore-eos", "--no-progress", "--heads", "none",
+                           "--checkpoint", "ck.json")
+    assert code == 0, err
+    ck = tmp_path / "ck.json"
+    real, others = atomic.OutputLock.__enter__, []
+
+    def another_run_saves_first(self):  # (what the other run, done with its lock, left: saved anew)
+        (tmp_path / "other").write_bytes(ck.read_bytes())
+        os.replace(tmp_path / "other", ck)
+        others.append(ck.stat().st_ino)
+        return real(self)
+
+    monkeypatch.setattr(atomic.OutputLock, "__enter__", another_run_saves_first)
+    code, _, err = run_cli(capsys, "generate", "--resume", "ck.json", "--max-new-tokens", "20")
+    assert_one_line_error(code, err, "the checkpoint 'ck.json' changed while this resume started")
+    assert [ck.stat().st_ino] == others  # (the other run's save stands)
+    code, _, err = run_cli(capsys, "generate", "--resume", "ck.json", "--max-new-tokens", "20", "--no-progress",
+                           "--checkpoint", "fork.json")
+    assert code == 0, err  # (saving elsewhere, it read the file whole and writes nothing of it: not refused)
+    monkeypatch.setattr(atomic.OutputLock, "__enter__", real)  # and with nothing saved in between, it resumes
+    code, _, err = run_cli(capsys, "generate", "--resume", "ck.json", "--max-new-tokens", "20", "--no-progress")
+    assert code == 0, err
+
+
+def test_a_full_disk_at_the_lock_and_a_refused_rename_name_the_file_the_user_gave(tmp_path, monkeypatch):
+    """A review of atomic.py: a lock whose pid could not be written (a full disk) raised an error naming no file,
+    and a refused rename named the '.partial' the run then deleted, not the output it could not place."""
+    from longswift.atomic import OutputLock, lock_path
+    from longswift.cli.outputs import os_error_with
+
+    out = tmp_path / "out.txt"
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", full)
+        with pytest.raises(OSError) as info:
+            OutputLock([("--output", out)]).__enter__()
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(lock_path(out))
+    assert not lock_path(out).exists()  # (released, and removed)
+    refused = OSError(errno.EACCES, os.strerror(errno.EACCES), f"{out}.partial", None, str(out))
+    said = str(os_error_with(refused, "the checkpoint is intact"))
+    assert f"'{out}'; the checkpoint is intact" in said and ".partial" not in said, said
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="macOS refuses file names that are not UTF-8")
+def test_the_resume_command_said_for_a_name_that_is_not_utf8_gives_that_name_back_in_bash(tmp_path):
+    """A review of atomic.py: the command said to continue a run whose checkpoint's name is not UTF-8 printed
+    the name's surrogates ('\\udcff'), which no shell turns back into the file's bytes."""
+    import shutil
+
+    from longswift.cli.outputs import shell_word
+
+    name = os.fsdecode(b"ck-\xff'.json")
+    (tmp_path / name).write_text("x")
+    assert shell_word("a b.json") == "'a b.json'"
+    word = shell_word(name)
+    assert word.isascii() and word.startswith("$'"), word
+    if shutil.which("bash"):  # (the $'...' form is bash's, zsh's and ksh's)
+        got = subprocess.run(["bash", "-c", f"cat {word}"], cwd=tmp_path, capture_output=True)
+        assert got.returncode == 0 and got.stdout == b"x", got
+
 # ---- the Python API's configs (a report-only audit of the API, session 38) ------------------------
 
 @pytest.mark.parametrize("fields,match", [

@@ -602,8 +602,11 @@ class OutputLock:
             raise LongswiftError(f"'{lock}', where a run writing '{path.name}' takes its lock, is a file that is not "
                                  f"a lock (it holds other data): move it away, or give another {flag}")
         self._held.append((fd, lock))  # held from here on: released (and removed) even if the pid cannot be written
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:  # (a full disk: the bare error named no file)
+            raise OSError(exc.errno, exc.strerror, str(lock)) from exc
         remove_stale_files(path, self.on_stale)
 
     def release(self) -> None:

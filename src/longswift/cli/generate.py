@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import stat
 import sys
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from ..config import (GenerationConfig, ModelConfig, RuntimeConfig, SamplingConf
 from ..errors import ConfigError, LongswiftError
 from .flags import (HEADS_HELP, add_config_flags, add_switch, check_heads_flag, config_from_args, given_path,
                     heads_inputs, heads_value, model_inputs, note_unused_spec_fields, output_file, whole_number)
-from .outputs import Outputs, shown, write_run
+from .outputs import Outputs, shell_word, shown, write_run
 from .stop import StopRequest
 
 if TYPE_CHECKING:
@@ -437,6 +436,7 @@ def _resume(args: argparse.Namespace) -> int:
     if extra:
         raise LongswiftError(f"{extra[0]} cannot be used with --resume: the checkpoint's settings are used (only "
                              f"{', '.join(RESUME_FLAGS[:-1])} apply)")
+    seen = _identity(args.resume)  # (before the read: a save between the two is a change, refused below)
     ckpt = read_checkpoint(args.resume)
     if "--heads" in given and ckpt.method != "tokenswift":  # (it ran on as AR without a word)
         raise LongswiftError(f"--heads has no use here: the checkpoint's run is {ckpt.method.upper()}, and a resumed "
@@ -461,9 +461,14 @@ def _resume(args: argparse.Namespace) -> int:
               + ", ".join(f"{flag} follows it to '{shown(to)}'" for flag, to in sorted(followed.items())),
               file=sys.stderr)
     heads = args.heads or ckpt.heads_source or "none"
+    updated = outputs.checkpoint is not None and outputs.checkpoint.resolve() == resumed.resolve()
     # torchrun's group is joined before the stop handlers take SIGTERM and SIGINT: a rendezvous that waits for a
     # process that never comes blocks in torch, where a handler's flag is never read; SIGTERM's default ends it
     with Ranks(runtime) as ranks, StopRequest() as stop, (outputs.locked() if ranks.main else nullcontext()):
+        # (read before its lock: a run holding it saved it since; one saved elsewhere, --checkpoint, was read whole)
+        if ranks.main and updated and _identity(args.resume) != seen:
+            raise LongswiftError(f"the checkpoint '{shown(resumed)}' changed while this resume started (another "
+                                 "run saved or removed it): run the command again to continue from what it holds now")
         with stop.at_once():
             engine = ranks.load(model, heads, drafts=ckpt.method == "tokenswift")
         stream = engine.resume(ckpt)
@@ -471,6 +476,15 @@ def _resume(args: argparse.Namespace) -> int:
             _say_resuming(ckpt, gen, engine, resumed)
         return write_run(engine, stream, outputs, stop, args.no_progress,
                          last_saved=(resumed, len(ckpt.token_ids)))
+
+
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """What changes when a file is saved again (replaced by a rename, or written in place); None if unreadable."""
+    try:
+        st = os.stat(path.expanduser())
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _moved_from(was: Any, resumed: Path) -> Path | None:
@@ -538,7 +552,7 @@ def _keep_unfinished(out: Outputs, resuming: Path | None = None) -> None:
             continue
         instead = "delete the file to start over" if "checkpoint" in flag else f"give {flag} another file"
         raise LongswiftError(f"'{shown(path)}' ({flag}) holds an unfinished run ({len(c.token_ids)} of {total} tokens): "
-                             f"continue it with `longswift generate --resume {shlex.quote(shown(path))}`, or {instead}")
+                             f"continue it with `longswift generate --resume {shell_word(shown(path))}`, or {instead}")
 
 
 def _moved_since(args: argparse.Namespace, ckpt: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import shlex
 import signal
 import sys
@@ -121,7 +122,10 @@ def write_run(engine: Any, stream: Any, out: Outputs, stop: StopRequest, no_prog
                 display.text(push(ids))
                 display.advance(len(ids), stats)
                 if out.checkpoint and len(stream.token_ids) >= next_save:
-                    stream.checkpoint(saved).save(out.checkpoint)
+                    try:
+                        stream.checkpoint(saved).save(out.checkpoint)
+                    except LongswiftError as exc:  # the checks the start passed, failed since (a directory made
+                        raise OSError(cli_text(exc)) from exc  # read-only): the system's doing, status 1
                     last_saved = (out.checkpoint, len(stream.token_ids))
                     next_save = len(stream.token_ids) + out.every
                 stopping = stop.signum is not None
@@ -243,7 +247,7 @@ def _failed(exc: BaseException, out: Outputs, stream: Any, saved: Any, stop: Sto
         if path is not None:
             where = shown(path)
             say(f"longswift: output closed at {len(stream.token_ids)} of {stream.max_new_tokens} tokens; state "
-                f"saved to '{where}'. Continue with: longswift generate --resume {shlex.quote(where)}")
+                f"saved to '{where}'. Continue with: longswift generate --resume {shell_word(where)}")
         if stop.signum is not None:
             return stop.exit_code
     if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and last_saved is not None:
@@ -285,7 +289,7 @@ def _ended(stream: Any, stop: StopRequest, total: int, interrupted: bool, path: 
             return stop.exit_code
         where = shown(path)
         say(f"longswift: interrupted at {len(stream.token_ids)} of {total} tokens; state saved to '{where}'. "
-            f"Continue with: longswift generate --resume {shlex.quote(where)}")
+            f"Continue with: longswift generate --resume {shell_word(where)}")
         return stop.exit_code
     if stop.deferred:  # a second signal while the finished run wrote its outputs, which it waited for
         say("longswift: interrupted after the finished run's outputs were written in full")
@@ -345,14 +349,14 @@ def _state_saved(stream: Any, path: Path, when: str = "") -> str:
     continues from it."""
     where = shown(path)
     return (f"state{when} saved at {len(stream.token_ids)} of {stream.max_new_tokens} tokens to '{where}': continue "
-            f"with: longswift generate --resume {shlex.quote(where)}")
+            f"with: longswift generate --resume {shell_word(where)}")
 
 
 def _resume_hint(path: Path, tokens: int) -> str:
     """What a run stopped before its end says of the checkpoint it saved last: intact, and the command
     that continues from it."""
     return (f"the checkpoint saved at {tokens} tokens is intact: continue with: longswift generate --resume "
-            f"{shlex.quote(shown(path))}")
+            f"{shell_word(shown(path))}")
 
 
 def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
@@ -362,16 +366,28 @@ def _with_resume_hint(exc: OSError, path: Path, tokens: int) -> OSError:
 
 
 def os_error_with(exc: OSError, hint: str) -> OSError:
-    """The system error `exc` (its reason and file) with `hint` after it on the same line."""
+    """The system error `exc` (its reason and file: a rename's target) with `hint` after it on the same line."""
     if exc.errno is None or exc.strerror is None:
         return OSError(f"{exc}; {hint}")
-    where = f": '{exc.filename}'" if exc.filename is not None else ""
+    named = exc.filename2 if exc.filename2 is not None else exc.filename  # (a rename's target, not its '.partial')
+    where = f": '{named}'" if named is not None else ""
     return OSError(exc.errno, f"{exc.strerror}{where}; {hint}")
 
 
 def note_stale(stale: Path) -> None:
     """Say that a temporary file or directory a killed run left was removed (see atomic.OutputLock)."""
     print(f"longswift: removed '{shown(stale)}', left by a run that was killed while writing it", file=sys.stderr)
+
+
+def shell_word(text: str) -> str:
+    """`text` (a path) quoted so that a shell gives it back as it is: a name that is not UTF-8 (held as
+    surrogates, printed as '\\udcff') is spelt in bash's $'...' with each such byte as \\xNN."""
+    raw = os.fsencode(text)
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "$'" + "".join(chr(b) if 32 <= b < 127 and b not in b"'\\" else f"\\x{b:02x}" for b in raw) + "'"
+    return shlex.quote(text)
 
 
 def shown(path: Path) -> str:
